@@ -1,0 +1,44 @@
+# padfree: `make demo` and `make test` work on a fresh machine (they create .venv and install what they need).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# torch==2.13.0 CPU wheel: pip takes it from the local disk where present; never an unpinned torch.
+EXTRAS_DEMO := report,io
+EXTRAS_DEV  := dev,torch,hf,io,report
+
+.PHONY: demo test lint format setup setup-dev bench-plan clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS_DEMO)]"
+	touch $@
+
+$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS_DEV)]"
+	touch $@
+
+setup: $(VENV)/.demo-installed
+setup-dev: $(VENV)/.dev-installed
+
+demo: setup
+	$(BIN)/padfree analyze
+
+lint: setup-dev
+	$(BIN)/ruff check src tests examples bench
+	$(BIN)/ruff format --check src tests examples bench
+
+format: setup-dev
+	$(BIN)/ruff format src tests examples bench
+	$(BIN)/ruff check --fix src tests examples bench
+
+test: setup-dev lint
+	$(BIN)/python -m pytest -n 2 --durations=15 tests
+
+bench-plan: setup-dev
+	$(BIN)/python bench/plan_speed.py --out bench/results
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,40 @@
+"""``padfree analyze``: compare the strategies on one lengths file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from padfree.commands.common import add_lengths_argument, add_plan_options, config_from_args, load_lengths
+from padfree.config import STRATEGIES
+from padfree.errors import ConfigError
+
+NAME = "analyze"
+HELP = "compare the strategies on a lengths file: padding, balance, diversity, planning time"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_lengths_argument(p, required=False)
+    add_plan_options(p)
+    p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated strategies to compare")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def run(args: argparse.Namespace) -> int:
+    from padfree.analyze import analyze_strategies, render_table
+
+    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    bad = [s for s in names if s not in STRATEGIES]
+    if bad or not names:
+        raise ConfigError(
+            f"unknown strategy {bad[0] if bad else '(none)'!r}: choose from {', '.join(STRATEGIES)}"
+        )
+    configs = {s: config_from_args(args, s) for s in names}
+    lengths, path, name = load_lengths(args)
+    result = analyze_strategies(lengths, configs, path=path, progress=not args.json)
+    result["dataset"]["name"] = name
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        render_table(result)
+    return 0

@@ -1,0 +1,46 @@
+"""``padfree plan``: write one epoch's plan as JSON lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from padfree.commands.common import add_lengths_argument, add_plan_options, config_from_args, load_lengths
+
+NAME = "plan"
+HELP = 'write one epoch\'s plan, one micro-batch a line: {"epoch", "step", "rank", "micro", "indices"}'
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_lengths_argument(p, required=True)
+    add_plan_options(p)
+    p.add_argument(
+        "--strategy", default="bucketed", help="sorted, random, bucketed or packed (default bucketed)"
+    )
+    p.add_argument("--epoch", type=int, default=0, help="epoch to plan (default 0)")
+    p.add_argument("--out", type=Path, default=Path("-"), help="output .jsonl ('-' for stdout, the default)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from padfree.plan import make_plan
+
+    cfg = config_from_args(args, args.strategy)
+    lengths, path, _ = load_lengths(args)
+    p = make_plan(lengths, cfg, args.epoch, path=path)
+    to_stdout = str(args.out) == "-"
+    stream = sys.stdout if to_stdout else args.out.open("w")
+    try:
+        for rec in p.records():
+            stream.write(json.dumps(rec, separators=(",", ":")) + "\n")
+    finally:
+        if not to_stdout:
+            stream.close()
+    if not to_stdout:
+        print(
+            f"{args.out}: {p.n_micro} micro-batches in {p.n_steps} steps for {p.n_samples} samples "
+            f"(truncated {p.truncated}, split {p.split}, dropped {p.dropped})",
+            file=sys.stderr,
+        )
+    return 0

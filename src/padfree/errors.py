@@ -1,0 +1,39 @@
+"""Every error padfree raises on purpose, in one place.
+
+The CLI turns any :class:`PadfreeError` into one line on stderr and exit code 2; library users catch the
+typed subclasses. Each message names the file (when there is one), the sample (when there is one) and the
+rule that was broken.
+"""
+
+from __future__ import annotations
+
+
+class PadfreeError(ValueError):
+    """Base class: a problem with what padfree was given, never a bug inside padfree."""
+
+
+class InputError(PadfreeError):
+    """A lengths file or sample that breaks a rule (empty, non-integer, negative, unreadable...).
+
+    >>> str(InputError("zero length", path="x.npy", sample=3))
+    'x.npy: sample 3: zero length'
+    """
+
+    def __init__(self, rule: str, *, path: str | None = None, sample: int | None = None) -> None:
+        self.rule = rule
+        self.path = path
+        self.sample = sample
+        parts = [p for p in (path, None if sample is None else f"sample {sample}") if p]
+        super().__init__(": ".join([*parts, rule]))
+
+
+class ConfigError(PadfreeError):
+    """A planning option outside its allowed range (budget < 1, growth <= 1, unknown strategy...)."""
+
+
+class OverlongError(InputError):
+    """Samples longer than the token budget under ``overlong='error'``."""
+
+
+class StateError(PadfreeError):
+    """A sampler state that does not belong to this dataset, config or seed."""

@@ -1,0 +1,126 @@
+"""Turning raw per-sample lengths into plannable items: validation and the overlong policy.
+
+An *item* is what the planner places: a whole sample, a truncated sample, or one piece of a split sample.
+Without ``split``, item ``i`` is sample ``i`` (or the i-th kept sample under ``drop``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from padfree.errors import InputError, OverlongError
+
+MAX_LENGTH = 2**31 - 1
+
+
+def validate_lengths(values: object, path: str | None = None) -> np.ndarray:
+    """Check that ``values`` is a non-empty 1-D array of positive integers and return it as int64.
+
+    >>> validate_lengths([3, 1, 2]).tolist()
+    [3, 1, 2]
+    >>> validate_lengths([3, 0])
+    Traceback (most recent call last):
+    ...
+    padfree.errors.InputError: sample 1: length must be a positive integer (got 0)
+    """
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise InputError(f"lengths must be a 1-D array (got shape {arr.shape})", path=path)
+    if arr.size == 0:
+        raise InputError("no samples: the lengths are empty", path=path)
+    if arr.dtype.kind == "b" or arr.dtype.kind not in "iuf":
+        raise InputError(f"lengths must be integers (got dtype {arr.dtype})", path=path)
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise InputError(f"length must be a positive integer (got {arr[i]})", path=path, sample=i)
+        frac = arr != np.floor(arr)
+        if frac.any():
+            i = int(np.argmax(frac))
+            raise InputError(f"length must be a positive integer (got {arr[i]})", path=path, sample=i)
+    low = arr < 1
+    if low.any():
+        i = int(np.argmax(low))
+        raise InputError(f"length must be a positive integer (got {_num(arr[i])})", path=path, sample=i)
+    high = arr > MAX_LENGTH
+    if high.any():
+        i = int(np.argmax(high))
+        raise InputError(
+            f"length {_num(arr[i])} is absurdly large (limit {MAX_LENGTH} tokens)", path=path, sample=i
+        )
+    return arr.astype(np.int64, copy=False)
+
+
+def _num(x: object) -> object:
+    f = float(x)  # type: ignore[arg-type]
+    return int(f) if f.is_integer() else f
+
+
+@dataclass(frozen=True)
+class Items:
+    """The units the planner places, with their sample of origin.
+
+    Attributes:
+        length: tokens of each item (every one ``<= budget``).
+        sample: the sample each item comes from (``None``: item ``i`` is sample ``i``).
+        start: first token of each item inside its sample (``None``: every item starts at 0).
+        n_samples: samples in the input.
+        truncated, split, dropped: how many samples the overlong policy touched.
+    """
+
+    length: np.ndarray
+    sample: np.ndarray | None
+    start: np.ndarray | None
+    n_samples: int
+    truncated: int = 0
+    split: int = 0
+    dropped: int = 0
+
+    def __len__(self) -> int:
+        return int(self.length.shape[0])
+
+    def sample_ids(self) -> np.ndarray:
+        if self.sample is None:
+            return np.arange(len(self), dtype=np.int64)
+        return self.sample
+
+
+def make_items(lengths: np.ndarray, budget: int, overlong: str, path: str | None = None) -> Items:
+    """Apply the overlong policy: samples longer than ``budget`` raise, are truncated, split or dropped.
+
+    >>> it = make_items(np.array([3, 10, 4]), budget=4, overlong="split")
+    >>> it.length.tolist(), it.sample.tolist(), it.start.tolist()
+    ([3, 4, 4, 2, 4], [0, 1, 1, 1, 2], [0, 0, 4, 8, 0])
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    over = lengths > budget
+    n_over = int(over.sum())
+    n = int(lengths.shape[0])
+    if n_over == 0:
+        return Items(lengths, None, None, n)
+    if overlong == "error":
+        first = int(np.argmax(over))
+        longest = int(lengths.max())
+        raise OverlongError(
+            f"{n_over} sample(s) longer than the budget of {budget} tokens (first: sample {first}, "
+            f"longest: {longest} tokens); raise --budget or choose --overlong truncate|split|drop",
+            path=path,
+        )
+    if overlong == "truncate":
+        return Items(np.minimum(lengths, budget), None, None, n, truncated=n_over)
+    if overlong == "drop":
+        keep = np.flatnonzero(~over)
+        if keep.size == 0:
+            raise OverlongError(f"every sample is longer than the budget of {budget} tokens", path=path)
+        return Items(lengths[keep], keep, None, n, dropped=n_over)
+    # split: pieces of `budget` tokens, the last one shorter
+    pieces = (lengths + budget - 1) // budget
+    sample = np.repeat(np.arange(n, dtype=np.int64), pieces)
+    first_item = np.cumsum(pieces) - pieces
+    piece_no = np.arange(sample.shape[0], dtype=np.int64) - np.repeat(first_item, pieces)
+    start = piece_no * budget
+    length = np.minimum(lengths[sample] - start, budget)
+    return Items(length, sample, start, n, split=n_over)
