@@ -35,7 +35,7 @@ format: setup-dev
 	$(BIN)/ruff check --fix src tests examples bench
 
 test: setup-dev lint
-	$(BIN)/python -m pytest -n 2 --durations=15 tests
+	$(BIN)/python -m pytest -n 2 --durations=15 --doctest-modules src/padfree tests
 
 bench-plan: setup-dev
 	$(BIN)/python bench/plan_speed.py --out bench/results
