@@ -17,6 +17,7 @@ import json
 import multiprocessing as mp
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,8 +209,23 @@ def _count(
         else:
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
             init = (str(tokenizer), chat_template)
+            # the pool's feeder thread would read the whole source ahead; a semaphore keeps it a few
+            # chunks ahead of the results, so memory stays flat on big datasets
+            ahead = threading.Semaphore(4 * workers)
+            stop = threading.Event()
+
+            def bounded():  # noqa: ANN202
+                for t in tasks:
+                    while not ahead.acquire(timeout=0.1):
+                        if stop.is_set():
+                            return
+                    yield t
+
             with ctx.Pool(workers, initializer=_init_worker, initargs=init) as pool:
-                _collect(pool.imap(_work, tasks), data, jsonl, out_t, out_l, bar)
+                try:
+                    _collect(pool.imap(_work, bounded()), data, jsonl, out_t, out_l, bar, ahead.release)
+                finally:
+                    stop.set()
     finally:
         if bar is not None:
             bar.close()
@@ -218,8 +234,10 @@ def _count(
     return np.concatenate(out_t), np.concatenate(out_l)
 
 
-def _collect(results, data: Path, jsonl: bool, out_t: list, out_l: list, bar: _Bar | None) -> None:
+def _collect(results, data: Path, jsonl: bool, out_t: list, out_l: list, bar: _Bar | None, done=None) -> None:
     for first, progress_at, totals, loss, err in results:
+        if done is not None:
+            done()
         if err is not None and err[0] is None:
             raise ConfigError(err[1])
         if err is not None:
@@ -237,13 +255,15 @@ class _Bar:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
+        console = Console(stderr=True)
         self._p = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
             TaskProgressColumn(),
             TimeRemainingColumn(),
-            console=Console(stderr=True),
+            console=console,
             transient=True,
+            disable=not console.is_terminal,  # a log file gets the summary line only
         )
         self._p.start()
         self._task = self._p.add_task(label, total=total)
