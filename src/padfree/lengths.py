@@ -40,6 +40,7 @@ def validate_lengths(values: object, path: str | None = None, *, compact: bool =
     if arr.dtype.kind == "b" or arr.dtype.kind not in "iuf":
         raise InputError(f"lengths must be integers (got dtype {arr.dtype})", path=path)
     if arr.dtype.kind == "f":
+        arr = arr.astype(np.float64, copy=False)  # float16/32 would overflow comparing with the limit
         bad = ~np.isfinite(arr)
         if bad.any():
             i = int(np.argmax(bad))
@@ -66,6 +67,8 @@ def validate_lengths(values: object, path: str | None = None, *, compact: bool =
 
 
 def _num(x: object) -> object:
+    if isinstance(x, (int, np.integer)):
+        return int(x)
     f = float(x)  # type: ignore[arg-type]
     return int(f) if f.is_integer() else f
 
