@@ -160,9 +160,17 @@ def deal_windows(
     return Windows(lengths=lengths, order=order, starts=starts, items=items)
 
 
-def plan_window(windows: Windows, j: int, config: PlanConfig, epoch: int, path: str | None = None) -> Plan:
-    """Plan window ``j`` on its own random stream; the plan holds global sample ids and whole steps."""
-    ids = windows.samples(j)
+def plan_window(
+    windows: Windows,
+    j: int,
+    config: PlanConfig,
+    epoch: int,
+    path: str | None = None,
+    ids: np.ndarray | None = None,
+) -> Plan:
+    """Plan window ``j`` (or the samples ``ids``) on window ``j``'s random stream; the plan holds global
+    sample ids and whole steps."""
+    ids = windows.samples(j) if ids is None else ids
     it = make_items(windows.lengths[ids].astype(np.int64), config.budget, config.overlong, path)
     gids = ids.astype(np.int64)
     sample = gids if it.sample is None else gids[it.sample]
@@ -180,10 +188,22 @@ def plan_window(windows: Windows, j: int, config: PlanConfig, epoch: int, path: 
 
 def iter_window_plans(
     windows: Windows, config: PlanConfig, epoch: int, path: str | None = None
-) -> Iterator[Plan]:
-    """The window plans in window order (one window in memory at a time)."""
+) -> Iterator[tuple[int, Plan]]:
+    """``(j, plan)`` for the windows in order, one window in memory at a time; ``j`` is the last window the
+    plan covers. A window whose micro-batches cannot be made whole steps (nearly all of them single samples)
+    is planned again together with the next window."""
+    carry = None
     for j in range(windows.n_windows):
-        yield plan_window(windows, j, config, epoch, path)
+        ids = windows.samples(j) if carry is None else np.concatenate([carry, windows.samples(j)])
+        try:
+            plan = plan_window(windows, j, config, epoch, path, ids)
+        except ConfigError:
+            if j == windows.n_windows - 1:
+                raise
+            carry = ids
+            continue
+        carry = None
+        yield j, plan
 
 
 def plan_stream(
@@ -225,15 +245,16 @@ def plan_stream(
     edges = None
     pos, micro_base = 0, 0
     truncated = split = dropped = 0
-    for j, p in enumerate(iter_window_plans(windows, config, int(epoch), path)):
+    first = True
+    for j, p in iter_window_plans(windows, config, int(epoch), path):
         m = int(p.indices.shape[0])
         indices[pos : pos + m] = p.indices
         lens[pos : pos + m] = p.lengths
         if starts is not None:
             starts[pos : pos + m] = 0 if p.starts is None else p.starts
         offsets_parts.append(p.offsets[1:] + pos)
-        if j == 0:
-            edges = p.edges
+        if first:
+            edges, first = p.edges, False
         pos += m
         micro_base += p.n_micro
         truncated += p.truncated
