@@ -90,7 +90,7 @@ def _read_npy(p: Path) -> np.ndarray:
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(f, max_header_size=2**16)
             else:  # pragma: no cover - read_magic only returns known versions or raises
                 raise ValueError(f"unsupported .npy version {version}")
-        except (ValueError, EOFError, SyntaxError, TypeError, RecursionError, MemoryError) as exc:
+        except Exception as exc:  # numpy parses the header with tokenize/ast: many error types
             raise InputError(f"not a readable .npy array (bad header: {_short(exc)})") from None
         if dtype.hasobject:
             raise InputError(f"lengths must be integers (got dtype {dtype})")
