@@ -131,6 +131,7 @@ def main() -> int:
     ap.add_argument("--data-seed", type=int, default=0)
     ap.add_argument("--window", type=int, default=None)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--name", default="scale", help="output file stem (default scale: scale.json, scale.md)")
     ap.add_argument("--worker", nargs=3, metavar=("N", "STRATEGY", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -183,9 +184,9 @@ def main() -> int:
         "window": args.window,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "scale.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    (args.out / "scale.md").write_text(_markdown(rows, meta))
-    print(f"wrote {args.out / 'scale.json'} and {args.out / 'scale.md'}")
+    (args.out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    (args.out / f"{args.name}.md").write_text(_markdown(rows, meta))
+    print(f"wrote {args.out / args.name}.json and .md")
     return 0
 
 
