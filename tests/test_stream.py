@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from padfree import PlanConfig, make_plan
 from padfree import plan as plan_module
@@ -31,15 +33,16 @@ def _check(plan, lengths: np.ndarray, cfg: PlanConfig) -> None:
     per_rank = [plan.micro_ids(r).shape[0] for r in range(cfg.world_size)]
     assert per_rank == [plan.n_steps * cfg.grad_accum] * cfg.world_size
     lens = plan.lengths.astype(np.int64)
-    if cfg.overlong == "split":
+    if plan.starts is not None:
         # every token of every sample exactly once: pieces tile [0, length)
         order = np.lexsort((plan.starts, plan.indices))
-        ids, st, ln = plan.indices[order], plan.starts[order].astype(np.int64), lens[order]
+        ids, at, ln = plan.indices[order], plan.starts[order].astype(np.int64), lens[order]
         assert np.array_equal(np.bincount(ids, weights=ln, minlength=lengths.shape[0]), lengths)
         first = np.r_[True, ids[1:] != ids[:-1]]
-        assert np.all(st[first] == 0)
-        assert np.array_equal(st[~first], (st + ln)[:-1][~first[1:]])
+        assert np.all(at[first] == 0)
+        assert np.array_equal(at[~first], (at + ln)[:-1][~first[1:]])
     else:
+        assert cfg.overlong != "split" or lengths.max() <= cfg.budget
         want = (
             np.flatnonzero(lengths <= cfg.budget) if cfg.overlong == "drop" else np.arange(lengths.shape[0])
         )
@@ -185,3 +188,30 @@ def test_analyze_measures_stream_plans_with_window_progress(
         # windows of 5K samples cost bucketed a few points (at the default 4M windows: ~0.1 point)
         assert abs(got["padding_efficiency"] - want["padding_efficiency"]) < 0.06, s
     assert res["dataset"] == ref["dataset"]
+
+
+@settings(deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=400),
+    strategy=st.sampled_from(STRATEGIES),
+    overlong=st.sampled_from(["error", "truncate", "split", "drop"]),
+    budget=st.integers(1, 600),
+    world=st.integers(1, 4),
+    accum=st.integers(1, 3),
+    window=st.integers(1, 500),
+    epoch=st.integers(0, 3),
+)
+def test_stream_on_random_inputs(lengths, strategy, overlong, budget, world, accum, window, epoch):
+    """Any input: a valid plan, or the typed error that says why there cannot be one."""
+    arr = np.array(lengths, dtype=np.int32)
+    cfg = PlanConfig(
+        strategy=strategy, budget=budget, world_size=world, grad_accum=accum, overlong=overlong, seed=epoch
+    )
+    try:
+        plan = plan_stream(arr, cfg, epoch, window=window)
+    except (ConfigError, OverlongError) as exc:
+        assert "\n" not in str(exc)
+        if isinstance(exc, OverlongError):
+            assert overlong in ("error", "drop") and int(arr.max()) > budget
+        return
+    _check(plan, arr.astype(np.int64), cfg)

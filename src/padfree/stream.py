@@ -72,12 +72,14 @@ class Windows:
         order: sample ids grouped by window, ascending inside a window (int32 when ``n < 2**31``).
         starts: window ``j`` holds ``order[starts[j]:starts[j+1]]``.
         items: planned items per window (after the overlong policy).
+        n_over: samples longer than the budget.
     """
 
     lengths: np.ndarray
     order: np.ndarray
     starts: np.ndarray
     items: np.ndarray
+    n_over: int = 0
 
     @property
     def n_windows(self) -> int:
@@ -157,7 +159,7 @@ def deal_windows(
 
     order = np.empty(n, _index_dtype(n))
     starts = _group_by_label(labels, n_windows, order)
-    return Windows(lengths=lengths, order=order, starts=starts, items=items)
+    return Windows(lengths=lengths, order=order, starts=starts, items=items, n_over=n_over)
 
 
 def plan_window(
@@ -240,7 +242,8 @@ def plan_stream(
     total = int(windows.items.sum())
     indices = np.empty(total, _index_dtype(n))
     lens = np.empty(total, np.int32)
-    starts = np.empty(total, np.int32) if config.overlong == "split" else None
+    # as in the in-memory path: starts only when some sample was split
+    starts = np.empty(total, np.int32) if config.overlong == "split" and windows.n_over else None
     offsets_parts = [np.zeros(1, np.int64)]
     edges = None
     pos, micro_base = 0, 0
