@@ -18,9 +18,9 @@ from padfree.torch.distributed import all_reduce_sum
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Sum of next-token cross-entropies over the labels that are not -100 (logits at ``t`` predict
-    ``labels[t+1]``), computed in float32 or better."""
-    logits = logits[:, :-1, :]
-    target = labels[:, 1:].to(logits.device)
+    ``labels[t+1]``), computed in float32 or better. The labels are shifted, not the logits (no copy of
+    the largest tensor)."""
+    target = F.pad(labels[:, 1:].to(logits.device), (0, 1), value=IGNORE)
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     return F.cross_entropy(

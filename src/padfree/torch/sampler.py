@@ -42,6 +42,7 @@ class MicroInfo:
             or ``None`` when the plan cannot know it (then count with ``loss.global_loss_tokens``).
         starts: first token of each sample's piece (``None``: every piece starts at 0).
         lengths: tokens of each sample's piece (shorter than the sample when truncated or split).
+        indices: the sample ids (as in the :class:`MicroBatch` list), e.g. for a log of consumed samples.
     """
 
     epoch: int
@@ -54,6 +55,7 @@ class MicroInfo:
     step_tokens: int | None
     starts: tuple[int, ...] | None
     lengths: tuple[int, ...]
+    indices: tuple[int, ...] = ()
 
 
 class MicroBatch(list):
@@ -187,6 +189,7 @@ class PlanBatchSampler:
             j = self._partial
             k = (s * w + r) * g + j
             a, b = int(plan.offsets[k]), int(plan.offsets[k + 1])
+            ids = plan.indices[a:b].tolist()
             tokens = int(step_tokens[s])
             info = MicroInfo(
                 epoch=self.epoch,
@@ -199,13 +202,14 @@ class PlanBatchSampler:
                 step_tokens=None if tokens < 0 else tokens,
                 starts=None if plan.starts is None else tuple(plan.starts[a:b].tolist()),
                 lengths=tuple(plan.lengths[a:b].tolist()),
+                indices=tuple(ids),
             )
             if j == g - 1:
                 self._history[-1] = Segment(w, g, s + 1)
                 self._partial = 0
             else:
                 self._partial = j + 1
-            yield MicroBatch(plan.indices[a:b].tolist(), info)
+            yield MicroBatch(ids, info)
 
     # ----- state -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
