@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     log(
         f"run {run}: {len(samples)} samples, {int(lengths.sum())} tokens, {n_params / 1e6:.1f}M params, "
-        f"{args.strategy} budget {args.budget}, world {world} x grad_accum {args.grad_accum}, attention {attn}"
+        f"{args.strategy} budget {args.budget}, world {world} x grad_accum {args.grad_accum}, "
+        f"attention {attn}"
     )
 
     if args.seen_log:
