@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def command(script: str | Path, nproc: int, args: list[str]) -> list[str]:
-    """The launch command: ``python script`` for one rank, ``torchrun --standalone`` for more."""
-    if nproc == 1:
+def command(script: str | Path, nproc: int, args: list[str], torchrun: bool | None = None) -> list[str]:
+    """The launch command: ``torchrun --standalone`` (default: for more than one rank), else ``python``."""
+    if not (nproc > 1 if torchrun is None else torchrun):
         return [sys.executable, str(script), *args]
     return [
         sys.executable,
@@ -77,17 +77,19 @@ def run(
     timeout: float = 600.0,
     output: str | Path | None = None,
     env: dict | None = None,
+    kill_delay: float = 0.0,
+    torchrun: bool | None = None,
 ) -> Outcome:
-    """Launch, then SIGKILL the tree as soon as this launch has logged a step ``>= kill_at_step`` (``None``:
-    let it finish). Raises ``RuntimeError`` if it fails on its own or times out."""
+    """Launch, then SIGKILL the tree ``kill_delay`` seconds after this launch has logged a step
+    ``>= kill_at_step`` (``None``: let it finish). Raises ``RuntimeError`` if it fails on its own or times
+    out."""
     seen_log = Path(seen_log)
     offset = seen_log.stat().st_size if seen_log.exists() else 0
     last, buf = -1, b""
     out = open(output or os.devnull, "ab")  # noqa: SIM115
     t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        command(script, nproc, args), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-    )
+    cmd = command(script, nproc, args, torchrun)
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     try:
         while True:
             if seen_log.exists():
@@ -101,12 +103,13 @@ def run(
                     with contextlib.suppress(ValueError, KeyError):
                         last = max(last, int(json.loads(line)["step"]))
             if kill_at_step is not None and last >= kill_at_step:
+                time.sleep(kill_delay)
                 kill_tree(proc)
                 return Outcome(nproc, True, proc.returncode, last, time.perf_counter() - t0)
             code = proc.poll()
             if code is not None:
                 if code != 0:
-                    raise RuntimeError(f"{' '.join(command(script, nproc, args))} exited with {code}")
+                    raise RuntimeError(f"{' '.join(cmd)} exited with {code}")
                 return Outcome(nproc, False, code, last, time.perf_counter() - t0)
             if time.perf_counter() - t0 > timeout:
                 kill_tree(proc)
