@@ -91,3 +91,26 @@ def test_empty_micro_batch_is_a_placeholder_row_without_loss():
         b = collator(Fetched([], info(lengths=())))
         assert b["input_ids"].shape == (1, 1) and b.loss_tokens == 0 and b.tokens == 0
         assert (b["labels"] == -100).all()
+
+
+def test_global_loss_tokens_without_a_process_group_is_the_local_count():
+    from padfree.torch import global_loss_tokens
+
+    batches = [PadCollator()([[1, 2, 3], [4, 5]]), PackCollator()([[6, 7, 8, 9]])]
+    assert global_loss_tokens(batches) == 3 + 3 == sum(b.loss_tokens for b in batches)
+
+
+def test_attention_switch_uses_padfree_varlen_only_for_packed_rows_when_available(monkeypatch):
+    import sys
+    import types
+
+    from padfree.torch import attention_implementation
+
+    monkeypatch.setitem(sys.modules, "padfree.attention", None)  # not importable
+    assert attention_implementation("packed") == "sdpa"
+    calls = []
+    fake = types.ModuleType("padfree.attention")
+    fake.register = lambda: calls.append(1)
+    monkeypatch.setitem(sys.modules, "padfree.attention", fake)
+    assert attention_implementation("bucketed") == "sdpa" and calls == []
+    assert attention_implementation("packed") == "padfree_varlen" and calls == [1]

@@ -1,6 +1,24 @@
 """PyTorch / torch.distributed integration (the ``torch`` extra): a resumable, elastic batch sampler,
 collators for padded and packed micro-batches, and step-normalized loss helpers.
 
+The training loop (see ``examples/train.py`` for the whole thing)::
+
+    sampler = PlanBatchSampler(lengths, PlanConfig(strategy="packed", budget=8192, grad_accum=4),
+                               loss_tokens=loss_tokens)          # rank/world from torch.distributed
+    loader = DataLoader(PlannedDataset(dataset), batch_sampler=sampler, collate_fn=PackCollator())
+    sampler.load_state_dict(saved)                               # optional: any world size, O(1)
+    for epoch in range(sampler.epoch, epochs):
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            info = batch.info                                    # step, micro, last, step_tokens ...
+            labels = batch.pop("labels")
+            with sync_unless(ddp_model, info.last):
+                loss = token_loss_sum(ddp_model(**batch).logits, labels)
+                step_loss(loss, info.step_tokens, world_size).backward()
+            if info.last:
+                optimizer.step(); optimizer.zero_grad()
+                saved = sampler.state_dict()                     # JSON-able, O(number of resumes)
+
 >>> import numpy as np
 >>> from padfree import PlanConfig
 >>> from padfree.torch import PackCollator, PlanBatchSampler, PlannedDataset
