@@ -39,5 +39,5 @@ def test_sigkill_and_elastic_resume_consume_every_sample_once(tmp_path, shared_d
     runs = list(dict.fromkeys(r["run"] for r in records))
     ranks_of = {run: {r["rank"] for r in records if r["run"] == run} for run in runs}
     assert ranks_of[runs[0]] == {0} and ranks_of[runs[2]] == {0, 1}
-    # the resumes really redid work: some steps were logged by two runs
-    assert report["records"] > report["counted"]
+    # the last run resumed from a checkpoint (not from scratch), at the other world size
+    assert min(r["step"] for r in records if r["run"] == runs[2]) > 0
