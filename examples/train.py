@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                 checkpoint(args, step, model, optimizer, sampler, rank, world)
             if step % args.log_every == 0:
                 totals = all_reduce_sum(
-                    torch.stack([loss_sum.double().cpu(), torch.tensor(float(tokens_since))])
+                    torch.stack([loss_sum.double().cpu(), torch.tensor(float(tokens_since))]), device
                 )
                 dt = time.perf_counter() - t_last
                 log(
