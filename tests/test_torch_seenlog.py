@@ -24,9 +24,10 @@ def test_lost_duplicated_and_cut_lines_are_reported(tmp_path):
     seenlog.append(fd, "a", 0, 0, 0, [0, 1])
     seenlog.append(fd, "a", 0, 1, 1, [1])
     os.write(fd, b'{"run": "a", "epoch": 0, "st')  # a line cut by SIGKILL
+    seenlog.append(fd, "b", 0, 2, 0, [4])  # the next run's first line survives
     os.close(fd)
     records = seenlog.read(path)
-    assert len(records) == 3
+    assert len(records) == 4 and records[-1]["run"] == "b"
     report = seenlog.check_exactly_once(records, 3, 1)
     assert not report["ok"]
-    assert report["epochs"][0] == {"epoch": 0, "missing": 1, "duplicated": 1, "foreign": 0}
+    assert report["epochs"][0] == {"epoch": 0, "missing": 1, "duplicated": 1, "foreign": 1}

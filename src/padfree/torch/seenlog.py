@@ -17,10 +17,12 @@ from pathlib import Path
 
 
 def append(fd: int, run: str, epoch: int, step: int, rank: int, indices: list[int]) -> None:
-    """Append one step's samples with a single write (the caller flushes per step by calling this once)."""
+    """Append one step's samples with a single write (the caller flushes per step by calling this once).
+
+    The write starts with a newline, so a line cut by a kill never swallows the next run's first line."""
     if indices:
         head = json.dumps({"run": run, "epoch": epoch, "step": step, "rank": rank})[:-1]
-        os.write(fd, "".join(f'{head}, "index": {int(i)}}}\n' for i in indices).encode())
+        os.write(fd, ("\n" + "".join(f'{head}, "index": {int(i)}}}\n' for i in indices)).encode())
 
 
 def read(path: str | Path) -> list[dict]:
