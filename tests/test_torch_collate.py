@@ -1,0 +1,116 @@
+"""PadCollator and PackCollator on small hand-checked cases, and PackCollator against transformers'
+DataCollatorWithFlattening(return_flash_attn_kwargs=True)."""
+
+import numpy as np
+import pytest
+import torch
+
+from padfree.errors import ConfigError
+from padfree.torch import Fetched, MicroInfo, PackCollator, PadCollator
+
+
+def info(lengths, starts=None):
+    return MicroInfo(0, 0, 0, True, 0, 1, 1, None, starts, tuple(lengths))
+
+
+def test_pad_collator_hand_checked():
+    items = [
+        {"input_ids": [11, 12, 13]},
+        {"input_ids": [21, 22, 23, 24, 25], "labels": [-100, -100, 23, 24, -100]},
+        {"input_ids": torch.tensor([31, 32]), "loss_mask": [1, 1]},
+    ]
+    b = PadCollator(pad_token_id=7, pad_to_multiple_of=4)(items)
+    assert b["input_ids"].tolist() == [
+        [11, 12, 13, 7, 7, 7, 7, 7],
+        [21, 22, 23, 24, 25, 7, 7, 7],
+        [31, 32, 7, 7, 7, 7, 7, 7],
+    ]
+    assert b["attention_mask"].tolist() == [[1] * 3 + [0] * 5, [1] * 5 + [0] * 3, [1] * 2 + [0] * 6]
+    x = -100
+    assert b["labels"].tolist() == [
+        [x, 12, 13, x, x, x, x, x],
+        [x, x, 23, 24, x, x, x, x],
+        [x, 32, x, x, x, x, x, x],
+    ]
+    assert b.loss_tokens == 5 and b.tokens == 10 and b.info is None
+    assert b["input_ids"].dtype == torch.long
+
+
+def test_pack_collator_hand_checked():
+    items = [{"input_ids": [11, 12, 13]}, {"input_ids": [21, 22], "loss_mask": [0, 1]}, [31, 32, 33, 34]]
+    b = PackCollator()(items)
+    x = -100
+    assert b["input_ids"].tolist() == [[11, 12, 13, 21, 22, 31, 32, 33, 34]]
+    assert b["labels"].tolist() == [[x, 12, 13, x, 22, x, 32, 33, 34]]
+    assert b["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3]]
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        assert b[key].dtype == torch.int32 and b[key].tolist() == [0, 3, 5, 9]
+    assert b["max_length_q"] == b["max_length_k"] == 4 and isinstance(b["max_length_q"], int)
+    assert b.loss_tokens == 6 and b.tokens == 9
+
+
+@pytest.mark.parametrize("with_labels", [False, True])
+def test_pack_collator_matches_transformers_flattening(with_labels):
+    from transformers import DataCollatorWithFlattening
+
+    rng = np.random.default_rng(0)
+    items = []
+    for n in (5, 1, 9, 3):
+        ids = rng.integers(1, 100, n).tolist()
+        item = {"input_ids": ids}
+        if with_labels:
+            item["labels"] = [t if rng.random() < 0.5 else -100 for t in ids]
+        items.append(item)
+    ours = PackCollator()(items)
+    theirs = DataCollatorWithFlattening(return_flash_attn_kwargs=True)(items)
+    assert set(theirs) <= set(ours)
+    for key, value in theirs.items():
+        if isinstance(value, torch.Tensor):
+            assert ours[key].dtype == value.dtype, key
+            assert torch.equal(ours[key], value), key
+        else:
+            assert ours[key] == value, key
+
+
+def test_collators_cut_planned_pieces_of_split_and_truncated_samples():
+    items = Fetched([{"input_ids": list(range(100, 110))}, {"input_ids": list(range(200, 210))}])
+    items.info = info(lengths=(4, 3), starts=(4, 0))
+    b = PackCollator()(items)
+    assert b["input_ids"].tolist() == [[104, 105, 106, 107, 200, 201, 202]]
+    assert b["labels"].tolist() == [[-100, 105, 106, 107, -100, 201, 202]]
+    assert b.info is items.info
+    p = PadCollator()(items)
+    assert p["input_ids"].tolist() == [[104, 105, 106, 107], [200, 201, 202, 0]]
+    bad = Fetched([{"input_ids": [1, 2]}], info(lengths=(5,)))
+    with pytest.raises(ConfigError, match="plan expects"):
+        PadCollator()(bad)
+
+
+def test_empty_micro_batch_is_a_placeholder_row_without_loss():
+    for collator in (PadCollator(), PackCollator()):
+        b = collator(Fetched([], info(lengths=())))
+        assert b["input_ids"].shape == (1, 1) and b.loss_tokens == 0 and b.tokens == 0
+        assert (b["labels"] == -100).all()
+
+
+def test_global_loss_tokens_without_a_process_group_is_the_local_count():
+    from padfree.torch import global_loss_tokens
+
+    batches = [PadCollator()([[1, 2, 3], [4, 5]]), PackCollator()([[6, 7, 8, 9]])]
+    assert global_loss_tokens(batches) == 3 + 3 == sum(b.loss_tokens for b in batches)
+
+
+def test_attention_switch_uses_padfree_varlen_only_for_packed_rows_when_available(monkeypatch):
+    import sys
+    import types
+
+    from padfree.torch import attention_implementation
+
+    monkeypatch.setitem(sys.modules, "padfree.attention", None)  # not importable
+    assert attention_implementation("packed") == "sdpa"
+    calls = []
+    fake = types.ModuleType("padfree.attention")
+    fake.register = lambda: calls.append(1)
+    monkeypatch.setitem(sys.modules, "padfree.attention", fake)
+    assert attention_implementation("bucketed") == "sdpa" and calls == []
+    assert attention_implementation("packed") == "padfree_varlen" and calls == [1]

@@ -1,0 +1,43 @@
+"""examples/train.py killed with SIGKILL at random steps and resumed, the last time at another world size
+(one process, then two ranks under torchrun): over both epochs, the steps that count consumed every sample
+exactly once (checked from the seen-log)."""
+
+import random
+from pathlib import Path
+
+from padfree.torch import killresume, seenlog
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "examples" / "train.py"
+TINY = ["--vocab-size", "512", "--model-set", "hidden_size=32", "--model-set", "intermediate_size=64",
+        "--model-set", "num_hidden_layers=1", "--model-set", "num_attention_heads=2",
+        "--model-set", "num_key_value_heads=2"]  # fmt: skip
+
+
+def test_sigkill_and_elastic_resume_consume_every_sample_once(tmp_path, shared_dir):
+    n = 240
+    seen = tmp_path / "seen.jsonl"
+    args = [
+        "--data", str(shared_dir / "data/samples/*.jsonl.gz"),
+        "--tokenizer", str(shared_dir / "tokenizers/llama_sp32k.model"),
+        "--strategy", "packed", "--budget", "256", "--grad-accum", "2", "--epochs", "2",
+        "--limit-samples", str(n), "--seed", "3", "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--checkpoint-every", "3", "--seen-log", str(seen), "--resume", "--log-every", "1000", *TINY,
+    ]  # fmt: skip
+    rng = random.Random(20261129)
+    out = tmp_path / "train.out"
+    first = killresume.run(TRAIN, 1, args, seen, kill_at_step=rng.randint(2, 40), output=out)
+    later = first.last_step + rng.randint(4, 60)
+    second = killresume.run(TRAIN, 1, args, seen, kill_at_step=later, output=out)
+    third = killresume.run(TRAIN, 2, args, seen, output=out)  # torchrun, another world size, to the end
+    assert first.killed and second.killed and not third.killed, out.read_text()[-3000:]
+
+    records = seenlog.read(seen)
+    report = seenlog.check_exactly_once(records, n, epochs=2)
+    assert report["ok"], report
+    assert report["runs"] == 3 and report["counted"] == 2 * n
+    runs = list(dict.fromkeys(r["run"] for r in records))
+    ranks_of = {run: {r["rank"] for r in records if r["run"] == run} for run in runs}
+    assert ranks_of[runs[0]] == {0} and ranks_of[runs[2]] == {0, 1}
+    # the last run resumed from a checkpoint (not from scratch), at the other world size
+    assert min(r["step"] for r in records if r["run"] == runs[2]) > 0
