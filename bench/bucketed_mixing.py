@@ -105,7 +105,8 @@ def main() -> None:
         lo = b.get("(0,16]", {}).get("repeat", float("nan"))
         mid = b.get("(16,64]", {}).get("repeat", float("nan"))
         lines.append(
-            f"| {r['dataset']} | {r['variant']} | {r['padding_efficiency']:.4f} | {r['cobatch_repeat']:.4f} | {lo:.3f} | {mid:.3f} |"
+            f"| {r['dataset']} | {r['variant']} | {r['padding_efficiency']:.4f} | "
+            f"{r['cobatch_repeat']:.4f} | {lo:.3f} | {mid:.3f} |"
         )
     (args.out / "bucketed_mixing.md").write_text("\n".join(lines) + "\n")
 
