@@ -148,3 +148,14 @@ def test_cli_bad_options_exit_2(tmp_path, capsys):
     assert main(["calibrate", "--lengths", "8,x", "--device", "cpu", "--out", str(tmp_path / "c.json")]) == 2
     assert "--lengths" in capsys.readouterr().err
     assert main(["calibrate", "--repeats", "0", "--out", str(tmp_path / "c.json")]) == 2
+
+
+def test_fit_keeps_a_per_token_cost_on_pure_overhead():
+    # timings that are all overhead (flat): the fit keeps A > 0 and reports how poorly it fits
+    shapes = shape_grid(1024, [64, 128, 256, 512, 1024])
+    y = np.full(len(shapes), 0.5)
+    a, b, c = fit_seconds(shapes, y)
+    assert a > 0 and b >= 0 and c >= 0
+    cal_pred = design(shapes) @ np.array([a, b, c])
+    assert np.all(cal_pred > 0)
+    assert a * 1024 > 1e-6 * 0.5  # the slots term is not a rounding-error zero

@@ -22,9 +22,10 @@ def naive_bucketed(
     multiple of ``step_size`` by splitting the last micro-batches (as padfree does) so ranks get equal counts.
 
     >>> import numpy as np
+    >>> # buckets {10}, {11, 12}, {30, 31}, {90}; 30 and 31 exceed the budget together
     >>> order, offsets = naive_bucketed(np.array([10, 11, 12, 30, 31, 90]), 40, np.random.default_rng(0))
     >>> sorted(order.tolist()), len(offsets) - 1
-    ([0, 1, 2, 3, 4, 5], 3)
+    ([0, 1, 2, 3, 4, 5], 5)
     """
     length = np.asarray(length, dtype=np.int64)
     b = bucket_of(length, growth_edges(length, growth))

@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--budget",
         type=int,
         default=None,
-        help="slots of the largest shape (default 2048 on cpu, 16384 on cuda)",
+        help="slots of the largest shape (default 1024 on cpu, 16384 on cuda)",
     )
     p.add_argument(
         "--lengths", default=None, help="comma-separated row lengths (default: 64, 128, ... <= 4096)"
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             min(repeats, QUICK["repeats"]),
         )
     else:
-        budget = args.budget or (16384 if device.startswith("cuda") else 2048)
+        budget = args.budget or (16384 if device.startswith("cuda") else 1024)
         lengths = _int_list(args.lengths) if args.lengths else default_lengths(budget)
     if args.budget and args.quick:
         budget = args.budget
