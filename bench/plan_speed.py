@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -47,6 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world-size", type=int, default=8)
     p.add_argument("--grad-accum", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="rerun only the chosen cases and replace their rows in the existing --out/plan_speed.json",
+    )
+    p.add_argument("--datasets", default=None, help="comma-separated dataset names to run (default: all)")
     args = p.parse_args(argv)
     command = "python bench/plan_speed.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     seed_mix = bundled_seed_mix().astype(np.int64)
@@ -71,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         "results": [],
     }
     common = {"budget": args.budget, "world_size": args.world_size, "grad_accum": args.grad_accum}
+    chosen = set(args.datasets.split(",")) if args.datasets else set(sets)
     for name, lengths in sets.items():
+        if name not in chosen:
+            continue
         path = tmp / f"{name}.npy"
         np.save(path, lengths)
         result["datasets"][name] = dataset_summary(lengths)
@@ -95,12 +105,23 @@ def main(argv: list[str] | None = None) -> int:
                 else row["status"]
             )
             print(f"{name:28s} {case.method:26s} {row['variant'][:40]:40s} {shown}", flush=True)
-    result["machine"]["load_average_end"] = list(__import__("os").getloadavg())
+    result["machine"]["load_average_end"] = list(os.getloadavg())
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.merge and (args.out / "plan_speed.json").is_file():
+        result = _merge(json.loads((args.out / "plan_speed.json").read_text()), result)
     (args.out / "plan_speed.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "plan_speed.md").write_text(render_markdown(result))
     print(f"wrote {args.out / 'plan_speed.json'} and {args.out / 'plan_speed.md'}")
     return 0
+
+
+def _merge(old: dict, new: dict) -> dict:
+    """The old results with the rows of the rerun cases replaced (matched by dataset, method, variant)."""
+    key = lambda r: (r["dataset"], r["method"], r["variant"])  # noqa: E731
+    fresh = {key(r): r | {"rerun": new["command"]} for r in new["results"]}
+    rows = [fresh.pop(key(r), r) for r in old["results"]] + list(fresh.values())
+    reruns = old.get("reruns", []) + [{"command": new["command"], "machine": new["machine"]}]
+    return old | {"results": rows, "reruns": reruns, "datasets": old["datasets"] | new["datasets"]}
 
 
 if __name__ == "__main__":

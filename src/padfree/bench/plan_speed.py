@@ -168,7 +168,11 @@ def run_case_subprocess(case: Case, hard_timeout_s: float | None = None) -> dict
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
-        return base | {"status": "error", "reason": tail}
+        if proc.returncode == -signal.SIGKILL:
+            tail = "killed by SIGKILL (out of memory: the kernel's OOM killer)"
+        elif proc.returncode < 0:
+            tail = f"killed by signal {-proc.returncode}"
+        return base | {"status": "error", "reason": f"exit {proc.returncode}: {tail}"}
     return json.loads(lines[-1])
 
 
@@ -243,6 +247,8 @@ def render_markdown(result: dict) -> str:
                 ]
             else:
                 cells = [r["status"], "-", "-", "-", r.get("reason", "")]
+            if r.get("rerun"):
+                cells[-1] += f" (rerun: `{r['rerun']}`)"
             lines.append(f"| {r['method']} | {r['variant']} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
