@@ -6,6 +6,10 @@ The fit minimizes *relative* squared error (each row weighted by 1/time), so sho
 alike. The saved :class:`~padfree.config.CostModel` is normalized to token-equivalents (``a = 1``,
 ``b = B/A``, ``c = C/A``) and keeps ``seconds_per_slot = A`` so that costs convert back to seconds.
 
+The timed step is forward + backward + the AdamW update, so ``c`` holds the update's time; with gradient
+accumulation the update runs once per ``grad_accum`` micro-batches, so ``c`` overstates the per-micro-batch
+overhead somewhat (it weighs against plans with many small micro-batches).
+
 The measuring is separate from the fitting: :func:`measure` takes any ``step(count, length)`` callable
 and a clock, so a synthetic step (tests) and a real torch training step (:func:`torch_train_step`) go
 through the same code.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from pathlib import Path
 
 from padfree.errors import ConfigError
@@ -99,7 +101,14 @@ def run(args: argparse.Namespace) -> int:
         repeats=repeats,
         warmup=args.warmup,
         source=f"calibrate {args.model} {args.attn} {device}",
-        meta={"model": args.model, "attn": args.attn, "device": device, "step": "forward+backward+AdamW"},
+        meta={
+            "model": args.model,
+            "attn": args.attn,
+            "device": device,
+            "threads": torch.get_num_threads(),
+            "step": "forward+backward+AdamW step (the update's time is inside c)",
+            "command": "padfree " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        },
         progress=progress,
     )
     cal.save(args.out)
