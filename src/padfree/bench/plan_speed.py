@@ -47,7 +47,10 @@ class Case:
     def variant(self) -> str:
         if self.kind == "padfree":
             return f"make_plan, world {self.world_size} x accum {self.grad_accum}"
-        return ", ".join(f"{k}={v}" for k, v in self.settings.items()) or "recommended"
+        from padfree.bench.peers import PEERS
+
+        merged = PEERS[self.method].settings | self.settings
+        return ", ".join(f"{k}={v}" for k, v in merged.items()) or "library defaults"
 
 
 class _TimedOut(Exception):
@@ -109,8 +112,6 @@ def run_case(case: Case) -> dict:
         if why:
             return out | {"status": "unavailable", "reason": why}
         prepare, run, finish = _peer_phases(case)
-        merged = PEERS[case.method].settings | case.settings
-        out["variant"] = ", ".join(f"{k}={v}" for k, v in merged.items()) or "library defaults"
     else:
         prepare, run, finish = _padfree_phases(case)
     lengths = np.load(case.lengths_path).astype(np.int64)
