@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # torch==2.13.0 CPU wheel: pip takes it from the local disk where present; never an unpinned torch.
 EXTRAS_DEMO := report,io
-EXTRAS_DEV  := dev,torch,hf,io,report
+EXTRAS_DEV  := dev,torch,hf,io,report,bench
 
 .PHONY: demo test lint format setup setup-dev browser bench-plan clean
 

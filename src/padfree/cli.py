@@ -17,6 +17,8 @@ COMMANDS = (
     "plan",
     "lengths",
     "report",
+    "calibrate",
+    "simulate",
 )
 
 

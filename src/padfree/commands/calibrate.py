@@ -1,0 +1,130 @@
+"""``padfree calibrate``: time training steps of a model over padded shapes and fit the cost model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from padfree.errors import ConfigError
+
+NAME = "calibrate"
+HELP = "time forward+backward+AdamW over padded shapes on this machine; fit time = a*slots + b*attention + c"
+
+QUICK = {"budget": 256, "lengths": [32, 64, 128, 256], "fractions": (1.0, 0.5), "repeats": 1}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "model", nargs="?", default="tiny-llama", help="built-in tiny model or a directory with config.json"
+    )
+    p.add_argument("--attn", default="sdpa", help="attention implementation (default sdpa)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=None,
+        help="slots of the largest shape (default 1024 on cpu, 16384 on cuda)",
+    )
+    p.add_argument(
+        "--lengths", default=None, help="comma-separated row lengths (default: 64, 128, ... <= 4096)"
+    )
+    p.add_argument("--repeats", type=int, default=3, help="timed steps per shape, median kept (default 3)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per shape first (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="weights and token ids seed (default 0)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument(
+        "--quick", action="store_true", help="a tiny grid (budget 256, one repeat): seconds, not minutes"
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("cost.json"), help="cost file to write (default cost.json)"
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--lengths must be comma-separated integers (got {text!r})") from None
+    if not out:
+        raise ConfigError("--lengths is empty")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from padfree.calibrate import calibrate, default_lengths, torch_train_step
+
+    if args.repeats < 1 or args.warmup < 0:
+        raise ConfigError(f"--repeats must be >= 1 and --warmup >= 0 (got {args.repeats}, {args.warmup})")
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError("calibrate needs torch and transformers: pip install 'padfree[torch,hf]'") from None
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be >= 1 (got {args.threads})")
+        torch.set_num_threads(args.threads)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: no CUDA device here")
+    fractions = (1.0, 0.5, 0.25)
+    repeats = args.repeats
+    if args.quick:
+        budget, lengths, fractions, repeats = (
+            QUICK["budget"],
+            QUICK["lengths"],
+            QUICK["fractions"],
+            min(repeats, QUICK["repeats"]),
+        )
+    else:
+        budget = args.budget or (16384 if device.startswith("cuda") else 1024)
+        lengths = _int_list(args.lengths) if args.lengths else default_lengths(budget)
+    if args.budget and args.quick:
+        budget = args.budget
+    if budget < 1:
+        raise ConfigError(f"--budget must be >= 1 (got {budget})")
+    step = torch_train_step(args.model, attn=args.attn, device=device, seed=args.seed)
+    progress = None
+    if not args.json:
+
+        def progress(i, s, t):
+            print(f"  {s.count:>5d} x {s.length:<6d} {t * 1e3:9.1f} ms", flush=True)
+
+    cal = calibrate(
+        step,
+        budget,
+        lengths,
+        fractions=fractions,
+        repeats=repeats,
+        warmup=args.warmup,
+        source=f"calibrate {args.model} {args.attn} {device}",
+        meta={
+            "model": args.model,
+            "attn": args.attn,
+            "device": device,
+            "threads": torch.get_num_threads(),
+            "step": "forward+backward+AdamW step (the update's time is inside c)",
+            "command": "padfree " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        },
+        progress=progress,
+    )
+    cal.save(args.out)
+    if args.json:
+        print(json.dumps({"a": cal.cost.a, "b": cal.cost.b, "c": cal.cost.c, **cal.to_json()}, indent=2))
+        return 0
+    f, h = cal.fit, cal.held_out
+    print(
+        f"cost model (token-equivalents): a = 1, b = {cal.cost.b:.4g} per L^2, "
+        f"c = {cal.cost.c:.4g} per micro-batch"
+    )
+    print(
+        f"seconds per slot: {cal.seconds_per_slot:.4g} ({1 / cal.seconds_per_slot:,.0f} slots/s at b = c = 0)"
+    )
+    print(f"fit on {f['n']} shapes: relative RMS {f['rel_rms']:.3f}, max {f['max_rel']:.3f}")
+    if h["n"]:
+        print(f"held out {h['n']} shapes: relative RMS {h['rel_rms']:.3f}, max {h['max_rel']:.3f}")
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,98 @@
+import json
+
+import numpy as np
+import pytest
+
+from padfree.bench.baselines import naive_bucketed
+from padfree.buckets import bucket_of, growth_edges
+from padfree.cli import main
+from padfree.config import CostModel, PlanConfig
+from padfree.simulate import motivating_ratios, simulate, simulate_batches
+
+
+def test_padded_by_hand():
+    # micro 0: two rows of 10 -> slots 20, attention 200; micro 1: two rows of 20 -> slots 40, attention 800
+    cost = CostModel(a=1.0, b=0.01, c=5.0)
+    out = simulate_batches(np.array([10, 10, 20, 20]), np.array([0, 2, 4]), False, 40, 2, 1, cost, 0.5)
+    # ranks: 20 + 2 + 5 = 27 and 40 + 8 + 5 = 53; the step waits for 53
+    assert out["step_cost_total"] == pytest.approx(53.0)
+    assert out["tokens_per_unit"] == pytest.approx(60 / 53)
+    assert out["epoch_seconds"] == pytest.approx(26.5)
+    assert out["tokens_per_second"] == pytest.approx(60 / 26.5)
+    assert out["imbalance"] == pytest.approx(53 / 40)
+
+
+def test_packed_and_accumulation_by_hand():
+    # one rank, two accumulation micro-batches per step, two steps: bins of 8 with per-document attention
+    lens = np.array([3, 5, 8, 2, 2, 4, 6])
+    offsets = np.array([0, 2, 3, 6, 7])
+    cost = CostModel(a=1.0, b=0.1, c=1.0)
+    out = simulate_batches(lens, offsets, True, 8, 1, 2, cost)
+    step1 = (8 + 0.1 * (9 + 25) + 1) + (8 + 0.1 * 64 + 1)
+    step2 = (8 + 0.1 * (4 + 4 + 16) + 1) + (8 + 0.1 * 36 + 1)
+    assert out["steps"] == 2
+    assert out["step_cost_total"] == pytest.approx(step1 + step2)
+    assert out["tokens_per_unit"] == pytest.approx(30 / (step1 + step2))
+    assert "tokens_per_second" not in out
+    with pytest.raises(ValueError, match="whole steps"):
+        simulate_batches(lens, offsets[:-1], True, 8, 1, 2, cost)
+
+
+def test_equal_lengths_every_strategy_same_throughput():
+    # 64 samples of 100 tokens, budget 400: 16 micro-batches of 4 rows, 4 steps of 2 ranks x 2 micro-batches;
+    # each step costs 2 * 400 slots on every rank -> 4 * 800 = 3200 units for 6400 tokens
+    lengths = np.full(64, 100)
+    res = simulate(lengths, PlanConfig(budget=400, world_size=2, grad_accum=2, cost=CostModel(1.0, 0.0, 0.0)))
+    for name, r in res["strategies"].items():
+        assert r["step_cost_total"] == pytest.approx(3200.0), name
+        assert r["tokens_per_unit"] == pytest.approx(2.0), name
+        assert r["ratio_to_sorted"] == pytest.approx(1.0), name
+
+
+def test_seed_mix_random_over_sorted_follows_padding_when_only_slots_cost(seed_mix):
+    cfg = PlanConfig(budget=16384, world_size=8, grad_accum=4, cost=CostModel(1.0, 0.0, 0.0))
+    res = simulate(seed_mix, cfg, strategies=("sorted", "random"), naive=False)["strategies"]
+    pad_ratio = res["random"]["padding_efficiency"] / res["sorted"]["padding_efficiency"]
+    assert abs(res["random"]["ratio_to_sorted"] - pad_ratio) < 0.05
+    # and it is the motivating case's measured ratio within a few points
+    assert abs(res["random"]["ratio_to_sorted"] - motivating_ratios()["random"]) < 0.05
+
+
+def test_naive_bucketed_is_a_partition_inside_buckets():
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 3000, 20_000)
+    order, offsets = naive_bucketed(lengths, 4096, np.random.default_rng(1), step_size=8)
+    assert np.array_equal(np.sort(order), np.arange(lengths.size))
+    assert (offsets.shape[0] - 1) % 8 == 0
+    b = bucket_of(lengths, growth_edges(lengths, 1.25))[order]
+    for k in range(offsets.shape[0] - 1):
+        lo, hi = offsets[k], offsets[k + 1]
+        assert (hi - lo) * lengths[order[lo:hi]].max() <= 4096
+        assert b[lo] == b[hi - 1]  # never mixes buckets
+    # micro-batch order is shuffled: bucket ids of consecutive micro-batches are not sorted
+    first = b[offsets[:-1]]
+    assert np.any(np.diff(first) < 0)
+
+
+def test_cli_simulate_json_with_cost_file(tmp_path, capsys):
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("\n".join(str(x) for x in np.random.default_rng(0).integers(1, 500, 2000)) + "\n")
+    cost = tmp_path / "cost.json"
+    CostModel(a=1.0, b=0.001, c=10.0).save(cost, seconds_per_unit=1e-6)
+    args = ["simulate", str(lengths), "--gpus", "4", "--grad-accum", "2", "--budget", "2048"]
+    assert main([*args, "--cost", str(cost), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["config"]["gpus"] == 4 and res["config"]["seconds_per_unit"] == 1e-6
+    rows = res["strategies"]
+    assert set(rows) == {"sorted", "random", "bucketed", "packed", "naive_bucketed"}
+    for r in rows.values():
+        assert r["tokens_per_second"] == pytest.approx(r["tokens_per_unit"] / 1e-6)
+    assert rows["random"]["ratio_to_sorted"] < rows["bucketed"]["ratio_to_sorted"]
+    assert main([*args, "--strategies", "sorted,nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_cli_simulate_table_on_seed_mix_shows_measured(capsys):
+    assert main(["simulate", "--gpus", "8", "--strategies", "sorted,random"]) == 0
+    out = capsys.readouterr().out
+    assert "naive_bucketed" in out and "0.37" in out and "0.78" in out and "relative only" in out
