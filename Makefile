@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 EXTRAS_DEMO := report,io
 EXTRAS_DEV  := dev,torch,hf,io,report
 
-.PHONY: demo test lint format setup setup-dev bench-plan clean
+.PHONY: demo test lint format setup setup-dev browser bench-plan clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,13 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 setup: $(VENV)/.demo-installed
-setup-dev: $(VENV)/.dev-installed
+setup-dev: $(VENV)/.dev-installed browser
+
+# tests/test_report.py renders the HTML report in headless Chromium (Debian's `chromium` package)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=""; [ "$$(id -u)" = "0" ] || SUDO="sudo"; \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends chromium; }
 
 demo: setup
 	$(BIN)/padfree analyze

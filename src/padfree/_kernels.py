@@ -48,6 +48,36 @@ def cut_padded(lens: np.ndarray, segments: np.ndarray, budget: int) -> np.ndarra
 
 
 @njit(cache=True, nogil=True)
+def merge_small(lens: np.ndarray, offsets: np.ndarray, budget: int) -> np.ndarray:
+    """Group id of each micro-batch after merging small ones (padded slots <= budget/2) with the previous
+    small one while the union still obeys ``count * longest <= budget``. Groups keep the order of their
+    first member."""
+    m = offsets.shape[0] - 1
+    group = np.arange(m)
+    open_g = -1
+    open_cnt = 0
+    open_max = 0
+    for j in range(m):
+        cnt = offsets[j + 1] - offsets[j]
+        mx = 0
+        for t in range(offsets[j], offsets[j + 1]):
+            if lens[t] > mx:
+                mx = lens[t]
+        if 2 * cnt * mx > budget:
+            continue
+        both = mx if mx > open_max else open_max
+        if open_g >= 0 and (open_cnt + cnt) * both <= budget:
+            group[j] = open_g
+            open_cnt += cnt
+            open_max = both
+        else:
+            open_g = j
+            open_cnt = cnt
+            open_max = mx
+    return group
+
+
+@njit(cache=True, nogil=True)
 def best_fit(lens: np.ndarray, budget: int) -> tuple:
     """Online best-fit bin packing in the given order: each item goes to the open bin with the least room
     that still fits it, else to a new bin. O(n log budget) with a segment tree over remaining capacity.
@@ -145,7 +175,8 @@ def gather_segments(values: np.ndarray, offsets: np.ndarray, order: np.ndarray) 
 @njit(cache=True, nogil=True)
 def balance_ranks(costs: np.ndarray, world: int, accum: int, max_rounds: int) -> np.ndarray:
     """Assign each step's ``world*accum`` micro-batches to ranks, ``accum`` each, minimizing the most
-    loaded rank: LPT with a cardinality limit, then pairwise swaps that lower the maximum.
+    loaded rank: LPT with a cardinality limit, then the best pairwise swap between any two ranks, repeated
+    while it lowers the sum of squared rank loads.
 
     ``costs`` has ``n_steps * world * accum`` entries, step after step. Returns a permutation of the
     micro-batches such that, inside each step, rank r owns slots ``r*accum .. r*accum+accum-1``; each rank
@@ -172,33 +203,30 @@ def balance_ranks(costs: np.ndarray, world: int, accum: int, max_rounds: int) ->
             rank_of[j] = best
             load[best] += c[j]
             count[best] += 1
-        # improvement: move cost off the most loaded rank by swapping one of its items
+        # improvement: swap pairs of micro-batches between ranks while that lowers the sum of squared
+        # loads (each swap narrows the gap between two ranks; the maximum can only follow)
         for _ in range(max_rounds):
-            p = 0
-            for r in range(1, world):
-                if load[r] > load[p]:
-                    p = r
             best_gain = 0.0
             bi = -1
             bj = -1
             for i in range(k):
-                if rank_of[i] != p:
-                    continue
+                p = rank_of[i]
                 for j in range(k):
                     q = rank_of[j]
-                    if q == p or c[j] >= c[i]:
+                    if q == p:
                         continue
+                    gap = load[p] - load[q]
                     d = c[i] - c[j]
-                    new_p = load[p] - d
-                    new_q = load[q] + d
-                    new_max = new_p if new_p > new_q else new_q
-                    gain = load[p] - new_max
-                    if gain > best_gain + 1e-12 * load[p]:
+                    if d <= 0.0 or d >= gap:
+                        continue
+                    gain = d * (gap - d)  # half the drop in load[p]^2 + load[q]^2
+                    if gain > best_gain:
                         best_gain = gain
                         bi = i
                         bj = j
-            if bi < 0:
+            if bi < 0 or best_gain <= 1e-12 * (load[0] + 1.0) ** 2:
                 break
+            p = rank_of[bi]
             q = rank_of[bj]
             d = c[bi] - c[bj]
             load[p] -= d

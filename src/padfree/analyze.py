@@ -33,7 +33,7 @@ def analyze_strategies(
     Returns ``{"dataset": {...}, "strategies": {name: metrics}}``; ``plan_seconds`` is epoch 1's (warm)
     planning time, ``cobatch_repeat`` compares epoch 0 with epoch 1.
     """
-    lengths = validate_lengths(lengths, path)
+    lengths = validate_lengths(lengths, path, compact=True)  # int32 stays int32: huge inputs plan in windows
     out: dict = {"dataset": dataset_summary(lengths), "strategies": {}}
     if configs:
         first = next(iter(configs.values()))
@@ -45,13 +45,24 @@ def analyze_strategies(
             "cost": {"a": first.cost.a, "b": first.cost.b, "c": first.cost.c, "source": first.cost.source},
         }
     if progress:
+        from rich.console import Console
         from rich.progress import Progress
 
-        with Progress(transient=True) as bar:
+        with Progress(transient=True, console=Console(stderr=True)) as bar:
             task = bar.add_task("planning", total=len(configs))
+            windows = None
+
+            def on_window(done: int, total: int) -> None:  # stream plans: per-window progress
+                nonlocal windows
+                if windows is None:
+                    windows = bar.add_task("windows", total=2 * total)
+                bar.advance(windows)
+
             for name, cfg in configs.items():
                 bar.update(task, description=f"planning {name}")
-                out["strategies"][name] = _measure(lengths, cfg, path)
+                if windows is not None:
+                    bar.reset(windows)
+                out["strategies"][name] = _measure(lengths, cfg, path, on_window)
                 bar.advance(task)
     else:
         for name, cfg in configs.items():
@@ -59,9 +70,9 @@ def analyze_strategies(
     return out
 
 
-def _measure(lengths: np.ndarray, cfg: PlanConfig, path: str | None) -> dict:
-    p0 = make_plan(lengths, cfg, 0, path=path)
-    p1 = make_plan(lengths, cfg, 1, path=path)
+def _measure(lengths: np.ndarray, cfg: PlanConfig, path: str | None, on_window=None) -> dict:
+    p0 = make_plan(lengths, cfg, 0, path=path, progress=on_window)
+    p1 = make_plan(lengths, cfg, 1, path=path, progress=on_window)
     return plan_metrics(p1, p0) | {"cobatch_repeat": cobatch_repeat(p0, p1)}
 
     return cobatch_repeat(p0, p1)

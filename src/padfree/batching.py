@@ -48,9 +48,28 @@ def sorted_batches(length: np.ndarray, budget: int, rng: np.random.Generator) ->
 
 
 def random_batches(length: np.ndarray, budget: int, rng: np.random.Generator) -> Batches:
-    """A fresh permutation every epoch, cut under the padded budget."""
+    """A fresh permutation every epoch, cut under the padded budget.
+
+    The greedy cut closes a micro-batch early whenever the next sample would overflow it, leaving some
+    micro-batches with few slots; those are merged pairwise (in order) while the union still fits. Without
+    this, a step's ranks cannot be balanced: a rank must take ``grad_accum`` micro-batches, and one holding a
+    small one idles while the others finish.
+    """
     order = rng.permutation(length.shape[0])
-    return order, cut(length[order], budget), None
+    offsets = cut(length[order], budget)
+    return (*merge_groups(order, offsets, _kernels.merge_small(length[order], offsets, budget)), None)
+
+
+def merge_groups(order: np.ndarray, offsets: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate the micro-batches that share a group id (ids are micro-batch numbers)."""
+    m = offsets.shape[0] - 1
+    if np.array_equal(group, np.arange(m)):
+        return order, offsets
+    micro_of_item = np.repeat(np.arange(m), np.diff(offsets))
+    regroup = _kernels.counting_argsort(group[micro_of_item], m)
+    sizes = np.bincount(group, weights=np.diff(offsets), minlength=m).astype(np.int64)
+    sizes = sizes[sizes > 0]
+    return order[regroup], np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
 
 
 def bucket_edges(

@@ -15,6 +15,8 @@ from padfree.errors import PadfreeError
 COMMANDS = (
     "analyze",
     "plan",
+    "lengths",
+    "report",
 )
 
 

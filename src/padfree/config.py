@@ -10,6 +10,8 @@ from padfree.errors import ConfigError
 
 STRATEGIES = ("sorted", "random", "bucketed", "packed")
 OVERLONG = ("error", "truncate", "split", "drop")
+MAX_BUDGET = 2**24
+"""The largest token budget: packing keeps ~24 bytes per budget token (400 MB at this limit)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,11 @@ class PlanConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1 (got {value!r})")
+        if self.budget > MAX_BUDGET:
+            raise ConfigError(
+                f"budget must be <= {MAX_BUDGET} tokens per micro-batch (got {self.budget}); the planner's "
+                "memory grows with the budget"
+            )
         if not (isinstance(self.growth, (int, float)) and self.growth > 1.0 and self.growth < float("inf")):
             raise ConfigError(f"growth must be a number > 1 (got {self.growth!r})")
         if self.buckets is not None and (

@@ -76,7 +76,8 @@ def step_divergence(plan: Plan, max_cells: int = 4_000_000) -> float:
 def _entry_keys(plan: Plan) -> np.ndarray:
     if plan.starts is None:
         return plan.indices
-    return plan.indices * (int(plan.starts.max()) + 1) + plan.starts
+    # int64: stream plans hold int32 ids and starts, whose product would overflow
+    return plan.indices.astype(np.int64) * (int(plan.starts.max()) + 1) + plan.starts
 
 
 def cobatch_repeat(plan: Plan, next_plan: Plan) -> float:

@@ -7,7 +7,7 @@ and ranks (``steps``). A :class:`Plan` holds flat arrays so that millions of sam
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -119,8 +119,26 @@ class Plan:
             yield rec
 
 
-def make_plan(lengths: np.ndarray, config: PlanConfig, epoch: int = 0, *, path: str | None = None) -> Plan:
+STREAM_THRESHOLD = 20_000_000
+"""``make_plan`` plans above this many samples window by window (see :mod:`padfree.stream`)."""
+
+
+def make_plan(
+    lengths: np.ndarray,
+    config: PlanConfig,
+    epoch: int = 0,
+    *,
+    path: str | None = None,
+    stream: bool | None = None,
+    window: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Plan:
     """Plan one epoch.
+
+    Above :data:`STREAM_THRESHOLD` samples (or with ``stream=True``) the epoch is planned in windows of
+    about ``window`` samples (default :data:`padfree.stream.DEFAULT_WINDOW`) to bound memory; see
+    :func:`padfree.stream.plan_stream`. ``stream=False`` forces the in-memory path. ``progress(done, total)``
+    is called after each window of a stream plan.
 
     >>> import numpy as np
     >>> cfg = PlanConfig(strategy="bucketed", budget=64, world_size=2, grad_accum=2, seed=1)
@@ -131,13 +149,33 @@ def make_plan(lengths: np.ndarray, config: PlanConfig, epoch: int = 0, *, path: 
     t0 = time.perf_counter()
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
         raise ConfigError(f"epoch must be an integer >= 0 (got {epoch!r})")
+    try:
+        n = len(lengths)
+    except TypeError:  # a scalar: validate_lengths reports it
+        n = 0
+    if stream or (stream is None and n > STREAM_THRESHOLD):
+        from padfree.stream import DEFAULT_WINDOW, plan_stream
+
+        return plan_stream(
+            lengths, config, int(epoch), window=window or DEFAULT_WINDOW, path=path, progress=progress, t0=t0
+        )
     lengths = validate_lengths(lengths, path)
     items = make_items(lengths, config.budget, config.overlong, path)
     return plan_items(items, config, int(epoch), t0=t0)
 
 
-def plan_items(items: Items, config: PlanConfig, epoch: int, *, t0: float | None = None) -> Plan:
-    """Plan one epoch of already prepared items (see :func:`padfree.lengths.make_items`)."""
+def plan_items(
+    items: Items,
+    config: PlanConfig,
+    epoch: int,
+    *,
+    t0: float | None = None,
+    rng: np.random.Generator | None = None,
+) -> Plan:
+    """Plan one epoch of already prepared items (see :func:`padfree.lengths.make_items`).
+
+    ``rng`` replaces the epoch's generator (:func:`epoch_rng`); the stream planner gives each window its own.
+    """
     t0 = time.perf_counter() if t0 is None else t0
     k = config.micro_per_step
     if len(items) < k:
@@ -145,7 +183,7 @@ def plan_items(items: Items, config: PlanConfig, epoch: int, *, t0: float | None
             f"{len(items)} samples cannot fill one step of {k} micro-batches "
             f"(world_size {config.world_size} x grad_accum {config.grad_accum})"
         )
-    rng = epoch_rng(config.seed, epoch, config.strategy)
+    rng = epoch_rng(config.seed, epoch, config.strategy) if rng is None else rng
     length = items.length
     edges = None
     s = config.strategy

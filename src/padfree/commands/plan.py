@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from padfree.commands.common import add_lengths_argument, add_plan_options, config_from_args, load_lengths
+from padfree.errors import InputError
 
 NAME = "plan"
 HELP = 'write one epoch\'s plan, one micro-batch a line: {"epoch", "step", "rank", "micro", "indices"}'
@@ -30,7 +31,10 @@ def run(args: argparse.Namespace) -> int:
     lengths, path, _ = load_lengths(args)
     p = make_plan(lengths, cfg, args.epoch, path=path)
     to_stdout = str(args.out) == "-"
-    stream = sys.stdout if to_stdout else args.out.open("w")
+    try:
+        stream = sys.stdout if to_stdout else args.out.open("w")
+    except OSError as exc:
+        raise InputError(f"cannot write the plan ({exc.strerror or exc})", path=str(args.out)) from None
     try:
         for rec in p.records():
             stream.write(json.dumps(rec, separators=(",", ":")) + "\n")

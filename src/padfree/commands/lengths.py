@@ -1,0 +1,94 @@
+"""``padfree lengths``: count the tokens of every sample of a dataset and write ``lengths.npy``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from padfree.errors import ConfigError
+
+NAME = "lengths"
+HELP = (
+    "tokenize a dataset (.jsonl[.gz], .parquet, datasets folder) and write per-sample token counts "
+    "(.npy) plus loss-bearing counts beside them"
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from padfree.lengths_from_data import default_workers
+
+    p.add_argument("data", type=Path, help=".jsonl, .jsonl.gz, .parquet or a datasets save_to_disk folder")
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        required=True,
+        help="SentencePiece .model, tokenizer.json, or a local transformers tokenizer folder",
+    )
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--field", default=None, help="every record is a document in this field (e.g. text)")
+    kind.add_argument(
+        "--messages", default=None, help="every record is a chat in this field (list of {role, content})"
+    )
+    p.add_argument(
+        "--chat-template",
+        action="store_true",
+        help="render chats with the tokenizer's chat template (transformers folder); default: the "
+        "fallback rule, len(role\\ncontent\\n) + 2 per message",
+    )
+    p.add_argument(
+        "--out", type=Path, required=True, help="output .npy; loss-bearing counts go to *.assistant.npy"
+    )
+    p.add_argument("--workers", type=int, default=default_workers(), help="processes (default min(4, cpus))")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="token-count cache (default $PADFREE_CACHE_DIR or ~/.cache/padfree)",
+    )
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def assistant_path(out: Path) -> Path:
+    """``lengths.npy`` -> ``lengths.assistant.npy``."""
+    return out.with_name(out.name[: -len(".npy")] + ".assistant.npy")
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from padfree.lengths_from_data import count_lengths
+
+    if args.out.suffix != ".npy":
+        raise ConfigError(f"--out must name a .npy file (got {args.out})")
+    mode, field = "auto", None
+    if args.field:
+        mode, field = "text", args.field
+    elif args.messages:
+        mode, field = "messages", args.messages
+    res = count_lengths(
+        args.data,
+        args.tokenizer,
+        mode=mode,
+        field=field,
+        chat_template=args.chat_template,
+        workers=args.workers,
+        cache_dir=args.cache_dir,
+        use_cache=not args.no_cache,
+        progress=not args.quiet,
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    dtype = np.int32 if int(res.lengths.max(initial=0)) < 2**31 else np.int64
+    np.save(args.out, res.lengths.astype(dtype))
+    aux = assistant_path(args.out)
+    np.save(aux, res.loss_tokens.astype(dtype))
+    cache = "cache hit" if res.cache_hit else ("cache miss" if res.cache_file else "cache off")
+    q = np.percentile(res.lengths, [50, 99])
+    print(
+        f"{args.out}: {res.lengths.shape[0]:,} samples, {int(res.lengths.sum()):,} tokens "
+        f"(p50 {q[0]:.0f}, p99 {q[1]:.0f}, max {int(res.lengths.max()):,}); loss-bearing "
+        f"{int(res.loss_tokens.sum()):,} tokens in {aux}; {cache}; {res.seconds:.2f} s",
+        file=sys.stderr,
+    )
+    return 0

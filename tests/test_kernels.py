@@ -1,0 +1,113 @@
+"""The compiled kernels against plain reference implementations."""
+
+import itertools
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from padfree import _kernels
+from padfree.buckets import growth_edges, optimal_edges, padding_of_edges
+from padfree.steps import spread_tail, stratified_order
+
+
+def ref_best_fit(lens, budget):
+    rooms, out = [], []
+    for length in lens:
+        fits = [(r, i) for i, r in enumerate(rooms) if r >= length]
+        if fits:
+            r, i = min(fits)  # least room; ties: any bin with that room
+            rooms[i] -= length
+            out.append((i, r))
+        else:
+            rooms.append(budget - length)
+            out.append((len(rooms) - 1, None))
+    return rooms, out
+
+
+@given(st.lists(st.integers(1, 50), min_size=1, max_size=200), st.integers(50, 120))
+def test_best_fit_matches_reference_room_choices(lens, budget):
+    arr = np.array(lens, dtype=np.int64)
+    bin_of, n_bins = _kernels.best_fit(arr, budget)
+    rooms, ref = ref_best_fit(lens, budget)
+    assert n_bins == len(rooms)
+    # bins never overflow, and every item went to a bin with the least sufficient room
+    load = np.bincount(bin_of, weights=arr, minlength=n_bins)
+    assert (load <= budget).all()
+    assert np.array_equal(np.sort(budget - load), np.sort(np.array(rooms)))
+
+
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=30), st.integers(1, 4))
+def test_optimal_edges_is_optimal(lens, k):
+    arr = np.array(lens, dtype=np.int64)
+    edges = optimal_edges(arr, k)
+    values = np.unique(arr)
+    assert edges[-1] == values[-1] and len(edges) <= k
+    best = min(
+        padding_of_edges(arr, np.array([*c, values[-1]]))
+        for r in range(0, min(k, len(values)))
+        for c in itertools.combinations(values[:-1], r)
+    )
+    assert padding_of_edges(arr, edges) == best
+
+
+def test_growth_edges_cover_and_grow():
+    lengths = np.array([3, 10, 100, 1000, 8192])
+    e = growth_edges(lengths, 1.25)
+    assert e[0] >= 3 and e[-1] >= 8192 and e[-2] < 8192
+    ratios = e[1:] / e[:-1]
+    assert (ratios[e[:-1] > 20] < 1.26).all()
+
+
+@given(st.lists(st.integers(0, 9), min_size=0, max_size=100))
+def test_counting_argsort_is_stable_argsort(keys):
+    arr = np.array(keys, dtype=np.int64)
+    assert np.array_equal(_kernels.counting_argsort(arr, 10), np.argsort(arr, kind="stable"))
+
+
+@given(
+    st.lists(st.floats(0.1, 100.0), min_size=12, max_size=12),
+    st.sampled_from([(2, 6), (3, 4), (4, 3), (6, 2)]),
+)
+def test_balance_ranks_is_a_valid_assignment_no_worse_than_lpt_bound(costs, shape):
+    world, accum = shape
+    c = np.array(costs)
+    perm = _kernels.balance_ranks(c, world, accum, 64)
+    assert np.array_equal(np.sort(perm), np.arange(12))
+    loads = c[perm].reshape(world, accum).sum(1)
+    # the optimum is at least the mean load, and at least the largest item plus the accum-1 smallest
+    cs = np.sort(c)
+    lower = max(c.sum() / world, cs[-1] + cs[: accum - 1].sum())
+    assert loads.max() <= 4 / 3 * lower + 1e-9
+
+
+def test_balance_ranks_beats_round_robin_on_skewed_costs():
+    rng = np.random.default_rng(0)
+    c = rng.lognormal(0, 1, size=32 * 50)
+    perm = _kernels.balance_ranks(c, 8, 4, 64)
+    bal = c[perm].reshape(50, 8, 4).sum(2)
+    naive = c.reshape(50, 8, 4).sum(2)
+    assert (bal.max(1) / bal.mean(1)).mean() < (naive.max(1) / naive.mean(1)).mean()
+    # within 1% of the lower bound max(mean load, largest item + the 3 smallest) on average
+    cs = np.sort(c.reshape(50, 32), axis=1)
+    lower = np.maximum(bal.mean(1), cs[:, -1] + cs[:, :3].sum(1))
+    assert (bal.max(1) / lower).mean() < 1.01
+
+
+def test_spread_tail_keeps_samples():
+    off = np.array([0, 5, 9, 10, 14])
+    out = spread_tail(off, 3)
+    assert (len(out) - 1) % 3 == 0 and out[0] == 0 and out[-1] == 14
+    assert set(off.tolist()) <= set(out.tolist())
+
+
+def test_stratified_order_spreads_each_stratum_evenly():
+    rng = np.random.default_rng(1)
+    strata = np.repeat([0, 1, 2], [100, 50, 10])
+    tokens = np.ones(160)
+    order = stratified_order(strata, tokens, rng)
+    assert np.array_equal(np.sort(order), np.arange(160))
+    # in every window of 16 micro-batches, stratum 0 has about 10
+    s = strata[order].reshape(10, 16)
+    assert ((s == 0).sum(1) >= 8).all() and ((s == 0).sum(1) <= 12).all()
+    assert ((s == 2).sum(1) <= 2).all()
