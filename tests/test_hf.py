@@ -237,3 +237,42 @@ def test_len_and_epochs_follow_the_plan(tmp_path):
     trainer.padfree_sampler.set_epoch(0)
     out = trainer.train()
     assert out.global_step == sum(per_epoch)
+
+
+def test_ddp_two_ranks_equals_plain_loop_over_the_whole_step(tmp_path):
+    """2 CPU ranks (gloo): the DDP step of the Trainer equals one process running all 4 micro-batches of
+    the step with the plain loop's normalization, with ``average_tokens_across_devices`` on and off."""
+    import os
+    import subprocess
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    import hf_ddp_worker as w
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "tests" / "hf_ddp_worker.py"), str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    data, lengths = w.ddp_data()
+    model = build_model("tiny-llama", attn_implementation=attention_implementation("packed"), **w.TINY_KW)
+    ds, collator = PlannedDataset(data), PackCollator()
+    micro = []
+    for rank in (0, 1):
+        sampler = PlanBatchSampler(lengths, w.CONFIG, world_size=2, rank=rank)
+        micro += [collator(ds.__getitems__(mb)) for mb in list(sampler)[: w.CONFIG.grad_accum]]
+    assert {b.info.step for b in micro} == {0}
+    counts = [b.loss_tokens for b in micro]
+    assert sum(counts) == micro[0].info.step_tokens and max(counts) >= 3 * min(counts)
+    for b in micro:
+        inputs = dict(b)
+        labels = inputs.pop("labels")
+        step_loss(token_loss_sum(model(**inputs).logits, labels), b.info.step_tokens, 1).backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= w.LR * p.grad
+    expected = model.state_dict()
+    for average in (True, False):
+        got = torch.load(tmp_path / f"params-{average}.pt")
+        for k, v in expected.items():
+            torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-5)
