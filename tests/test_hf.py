@@ -276,3 +276,25 @@ def test_ddp_two_ranks_equals_plain_loop_over_the_whole_step(tmp_path):
         got = torch.load(tmp_path / f"params-{average}.pt")
         for k, v in expected.items():
             torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-5)
+
+
+def test_checkpoint_state_is_what_was_consumed_despite_prefetch(tmp_path):
+    """With DataLoader workers the sampler runs ahead of training; each checkpoint still records the state
+    right after its own last step."""
+    rng = np.random.default_rng(0)
+    data = [{"input_ids": rng.integers(1, 64, n)} for n in rng.integers(2, 60, 40)]
+    config = PlanConfig(strategy="packed", budget=96, grad_accum=2, seed=0)
+    args = TrainingArguments(
+        str(tmp_path), gradient_accumulation_steps=2, max_steps=3, remove_unused_columns=False, report_to=[],
+        use_cpu=True, dataloader_num_workers=2, save_steps=1, disable_tqdm=True,
+    )  # fmt: skip
+    lengths = [len(d["input_ids"]) for d in data]
+    trainer = PadfreeTrainer(
+        model=build_model("tiny-llama", **TINY_KW), args=args, train_dataset=data, lengths=lengths,
+        plan_config=config,
+    )  # fmt: skip
+    trainer.train()
+    assert trainer.padfree_sampler.state_dict()["history"][-1][2] > 3  # the workers prefetched past step 3
+    for step in (1, 2, 3):
+        state = json.loads((tmp_path / f"checkpoint-{step}" / STATE_FILE).read_text())
+        assert state["history"] == [[1, 2, step]] and state["partial"] == 0
