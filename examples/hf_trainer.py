@@ -1,0 +1,149 @@
+"""Train a tiny Llama through ``transformers.Trainer`` (or TRL's ``SFTTrainer``) fed by a padfree plan.
+
+    python examples/hf_trainer.py --strategy packed --max-steps 20 --output-dir runs/hf
+    python examples/hf_trainer.py --strategy bucketed --grad-accum 2 --max-steps 20 --output-dir runs/hf
+    python examples/hf_trainer.py ... --resume                   # continue from the latest checkpoint
+    torchrun --nproc_per_node 2 examples/hf_trainer.py ...        # DDP: each rank gets its share of the plan
+    python examples/hf_trainer.py ... --trainer sft              # the same through trl.SFTTrainer
+
+Data and loss as in ``examples/train.py`` (:func:`padfree.samples.load_samples`: SentencePiece
+``--tokenizer``, ``--loss-on assistant|all``, samples cut to ``--budget`` tokens). The model is built from a
+config with random weights (:func:`padfree.models.build_model`); packed rows use padfree's varlen attention
+when available. Nothing is downloaded; CPU works (``--use-cpu`` is implied without a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+from transformers import TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
+
+from padfree import PlanConfig
+from padfree.hf import PadfreeTrainer, padfree_sft_trainer
+from padfree.models import build_model
+from padfree.samples import load_samples, loss_token_counts
+from padfree.torch import attention_implementation
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=str(SHARED / "data/samples/*.jsonl.gz"), help="glob of .jsonl.gz files")
+    p.add_argument("--tokenizer", default=str(SHARED / "tokenizers/llama_sp32k.model"))
+    p.add_argument("--strategy", default="packed", choices=["sorted", "random", "bucketed", "packed"])
+    p.add_argument("--budget", type=int, default=2048, help="tokens per micro-batch")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per rank per optimizer step")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps in all (default: --epochs)")
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit-samples", type=int, default=None, help="use the first N samples")
+    p.add_argument("--loss-on", default="assistant", choices=["assistant", "all"])
+    p.add_argument("--model", default="tiny-llama", help="padfree.models name or a config directory")
+    p.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    p.add_argument("--vocab-size", type=int, default=None, help="fold token ids modulo N (CPU tests)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: only the last)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if any")
+    p.add_argument("--trainer", default="hf", choices=["hf", "sft"], help="transformers.Trainer or trl")
+    p.add_argument("--logging-steps", type=int, default=1)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None):
+    """Run the training; returns the Trainer (its ``state.log_history`` holds the losses)."""
+    args = parse_args(argv)
+    samples = load_samples(args.data, args.tokenizer, args.limit_samples, args.loss_on, args.budget)
+    overrides = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.model_set)}
+    if args.vocab_size:
+        overrides["vocab_size"] = args.vocab_size
+        for s in samples:
+            s["input_ids"] = s["input_ids"] % args.vocab_size
+    lengths = np.array([len(s["input_ids"]) for s in samples])
+    config = PlanConfig(
+        strategy=args.strategy,
+        budget=args.budget,
+        grad_accum=args.grad_accum,
+        seed=args.seed,
+        overlong="truncate",
+    )
+    model = build_model(
+        args.model, attn_implementation=attention_implementation(args.strategy), seed=args.seed, **overrides
+    )
+    common = {
+        "output_dir": args.output_dir,
+        "gradient_accumulation_steps": args.grad_accum,
+        "num_train_epochs": args.epochs,
+        "max_steps": args.max_steps,
+        "learning_rate": args.lr,
+        "remove_unused_columns": False,  # the collator's keys (position_ids, cu_seq_lens_*) reach the model
+        "report_to": [],
+        "logging_steps": args.logging_steps,
+        "save_strategy": "steps",  # also saves at the last step
+        "save_steps": args.save_steps or 10**9,
+        "seed": args.seed,
+        "use_cpu": not _cuda(),
+        "disable_tqdm": True,
+    }
+    plan = {"lengths": lengths, "plan_config": config, "loss_tokens": loss_token_counts(samples)}
+    if args.trainer == "sft":
+        from datasets import Dataset
+        from trl import SFTConfig
+
+        rows = [
+            {"input_ids": s["input_ids"].tolist(), "labels": _labels(s).tolist()} for s in samples
+        ]  # SFTTrainer wants a datasets.Dataset with input_ids/labels
+        targs = SFTConfig(
+            **common, dataset_kwargs={"skip_prepare_dataset": True}, max_length=None, bf16=_cuda()
+        )
+        trainer = padfree_sft_trainer()(
+            model=model,
+            args=targs,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=_processing_class(args.tokenizer),
+            **plan,
+        )
+    else:
+        trainer = PadfreeTrainer(model=model, args=TrainingArguments(**common), train_dataset=samples, **plan)
+    resume = get_last_checkpoint(args.output_dir) if args.resume and os.path.isdir(args.output_dir) else None
+    trainer.train(resume_from_checkpoint=resume)
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    if trainer.args.process_index == 0:
+        print(
+            f"{args.strategy}: {trainer.state.global_step} steps, attention "
+            f"{model.config._attn_implementation}, first/last loss {losses[0]:.4f}/{losses[-1]:.4f}"
+            if losses
+            else f"{args.strategy}: {trainer.state.global_step} steps"
+        )
+    return trainer
+
+
+def _labels(sample: dict) -> np.ndarray:
+    return np.where(np.asarray(sample["loss_mask"]).astype(bool), sample["input_ids"], -100)
+
+
+def _processing_class(tokenizer: str):
+    """A transformers tokenizer for TRL (which insists on one; the data is already tokenized): the
+    SentencePiece model through transformers' Llama tokenizer, loaded from the local file."""
+    from transformers import LlamaTokenizer
+
+    tok = LlamaTokenizer(vocab_file=tokenizer)
+    if tok.pad_token is None:
+        tok.pad_token = tok.unk_token
+    return tok
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,294 @@
+"""padfree plans inside ``transformers.Trainer`` and TRL's ``SFTTrainer`` (the ``hf`` / ``trl`` extras).
+
+:class:`PadfreeTrainer` is a ``Trainer`` whose training data loader is
+``DataLoader(PlannedDataset(train_dataset), batch_sampler=<the plan>, collate_fn=PadCollator|PackCollator)``;
+:func:`padfree_sft_trainer` builds the same on top of ``trl.SFTTrainer``. What they change:
+
+- **data**: this rank's micro-batches of the plan, ``grad_accum`` per optimizer step, over the epochs of the
+  run (each plan epoch with its own ``set_epoch``). ``TrainingArguments.gradient_accumulation_steps`` must
+  equal the plan's ``grad_accum``. Plan epochs may hold different numbers of steps, which the Trainer's fixed
+  "steps per epoch" cannot express, so the Trainer sees one long epoch covering all plan epochs
+  (``num_train_epochs`` plan epochs, or endless until ``max_steps``); ``len(dataloader)`` is exact.
+- **loss normalization**: ``num_items_in_batch`` is the plan's count of loss-bearing tokens of the whole step
+  (all ranks, all accumulation micro-batches; ``MicroInfo.step_tokens``), not a recount, and needs no
+  collective. The model's loss is then ``sum of token losses / step tokens``; ``Trainer.compute_loss``
+  multiplies it by the number of processes (``average_tokens_across_devices=True``, the default) which undoes
+  DDP's gradient averaging, exactly as ``padfree.torch.step_loss`` does. With
+  ``average_tokens_across_devices=False`` the count handed over is ``step tokens / world size`` instead,
+  which gives the same gradient. When the plan cannot know the count (a custom loss-token count on truncated
+  or split samples) the Trainer's own count (``labels[..., 1:] != -100``, gathered over ranks) is used.
+- **packed rows** (strategy ``packed``): :class:`~padfree.torch.PackCollator` returns ``input_ids``,
+  ``labels``, ``position_ids``, ``cu_seq_lens_q/k`` and ``max_length_q/k``; the loader bypasses the Trainer's
+  column removal, so all of them reach ``model(**batch)``. Load the model with
+  ``attn_implementation=padfree.torch.attention_implementation("packed")`` (padfree's varlen attention when
+  available, else sdpa with transformers' packed-sequence mask).
+- **resume**: every checkpoint folder gets ``padfree_sampler.json`` (the sampler state after the last
+  optimizer step); ``trainer.train(resume_from_checkpoint=...)`` restores it instead of letting the Trainer
+  skip batches, so the next micro-batch is exactly the one after the checkpoint. At the same world size the
+  run continues as if never stopped. At another world size the sampler re-plans the rest of the epoch over
+  the new ranks (every sample still once per epoch); the Trainer's ``max_steps`` keeps counting optimizer
+  steps, with an epoch-based schedule training ends when the plan's epochs run out (the progress bar's total
+  may then be off). A checkpoint without the file (not written by this class) is refused.
+
+Not supported (refused with :class:`~padfree.errors.ConfigError`): ``DataParallel`` (several GPUs in one
+process), tensor/context/sequence parallelism, fractional ``num_train_epochs``, and models whose forward
+takes no loss kwargs (then ``num_items_in_batch`` would be ignored and every micro-batch averaged on its own).
+
+Example (single process, a tiny random Llama)::
+
+    import numpy as np
+    from transformers import TrainingArguments
+    from padfree import PlanConfig
+    from padfree.hf import PadfreeTrainer
+    from padfree.models import build_model
+    from padfree.torch import attention_implementation
+
+    data = [{"input_ids": np.arange(1, n + 1)} for n in (50, 90, 30, 70, 20, 80, 40, 60)]
+    config = PlanConfig(strategy="packed", budget=128, grad_accum=2, seed=0)
+    model = build_model("tiny-llama", attn_implementation=attention_implementation("packed"),
+                        hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=128)
+    args = TrainingArguments("out", gradient_accumulation_steps=config.grad_accum, max_steps=2,
+                             remove_unused_columns=False, report_to=[], use_cpu=True)
+    trainer = PadfreeTrainer(model=model, args=args, train_dataset=data,
+                             lengths=[len(d["input_ids"]) for d in data], plan_config=config)
+    trainer.train()                     # later: trainer.train(resume_from_checkpoint=True)
+
+Items are dicts with ``input_ids`` and ``labels`` (-100: no loss) or ``loss_mask`` (1: loss), as for the
+collators; pass ``loss_tokens`` (per sample: loss positions after the first token) when not every token is a
+label, so the plan's step counts match what the collator produces.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import transformers
+from torch.utils.data import DataLoader
+
+from padfree.config import PlanConfig
+from padfree.errors import ConfigError, StateError
+from padfree.torch.collate import PackCollator, PadCollator
+from padfree.torch.dataset import PlannedDataset
+from padfree.torch.sampler import MicroBatch, MicroInfo, PlanBatchSampler
+
+STATE_FILE = "padfree_sampler.json"
+
+
+class EpochChain:
+    """A batch sampler that runs a :class:`PlanBatchSampler` through plan epochs ``sampler.epoch ..
+    epochs-1`` (``epochs=None``: endless) and remembers the sampler state right after each micro-batch, so the
+    state of what was *consumed* is known even when the ``DataLoader`` prefetches ahead.
+
+    ``length`` (micro-batches) is what ``len()`` reports: by default the rest of the chained epochs.
+    """
+
+    def __init__(self, sampler: PlanBatchSampler, epochs: int | None, length: int | None = None) -> None:
+        if epochs is None and length is None:
+            raise ConfigError("an endless epoch chain needs an explicit length")
+        self.sampler = sampler
+        self.epochs = epochs
+        self._length = length
+        self._states: OrderedDict[tuple[int, int, int], dict] = OrderedDict()
+
+    def __len__(self) -> int:
+        if self._length is not None:
+            return self._length
+        total = len(self.sampler)
+        for epoch in range(self.sampler.epoch + 1, self.epochs):
+            probe = copy.copy(self.sampler)  # set_epoch rebinds, never mutates, the shared fields
+            probe.set_epoch(epoch)
+            total += probe.steps_in_epoch * probe.grad_accum
+        return total
+
+    def __iter__(self) -> Iterator[MicroBatch]:
+        epoch = self.sampler.epoch
+        while self.epochs is None or epoch < self.epochs:
+            self.sampler.set_epoch(epoch)
+            for micro in self.sampler:
+                info = micro.info
+                self._states[(info.epoch, info.step, info.micro)] = self.sampler.state_dict()
+                while len(self._states) > 4096:  # far more than any prefetch depth
+                    self._states.popitem(last=False)
+                yield micro
+            epoch += 1
+
+    def state_after(self, info: MicroInfo) -> dict:
+        """The sampler state right after the micro-batch ``info`` was yielded."""
+        key = (info.epoch, info.step, info.micro)
+        if key not in self._states:
+            raise StateError(f"no sampler state recorded for epoch {info.epoch} step {info.step}")
+        return self._states[key]
+
+
+class PadfreeTrainerMixin:
+    """The padfree behaviour, to put in front of ``transformers.Trainer`` or a subclass (see the module doc).
+
+    Keyword args (besides the Trainer's): ``lengths`` (tokens per sample of ``train_dataset``),
+    ``plan_config`` (:class:`~padfree.PlanConfig`; its world size is replaced by the real one),
+    ``loss_tokens`` (loss-bearing tokens per sample, default ``length - 1``), ``collator`` (default
+    :class:`~padfree.torch.PackCollator` for ``packed``, else :class:`~padfree.torch.PadCollator` padding to a
+    multiple of 8).
+    """
+
+    def __init__(
+        self,
+        *args,
+        lengths: object,
+        plan_config: PlanConfig,
+        loss_tokens: object | None = None,
+        collator: object | None = None,
+        **kwargs,
+    ) -> None:
+        if collator is None:
+            packed = plan_config.strategy == "packed"
+            collator = PackCollator() if packed else PadCollator(pad_to_multiple_of=8)
+        kwargs.setdefault("data_collator", collator)
+        super().__init__(*args, **kwargs)
+        targs = self.args
+        if targs.gradient_accumulation_steps != plan_config.grad_accum:
+            raise ConfigError(
+                f"TrainingArguments.gradient_accumulation_steps={targs.gradient_accumulation_steps} but the "
+                f"plan has grad_accum={plan_config.grad_accum}: they must be equal"
+            )
+        if targs.n_gpu > 1:
+            raise ConfigError("DataParallel (several GPUs, one process) is unsupported: one process per GPU")
+        if self.get_tp_size() * self.get_cp_size() * self.get_sp_size() != 1:
+            raise ConfigError("tensor/context/sequence parallelism is not supported with padfree plans")
+        if targs.max_steps <= 0 and float(targs.num_train_epochs) != int(targs.num_train_epochs):
+            raise ConfigError(
+                f"num_train_epochs must be a whole number (got {targs.num_train_epochs}); or use max_steps"
+            )
+        if not (self.model_accepts_loss_kwargs or self.compute_loss_func is not None):
+            raise ConfigError(
+                "the model's forward takes no loss kwargs (num_items_in_batch): the step's token "
+                "normalization cannot be applied; pass compute_loss_func"
+            )
+        self.padfree_collator = collator
+        self.padfree_sampler = PlanBatchSampler(
+            lengths,
+            plan_config,
+            loss_tokens=loss_tokens,
+            rank=targs.process_index,
+            world_size=targs.world_size,
+        )
+        self._padfree_chain: EpochChain | None = None
+        self._padfree_state: dict | None = None
+
+    # ----- data --------------------------------------------------------------------------------------------
+    def get_train_dataloader(self) -> DataLoader:
+        if self.train_dataset is None:
+            raise ConfigError("training needs a train_dataset")
+        sampler, targs = self.padfree_sampler, self.args
+        if targs.max_steps > 0:
+            chain = EpochChain(sampler, None, length=targs.max_steps * sampler.grad_accum)
+        else:
+            chain = EpochChain(sampler, int(targs.num_train_epochs))
+        self._padfree_chain = chain
+        workers = targs.dataloader_num_workers
+        extra = {}
+        if workers > 0:
+            extra = {
+                "persistent_workers": targs.dataloader_persistent_workers,
+                "prefetch_factor": targs.dataloader_prefetch_factor,
+            }
+        return DataLoader(
+            PlannedDataset(self.train_dataset),
+            batch_sampler=chain,
+            collate_fn=self.padfree_collator,
+            num_workers=workers,
+            pin_memory=targs.dataloader_pin_memory and torch.cuda.is_available(),
+            **extra,
+        )
+
+    def set_initial_training_values(self, args, dataloader):
+        """One Trainer epoch spans all plan epochs: its length is the exact number of micro-batches."""
+        values = list(super().set_initial_training_values(args, dataloader))
+        steps = len(dataloader) // self.padfree_sampler.grad_accum
+        # (num_train_epochs, num_update_steps_per_epoch, num_examples, num_train_samples,
+        #  total_train_batch_size, steps_in_epoch, max_steps)
+        values[0], values[1], values[5], values[6] = 1, max(steps, 1), len(dataloader), steps
+        return tuple(values)
+
+    # ----- loss normalization ------------------------------------------------------------------------------
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        info = getattr(batches[-1], "info", None) if batches else None
+        if info is not None and self._padfree_chain is not None:
+            self._padfree_state = self._padfree_chain.state_after(info)
+        return batches, num_items
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device):
+        infos = [getattr(b, "info", None) for b in batch_samples]
+        if not infos or any(i is None or i.step_tokens is None for i in infos):
+            return super()._get_num_items_in_batch(batch_samples, device)
+        first = infos[0]
+        one_step = all((i.epoch, i.step) == (first.epoch, first.step) for i in infos)
+        if len(infos) != first.grad_accum or not one_step:
+            raise StateError(
+                f"the Trainer grouped {len(infos)} micro-batches across plan steps "
+                f"{sorted({(i.epoch, i.step) for i in infos})}; expected {first.grad_accum} of one step"
+            )
+        tokens = max(int(first.step_tokens), 1)
+        if self.args.average_tokens_across_devices or first.world_size == 1:
+            return torch.tensor(tokens, device=device)  # compute_loss multiplies by the number of processes
+        return torch.tensor(tokens / first.world_size, dtype=torch.float64, device=device)
+
+    # ----- checkpoints -------------------------------------------------------------------------------------
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if not self.args.should_save:
+            return
+        folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+        state = self._padfree_state if self._padfree_state is not None else self.padfree_sampler.state_dict()
+        tmp = folder / f".{STATE_FILE}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, folder / STATE_FILE)
+
+    def _init_training_state(
+        self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+    ):
+        epochs_trained, skip = super()._init_training_state(
+            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+        )
+        if resume_from_checkpoint is not None:
+            path = Path(resume_from_checkpoint) / STATE_FILE
+            if not path.is_file():
+                raise StateError(f"{path}: no padfree sampler state in this checkpoint; cannot resume")
+            try:
+                state = json.loads(path.read_text())
+            except json.JSONDecodeError as exc:
+                raise StateError(f"{path}: unreadable sampler state ({exc})") from None
+            self.padfree_sampler.load_state_dict(state)
+            self._padfree_state = state
+            skip = 0  # the sampler itself continues after the checkpoint: nothing to skip
+        return epochs_trained, skip
+
+
+class PadfreeTrainer(PadfreeTrainerMixin, transformers.Trainer):
+    """``transformers.Trainer`` fed by a padfree plan; see :mod:`padfree.hf` for a worked example."""
+
+
+def padfree_sft_trainer():
+    """The class ``PadfreeSFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer)`` (needs the ``trl`` extra).
+
+    Give it a tokenized ``datasets.Dataset`` (``input_ids`` and ``labels`` columns) and
+    ``SFTConfig(dataset_kwargs={"skip_prepare_dataset": True}, remove_unused_columns=False, ...)`` so TRL
+    neither re-tokenizes nor packs it (the plan does the batching)::
+
+        SFT = padfree_sft_trainer()
+        trainer = SFT(model=model, args=sft_config, train_dataset=ds, processing_class=tok,
+                      lengths=lengths, plan_config=config)
+    """
+    import trl
+
+    doc = {"__doc__": padfree_sft_trainer.__doc__}
+    return type("PadfreeSFTTrainer", (PadfreeTrainerMixin, trl.SFTTrainer), doc)
+
+
+__all__ = ["STATE_FILE", "EpochChain", "PadfreeTrainer", "PadfreeTrainerMixin", "padfree_sft_trainer"]

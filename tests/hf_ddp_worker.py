@@ -1,0 +1,50 @@
+"""Worker for tests/test_hf.py (launched by torch.distributed.run, 2 CPU ranks with gloo): one SGD step of
+PadfreeTrainer under DDP, with ``average_tokens_across_devices`` on and off; rank 0 saves the parameters."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+from transformers import TrainingArguments
+
+from padfree import PlanConfig
+from padfree.hf import PadfreeTrainer
+from padfree.models import build_model
+from padfree.torch import attention_implementation
+
+TINY_KW = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+           "num_key_value_heads": 2, "vocab_size": 64}  # fmt: skip
+
+
+def ddp_data():
+    rng = np.random.default_rng(5)
+    data = [{"input_ids": rng.integers(1, 64, n)} for n in (120, 8, 8, 60, 30, 90, 5, 40, 12, 100, 7, 66)]
+    return data, [len(d["input_ids"]) for d in data]
+
+
+CONFIG = PlanConfig(strategy="packed", budget=127, grad_accum=2, seed=1)
+LR = 0.5
+
+
+def main(out: str) -> None:
+    data, lengths = ddp_data()
+    for average in (True, False):
+        model = build_model("tiny-llama", attn_implementation=attention_implementation("packed"), **TINY_KW)
+        args = TrainingArguments(
+            f"{out}/run-{average}", gradient_accumulation_steps=2, max_steps=1, optim="sgd", learning_rate=LR,
+            lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0, remove_unused_columns=False,
+            report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+            average_tokens_across_devices=average,
+        )  # fmt: skip
+        plan = {"lengths": lengths, "plan_config": CONFIG}
+        trainer = PadfreeTrainer(model=model, args=args, train_dataset=data, **plan)
+        assert trainer.padfree_sampler.world_size == 2
+        trainer.train()
+        if trainer.args.process_index == 0:
+            torch.save(trainer.model.state_dict(), f"{out}/params-{average}.pt")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
