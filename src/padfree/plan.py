@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from padfree import batching, steps
+from padfree import _kernels, batching, steps
 from padfree.config import PlanConfig
 from padfree.errors import ConfigError
 from padfree.lengths import Items, make_items, validate_lengths
@@ -198,16 +198,12 @@ def plan_items(
         order, offsets, strata = batching.bucketed_batches(length, config.budget, rng, edges, config.mix)
     if strata is not None:
         tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
-        from padfree import _kernels
-
         order, offsets = _kernels.gather_segments(order, offsets, steps.stratified_order(strata, tokens, rng))
     offsets = steps.spread_tail(offsets, k)
     lens = length[order]
     shapes = steps.micro_shapes(lens, offsets, config.packed, config.budget)
     perm = steps.assign_ranks(steps.micro_costs(shapes, config.cost), config.world_size, config.grad_accum)
     if config.world_size > 1:
-        from padfree import _kernels
-
         order, offsets = _kernels.gather_segments(order, offsets, perm)
         lens = length[order]
         shapes = {}
