@@ -9,10 +9,12 @@ share one token budget:
 - ``packed_sdpa``   the same packed rows through ``sdpa`` (transformers' dense block-diagonal mask)
 
 Setups run interleaved in rounds (A B C D A B C D ...) so that machine drift hits all of them alike; the first
-``--warmup`` rounds are discarded; medians of per-step real tokens/s are reported (padding is not counted).
+``--warmup`` rounds are discarded. By default every setup trains on one whole epoch of the same random
+subset of documents, so the aggregate real tokens/s (padding not counted) compares like with like; medians of
+per-step rates are reported too.
 Token ids are random (throughput does not depend on them).
 
-    PYTHONPATH=src python bench/packing_speed.py --budget 4096 --rounds 12 --out bench/results
+    PYTHONPATH=src python bench/packing_speed.py --budget 4096 --samples 64 --out bench/results
 """
 
 from __future__ import annotations
@@ -78,7 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", type=Path, default=None, help="lengths .npy (default ../shared seed_mix)")
     ap.add_argument("--budget", type=int, default=4096)
     ap.add_argument("--samples", type=int, default=4000, help="random subset of the lengths to plan")
-    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="measured rounds; 0 (default): one whole epoch of the subset per setup, so that every setup "
+        "trains on exactly the same documents",
+    )
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--setups", default=",".join(SETUPS))
@@ -124,9 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     cpu_rates: dict[str, list[float]] = {n: [] for n in names}
     detail: dict[str, list[dict]] = {n: [] for n in names}
     t_start = time.perf_counter()
-    for r in range(args.rounds + args.warmup):
+    epoch = args.rounds == 0
+    rounds = max(len(m) for m in micro.values()) if epoch else args.rounds
+    for r in range(rounds + args.warmup):
         for name in names:
-            lengths = micro[name][r % len(micro[name])]
+            if epoch and r - args.warmup >= len(micro[name]):
+                continue  # this setup has finished its epoch
+            k = r if r < args.warmup else r - args.warmup
+            lengths = micro[name][k % len(micro[name])]
             make = packed_batch if SETUPS[name][0] == "packed" else padded_batch
             batch = make(lengths, gen, vocab)
             model, opt = models[name], optims[name]
@@ -165,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 ratios[f"packed/{other}"] = med["packed"] / med[other]
                 cpu_ratios[f"packed/{other}"] = cpu_med["packed"] / cpu_med[other]
                 paired[f"packed/{other}"] = statistics.median(
-                    a / b for a, b in zip(rates["packed"], rates[other], strict=True)
+                    a / b for a, b in zip(rates["packed"], rates[other], strict=False)
                 )
     result = {
         "command": "PYTHONPATH=src python bench/packing_speed.py " + " ".join(argv or sys.argv[1:]),
@@ -180,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         "lengths": str(path),
         "samples": len(subset),
         "budget": args.budget,
-        "rounds": args.rounds,
+        "rounds": rounds,
+        "whole_epoch": epoch,
         "warmup_rounds": args.warmup,
         "wall_seconds": wall,
         "load_average_after": os.getloadavg(),
@@ -217,7 +231,9 @@ def markdown(res: dict) -> str:
         f"Machine: {res['machine']['platform']}, {res['machine']['cpus']} CPUs, "
         f"torch {res['machine']['torch']} with {res['machine']['torch_threads']} threads.",
         f"Model: {res['model']}. Lengths: `{res['lengths']}` ({res['samples']} random samples), "
-        f"token budget {res['budget']}, {res['rounds']} measured rounds after {res['warmup_rounds']} warm-up "
+        f"token budget {res['budget']}, "
+        + ("one whole epoch per setup (every setup sees the same documents), " if res["whole_epoch"] else "")
+        + f"{res['rounds']} measured rounds after {res['warmup_rounds']} warm-up "
         f"rounds, setups interleaved; wall {res['wall_seconds']:.0f} s.",
         "",
         f"Load average after the run (other jobs shared the 2 cores): "
