@@ -14,6 +14,7 @@ from padfree.errors import PadfreeError
 
 COMMANDS = (
     "analyze",
+    "check-packing",
     "plan",
     "lengths",
     "report",

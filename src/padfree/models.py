@@ -67,6 +67,9 @@ def build_model(
     import torch
     import transformers
 
+    if attn_implementation.startswith("padfree_"):
+        import padfree.attention  # noqa: F401  (registers padfree_varlen / padfree_leaky with transformers)
+
     cfg = build_config(name_or_dir, **overrides)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation)

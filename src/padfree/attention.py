@@ -1,0 +1,395 @@
+"""Padding-free attention for packed rows: attention that skips the work a block-diagonal mask would hide.
+
+A packed row holds several documents back to back (``position_ids`` restart at 0 for each one). transformers'
+``sdpa`` and ``eager`` paths turn that into a dense ``T x T`` block-diagonal mask and still pay for every
+masked score. ``padfree_varlen`` computes attention document by document instead:
+
+- GPU: ``flash_attn_varlen_func`` when ``flash_attn`` is installed, else PyTorch's own
+  ``torch.nn.attention.varlen.varlen_attn`` (fp16/bf16), else per-document SDPA;
+- CPU: per-document SDPA (the row is split at document boundaries with ``split``, each piece runs causal
+  SDPA, the outputs are concatenated), grouped-query heads, sliding windows, ``scaling`` and logit
+  soft-capping honoured.
+
+Document boundaries come from the ``cu_seq_lens_q`` keyword (what transformers'
+``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` and padfree's ``PackCollator`` emit) or else
+from ``position_ids`` resets; they are computed once per forward pass and reused by every layer. Padded
+batches (an ``attention_mask`` is present) and cached decoding keep the model's normal ``sdpa`` path.
+
+Importing this module registers the implementation with transformers, so any model whose attention goes
+through ``ALL_ATTENTION_FUNCTIONS`` (Llama, Mistral, Qwen2, Gemma, ...) can use it by name:
+
+>>> import padfree.attention as pa
+>>> pa.attn_for("packed"), pa.attn_for("sorted")
+('padfree_varlen', 'sdpa')
+>>> from padfree.models import build_model
+>>> model = build_model("tiny-llama", attn_implementation=pa.NAME, vocab_size=64, num_hidden_layers=1)
+>>> model.config._attn_implementation
+'padfree_varlen'
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import weakref
+from collections.abc import Sequence
+
+import torch
+
+from padfree.errors import ConfigError
+
+NAME = "padfree_varlen"
+LEAKY = "padfree_leaky"
+_PACKED_STRATEGIES = ("packed",)
+
+_state = threading.local()
+_registered = False
+
+
+def attn_for(strategy: str) -> str:
+    """The ``attn_implementation`` a plan strategy needs: ``"padfree_varlen"`` for packed rows (one row,
+    several documents), ``"sdpa"`` for padded strategies (sorted, random, bucketed)."""
+    return NAME if strategy in _PACKED_STRATEGIES else "sdpa"
+
+
+def last_path() -> str | None:
+    """Which kernel the last ``padfree_varlen`` call in this thread used (for reports), or ``None``."""
+    return getattr(_state, "path", None)
+
+
+def prepare_for_packing(model: torch.nn.Module, attn_implementation: str = NAME) -> torch.nn.Module:
+    """Switch ``model`` to ``attn_implementation`` and turn ``use_cache`` off, in place; returns the model.
+
+    With ``use_cache=True`` (the ``LlamaConfig`` default) transformers skips packed-sequence detection and the
+    documents of a packed row attend to each other under ``sdpa``/``eager`` while training still "works".
+    """
+    register()
+    model.config.use_cache = False
+    if getattr(model.config, "_attn_implementation", None) != attn_implementation:
+        model.set_attn_implementation(attn_implementation)
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------------
+# document boundaries
+
+
+def lengths_from_cu(cu_seq_lens: torch.Tensor | Sequence[int]) -> list[int]:
+    """Document lengths from cumulative boundaries ``[0, l0, l0+l1, ...]``.
+
+    >>> lengths_from_cu(torch.tensor([0, 3, 5, 9], dtype=torch.int32))
+    [3, 2, 4]
+    """
+    cu = torch.as_tensor(cu_seq_lens).reshape(-1)
+    return torch.diff(cu).tolist()
+
+
+def lengths_from_position_ids(position_ids: torch.Tensor) -> list[int]:
+    """Document lengths of the flattened rows of ``position_ids`` (B, T): a document starts at every row start
+    and wherever the position does not continue by +1 (the rule transformers uses to detect packing).
+
+    >>> lengths_from_position_ids(torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]]))
+    [3, 2, 4]
+    >>> lengths_from_position_ids(torch.tensor([[0, 1, 2], [0, 1, 2]]))
+    [3, 3]
+    """
+    pos = position_ids if position_ids.dim() == 2 else position_ids.reshape(1, -1)
+    starts = torch.ones_like(pos, dtype=torch.bool)
+    starts[:, 1:] = torch.diff(pos, dim=-1) != 1
+    idx = torch.nonzero(starts.reshape(-1)).reshape(-1)
+    ends = torch.cat([idx[1:], idx.new_tensor([pos.numel()])])
+    return (ends - idx).tolist()
+
+
+def _cached_lengths(source: torch.Tensor, compute) -> list[int]:
+    """``compute(source)``, once per tensor object: every layer of one forward pass receives the same
+    ``cu_seq_lens_q`` / ``position_ids`` tensor, so boundaries are derived (and copied to the host) once."""
+    hit = getattr(_state, "cache", None)
+    if hit is not None:
+        ref, version, lengths = hit
+        if ref() is source and source._version == version:
+            return lengths
+    lengths = compute(source)
+    _state.cache = (weakref.ref(source), source._version, lengths)
+    return lengths
+
+
+def _doc_lengths(kwargs: dict, batch: int, seq: int) -> list[int]:
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is not None:
+        cu_k = kwargs.get("cu_seq_lens_k")
+        if cu_k is not None and cu_k is not cu and not torch.equal(cu_k.to(cu.device), cu):
+            raise ConfigError(
+                "padfree_varlen: cu_seq_lens_k differs from cu_seq_lens_q (self-attention only)"
+            )
+        lengths = _cached_lengths(cu, lengths_from_cu)
+    else:
+        pos = kwargs.get("position_ids")
+        if pos is None:
+            return [seq] * batch
+        if pos.shape[-1] != seq:
+            raise ConfigError(f"padfree_varlen: position_ids cover {pos.shape[-1]} tokens, the row has {seq}")
+        if pos.dim() == 2 and pos.shape[0] != batch:
+            pos = pos.expand(batch, -1)
+        lengths = _cached_lengths(pos, lengths_from_position_ids)
+    if sum(lengths) != batch * seq or min(lengths, default=1) < 1:
+        raise ConfigError(
+            f"padfree_varlen: document boundaries cover {sum(lengths)} tokens, the batch holds {batch}x{seq}"
+        )
+    return lengths
+
+
+# ----------------------------------------------------------------------------------------------------------
+# kernels: q, k, v are (1, H, T, D) with documents back to back along T; each returns (T, H, D).
+# 4-D on purpose: PyTorch's fused CPU kernel (flash) only takes 4-D inputs; 3-D falls back to the math path.
+
+
+def _doc_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scaling: float | None,
+    dropout: float,
+    window: int | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """Causal attention of one document (1, H, L, D) -> (1, H, L, D)."""
+    n = q.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    mask = None
+    if window is not None and n > window:
+        i = torch.arange(n, device=q.device)
+        diff = i[:, None] - i[None, :]
+        mask = (diff >= 0) & (diff < window)
+    if softcap is None:
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, scale=scaling, enable_gqa=gqa
+        )
+    # soft-capped logits are not an SDPA feature: explicit scores, one document at a time
+    if gqa:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    probs = torch.nn.functional.dropout(probs, p=dropout, training=dropout > 0)
+    return torch.matmul(probs, v)
+
+
+def _per_document(q, k, v, lengths, scaling, dropout, window, softcap) -> torch.Tensor:
+    if len(lengths) == 1:
+        return _doc_attention(q, k, v, scaling, dropout, window, softcap)[0].transpose(0, 1)
+    outs = [
+        _doc_attention(qi, ki, vi, scaling, dropout, window, softcap)[0].transpose(0, 1)
+        for qi, ki, vi in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2), strict=True)
+    ]
+    return torch.cat(outs, dim=0)
+
+
+def _cu_tensor(kwargs: dict, lengths: list[int], device: torch.device) -> torch.Tensor:
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:
+        cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    return cu.to(device=device, dtype=torch.int32)
+
+
+def _flash_attn_available() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def _torch_varlen():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def _gpu_varlen(q, k, v, kwargs, lengths, scaling, dropout, window, softcap):
+    """(T, H, D) output from a fused varlen kernel, or ``None`` when none applies to these inputs."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    qt, kt, vt = (x[0].transpose(0, 1) for x in (q, k, v))  # (T, H, D)
+    cu = _cu_tensor(kwargs, lengths, q.device)
+    max_len = int(kwargs.get("max_length_q") or max(lengths))
+    left = -1 if window is None else window - 1
+    if _flash_attn_available():
+        from flash_attn import flash_attn_varlen_func
+
+        _state.path = "flash_attn varlen (GPU)"
+        return flash_attn_varlen_func(
+            qt,
+            kt,
+            vt,
+            cu,
+            cu,
+            max_len,
+            max_len,
+            dropout_p=dropout,
+            softmax_scale=scaling,
+            causal=True,
+            window_size=(left, 0),
+            softcap=0.0 if softcap is None else softcap,
+        )
+    varlen_attn = _torch_varlen()
+    if varlen_attn is None or softcap is not None or dropout > 0:
+        return None
+    _state.path = "torch varlen_attn (GPU)"
+    return varlen_attn(
+        qt.contiguous(),
+        kt.contiguous(),
+        vt.contiguous(),
+        cu,
+        cu,
+        max_len,
+        max_len,
+        scale=scaling,
+        window_size=(left, 0),
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the transformers entry points
+
+
+def varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention interface: ``query`` (B, Hq, T, D), ``key``/``value`` (B, Hkv, T, D) ->
+    ``(output (B, T, Hq, D), None)``. Documents never see each other; padded batches go to ``sdpa``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    batch, _, q_len, _ = query.shape
+    is_causal = kwargs.get("is_causal")
+    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    if attention_mask is not None or not is_causal or key.shape[2] != q_len:
+        if key.shape[2] != q_len and _looks_packed(kwargs):
+            raise ConfigError(
+                "padfree_varlen: a packed row (cu_seq_lens_q / restarting position_ids) cannot use cached "
+                "keys; call the model with use_cache=False for packed training"
+            )
+        _state.path = "sdpa (padded batch or cached decoding)"
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            softcap=softcap,
+            **kwargs,
+        )
+    for name in ("s_aux", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise ConfigError(f"padfree_varlen: `{name}` (attention sinks / position bias) is not supported")
+    if kwargs.get("output_attentions"):
+        raise ConfigError(
+            "padfree_varlen: output_attentions is not supported; use attn_implementation='eager'"
+        )
+    if sliding_window is not None and sliding_window <= 0:
+        sliding_window = None
+
+    lengths = _doc_lengths(kwargs, batch, q_len)
+    if batch == 1:
+        q, k, v = query, key, value
+    else:  # documents never cross rows: flatten rows into one long row
+        q, k, v = (x.transpose(0, 1).reshape(1, x.shape[1], -1, x.shape[3]) for x in (query, key, value))
+    out = None
+    if q.is_cuda:
+        out = _gpu_varlen(q, k, v, kwargs, lengths, scaling, dropout, sliding_window, softcap)
+    if out is None:
+        device = "GPU" if q.is_cuda else "CPU"
+        kind = "eager soft-capped" if softcap is not None else "SDPA"
+        _state.path = f"per-document {kind} ({device})"
+        out = _per_document(q, k, v, lengths, scaling, dropout, sliding_window, softcap)
+    return out.reshape(batch, q_len, *out.shape[1:]), None
+
+
+def _looks_packed(kwargs: dict) -> bool:
+    if kwargs.get("cu_seq_lens_q") is not None:
+        return True
+    pos = kwargs.get("position_ids")
+    return pos is not None and pos.shape[-1] > 1 and bool((torch.diff(pos, dim=-1) != 1).any())
+
+
+def varlen_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset=0,
+    kv_offset=0,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs,
+) -> torch.Tensor | None:
+    """transformers mask interface for ``padfree_varlen``: no dense mask at all for unpadded rows (packed or
+    not; the attention function finds document boundaries itself), the ``sdpa`` mask for padded batches and
+    cached decoding, which the attention function hands to ``sdpa``."""
+    from transformers.masking_utils import sdpa_mask
+
+    plain = isinstance(q_offset, int) and isinstance(kv_offset, int) and q_offset == 0 and kv_offset == 0
+    if attention_mask is None and q_length == kv_length and plain:
+        return None
+    return sdpa_mask(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        attention_mask=attention_mask,
+        **kwargs,
+    )
+
+
+def leaky_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """A deliberately WRONG implementation (``padfree_leaky``) for testing leak detectors such as
+    ``padfree check-packing``: plain causal attention over the whole row, blind to document boundaries, so
+    every document of a packed row sees the ones before it. Never train with it."""
+    gqa = query.shape[1] != key.shape[1]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa
+    )
+    _state.path = "document-blind causal SDPA (deliberately leaky)"
+    return out.transpose(1, 2), None
+
+
+def register() -> None:
+    """Register ``padfree_varlen`` (and the test-only ``padfree_leaky``) with transformers' attention and mask
+    interfaces (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, varlen_attention_forward)
+    AttentionMaskInterface.register(NAME, varlen_mask)
+    AttentionInterface.register(LEAKY, leaky_attention_forward)
+    AttentionMaskInterface.register(LEAKY, varlen_mask)
+    _registered = True
+
+
+register()
