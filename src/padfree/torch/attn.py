@@ -18,4 +18,5 @@ def attention_implementation(strategy: str) -> str:
     register = getattr(module, "register", None)
     if callable(register):
         register()
-    return "padfree_varlen"
+    attn_for = getattr(module, "attn_for", None)
+    return attn_for(strategy) if callable(attn_for) else "padfree_varlen"
