@@ -5,7 +5,8 @@ Several ranks:    torchrun --nproc_per_node 2 examples/train.py --strategy bucke
 Kill and resume:  add --checkpoint-dir ckpt --checkpoint-every 10, then rerun with --resume (any world size)
 
 What it does, top to bottom:
-- tokenizes ``--data`` (``../shared/data/samples/*.jsonl.gz``) with the SentencePiece ``--tokenizer``. A chat
+- tokenizes ``--data`` (``../shared/data/samples/*.jsonl.gz``) with the SentencePiece ``--tokenizer``
+  (:func:`padfree.text_samples.load_samples`). A chat
   sample is ``<s>`` + ``role + "\\n" + content + "\\n"`` per message + ``</s>``; a document is
   ``<s> text </s>``. Samples are cut to ``--budget`` tokens.
 - loss (``--loss-on``): ``assistant`` (default) puts loss on the tokens of assistant messages, and on
@@ -27,8 +28,6 @@ What it does, top to bottom:
 from __future__ import annotations
 
 import argparse
-import glob
-import gzip
 import json
 import os
 import time
@@ -43,6 +42,7 @@ from torch.utils.data import DataLoader
 
 from padfree import PlanConfig
 from padfree.models import build_model
+from padfree.text_samples import load_samples, loss_tokens_of
 from padfree.torch import (
     PackCollator,
     PadCollator,
@@ -97,41 +97,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seen-log", default=None, help="append one JSON line per consumed sample")
     p.add_argument("--log-every", type=int, default=10)
     return p.parse_args(argv)
-
-
-# ----- data ---------------------------------------------------------------------------------------------
-def load_samples(pattern: str, tokenizer: str, limit: int | None, loss_on: str, max_len: int) -> list[dict]:
-    """Tokenized samples: ``{"input_ids": int32 array, "loss_mask": int8 array}``, in file order."""
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=tokenizer)
-    samples = []
-    for path in sorted(glob.glob(pattern)):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            for line in f:
-                if limit is not None and len(samples) >= limit:
-                    return samples
-                rec = json.loads(line)
-                ids, mask = [sp.bos_id()], [0]
-                if "messages" in rec:
-                    for m in rec["messages"]:
-                        piece = sp.encode(m["role"] + "\n" + m["content"] + "\n")
-                        ids += piece
-                        mask += [int(loss_on == "all" or m["role"] == "assistant")] * len(piece)
-                    last_is_assistant = bool(rec["messages"]) and rec["messages"][-1]["role"] == "assistant"
-                    ids.append(sp.eos_id())
-                    mask.append(int(loss_on == "all" or last_is_assistant))
-                else:
-                    piece = sp.encode(rec["text"])
-                    ids += piece + [sp.eos_id()]
-                    mask += [1] * (len(piece) + 1)
-                samples.append(
-                    {
-                        "input_ids": np.asarray(ids[:max_len], np.int32),
-                        "loss_mask": np.asarray(mask[:max_len], np.int8),
-                    }
-                )
-    return samples
 
 
 # ----- distributed and checkpoints ------------------------------------------------------------------------
@@ -199,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
     samples = load_samples(args.data, args.tokenizer, args.limit_samples, args.loss_on, args.budget)
     lengths = np.array([len(s["input_ids"]) for s in samples])
-    loss_tokens = np.array([int(s["loss_mask"][1:].sum()) for s in samples])
+    loss_tokens = loss_tokens_of(samples)
     config = PlanConfig(
         strategy=args.strategy,
         budget=args.budget,

@@ -19,6 +19,7 @@ COMMANDS = (
     "report",
     "calibrate",
     "simulate",
+    "bench",
 )
 
 
