@@ -46,6 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per strategy first (default 2)")
     p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="passes over the measured rounds, fastest time per step kept (default 1)",
+    )
+    p.add_argument(
         "--pool",
         type=int,
         default=20000,
@@ -163,6 +169,7 @@ def _run_speed(args: argparse.Namespace, device: str, overrides: dict, command: 
         model_overrides=overrides,
         strategies=strategies,
         select="epoch" if args.whole_epoch else "stratified",
+        repeats=args.repeats,
         lr=args.lr if args.lr is not None else 1e-4,
         device=device,
         threads=args.threads,
