@@ -102,4 +102,7 @@ def test_bench_converge_curves_at_equal_tokens(tmp_path, shared_dir, capsys):
         assert r["initial_loss"] == runs["sorted"]["initial_loss"]
         assert r["final_loss"] < r["initial_loss"]
     assert comp["final_rel_diff_vs_random"]["random"] == 0.0
+    fewest = min(r["curve"][-1]["step"] for r in runs.values())
+    assert comp["step_marks"][-1] == fewest and comp["final_steps"]["sorted"] == len(runs["sorted"]["steps"])
+    assert comp["equal_steps_rel_diff_vs_random"]["random"] == 0.0
     assert (tmp_path / "converge.png").stat().st_size > 0

@@ -202,6 +202,38 @@ def at_marks(curve: list[dict], marks: np.ndarray) -> np.ndarray:
     return np.interp(marks, t, y)
 
 
+def compare(results: dict, train_tokens: int, every: int) -> dict:
+    """Held-out losses side by side: at equal tokens (the eval marks ``every, 2*every, ..., train_tokens``)
+    and, since a strategy whose steps carry more real tokens takes fewer optimizer steps for the same
+    tokens, also at equal optimizer steps (ten marks up to the fewest steps any strategy took); each
+    relative to ``random`` when it ran."""
+    marks = np.arange(every, train_tokens + 1, every, dtype=np.float64)
+    if marks.size == 0 or marks[-1] != train_tokens:
+        marks = np.append(marks, float(train_tokens))
+    table = {n: at_marks(r["curve"], marks) for n, r in results.items()}
+    fewest = min(r["curve"][-1]["step"] for r in results.values())
+    step_marks = np.unique(np.round(np.linspace(0, fewest, 11)[1:]).astype(np.int64)).astype(np.float64)
+    by_step = {
+        n: np.interp(step_marks, [c["step"] for c in r["curve"]], [c["loss"] for c in r["curve"]])
+        for n, r in results.items()
+    }
+    out = {
+        "marks": marks.tolist(),
+        "loss_at_marks": {n: v.tolist() for n, v in table.items()},
+        "step_marks": step_marks.tolist(),
+        "loss_at_step_marks": {n: v.tolist() for n, v in by_step.items()},
+        "final_steps": {n: r["curve"][-1]["step"] for n, r in results.items()},
+    }
+    if "random" in table:
+        ref, sref = table["random"], by_step["random"]
+        out["rel_diff_vs_random"] = {n: ((v - ref) / ref).tolist() for n, v in table.items()}
+        out["final_rel_diff_vs_random"] = {n: float((v[-1] - ref[-1]) / ref[-1]) for n, v in table.items()}
+        out["equal_steps_rel_diff_vs_random"] = {
+            n: float((v[-1] - sref[-1]) / sref[-1]) for n, v in by_step.items()
+        }
+    return out
+
+
 def run_converge(
     samples: Samples, loss_masks: list, cfg: ConvergeConfig, progress: Callable[[str], None] | None = None
 ) -> dict:
@@ -230,17 +262,7 @@ def run_converge(
             cfg,
             say,
         )
-    marks = np.arange(cfg.every, cfg.train_tokens + 1, cfg.every, dtype=np.float64)
-    if marks.size == 0 or marks[-1] != cfg.train_tokens:
-        marks = np.append(marks, float(cfg.train_tokens))
-    table = {n: at_marks(r["curve"], marks) for n, r in results.items()}
-    comparison = {"marks": marks.tolist(), "loss_at_marks": {n: v.tolist() for n, v in table.items()}}
-    if "random" in table:
-        ref = table["random"]
-        comparison["rel_diff_vs_random"] = {n: ((v - ref) / ref).tolist() for n, v in table.items()}
-        comparison["final_rel_diff_vs_random"] = {
-            n: float((v[-1] - ref[-1]) / ref[-1]) for n, v in table.items()
-        }
+    comparison = compare(results, cfg.train_tokens, cfg.every)
     for r in results.values():
         r["oscillation"] = oscillation(r["steps"])
     return {
@@ -313,6 +335,20 @@ def markdown(result: dict, command: str = "") -> str:
             f"| {name} | {r['initial_loss']:.4f} | {final:.4f} | {vs} | {len(r['steps'])} | {jit} | {cor} | "
             f"{r['train_seconds']:.0f} |"
         )
+    if "equal_steps_rel_diff_vs_random" in comp:
+        sm = int(comp["step_marks"][-1])
+        lines += [
+            "",
+            f"At equal optimizer steps instead (step {sm}, the fewest any strategy took; held-out loss "
+            "interpolated in steps): "
+            + ", ".join(
+                f"{n} {comp['loss_at_step_marks'][n][-1]:.4f} ({v:+.2%} vs random)"
+                for n, v in comp["equal_steps_rel_diff_vs_random"].items()
+            )
+            + ". Steps taken to reach the token target: "
+            + ", ".join(f"{n} {v}" for n, v in comp["final_steps"].items())
+            + ".",
+        ]
     lines += ["", "Held-out loss at each eval mark (interpolated in tokens):", ""]
     names = list(result["strategies"])
     lines.append("| tokens | " + " | ".join(names) + " |")
