@@ -106,3 +106,18 @@ def test_bench_converge_curves_at_equal_tokens(tmp_path, shared_dir, capsys):
     assert comp["step_marks"][-1] == fewest and comp["final_steps"]["sorted"] == len(runs["sorted"]["steps"])
     assert comp["equal_steps_rel_diff_vs_random"]["random"] == 0.0
     assert (tmp_path / "converge.png").stat().st_size > 0
+
+
+def test_bench_bad_options_are_one_line_errors(tmp_path, shared_dir, capsys):
+    np.save(tmp_path / "l.npy", np.array([5, 9, 3]))
+    data = ["--data", str(shared_dir / "data/samples/*.jsonl.gz")]
+    cases = [
+        ["bench", str(tmp_path / "l.npy"), "--strategies", "sorted,nope"],
+        ["bench", "--converge", *data, "--budget", "64", "--max-len", "100"],
+        ["bench", *data],  # --data without --tokenizer
+        ["bench", "--converge", "--strategies", "hf_flattening", *data],
+    ]
+    for argv in cases:
+        assert main([*argv, *TINY]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("padfree: error:") and "\n" not in err, err

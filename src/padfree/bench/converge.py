@@ -187,7 +187,7 @@ def train_one(
         "tokens": tokens,
         "final_loss": curve[-1]["loss"],
         "initial_loss": curve[0]["loss"],
-        "epochs_touched": epoch + 1,
+        "epochs_touched": steps[-1]["epoch"] + 1 if steps else 1,
         "steps_per_epoch": sampler.steps_in_epoch,
         "train_seconds": train_s,
         "wall_seconds": time.perf_counter() - t_start,

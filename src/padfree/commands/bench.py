@@ -64,6 +64,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "for every strategy) instead of --steps stratified micro-batches of a --pool epoch",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--max-len",
+        type=int,
+        default=None,
+        help="--data: cut samples to this many tokens (default: --budget)",
+    )
     p.add_argument("--overlong", default="truncate", choices=["truncate", "drop"], help="samples over budget")
     p.add_argument("--strategies", default=None, help="comma-separated subset (default: all, peers too)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-4; converge 2e-3)")
@@ -176,7 +182,7 @@ def _run_speed(args: argparse.Namespace, device: str, overrides: dict, command: 
     )
     vocab = _vocab(args, overrides)
     if args.data:
-        pool, _ = _text_samples(args, vocab, args.budget)
+        pool, _ = _text_samples(args, vocab, _max_len(args))
         keep = _keep(args, pool.lengths)
         samples = ts.Samples([pool.input_ids[i] for i in keep], pool.loss_tokens[keep], pool.source)
     else:
@@ -196,6 +202,13 @@ def _run_speed(args: argparse.Namespace, device: str, overrides: dict, command: 
     else:
         print(ts.markdown(result, command))
     return 0
+
+
+def _max_len(args: argparse.Namespace) -> int:
+    n = args.max_len or args.budget
+    if not 2 <= n <= args.budget:
+        raise ConfigError(f"--max-len must be between 2 and --budget {args.budget} (got {n})")
+    return n
 
 
 def _keep(args: argparse.Namespace, lengths: np.ndarray) -> np.ndarray:
@@ -233,7 +246,7 @@ def _run_converge(args: argparse.Namespace, device: str, overrides: dict, comman
         device=device,
         threads=args.threads,
     )
-    samples, masks = _text_samples(args, _vocab(args, overrides), args.budget)
+    samples, masks = _text_samples(args, _vocab(args, overrides), _max_len(args))
     result = cv.run_converge(samples, masks, cfg, progress=_say(args))
     result["command"] = command
     if args.out is not None:
