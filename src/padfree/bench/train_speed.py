@@ -181,9 +181,10 @@ def stratified(lengths: np.ndarray, b: Batching, budget: int, k: int) -> np.ndar
     (real tokens / computed slots), then by tokens, and taken at the midpoints of ``k`` equal quantile
     ranges; in epoch order. All of them when the epoch has at most ``k``.
 
-    >>> b = Batching(np.arange(6), np.array([0, 1, 2, 3, 4, 5, 6]), packed=False)
-    >>> stratified(np.array([5, 1, 4, 2, 6, 3]), b, 8, 3).tolist()
-    [0, 3, 5]
+    >>> # micro-batches [5, 1] [4] [2] [6, 3]: efficiency 0.6, 1, 1, 0.75 -> order 0, 3, 2, 1
+    >>> b = Batching(np.arange(6), np.array([0, 2, 3, 4, 6]), packed=False)
+    >>> stratified(np.array([5, 1, 4, 2, 6, 3]), b, 8, 2).tolist()
+    [1, 3]
     """
     n = b.n_micro
     if n <= k:
