@@ -6,7 +6,7 @@
     torchrun --nproc_per_node 2 examples/hf_trainer.py ...        # DDP: each rank gets its share of the plan
     python examples/hf_trainer.py ... --trainer sft              # the same through trl.SFTTrainer
 
-Data and loss as in ``examples/train.py`` (:func:`padfree.samples.load_samples`: SentencePiece
+Data and loss as in ``examples/train.py`` (:func:`padfree.text_samples.load_samples`: SentencePiece
 ``--tokenizer``, ``--loss-on assistant|all``, samples cut to ``--budget`` tokens). The model is built from a
 config with random weights (:func:`padfree.models.build_model`); packed rows use padfree's varlen attention
 when available. Nothing is downloaded; CPU works (``--use-cpu`` is implied without a GPU).
@@ -26,7 +26,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from padfree import PlanConfig
 from padfree.hf import PadfreeTrainer, padfree_sft_trainer
 from padfree.models import build_model
-from padfree.samples import load_samples, loss_token_counts
+from padfree.text_samples import load_samples, loss_tokens_of
 from padfree.torch import attention_implementation
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None):
         "use_cpu": not _cuda(),
         "disable_tqdm": True,
     }
-    plan = {"lengths": lengths, "plan_config": config, "loss_tokens": loss_token_counts(samples)}
+    plan = {"lengths": lengths, "plan_config": config, "loss_tokens": loss_tokens_of(samples)}
     if args.trainer == "sft":
         from datasets import Dataset
         from trl import SFTConfig

@@ -5,7 +5,8 @@ Several ranks:    torchrun --nproc_per_node 2 examples/train.py --strategy bucke
 Kill and resume:  add --checkpoint-dir ckpt --checkpoint-every 10, then rerun with --resume (any world size)
 
 What it does, top to bottom:
-- tokenizes ``--data`` (``../shared/data/samples/*.jsonl.gz``) with the SentencePiece ``--tokenizer``. A chat
+- tokenizes ``--data`` (``../shared/data/samples/*.jsonl.gz``) with the SentencePiece ``--tokenizer``
+  (:func:`padfree.text_samples.load_samples`). A chat
   sample is ``<s>`` + ``role + "\\n" + content + "\\n"`` per message + ``</s>``; a document is
   ``<s> text </s>``. Samples are cut to ``--budget`` tokens.
 - loss (``--loss-on``): ``assistant`` (default) puts loss on the tokens of assistant messages, and on
@@ -41,7 +42,7 @@ from torch.utils.data import DataLoader
 
 from padfree import PlanConfig
 from padfree.models import build_model
-from padfree.samples import load_samples
+from padfree.text_samples import load_samples, loss_tokens_of
 from padfree.torch import (
     PackCollator,
     PadCollator,
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
     samples = load_samples(args.data, args.tokenizer, args.limit_samples, args.loss_on, args.budget)
     lengths = np.array([len(s["input_ids"]) for s in samples])
-    loss_tokens = np.array([int(s["loss_mask"][1:].sum()) for s in samples])
+    loss_tokens = loss_tokens_of(samples)
     config = PlanConfig(
         strategy=args.strategy,
         budget=args.budget,

@@ -20,6 +20,7 @@ COMMANDS = (
     "report",
     "calibrate",
     "simulate",
+    "bench",
 )
 
 

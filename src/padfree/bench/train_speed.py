@@ -1,0 +1,613 @@
+"""Real training throughput of every strategy, padfree's and the peers', side by side (``padfree bench``).
+
+Every strategy trains its own copy of the same model (same config, same initial weights): forward,
+backward, gradient clipping and an AdamW update per micro-batch, on the same samples and the same token
+budget per micro-batch. The micro-batches come from padfree's plan (``sorted``, ``random``, ``bucketed``,
+``packed``) or from a peer's adapter (:mod:`padfree.bench.peers`); padded micro-batches go through
+:class:`~padfree.torch.PadCollator` (one row per sample, right-padded, ``sdpa``), packed ones through
+:class:`~padfree.torch.PackCollator` (one row, documents attend only to themselves, through
+:func:`padfree.torch.attention_implementation`: padfree's varlen attention when present). So a packed
+peer's number is its *bin choice* trained on padfree's packed path, and the result says so.
+
+Protocol:
+
+- every strategy plans the same samples (one epoch); ``select="stratified"`` (the default) measures
+  ``steps`` of its micro-batches, taken at evenly spaced quantiles of (padding efficiency, tokens) over
+  its epoch, so a few steps carry the epoch's padding and size mix (:func:`stratified`);
+  ``select="epoch"`` trains every micro-batch of the epoch: with a small sample set
+  (:func:`bench_subset`: about ``steps x budget`` tokens) all strategies then do exactly the same useful
+  work, though plans over so few samples pad more than over a real dataset;
+- strategies run interleaved in rounds (A B C D ... A B C D ...), so a slow spell of a shared machine
+  hits every strategy alike; a strategy with fewer micro-batches (less padding) simply stops earlier;
+- ``warmup`` untimed rounds come first, on micro-batches of another epoch's plan of the same samples;
+  with ``repeats`` > 1 all measured rounds run that many times and every step keeps its fastest time;
+- a step is timed from the collated batch to the end of the optimizer update (the device synchronized);
+  collation is not timed;
+- ``real_tok_per_s`` = loss-bearing tokens (real, non-padding, after each document's first token) of the
+  measured steps / their seconds; per-step medians and ranges are reported too;
+- peak memory: on CUDA ``torch.cuda.max_memory_allocated`` during the strategy's steps; on CPU the
+  process RSS sampled every 2 ms during its steps (``peak_rss_mb``, which includes every strategy's
+  model and optimizer state) and its rise over the RSS before the step (``peak_step_mb``: the step's own
+  activations and gradients).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from padfree.bench.measure import Batching, batching_stats, slots_per_micro
+from padfree.bench.peers import PEER_NAMES, PEERS, missing, plan_with_peer
+from padfree.config import PlanConfig
+from padfree.errors import ConfigError
+from padfree.plan import make_plan
+
+PADFREE = ("sorted", "random", "bucketed", "packed")
+STRATEGIES = PADFREE + PEER_NAMES
+PACKED = ("packed", "hf_flattening", "trl_bfd")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What ``padfree bench`` measures.
+
+    Attributes:
+        budget: tokens per micro-batch (padded: count x longest; packed: sum of lengths).
+        steps: measured steps per strategy; ``warmup``: untimed steps per strategy before them.
+        select: ``stratified`` measures ``steps`` micro-batches of each strategy's epoch over all the
+            samples, chosen at evenly spaced quantiles of (padding efficiency, tokens) so that they carry
+            the epoch's padding; ``epoch`` trains every micro-batch of the epoch (give it a small sample
+            set, e.g. :func:`bench_subset`, so that every strategy does exactly the same work).
+        repeats: passes over the measured rounds; each micro-batch keeps its fastest time (on a shared
+            machine the minimum drops the steps another process slowed down).
+        model: built-in tiny model or a config directory; ``model_overrides``: config fields to override.
+        strategies: names from :data:`STRATEGIES`, in round order.
+        lr, clip: AdamW learning rate and gradient-norm clip (0: off).
+        threads: torch CPU threads (None: leave torch's choice).
+    """
+
+    budget: int = 2048
+    steps: int = 10
+    warmup: int = 2
+    select: str = "stratified"
+    repeats: int = 1
+    seed: int = 0
+    model: str = "tiny-llama"
+    model_overrides: dict = field(default_factory=dict)
+    strategies: tuple[str, ...] = STRATEGIES
+    lr: float = 1e-4
+    clip: float = 1.0
+    device: str = "cpu"
+    threads: int | None = 2
+
+    def __post_init__(self) -> None:
+        if self.budget < 2:
+            raise ConfigError(f"budget must be >= 2 (got {self.budget})")
+        if self.steps < 1 or self.warmup < 0:
+            raise ConfigError(f"steps must be >= 1 and warmup >= 0 (got {self.steps}, {self.warmup})")
+        if self.repeats < 1:
+            raise ConfigError(f"repeats must be >= 1 (got {self.repeats})")
+        if self.select not in ("stratified", "epoch"):
+            raise ConfigError(f"select must be 'stratified' or 'epoch' (got {self.select!r})")
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        if unknown or not self.strategies:
+            raise ConfigError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+
+
+# ----- data ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Token ids per sample and the loss-bearing tokens of each (label positions after the first)."""
+
+    input_ids: list[np.ndarray]
+    loss_tokens: np.ndarray
+    source: str
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([a.shape[0] for a in self.input_ids], dtype=np.int64)
+
+    def items(self) -> list[dict]:
+        return [{"input_ids": a} for a in self.input_ids]
+
+
+def fit_lengths(lengths: np.ndarray, budget: int, overlong: str = "truncate") -> np.ndarray:
+    """Lengths that fit the budget: longer ones cut to it (``truncate``) or left out (``drop``; their
+    entries become 0 and the caller removes them)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if overlong == "truncate":
+        return np.minimum(lengths, budget)
+    if overlong == "drop":
+        return np.where(lengths > budget, 0, lengths)
+    raise ConfigError(f"--overlong must be truncate or drop for bench (got {overlong!r})")
+
+
+def random_samples(lengths: np.ndarray, vocab: int, seed: int, source: str) -> Samples:
+    """Random token ids (1 .. vocab-1) of the given lengths; every token after the first bears loss."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    flat = rng.integers(1, max(2, vocab), size=int(lengths.sum()), dtype=np.int64)
+    ids = np.split(flat, np.cumsum(lengths)[:-1]) if lengths.size else []
+    return Samples(list(ids), np.maximum(lengths - 1, 0), source)
+
+
+def subset(lengths: np.ndarray, n: int | None, seed: int) -> np.ndarray:
+    """A seeded random subset of ``n`` lengths (in their original order), or all of them."""
+    if n is None or n >= lengths.shape[0]:
+        return lengths
+    keep = np.sort(np.random.default_rng(seed).choice(lengths.shape[0], size=n, replace=False))
+    return lengths[keep]
+
+
+# ----- micro-batches per strategy ------------------------------------------------------------------------
+
+
+def strategy_batching(name: str, lengths: np.ndarray, budget: int, seed: int) -> Batching:
+    """One epoch of micro-batches of a strategy over ``lengths`` (all within the budget)."""
+    if name in PADFREE:
+        plan = make_plan(
+            lengths, PlanConfig(strategy=name, budget=budget, world_size=1, grad_accum=1, seed=seed)
+        )
+        return Batching(
+            plan.indices.astype(np.int64), plan.offsets.astype(np.int64), name == "packed", "padfree plan"
+        )
+    return plan_with_peer(name, lengths, budget, seed)
+
+
+def bench_subset(lengths: np.ndarray, steps: int, budget: int, seed: int) -> np.ndarray:
+    """Ids of a seeded random subset of samples holding about ``steps x budget`` tokens (at least two
+    samples), in id order: an epoch of it is about ``steps`` full micro-batches.
+
+    >>> bench_subset(np.full(100, 10), steps=2, budget=50, seed=0).shape
+    (10,)
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    perm = np.random.default_rng(seed).permutation(lengths.shape[0])
+    n = int(np.searchsorted(np.cumsum(lengths[perm]), steps * budget, side="right"))
+    return np.sort(perm[: max(2, min(n, lengths.shape[0]))])
+
+
+def stratified(lengths: np.ndarray, b: Batching, budget: int, k: int) -> np.ndarray:
+    """``k`` micro-batches of an epoch that represent it: the micro-batches ordered by padding efficiency
+    (real tokens / computed slots), then by tokens, and taken at the midpoints of ``k`` equal quantile
+    ranges; in epoch order. All of them when the epoch has at most ``k``.
+
+    >>> # micro-batches [5, 1] [4] [2] [6, 3]: efficiency 0.6, 1, 1, 0.75 -> order 0, 3, 2, 1
+    >>> b = Batching(np.arange(6), np.array([0, 2, 3, 4, 6]), packed=False)
+    >>> stratified(np.array([5, 1, 4, 2, 6, 3]), b, 8, 2).tolist()
+    [1, 3]
+    """
+    n = b.n_micro
+    if n <= k:
+        return np.arange(n, dtype=np.int64)
+    lens = lengths[b.order].astype(np.float64)
+    tokens = np.add.reduceat(lens, b.offsets[:-1])
+    eff = tokens / slots_per_micro(lengths, b, budget)
+    by = np.lexsort((tokens, eff))
+    return np.sort(by[np.floor((np.arange(k) + 0.5) * n / k).astype(np.int64)])
+
+
+def micro_ids(b: Batching, k: int) -> np.ndarray:
+    return b.order[b.offsets[k] : b.offsets[k + 1]]
+
+
+# ----- one training step ---------------------------------------------------------------------------------
+
+
+class Trainer:
+    """A model (built from a config, same seed -> same initial weights) and its AdamW optimizer, with the
+    collator and attention its micro-batches need (packed rows or padded rows)."""
+
+    def __init__(
+        self,
+        model: str,
+        overrides: dict,
+        seed: int,
+        device: str,
+        lr: float,
+        clip: float,
+        packed: bool,
+        weight_decay: float = 0.0,
+    ) -> None:
+        import torch
+
+        from padfree.models import build_model
+        from padfree.torch import PackCollator, PadCollator, attention_implementation
+
+        self.attn = attention_implementation("packed" if packed else "sorted")
+        self.model = build_model(model, attn_implementation=self.attn, seed=seed, **overrides).to(device)
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.collate = PackCollator() if packed else PadCollator()
+        self.clip = clip
+        self.device = device
+        self.sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    @classmethod
+    def for_bench(cls, cfg: BenchConfig, packed: bool) -> Trainer:
+        return cls(cfg.model, cfg.model_overrides, cfg.seed, cfg.device, cfg.lr, cfg.clip, packed)
+
+    def loss_sum(self, batch):
+        """Sum of the token losses of a collated batch."""
+        from padfree.torch import token_loss_sum
+
+        inputs = {k: v.to(self.device) if hasattr(v, "to") else v for k, v in batch.items()}
+        labels = inputs.pop("labels")
+        return token_loss_sum(self.model(**inputs).logits, labels)
+
+    def backward(self, batch, step_tokens: int) -> float:
+        """Forward and backward of one micro-batch, its loss scaled by the step's loss tokens; returns the
+        micro-batch's loss sum."""
+        from padfree.torch import step_loss
+
+        loss = self.loss_sum(batch)
+        step_loss(loss, step_tokens).backward()
+        return float(loss.detach())
+
+    def update(self, lr: float | None = None) -> None:
+        """Clip, AdamW step (at ``lr`` when given), zero the gradients."""
+        import torch
+
+        if lr is not None:
+            for g in self.opt.param_groups:
+                g["lr"] = lr
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def step(self, batch, step_tokens: int) -> tuple[float, float]:
+        """One micro-batch as a whole optimizer step, timed (device synchronized): ``(seconds, loss sum)``."""
+        self.sync()
+        t0 = time.perf_counter()
+        loss = self.backward(batch, step_tokens)
+        self.update()
+        self.sync()
+        return time.perf_counter() - t0, loss
+
+
+class MemoryWatch:
+    """Peak memory while a block runs: CUDA's max allocated, or the RSS sampled every 2 ms on CPU."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+        self.peak = 0
+        self.rise = 0
+
+    @staticmethod
+    def rss() -> int:
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):  # not Linux: the process's peak so far
+            import resource
+
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def __enter__(self) -> MemoryWatch:
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+            self._base = torch.cuda.memory_allocated()
+            return self
+        self._base = self.rss()
+        self._peak = self._base
+        self._stop = threading.Event()
+
+        def sample() -> None:
+            while not self._stop.wait(0.002):
+                self._peak = max(self._peak, self.rss())
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            import torch
+
+            peak = torch.cuda.max_memory_allocated()
+        else:
+            self._stop.set()
+            self._thread.join()
+            peak = max(self._peak, self.rss())
+        self.peak = max(self.peak, peak)
+        self.rise = max(self.rise, peak - self._base)
+
+
+def return_freed_memory() -> None:
+    """glibc: serve allocations >= 64 KiB with mmap and hand them back on free, so the RSS follows the
+    live tensors instead of the allocator's high-water mark (best effort; no-op elsewhere)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD (fixing it also stops glibc's dynamic threshold)
+        libc.mallopt(-1, 1 << 16)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+# ----- the benchmark -------------------------------------------------------------------------------------
+
+
+def machine(device: str) -> dict:
+    import torch
+
+    out = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "device": device,
+    }
+    try:
+        import transformers
+
+        out["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    if device.startswith("cuda"):
+        out["gpu"] = torch.cuda.get_device_name()
+    if hasattr(os, "getloadavg"):
+        out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
+def run_bench(
+    samples: Samples,
+    cfg: BenchConfig,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Train every strategy in interleaved rounds; returns ``{"machine", "config", "order", "strategies"}``.
+
+    A strategy that cannot run here (a peer's module missing, a peer failing) gets ``{"error": why}``.
+    """
+    import torch
+
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    if not cfg.device.startswith("cuda"):
+        return_freed_memory()
+    say = progress or (lambda _m: None)
+    lengths = samples.lengths
+    if lengths.size == 0 or int(lengths.min()) < 1:
+        raise ConfigError("every sample needs at least one token")
+    if int(lengths.max()) > cfg.budget:
+        raise ConfigError(f"samples longer than the budget {cfg.budget}: cut or drop them first")
+    items = samples.items()
+
+    results: dict[str, dict] = {}
+    runners: dict[str, dict] = {}
+    for name in cfg.strategies:
+        why = missing(PEERS[name]) if name in PEERS else None
+        if why:
+            results[name] = {"error": why}
+            continue
+        try:
+            t0 = time.perf_counter()
+            b = strategy_batching(name, lengths, cfg.budget, cfg.seed)
+            plan_s = time.perf_counter() - t0
+            warm = strategy_batching(name, lengths, cfg.budget, cfg.seed + 1)  # another epoch's order
+        except Exception as exc:  # a peer failing here is a result, not a crash
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        trainer = Trainer.for_bench(cfg, packed=b.packed)
+        if cfg.select == "epoch":
+            picks = np.arange(b.n_micro, dtype=np.int64)
+        else:
+            picks = stratified(lengths, b, cfg.budget, cfg.steps)
+        runners[name] = {"batching": b, "warm": warm, "trainer": trainer, "plan_s": plan_s, "picks": picks}
+        results[name] = {}
+        say(f"{name}: {b.n_micro} micro-batches, attention {trainer.attn}")
+
+    order: list[list] = []
+    rec = {name: {"sec": [], "loss_tok": [], "tok": [], "slots": [], "rows": []} for name in runners}
+    watches = {name: MemoryWatch(cfg.device) for name in runners}
+    measured = max([r["picks"].shape[0] for r in runners.values()], default=0)
+    rounds = cfg.warmup + cfg.repeats * measured
+    for r in range(rounds):
+        for name, run in runners.items():
+            trainer = run["trainer"]
+            if r < cfg.warmup:
+                w = run["warm"]
+                batch = trainer.collate([items[i] for i in micro_ids(w, r % w.n_micro)])
+                trainer.step(batch, batch.loss_tokens)
+                order.append([r, name, "warmup"])
+                continue
+            rep, k = divmod(r - cfg.warmup, measured)
+            if k >= run["picks"].shape[0]:
+                continue
+            batch = trainer.collate([items[i] for i in micro_ids(run["batching"], int(run["picks"][k]))])
+            with watches[name]:
+                sec, _ = trainer.step(batch, batch.loss_tokens)
+            order.append([r, name, "measured"])
+            x = rec[name]
+            if rep > 0:  # the same micro-batch again: keep its fastest time
+                x["sec"][k] = min(x["sec"][k], sec)
+                continue
+            x["sec"].append(sec)
+            x["loss_tok"].append(batch.loss_tokens)
+            x["tok"].append(batch.tokens)
+            x["slots"].append(int(batch["input_ids"].numel()))
+            x["rows"].append(int(batch["input_ids"].shape[0]))
+        say(f"round {r + 1}/{rounds} done" + (" (warm-up)" if r < cfg.warmup else ""))
+
+    for name, run in runners.items():
+        results[name] = summarize(name, run, rec[name], watches[name], lengths, cfg)
+    base = results.get("sorted", {}).get("real_tok_per_s")
+    for res in results.values():
+        if base and "real_tok_per_s" in res:
+            res["vs_sorted"] = res["real_tok_per_s"] / base
+    return {
+        "machine": machine(cfg.device),
+        "config": {
+            "budget": cfg.budget,
+            "steps": cfg.steps,
+            "warmup": cfg.warmup,
+            "select": cfg.select,
+            "repeats": cfg.repeats,
+            "seed": cfg.seed,
+            "model": cfg.model,
+            "model_overrides": cfg.model_overrides,
+            "lr": cfg.lr,
+            "clip": cfg.clip,
+            "samples": int(lengths.shape[0]),
+            "tokens": int(lengths.sum()),
+            "data": samples.source,
+            "step": "forward + backward + clip + AdamW per micro-batch (collation untimed)",
+        },
+        "order": order,
+        "strategies": results,
+    }
+
+
+def _stats(values: Sequence[float]) -> dict:
+    v = np.asarray(values, dtype=np.float64)
+    return {"median": float(np.median(v)), "min": float(v.min()), "max": float(v.max())}
+
+
+def summarize(
+    name: str, run: dict, x: dict, watch: MemoryWatch, lengths: np.ndarray, cfg: BenchConfig
+) -> dict:
+    b: Batching = run["batching"]
+    sec = np.asarray(x["sec"])
+    loss_tok, tok, slots = (np.asarray(x[k], dtype=np.float64) for k in ("loss_tok", "tok", "slots"))
+    epoch = batching_stats(lengths, b, cfg.budget)
+    packed = b.packed
+    out = {
+        "real_tok_per_s": float(loss_tok.sum() / sec.sum()),
+        "slots_per_s": float(slots.sum() / sec.sum()),
+        "step_real_tok_per_s": _stats(loss_tok / sec),
+        "step_seconds": _stats(sec),
+        "padding_efficiency": float(tok.sum() / slots.sum()),
+        "bin_padding_efficiency": epoch["padding_efficiency"],
+        "steps": int(sec.shape[0]),
+        "micro_batches_in_epoch": b.n_micro,
+        "measured_micro_batches": [int(k) for k in run["picks"]],
+        "warmup_steps": cfg.warmup,
+        "loss_tokens": int(loss_tok.sum()),
+        "real_tokens": int(tok.sum()),
+        "slots": int(slots.sum()),
+        "rows_per_step": _stats(x["rows"]),
+        "packed": packed,
+        "attention": run["trainer"].attn,
+        "collator": "PackCollator (one row per micro-batch)"
+        if packed
+        else "PadCollator (one row per sample)",
+        "plan_seconds": run["plan_s"],
+    }
+    if cfg.device.startswith("cuda"):
+        out["peak_memory_mb"] = watch.peak / 2**20
+        out["memory"] = "torch.cuda.max_memory_allocated during the strategy's measured steps"
+    else:
+        out["peak_rss_mb"] = watch.peak / 2**20
+        out["peak_step_mb"] = watch.rise / 2**20
+        out["peak_memory_mb"] = out["peak_step_mb"]
+        out["memory"] = (
+            "process RSS sampled every 2 ms during the strategy's steps; step = rise over the RSS before it"
+        )
+    if name in PEERS:
+        out["peer"] = PEERS[name].describe
+        out["note"] = b.note + (
+            "; trained as packed rows through padfree's PackCollator and attention (the kernel is padfree's)"
+            if packed
+            else "; trained as padded rows through padfree's PadCollator"
+        )
+    return out
+
+
+# ----- reports -------------------------------------------------------------------------------------------
+
+
+def markdown(result: dict, command: str = "") -> str:
+    c, m = result["config"], result["machine"]
+    lines = [
+        "# Training throughput per strategy",
+        "",
+        f"Command: `{command}`" if command else "",
+        "",
+        f"Machine: {m.get('processor')} ({m.get('cpus')} CPUs), {m.get('platform')}, torch {m.get('torch')} "
+        f"({m.get('torch_threads')} threads), transformers {m.get('transformers', '?')}, device "
+        f"{m.get('device')}{', ' + m['gpu'] if 'gpu' in m else ''}; load average at the end "
+        f"{m.get('load_average')}.",
+        "",
+        f"Model {c['model']} {c['model_overrides'] or ''}, budget {c['budget']} tokens per micro-batch, "
+        f"{c['samples']} samples ({c['tokens']} tokens) from {c['data']}; "
+        + (
+            "every strategy trains one whole epoch of them"
+            if c["select"] == "epoch"
+            else f"{c['steps']} micro-batches per strategy measured, taken at quantiles of its epoch "
+            "(stratified by padding efficiency, then tokens)"
+        )
+        + f", {c['warmup']} warm-up steps first, interleaved in rounds"
+        + (f", every round run {c['repeats']} times, fastest time kept" if c.get("repeats", 1) > 1 else "")
+        + f"; step = {c['step']}.",
+        "",
+        "| strategy | real tok/s | vs sorted | step tok/s median [min, max] | slots/s | padding eff. "
+        "(computed / bins) | steps | rows/step | peak step MB | attention |",
+        "|---|---:|---:|---|---:|---|---:|---:|---:|---|",
+    ]
+    for name, r in result["strategies"].items():
+        if "error" in r:
+            lines.append(f"| {name} | — | — | not run: {r['error']} | | | | | | |")
+            continue
+        s = r["step_real_tok_per_s"]
+        vs = f"{r['vs_sorted']:.2f}x" if "vs_sorted" in r else "—"
+        lines.append(
+            f"| {name} | {r['real_tok_per_s']:,.0f} | {vs} | {s['median']:,.0f} "
+            f"[{s['min']:,.0f}, {s['max']:,.0f}] | {r['slots_per_s']:,.0f} | {r['padding_efficiency']:.3f} / "
+            f"{r['bin_padding_efficiency']:.3f} | {r['steps']} | {r['rows_per_step']['median']:.0f} | "
+            f"{r['peak_memory_mb']:.0f} | {r['attention']} |"
+        )
+    lines += [
+        "",
+        "real tok/s: loss-bearing (non-padding) tokens of the measured steps / their seconds"
+        + (" (the same tokens for every strategy)" if c["select"] == "epoch" else "")
+        + "; step tok/s: the same per step. Padding efficiency: real tokens / slots the model computed, and "
+        "with packed bins counted at the full budget (the fixed-shape convention of `padfree.bench.measure`; "
+        "equal to the first for padded strategies). Peak step MB: see `memory` in the JSON.",
+        "",
+    ]
+    notes = [f"- `{n}`: {r['note']}" for n, r in result["strategies"].items() if r.get("note")]
+    if notes:
+        lines += ["Peers:", "", *notes, ""]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n, r in result["strategies"].items() if "error" not in r]
+    rs = [result["strategies"][n] for n in names]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    ax = axes[0]
+    y = [r["real_tok_per_s"] for r in rs]
+    lo = [r["real_tok_per_s"] - r["step_real_tok_per_s"]["min"] for r in rs]
+    hi = [r["step_real_tok_per_s"]["max"] - r["real_tok_per_s"] for r in rs]
+    colors = ["tab:blue" if n in PADFREE else "tab:gray" for n in names]
+    ax.bar(names, y, color=colors, yerr=[np.maximum(lo, 0), np.maximum(hi, 0)], capsize=3)
+    ax.set_ylabel("real (loss-bearing) tokens / s")
+    ax.set_title(f"training throughput, budget {result['config']['budget']}")
+    ax.tick_params(axis="x", rotation=35)
+    ax = axes[1]
+    ax.bar(names, [r["padding_efficiency"] for r in rs], color=colors)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("padding efficiency (measured steps)")
+    ax.tick_params(axis="x", rotation=35)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

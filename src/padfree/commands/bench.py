@@ -1,0 +1,265 @@
+"""``padfree bench``: train a real model under every strategy (padfree's and the peers') and compare
+throughput; ``--converge``: held-out loss curves of sorted, random, bucketed and packed at equal tokens."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from padfree.errors import ConfigError
+
+NAME = "bench"
+HELP = (
+    "train a real model under every strategy and the peers (tokens/s, padding, memory); "
+    "--converge: held-out loss curves at equal tokens"
+)
+
+SHARED = Path(__file__).resolve().parents[4] / "shared"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from padfree.commands.common import add_lengths_argument
+
+    add_lengths_argument(p, required=False)
+    p.add_argument("--data", default=None, help="real text: glob of samples .jsonl.gz (needs --tokenizer)")
+    p.add_argument("--tokenizer", default=None, help="SentencePiece model for --data")
+    p.add_argument("--per-file", type=int, default=400, help="--data: samples read per file (default 400)")
+    p.add_argument("--loss-on", default="all", choices=["all", "assistant"], help="--data: loss tokens")
+    p.add_argument("--model", default="tiny-llama", help="built-in tiny model or a config directory")
+    p.add_argument(
+        "--model-set", action="append", default=[], metavar="KEY=VALUE", help="override a config field"
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="model vocabulary (token ids of --data are folded modulo it; random ids are drawn under it)",
+    )
+    p.add_argument("--budget", type=int, default=2048, help="tokens per micro-batch (default 2048)")
+    p.add_argument(
+        "--steps", type=int, default=10, help="about this many full micro-batches per strategy (default 10)"
+    )
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per strategy first (default 2)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="passes over the measured rounds, fastest time per step kept (default 1)",
+    )
+    p.add_argument(
+        "--pool",
+        type=int,
+        default=20000,
+        help="samples every strategy plans an epoch of (a seeded random subset; default 20000)",
+    )
+    p.add_argument(
+        "--whole-epoch",
+        action="store_true",
+        help="train every micro-batch of an epoch of about --steps x --budget tokens (exactly the same work "
+        "for every strategy) instead of --steps stratified micro-batches of a --pool epoch",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--max-len",
+        type=int,
+        default=None,
+        help="--data: cut samples to this many tokens (default: --budget)",
+    )
+    p.add_argument("--overlong", default="truncate", choices=["truncate", "drop"], help="samples over budget")
+    p.add_argument("--strategies", default=None, help="comma-separated subset (default: all, peers too)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-4; converge 2e-3)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--out", type=Path, default=None, help="directory for NAME.json, NAME.md and NAME.png")
+    p.add_argument("--name", default=None, help="file name stem under --out (default train_speed / converge)")
+    g = p.add_argument_group("convergence (--converge)")
+    g.add_argument("--converge", action="store_true", help="held-out loss curves instead of throughput")
+    g.add_argument("--train-tokens", type=int, default=1_500_000, help="loss tokens per run (default 1.5M)")
+    g.add_argument("--eval-every", type=int, default=None, help="tokens between evals (default 1/12 of them)")
+    g.add_argument("--eval-samples", type=int, default=200, help="held-out samples (default 200)")
+    g.add_argument("--grad-accum", type=int, default=4, help="micro-batches per optimizer step (default 4)")
+    g.add_argument("--warmup-frac", type=float, default=0.05, help="LR warm-up share of the tokens")
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    out = {}
+    for kv in args.model_set:
+        if "=" not in kv:
+            raise ConfigError(f"--model-set takes KEY=VALUE (got {kv!r})")
+        k, v = kv.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    if args.vocab_size is not None:
+        if args.vocab_size < 2:
+            raise ConfigError(f"--vocab-size must be >= 2 (got {args.vocab_size})")
+        out["vocab_size"] = args.vocab_size
+    return out
+
+
+def _vocab(args: argparse.Namespace, overrides: dict) -> int:
+    from padfree.models import build_config
+
+    return int(build_config(args.model, **overrides).vocab_size)
+
+
+def _text_samples(args: argparse.Namespace, vocab: int, max_len: int):
+    from padfree.bench.train_speed import Samples
+    from padfree.text_samples import load_samples, loss_tokens_of
+
+    if not args.tokenizer:
+        raise ConfigError("--data needs --tokenizer (a SentencePiece model)")
+    raw = load_samples(args.data, args.tokenizer, None, args.loss_on, None, per_file=args.per_file)
+    if args.overlong == "drop":
+        raw = [s for s in raw if s["input_ids"].shape[0] <= max_len]
+    raw = [
+        {"input_ids": s["input_ids"][:max_len], "loss_mask": s["loss_mask"][:max_len]}
+        for s in raw
+        if s["input_ids"].shape[0] >= 2
+    ]
+    if not raw:
+        raise ConfigError(f"{args.data}: no usable samples")
+    ids = [(s["input_ids"].astype(np.int64) % vocab) for s in raw]
+    tok = Path(args.tokenizer).name
+    src = f"{args.data} ({args.per_file} per file, tokenizer {tok}, loss on {args.loss_on})"
+    return Samples(ids, loss_tokens_of(raw), src), [s["loss_mask"] for s in raw]
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError(
+            "bench needs torch and transformers: pip install 'padfree[torch,hf,bench]'"
+        ) from None
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1 (got {args.threads})")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: no CUDA device here")
+    if args.data and args.lengths is not None:
+        raise ConfigError("give a lengths file or --data, not both")
+    command = (
+        "padfree " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else ""
+    )
+    overrides = _overrides(args)
+    if args.converge:
+        return _run_converge(args, device, overrides, command)
+    return _run_speed(args, device, overrides, command)
+
+
+def _say(args: argparse.Namespace):
+    return (
+        (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+    )
+
+
+def _run_speed(args: argparse.Namespace, device: str, overrides: dict, command: str) -> int:
+    from padfree.bench import train_speed as ts
+    from padfree.commands.common import load_lengths
+
+    strategies = tuple(s.strip() for s in args.strategies.split(",")) if args.strategies else ts.STRATEGIES
+    cfg = ts.BenchConfig(
+        budget=args.budget,
+        steps=args.steps,
+        warmup=args.warmup,
+        seed=args.seed,
+        model=args.model,
+        model_overrides=overrides,
+        strategies=strategies,
+        select="epoch" if args.whole_epoch else "stratified",
+        repeats=args.repeats,
+        lr=args.lr if args.lr is not None else 1e-4,
+        device=device,
+        threads=args.threads,
+    )
+    vocab = _vocab(args, overrides)
+    if args.data:
+        pool, _ = _text_samples(args, vocab, _max_len(args))
+        keep = _keep(args, pool.lengths)
+        samples = ts.Samples([pool.input_ids[i] for i in keep], pool.loss_tokens[keep], pool.source)
+    else:
+        lengths, _, display = load_lengths(args)
+        lengths = ts.fit_lengths(lengths, args.budget, args.overlong)
+        lengths = lengths[lengths > 0]
+        keep = _keep(args, lengths)
+        samples = ts.random_samples(
+            lengths[keep], vocab, args.seed, f"{display} (random token ids, overlong {args.overlong})"
+        )
+    result = ts.run_bench(samples, cfg, progress=_say(args))
+    result["command"] = command
+    if args.out is not None:
+        _write(args.out, args.name or "train_speed", result, ts.markdown(result, command), ts.plot)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(ts.markdown(result, command))
+    return 0
+
+
+def _max_len(args: argparse.Namespace) -> int:
+    n = args.max_len or args.budget
+    if not 2 <= n <= args.budget:
+        raise ConfigError(f"--max-len must be between 2 and --budget {args.budget} (got {n})")
+    return n
+
+
+def _keep(args: argparse.Namespace, lengths: np.ndarray) -> np.ndarray:
+    from padfree.bench import train_speed as ts
+
+    if args.whole_epoch:
+        return ts.bench_subset(lengths, args.steps, args.budget, args.seed)
+    if args.pool < 2:
+        raise ConfigError(f"--pool must be >= 2 (got {args.pool})")
+    n = lengths.shape[0]
+    return np.sort(np.random.default_rng(args.seed).permutation(n)[: min(args.pool, n)])
+
+
+def _run_converge(args: argparse.Namespace, device: str, overrides: dict, command: str) -> int:
+    from padfree.bench import converge as cv
+
+    if not args.data:
+        args.data = str(SHARED / "data/samples/*.jsonl.gz")
+        args.tokenizer = args.tokenizer or str(SHARED / "tokenizers/llama_sp32k.model")
+    if args.lengths is not None:
+        raise ConfigError("--converge trains on real text (--data), not on a lengths file")
+    strategies = tuple(s.strip() for s in args.strategies.split(",")) if args.strategies else cv.STRATEGIES
+    cfg = cv.ConvergeConfig(
+        budget=args.budget,
+        grad_accum=args.grad_accum,
+        train_tokens=args.train_tokens,
+        eval_every=args.eval_every,
+        eval_samples=args.eval_samples,
+        seed=args.seed,
+        model=args.model,
+        model_overrides=overrides,
+        strategies=strategies,
+        lr=args.lr if args.lr is not None else 2e-3,
+        warmup_frac=args.warmup_frac,
+        device=device,
+        threads=args.threads,
+    )
+    samples, masks = _text_samples(args, _vocab(args, overrides), _max_len(args))
+    result = cv.run_converge(samples, masks, cfg, progress=_say(args))
+    result["command"] = command
+    if args.out is not None:
+        _write(args.out, args.name or "converge", result, cv.markdown(result, command), cv.plot)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(cv.markdown(result, command))
+    return 0
+
+
+def _write(out: Path, stem: str, result: dict, md: str, plot) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(md)
+    plot(result, out / f"{stem}.png")
