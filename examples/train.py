@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from padfree import PlanConfig
+from padfree import STRATEGIES, PlanConfig
 from padfree.models import build_model
 from padfree.text_samples import load_samples, loss_tokens_of
 from padfree.torch import (
@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(SHARED / "data/samples/*.jsonl.gz"), help="glob of .jsonl.gz files")
     p.add_argument("--tokenizer", default=str(SHARED / "tokenizers/llama_sp32k.model"))
-    p.add_argument("--strategy", default="packed", choices=["sorted", "random", "bucketed", "packed"])
+    p.add_argument("--strategy", default="packed", choices=STRATEGIES)
     p.add_argument("--budget", type=int, default=2048, help="tokens per micro-batch")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per rank per optimizer step")
     p.add_argument("--epochs", type=int, default=1)
