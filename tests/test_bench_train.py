@@ -89,7 +89,10 @@ def test_bench_converge_curves_at_equal_tokens(tmp_path, shared_dir, capsys):
     assert list(runs) == ["sorted", "random", "bucketed", "packed"]
     comp = res["comparison"]
     assert comp["marks"] == [400.0, 800.0, 1200.0]
-    step_max = 2 * 128
+    budgets = res["config"]["budgets"]
+    assert budgets["packed"] == 128 and min(budgets.values()) == 128 and budgets["random"] > 128
+    assert all(r["budget"] == budgets[n] for n, r in runs.items())
+    step_max = 2 * max(budgets.values())
     for name, r in runs.items():
         assert r["curve"][0]["tokens"] == 0 and 1200 <= r["tokens"] < 1200 + step_max
         assert r["curve"][-1]["tokens"] == r["tokens"]
@@ -106,6 +109,25 @@ def test_bench_converge_curves_at_equal_tokens(tmp_path, shared_dir, capsys):
     assert comp["step_marks"][-1] == fewest and comp["final_steps"]["sorted"] == len(runs["sorted"]["steps"])
     assert comp["equal_steps_rel_diff_vs_random"]["random"] == 0.0
     assert (tmp_path / "converge.png").stat().st_size > 0
+
+
+def test_matched_budgets_give_equal_step_counts():
+    from padfree.bench.converge import ConvergeConfig, epoch_steps, matched_budgets
+
+    rng = np.random.default_rng(3)
+    lengths = np.minimum(rng.lognormal(5.0, 1.2, 3000).astype(np.int64) + 1, 1024)
+    cfg = ConvergeConfig(budget=1024, grad_accum=4)
+    budgets = matched_budgets(lengths, cfg)
+    target = epoch_steps(lengths, "packed", 1024, cfg)
+    assert budgets["packed"] == 1024
+    for name, b in budgets.items():
+        steps = epoch_steps(lengths, name, b, cfg)
+        assert steps <= target, name
+        # the smallest such budget: one token less takes more steps (or it is the floor)
+        assert b == 1024 or epoch_steps(lengths, name, b - 1, cfg) > target, name
+    assert budgets["random"] > budgets["bucketed"] >= budgets["sorted"] > 1024
+    unmatched = matched_budgets(lengths, ConvergeConfig(budget=1024, grad_accum=4, equal_steps=False))
+    assert set(unmatched.values()) == {1024}
 
 
 def test_bench_bad_options_are_one_line_errors(tmp_path, shared_dir, capsys):

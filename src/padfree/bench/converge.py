@@ -4,7 +4,13 @@ The same model (same config, same initial weights) is trained on the same real t
 ``random``, ``bucketed`` and ``packed``, each to the same number of loss-bearing tokens, with the same
 learning-rate schedule *as a function of tokens seen* (linear warm-up, then cosine down to
 ``min_lr_frac``), through :class:`~padfree.torch.PlanBatchSampler` with ``grad_accum`` micro-batches per
-optimizer step and every micro-batch's loss normalized by the step's loss tokens. A fixed held-out set
+optimizer step and every micro-batch's loss normalized by the step's loss tokens. The optimizer steps are
+held to the same size too (``equal_steps``, the default): ``packed`` plans at ``budget`` and every other
+strategy at the smallest budget whose epoch has no more optimizer steps than packed's
+(:func:`matched_budgets`), so all of them take about the same number of steps of about the same real
+tokens, as a training run that fixes its batch size would. Without it a padded plan's steps carry fewer real
+tokens (its slots hold padding), it takes more, smaller steps for the same tokens, and early in training that
+alone moves the held-out loss by percents. A fixed held-out set
 (samples never trained on, chosen by seed) is evaluated every ``eval_every`` tokens: the token-mean
 next-token loss over padded batches. The training loss of every optimizer step is recorded too, with the
 mean length of its samples, so a plan whose steps are length-homogeneous (``sorted``) shows its
@@ -51,6 +57,7 @@ class ConvergeConfig:
     weight_decay: float = 0.0
     device: str = "cpu"
     threads: int | None = 2
+    equal_steps: bool = True
 
     def __post_init__(self) -> None:
         if self.train_tokens < 1 or self.budget < 2 or self.grad_accum < 1 or self.eval_samples < 1:
@@ -78,6 +85,46 @@ def lr_at(tokens: float, cfg: ConvergeConfig) -> float:
         return cfg.lr * max(tokens, 0.01 * warm) / warm
     frac = min(1.0, (tokens - warm) / max(1.0, cfg.train_tokens - warm))
     return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def epoch_steps(lengths: np.ndarray, strategy: str, budget: int, cfg: ConvergeConfig) -> int:
+    """Optimizer steps in one epoch of ``strategy`` at ``budget`` (one rank, ``grad_accum`` micro-batches)."""
+    from padfree.plan import make_plan
+
+    config = PlanConfig(strategy=strategy, budget=budget, grad_accum=cfg.grad_accum, seed=cfg.seed)
+    return make_plan(lengths, config, 0).n_steps
+
+
+def matched_budgets(lengths: np.ndarray, cfg: ConvergeConfig) -> dict[str, int]:
+    """Micro-batch budget per strategy so that every strategy's optimizer steps carry about the same real
+    tokens: ``packed`` keeps ``cfg.budget``; each other strategy gets the smallest budget (found by bisection,
+    between ``cfg.budget`` and 16x it) whose epoch has no more steps than packed's. The total real tokens of
+    an epoch are the same for all, so equal step counts mean equal mean tokens per step.
+
+    >>> cfg = ConvergeConfig(budget=64, grad_accum=2, strategies=("random", "packed"))
+    >>> b = matched_budgets(np.random.default_rng(0).integers(1, 64, 400), cfg)
+    >>> b["packed"], b["random"] > 64
+    (64, True)
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    target = epoch_steps(lengths, "packed", cfg.budget, cfg)
+    out = {}
+    for name in cfg.strategies:
+        if name == "packed" or not cfg.equal_steps:
+            out[name] = cfg.budget
+            continue
+        lo, hi = cfg.budget, 16 * cfg.budget
+        if epoch_steps(lengths, name, hi, cfg) > target:
+            out[name] = hi
+            continue
+        while lo < hi:  # smallest budget with at most `target` steps (steps fall as the budget grows)
+            mid = (lo + hi) // 2
+            if epoch_steps(lengths, name, mid, cfg) <= target:
+                hi = mid
+            else:
+                lo = mid + 1
+        out[name] = lo
+    return out
 
 
 def split(n: int, eval_samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -124,6 +171,7 @@ def train_one(
     eval_plan: list[np.ndarray],
     cfg: ConvergeConfig,
     say: Callable[[str], None],
+    budget: int | None = None,
 ) -> dict:
     """One strategy's run: held-out curve, per-step train losses, wall time."""
     from padfree.torch import PlanBatchSampler, PlannedDataset
@@ -132,7 +180,8 @@ def train_one(
     trainer = Trainer(
         cfg.model, cfg.model_overrides, cfg.seed, cfg.device, cfg.lr, cfg.clip, packed, cfg.weight_decay
     )
-    config = PlanConfig(strategy=strategy, budget=cfg.budget, grad_accum=cfg.grad_accum, seed=cfg.seed)
+    budget = budget or cfg.budget
+    config = PlanConfig(strategy=strategy, budget=budget, grad_accum=cfg.grad_accum, seed=cfg.seed)
     sampler = PlanBatchSampler(lengths, config, loss_tokens=loss_tokens, rank=0, world_size=1)
     data = PlannedDataset(items)
     t_start = time.perf_counter()
@@ -192,6 +241,8 @@ def train_one(
         "train_seconds": train_s,
         "wall_seconds": time.perf_counter() - t_start,
         "attention": trainer.attn,
+        "budget": budget,
+        "mean_step_tokens": tokens / max(len(steps), 1),
     }
 
 
@@ -249,9 +300,10 @@ def run_converge(
     train_items = [items[i] for i in train_ids]
     eval_items = [items[i] for i in eval_ids]
     eval_plan = eval_batches(lengths[eval_ids], cfg.budget)
+    budgets = matched_budgets(lengths[train_ids], cfg)
     results = {}
     for name in cfg.strategies:
-        say(f"{name}: training {cfg.train_tokens:,} tokens")
+        say(f"{name}: training {cfg.train_tokens:,} tokens at a budget of {budgets[name]} per micro-batch")
         results[name] = train_one(
             name,
             train_items,
@@ -261,6 +313,7 @@ def run_converge(
             eval_plan,
             cfg,
             say,
+            budgets[name],
         )
     comparison = compare(results, cfg.train_tokens, cfg.every)
     for r in results.values():
@@ -269,6 +322,8 @@ def run_converge(
         "machine": machine(cfg.device),
         "config": {
             "budget": cfg.budget,
+            "budgets": budgets,
+            "equal_steps": cfg.equal_steps,
             "grad_accum": cfg.grad_accum,
             "train_tokens": cfg.train_tokens,
             "eval_every": cfg.every,
@@ -316,13 +371,22 @@ def markdown(result: dict, command: str = "") -> str:
         "",
         f"Model {c['model']} {c['model_overrides']}; data {c['data']}: {c['train_samples']} training samples "
         f"({c['train_samples_tokens']:,} loss tokens), {c['eval_samples']} held out ({c['eval_tokens']:,} "
-        f"loss tokens); budget {c['budget']} tokens per micro-batch x grad_accum {c['grad_accum']}; "
+        f"loss tokens); budget {c['budget']} tokens per micro-batch x grad_accum {c['grad_accum']}"
+        + (
+            " (steps held to the same size: packed at that budget, every other strategy at the smallest "
+            "budget whose epoch has no more optimizer steps than packed's; budgets "
+            + ", ".join(f"{n} {b}" for n, b in c["budgets"].items())
+            + ")"
+            if c.get("equal_steps")
+            else " for every strategy (steps not matched: padded plans take more, smaller steps)"
+        )
+        + "; "
         f"{c['train_tokens']:,} loss tokens per run; lr {c['lr']:g}, {c['schedule']}; eval every "
         f"{c['eval_every']:,} tokens.",
         "",
-        "| strategy | held-out loss at start | at the target | vs random | steps | step-loss jitter "
-        "(std of diffs) | corr(step loss, log mean length) | train s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| strategy | held-out loss at start | at the target | vs random | steps | real tokens/step | "
+        "step-loss jitter (std of diffs) | corr(step loss, log mean length) | train s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     rel = comp.get("final_rel_diff_vs_random", {})
     for name, r in result["strategies"].items():
@@ -332,7 +396,8 @@ def markdown(result: dict, command: str = "") -> str:
         cor = "—" if o["loss_length_corr"] is None else f"{o['loss_length_corr']:+.2f}"
         vs = f"{rel[name]:+.2%}" if name in rel else "—"
         lines.append(
-            f"| {name} | {r['initial_loss']:.4f} | {final:.4f} | {vs} | {len(r['steps'])} | {jit} | {cor} | "
+            f"| {name} | {r['initial_loss']:.4f} | {final:.4f} | {vs} | {len(r['steps'])} | "
+            f"{r.get('mean_step_tokens', 0):,.0f} | {jit} | {cor} | "
             f"{r['train_seconds']:.0f} |"
         )
     if "equal_steps_rel_diff_vs_random" in comp:

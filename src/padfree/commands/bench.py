@@ -85,6 +85,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-samples", type=int, default=200, help="held-out samples (default 200)")
     g.add_argument("--grad-accum", type=int, default=4, help="micro-batches per optimizer step (default 4)")
     g.add_argument("--warmup-frac", type=float, default=0.05, help="LR warm-up share of the tokens")
+    g.add_argument(
+        "--unmatched-steps",
+        action="store_true",
+        help="give every strategy the same --budget (padded plans then take more, smaller steps) instead of "
+        "holding the optimizer steps to the same real tokens",
+    )
 
 
 def _overrides(args: argparse.Namespace) -> dict:
@@ -245,6 +251,7 @@ def _run_converge(args: argparse.Namespace, device: str, overrides: dict, comman
         warmup_frac=args.warmup_frac,
         device=device,
         threads=args.threads,
+        equal_steps=not args.unmatched_steps,
     )
     samples, masks = _text_samples(args, _vocab(args, overrides), _max_len(args))
     result = cv.run_converge(samples, masks, cfg, progress=_say(args))
