@@ -7,7 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from padfree.bench.train_speed import PACKED, STRATEGIES, fit_lengths, micro_ids, strategy_batching
+from padfree.bench.train_speed import (
+    PACKED,
+    STRATEGIES,
+    epoch_seconds,
+    fit_lengths,
+    micro_ids,
+    strategy_batching,
+    stratified,
+)
 from padfree.cli import main
 
 TINY = ["--vocab-size", "128", "--model-set", "hidden_size=32", "--model-set", "intermediate_size=64",
@@ -44,7 +52,7 @@ def test_bench_trains_every_strategy_with_the_plans_padding(speed, capsys):
         if "error" in r:  # a peer that cannot run here says why
             assert name not in ("sorted", "random", "bucketed", "packed") and r["error"]
             continue
-        assert r["real_tok_per_s"] > 0 and r["slots_per_s"] >= r["real_tok_per_s"]
+        assert r["real_tok_per_s"] > 0 and r["slots_per_s"] >= r["measured_real_tok_per_s"]
         assert r["steps"] == 2 and len(r["measured_micro_batches"]) == 2
         # the measured micro-batches, re-planned here: their tokens and padding are what was trained
         b = strategy_batching(name, lengths, 64, 0)
@@ -55,6 +63,10 @@ def test_bench_trains_every_strategy_with_the_plans_padding(speed, capsys):
         assert r["real_tokens"] == real and r["slots"] == slots
         assert r["loss_tokens"] == sum(int((g - 1).sum()) for g in groups)
         assert r["padding_efficiency"] == pytest.approx(real / slots)
+        # the headline is the epoch's loss tokens over its estimated seconds
+        epoch_loss = int((lengths - 1).sum())
+        assert r["epoch_loss_tokens"] == epoch_loss
+        assert r["real_tok_per_s"] == pytest.approx(epoch_loss / r["epoch_seconds_estimate"])
         assert r["packed"] == (name in PACKED)
         if name in PACKED:
             assert r["padding_efficiency"] == 1.0 and "padfree's" in r.get("note", "padfree's")
@@ -65,6 +77,26 @@ def test_bench_trains_every_strategy_with_the_plans_padding(speed, capsys):
     assert runs["random"]["padding_efficiency"] < runs["packed"]["padding_efficiency"]
     for stem in ("json", "md", "png"):
         assert (d / "out" / f"train_speed.{stem}").stat().st_size > 0
+
+
+def test_stratified_picks_stand_for_equal_strata_and_the_estimate_is_exact_when_time_follows_work():
+    rng = np.random.default_rng(0)
+    work = rng.uniform(1, 10, 103)
+    per_token = rng.uniform(0.5, 3, 103)
+    picks, stratum = stratified(per_token, 8)
+    assert picks.shape == (8,) and np.all(np.diff(picks) > 0)
+    sizes = np.bincount(stratum, minlength=8)
+    assert sizes.sum() == 103 and sizes.max() - sizes.min() <= 1
+    assert np.all(stratum[picks] == np.arange(8))  # each pick stands in its own stratum
+    # strata are contiguous ranges of work per token
+    lo = np.array([per_token[stratum == j].min() for j in range(8)])
+    hi = np.array([per_token[stratum == j].max() for j in range(8)])
+    assert np.all(hi[np.argsort(lo)][:-1] <= np.sort(lo)[1:])
+    # seconds proportional to work: the estimate is the exact epoch time
+    assert epoch_seconds(0.25 * work[picks], picks, stratum, work) == pytest.approx(0.25 * work.sum())
+    # fewer micro-batches than picks: all of them, each its own stratum
+    p2, s2 = stratified(per_token[:5], 8)
+    assert p2.tolist() == s2.tolist() == list(range(5))
 
 
 def test_bench_rounds_are_interleaved(speed, capsys):

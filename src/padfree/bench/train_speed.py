@@ -12,19 +12,25 @@ peer's number is its *bin choice* trained on padfree's packed path, and the resu
 Protocol:
 
 - every strategy plans the same samples (one epoch); ``select="stratified"`` (the default) measures
-  ``steps`` of its micro-batches, taken at evenly spaced quantiles of (padding efficiency, tokens) over
-  its epoch, so a few steps carry the epoch's padding and size mix (:func:`stratified`);
+  ``steps`` of its micro-batches: the epoch's micro-batches are ordered by modeled work per loss token
+  (slots plus attention pairs weighted by the model's shape: what padding and attention length cost), cut
+  into ``steps`` strata of equal count, and the middle one of each is trained (:func:`stratified`).
+  ``real_tok_per_s`` is then the *epoch's* loss tokens over the epoch's estimated seconds: each pick's
+  measured seconds per unit of modeled work times its stratum's modeled work (:func:`epoch_seconds`), so a
+  few measured steps stand for the whole epoch's padding and length mix, and strategies are compared on
+  the same samples; ``measured_real_tok_per_s`` is the measured steps' own ratio;
   ``select="epoch"`` trains every micro-batch of the epoch: with a small sample set
   (:func:`bench_subset`: about ``steps x budget`` tokens) all strategies then do exactly the same useful
-  work, though plans over so few samples pad more than over a real dataset;
+  work, though plans over so few samples pad more than over a real dataset (and ``bucketed``, whose
+  buckets merge until each holds ``mix`` micro-batches, falls back to near-random order);
 - strategies run interleaved in rounds (A B C D ... A B C D ...), so a slow spell of a shared machine
   hits every strategy alike; a strategy with fewer micro-batches (less padding) simply stops earlier;
 - ``warmup`` untimed rounds come first, on micro-batches of another epoch's plan of the same samples;
   with ``repeats`` > 1 all measured rounds run that many times and every step keeps its fastest time;
 - a step is timed from the collated batch to the end of the optimizer update (the device synchronized);
   collation is not timed;
-- ``real_tok_per_s`` = loss-bearing tokens (real, non-padding, after each document's first token) of the
-  measured steps / their seconds; per-step medians and ranges are reported too;
+- loss-bearing tokens are the real (non-padding) tokens after each document's first; per-step medians and
+  ranges of the measured steps are reported too;
 - peak memory: on CUDA ``torch.cuda.max_memory_allocated`` during the strategy's steps; on CPU the
   process RSS sampled every 2 ms during its steps (``peak_rss_mb``, which includes every strategy's
   model and optimizer state) and its rise over the RSS before the step (``peak_step_mb``: the step's own
@@ -43,7 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from padfree.bench.measure import Batching, batching_stats, slots_per_micro
+from padfree.bench.measure import Batching, batching_stats
 from padfree.bench.peers import PEER_NAMES, PEERS, missing, plan_with_peer
 from padfree.config import PlanConfig
 from padfree.errors import ConfigError
@@ -62,9 +68,9 @@ class BenchConfig:
         budget: tokens per micro-batch (padded: count x longest; packed: sum of lengths).
         steps: measured steps per strategy; ``warmup``: untimed steps per strategy before them.
         select: ``stratified`` measures ``steps`` micro-batches of each strategy's epoch over all the
-            samples, chosen at evenly spaced quantiles of (padding efficiency, tokens) so that they carry
-            the epoch's padding; ``epoch`` trains every micro-batch of the epoch (give it a small sample
-            set, e.g. :func:`bench_subset`, so that every strategy does exactly the same work).
+            samples, one per stratum of modeled work per loss token, and estimates the epoch's seconds
+            from them (:func:`epoch_seconds`); ``epoch`` trains every micro-batch of the epoch (give it a
+            small sample set, e.g. :func:`bench_subset`, so that every strategy does exactly the same work).
         repeats: passes over the measured rounds; each micro-batch keeps its fastest time (on a shared
             machine the minimum drops the steps another process slowed down).
         model: built-in tiny model or a config directory; ``model_overrides``: config fields to override.
@@ -176,24 +182,70 @@ def bench_subset(lengths: np.ndarray, steps: int, budget: int, seed: int) -> np.
     return np.sort(perm[: max(2, min(n, lengths.shape[0]))])
 
 
-def stratified(lengths: np.ndarray, b: Batching, budget: int, k: int) -> np.ndarray:
-    """``k`` micro-batches of an epoch that represent it: the micro-batches ordered by padding efficiency
-    (real tokens / computed slots), then by tokens, and taken at the midpoints of ``k`` equal quantile
-    ranges; in epoch order. All of them when the epoch has at most ``k``.
+def micro_work(lengths: np.ndarray, b: Batching, attn_weight: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per micro-batch: ``(modeled work, loss tokens)``. Work = computed slots + ``attn_weight`` x causal
+    attention pairs (padded: ``count x longest^2``; packed: the sum of each document's square), the shape
+    of :meth:`padfree.config.CostModel.from_shape` with ``a = 1``; loss tokens = tokens after each
+    sample's first.
 
-    >>> # micro-batches [5, 1] [4] [2] [6, 3]: efficiency 0.6, 1, 1, 0.75 -> order 0, 3, 2, 1
-    >>> b = Batching(np.arange(6), np.array([0, 2, 3, 4, 6]), packed=False)
-    >>> stratified(np.array([5, 1, 4, 2, 6, 3]), b, 8, 2).tolist()
-    [1, 3]
+    >>> b = Batching(np.array([0, 1, 2]), np.array([0, 2, 3]), packed=False)
+    >>> work, loss = micro_work(np.array([4, 2, 6]), b, attn_weight=0.5)
+    >>> work.tolist(), loss.tolist()
+    ([24.0, 24.0], [4.0, 5.0])
     """
-    n = b.n_micro
-    if n <= k:
-        return np.arange(n, dtype=np.int64)
     lens = lengths[b.order].astype(np.float64)
-    tokens = np.add.reduceat(lens, b.offsets[:-1])
-    eff = tokens / slots_per_micro(lengths, b, budget)
-    by = np.lexsort((tokens, eff))
-    return np.sort(by[np.floor((np.arange(k) + 0.5) * n / k).astype(np.int64)])
+    starts = b.offsets[:-1]
+    if lens.size == 0:
+        return np.zeros(0), np.zeros(0)
+    loss = np.add.reduceat(lens - 1, starts)
+    if b.packed:
+        slots = np.add.reduceat(lens, starts)
+        pairs = np.add.reduceat(lens * lens, starts)
+    else:
+        longest = np.maximum.reduceat(lens, starts)
+        rows = np.diff(b.offsets).astype(np.float64)
+        slots, pairs = rows * longest, rows * longest * longest
+    return slots + attn_weight * pairs, loss
+
+
+def stratified(work_per_token: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``k`` micro-batches that represent an epoch, and the stratum each stands for: the micro-batches are
+    ordered by modeled work per loss token (what sets their speed: padding and attention length), cut into
+    ``k`` strata of equal count, and the middle one of each is taken. Returns ``(picks in epoch order,
+    stratum id of every micro-batch, indexed like the picks)``; with at most ``k`` micro-batches every one
+    is its own stratum.
+
+    >>> picks, stratum = stratified(np.array([5.0, 1.0, 4.0, 2.0, 3.0, 6.0]), 2)
+    >>> picks.tolist(), stratum.tolist()
+    ([0, 3], [0, 1, 0, 1, 1, 0])
+    """
+    n = work_per_token.shape[0]
+    if n <= k:
+        return np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)
+    by = np.argsort(work_per_token, kind="stable")
+    rank_of = np.empty(n, dtype=np.int64)
+    rank_of[by] = np.arange(n)
+    edges = np.floor(np.arange(k + 1) * n / k).astype(np.int64)
+    stratum_by_rank = np.searchsorted(edges, np.arange(n), side="right") - 1
+    mids = by[(edges[:-1] + edges[1:]) // 2]
+    order = np.argsort(mids, kind="stable")  # picks in epoch order; renumber strata to match
+    renumber = np.empty(k, dtype=np.int64)
+    renumber[order] = np.arange(k)
+    return mids[order], renumber[stratum_by_rank[rank_of]]
+
+
+def epoch_seconds(sec: np.ndarray, picks: np.ndarray, stratum: np.ndarray, work: np.ndarray) -> float:
+    """An epoch's training seconds estimated from its measured picks: each pick's seconds per unit of
+    modeled work, times the modeled work of the stratum it stands for (a ratio estimator: the model
+    carries each pick's speed to micro-batches of the same kind; the seconds themselves are measured).
+
+    >>> epoch_seconds(np.array([2.0, 6.0]), np.array([0, 2]), np.array([0, 0, 1, 1]),
+    ...               np.array([1.0, 3.0, 3.0, 3.0]))
+    20.0
+    """
+    per_work = sec / work[picks]
+    stratum_work = np.bincount(stratum, weights=work, minlength=picks.shape[0])
+    return float(per_work @ stratum_work)
 
 
 def micro_ids(b: Batching, k: int) -> np.ndarray:
@@ -386,6 +438,7 @@ def run_bench(
     if int(lengths.max()) > cfg.budget:
         raise ConfigError(f"samples longer than the budget {cfg.budget}: cut or drop them first")
     items = samples.items()
+    attn_weight = attention_weight(cfg)
 
     results: dict[str, dict] = {}
     runners: dict[str, dict] = {}
@@ -403,11 +456,21 @@ def run_bench(
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
         trainer = Trainer.for_bench(cfg, packed=b.packed)
+        work, loss = micro_work(lengths, b, attn_weight)
         if cfg.select == "epoch":
-            picks = np.arange(b.n_micro, dtype=np.int64)
+            picks = stratum = np.arange(b.n_micro, dtype=np.int64)
         else:
-            picks = stratified(lengths, b, cfg.budget, cfg.steps)
-        runners[name] = {"batching": b, "warm": warm, "trainer": trainer, "plan_s": plan_s, "picks": picks}
+            picks, stratum = stratified(work / np.maximum(loss, 1.0), cfg.steps)
+        runners[name] = {
+            "batching": b,
+            "warm": warm,
+            "trainer": trainer,
+            "plan_s": plan_s,
+            "picks": picks,
+            "stratum": stratum,
+            "work": work,
+            "epoch_loss_tokens": float(loss.sum()),
+        }
         results[name] = {}
         say(f"{name}: {b.n_micro} micro-batches, attention {trainer.attn}")
 
@@ -472,6 +535,16 @@ def run_bench(
     }
 
 
+def attention_weight(cfg: BenchConfig) -> float:
+    """Modeled cost of one causal attention pair relative to one token's dense work, for the bench's model
+    (:meth:`padfree.config.CostModel.from_shape` of its hidden size, layers and vocabulary)."""
+    from padfree.config import CostModel
+    from padfree.models import build_config
+
+    c = build_config(cfg.model, **cfg.model_overrides)
+    return CostModel.from_shape(c.hidden_size, c.num_hidden_layers, c.vocab_size).b
+
+
 def _stats(values: Sequence[float]) -> dict:
     v = np.asarray(values, dtype=np.float64)
     return {"median": float(np.median(v)), "min": float(v.min()), "max": float(v.max())}
@@ -485,8 +558,12 @@ def summarize(
     loss_tok, tok, slots = (np.asarray(x[k], dtype=np.float64) for k in ("loss_tok", "tok", "slots"))
     epoch = batching_stats(lengths, b, cfg.budget)
     packed = b.packed
+    est = epoch_seconds(sec, run["picks"], run["stratum"], run["work"])
     out = {
-        "real_tok_per_s": float(loss_tok.sum() / sec.sum()),
+        "real_tok_per_s": run["epoch_loss_tokens"] / est,
+        "measured_real_tok_per_s": float(loss_tok.sum() / sec.sum()),
+        "epoch_seconds_estimate": est,
+        "epoch_loss_tokens": int(run["epoch_loss_tokens"]),
         "slots_per_s": float(slots.sum() / sec.sum()),
         "step_real_tok_per_s": _stats(loss_tok / sec),
         "step_seconds": _stats(sec),
@@ -547,8 +624,8 @@ def markdown(result: dict, command: str = "") -> str:
         + (
             "every strategy trains one whole epoch of them"
             if c["select"] == "epoch"
-            else f"{c['steps']} micro-batches per strategy measured, taken at quantiles of its epoch "
-            "(stratified by padding efficiency, then tokens)"
+            else f"{c['steps']} micro-batches per strategy measured, one from each of {c['steps']} equal "
+            "strata of its epoch ordered by modeled work per loss token"
         )
         + f", {c['warmup']} warm-up steps first, interleaved in rounds"
         + (f", every round run {c['repeats']} times, fastest time kept" if c.get("repeats", 1) > 1 else "")
@@ -572,9 +649,16 @@ def markdown(result: dict, command: str = "") -> str:
         )
     lines += [
         "",
-        "real tok/s: loss-bearing (non-padding) tokens of the measured steps / their seconds"
-        + (" (the same tokens for every strategy)" if c["select"] == "epoch" else "")
-        + "; step tok/s: the same per step. Padding efficiency: real tokens / slots the model computed, and "
+        (
+            "real tok/s: loss-bearing (non-padding) tokens of the epoch / its seconds, every micro-batch "
+            "trained (the same tokens for every strategy)"
+            if c["select"] == "epoch"
+            else "real tok/s: the epoch's loss-bearing (non-padding) tokens / its estimated seconds (each "
+            "measured step's seconds per unit of modeled work x the modeled work of the micro-batches it "
+            "stands for: every strategy is compared on the same samples)"
+        )
+        + "; step tok/s: loss tokens / seconds of each measured step. Padding efficiency: real tokens / "
+        "slots the model computed, and "
         "with packed bins counted at the full budget (the fixed-shape convention of `padfree.bench.measure`; "
         "equal to the first for padded strategies). Peak step MB: see `memory` in the JSON.",
         "",

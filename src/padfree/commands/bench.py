@@ -40,7 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="model vocabulary (token ids of --data are folded modulo it; random ids are drawn under it)",
     )
-    p.add_argument("--budget", type=int, default=2048, help="tokens per micro-batch (default 2048)")
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=None,
+        help="tokens per micro-batch (default 16384, the motivating case's; --converge: 2048)",
+    )
     p.add_argument(
         "--steps", type=int, default=10, help="about this many full micro-batches per strategy (default 10)"
     )
@@ -148,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1 (got {args.threads})")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.budget is None:
+        args.budget = 2048 if args.converge else 16384
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"--device {device}: no CUDA device here")
     if args.data and args.lengths is not None:
