@@ -169,3 +169,22 @@ def test_gpu_varlen_with_this_torch_never_raises(monkeypatch) -> None:
         assert path.startswith(("torch varlen_attn", "torch has no"))
     else:
         torch.testing.assert_close(out, pa._per_document(q, k, v, lengths, None, 0.0, None, None))
+
+
+def test_autocast_hands_the_kernel_one_low_precision_dtype(monkeypatch) -> None:
+    # rotary embeddings return float32 q/k next to a bf16 v under autocast; a fused kernel needs all bf16
+    from padfree.packing_check import check_packing
+
+    seen = []
+    kernel = pa._per_document
+
+    def spy(q, k, v, *args):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return kernel(q, k, v, *args)
+
+    monkeypatch.setattr(pa, "_per_document", spy)
+    check_packing("tiny-llama", dtype="bfloat16", overrides=TINY)
+    assert seen and set(seen) == {(torch.bfloat16,) * 3}
+    seen.clear()
+    check_packing("tiny-llama", dtype="float32", overrides=TINY)
+    assert set(seen) == {(torch.float32,) * 3}

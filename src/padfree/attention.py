@@ -437,6 +437,7 @@ def varlen_attention_forward(
         sliding_window = None
 
     lengths = _doc_lengths(kwargs, batch, q_len)
+    query, key, value = _autocast_inputs(query, key, value)
     if batch == 1:
         q, k, v = query, key, value
     else:  # documents never cross rows: flatten rows into one long row
@@ -454,6 +455,17 @@ def varlen_attention_forward(
         _state.path = f"per-document {kind} ({device}" + (f"; {why})" if why else ")")
         out = _per_document(q, k, v, lengths, scaling, dropout, sliding_window, softcap)
     return out.reshape(batch, q_len, *out.shape[1:]), None
+
+
+def _autocast_inputs(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Under ``torch.autocast``, q/k/v in the autocast dtype, as autocast itself treats SDPA. Needed because
+    they arrive mixed: rotary embeddings multiply the bf16 projections by float32 cos/sin (the residual stream
+    stays float32), so q and k come back float32 while v is bf16, and a fused kernel would be skipped."""
+    dev = xs[0].device.type
+    if not torch.is_autocast_enabled(dev):
+        return xs
+    dtype = torch.get_autocast_dtype(dev)
+    return tuple(x if x.dtype == dtype else x.to(dtype) for x in xs)
 
 
 def _looks_packed(kwargs: dict) -> bool:
