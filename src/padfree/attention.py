@@ -5,7 +5,9 @@ A packed row holds several documents back to back (``position_ids`` restart at 0
 masked score. ``padfree_varlen`` computes attention document by document instead:
 
 - GPU: ``flash_attn_varlen_func`` when ``flash_attn`` is installed, else PyTorch's own
-  ``torch.nn.attention.varlen.varlen_attn`` (fp16/bf16), else per-document SDPA;
+  ``torch.nn.attention.varlen.varlen_attn`` (fp16/bf16; called with the keywords the installed torch has, and
+  probed once: if it fails, per-document SDPA runs and :func:`last_path` says why), else per-document SDPA.
+  Under ``torch.autocast`` q/k/v are taken in the autocast dtype, as autocast does for SDPA;
 - CPU: per-document SDPA (the row is split at document boundaries with ``split``, each piece runs causal
   SDPA, the outputs are concatenated), grouped-query heads, sliding windows, ``scaling`` and logit
   soft-capping honoured.
