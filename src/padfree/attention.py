@@ -5,7 +5,9 @@ A packed row holds several documents back to back (``position_ids`` restart at 0
 masked score. ``padfree_varlen`` computes attention document by document instead:
 
 - GPU: ``flash_attn_varlen_func`` when ``flash_attn`` is installed, else PyTorch's own
-  ``torch.nn.attention.varlen.varlen_attn`` (fp16/bf16), else per-document SDPA;
+  ``torch.nn.attention.varlen.varlen_attn`` (fp16/bf16; called with the keywords the installed torch has, and
+  probed once: if it fails, per-document SDPA runs and :func:`last_path` says why), else per-document SDPA.
+  Under ``torch.autocast`` q/k/v are taken in the autocast dtype, as autocast does for SDPA;
 - CPU: per-document SDPA (the row is split at document boundaries with ``split``, each piece runs causal
   SDPA, the outputs are concatenated), grouped-query heads, sliding windows, ``scaling`` and logit
   soft-capping honoured.
@@ -29,7 +31,9 @@ through ``ALL_ATTENTION_FUNCTIONS`` (Llama, Mistral, Qwen2, Gemma, ...) can use 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
 import threading
 import weakref
 from collections.abc import Sequence
@@ -55,6 +59,12 @@ def attn_for(strategy: str) -> str:
 def last_path() -> str | None:
     """Which kernel the last ``padfree_varlen`` call in this thread used (for reports), or ``None``."""
     return getattr(_state, "path", None)
+
+
+def reset_path() -> None:
+    """Forget the last path, so that :func:`last_path` says ``None`` until padfree's attention runs again
+    (e.g. before a forward pass of a model that might use transformers' own attention instead)."""
+    _state.path = None
 
 
 def prepare_for_packing(model: torch.nn.Module, attn_implementation: str = NAME) -> torch.nn.Module:
@@ -209,19 +219,142 @@ def _torch_varlen():
     return varlen_attn
 
 
-def _gpu_varlen(q, k, v, kwargs, lengths, scaling, dropout, window, softcap):
-    """(T, H, D) output from a fused varlen kernel, or ``None`` when none applies to these inputs."""
-    if q.dtype not in (torch.float16, torch.bfloat16):
+@functools.lru_cache(maxsize=8)
+def _param_names(fn) -> frozenset[str]:
+    try:
+        return frozenset(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin without a readable signature
+        return frozenset()
+
+
+def varlen_call(fn, scaling: float | None, window: int | None, gqa: bool) -> tuple[dict, bool] | None:
+    """How to ask ``fn`` (PyTorch's ``varlen_attn``) for causal attention, as its signature allows:
+    ``(keyword arguments, repeat_kv)``, or ``None`` when this version cannot express the call.
+
+    The keywords moved between releases: torch 2.10 took ``is_causal``, 2.11 takes ``window_size`` (causal
+    is ``(-1, 0)``) and ``scale`` but no ``enable_gqa``, later ones add ``enable_gqa``. Without it,
+    grouped-query heads are repeated (``repeat_kv``) so that every query head has its own key/value head.
+
+    >>> def torch_2_11(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None,
+    ...                window_size=(-1, -1)):
+    ...     pass
+    >>> varlen_call(torch_2_11, None, None, gqa=True)
+    ({'window_size': (-1, 0)}, True)
+    >>> def torch_2_10(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, is_causal=False, scale=None):
+    ...     pass
+    >>> varlen_call(torch_2_10, 0.125, None, gqa=False)
+    ({'scale': 0.125, 'is_causal': True}, False)
+    >>> varlen_call(torch_2_10, None, 4096, gqa=False) is None  # no sliding window there
+    True
+    """
+    names = _param_names(fn)
+    kwargs: dict = {}
+    if scaling is not None:
+        if "scale" not in names:
+            return None
+        kwargs["scale"] = scaling
+    if "window_size" in names:
+        kwargs["window_size"] = (-1 if window is None else window - 1, 0)
+    elif "is_causal" in names and window is None:
+        kwargs["is_causal"] = True
+    else:
         return None
-    qt, kt, vt = (x[0].transpose(0, 1) for x in (q, k, v))  # (T, H, D)
+    repeat_kv = False
+    if gqa:
+        if "enable_gqa" in names:
+            kwargs["enable_gqa"] = True
+        else:
+            repeat_kv = True
+    return kwargs, repeat_kv
+
+
+def _varlen_ok(
+    fn, kwargs: dict, repeat_kv: bool, like: torch.Tensor, heads: int, kv_heads: int
+) -> str | None:
+    """``None`` when ``fn(**kwargs)`` runs forward and backward on this device and dtype and matches
+    per-document SDPA on a small packed row; else why not. Checked once per setup (cached in ``_probed``)."""
+    key = (
+        str(like.device),
+        like.dtype,
+        heads,
+        kv_heads,
+        like.shape[-1],
+        repr(sorted(kwargs.items())),
+        repeat_kv,
+    )
+    if key in _probed:
+        return _probed[key]
+    why = None
+    try:
+        with torch.inference_mode(False), torch.enable_grad():
+            gen = torch.Generator(device=like.device).manual_seed(0)
+            lengths = [5, 11]
+            shape = (1, heads, sum(lengths), like.shape[-1])
+            kv_shape = (1, kv_heads, sum(lengths), like.shape[-1])
+            q = torch.randn(shape, generator=gen, device=like.device, dtype=like.dtype).requires_grad_()
+            k = torch.randn(kv_shape, generator=gen, device=like.device, dtype=like.dtype).requires_grad_()
+            v = torch.randn(kv_shape, generator=gen, device=like.device, dtype=like.dtype).requires_grad_()
+            cu = torch.tensor([0, 5, 16], dtype=torch.int32, device=like.device)
+            out = _call_varlen(fn, kwargs, repeat_kv, q, k, v, cu, max(lengths))
+            out.float().sum().backward()
+            if q.grad is None or k.grad is None or not torch.isfinite(q.grad).all():
+                why = "no usable gradient"
+            else:
+                scale = kwargs.get("scale")
+                window = kwargs.get("window_size", (-1, 0))[0]
+                ref = _per_document(
+                    q.detach(),
+                    k.detach(),
+                    v.detach(),
+                    lengths,
+                    scale,
+                    0.0,
+                    None if window < 0 else window + 1,
+                    None,
+                )
+                err = (out.detach().float() - ref.float()).abs().max().item()
+                if not err <= 5e-2:
+                    why = f"differs from per-document SDPA by {err:.3g}"
+    except Exception as exc:  # an unsupported GPU, dtype or head size: fall back, say why
+        why = _reason(exc)
+    _probed[key] = why
+    return why
+
+
+def _call_varlen(fn, kwargs: dict, repeat_kv: bool, q, k, v, cu: torch.Tensor, max_len: int) -> torch.Tensor:
+    """q (1, Hq, T, D), k/v (1, Hkv, T, D) -> (T, Hq, D) through torch's varlen_attn."""
+    if repeat_kv and k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    qt, kt, vt = (x[0].transpose(0, 1).contiguous() for x in (q, k, v))  # (T, H, D)
+    return fn(qt, kt, vt, cu, cu, max_len, max_len, **kwargs)
+
+
+_probed: dict[tuple, str | None] = {}
+
+
+def _reason(exc: Exception) -> str:
+    first = str(exc).strip().splitlines()[:1]
+    return f"{type(exc).__name__}: {first[0][:120]}" if first else type(exc).__name__
+
+
+def _gpu_varlen(
+    q, k, v, kwargs, lengths, scaling, dropout, window, softcap
+) -> tuple[torch.Tensor | None, str]:
+    """(T, H, D) output from a fused varlen kernel and the path taken, or ``(None, why not)`` when none
+    applies to these inputs (the caller then runs per-document SDPA). Never raises for a kernel that this
+    torch or GPU lacks: torch's ``varlen_attn`` is probed once per setup (forward, backward and a comparison
+    with per-document SDPA) and skipped, with the reason, when the probe fails."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return None, f"fused varlen kernels need fp16/bf16, q is {str(q.dtype).removeprefix('torch.')}"
     cu = _cu_tensor(kwargs, lengths, q.device)
     max_len = int(kwargs.get("max_length_q") or max(lengths))
     left = -1 if window is None else window - 1
     if _flash_attn_available():
         from flash_attn import flash_attn_varlen_func
 
-        _state.path = "flash_attn varlen (GPU)"
-        return flash_attn_varlen_func(
+        qt, kt, vt = (x[0].transpose(0, 1) for x in (q, k, v))  # (T, H, D)
+        out = flash_attn_varlen_func(
             qt,
             kt,
             vt,
@@ -235,22 +368,23 @@ def _gpu_varlen(q, k, v, kwargs, lengths, scaling, dropout, window, softcap):
             window_size=(left, 0),
             softcap=0.0 if softcap is None else softcap,
         )
-    varlen_attn = _torch_varlen()
-    if varlen_attn is None or softcap is not None or dropout > 0:
-        return None
-    _state.path = "torch varlen_attn (GPU)"
-    return varlen_attn(
-        qt.contiguous(),
-        kt.contiguous(),
-        vt.contiguous(),
-        cu,
-        cu,
-        max_len,
-        max_len,
-        scale=scaling,
-        window_size=(left, 0),
-        enable_gqa=q.shape[1] != k.shape[1],
-    )
+        return out, "flash_attn varlen (GPU)"
+    fn = _torch_varlen()
+    if fn is None:
+        return None, "torch has no torch.nn.attention.varlen"
+    if softcap is not None or dropout > 0:
+        return None, "torch varlen_attn has no soft-capping or dropout"
+    call = varlen_call(fn, scaling, window, q.shape[1] != k.shape[1])
+    if call is None:
+        return None, "torch varlen_attn of this version cannot express the call"
+    why = _varlen_ok(fn, call[0], call[1], q, q.shape[1], k.shape[1])
+    if why is not None:
+        return None, f"torch varlen_attn unusable: {why}"
+    try:
+        out = _call_varlen(fn, call[0], call[1], q, k, v, cu, max_len)
+    except Exception as exc:  # e.g. an input size the kernel rejects: fall back for this call
+        return None, f"torch varlen_attn failed: {_reason(exc)}"
+    return out, "torch varlen_attn (GPU)"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -305,19 +439,35 @@ def varlen_attention_forward(
         sliding_window = None
 
     lengths = _doc_lengths(kwargs, batch, q_len)
+    query, key, value = _autocast_inputs(query, key, value)
     if batch == 1:
         q, k, v = query, key, value
     else:  # documents never cross rows: flatten rows into one long row
         q, k, v = (x.transpose(0, 1).reshape(1, x.shape[1], -1, x.shape[3]) for x in (query, key, value))
-    out = None
+    out, why = None, None
     if q.is_cuda:
-        out = _gpu_varlen(q, k, v, kwargs, lengths, scaling, dropout, sliding_window, softcap)
+        out, path = _gpu_varlen(q, k, v, kwargs, lengths, scaling, dropout, sliding_window, softcap)
+        if out is None:
+            why = path
+        else:
+            _state.path = path
     if out is None:
         device = "GPU" if q.is_cuda else "CPU"
         kind = "eager soft-capped" if softcap is not None else "SDPA"
-        _state.path = f"per-document {kind} ({device})"
+        _state.path = f"per-document {kind} ({device}" + (f"; {why})" if why else ")")
         out = _per_document(q, k, v, lengths, scaling, dropout, sliding_window, softcap)
     return out.reshape(batch, q_len, *out.shape[1:]), None
+
+
+def _autocast_inputs(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Under ``torch.autocast``, q/k/v in the autocast dtype, as autocast itself treats SDPA. Needed because
+    they arrive mixed: rotary embeddings multiply the bf16 projections by float32 cos/sin (the residual stream
+    stays float32), so q and k come back float32 while v is bf16, and a fused kernel would be skipped."""
+    dev = xs[0].device.type
+    if not torch.is_autocast_enabled(dev):
+        return xs
+    dtype = torch.get_autocast_dtype(dev)
+    return tuple(x if x.dtype == dtype else x.to(dtype) for x in xs)
 
 
 def _looks_packed(kwargs: dict) -> bool:

@@ -58,6 +58,7 @@ from padfree.plan import make_plan
 PADFREE = ("sorted", "random", "bucketed", "packed")
 STRATEGIES = PADFREE + PEER_NAMES
 PACKED = ("packed", "hf_flattening", "trl_bfd")
+DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,9 @@ class BenchConfig:
         strategies: names from :data:`STRATEGIES`, in round order.
         lr, clip: AdamW learning rate and gradient-norm clip (0: off).
         threads: torch CPU threads (None: leave torch's choice).
+        dtype: ``float32``, or ``bfloat16``: float32 weights and optimizer, forward and loss under
+            ``torch.autocast(dtype=torch.bfloat16)`` (mixed precision; on a GPU packed rows then reach a
+            fused varlen attention kernel, which needs fp16/bf16).
     """
 
     budget: int = 2048
@@ -92,8 +96,11 @@ class BenchConfig:
     clip: float = 1.0
     device: str = "cpu"
     threads: int | None = 2
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
         if self.budget < 2:
             raise ConfigError(f"budget must be >= 2 (got {self.budget})")
         if self.steps < 1 or self.warmup < 0:
@@ -257,7 +264,13 @@ def micro_ids(b: Batching, k: int) -> np.ndarray:
 
 class Trainer:
     """A model (built from a config, same seed -> same initial weights) and its AdamW optimizer, with the
-    collator and attention its micro-batches need (packed rows or padded rows)."""
+    collator and attention its micro-batches need (packed rows or padded rows).
+
+    ``dtype="bfloat16"`` keeps float32 weights and optimizer state and runs forward and loss under
+    ``torch.autocast`` in bfloat16 (the usual mixed-precision recipe). ``attention_paths`` counts the
+    attention code that ran in each forward pass (padfree's kernel choice, or transformers' own
+    implementation); ``attention_path`` says it in one line.
+    """
 
     def __init__(
         self,
@@ -269,6 +282,7 @@ class Trainer:
         clip: float,
         packed: bool,
         weight_decay: float = 0.0,
+        dtype: str = "float32",
     ) -> None:
         import torch
 
@@ -283,18 +297,49 @@ class Trainer:
         self.clip = clip
         self.device = device
         self.sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
+        self.dtype = dtype
+        self.attention_paths: dict[str, int] = {}
 
     @classmethod
     def for_bench(cls, cfg: BenchConfig, packed: bool) -> Trainer:
-        return cls(cfg.model, cfg.model_overrides, cfg.seed, cfg.device, cfg.lr, cfg.clip, packed)
+        return cls(
+            cfg.model, cfg.model_overrides, cfg.seed, cfg.device, cfg.lr, cfg.clip, packed, dtype=cfg.dtype
+        )
+
+    @property
+    def attention_path(self) -> str | None:
+        """The attention code every forward pass so far ran, or each with its count when they differed
+        (e.g. a fused kernel falling back for some inputs); ``None`` before the first pass."""
+        paths = self.attention_paths
+        if len(paths) <= 1:
+            return next(iter(paths), None)
+        return "; ".join(f"{p} (x{n})" for p, n in paths.items())
+
+    def _autocast(self):
+        import contextlib
+
+        import torch
+
+        if self.dtype == "float32":
+            return contextlib.nullcontext()
+        kind = "cuda" if self.device.startswith("cuda") else "cpu"
+        return torch.autocast(device_type=kind, dtype=getattr(torch, self.dtype))
 
     def loss_sum(self, batch):
-        """Sum of the token losses of a collated batch."""
+        """Sum of the token losses of a collated batch (forward and loss under autocast for bfloat16)."""
+        import padfree.attention as pa
         from padfree.torch import token_loss_sum
 
         inputs = {k: v.to(self.device) if hasattr(v, "to") else v for k, v in batch.items()}
         labels = inputs.pop("labels")
-        return token_loss_sum(self.model(**inputs).logits, labels)
+        pa.reset_path()
+        with self._autocast():
+            loss = token_loss_sum(self.model(**inputs).logits, labels)
+        path = pa.last_path() or f"transformers {self.attn}"
+        self.attention_paths[path] = self.attention_paths.get(path, 0) + 1
+        return loss
 
     def backward(self, batch, step_tokens: int) -> float:
         """Forward and backward of one micro-batch, its loss scaled by the step's loss tokens; returns the
@@ -391,7 +436,7 @@ def return_freed_memory() -> None:
 # ----- the benchmark -------------------------------------------------------------------------------------
 
 
-def machine(device: str) -> dict:
+def machine(device: str, dtype: str | None = None) -> dict:
     import torch
 
     out = {
@@ -403,6 +448,13 @@ def machine(device: str) -> dict:
         "torch_threads": torch.get_num_threads(),
         "device": device,
     }
+    if dtype is not None:
+        out["dtype"] = dtype
+        out["precision"] = (
+            "float32"
+            if dtype == "float32"
+            else f"float32 weights and AdamW, forward + loss under torch.autocast({dtype})"
+        )
     try:
         import transformers
 
@@ -513,7 +565,7 @@ def run_bench(
         if base and "real_tok_per_s" in res:
             res["vs_sorted"] = res["real_tok_per_s"] / base
     return {
-        "machine": machine(cfg.device),
+        "machine": machine(cfg.device, cfg.dtype),
         "config": {
             "budget": cfg.budget,
             "steps": cfg.steps,
@@ -579,6 +631,7 @@ def summarize(
         "rows_per_step": _stats(x["rows"]),
         "packed": packed,
         "attention": run["trainer"].attn,
+        "attention_path": run["trainer"].attention_path,
         "collator": "PackCollator (one row per micro-batch)"
         if packed
         else "PadCollator (one row per sample)",
@@ -616,7 +669,8 @@ def markdown(result: dict, command: str = "") -> str:
         "",
         f"Machine: {m.get('processor')} ({m.get('cpus')} CPUs), {m.get('platform')}, torch {m.get('torch')} "
         f"({m.get('torch_threads')} threads), transformers {m.get('transformers', '?')}, device "
-        f"{m.get('device')}{', ' + m['gpu'] if 'gpu' in m else ''}; load average at the end "
+        f"{m.get('device')}{', ' + m['gpu'] if 'gpu' in m else ''}, precision "
+        f"{m.get('precision', 'float32')}; load average at the end "
         f"{m.get('load_average')}.",
         "",
         f"Model {c['model']} {c['model_overrides'] or ''}, budget {c['budget']} tokens per micro-batch, "
@@ -645,7 +699,8 @@ def markdown(result: dict, command: str = "") -> str:
             f"| {name} | {r['real_tok_per_s']:,.0f} | {vs} | {s['median']:,.0f} "
             f"[{s['min']:,.0f}, {s['max']:,.0f}] | {r['slots_per_s']:,.0f} | {r['padding_efficiency']:.3f} / "
             f"{r['bin_padding_efficiency']:.3f} | {r['steps']} | {r['rows_per_step']['median']:.0f} | "
-            f"{r['peak_memory_mb']:.0f} | {r['attention']} |"
+            f"{r['peak_memory_mb']:.0f} | {r['attention']}"
+            f"{' — ' + r['attention_path'] if r.get('attention_path') else ''} |"
         )
     lines += [
         "",

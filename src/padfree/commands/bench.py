@@ -80,6 +80,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-4; converge 2e-3)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="float32 (default), or bfloat16: float32 weights and AdamW with forward and loss under "
+        "torch.autocast(bfloat16), so that on a GPU packed rows reach a fused varlen attention kernel "
+        "(throughput only, not --converge)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", type=Path, default=None, help="directory for NAME.json, NAME.md and NAME.png")
     p.add_argument("--name", default=None, help="file name stem under --out (default train_speed / converge)")
@@ -163,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
         "padfree " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else ""
     )
     overrides = _overrides(args)
+    if args.converge and args.dtype != "float32":
+        raise ConfigError("--dtype bfloat16 is for the throughput bench; --converge trains in float32")
     if args.converge:
         return _run_converge(args, device, overrides, command)
     return _run_speed(args, device, overrides, command)
@@ -192,6 +202,7 @@ def _run_speed(args: argparse.Namespace, device: str, overrides: dict, command: 
         lr=args.lr if args.lr is not None else 1e-4,
         device=device,
         threads=args.threads,
+        dtype=args.dtype,
     )
     vocab = _vocab(args, overrides)
     if args.data:
@@ -208,6 +219,7 @@ def _run_speed(args: argparse.Namespace, device: str, overrides: dict, command: 
         )
     result = ts.run_bench(samples, cfg, progress=_say(args))
     result["command"] = command
+    result["config"]["dtype"] = cfg.dtype
     if args.out is not None:
         _write(args.out, args.name or "train_speed", result, ts.markdown(result, command), ts.plot)
     if args.json:
