@@ -25,7 +25,7 @@ Protocol:
   buckets merge until each holds ``mix`` micro-batches, falls back to near-random order);
 - strategies run interleaved in rounds (A B C D ... A B C D ...), so a slow spell of a shared machine
   hits every strategy alike; a strategy with fewer micro-batches (less padding) simply stops earlier;
-- ``warmup`` untimed rounds come first, on micro-batches of another epoch's plan of the same samples;
+- ``warmup`` untimed rounds come first, on seeded random micro-batches of the same epoch;
   with ``repeats`` > 1 all measured rounds run that many times and every step keeps its fastest time;
 - a step is timed from the collated batch to the end of the optimizer update (the device synchronized);
   collation is not timed;
@@ -117,20 +117,59 @@ class BenchConfig:
 # ----- data ----------------------------------------------------------------------------------------------
 
 
+class RandomIds(Sequence):
+    """Random token ids (1 .. vocab-1) of sample ``i``, drawn when asked for from a generator seeded by
+    ``(seed, i)``: the same ids every time, and a 902K-sample dataset costs its lengths, not its tokens.
+
+    >>> ids = RandomIds(np.array([3, 5]), vocab=100, seed=0)
+    >>> len(ids), ids[1].shape, bool((ids[1] == ids[1]).all()), int(ids[0].min()) >= 1
+    (2, (5,), True, True)
+    """
+
+    def __init__(self, lengths: np.ndarray, vocab: int, seed: int) -> None:
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.vocab = max(2, int(vocab))
+        self.seed = int(seed)
+
+    def __len__(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def __getitem__(self, i):  # type: ignore[override]
+        rng = np.random.default_rng((self.seed, int(i)))
+        return rng.integers(1, self.vocab, size=int(self.lengths[i]), dtype=np.int64)
+
+
+class _Items(Sequence):
+    """``{"input_ids": ...}`` per sample, built when indexed."""
+
+    def __init__(self, ids: Sequence) -> None:
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return {"input_ids": self.ids[i]}
+
+
 @dataclass(frozen=True)
 class Samples:
-    """Token ids per sample and the loss-bearing tokens of each (label positions after the first)."""
+    """Token ids per sample (a list, or a lazy :class:`RandomIds`) and the loss-bearing tokens of each
+    (label positions after the first)."""
 
-    input_ids: list[np.ndarray]
+    input_ids: Sequence
     loss_tokens: np.ndarray
     source: str
 
     @property
     def lengths(self) -> np.ndarray:
+        known = getattr(self.input_ids, "lengths", None)
+        if known is not None:
+            return known
         return np.array([a.shape[0] for a in self.input_ids], dtype=np.int64)
 
-    def items(self) -> list[dict]:
-        return [{"input_ids": a} for a in self.input_ids]
+    def items(self) -> Sequence[dict]:
+        return _Items(self.input_ids)
 
 
 def fit_lengths(lengths: np.ndarray, budget: int, overlong: str = "truncate") -> np.ndarray:
@@ -145,12 +184,10 @@ def fit_lengths(lengths: np.ndarray, budget: int, overlong: str = "truncate") ->
 
 
 def random_samples(lengths: np.ndarray, vocab: int, seed: int, source: str) -> Samples:
-    """Random token ids (1 .. vocab-1) of the given lengths; every token after the first bears loss."""
+    """Random token ids (1 .. vocab-1) of the given lengths, drawn per sample when trained
+    (:class:`RandomIds`); every token after the first bears loss."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    flat = rng.integers(1, max(2, vocab), size=int(lengths.sum()), dtype=np.int64)
-    ids = np.split(flat, np.cumsum(lengths)[:-1]) if lengths.size else []
-    return Samples(list(ids), np.maximum(lengths - 1, 0), source)
+    return Samples(RandomIds(lengths, vocab, seed), np.maximum(lengths - 1, 0), source)
 
 
 def subset(lengths: np.ndarray, n: int | None, seed: int) -> np.ndarray:
@@ -503,7 +540,6 @@ def run_bench(
             t0 = time.perf_counter()
             b = strategy_batching(name, lengths, cfg.budget, cfg.seed)
             plan_s = time.perf_counter() - t0
-            warm = strategy_batching(name, lengths, cfg.budget, cfg.seed + 1)  # another epoch's order
         except Exception as exc:  # a peer failing here is a result, not a crash
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
@@ -515,7 +551,7 @@ def run_bench(
             picks, stratum = stratified(work / np.maximum(loss, 1.0), cfg.steps)
         runners[name] = {
             "batching": b,
-            "warm": warm,
+            "warm": np.random.default_rng(cfg.seed + 1).integers(0, b.n_micro, size=max(cfg.warmup, 1)),
             "trainer": trainer,
             "plan_s": plan_s,
             "picks": picks,
@@ -535,8 +571,8 @@ def run_bench(
         for name, run in runners.items():
             trainer = run["trainer"]
             if r < cfg.warmup:
-                w = run["warm"]
-                batch = trainer.collate([items[i] for i in micro_ids(w, r % w.n_micro)])
+                k = int(run["warm"][r])  # a seeded random micro-batch of the same epoch
+                batch = trainer.collate([items[i] for i in micro_ids(run["batching"], k)])
                 trainer.step(batch, batch.loss_tokens)
                 order.append([r, name, "warmup"])
                 continue

@@ -59,8 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pool",
         type=int,
-        default=20000,
-        help="samples every strategy plans an epoch of (a seeded random subset; default 20000)",
+        default=None,
+        help="plan every strategy over a seeded random subset of this many samples instead of all of them "
+        "(default: all, so that the plans pad as they would on the whole dataset; a small pool pads more, "
+        "bucketed most, since its buckets must each hold `mix` (128) micro-batches)",
     )
     p.add_argument(
         "--whole-epoch",
@@ -241,9 +243,11 @@ def _keep(args: argparse.Namespace, lengths: np.ndarray) -> np.ndarray:
 
     if args.whole_epoch:
         return ts.bench_subset(lengths, args.steps, args.budget, args.seed)
+    n = lengths.shape[0]
+    if args.pool is None:
+        return np.arange(n)
     if args.pool < 2:
         raise ConfigError(f"--pool must be >= 2 (got {args.pool})")
-    n = lengths.shape[0]
     return np.sort(np.random.default_rng(args.seed).permutation(n)[: min(args.pool, n)])
 
 
