@@ -114,3 +114,37 @@ def test_attention_switch_uses_padfree_varlen_only_for_packed_rows_when_availabl
     monkeypatch.setitem(sys.modules, "padfree.attention", fake)
     assert attention_implementation("bucketed") == "sdpa" and calls == []
     assert attention_implementation("packed") == "padfree_varlen" and calls == [1]
+
+
+@pytest.mark.parametrize("model_name", ["tiny-llama", "tiny-qwen2"])
+def test_right_padded_causal_rows_need_no_mask_same_loss_and_gradients(model_name):
+    from padfree.models import build_model
+    from padfree.torch import token_loss_sum
+
+    torch.manual_seed(0)
+    items = [
+        {"input_ids": list(np.random.default_rng(i).integers(1, 100, n))} for i, n in enumerate((9, 3, 6))
+    ]
+    model = build_model(model_name, attn_implementation="sdpa", seed=0, vocab_size=128, hidden_size=32,
+                        intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2).double()  # fmt: skip
+
+    def run(collate):
+        model.zero_grad(set_to_none=True)
+        batch = collate(items)
+        labels = batch.pop("labels")
+        logits = model(**batch).logits
+        loss = token_loss_sum(logits, labels)
+        loss.backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+        return batch, logits.detach(), loss.detach(), grads
+
+    with_mask, logits_m, loss_m, grads_m = run(PadCollator(attention_mask=True))
+    without, logits_n, loss_n, grads_n = run(PadCollator(attention_mask=False))
+    assert "attention_mask" in with_mask and "attention_mask" not in without
+    real = torch.tensor([[1] * 9, [1] * 3 + [0] * 6, [1] * 6 + [0] * 3], dtype=torch.bool)
+    torch.testing.assert_close(logits_n[real], logits_m[real], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(loss_n, loss_m, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grads_n, grads_m, rtol=1e-9, atol=1e-12)
+    # the pads' own outputs do differ (they now see the row before them): only the loss ignores them
+    assert not torch.allclose(logits_n[~real], logits_m[~real])

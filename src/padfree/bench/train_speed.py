@@ -97,6 +97,7 @@ class BenchConfig:
     device: str = "cpu"
     threads: int | None = 2
     dtype: str = "float32"
+    padded_mask: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -320,6 +321,7 @@ class Trainer:
         packed: bool,
         weight_decay: float = 0.0,
         dtype: str = "float32",
+        padded_mask: bool = True,
     ) -> None:
         import torch
 
@@ -330,7 +332,8 @@ class Trainer:
         self.model = build_model(model, attn_implementation=self.attn, seed=seed, **overrides).to(device)
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
-        self.collate = PackCollator() if packed else PadCollator()
+        self.collate = PackCollator() if packed else PadCollator(attention_mask=padded_mask)
+        self.padded_mask = padded_mask
         self.clip = clip
         self.device = device
         self.sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
@@ -342,7 +345,15 @@ class Trainer:
     @classmethod
     def for_bench(cls, cfg: BenchConfig, packed: bool) -> Trainer:
         return cls(
-            cfg.model, cfg.model_overrides, cfg.seed, cfg.device, cfg.lr, cfg.clip, packed, dtype=cfg.dtype
+            cfg.model,
+            cfg.model_overrides,
+            cfg.seed,
+            cfg.device,
+            cfg.lr,
+            cfg.clip,
+            packed,
+            dtype=cfg.dtype,
+            padded_mask=cfg.padded_mask,
         )
 
     @property
@@ -611,6 +622,7 @@ def run_bench(
             "seed": cfg.seed,
             "model": cfg.model,
             "model_overrides": cfg.model_overrides,
+            "padded_mask": cfg.padded_mask,
             "lr": cfg.lr,
             "clip": cfg.clip,
             "samples": int(lengths.shape[0]),
@@ -719,7 +731,15 @@ def markdown(result: dict, command: str = "") -> str:
         )
         + f", {c['warmup']} warm-up steps first, interleaved in rounds"
         + (f", every round run {c['repeats']} times, fastest time kept" if c.get("repeats", 1) > 1 else "")
-        + f"; step = {c['step']}.",
+        + f"; step = {c['step']}"
+        + (
+            "; padded rows are right-padded and given the attention mask (transformers then runs a masked "
+            "SDPA kernel whenever a micro-batch has a pad)."
+            if c.get("padded_mask")
+            else "; padded rows are right-padded and trained without an attention mask (a causal LM needs "
+            "none: real tokens only see earlier, real ones; pads carry no loss), so SDPA runs is_causal for "
+            "every strategy and only the slots differ."
+        ),
         "",
         "| strategy | real tok/s | vs sorted | step tok/s median [min, max] | slots/s | padding eff. "
         "(computed / bins) | steps | rows/step | peak step MB | attention |",

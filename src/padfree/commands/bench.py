@@ -65,6 +65,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "bucketed most, since its buckets must each hold `mix` (128) micro-batches)",
     )
     p.add_argument(
+        "--padded-attention",
+        choices=["causal", "masked"],
+        default="causal",
+        help="padded strategies: causal (default) trains right-padded rows without an attention mask, "
+        "which a causal LM does not need, so attention runs is_causal as for packed rows; masked passes "
+        "the mask, as transformers' collators do (a masked SDPA kernel, slower whenever a micro-batch has "
+        "a pad)",
+    )
+    p.add_argument(
         "--whole-epoch",
         action="store_true",
         help="train every micro-batch of an epoch of about --steps x --budget tokens (exactly the same work "
@@ -205,6 +214,7 @@ def _run_speed(args: argparse.Namespace, device: str, overrides: dict, command: 
         device=device,
         threads=args.threads,
         dtype=args.dtype,
+        padded_mask=args.padded_attention == "masked",
     )
     vocab = _vocab(args, overrides)
     if args.data:

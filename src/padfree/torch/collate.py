@@ -79,16 +79,26 @@ class PadCollator:
     Returns ``input_ids``, ``attention_mask`` (1 on real tokens) and ``labels`` (-100 on padding and on
     each row's first token). An empty micro-batch becomes one row of one padding token with no loss.
 
+    ``attention_mask=False`` leaves the mask out. Training a *causal* LM on right-padded rows needs none: a
+    real token attends only to earlier positions, which are all real, and the pads after them carry no
+    loss, so the logits and gradients at real tokens are the same (``tests/test_torch_collate.py``), while
+    SDPA runs its ``is_causal`` kernel instead of a masked one, which cannot skip the upper triangle
+    (1.5-2.2x the attention time at 1-4K tokens on CPU: ``bench/results/sdpa_mask_cost.md``). Not for
+    bidirectional models or decoding with a KV cache.
+
     >>> b = PadCollator(pad_token_id=0)([{"input_ids": [5, 6, 7]}, {"input_ids": [8]}])
     >>> b["input_ids"].tolist(), b["labels"].tolist(), b.loss_tokens
     ([[5, 6, 7], [8, 0, 0]], [[-100, 6, 7], [-100, -100, -100]], 2)
     """
 
-    def __init__(self, pad_token_id: int = 0, pad_to_multiple_of: int | None = None) -> None:
+    def __init__(
+        self, pad_token_id: int = 0, pad_to_multiple_of: int | None = None, attention_mask: bool = True
+    ) -> None:
         if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
             raise ConfigError(f"pad_to_multiple_of must be >= 1 (got {pad_to_multiple_of})")
         self.pad_token_id = pad_token_id
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.attention_mask = attention_mask
 
     def __call__(self, items: list) -> Batch:
         ps = pieces(items)
@@ -106,7 +116,10 @@ class PadCollator:
             mask[r, : ids.shape[0]] = 1
         if not ps:
             mask[0, 0] = 1  # a placeholder token that attends to itself (no fully masked row), no loss
-        batch = Batch(input_ids=input_ids, attention_mask=mask, labels=labels)
+        if self.attention_mask:
+            batch = Batch(input_ids=input_ids, attention_mask=mask, labels=labels)
+        else:
+            batch = Batch(input_ids=input_ids, labels=labels)
         return _finish(batch, items, labels, sum(n))
 
 
