@@ -83,7 +83,7 @@ class PadCollator:
     real token attends only to earlier positions, which are all real, and the pads after them carry no
     loss, so the logits and gradients at real tokens are the same (``tests/test_torch_collate.py``), while
     SDPA runs its ``is_causal`` kernel instead of a masked one, which cannot skip the upper triangle
-    (1.5-2.2x the attention time at 1-4K tokens on CPU: ``bench/results/sdpa_mask_cost.md``). Not for
+    (1.5-2.4x the attention time at 1-4K tokens on CPU: ``bench/results/sdpa_mask_cost.md``). Not for
     bidirectional models or decoding with a KV cache.
 
     >>> b = PadCollator(pad_token_id=0)([{"input_ids": [5, 6, 7]}, {"input_ids": [8]}])
