@@ -191,14 +191,6 @@ def random_samples(lengths: np.ndarray, vocab: int, seed: int, source: str) -> S
     return Samples(RandomIds(lengths, vocab, seed), np.maximum(lengths - 1, 0), source)
 
 
-def subset(lengths: np.ndarray, n: int | None, seed: int) -> np.ndarray:
-    """A seeded random subset of ``n`` lengths (in their original order), or all of them."""
-    if n is None or n >= lengths.shape[0]:
-        return lengths
-    keep = np.sort(np.random.default_rng(seed).choice(lengths.shape[0], size=n, replace=False))
-    return lengths[keep]
-
-
 # ----- micro-batches per strategy ------------------------------------------------------------------------
 
 
