@@ -33,18 +33,18 @@ demo: setup
 	$(BIN)/padfree analyze
 
 lint: setup-dev
-	$(BIN)/ruff check src tests examples bench
-	$(BIN)/ruff format --check src tests examples bench
+	$(BIN)/ruff check src tests examples benchmarks
+	$(BIN)/ruff format --check src tests examples benchmarks
 
 format: setup-dev
-	$(BIN)/ruff format src tests examples bench
-	$(BIN)/ruff check --fix src tests examples bench
+	$(BIN)/ruff format src tests examples benchmarks
+	$(BIN)/ruff check --fix src tests examples benchmarks
 
 test: setup-dev lint
 	$(BIN)/python -m pytest -n 2 --durations=15 --doctest-modules src/padfree tests
 
 bench-plan: setup-dev
-	$(BIN)/python bench/plan_speed.py --out bench/results
+	$(BIN)/python benchmarks/plan_speed.py --out benchmarks/results
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

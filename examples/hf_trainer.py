@@ -6,49 +6,34 @@
     torchrun --nproc_per_node 2 examples/hf_trainer.py ...        # DDP: each rank gets its share of the plan
     python examples/hf_trainer.py ... --trainer sft              # the same through trl.SFTTrainer
 
-Data and loss as in ``examples/train.py`` (:func:`padfree.text_samples.load_samples`: SentencePiece
+Data and loss as in ``examples/train.py`` (:func:`padfree.data.samples.load_samples`: SentencePiece
 ``--tokenizer``, ``--loss-on assistant|all``, samples cut to ``--budget`` tokens). The model is built from a
-config with random weights (:func:`padfree.models.build_model`); packed rows use padfree's varlen attention
-when available. Nothing is downloaded; CPU works (``--use-cpu`` is implied without a GPU).
+config with random weights (:func:`padfree.testing.models.build_model`); packed rows use padfree's varlen
+attention when available. Nothing is downloaded; CPU works (``--use-cpu`` is implied without a GPU).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-from pathlib import Path
 
 import numpy as np
+from common import add_data_and_model_args, model_overrides  # examples/common.py
 from transformers import TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
-from padfree import STRATEGIES, PlanConfig
+from padfree import PlanConfig
+from padfree.data.samples import load_samples, loss_tokens_of
 from padfree.hf import PadfreeTrainer, padfree_sft_trainer
-from padfree.models import build_model
-from padfree.text_samples import load_samples, loss_tokens_of
-from padfree.torch import attention_implementation
-
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+from padfree.testing.models import build_model
+from padfree.torch.attention import attention_implementation
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default=str(SHARED / "data/samples/*.jsonl.gz"), help="glob of .jsonl.gz files")
-    p.add_argument("--tokenizer", default=str(SHARED / "tokenizers/llama_sp32k.model"))
-    p.add_argument("--strategy", default="packed", choices=STRATEGIES)
-    p.add_argument("--budget", type=int, default=2048, help="tokens per micro-batch")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per rank per optimizer step")
-    p.add_argument("--epochs", type=int, default=1)
+    add_data_and_model_args(p)
     p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps in all (default: --epochs)")
     p.add_argument("--output-dir", required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit-samples", type=int, default=None, help="use the first N samples")
-    p.add_argument("--loss-on", default="assistant", choices=["assistant", "all"])
-    p.add_argument("--model", default="tiny-llama", help="padfree.models name or a config directory")
-    p.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE", help="config override")
-    p.add_argument("--vocab-size", type=int, default=None, help="fold token ids modulo N (CPU tests)")
-    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: only the last)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if any")
     p.add_argument("--trainer", default="hf", choices=["hf", "sft"], help="transformers.Trainer or trl")
@@ -60,9 +45,8 @@ def main(argv: list[str] | None = None):
     """Run the training; returns the Trainer (its ``state.log_history`` holds the losses)."""
     args = parse_args(argv)
     samples = load_samples(args.data, args.tokenizer, args.limit_samples, args.loss_on, args.budget)
-    overrides = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.model_set)}
+    overrides = model_overrides(args)
     if args.vocab_size:
-        overrides["vocab_size"] = args.vocab_size
         for s in samples:
             s["input_ids"] = s["input_ids"] % args.vocab_size
     lengths = np.array([len(s["input_ids"]) for s in samples])

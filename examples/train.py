@@ -5,8 +5,8 @@ Several ranks:    torchrun --nproc_per_node 2 examples/train.py --strategy bucke
 Kill and resume:  add --checkpoint-dir ckpt --checkpoint-every 10, then rerun with --resume (any world size)
 
 What it does, top to bottom:
-- tokenizes ``--data`` (``../shared/data/samples/*.jsonl.gz``) with the SentencePiece ``--tokenizer``
-  (:func:`padfree.text_samples.load_samples`). A chat
+- tokenizes ``--data`` (default: the vendored ``fixtures/samples/*.jsonl.gz``) with the SentencePiece
+  ``--tokenizer`` (:func:`padfree.data.samples.load_samples`). A chat
   sample is ``<s>`` + ``role + "\\n" + content + "\\n"`` per message + ``</s>``; a document is
   ``<s> text </s>``. Samples are cut to ``--budget`` tokens.
 - loss (``--loss-on``): ``assistant`` (default) puts loss on the tokens of assistant messages, and on
@@ -16,7 +16,7 @@ What it does, top to bottom:
   micro-batch), ``--grad-accum`` micro-batches per rank per optimizer step; gradients are all-reduced only
   on the last one (``no_sync`` before), and every micro-batch's loss is ``sum of token losses / tokens of
   the whole step on all ranks``, so the step's gradient is exactly the full-batch token mean.
-- builds a transformers Llama from a config with random weights (``padfree.models.build_model``, no
+- builds a transformers Llama from a config with random weights (``padfree.testing.models.build_model``, no
   download); packed rows use padfree's varlen attention when available, else sdpa.
 - every ``--checkpoint-every`` steps rank 0 writes model, optimizer and sampler state atomically (temp
   file + ``os.replace``); ``--resume`` continues from the latest one at any world size: the sampler
@@ -28,7 +28,6 @@ What it does, top to bottom:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 import uuid
@@ -37,57 +36,32 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from common import add_data_and_model_args, model_overrides  # examples/common.py
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from padfree import STRATEGIES, PlanConfig
-from padfree.models import build_model
-from padfree.text_samples import load_samples, loss_tokens_of
+from padfree import PlanConfig
+from padfree.data.samples import load_samples, loss_tokens_of
+from padfree.testing import seenlog
+from padfree.testing.models import build_model
 from padfree.torch import (
     PackCollator,
     PadCollator,
     PlanBatchSampler,
     PlannedDataset,
-    all_reduce_sum,
-    attention_implementation,
     global_loss_tokens,
-    seenlog,
     step_loss,
     sync_unless,
     token_loss_sum,
 )
-
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+from padfree.torch._distributed import all_reduce_sum
+from padfree.torch.attention import attention_implementation
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default=str(SHARED / "data/samples/*.jsonl.gz"), help="glob of .jsonl.gz files")
-    p.add_argument("--tokenizer", default=str(SHARED / "tokenizers/llama_sp32k.model"))
-    p.add_argument("--strategy", default="packed", choices=STRATEGIES)
-    p.add_argument("--budget", type=int, default=2048, help="tokens per micro-batch")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per rank per optimizer step")
-    p.add_argument("--epochs", type=int, default=1)
+    add_data_and_model_args(p)
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps in all")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit-samples", type=int, default=None, help="use the first N samples")
-    p.add_argument("--loss-on", default="assistant", choices=["assistant", "all"])
-    p.add_argument("--model", default="tiny-llama", help="padfree.models name or a config directory")
-    p.add_argument(
-        "--model-set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a model config field, e.g. hidden_size=64 (repeatable)",
-    )
-    p.add_argument(
-        "--vocab-size",
-        type=int,
-        default=None,
-        help="model vocabulary smaller than the tokenizer's: token ids are folded modulo it "
-        "(a speed knob for CPU smoke tests; leave unset for real training)",
-    )
-    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--clip", type=float, default=1.0, help="gradient norm clip (0: off)")
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument(
@@ -178,9 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         PlannedDataset(samples), batch_sampler=sampler, collate_fn=collator, pin_memory=device.type == "cuda"
     )
 
-    overrides = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.model_set)}
+    overrides = model_overrides(args)
     if args.vocab_size:
-        overrides["vocab_size"] = args.vocab_size
         for s in samples:
             s["input_ids"] = s["input_ids"] % args.vocab_size
     attn = attention_implementation(args.strategy)

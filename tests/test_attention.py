@@ -6,9 +6,9 @@ import pytest
 import torch
 import transformers
 
-import padfree.attention as pa
+import padfree.torch.attention as pa
 from padfree.errors import ConfigError
-from padfree.models import build_model
+from padfree.testing.models import build_model
 
 SMALL = {
     "vocab_size": 128,

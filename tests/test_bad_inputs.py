@@ -19,8 +19,8 @@ import pytest
 
 from padfree import PlanConfig
 from padfree.cli import build_parser, main
+from padfree.core.fingerprint import check_state, fingerprint
 from padfree.errors import ConfigError, InputError, OverlongError, StateError
-from padfree.fingerprint import check_state, fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--world-size=1", "--grad-accum=1"]
@@ -453,9 +453,9 @@ def test_state_without_fingerprint_is_refused(bad: object):
 
 
 def test_fingerprint_is_the_same_for_int32_and_int64_and_chunked(monkeypatch: pytest.MonkeyPatch):
-    import padfree.fingerprint
+    import padfree.core.fingerprint
 
-    monkeypatch.setattr(padfree.fingerprint, "_CHUNK", 7)  # many chunks on a small array
+    monkeypatch.setattr(padfree.core.fingerprint, "_CHUNK", 7)  # many chunks on a small array
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 5000, 100)
     cfg = PlanConfig(seed=1)

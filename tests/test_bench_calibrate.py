@@ -3,7 +3,10 @@ import json
 import numpy as np
 import pytest
 
-from padfree.calibrate import (
+from padfree.cli import main
+from padfree.core.config import CostModel
+from padfree.errors import ConfigError
+from padfree.tools.calibrate import (
     Shape,
     calibrate,
     default_lengths,
@@ -14,9 +17,6 @@ from padfree.calibrate import (
     shape_grid,
     torch_train_step,
 )
-from padfree.cli import main
-from padfree.config import CostModel
-from padfree.errors import ConfigError
 
 TINY = {
     "hidden_size": 32,
@@ -133,7 +133,7 @@ def test_real_step_end_to_end_and_cost_file_round_trip(tmp_path, capsys):
 
 
 def test_cli_quick_writes_cost_file(tmp_path, monkeypatch, capsys):
-    import padfree.calibrate as cal_mod
+    import padfree.tools.calibrate as cal_mod
 
     real = cal_mod.torch_train_step
     monkeypatch.setattr(cal_mod, "torch_train_step", lambda *a, **k: real(*a, **(k | TINY)))

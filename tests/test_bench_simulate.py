@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from padfree.bench.baselines import naive_bucketed
-from padfree.buckets import bucket_of, growth_edges
 from padfree.cli import main
-from padfree.config import CostModel, PlanConfig
-from padfree.simulate import motivating_ratios, simulate, simulate_batches
+from padfree.core.buckets import bucket_of, growth_edges
+from padfree.core.config import CostModel, PlanConfig
+from padfree.tools.simulate import motivating_ratios, simulate, simulate_batches
 
 
 def test_padded_by_hand():

@@ -111,9 +111,9 @@ def test_bench_rounds_are_interleaved(speed, capsys):
     assert [o[2] for o in order] == ["warmup"] * 4 + ["measured"] * 8
 
 
-def test_bench_converge_curves_at_equal_tokens(tmp_path, shared_dir, capsys):
-    argv = ["bench", "--converge", "--data", str(shared_dir / "data/samples/*.jsonl.gz"),
-            "--tokenizer", str(shared_dir / "tokenizers/llama_sp32k.model"), "--per-file", "12",
+def test_bench_converge_curves_at_equal_tokens(tmp_path, fixtures_dir, capsys):
+    argv = ["bench", "--converge", "--data", str(fixtures_dir / "samples/*.jsonl.gz"),
+            "--tokenizer", str(fixtures_dir / "tokenizers/llama_sp32k.model"), "--per-file", "12",
             "--budget", "128", "--grad-accum", "2", "--train-tokens", "1200", "--eval-every", "400",
             "--eval-samples", "8", "--lr", "0.01", "--json", "--out", str(tmp_path), *TINY]  # fmt: skip
     res = _run_json(capsys, argv)
@@ -162,9 +162,9 @@ def test_matched_budgets_give_equal_step_counts():
     assert set(unmatched.values()) == {1024}
 
 
-def test_bench_bad_options_are_one_line_errors(tmp_path, shared_dir, capsys):
+def test_bench_bad_options_are_one_line_errors(tmp_path, fixtures_dir, capsys):
     np.save(tmp_path / "l.npy", np.array([5, 9, 3]))
-    data = ["--data", str(shared_dir / "data/samples/*.jsonl.gz")]
+    data = ["--data", str(fixtures_dir / "samples/*.jsonl.gz")]
     cases = [
         ["bench", str(tmp_path / "l.npy"), "--strategies", "sorted,nope"],
         ["bench", "--converge", *data, "--budget", "64", "--max-len", "100"],

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from padfree.cli import main
-from padfree.packing_check import check_packing
+from padfree.tools.packing_check import check_packing
 
 
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-gemma"])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from padfree import STRATEGIES, PlanConfig, make_plan
-from padfree.stream import plan_stream
+from padfree.core.stream import plan_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN_ARGS = [
@@ -31,7 +31,7 @@ import hashlib, json, sys
 import numpy as np
 from padfree.cli import main
 from padfree import PlanConfig
-from padfree.stream import plan_stream
+from padfree.core.stream import plan_stream
 lengths, out, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 digests = {}
 for s in ("sorted", "random", "bucketed", "packed"):

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from padfree.cli import main
+from padfree.core.items import MAX_LENGTH
+from padfree.data.length_files import read_lengths
 from padfree.errors import PadfreeError
-from padfree.io import read_lengths
-from padfree.lengths import MAX_LENGTH
 
 # PADFREE_FUZZ_EXAMPLES=5000 runs a longer campaign (the test suite uses the profile's default)
 FUZZ = settings(

@@ -1,8 +1,8 @@
 """padfree.hf: transformers.Trainer / trl.SFTTrainer fed by a plan give exactly the plain loop's step.
 
-- the example (examples/hf_trainer.py) trains on the shared data with ``bucketed`` and ``packed`` and writes
-  the sampler state into its checkpoints; a run stopped at a checkpoint and resumed ends with the same weights
-  as a run that never stopped;
+- the example (examples/hf_trainer.py) trains on the vendored fixtures with ``bucketed`` and ``packed`` and
+  writes the sampler state into its checkpoints; a run stopped at a checkpoint and resumed ends with the same
+  weights as a run that never stopped;
 - one SGD step through the Trainer (and through TRL's SFTTrainer) moves the parameters exactly as the plain
   PyTorch loop with padfree.torch's loss helpers, on two accumulation micro-batches of very different token
   counts; the Trainer's logged step loss is total token loss / total step tokens, not the mean of the
@@ -28,19 +28,20 @@ from transformers import TrainingArguments  # noqa: E402
 from padfree import PlanConfig  # noqa: E402
 from padfree.errors import ConfigError  # noqa: E402
 from padfree.hf import STATE_FILE, PadfreeTrainer, padfree_sft_trainer  # noqa: E402
-from padfree.models import build_model  # noqa: E402
+from padfree.testing.models import build_model  # noqa: E402
 from padfree.torch import (  # noqa: E402
     PackCollator,
     PadCollator,
     PlanBatchSampler,
     PlannedDataset,
-    attention_implementation,
     step_loss,
     token_loss_sum,
 )
+from padfree.torch.attention import attention_implementation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+sys.path.insert(0, str(ROOT / "examples"))  # the examples import examples/common.py
+FIXTURES = ROOT / "fixtures"
 TINY = ["hidden_size=32", "intermediate_size=64", "num_hidden_layers=1", "num_attention_heads=2",
         "num_key_value_heads=2"]  # fmt: skip
 TINY_KW = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -56,7 +57,7 @@ def _example():
 
 
 def _run_example(out: Path, strategy: str, *extra: str):
-    argv = ["--data", str(SHARED / "data/samples/gsm8k.jsonl.gz"), "--strategy", strategy, "--budget", "256",
+    argv = ["--data", str(FIXTURES / "samples/gsm8k.jsonl.gz"), "--strategy", strategy, "--budget", "256",
             "--grad-accum", "2", "--limit-samples", "48", "--vocab-size", "256", "--output-dir", str(out),
             *[a for kv in TINY for a in ("--model-set", kv)], *extra]  # fmt: skip
     return _example().main(argv)
@@ -156,7 +157,7 @@ def _trainer_step(tmp_path, data, lengths, config, lr, kind):
         from transformers import LlamaTokenizer
         from trl import SFTConfig
 
-        tok = LlamaTokenizer(vocab_file=str(SHARED / "tokenizers/llama_sp32k.model"))
+        tok = LlamaTokenizer(vocab_file=str(FIXTURES / "tokenizers/llama_sp32k.model"))
         tok.pad_token = tok.unk_token
         rows = [{"input_ids": d["input_ids"].tolist(), "labels": d["input_ids"].tolist()} for d in data]
         args = SFTConfig(**common, dataset_kwargs={"skip_prepare_dataset": True}, max_length=None, bf16=False)

@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from padfree import _kernels
-from padfree.buckets import growth_edges, optimal_edges, padding_of_edges
-from padfree.steps import spread_tail, stratified_order
+from padfree.core import _kernels
+from padfree.core.buckets import growth_edges, optimal_edges, padding_of_edges
+from padfree.core.steps import spread_tail, stratified_order
 
 
 def ref_best_fit(lens, budget):

@@ -10,31 +10,21 @@ import numpy as np
 import pytest
 
 from padfree.cli import main
+from padfree.data.count_lengths import count_lengths
 from padfree.errors import ConfigError, InputError
-from padfree.lengths_from_data import count_lengths
 
 
-@pytest.fixture(scope="module")
-def sp_model(shared_dir: Path) -> Path:
-    return shared_dir / "tokenizers" / "llama_sp32k.model"
-
-
-@pytest.fixture(scope="module")
-def hf_json(shared_dir: Path) -> Path:
-    return shared_dir / "tokenizers" / "deepseek_v3_tokenizer.json"
-
-
-def _records(shared_dir: Path, name: str, n: int | None = None) -> list[dict]:
-    with gzip.open(shared_dir / "data" / "samples" / f"{name}.jsonl.gz", "rt", encoding="utf-8") as f:
+def _records(fixtures_dir: Path, name: str, n: int | None = None) -> list[dict]:
+    with gzip.open(fixtures_dir / "samples" / f"{name}.jsonl.gz", "rt", encoding="utf-8") as f:
         lines = f.readlines()
     return [json.loads(x) for x in lines[:n]]
 
 
 @pytest.fixture(scope="module")
-def mixed(shared_dir: Path) -> list[dict]:
+def mixed(fixtures_dir: Path) -> list[dict]:
     """Chats with several turns and long documents, interleaved."""
-    chats = _records(shared_dir, "hh_rlhf_harmless_test", 60)
-    docs = _records(shared_dir, "llamafactory_c4_wiki_docs", 30)
+    chats = _records(fixtures_dir, "hh_rlhf_harmless_test", 60)
+    docs = _records(fixtures_dir, "llamafactory_c4_wiki_docs", 30)
     out = []
     for i, c in enumerate(chats):
         out.append(c)
@@ -62,12 +52,12 @@ def _direct(encode, recs: list[dict]) -> tuple[list[int], list[int]]:
     return tot, loss
 
 
-def test_reproduces_shared_mistral_counts(shared_dir: Path, sp_model: Path, tmp_path: Path) -> None:
+def test_reproduces_the_reference_mistral_counts(fixtures_dir: Path, sp_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "he.npy"
     rc = main(
         [
             "lengths",
-            str(shared_dir / "data" / "samples" / "humaneval.jsonl.gz"),
+            str(fixtures_dir / "samples" / "humaneval.jsonl.gz"),
             "--tokenizer",
             str(sp_model),
             "--out",
@@ -80,7 +70,7 @@ def test_reproduces_shared_mistral_counts(shared_dir: Path, sp_model: Path, tmp_
         ]
     )
     assert rc == 0
-    ref = shared_dir / "data" / "lengths"
+    ref = fixtures_dir / "lengths"
     np.testing.assert_array_equal(np.load(out), np.load(ref / "humaneval.mistral_v1.npy"))
     np.testing.assert_array_equal(
         np.load(tmp_path / "he.assistant.npy"), np.load(ref / "humaneval.mistral_v1.assistant.npy")
@@ -178,13 +168,13 @@ def test_field_and_messages_options(tmp_path: Path, sp_model: Path) -> None:
 
 
 def test_parquet_and_datasets_folder_give_the_jsonl_counts(
-    shared_dir: Path, sp_model: Path, tmp_path: Path
+    fixtures_dir: Path, sp_model: Path, tmp_path: Path
 ) -> None:
     import datasets
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    chats = _records(shared_dir, "gsm8k", 120)
+    chats = _records(fixtures_dir, "gsm8k", 120)
     ref = count_lengths(_write_jsonl(tmp_path / "g.jsonl", chats), sp_model, workers=1, use_cache=False)
     table = pa.Table.from_pylist([{"id": r["id"], "messages": r["messages"]} for r in chats])
     pq.write_table(table, tmp_path / "g.parquet", row_group_size=50)
@@ -194,7 +184,7 @@ def test_parquet_and_datasets_folder_give_the_jsonl_counts(
     for res in (from_pq, from_ds):
         np.testing.assert_array_equal(res.lengths, ref.lengths)
         np.testing.assert_array_equal(res.loss_tokens, ref.loss_tokens)
-    docs = _records(shared_dir, "llamafactory_c4_wiki_docs", 20)
+    docs = _records(fixtures_dir, "llamafactory_c4_wiki_docs", 20)
     pq.write_table(pa.Table.from_pylist([{"body": d["text"]} for d in docs]), tmp_path / "d.parquet")
     res = count_lengths(
         tmp_path / "d.parquet", sp_model, mode="text", field="body", workers=1, use_cache=False

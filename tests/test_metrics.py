@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from padfree import CostModel, PlanConfig
-from padfree.metrics import (
+from padfree.core.metrics import (
     adjacent_corr,
     cobatch_repeat,
     compute_efficiency,
@@ -13,7 +13,7 @@ from padfree.metrics import (
     plan_metrics,
     step_divergence,
 )
-from padfree.plan import Plan
+from padfree.core.plan import Plan
 
 LENGTHS = np.array([4, 2, 3, 1, 5])
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from padfree.cli import main
-from padfree.config import PlanConfig
-from padfree.metrics import rank_costs
-from padfree.plan import make_plan
-from padfree.report import (
+from padfree.core.config import PlanConfig
+from padfree.core.metrics import rank_costs
+from padfree.core.plan import make_plan
+from padfree.tools.report import (
     MAX_ADJACENT_CORR,
     MAX_COBATCH_REPEAT,
     build_report,

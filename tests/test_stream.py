@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from padfree import PlanConfig, make_plan
-from padfree import plan as plan_module
+from padfree.core import plan as plan_module
+from padfree.core.items import Items, validate_lengths
+from padfree.core.plan import plan_items
+from padfree.core.stream import deal_windows, plan_stream
 from padfree.errors import ConfigError, InputError, OverlongError
-from padfree.lengths import Items, validate_lengths
-from padfree.plan import plan_items
-from padfree.stream import deal_windows, plan_stream
 
 STRATEGIES = ("sorted", "random", "bucketed", "packed")
 
@@ -169,8 +169,8 @@ def test_the_core_plans_int32_items_like_int64(lengths: np.ndarray, strategy: st
 def test_analyze_measures_stream_plans_with_window_progress(
     lengths: np.ndarray, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ):
-    from padfree import stream
-    from padfree.analyze import analyze_strategies
+    from padfree.core import stream
+    from padfree.tools.analyze import analyze_strategies
 
     monkeypatch.setattr(plan_module, "STREAM_THRESHOLD", 10_000)
     monkeypatch.setattr(stream, "DEFAULT_WINDOW", 5_000)

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from padfree.errors import ConfigError
-from padfree.torch import Fetched, MicroInfo, PackCollator, PadCollator
+from padfree.torch import PackCollator, PadCollator
+from padfree.torch._dataset import Fetched
+from padfree.torch._sampler import MicroInfo
 
 
 def info(lengths, starts=None):
@@ -101,24 +103,19 @@ def test_global_loss_tokens_without_a_process_group_is_the_local_count():
 
 
 def test_attention_switch_uses_padfree_varlen_only_for_packed_rows_when_available(monkeypatch):
-    import sys
-    import types
+    import padfree.torch.attention as pa
 
-    from padfree.torch import attention_implementation
-
-    monkeypatch.setitem(sys.modules, "padfree.attention", None)  # not importable
-    assert attention_implementation("packed") == "sdpa"
-    calls = []
-    fake = types.ModuleType("padfree.attention")
-    fake.register = lambda: calls.append(1)
-    monkeypatch.setitem(sys.modules, "padfree.attention", fake)
-    assert attention_implementation("bucketed") == "sdpa" and calls == []
-    assert attention_implementation("packed") == "padfree_varlen" and calls == [1]
+    assert pa.attention_implementation("bucketed") == "sdpa"
+    assert pa.attention_implementation("packed") == "padfree_varlen"
+    # without transformers' attention interface, packed rows fall back to sdpa (position_ids block mask)
+    monkeypatch.setattr(pa, "_registered", False)
+    monkeypatch.setitem(__import__("sys").modules, "transformers", None)
+    assert pa.attention_implementation("packed") == "sdpa"
 
 
 @pytest.mark.parametrize("model_name", ["tiny-llama", "tiny-qwen2"])
 def test_right_padded_causal_rows_need_no_mask_same_loss_and_gradients(model_name):
-    from padfree.models import build_model
+    from padfree.testing.models import build_model
     from padfree.torch import token_loss_sum
 
     torch.manual_seed(0)

@@ -2,7 +2,7 @@
 
 import os
 
-from padfree.torch import seenlog
+from padfree.testing import seenlog
 
 
 def rec(run, step, index, epoch=0, rank=0):

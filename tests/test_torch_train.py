@@ -5,7 +5,7 @@ exactly once (checked from the seen-log)."""
 import random
 from pathlib import Path
 
-from padfree.torch import killresume, seenlog
+from padfree.testing import killresume, seenlog
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "examples" / "train.py"
@@ -14,12 +14,12 @@ TINY = ["--vocab-size", "512", "--model-set", "hidden_size=32", "--model-set", "
         "--model-set", "num_key_value_heads=2"]  # fmt: skip
 
 
-def test_sigkill_and_elastic_resume_consume_every_sample_once(tmp_path, shared_dir):
+def test_sigkill_and_elastic_resume_consume_every_sample_once(tmp_path, fixtures_dir):
     n = 240
     seen = tmp_path / "seen.jsonl"
     args = [
-        "--data", str(shared_dir / "data/samples/*.jsonl.gz"),
-        "--tokenizer", str(shared_dir / "tokenizers/llama_sp32k.model"),
+        "--data", str(fixtures_dir / "samples/*.jsonl.gz"),
+        "--tokenizer", str(fixtures_dir / "tokenizers/llama_sp32k.model"),
         "--strategy", "packed", "--budget", "256", "--grad-accum", "2", "--epochs", "2",
         "--limit-samples", str(n), "--seed", "3", "--checkpoint-dir", str(tmp_path / "ckpt"),
         "--checkpoint-every", "3", "--seen-log", str(seen), "--resume", "--log-every", "1000", *TINY,

@@ -10,10 +10,8 @@ The planning core is pure numpy::
     [0, 1, 2, 3, 4, 5, 6, 7]
 """
 
-from padfree.config import STRATEGIES, CostModel, PlanConfig
+from padfree.core import STRATEGIES, CostModel, Plan, PlanConfig, make_plan, plan_metrics
 from padfree.errors import ConfigError, InputError, OverlongError, PadfreeError, StateError
-from padfree.metrics import plan_metrics  # noqa: E402
-from padfree.plan import Plan, make_plan
 
 __all__ = [
     "STRATEGIES",

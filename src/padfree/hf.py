@@ -40,8 +40,8 @@ Example (single process, a tiny random Llama)::
     from transformers import TrainingArguments
     from padfree import PlanConfig
     from padfree.hf import PadfreeTrainer
-    from padfree.models import build_model
-    from padfree.torch import attention_implementation
+    from padfree.testing.models import build_model
+    from padfree.torch.attention import attention_implementation
 
     data = [{"input_ids": np.arange(1, n + 1)} for n in (50, 90, 30, 70, 20, 80, 40, 60)]
     config = PlanConfig(strategy="packed", budget=128, grad_accum=2, seed=0)
@@ -71,11 +71,11 @@ import torch
 import transformers
 from torch.utils.data import DataLoader
 
-from padfree.config import PlanConfig
+from padfree.core.config import PlanConfig
 from padfree.errors import ConfigError, StateError
-from padfree.torch.collate import PackCollator, PadCollator
-from padfree.torch.dataset import PlannedDataset
-from padfree.torch.sampler import MicroBatch, MicroInfo, PlanBatchSampler
+from padfree.torch._collate import PackCollator, PadCollator
+from padfree.torch._dataset import PlannedDataset
+from padfree.torch._sampler import MicroBatch, MicroInfo, PlanBatchSampler
 
 STATE_FILE = "padfree_sampler.json"
 

@@ -1,5 +1,5 @@
 """Benchmark library code: peer samplers and packers behind one adapter signature, naive baselines, and the
-planning-speed harness used by ``bench/plan_speed.py``.
+planning-speed harness used by ``benchmarks/plan_speed.py``.
 
 Nothing here is imported by the planning core; peers are optional (the ``bench`` extra).
 """

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from padfree import _kernels
-from padfree.batching import cut
-from padfree.buckets import bucket_of, growth_edges
-from padfree.steps import spread_tail
+from padfree.core import _kernels
+from padfree.core.batching import cut
+from padfree.core.buckets import bucket_of, growth_edges
+from padfree.core.steps import spread_tail
 
 
 def naive_bucketed(

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from padfree.bench.train_speed import PADFREE, Samples, Trainer, machine
-from padfree.config import PlanConfig
+from padfree.core.config import PlanConfig
 from padfree.errors import ConfigError
 
 STRATEGIES = PADFREE
@@ -89,7 +89,7 @@ def lr_at(tokens: float, cfg: ConvergeConfig) -> float:
 
 def epoch_steps(lengths: np.ndarray, strategy: str, budget: int, cfg: ConvergeConfig) -> int:
     """Optimizer steps in one epoch of ``strategy`` at ``budget`` (one rank, ``grad_accum`` micro-batches)."""
-    from padfree.plan import make_plan
+    from padfree.core.plan import make_plan
 
     config = PlanConfig(strategy=strategy, budget=budget, grad_accum=cfg.grad_accum, seed=cfg.seed)
     return make_plan(lengths, config, 0).n_steps
@@ -137,7 +137,7 @@ def split(n: int, eval_samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]
 
 def eval_batches(lengths: np.ndarray, budget: int) -> list[np.ndarray]:
     """Held-out samples sorted by length, cut into padded batches under the budget."""
-    from padfree.batching import cut
+    from padfree.core.batching import cut
 
     order = np.argsort(lengths, kind="stable")
     offsets = cut(lengths[order].astype(np.int64), budget)

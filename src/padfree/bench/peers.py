@@ -7,7 +7,7 @@ peer's own planning work for one epoch: timed) and ``finish`` (turn the peer's o
 
 - ``hf_group_by_length``: ``transformers.trainer_pt_utils.LengthGroupedSampler`` (what
   ``train_sampling_strategy="group_by_length"`` uses) gives a sample order; the order is cut into padded
-  micro-batches under the budget with :func:`padfree.batching.cut`.
+  micro-batches under the budget with :func:`padfree.core.batching.cut`.
 - ``hf_flattening``: a shuffled fixed-count batch sampler (the Trainer default) whose batches
   ``transformers.DataCollatorWithFlattening`` concatenates into one row: measured as bins of the budget.
 - ``trl_bfd``: ``trl.data_utils.pack_dataset(..., strategy="bfd")``, best-fit-decreasing packing.
@@ -75,12 +75,12 @@ def _hf_group_run(st: dict) -> np.ndarray:
 
 
 def _hf_group_finish(st: dict, order: np.ndarray) -> Batching:
-    from padfree.batching import cut
+    from padfree.core.batching import cut
 
     offsets = cut(st["lengths"][order].astype(np.int64), st["budget"])
     note = (
         f"sample order from LengthGroupedSampler(batch_size={st['batch_size']}), cut into padded "
-        "micro-batches under the budget with padfree.batching.cut"
+        "micro-batches under the budget with padfree.core.batching.cut"
     )
     return Batching(order, offsets, packed=False, note=note)
 

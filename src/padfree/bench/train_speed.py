@@ -51,9 +51,9 @@ import numpy as np
 
 from padfree.bench.measure import Batching, batching_stats
 from padfree.bench.peers import PEER_NAMES, PEERS, missing, plan_with_peer
-from padfree.config import PlanConfig
+from padfree.core.config import PlanConfig
+from padfree.core.plan import make_plan
 from padfree.errors import ConfigError
-from padfree.plan import make_plan
 
 PADFREE = ("sorted", "random", "bucketed", "packed")
 STRATEGIES = PADFREE + PEER_NAMES
@@ -222,7 +222,7 @@ def bench_subset(lengths: np.ndarray, steps: int, budget: int, seed: int) -> np.
 def micro_work(lengths: np.ndarray, b: Batching, attn_weight: float) -> tuple[np.ndarray, np.ndarray]:
     """Per micro-batch: ``(modeled work, loss tokens)``. Work = computed slots + ``attn_weight`` x causal
     attention pairs (padded: ``count x longest^2``; packed: the sum of each document's square), the shape
-    of :meth:`padfree.config.CostModel.from_shape` with ``a = 1``; loss tokens = tokens after each
+    of :meth:`padfree.core.config.CostModel.from_shape` with ``a = 1``; loss tokens = tokens after each
     sample's first.
 
     >>> b = Batching(np.array([0, 1, 2]), np.array([0, 2, 3]), packed=False)
@@ -317,8 +317,9 @@ class Trainer:
     ) -> None:
         import torch
 
-        from padfree.models import build_model
-        from padfree.torch import PackCollator, PadCollator, attention_implementation
+        from padfree.testing.models import build_model
+        from padfree.torch import PackCollator, PadCollator
+        from padfree.torch.attention import attention_implementation
 
         self.attn = attention_implementation("packed" if packed else "sorted")
         self.model = build_model(model, attn_implementation=self.attn, seed=seed, **overrides).to(device)
@@ -369,7 +370,7 @@ class Trainer:
 
     def loss_sum(self, batch):
         """Sum of the token losses of a collated batch (forward and loss under autocast for bfloat16)."""
-        import padfree.attention as pa
+        import padfree.torch.attention as pa
         from padfree.torch import token_loss_sum
 
         inputs = {k: v.to(self.device) if hasattr(v, "to") else v for k, v in batch.items()}
@@ -629,9 +630,9 @@ def run_bench(
 
 def attention_weight(cfg: BenchConfig) -> float:
     """Modeled cost of one causal attention pair relative to one token's dense work, for the bench's model
-    (:meth:`padfree.config.CostModel.from_shape` of its hidden size, layers and vocabulary)."""
-    from padfree.config import CostModel
-    from padfree.models import build_config
+    (:meth:`padfree.core.config.CostModel.from_shape` of its hidden size, layers and vocabulary)."""
+    from padfree.core.config import CostModel
+    from padfree.testing.models import build_config
 
     c = build_config(cfg.model, **cfg.model_overrides)
     return CostModel.from_shape(c.hidden_size, c.num_hidden_layers, c.vocab_size).b

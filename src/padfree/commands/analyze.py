@@ -6,7 +6,7 @@ import argparse
 import json
 
 from padfree.commands.common import add_lengths_argument, add_plan_options, config_from_args, load_lengths
-from padfree.config import STRATEGIES
+from padfree.core.config import STRATEGIES
 from padfree.errors import ConfigError
 
 NAME = "analyze"
@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.analyze import analyze_strategies, render_table
+    from padfree.tools.analyze import analyze_strategies, render_table
 
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in names if s not in STRATEGIES]

@@ -19,8 +19,6 @@ HELP = (
     "--converge: held-out loss curves at equal tokens"
 )
 
-SHARED = Path(__file__).resolve().parents[4] / "shared"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from padfree.commands.common import add_lengths_argument
@@ -135,14 +133,14 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def _vocab(args: argparse.Namespace, overrides: dict) -> int:
-    from padfree.models import build_config
+    from padfree.testing.models import build_config
 
     return int(build_config(args.model, **overrides).vocab_size)
 
 
 def _text_samples(args: argparse.Namespace, vocab: int, max_len: int):
     from padfree.bench.train_speed import Samples
-    from padfree.text_samples import load_samples, loss_tokens_of
+    from padfree.data.samples import load_samples, loss_tokens_of
 
     if not args.tokenizer:
         raise ConfigError("--data needs --tokenizer (a SentencePiece model)")
@@ -264,9 +262,11 @@ def _keep(args: argparse.Namespace, lengths: np.ndarray) -> np.ndarray:
 def _run_converge(args: argparse.Namespace, device: str, overrides: dict, command: str) -> int:
     from padfree.bench import converge as cv
 
-    if not args.data:
-        args.data = str(SHARED / "data/samples/*.jsonl.gz")
-        args.tokenizer = args.tokenizer or str(SHARED / "tokenizers/llama_sp32k.model")
+    if not args.data or not args.tokenizer:
+        raise ConfigError(
+            "--converge trains on real text: pass --data 'DIR/*.jsonl.gz' and --tokenizer MODEL "
+            "(in a clone: fixtures/samples/*.jsonl.gz and fixtures/tokenizers/llama_sp32k.model)"
+        )
     if args.lengths is not None:
         raise ConfigError("--converge trains on real text (--data), not on a lengths file")
     strategies = tuple(s.strip() for s in args.strategies.split(",")) if args.strategies else cv.STRATEGIES

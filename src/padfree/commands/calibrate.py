@@ -55,7 +55,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.calibrate import calibrate, default_lengths, torch_train_step
+    from padfree.tools.calibrate import calibrate, default_lengths, torch_train_step
 
     if args.repeats < 1 or args.warmup < 0:
         raise ConfigError(f"--repeats must be >= 1 and --warmup >= 0 (got {args.repeats}, {args.warmup})")

@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.packing_check import check_packing
+    from padfree.tools.packing_check import check_packing
 
     r = check_packing(
         args.model,

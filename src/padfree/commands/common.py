@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.config import DEFAULT_COST, OVERLONG, CostModel, PlanConfig
+from padfree.core.config import DEFAULT_COST, OVERLONG, CostModel, PlanConfig
 
 
 def add_lengths_argument(p: argparse.ArgumentParser, required: bool) -> None:
@@ -38,7 +38,7 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
 
 def load_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str | None, str]:
     """Returns ``(lengths, path or None, display name)``."""
-    from padfree.io import bundled_seed_mix, read_lengths
+    from padfree.data.length_files import bundled_seed_mix, read_lengths
 
     if args.lengths is None:
         return bundled_seed_mix().astype(np.int64), None, "seed_mix (bundled)"

@@ -16,7 +16,7 @@ HELP = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from padfree.lengths_from_data import default_workers
+    from padfree.data.count_lengths import default_workers
 
     p.add_argument("data", type=Path, help=".jsonl, .jsonl.gz, .parquet or a datasets save_to_disk folder")
     p.add_argument(
@@ -58,7 +58,7 @@ def assistant_path(out: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from padfree.lengths_from_data import count_lengths
+    from padfree.data.count_lengths import count_lengths
 
     if args.out.suffix != ".npy":
         raise ConfigError(f"--out must name a .npy file (got {args.out})")

@@ -44,7 +44,7 @@ def _numbers(text: str, kind: type, option: str) -> tuple:
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.report import write_report
+    from padfree.tools.report import write_report
 
     growths = _numbers(args.growths, float, "--growths")
     counts = _numbers(args.bucket_counts, int, "--bucket-counts")

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from padfree.commands.common import add_lengths_argument, add_plan_options, config_from_args, load_lengths
-from padfree.config import STRATEGIES
+from padfree.core.config import STRATEGIES
 from padfree.errors import ConfigError
 
 NAME = "simulate"
@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.simulate import load_seconds_per_unit, motivating_ratios, simulate
+    from padfree.tools.simulate import load_seconds_per_unit, motivating_ratios, simulate
 
     if args.gpus is not None:
         args.world_size = args.gpus

@@ -29,26 +29,18 @@ The training loop (see ``examples/train.py`` for the whole thing)::
 True
 """
 
-from padfree.torch.attn import attention_implementation
-from padfree.torch.collate import Batch, PackCollator, PadCollator
-from padfree.torch.dataset import Fetched, PlannedDataset
-from padfree.torch.distributed import all_reduce_sum, rank_and_world, sync_unless
-from padfree.torch.loss import global_loss_tokens, step_loss, token_loss_sum
-from padfree.torch.sampler import MicroBatch, MicroInfo, PlanBatchSampler
+from padfree.torch._collate import PackCollator, PadCollator
+from padfree.torch._dataset import PlannedDataset
+from padfree.torch._distributed import sync_unless
+from padfree.torch._loss import global_loss_tokens, step_loss, token_loss_sum
+from padfree.torch._sampler import PlanBatchSampler
 
 __all__ = [
-    "Batch",
-    "Fetched",
-    "MicroBatch",
-    "MicroInfo",
     "PackCollator",
     "PadCollator",
     "PlanBatchSampler",
     "PlannedDataset",
-    "all_reduce_sum",
-    "attention_implementation",
     "global_loss_tokens",
-    "rank_and_world",
     "step_loss",
     "sync_unless",
     "token_loss_sum",

@@ -1,0 +1,61 @@
+"""Length bucket edges: a geometric grid (each bucket ``growth`` times wider) or padding-optimal edges.
+
+An edge list holds bucket *upper* edges, ascending; a length ``L`` falls in the first bucket whose upper
+edge is ``>= L``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from padfree.core import _kernels
+
+
+def growth_edges(lengths: np.ndarray, growth: float, phase: float = 0.0) -> np.ndarray:
+    """Upper edges ``ceil(min * growth**(k + phase))`` for k = 0, 1, ... until the longest length is covered.
+
+    ``phase`` in [0, 1) shifts the whole grid (per-epoch jitter), so a bucket boundary does not sit between
+    the same two lengths every epoch.
+
+    >>> growth_edges(np.array([100, 120, 200]), 1.25).tolist()
+    [100, 125, 157, 196, 245]
+    """
+    lo = float(lengths.min())
+    hi = float(lengths.max())
+    n = int(np.ceil(np.log(hi / lo) / np.log(growth) - phase)) + 2
+    edges = np.ceil(lo * growth ** (np.arange(n, dtype=np.float64) + phase) - 1e-9).astype(np.int64)
+    edges = np.unique(np.maximum(edges, int(lo)))
+    last = int(np.searchsorted(edges, hi, side="left"))
+    return edges[: last + 1]
+
+
+def optimal_edges(lengths: np.ndarray, n_buckets: int) -> np.ndarray:
+    """The ``n_buckets`` upper edges that minimize total padding when every sample is padded to its bucket's
+    upper edge: ``sum_i (edge(b_i) - L_i)``. Exact (dynamic programming over the D distinct lengths with
+    divide-and-conquer optimization, O(n_buckets * D log D)).
+
+    >>> optimal_edges(np.array([10, 10, 11, 50, 52, 100]), 3).tolist()
+    [11, 52, 100]
+    """
+    values, counts = np.unique(lengths, return_counts=True)
+    return _kernels.optimal_edges(values.astype(np.int64), counts.astype(np.int64), int(n_buckets))
+
+
+def padding_of_edges(lengths: np.ndarray, edges: np.ndarray) -> int:
+    """Total padding ``sum(edge(b_i) - L_i)`` of an edge list (the quantity ``optimal_edges`` minimizes)."""
+    b = np.searchsorted(edges, lengths, side="left")
+    return int((edges[b] - lengths).sum())
+
+
+def jitter_edges(edges: np.ndarray, rng: np.random.Generator, spread: float) -> np.ndarray:
+    """Move every inner edge by a random factor in ``[1 - spread/2, 1 + spread/2]`` (the last edge stays)."""
+    if edges.size <= 1:
+        return edges
+    f = 1.0 + spread * (rng.random(edges.size - 1) - 0.5)
+    inner = np.round(edges[:-1] * f).astype(np.int64)
+    return np.unique(np.minimum(np.append(inner, edges[-1]), edges[-1]))
+
+
+def bucket_of(lengths: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Bucket index of each length under upper ``edges``."""
+    return np.searchsorted(edges, lengths, side="left").astype(np.int64)

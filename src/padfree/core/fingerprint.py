@@ -1,0 +1,74 @@
+"""A short, stable identity of (lengths, config, seed): stored in sampler states and checked on resume, so a
+state from another dataset, config or seed is refused instead of silently changing the data order."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+
+from padfree.core.config import PlanConfig
+from padfree.errors import StateError
+
+_CHUNK = 4_000_000
+
+
+def fingerprint(lengths: np.ndarray, config: PlanConfig) -> str:
+    """Hex digest of the lengths (as little-endian int64) and every config field that shapes the plan.
+
+    World size and grad-accum are left out on purpose: an elastic resume changes them.
+
+    >>> from padfree import PlanConfig
+    >>> a = fingerprint(np.array([3, 4]), PlanConfig(seed=1))
+    >>> a == fingerprint(np.array([3, 4]), PlanConfig(seed=1, world_size=4))
+    True
+    >>> a == fingerprint(np.array([3, 4]), PlanConfig(seed=2))
+    False
+    """
+    h = hashlib.sha256()
+    lengths = np.asarray(lengths)
+    for a in range(0, lengths.shape[0], _CHUNK):  # chunks: the same digest without an int64 copy of it all
+        h.update(np.ascontiguousarray(lengths[a : a + _CHUNK], dtype="<i8").tobytes())
+    fields = {
+        "strategy": config.strategy,
+        "budget": config.budget,
+        "growth": config.growth,
+        "buckets": config.buckets,
+        "mix": config.mix,
+        "overlong": config.overlong,
+        "seed": config.seed,
+    }
+    h.update(json.dumps(fields, sort_keys=True).encode())
+    return h.hexdigest()[:32]
+
+
+def check_state(
+    state_fingerprint: object, lengths: np.ndarray, config: PlanConfig, what: str = "sampler state"
+) -> None:
+    """Refuse a saved state that was made for other lengths, another config or another seed.
+
+    ``state_fingerprint`` is the value :func:`fingerprint` gave when the state was saved. Raises
+    :class:`~padfree.errors.StateError` with a one-line message that says what to do.
+
+    >>> from padfree import PlanConfig
+    >>> cfg = PlanConfig(seed=1)
+    >>> check_state(fingerprint(np.array([3, 4]), cfg), np.array([3, 4]), cfg)
+    >>> check_state(fingerprint(np.array([3, 4]), cfg), np.array([3, 5]), cfg)
+    Traceback (most recent call last):
+    ...
+    padfree.errors.StateError: sampler state belongs to other lengths, config or seed ...
+    """
+    if not isinstance(state_fingerprint, str) or not state_fingerprint:
+        raise StateError(
+            f"{what} has no fingerprint (got {str(state_fingerprint)[:40]!r}): it was not saved by padfree "
+            "or is damaged; start without it"
+        )
+    expected = fingerprint(lengths, config)
+    if state_fingerprint != expected:
+        raise StateError(
+            f"{what} belongs to other lengths, config or seed (state fingerprint {state_fingerprint[:12]}, "
+            f"this run {expected[:12]}: {np.asarray(lengths).shape[0]} samples, strategy {config.strategy}, "
+            f"budget {config.budget}, overlong {config.overlong}, seed {config.seed}); resume with the "
+            "lengths, config and seed it was saved with, or start without it"
+        )

@@ -1,0 +1,108 @@
+"""Regenerating an epoch's plan from a short resume history, so that a world-size change keeps every sample
+exactly once.
+
+A *history* is a list of segments ``(world_size, grad_accum, steps)``: the epoch ran ``steps`` optimizer
+steps at that shape, then resumed at the next shape. The epoch's plan is rebuilt from the seed alone:
+
+1. plan every item at the first segment's shape (this is the ordinary plan of the epoch);
+2. drop the micro-batches of the steps that segment consumed;
+3. plan the remaining items again with :func:`padfree.core.plan.plan_items` at the next segment's shape,
+   with a seed derived from (seed, epoch, segment number, shape, steps so far); repeat.
+
+The history grows by one segment per *change of shape*, never with the number of samples. Pure numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from padfree.core.config import PlanConfig
+from padfree.core.items import Items
+from padfree.core.plan import Plan, plan_items
+from padfree.errors import ConfigError, StateError
+
+
+@dataclass(frozen=True)
+class Segment:
+    """``steps`` optimizer steps of one epoch run at ``world_size`` x ``grad_accum``."""
+
+    world_size: int
+    grad_accum: int
+    steps: int
+
+
+def derived_seed(
+    seed: int, epoch: int, index: int, world_size: int, grad_accum: int, steps_before: int
+) -> int:
+    """The seed that re-plans segment ``index`` (> 0) of an epoch: a pure function of the history."""
+    words = [seed, epoch, index, world_size, grad_accum, steps_before, 0x9ADF]
+    return int(np.random.SeedSequence(words).generate_state(1, np.uint32)[0])
+
+
+def rest_items(plan: Plan, steps: int, n_samples: int) -> Items:
+    """The items of ``plan`` not in its first ``steps`` steps, as plannable :class:`Items`."""
+    if steps > plan.n_steps:
+        raise StateError(f"state says {steps} steps were consumed but the plan has only {plan.n_steps}")
+    cut = int(plan.offsets[steps * plan.config.micro_per_step])
+    start = None if plan.starts is None else plan.starts[cut:]
+    return Items(length=plan.lengths[cut:], sample=plan.indices[cut:], start=start, n_samples=n_samples)
+
+
+def one_per_micro(items: Items, config: PlanConfig, epoch: int) -> Plan:
+    """Fallback for an epoch tail too small to give every rank its micro-batches: each item alone, then empty
+    micro-batches up to a whole step (the collators turn an empty micro-batch into a row with no loss)."""
+    n = len(items)
+    k = config.micro_per_step
+    m = -(-n // k) * k
+    offsets = np.minimum(np.arange(m + 1, dtype=np.int64), n)
+    return Plan(
+        config=config,
+        epoch=epoch,
+        indices=items.sample_ids()[:n].astype(np.int64, copy=False),
+        offsets=offsets,
+        lengths=items.length.astype(np.int64, copy=False),
+        starts=items.start,
+        n_samples=items.n_samples,
+    )
+
+
+def plan_rest(items: Items, config: PlanConfig, epoch: int) -> Plan:
+    """``plan_items`` on what is left of an epoch, or :func:`one_per_micro` when too little is left."""
+    if len(items) == 0:
+        return one_per_micro(items, config, epoch)
+    try:
+        return plan_items(items, config, epoch)
+    except ConfigError:
+        return one_per_micro(items, config, epoch)
+
+
+def replay(items: Items, config: PlanConfig, epoch: int, history: list[Segment]) -> tuple[Plan, int]:
+    """The plan the last segment of ``history`` runs, and how many steps of the epoch came before it.
+
+    ``config``'s world size and grad-accum are ignored: each segment brings its own.
+
+    >>> import numpy as np
+    >>> from padfree.core.items import make_items
+    >>> items = make_items(np.arange(1, 101), 128, "error")
+    >>> cfg = PlanConfig(strategy="packed", budget=128)
+    >>> plan, before = replay(items, cfg, 0, [Segment(2, 1, 5), Segment(3, 2, 0)])
+    >>> first, _ = replay(items, cfg, 0, [Segment(2, 1, 0)])
+    >>> done = first.indices[: first.offsets[10]]
+    >>> sorted(np.concatenate([done, plan.indices]).tolist()) == list(range(100)), before
+    (True, 5)
+    """
+    if not history:
+        raise StateError("empty resume history")
+    seg = history[0]
+    plan = plan_items(items, config.with_(world_size=seg.world_size, grad_accum=seg.grad_accum), epoch)
+    before = 0
+    for i in range(1, len(history)):
+        prev, seg = history[i - 1], history[i]
+        rest = rest_items(plan, prev.steps, items.n_samples)
+        before += prev.steps
+        seed = derived_seed(config.seed, epoch, i, seg.world_size, seg.grad_accum, before)
+        cfg = config.with_(world_size=seg.world_size, grad_accum=seg.grad_accum, seed=seed)
+        plan = plan_rest(rest, cfg, epoch)
+    return plan, before

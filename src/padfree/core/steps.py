@@ -1,0 +1,98 @@
+"""Where micro-batches become optimizer steps and are given to ranks.
+
+A step is ``world_size * grad_accum`` consecutive micro-batches of the plan; inside a step, rank ``r`` owns
+slots ``r*grad_accum .. (r+1)*grad_accum - 1``. This module (1) orders micro-batches so that every step
+mixes strata in proportion to their token mass, (2) makes the micro-batch count a multiple of the step
+size without duplicating or dropping samples, and (3) assigns micro-batches to ranks by modeled cost.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from padfree.core import _kernels
+from padfree.core.config import CostModel
+from padfree.errors import ConfigError
+
+
+def stratified_order(strata: np.ndarray, tokens: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """An order of micro-batches in which each stratum is spread evenly by token mass.
+
+    Inside stratum ``s`` the micro-batches are shuffled, then micro-batch ``j`` gets the position
+    ``(T_before_j + u_j * t_j) / T_s`` (its share of the stratum's cumulative tokens, jittered) and all
+    micro-batches are sorted by position. Any window of the epoch then holds each stratum in proportion to
+    its token mass, so every optimizer step sees the dataset's length mix.
+    """
+    m = strata.shape[0]
+    shuffled = rng.permutation(m)
+    # group by stratum, keeping the shuffled order inside each stratum
+    grouped = shuffled[_kernels.counting_argsort(strata[shuffled], int(strata.max()) + 1)]
+    t = tokens[grouped].astype(np.float64)
+    s = strata[grouped]
+    csum = np.cumsum(t)
+    first = np.searchsorted(s, s, side="left")  # index of the stratum's first micro-batch
+    start_tokens = csum[first] - t[first]
+    total = np.bincount(s, weights=t)[s]
+    before = csum - t - start_tokens
+    pos = (before + rng.random(m) * t) / total
+    return grouped[np.argsort(pos, kind="stable")]
+
+
+def spread_tail(offsets: np.ndarray, step_size: int) -> np.ndarray:
+    """Split micro-batches (the last ones first, each in two halves) until their count is a multiple of
+    ``step_size``, so every rank gets the same number of micro-batches in every step. No sample is
+    duplicated or dropped; a half never exceeds the budget its whole obeyed.
+
+    >>> spread_tail(np.array([0, 2, 4, 5]), 4).tolist()
+    [0, 2, 3, 4, 5]
+    """
+    m = offsets.shape[0] - 1
+    need = (-m) % step_size
+    while need > 0:
+        counts = np.diff(offsets)
+        splittable = np.flatnonzero(counts >= 2)
+        if splittable.size == 0:
+            raise ConfigError(
+                f"cannot give every rank the same number of micro-batches: {int(offsets[-1])} samples make "
+                f"{m} micro-batches and {need} more are needed for steps of {step_size}; "
+                "lower world_size * grad_accum"
+            )
+        chosen = splittable[-min(need, splittable.size) :]
+        mids = offsets[chosen] + counts[chosen] // 2
+        offsets = np.insert(offsets, chosen + 1, mids)
+        need -= chosen.size
+        m = offsets.shape[0] - 1
+    return offsets
+
+
+def micro_shapes(lens: np.ndarray, offsets: np.ndarray, packed: bool, budget: int) -> dict[str, np.ndarray]:
+    """Per micro-batch: samples, real tokens, computed slots, real and computed attention (sum of L^2).
+
+    Padded: slots = count x longest, computed attention = count x longest^2. Packed: slots = budget (one row
+    of fixed length), computed attention = sum of l^2 (per-document attention).
+    """
+    starts = offsets[:-1]
+    count = np.diff(offsets)
+    lf = lens.astype(np.float64)
+    real = np.add.reduceat(lf, starts) if lens.size else np.zeros(0)
+    real_attn = np.add.reduceat(lf * lf, starts) if lens.size else np.zeros(0)
+    if packed:
+        slots = np.full(count.shape[0], float(budget))
+        attn = real_attn
+    else:
+        longest = np.maximum.reduceat(lf, starts) if lens.size else np.zeros(0)
+        slots = count * longest
+        attn = count * longest * longest
+    return {"count": count, "real": real, "slots": slots, "real_attn": real_attn, "attn": attn}
+
+
+def micro_costs(shapes: dict[str, np.ndarray], cost: CostModel) -> np.ndarray:
+    """Modeled cost of computing each micro-batch: ``a*slots + b*attention + c``."""
+    return cost.a * shapes["slots"] + cost.b * shapes["attn"] + cost.c
+
+
+def assign_ranks(costs: np.ndarray, world_size: int, grad_accum: int, max_rounds: int = 64) -> np.ndarray:
+    """Permutation of micro-batches that balances each step's ranks (see ``_kernels.balance_ranks``)."""
+    if world_size == 1:
+        return np.arange(costs.shape[0], dtype=np.int64)
+    return _kernels.balance_ranks(costs.astype(np.float64), int(world_size), int(grad_accum), int(max_rounds))

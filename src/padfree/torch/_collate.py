@@ -1,0 +1,167 @@
+"""Collators: a micro-batch of dataset items becomes model inputs.
+
+Items are dicts with ``input_ids`` and optionally ``labels`` (-100 where no loss) or ``loss_mask`` (1 where
+loss), or bare sequences of token ids. Labels are *unshifted* (transformers' convention: the model predicts
+``labels[t]`` from positions ``< t``), and the first token of every document gets ``-100``: nothing predicts
+it. So ``(labels != -100).sum()`` is exactly the number of loss-bearing tokens of the micro-batch, the same
+count the sampler derives from the plan (``length - 1`` per sample when every token is a label).
+
+When the micro-batch comes from a :class:`~padfree.torch._sampler.PlanBatchSampler` through a
+:class:`~padfree.torch._dataset.PlannedDataset`, each sample is cut to its planned piece (truncated or split
+samples) and the batch carries the micro-batch's ``info``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from padfree.errors import ConfigError
+
+IGNORE = -100
+
+
+class Batch(dict):
+    """Model inputs (``model(**batch)``) plus, as attributes, ``info`` (the micro-batch's
+    :class:`~padfree.torch._sampler.MicroInfo` or ``None``), ``loss_tokens`` (labels != -100) and ``tokens``
+    (real, non-padding tokens)."""
+
+    info: object = None
+    loss_tokens: int = 0
+    tokens: int = 0
+
+
+def pieces(items: list) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(input_ids, labels)`` of every item, cut to its planned piece, first label of each set to -100."""
+    info = getattr(items, "info", None)
+    out = []
+    for j, item in enumerate(items):
+        if isinstance(item, Mapping):
+            ids = np.asarray(item["input_ids"], dtype=np.int64).reshape(-1)
+            if item.get("labels") is not None:
+                labels = np.asarray(item["labels"], dtype=np.int64).reshape(-1)
+            elif item.get("loss_mask") is not None:
+                labels = np.where(np.asarray(item["loss_mask"]).reshape(-1).astype(bool), ids, IGNORE)
+            else:
+                labels = ids
+        else:
+            ids = labels = np.asarray(item, dtype=np.int64).reshape(-1)
+        if labels.shape != ids.shape:
+            raise ConfigError(f"item {j}: labels/loss_mask length {labels.shape[0]} != {ids.shape[0]} tokens")
+        if info is not None:
+            start = 0 if info.starts is None else info.starts[j]
+            length = info.lengths[j]
+            if start + length > ids.shape[0]:
+                raise ConfigError(
+                    f"item {j} has {ids.shape[0]} tokens but the plan expects at least {start + length}: "
+                    "the lengths given to the sampler must be the dataset's token counts"
+                )
+            ids, labels = ids[start : start + length], labels[start : start + length]
+        labels = labels.copy()
+        if labels.shape[0]:
+            labels[0] = IGNORE
+        out.append((ids, labels))
+    return out
+
+
+def _finish(batch: Batch, items: list, labels: torch.Tensor, tokens: int) -> Batch:
+    batch.info = getattr(items, "info", None)
+    batch.loss_tokens = int((labels != IGNORE).sum())
+    batch.tokens = tokens
+    return batch
+
+
+class PadCollator:
+    """One row per sample, right-padded to the longest (rounded up to ``pad_to_multiple_of``).
+
+    Returns ``input_ids``, ``attention_mask`` (1 on real tokens) and ``labels`` (-100 on padding and on
+    each row's first token). An empty micro-batch becomes one row of one padding token with no loss.
+
+    ``attention_mask=False`` leaves the mask out. Training a *causal* LM on right-padded rows needs none: a
+    real token attends only to earlier positions, which are all real, and the pads after them carry no
+    loss, so the logits and gradients at real tokens are the same (``tests/test_torch_collate.py``), while
+    SDPA runs its ``is_causal`` kernel instead of a masked one, which cannot skip the upper triangle
+    (1.5-2.4x the attention time at 1-4K tokens on CPU: ``benchmarks/results/sdpa_mask_cost.md``). Not for
+    bidirectional models or decoding with a KV cache.
+
+    >>> b = PadCollator(pad_token_id=0)([{"input_ids": [5, 6, 7]}, {"input_ids": [8]}])
+    >>> b["input_ids"].tolist(), b["labels"].tolist(), b.loss_tokens
+    ([[5, 6, 7], [8, 0, 0]], [[-100, 6, 7], [-100, -100, -100]], 2)
+    """
+
+    def __init__(
+        self, pad_token_id: int = 0, pad_to_multiple_of: int | None = None, attention_mask: bool = True
+    ) -> None:
+        if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
+            raise ConfigError(f"pad_to_multiple_of must be >= 1 (got {pad_to_multiple_of})")
+        self.pad_token_id = pad_token_id
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.attention_mask = attention_mask
+
+    def __call__(self, items: list) -> Batch:
+        ps = pieces(items)
+        n = [p[0].shape[0] for p in ps]
+        width = max([1, *n])
+        if self.pad_to_multiple_of:
+            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        rows = max(1, len(ps))
+        input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
+        labels = torch.full((rows, width), IGNORE, dtype=torch.long)
+        mask = torch.zeros((rows, width), dtype=torch.long)
+        for r, (ids, lab) in enumerate(ps):
+            input_ids[r, : ids.shape[0]] = torch.from_numpy(ids)
+            labels[r, : ids.shape[0]] = torch.from_numpy(lab)
+            mask[r, : ids.shape[0]] = 1
+        if not ps:
+            mask[0, 0] = 1  # a placeholder token that attends to itself (no fully masked row), no loss
+        if self.attention_mask:
+            batch = Batch(input_ids=input_ids, attention_mask=mask, labels=labels)
+        else:
+            batch = Batch(input_ids=input_ids, labels=labels)
+        return _finish(batch, items, labels, sum(n))
+
+
+class PackCollator:
+    """The whole micro-batch (a packed bin) as one row, the way transformers' padding-free path and
+    flash-attention varlen want it (``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``).
+
+    Returns ``input_ids``, ``labels`` (-100 on each document's first token), ``position_ids`` (restarting at
+    0 per document), and ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (int32 document boundaries, 0 ... total)
+    with ``max_length_q`` / ``max_length_k`` (the longest document, a Python int).
+
+    >>> b = PackCollator()([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
+    >>> b["labels"].tolist(), b["position_ids"].tolist(), b["cu_seq_lens_q"].tolist(), b["max_length_q"]
+    ([[-100, 6, 7, -100, 9]], [[0, 1, 2, 0, 1]], [0, 3, 5], 3)
+    """
+
+    def __init__(self, pad_token_id: int = 0) -> None:
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, items: list) -> Batch:
+        ps = pieces(items)
+        n = [p[0].shape[0] for p in ps]
+        real = int(sum(n))
+        if real > 0:
+            ps = [p for p in ps if p[0].shape[0] > 0]
+            n = [p[0].shape[0] for p in ps]
+            ids = np.concatenate([p[0] for p in ps])
+            lab = np.concatenate([p[1] for p in ps])
+        else:  # empty micro-batch: one placeholder token with no loss
+            ids, lab, n = np.array([self.pad_token_id]), np.array([IGNORE]), [1]
+        lens = np.asarray(n, dtype=np.int64)
+        cu = np.concatenate([[0], np.cumsum(lens)])
+        pos = np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1], lens)
+        labels = torch.from_numpy(lab.astype(np.int64))[None]
+        cu_t = torch.from_numpy(cu.astype(np.int32))
+        batch = Batch(
+            input_ids=torch.from_numpy(ids.astype(np.int64))[None],
+            labels=labels,
+            position_ids=torch.from_numpy(pos)[None],
+            cu_seq_lens_q=cu_t,
+            cu_seq_lens_k=cu_t.clone(),
+            max_length_q=int(lens.max()),
+            max_length_k=int(lens.max()),
+        )
+        return _finish(batch, items, labels, real)

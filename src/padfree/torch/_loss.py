@@ -1,0 +1,41 @@
+"""Loss normalized by the loss-bearing tokens of the whole optimizer step, so gradient accumulation over
+micro-batches of any size, on any number of ranks, gives exactly the full-batch token mean.
+
+Definition: a *loss-bearing token* is a label position ``t >= 1`` of a document whose label is not -100 (the
+collators set every document's first label to -100; with all tokens as labels a document of ``L`` tokens has
+``L - 1``). For a step with ``T`` such tokens on all ranks, each micro-batch contributes
+``sum of its token losses / T``; under DDP, which *averages* gradients over ``W`` ranks, multiply by ``W``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from padfree.torch._collate import IGNORE
+from padfree.torch._distributed import all_reduce_sum
+
+
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sum of next-token cross-entropies over the labels that are not -100 (logits at ``t`` predict
+    ``labels[t+1]``), computed in float32 or better. The labels are shifted, not the logits (no copy of
+    the largest tensor)."""
+    target = F.pad(labels[:, 1:].to(logits.device), (0, 1), value=IGNORE)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=IGNORE, reduction="sum"
+    )
+
+
+def step_loss(loss_sum: torch.Tensor, step_tokens: int, world_size: int = 1) -> torch.Tensor:
+    """The micro-batch's share of the step loss: ``loss_sum * world_size / step_tokens`` (``world_size``
+    undoes DDP's gradient averaging). A step with no loss-bearing token contributes 0."""
+    return loss_sum * (world_size / max(int(step_tokens), 1))
+
+
+def global_loss_tokens(batches: list, device: torch.device | str = "cpu") -> int:
+    """Fallback when the plan does not know a step's token count: count ``labels != -100`` over this rank's
+    micro-batches of the step and all-reduce (every rank must call it, once per step)."""
+    local = sum(int((b["labels"] != IGNORE).sum()) for b in batches)
+    return int(all_reduce_sum(local, device).item())

@@ -1,0 +1,557 @@
+"""Padding-free attention for packed rows: attention that skips the work a block-diagonal mask would hide.
+
+A packed row holds several documents back to back (``position_ids`` restart at 0 for each one). transformers'
+``sdpa`` and ``eager`` paths turn that into a dense ``T x T`` block-diagonal mask and still pay for every
+masked score. ``padfree_varlen`` computes attention document by document instead:
+
+- GPU: ``flash_attn_varlen_func`` when ``flash_attn`` is installed, else PyTorch's own
+  ``torch.nn.attention.varlen.varlen_attn`` (fp16/bf16; called with the keywords the installed torch has, and
+  probed once: if it fails, per-document SDPA runs and :func:`last_path` says why), else per-document SDPA.
+  Under ``torch.autocast`` q/k/v are taken in the autocast dtype, as autocast does for SDPA;
+- CPU: per-document SDPA (the row is split at document boundaries with ``split``, each piece runs causal
+  SDPA, the outputs are concatenated), grouped-query heads, sliding windows, ``scaling`` and logit
+  soft-capping honoured.
+
+Document boundaries come from the ``cu_seq_lens_q`` keyword (what transformers'
+``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` and padfree's ``PackCollator`` emit) or else
+from ``position_ids`` resets; they are computed once per forward pass and reused by every layer. Padded
+batches (an ``attention_mask`` is present) and cached decoding keep the model's normal ``sdpa`` path.
+
+Importing this module registers the implementation with transformers, so any model whose attention goes
+through ``ALL_ATTENTION_FUNCTIONS`` (Llama, Mistral, Qwen2, Gemma, ...) can use it by name:
+
+>>> import padfree.torch.attention as pa
+>>> pa.attn_for("packed"), pa.attn_for("sorted")
+('padfree_varlen', 'sdpa')
+>>> from padfree.testing.models import build_model
+>>> model = build_model("tiny-llama", attn_implementation=pa.NAME, vocab_size=64, num_hidden_layers=1)
+>>> model.config._attn_implementation
+'padfree_varlen'
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+import threading
+import weakref
+from collections.abc import Sequence
+
+import torch
+
+from padfree.errors import ConfigError
+
+NAME = "padfree_varlen"
+LEAKY = "padfree_leaky"
+_PACKED_STRATEGIES = ("packed",)
+
+_state = threading.local()
+_registered = False
+
+
+def attn_for(strategy: str) -> str:
+    """The ``attn_implementation`` a plan strategy needs: ``"padfree_varlen"`` for packed rows (one row,
+    several documents), ``"sdpa"`` for padded strategies (sorted, random, bucketed)."""
+    return NAME if strategy in _PACKED_STRATEGIES else "sdpa"
+
+
+def last_path() -> str | None:
+    """Which kernel the last ``padfree_varlen`` call in this thread used (for reports), or ``None``."""
+    return getattr(_state, "path", None)
+
+
+def reset_path() -> None:
+    """Forget the last path, so that :func:`last_path` says ``None`` until padfree's attention runs again
+    (e.g. before a forward pass of a model that might use transformers' own attention instead)."""
+    _state.path = None
+
+
+def prepare_for_packing(model: torch.nn.Module, attn_implementation: str = NAME) -> torch.nn.Module:
+    """Switch ``model`` to ``attn_implementation`` and turn ``use_cache`` off, in place; returns the model.
+
+    With ``use_cache=True`` (the ``LlamaConfig`` default) transformers skips packed-sequence detection and the
+    documents of a packed row attend to each other under ``sdpa``/``eager`` while training still "works".
+    """
+    register()
+    model.config.use_cache = False
+    if getattr(model.config, "_attn_implementation", None) != attn_implementation:
+        model.set_attn_implementation(attn_implementation)
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------------
+# document boundaries
+
+
+def lengths_from_cu(cu_seq_lens: torch.Tensor | Sequence[int]) -> list[int]:
+    """Document lengths from cumulative boundaries ``[0, l0, l0+l1, ...]``.
+
+    >>> lengths_from_cu(torch.tensor([0, 3, 5, 9], dtype=torch.int32))
+    [3, 2, 4]
+    """
+    cu = torch.as_tensor(cu_seq_lens).reshape(-1)
+    return torch.diff(cu).tolist()
+
+
+def lengths_from_position_ids(position_ids: torch.Tensor) -> list[int]:
+    """Document lengths of the flattened rows of ``position_ids`` (B, T): a document starts at every row start
+    and wherever the position does not continue by +1 (the rule transformers uses to detect packing).
+
+    >>> lengths_from_position_ids(torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]]))
+    [3, 2, 4]
+    >>> lengths_from_position_ids(torch.tensor([[0, 1, 2], [0, 1, 2]]))
+    [3, 3]
+    """
+    pos = position_ids if position_ids.dim() == 2 else position_ids.reshape(1, -1)
+    starts = torch.ones_like(pos, dtype=torch.bool)
+    starts[:, 1:] = torch.diff(pos, dim=-1) != 1
+    idx = torch.nonzero(starts.reshape(-1)).reshape(-1)
+    ends = torch.cat([idx[1:], idx.new_tensor([pos.numel()])])
+    return (ends - idx).tolist()
+
+
+def _cached_lengths(source: torch.Tensor, compute) -> list[int]:
+    """``compute(source)``, once per tensor object: every layer of one forward pass receives the same
+    ``cu_seq_lens_q`` / ``position_ids`` tensor, so boundaries are derived (and copied to the host) once."""
+    hit = getattr(_state, "cache", None)
+    if hit is not None:
+        ref, version, lengths = hit
+        if ref() is source and source._version == version:
+            return lengths
+    lengths = compute(source)
+    _state.cache = (weakref.ref(source), source._version, lengths)
+    return lengths
+
+
+def _doc_lengths(kwargs: dict, batch: int, seq: int) -> list[int]:
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is not None:
+        cu_k = kwargs.get("cu_seq_lens_k")
+        if cu_k is not None and cu_k is not cu and not torch.equal(cu_k.to(cu.device), cu):
+            raise ConfigError(
+                "padfree_varlen: cu_seq_lens_k differs from cu_seq_lens_q (self-attention only)"
+            )
+        lengths = _cached_lengths(cu, lengths_from_cu)
+    else:
+        pos = kwargs.get("position_ids")
+        if pos is None:
+            return [seq] * batch
+        if pos.shape[-1] != seq:
+            raise ConfigError(f"padfree_varlen: position_ids cover {pos.shape[-1]} tokens, the row has {seq}")
+        if pos.dim() == 2 and pos.shape[0] != batch:
+            pos = pos.expand(batch, -1)
+        lengths = _cached_lengths(pos, lengths_from_position_ids)
+    if sum(lengths) != batch * seq or min(lengths, default=1) < 1:
+        raise ConfigError(
+            f"padfree_varlen: document boundaries cover {sum(lengths)} tokens, the batch holds {batch}x{seq}"
+        )
+    return lengths
+
+
+# ----------------------------------------------------------------------------------------------------------
+# kernels: q, k, v are (1, H, T, D) with documents back to back along T; each returns (T, H, D).
+# 4-D on purpose: PyTorch's fused CPU kernel (flash) only takes 4-D inputs; 3-D falls back to the math path.
+
+
+def _doc_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scaling: float | None,
+    dropout: float,
+    window: int | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """Causal attention of one document (1, H, L, D) -> (1, H, L, D)."""
+    n = q.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    mask = None
+    if window is not None and n > window:
+        i = torch.arange(n, device=q.device)
+        diff = i[:, None] - i[None, :]
+        mask = (diff >= 0) & (diff < window)
+    if softcap is None:
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, scale=scaling, enable_gqa=gqa
+        )
+    # soft-capped logits are not an SDPA feature: explicit scores, one document at a time
+    if gqa:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    probs = torch.nn.functional.dropout(probs, p=dropout, training=dropout > 0)
+    return torch.matmul(probs, v)
+
+
+def _per_document(q, k, v, lengths, scaling, dropout, window, softcap) -> torch.Tensor:
+    if len(lengths) == 1:
+        return _doc_attention(q, k, v, scaling, dropout, window, softcap)[0].transpose(0, 1)
+    outs = [
+        _doc_attention(qi, ki, vi, scaling, dropout, window, softcap)[0].transpose(0, 1)
+        for qi, ki, vi in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2), strict=True)
+    ]
+    return torch.cat(outs, dim=0)
+
+
+def _cu_tensor(kwargs: dict, lengths: list[int], device: torch.device) -> torch.Tensor:
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:
+        cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    return cu.to(device=device, dtype=torch.int32)
+
+
+def _flash_attn_available() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def _torch_varlen():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+@functools.lru_cache(maxsize=8)
+def _param_names(fn) -> frozenset[str]:
+    try:
+        return frozenset(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin without a readable signature
+        return frozenset()
+
+
+def varlen_call(fn, scaling: float | None, window: int | None, gqa: bool) -> tuple[dict, bool] | None:
+    """How to ask ``fn`` (PyTorch's ``varlen_attn``) for causal attention, as its signature allows:
+    ``(keyword arguments, repeat_kv)``, or ``None`` when this version cannot express the call.
+
+    The keywords moved between releases: torch 2.10 took ``is_causal``, 2.11 takes ``window_size`` (causal
+    is ``(-1, 0)``) and ``scale`` but no ``enable_gqa``, later ones add ``enable_gqa``. Without it,
+    grouped-query heads are repeated (``repeat_kv``) so that every query head has its own key/value head.
+
+    >>> def torch_2_11(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None,
+    ...                window_size=(-1, -1)):
+    ...     pass
+    >>> varlen_call(torch_2_11, None, None, gqa=True)
+    ({'window_size': (-1, 0)}, True)
+    >>> def torch_2_10(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, is_causal=False, scale=None):
+    ...     pass
+    >>> varlen_call(torch_2_10, 0.125, None, gqa=False)
+    ({'scale': 0.125, 'is_causal': True}, False)
+    >>> varlen_call(torch_2_10, None, 4096, gqa=False) is None  # no sliding window there
+    True
+    """
+    names = _param_names(fn)
+    kwargs: dict = {}
+    if scaling is not None:
+        if "scale" not in names:
+            return None
+        kwargs["scale"] = scaling
+    if "window_size" in names:
+        kwargs["window_size"] = (-1 if window is None else window - 1, 0)
+    elif "is_causal" in names and window is None:
+        kwargs["is_causal"] = True
+    else:
+        return None
+    repeat_kv = False
+    if gqa:
+        if "enable_gqa" in names:
+            kwargs["enable_gqa"] = True
+        else:
+            repeat_kv = True
+    return kwargs, repeat_kv
+
+
+def _varlen_ok(
+    fn, kwargs: dict, repeat_kv: bool, like: torch.Tensor, heads: int, kv_heads: int
+) -> str | None:
+    """``None`` when ``fn(**kwargs)`` runs forward and backward on this device and dtype and matches
+    per-document SDPA on a small packed row; else why not. Checked once per setup (cached in ``_probed``)."""
+    key = (
+        str(like.device),
+        like.dtype,
+        heads,
+        kv_heads,
+        like.shape[-1],
+        repr(sorted(kwargs.items())),
+        repeat_kv,
+    )
+    if key in _probed:
+        return _probed[key]
+    why = None
+    try:
+        with torch.inference_mode(False), torch.enable_grad():
+            gen = torch.Generator(device=like.device).manual_seed(0)
+            lengths = [5, 11]
+            shape = (1, heads, sum(lengths), like.shape[-1])
+            kv_shape = (1, kv_heads, sum(lengths), like.shape[-1])
+            q = torch.randn(shape, generator=gen, device=like.device, dtype=like.dtype).requires_grad_()
+            k = torch.randn(kv_shape, generator=gen, device=like.device, dtype=like.dtype).requires_grad_()
+            v = torch.randn(kv_shape, generator=gen, device=like.device, dtype=like.dtype).requires_grad_()
+            cu = torch.tensor([0, 5, 16], dtype=torch.int32, device=like.device)
+            out = _call_varlen(fn, kwargs, repeat_kv, q, k, v, cu, max(lengths))
+            out.float().sum().backward()
+            if q.grad is None or k.grad is None or not torch.isfinite(q.grad).all():
+                why = "no usable gradient"
+            else:
+                scale = kwargs.get("scale")
+                window = kwargs.get("window_size", (-1, 0))[0]
+                ref = _per_document(
+                    q.detach(),
+                    k.detach(),
+                    v.detach(),
+                    lengths,
+                    scale,
+                    0.0,
+                    None if window < 0 else window + 1,
+                    None,
+                )
+                err = (out.detach().float() - ref.float()).abs().max().item()
+                if not err <= 5e-2:
+                    why = f"differs from per-document SDPA by {err:.3g}"
+    except Exception as exc:  # an unsupported GPU, dtype or head size: fall back, say why
+        why = _reason(exc)
+    _probed[key] = why
+    return why
+
+
+def _call_varlen(fn, kwargs: dict, repeat_kv: bool, q, k, v, cu: torch.Tensor, max_len: int) -> torch.Tensor:
+    """q (1, Hq, T, D), k/v (1, Hkv, T, D) -> (T, Hq, D) through torch's varlen_attn."""
+    if repeat_kv and k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    qt, kt, vt = (x[0].transpose(0, 1).contiguous() for x in (q, k, v))  # (T, H, D)
+    return fn(qt, kt, vt, cu, cu, max_len, max_len, **kwargs)
+
+
+_probed: dict[tuple, str | None] = {}
+
+
+def _reason(exc: Exception) -> str:
+    first = str(exc).strip().splitlines()[:1]
+    return f"{type(exc).__name__}: {first[0][:120]}" if first else type(exc).__name__
+
+
+def _gpu_varlen(
+    q, k, v, kwargs, lengths, scaling, dropout, window, softcap
+) -> tuple[torch.Tensor | None, str]:
+    """(T, H, D) output from a fused varlen kernel and the path taken, or ``(None, why not)`` when none
+    applies to these inputs (the caller then runs per-document SDPA). Never raises for a kernel that this
+    torch or GPU lacks: torch's ``varlen_attn`` is probed once per setup (forward, backward and a comparison
+    with per-document SDPA) and skipped, with the reason, when the probe fails."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return None, f"fused varlen kernels need fp16/bf16, q is {str(q.dtype).removeprefix('torch.')}"
+    cu = _cu_tensor(kwargs, lengths, q.device)
+    max_len = int(kwargs.get("max_length_q") or max(lengths))
+    left = -1 if window is None else window - 1
+    if _flash_attn_available():
+        from flash_attn import flash_attn_varlen_func
+
+        qt, kt, vt = (x[0].transpose(0, 1) for x in (q, k, v))  # (T, H, D)
+        out = flash_attn_varlen_func(
+            qt,
+            kt,
+            vt,
+            cu,
+            cu,
+            max_len,
+            max_len,
+            dropout_p=dropout,
+            softmax_scale=scaling,
+            causal=True,
+            window_size=(left, 0),
+            softcap=0.0 if softcap is None else softcap,
+        )
+        return out, "flash_attn varlen (GPU)"
+    fn = _torch_varlen()
+    if fn is None:
+        return None, "torch has no torch.nn.attention.varlen"
+    if softcap is not None or dropout > 0:
+        return None, "torch varlen_attn has no soft-capping or dropout"
+    call = varlen_call(fn, scaling, window, q.shape[1] != k.shape[1])
+    if call is None:
+        return None, "torch varlen_attn of this version cannot express the call"
+    why = _varlen_ok(fn, call[0], call[1], q, q.shape[1], k.shape[1])
+    if why is not None:
+        return None, f"torch varlen_attn unusable: {why}"
+    try:
+        out = _call_varlen(fn, call[0], call[1], q, k, v, cu, max_len)
+    except Exception as exc:  # e.g. an input size the kernel rejects: fall back for this call
+        return None, f"torch varlen_attn failed: {_reason(exc)}"
+    return out, "torch varlen_attn (GPU)"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the transformers entry points
+
+
+def varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention interface: ``query`` (B, Hq, T, D), ``key``/``value`` (B, Hkv, T, D) ->
+    ``(output (B, T, Hq, D), None)``. Documents never see each other; padded batches go to ``sdpa``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    batch, _, q_len, _ = query.shape
+    is_causal = kwargs.get("is_causal")
+    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    if attention_mask is not None or not is_causal or key.shape[2] != q_len:
+        if key.shape[2] != q_len and _looks_packed(kwargs):
+            raise ConfigError(
+                "padfree_varlen: a packed row (cu_seq_lens_q / restarting position_ids) cannot use cached "
+                "keys; call the model with use_cache=False for packed training"
+            )
+        _state.path = "sdpa (padded batch or cached decoding)"
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            softcap=softcap,
+            **kwargs,
+        )
+    for name in ("s_aux", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise ConfigError(f"padfree_varlen: `{name}` (attention sinks / position bias) is not supported")
+    if kwargs.get("output_attentions"):
+        raise ConfigError(
+            "padfree_varlen: output_attentions is not supported; use attn_implementation='eager'"
+        )
+    if sliding_window is not None and sliding_window <= 0:
+        sliding_window = None
+
+    lengths = _doc_lengths(kwargs, batch, q_len)
+    query, key, value = _autocast_inputs(query, key, value)
+    if batch == 1:
+        q, k, v = query, key, value
+    else:  # documents never cross rows: flatten rows into one long row
+        q, k, v = (x.transpose(0, 1).reshape(1, x.shape[1], -1, x.shape[3]) for x in (query, key, value))
+    out, why = None, None
+    if q.is_cuda:
+        out, path = _gpu_varlen(q, k, v, kwargs, lengths, scaling, dropout, sliding_window, softcap)
+        if out is None:
+            why = path
+        else:
+            _state.path = path
+    if out is None:
+        device = "GPU" if q.is_cuda else "CPU"
+        kind = "eager soft-capped" if softcap is not None else "SDPA"
+        _state.path = f"per-document {kind} ({device}" + (f"; {why})" if why else ")")
+        out = _per_document(q, k, v, lengths, scaling, dropout, sliding_window, softcap)
+    return out.reshape(batch, q_len, *out.shape[1:]), None
+
+
+def _autocast_inputs(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Under ``torch.autocast``, q/k/v in the autocast dtype, as autocast itself treats SDPA. Needed because
+    they arrive mixed: rotary embeddings multiply the bf16 projections by float32 cos/sin (the residual stream
+    stays float32), so q and k come back float32 while v is bf16, and a fused kernel would be skipped."""
+    dev = xs[0].device.type
+    if not torch.is_autocast_enabled(dev):
+        return xs
+    dtype = torch.get_autocast_dtype(dev)
+    return tuple(x if x.dtype == dtype else x.to(dtype) for x in xs)
+
+
+def _looks_packed(kwargs: dict) -> bool:
+    if kwargs.get("cu_seq_lens_q") is not None:
+        return True
+    pos = kwargs.get("position_ids")
+    return pos is not None and pos.shape[-1] > 1 and bool((torch.diff(pos, dim=-1) != 1).any())
+
+
+def varlen_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset=0,
+    kv_offset=0,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs,
+) -> torch.Tensor | None:
+    """transformers mask interface for ``padfree_varlen``: no dense mask at all for unpadded rows (packed or
+    not; the attention function finds document boundaries itself), the ``sdpa`` mask for padded batches and
+    cached decoding, which the attention function hands to ``sdpa``."""
+    from transformers.masking_utils import sdpa_mask
+
+    plain = isinstance(q_offset, int) and isinstance(kv_offset, int) and q_offset == 0 and kv_offset == 0
+    if attention_mask is None and q_length == kv_length and plain:
+        return None
+    return sdpa_mask(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        attention_mask=attention_mask,
+        **kwargs,
+    )
+
+
+def leaky_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """A deliberately WRONG implementation (``padfree_leaky``) for testing leak detectors such as
+    ``padfree check-packing``: plain causal attention over the whole row, blind to document boundaries, so
+    every document of a packed row sees the ones before it. Never train with it."""
+    gqa = query.shape[1] != key.shape[1]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa
+    )
+    _state.path = "document-blind causal SDPA (deliberately leaky)"
+    return out.transpose(1, 2), None
+
+
+def register() -> bool:
+    """Register ``padfree_varlen`` (and the test-only ``padfree_leaky``) with transformers' attention and mask
+    interfaces (idempotent). Returns ``False`` when transformers is not installed."""
+    global _registered
+    if _registered:
+        return True
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError:
+        return False
+    AttentionInterface.register(NAME, varlen_attention_forward)
+    AttentionMaskInterface.register(NAME, varlen_mask)
+    AttentionInterface.register(LEAKY, leaky_attention_forward)
+    AttentionMaskInterface.register(LEAKY, varlen_mask)
+    _registered = True
+    return True
+
+
+def attention_implementation(strategy: str) -> str:
+    """The ``attn_implementation`` to build a transformers model with for ``strategy``: ``"padfree_varlen"``
+    for packed rows (registered on the way), ``"sdpa"`` for padded strategies, and ``"sdpa"`` for packed rows
+    too when transformers cannot take a custom attention (it then builds a block mask from the restarting
+    ``position_ids``: correct, slower)."""
+    name = attn_for(strategy)
+    return name if name == "sdpa" or register() else "sdpa"
+
+
+register()
