@@ -3,9 +3,9 @@ size among --worlds), and verify from the seen-log that every sample of every ep
 in the steps that count. Not part of CI's default run (minutes).
 
 Each kill is, at random, of the whole process tree or of the launcher alone (what an OOM killer or a
-scheduler that signals one pid does: the workers must stop by themselves, none may be left running); and in
-about one launch out of three a second job is started on the same checkpoint directory while the first
-trains (it must be refused, naming the owner, and write nothing).
+scheduler that signals one pid does: the workers must stop by themselves, none may be left running); and
+every third launch meets a second job started on the same checkpoint directory while it trains (it must be
+refused, naming the owner, and write nothing).
 
 Run it from the repository root (it trains on the vendored fixtures/):
 
@@ -72,7 +72,9 @@ def main() -> int:
         target = resume_step + rng.randint(0, 3 * args.checkpoint_every) if kill else None
         delay = rng.uniform(0.0, 0.5) if kill else 0.0
         how = rng.choice(["tree", "launcher"])
-        intrude = resume_step + rng.randint(0, 2 * args.checkpoint_every) if rng.random() < 1 / 3 else None
+        # every third launch meets a second job, started at a random step before its kill
+        span = (target if kill else resume_step + 2 * args.checkpoint_every) - resume_step
+        intrude = resume_step + rng.randint(0, span) if len(launches) % 3 == 0 else None
         outcome = killresume.run(
             ROOT / "examples/train.py", world, train_args, seen, kill_at_step=target, kill_delay=delay,
             output=work / "train.out", torchrun=True, kill=how, intruder_at_step=intrude,

@@ -120,9 +120,9 @@ def run(
     ``kill_delay`` seconds after this launch has logged a step ``>= kill_at_step`` (``None``: let it finish).
 
     ``intruder_at_step``: once that step is logged, run the same command again (a second job on the same
-    checkpoint directory) to its end and record its exit code and last line. ``term_at_step``: send SIGTERM to
-    the launcher once that step is logged and let the run stop on its own. Raises ``RuntimeError`` if the
-    launch fails on its own (other than after SIGTERM) or times out."""
+    checkpoint directory) to its end, this launch paused meanwhile, and record its exit code and line.
+    ``term_at_step``: send SIGTERM to the launcher once that step is logged and let the run stop on its own.
+    Raises ``RuntimeError`` if the launch fails on its own (other than after SIGTERM) or times out."""
     seen_log = Path(seen_log)
     offset = seen_log.stat().st_size if seen_log.exists() else 0
     last, buf = -1, b""
@@ -144,7 +144,7 @@ def run(
                     with contextlib.suppress(ValueError, KeyError):
                         last = max(last, int(json.loads(line)["step"]))
             if intruder_at_step is not None and intruder is None and last >= intruder_at_step:
-                intruder = _intrude(cmd, env, timeout)
+                intruder = _intrude(proc, cmd, env, timeout)
             if term_at_step is not None and not termed and last >= term_at_step:
                 proc.send_signal(signal.SIGTERM)
                 termed = True
@@ -174,11 +174,28 @@ def run(
         out.close()
 
 
-def _intrude(cmd: list[str], env: dict | None, timeout: float) -> dict:
-    """Run ``cmd`` (a second job on the same directory) to its end; its exit code and its last line."""
-    res = subprocess.run(
-        cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout, check=False
-    )
+def _intrude(owner: subprocess.Popen, cmd: list[str], env: dict | None, timeout: float) -> dict:
+    """Run ``cmd`` (a second job on the same directory) to its end while the running job ``owner`` is
+    paused (SIGSTOP, then SIGCONT), so the owner is alive and holds its directory the whole time (it could
+    otherwise finish first and hand the directory over). Returns the second job's exit code and the line
+    that names the owner (or its last line)."""
+    paused = [owner.pid, *descendants(owner.pid)]
+    for pid in paused:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    try:
+        res = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+            timeout=timeout,
+            check=False,
+        )
+    finally:
+        for pid in paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
     lines = [ln for ln in (res.stdout + res.stderr).splitlines() if "in use by" in ln]
     return {
         "returncode": res.returncode,
