@@ -6,7 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from padfree.commands.common import Bounded, check_input, check_output, writing
 from padfree.errors import ConfigError
+
+WORKERS = Bounded(int, 1, 256)
 
 NAME = "lengths"
 HELP = (
@@ -39,7 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", type=Path, required=True, help="output .npy; loss-bearing counts go to *.assistant.npy"
     )
-    p.add_argument("--workers", type=int, default=default_workers(), help="processes (default min(4, cpus))")
+    p.add_argument(
+        "--workers", type=WORKERS, default=default_workers(), help="processes (default min(4, cpus))"
+    )
     p.add_argument(
         "--cache-dir",
         type=Path,
@@ -62,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out.suffix != ".npy":
         raise ConfigError(f"--out must name a .npy file (got {args.out})")
+    for path, what in ((args.data, "dataset"), (args.tokenizer, "tokenizer")):
+        check_input(path, what)
+    check_output(args.out, "the lengths")
+    check_output(assistant_path(args.out), "the loss-bearing lengths")
     mode, field = "auto", None
     if args.field:
         mode, field = "text", args.field
@@ -78,11 +87,12 @@ def run(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
         progress=not args.quiet,
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     dtype = np.int32 if int(res.lengths.max(initial=0)) < 2**31 else np.int64
-    np.save(args.out, res.lengths.astype(dtype))
     aux = assistant_path(args.out)
-    np.save(aux, res.loss_tokens.astype(dtype))
+    with writing(args.out, "the lengths"):
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        np.save(args.out, res.lengths.astype(dtype))
+        np.save(aux, res.loss_tokens.astype(dtype))
     cache = "cache hit" if res.cache_hit else ("cache miss" if res.cache_file else "cache off")
     q = np.percentile(res.lengths, [50, 99])
     print(

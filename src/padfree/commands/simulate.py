@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from padfree.commands.common import add_lengths_argument, add_plan_options, config_from_args, load_lengths
+from padfree.commands.common import (
+    RANKS,
+    add_lengths_argument,
+    add_plan_options,
+    config_from_args,
+    load_lengths,
+)
 from padfree.core.config import STRATEGIES
 from padfree.errors import ConfigError
 
@@ -16,7 +22,7 @@ HELP = "predict each strategy's training throughput on N GPUs (ranks wait for th
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_lengths_argument(p, required=False)
     add_plan_options(p)
-    p.add_argument("--gpus", type=int, default=None, help="GPUs (ranks); overrides --world-size")
+    p.add_argument("--gpus", type=RANKS, default=None, help="GPUs (ranks); overrides --world-size")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated strategies")
     p.add_argument("--no-naive", action="store_true", help="leave out the naive bucketing baseline")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -34,10 +40,7 @@ def run(args: argparse.Namespace) -> int:
             f"unknown strategy {bad[0] if bad else '(none)'!r}: choose from {', '.join(STRATEGIES)}"
         )
     cfg = config_from_args(args, names[0])
-    try:
-        spu = load_seconds_per_unit(args.cost)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{args.cost}: not a cost model: {exc}") from None
+    spu = load_seconds_per_unit(args.cost)
     lengths, path, name = load_lengths(args)
     result = simulate(lengths, cfg, tuple(names), seconds_per_unit=spu, naive=not args.no_naive, path=path)
     result["dataset"] = name

@@ -9,6 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from padfree.core import _kernels
+from padfree.errors import ConfigError
+
+MAX_DP_CELLS = 2**25
+"""The most cells of ``optimal_edges``' split table, ``(buckets + 1) * (distinct lengths + 1)`` (int64:
+256 MiB)."""
 
 
 def growth_edges(lengths: np.ndarray, growth: float, phase: float = 0.0) -> np.ndarray:
@@ -23,7 +28,9 @@ def growth_edges(lengths: np.ndarray, growth: float, phase: float = 0.0) -> np.n
     lo = float(lengths.min())
     hi = float(lengths.max())
     n = int(np.ceil(np.log(hi / lo) / np.log(growth) - phase)) + 2
-    edges = np.ceil(lo * growth ** (np.arange(n, dtype=np.float64) + phase) - 1e-9).astype(np.int64)
+    with np.errstate(over="ignore"):  # a huge growth overshoots in float; capped before the cast
+        raw = lo * growth ** (np.arange(n, dtype=np.float64) + phase)
+    edges = np.ceil(np.minimum(raw, 2.0**62) - 1e-9).astype(np.int64)
     edges = np.unique(np.maximum(edges, int(lo)))
     last = int(np.searchsorted(edges, hi, side="left"))
     return edges[: last + 1]
@@ -38,6 +45,15 @@ def optimal_edges(lengths: np.ndarray, n_buckets: int) -> np.ndarray:
     [11, 52, 100]
     """
     values, counts = np.unique(lengths, return_counts=True)
+    k = min(int(n_buckets), values.shape[0])
+    if (k + 1) * (values.shape[0] + 1) > MAX_DP_CELLS:
+        most = max(1, MAX_DP_CELLS // (values.shape[0] + 1) - 1)
+        mib = (k + 1) * (values.shape[0] + 1) * 8 / 2**20
+        raise ConfigError(
+            f"{n_buckets} padding-optimal buckets over {values.shape[0]:,} distinct lengths need a "
+            f"{mib:,.0f} MiB table (limit {MAX_DP_CELLS * 8 // 2**20} MiB): use at most {most} buckets, "
+            "or --growth"
+        )
     return _kernels.optimal_edges(values.astype(np.int64), counts.astype(np.int64), int(n_buckets))
 
 

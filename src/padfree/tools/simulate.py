@@ -9,28 +9,32 @@ tokens per cost unit are meaningful).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from padfree.core.config import CostModel, PlanConfig
+from padfree.core.config import MAX_COST, CostModel, PlanConfig, read_cost_file
 from padfree.core.plan import epoch_rng, make_plan
 from padfree.core.steps import micro_costs, micro_shapes
+from padfree.errors import ConfigError
 
 # The motivating case: measured on 8 GPUs, Ktok/s per strategy (sorted 32, bucketed 25.1, random 11.9).
 MOTIVATING_KTOK_S = {"sorted": 32.0, "naive_bucketed": 25.1, "random": 11.9}
 
 
 def load_seconds_per_unit(path: str | Path | None) -> float | None:
-    """``seconds_per_unit`` (or ``seconds_per_slot``) of a cost file, or None when absent."""
+    """``seconds_per_unit`` (or ``seconds_per_slot``) of a cost file, or None when absent; a value that is
+    not a number in ``(0, 1e30]`` is a :class:`ConfigError`."""
     if path is None:
         return None
-    data = json.loads(Path(path).read_text())
+    data = read_cost_file(path)
     for key in ("seconds_per_unit", "seconds_per_slot"):
         v = data.get(key)
-        if isinstance(v, (int, float)) and v > 0:
-            return float(v)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= MAX_COST:
+            raise ConfigError(f"{path}: {key} must be a number > 0 and <= {MAX_COST:g} (got {v!r})")
+        return float(v)
     return None
 
 
