@@ -50,7 +50,7 @@ def check_fills_step(n_items: int, config: PlanConfig) -> None:
 
 @dataclass(frozen=True)
 class Plan:
-    """Micro-batches, in plan order, of one epoch.
+    r"""Micro-batches, in plan order, of one epoch.
 
     Micro-batch ``k`` holds samples ``indices[offsets[k]:offsets[k+1]]``; it belongs to step
     ``k // (world_size*grad_accum)``, rank ``(k % (world_size*grad_accum)) // grad_accum`` and is that rank's
@@ -60,8 +60,8 @@ class Plan:
         step:            0   0   0   0   0   0 | 1   1   1   1   1   1 |  2
         rank:            0   0   0   1   1   1 | 0   0   0   1   1   1 |  0
         accumulation:    0   1   2   0   1   2 | 0   1   2   0   1   2 |  0
-                         \___ rank 0 ___/ \___ rank 1 ___/
-                         \__________ one optimizer step ____________/
+                        [ rank 0  ] [ rank 1  ]
+                        [ one optimizer step  ]
 
         rank 0 runs 0, 1, 2 (no_sync, no_sync, sync) then 6, 7, 8 ...  (``micro_ids(0)``)
         indices: [ 17 4 | 9 | 23 40 2 | ... ]    offsets: [0, 2, 3, 6, ...]
