@@ -1,7 +1,7 @@
-"""A run owns its checkpoint directory (padfree.torch.checkpoint), and examples/train.py ends cleanly: a
-second run on the directory is refused naming the owner, a dead run's lock is taken over, a damaged newest
-checkpoint falls back to the previous one, every rank resumes the checkpoint rank 0 chose, SIGTERM stops at a
-step boundary after a checkpoint, and killing only torchrun's launcher stops its workers: exactly once."""
+"""A run owns its checkpoint directory (padfree.torch.checkpoint): a second run on the directory is refused
+naming the owner, a dead run's lock is taken over, a damaged newest checkpoint falls back to the previous
+one, every rank resumes the checkpoint rank 0 chose or all refuse together; and SIGTERM only sets a flag
+(padfree.torch.lifecycle). examples/train.py under these: tests/testing/test_train_lifecycle.py."""
 
 from __future__ import annotations
 
@@ -20,15 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from padfree.errors import StateError
-from padfree.testing import killresume, seenlog
 from padfree.torch.checkpoint import LOCK_NAME, CheckpointDir
-from padfree.torch.lifecycle import EXIT_STOPPED
-
-ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ROOT / "examples" / "train.py"
-TINY = ["--vocab-size", "512", "--model-set", "hidden_size=32", "--model-set", "intermediate_size=64",
-        "--model-set", "num_hidden_layers=1", "--model-set", "num_attention_heads=2",
-        "--model-set", "num_key_value_heads=2"]  # fmt: skip
 
 
 def _state(step: int) -> dict:
@@ -137,51 +129,6 @@ def test_every_rank_loads_the_checkpoint_rank_0_chose_and_all_refuse_together(tm
     assert results[0]["step"] == results[1]["step"] == 2  # both fell back with rank 0
     # rank 1 holds other data: both ranks refuse, with the same line
     assert results[0]["error"] == results[1]["error"] and "rank 1 would resume" in results[0]["error"]
-
-
-# ----- examples/train.py -----------------------------------------------------------------------------------
-def _args(tmp_path: Path, fixtures_dir: Path, n: int, epochs: int = 1) -> list[str]:
-    return [
-        "--data", str(fixtures_dir / "samples/*.jsonl.gz"),
-        "--tokenizer", str(fixtures_dir / "tokenizers/llama_sp32k.model"),
-        "--strategy", "packed", "--budget", "256", "--grad-accum", "2", "--epochs", str(epochs),
-        "--limit-samples", str(n), "--seed", "5", "--checkpoint-dir", str(tmp_path / "ckpt"),
-        "--checkpoint-every", "4", "--seen-log", str(tmp_path / "seen.jsonl"), "--resume",
-        "--log-every", "1000", *TINY,
-    ]  # fmt: skip
-
-
-def test_sigterm_checkpoints_at_the_next_step_and_the_resume_loses_nothing(tmp_path, fixtures_dir):
-    n, seen, out = 160, tmp_path / "seen.jsonl", tmp_path / "train.out"
-    args = _args(tmp_path, fixtures_dir, n)
-    first = killresume.run(TRAIN, 1, args, seen, term_at_step=5, output=out)
-    assert first.stopped and first.returncode == EXIT_STOPPED, out.read_text()[-2000:]
-    stopped_at = int(sorted((tmp_path / "ckpt").glob("step-*.pt"))[-1].stem.split("-")[1])
-    assert stopped_at == first.last_step + 1  # the checkpoint holds every step the run did
-    second = killresume.run(TRAIN, 1, args, seen, output=out)
-    assert not second.killed and second.returncode == 0
-    records = seenlog.read(seen)
-    report = seenlog.check_exactly_once(records, n, epochs=1)
-    assert report["ok"] and report["records"] == report["counted"] == n, report  # nothing redone
-    runs = list(dict.fromkeys(r["run"] for r in records))
-    assert min(r["step"] for r in records if r["run"] == runs[1]) == stopped_at
-
-
-def test_killing_only_the_launcher_stops_the_workers_and_the_resume_is_exactly_once(tmp_path, fixtures_dir):
-    n, seen, out = 200, tmp_path / "seen.jsonl", tmp_path / "train.out"
-    args = _args(tmp_path, fixtures_dir, n)
-    first = killresume.run(TRAIN, 2, args, seen, kill_at_step=6, kill="launcher", output=out)
-    assert first.killed and first.orphans == 0, out.read_text()[-3000:]
-    second = killresume.run(TRAIN, 1, args, seen, output=out)  # refused if a worker still held the lock
-    assert not second.killed and second.returncode == 0, out.read_text()[-3000:]
-    records = seenlog.read(seen)
-    report = seenlog.check_exactly_once(records, n, epochs=1)
-    assert report["ok"] and report["runs"] == 2 and report["counted"] == n, report
-    runs = list(dict.fromkeys(r["run"] for r in records))
-    assert {r["rank"] for r in records if r["run"] == runs[0]} == {0, 1}
-    # the killed launch's workers did not go on training after their launcher died
-    assert max(r["step"] for r in records if r["run"] == runs[0]) <= first.last_step + 1
-    assert min(r["step"] for r in records if r["run"] == runs[1]) > 0  # resumed from a checkpoint
 
 
 def test_stop_on_signal_restores_the_previous_handler():
