@@ -36,15 +36,21 @@ def growth_edges(lengths: np.ndarray, growth: float, phase: float = 0.0) -> np.n
     return edges[: last + 1]
 
 
-def optimal_edges(lengths: np.ndarray, n_buckets: int) -> np.ndarray:
+def optimal_edges(lengths: np.ndarray, n_buckets: int, counts: np.ndarray | None = None) -> np.ndarray:
     """The ``n_buckets`` upper edges that minimize total padding when every sample is padded to its bucket's
     upper edge: ``sum_i (edge(b_i) - L_i)``. Exact (dynamic programming over the D distinct lengths with
-    divide-and-conquer optimization, O(n_buckets * D log D)).
+    divide-and-conquer optimization, O(n_buckets * D log D)). With ``counts``, ``lengths`` are the distinct
+    lengths (ascending) and ``counts`` how many samples have each (a histogram instead of every sample).
 
     >>> optimal_edges(np.array([10, 10, 11, 50, 52, 100]), 3).tolist()
     [11, 52, 100]
+    >>> optimal_edges(np.array([10, 11, 50, 52, 100]), 3, counts=np.array([2, 1, 1, 1, 1])).tolist()
+    [11, 52, 100]
     """
-    values, counts = np.unique(lengths, return_counts=True)
+    if counts is None:
+        values, counts = np.unique(lengths, return_counts=True)
+    else:  # ``lengths`` are already the distinct lengths, ascending, and ``counts`` their multiplicities
+        values = np.asarray(lengths)
     k = min(int(n_buckets), values.shape[0])
     if (k + 1) * (values.shape[0] + 1) > MAX_DP_CELLS:
         most = max(1, MAX_DP_CELLS // (values.shape[0] + 1) - 1)

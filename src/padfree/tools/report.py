@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.core.batching import bucket_edges
+from padfree.core.buckets import growth_edges, optimal_edges
 from padfree.core.config import STRATEGIES, PlanConfig
-from padfree.core.cost import imbalance
-from padfree.core.items import make_items, validate_lengths
+from padfree.core.items import validate_lengths
+from padfree.core.metrics import item_counts
 from padfree.core.plan import Plan
-from padfree.core.planner import make_plan
+from padfree.core.planner import plan_pieces
 from padfree.tools.analyze import analyze_strategies, measure
 
 GROWTHS = (1.1, 1.25, 1.5, 2.0)
@@ -69,9 +69,10 @@ def build_report(
     packing: bool = True,
 ) -> tuple[dict, dict[str, Plan]]:
     """Measure the strategies and the frontier and choose a plan. Returns ``(numbers, plans)`` where
-    ``plans`` holds the epoch-1 plan of the recommendation (``"recommended"``)."""
+    ``plans`` holds the epoch-1 plan of the recommendation (``"recommended"``; its first window when the
+    epoch is planned window by window: no whole plan of a huge epoch is ever held)."""
     t0 = time.perf_counter()
-    lengths = validate_lengths(lengths, path)
+    lengths = validate_lengths(lengths, path, compact=True)  # int32 stays int32 (100M: 400 MB, not 800)
     configs = {s: base.with_(strategy=s) for s in STRATEGIES}
     result = analyze_strategies(lengths, configs, path=path)
     result["dataset"]["name"] = name
@@ -89,7 +90,7 @@ def build_report(
         if _label(cfg) in done:
             continue
         done.add(_label(cfg))
-        m, _ = measure(lengths, cfg, path)
+        m = measure(lengths, cfg, path)
         points.append(Point(_label(cfg), "buckets" if cfg.buckets is not None else "growth", cfg, m))
     rand = result["strategies"]["random"]["step_divergence"]
     for _ in range(MIX_RETRIES):  # a faster bucketed plan that only misses co-batch repeat: retry, 2x mix
@@ -110,19 +111,28 @@ def build_report(
         while _label(cfg) in done:  # that one was tried (and missed too): double again
             cfg = cfg.with_(mix=cfg.mix * 2)
         done.add(_label(cfg))
-        m, _ = measure(lengths, cfg, path)
+        m = measure(lengths, cfg, path)
         points.append(Point(_label(cfg), "mix", cfg, m))
     ref = result["strategies"]["sorted"]["modeled_throughput"]
     for p in points:
         p.metrics["relative_throughput"] = p.metrics["modeled_throughput"] / ref
     rec = recommend(points, packing)
     chosen = next(p for p in points if p.label == rec["label"])
-    plan = make_plan(lengths, chosen.config, 1, path=path)
-    items = make_items(lengths, base.budget, base.overlong, path)
+    plan, rc_parts = None, []
+    for piece in plan_pieces(lengths, chosen.config, 1, path=path):  # the first RANK_STEPS steps' rank load
+        plan = piece if plan is None else plan
+        rc_parts.append(piece.rank_costs()[:RANK_STEPS])
+        if sum(r.shape[0] for r in rc_parts) >= RANK_STEPS:
+            break
+    rc = np.concatenate(rc_parts)
     # the recommended bucketed plan's edges; the --growth/--buckets edges when the pick is not bucketed
     edge_cfg = chosen.config if chosen.config.strategy == "bucketed" else base.with_(strategy="bucketed")
-    edges = bucket_edges(items.length, edge_cfg.growth, edge_cfg.buckets, None)
-    rc = plan.rank_costs()
+    counts = item_counts(lengths, base)  # items by length: the edges without a copy of the lengths
+    vals = np.flatnonzero(counts)
+    if edge_cfg.buckets is not None:
+        edges = optimal_edges(vals, edge_cfg.buckets, counts=counts[vals])
+    else:
+        edges = growth_edges(vals, edge_cfg.growth)
     numbers = {
         "dataset": result["dataset"],
         "config": result["config"] | {"growth": base.growth, "buckets": base.buckets, "mix": base.mix},
@@ -136,7 +146,7 @@ def build_report(
             "label": chosen.label,
             "steps_shown": int(min(RANK_STEPS, rc.shape[0])),
             "cost": rc[:RANK_STEPS].round(1).tolist(),
-            "imbalance": imbalance(rc),
+            "imbalance": chosen.metrics["imbalance"],
         },
         "packing_supported": packing,
         "seconds": 0.0,
@@ -309,7 +319,7 @@ def write_report(
 ) -> dict:
     """Build the report and write ``out_dir/index.html`` and ``out_dir/report.json``; returns the numbers."""
     numbers, plans = build_report(lengths, base, **kwargs)  # type: ignore[arg-type]
-    lengths = validate_lengths(lengths, kwargs.get("path"))  # type: ignore[arg-type]
+    lengths = validate_lengths(lengths, kwargs.get("path"), compact=True)  # type: ignore[arg-type]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figures = render_figures(lengths, numbers)
