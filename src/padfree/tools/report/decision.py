@@ -1,32 +1,39 @@
 """The report's decision: measure the strategies and a frontier of bucketed plans, then choose one plan and
 say why in numbers.
 
-Modeled throughput of a plan = real tokens / sum over steps of the modeled cost of the step's most loaded
-rank (a synchronous step waits for its slowest rank), reported relative to ``sorted``.
+Every plan is measured with :func:`padfree.tools.analyze.measure` (epoch 1; co-batch repeat from epoch 0).
+Modeled throughput = real tokens / sum over steps of the modeled cost of the step's most loaded rank (a
+synchronous step waits for its slowest rank), reported relative to ``sorted``.
+
+The rules a plan must meet scale with the epoch (see :func:`limits`): at a few steps per epoch, which
+micro-batch a sample shares matters little (the step gradient sums its micro-batches) and step-to-step
+statistics are noise, so the limits widen; on long epochs they tighten to 1% co-batch repeat.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from padfree.core.batching import bucket_edges
 from padfree.core.config import STRATEGIES, PlanConfig
 from padfree.core.cost import imbalance
-from padfree.core.items import make_items, validate_lengths
+from padfree.core.items import validate_lengths
 from padfree.core.plan import Plan
 from padfree.core.planner import make_plan
-from padfree.tools.analyze import analyze_strategies, measure
+from padfree.tools.analyze import analyze_strategies, measure, short_epoch
 
 GROWTHS = (1.1, 1.25, 1.5, 2.0)
 BUCKET_COUNTS = (2, 4, 8, 16, 32)
-MAX_COBATCH_REPEAT = 0.01
-MAX_ADJACENT_CORR = 0.1
+MIXES = (4, 16, 64)
+"""Explicit noise windows swept at the base growth, beside the automatic one."""
+REPEAT_FLOOR = 0.01
+ADJACENT_FLOOR = 0.1
+WASTE_RATIO = 2.0
+"""A rejected plan this many times faster than the pick is always named, with the rule it breaks."""
 RANK_STEPS = 200
-MIX_RETRIES = 3
-_DEFAULT_MIX = PlanConfig().mix
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,7 @@ class Point:
     """One measured plan configuration of the frontier."""
 
     label: str
-    family: str  # "growth", "buckets", or a strategy name
+    family: str  # "growth", "buckets", "mix", or a strategy name
     config: PlanConfig
     metrics: dict
 
@@ -43,8 +50,46 @@ class Point:
         params = {"strategy": c.strategy}
         if c.strategy == "bucketed":
             params |= {"buckets": c.buckets} if c.buckets is not None else {"growth": c.growth}
-            params["mix"] = c.mix
+            params["mix"] = "auto" if c.mix is None else c.mix
         return {"label": self.label, "family": self.family, "params": params, **_clean(self.metrics)}
+
+
+def limits(steps: int, micro_per_step: int) -> dict:
+    """The rules' limits for a plan whose epoch has ``steps`` steps of ``micro_per_step`` micro-batches.
+
+    - co-batch repeat <= ``max(0.01, micro_per_step / steps)``: a pair sharing a micro-batch is 1 of
+      ``micro_per_step`` micro-batch pairs among a sample's step partners, and a random order puts any pair
+      in one step with probability ~``1 / steps``; a repeat ``r`` adds ~``r / micro_per_step`` to that, so
+      this bound keeps pairs sharing a step again within twice a random order's rate;
+    - adjacent-step correlation <= ``max(0.1, 2 / sqrt(steps - 1))``: two standard errors of the
+      correlation of a random order's step means (none below 3 steps, where it is undefined).
+
+    >>> limits(1000, 32)["cobatch_repeat_max"], round(limits(1000, 32)["adjacent_corr_max"], 3)
+    (0.032, 0.1)
+    >>> limits(4, 32)["cobatch_repeat_max"], round(limits(4, 32)["adjacent_corr_max"], 3)
+    (8.0, 1.155)
+    """
+    adj = 2.0 / math.sqrt(steps - 1) if steps > 2 else float("inf")
+    return {
+        "cobatch_repeat_max": max(REPEAT_FLOOR, micro_per_step / max(steps, 1)),
+        "adjacent_corr_max": max(ADJACENT_FLOOR, adj),
+    }
+
+
+def broken(m: dict, micro_per_step: int, random_divergence: float) -> list[str]:
+    """The rules a plan's metrics break, each with its numbers."""
+    lim = limits(int(m["steps"]), micro_per_step)
+    bad = []
+    if m["cobatch_repeat"] > lim["cobatch_repeat_max"]:
+        bad.append(
+            f"co-batch repeat {m['cobatch_repeat']:.4f} > {lim['cobatch_repeat_max']:.4g} "
+            f"(= max(0.01, {micro_per_step} micro-batches per step / {m['steps']} steps))"
+        )
+    if m["adjacent_corr"] > lim["adjacent_corr_max"]:
+        bad.append(f"adjacent-step correlation {m['adjacent_corr']:+.3f} > {lim['adjacent_corr_max']:.3f}")
+    if m["step_divergence"] > random_divergence + 1e-12:
+        bad.append(f"step divergence {m['step_divergence']:.3f} > random's {random_divergence:.3f}")
+    return bad
 
 
 def build_report(
@@ -55,68 +100,46 @@ def build_report(
     path: str | None = None,
     growths: tuple[float, ...] = GROWTHS,
     bucket_counts: tuple[int, ...] = BUCKET_COUNTS,
+    mixes: tuple[int, ...] = MIXES,
     packing: bool = True,
 ) -> tuple[dict, dict[str, Plan]]:
     """Measure the strategies and the frontier and choose a plan. Returns ``(numbers, plans)`` where
-    ``plans`` holds the epoch-1 plan of the recommendation (``"recommended"``)."""
+    ``plans`` holds the epoch-1 plan of the recommendation (``"recommended"``) and the bucketed plan whose
+    edges the histogram draws (``"edges"``)."""
     t0 = time.perf_counter()
     lengths = validate_lengths(lengths, path)
     configs = {s: base.with_(strategy=s) for s in STRATEGIES}
     result = analyze_strategies(lengths, configs, path=path)
     result["dataset"]["name"] = name
-    points: list[Point] = []
-    for s in STRATEGIES:  # analyze's numbers (modeled throughput included)
-        m = result["strategies"][s]
-        fam = s
-        if s == "bucketed":
-            fam = "buckets" if base.buckets is not None else "growth"
-        points.append(Point(_label(configs[s]), fam, configs[s], m))
-    done = {_label(configs["bucketed"])}
-    sweep = [base.with_(strategy="bucketed", growth=float(g), buckets=None) for g in growths]
-    sweep += [base.with_(strategy="bucketed", buckets=int(n)) for n in bucket_counts]
+    points = [
+        Point(_label(configs[s]), _family(configs[s]), configs[s], result["strategies"][s])
+        for s in STRATEGIES
+    ]
+    done = {p.label for p in points}
+    bucketed = base.with_(strategy="bucketed")
+    sweep = [bucketed.with_(growth=float(g), buckets=None, mix=None) for g in growths]
+    sweep += [bucketed.with_(buckets=int(n), mix=None) for n in bucket_counts]
+    sweep += [bucketed.with_(mix=int(x)) for x in mixes]
     for cfg in sweep:
-        if _label(cfg) in done:
-            continue
-        done.add(_label(cfg))
-        m, _ = measure(lengths, cfg, path)
-        points.append(Point(_label(cfg), "buckets" if cfg.buckets is not None else "growth", cfg, m))
-    rand = result["strategies"]["random"]["step_divergence"]
-    for _ in range(MIX_RETRIES):  # a faster bucketed plan that only misses co-batch repeat: retry, 2x mix
-        ok_padded = [p for p in points if p.config.strategy != "packed" and not _broken(p.metrics, rand)]
-        floor = max((p.metrics["modeled_throughput"] for p in ok_padded), default=0.0)
-        near = [
-            p
-            for p in points
-            if p.config.strategy == "bucketed"
-            and p.metrics["modeled_throughput"] > floor
-            and _broken(p.metrics, rand)
-            and all(r.startswith("co-batch") for r in _broken(p.metrics, rand))
-        ]
-        if not near:
-            break
-        best = max(near, key=lambda p: p.metrics["modeled_throughput"])
-        cfg = best.config.with_(mix=best.config.mix * 2)
-        while _label(cfg) in done:  # that one was tried (and missed too): double again
-            cfg = cfg.with_(mix=cfg.mix * 2)
-        done.add(_label(cfg))
-        m, _ = measure(lengths, cfg, path)
-        points.append(Point(_label(cfg), "mix", cfg, m))
+        if _label(cfg) not in done:
+            done.add(_label(cfg))
+            points.append(Point(_label(cfg), _family(cfg), cfg, measure(lengths, cfg, path)[0]))
     ref = result["strategies"]["sorted"]["modeled_throughput"]
     for p in points:
         p.metrics["relative_throughput"] = p.metrics["modeled_throughput"] / ref
-    rec = recommend(points, packing)
+    rec = recommend(points, packing, base.micro_per_step)
+    rec["short_epoch"] = short_epoch(result)
+    if rec["short_epoch"]:
+        rec["text"] += " " + rec["short_epoch"][0].upper() + rec["short_epoch"][1:] + "."
     chosen = next(p for p in points if p.label == rec["label"])
     plan = make_plan(lengths, chosen.config, 1, path=path)
-    items = make_items(lengths, base.budget, base.overlong, path)
-    # the recommended bucketed plan's edges; the --growth/--buckets edges when the pick is not bucketed
-    edge_cfg = chosen.config if chosen.config.strategy == "bucketed" else base.with_(strategy="bucketed")
-    edges = bucket_edges(items.length, edge_cfg.growth, edge_cfg.buckets, None)
+    edge_plan = plan if chosen.config.strategy == "bucketed" else make_plan(lengths, bucketed, 1, path=path)
     rc = plan.rank_costs()
     numbers = {
         "dataset": result["dataset"],
         "config": result["config"] | {"growth": base.growth, "buckets": base.buckets, "mix": base.mix},
-        "bucket_edges": edges.tolist(),
-        "bucket_edges_of": _label(edge_cfg),
+        "bucket_edges": edge_plan.edges.tolist(),
+        "bucket_edges_of": _label(edge_plan.config),
         "strategies": {s: _clean(result["strategies"][s]) for s in STRATEGIES},
         "strategy_labels": {s: _label(configs[s]) for s in STRATEGIES},
         "frontier": [p.to_json() for p in points],
@@ -124,57 +147,57 @@ def build_report(
         "rank_load": {
             "label": chosen.label,
             "steps_shown": int(min(RANK_STEPS, rc.shape[0])),
+            "steps": int(rc.shape[0]),
             "cost": rc[:RANK_STEPS].round(1).tolist(),
             "imbalance": imbalance(rc),
         },
         "packing_supported": packing,
-        "seconds": 0.0,
+        "measure_seconds": round(time.perf_counter() - t0, 2),
     }
-    numbers["seconds"] = round(time.perf_counter() - t0, 2)
-    return numbers, {"recommended": plan}
+    return numbers, {"recommended": plan, "edges": edge_plan}
 
 
-def recommend(points: list[Point], packing: bool) -> dict:
-    """Choose a plan: among plans with ``cobatch_repeat <= 0.01``, ``adjacent_corr <= 0.1`` and
-    ``step_divergence`` no worse than random's, packed when the model's attention can keep packed documents
-    apart (``packing``), else the padded plan with the highest modeled throughput."""
-    rand = next(p for p in points if p.config.strategy == "random").metrics["step_divergence"]
-    sorted_m = next(p for p in points if p.config.strategy == "sorted").metrics
-
-    failing = {p.label: _broken(p.metrics, rand) for p in points}
+def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
+    """Choose a plan: among plans that meet every rule (:func:`broken`: co-batch repeat and adjacent-step
+    correlation within :func:`limits` of their epoch length, step divergence no worse than random's),
+    packed when the model's attention can keep packed documents apart (``packing``), else the padded plan
+    with the highest modeled throughput. A rejected plan more than :data:`WASTE_RATIO` times faster than
+    the pick is named with the rule it breaks."""
+    rand = _by(points, "random").metrics["step_divergence"]
+    sorted_m = _by(points, "sorted").metrics
+    failing = {p.label: broken(p.metrics, micro_per_step, rand) for p in points}
     eligible = [p for p in points if not failing[p.label]]
     padded = [p for p in eligible if p.config.strategy != "packed"]
     packed = [p for p in eligible if p.config.strategy == "packed"]
-    best_padded = max(padded, key=lambda p: p.metrics["modeled_throughput"], default=None)
-    relaxed = False
+    best_padded = max(padded, key=_speed, default=None)
     if packing and packed:
         chosen = packed[0]
     elif best_padded is not None:
         chosen = best_padded
-    else:  # nothing passes: the padded plan breaking the fewest rules, then the fastest
-        relaxed = True
-        pool = [p for p in points if p.config.strategy != "packed" or packing]
-        chosen = min(pool, key=lambda p: (len(failing[p.label]), -p.metrics["modeled_throughput"]))
+    else:  # random meets every rule by construction, so only a custom point set gets here
+        chosen = min(points, key=lambda p: (len(failing[p.label]), -_speed(p)))
     m = chosen.metrics
+    lim = limits(int(m["steps"]), micro_per_step)
     reasons = [
         f"padding efficiency {m['padding_efficiency']:.4f} (random: "
-        f"{_metric(points, 'random', 'padding_efficiency'):.4f}, "
+        f"{_by(points, 'random').metrics['padding_efficiency']:.4f}, "
         f"sorted: {sorted_m['padding_efficiency']:.4f})",
         f"modeled throughput {m['relative_throughput']:.3f} x sorted "
-        f"({m['relative_throughput'] / _metric(points, 'random', 'relative_throughput'):.2f} x random)",
-        f"co-batch repeat between epochs {m['cobatch_repeat']:.4f} (limit {MAX_COBATCH_REPEAT}; "
-        f"sorted: {sorted_m['cobatch_repeat']:.3f})",
-        f"step divergence {m['step_divergence']:.3f} (random: {rand:.3f}, sorted: "
-        f"{sorted_m['step_divergence']:.3f})",
-        f"adjacent-step correlation {m['adjacent_corr']:+.3f} (limit {MAX_ADJACENT_CORR}), "
-        f"rank imbalance {m['imbalance']:.4f}",
+        f"({m['relative_throughput'] / _by(points, 'random').metrics['relative_throughput']:.2f} x random)",
+        f"co-batch repeat between epochs {m['cobatch_repeat']:.4f} (limit {lim['cobatch_repeat_max']:.4g} at "
+        f"{m['steps']} steps of {micro_per_step} micro-batches; sorted: {sorted_m['cobatch_repeat']:.3f})",
+        f"step divergence {m['step_divergence']:.3f} (random: {rand:.3f}, "
+        f"sorted: {sorted_m['step_divergence']:.3f})",
+        f"adjacent-step correlation {m['adjacent_corr']:+.3f} ("
+        + (f"limit {lim['adjacent_corr_max']:.3g}" if m["steps"] > 2 else "no limit below 3 steps")
+        + f"), rank imbalance {m['imbalance']:.4f}",
     ]
     if chosen.config.strategy == "packed":
         why = (
             "it meets every rule and the model's attention can keep packed documents apart (assumed; pass "
             "--no-packing if it cannot), so bins of whole documents carry no padding and mix lengths freely"
         )
-    elif relaxed:
+    elif failing[chosen.label]:
         why = "no plan meets every rule; this one breaks the fewest: " + "; ".join(failing[chosen.label])
     else:
         why = f"the highest modeled throughput among the {len(padded)} padded plans that meet every rule"
@@ -190,41 +213,8 @@ def recommend(points: list[Point], packing: bool) -> dict:
             f"(padding efficiency {bm['padding_efficiency']:.4f}, throughput "
             f"{bm['relative_throughput']:.3f} x sorted, co-batch repeat {bm['cobatch_repeat']:.4f}).",
         }
-    # a faster padded plan that just misses a rule is worth naming, with the knob that fixes it
-    padded_pick = best_padded if chosen.config.strategy == "packed" or relaxed else chosen
-    floor = -1.0 if padded_pick is None else padded_pick.metrics["modeled_throughput"]
-    misses = [
-        p
-        for p in points
-        if p.config.strategy == "bucketed" and failing[p.label] and p.metrics["modeled_throughput"] > floor
-    ]
-    near_miss = None
-    if misses:
-        nm = max(misses, key=lambda p: p.metrics["modeled_throughput"])
-        fixes = []
-        if nm.metrics["cobatch_repeat"] > MAX_COBATCH_REPEAT:
-            tried = [
-                p
-                for p in points
-                if p.family == "mix" and p.config.with_(mix=nm.config.mix) == nm.config and p is not nm
-            ]
-            if tried:
-                last = max(tried, key=lambda p: p.config.mix)
-                fixes.append(
-                    f"raising --mix to {last.config.mix} gave co-batch repeat "
-                    f"{last.metrics['cobatch_repeat']:.4f} at "
-                    f"{last.metrics['relative_throughput']:.3f} x sorted"
-                )
-            else:
-                fixes.append(f"a larger --mix (now {nm.config.mix}) lowers co-batch repeat")
-        if nm.metrics["step_divergence"] > rand + 1e-12 or nm.metrics["adjacent_corr"] > MAX_ADJACENT_CORR:
-            fixes.append("fewer, wider buckets (larger growth) mix lengths more within a step")
-        near_miss = (
-            f"{nm.label} would reach {nm.metrics['relative_throughput']:.3f} x sorted but breaks: "
-            + "; ".join(failing[nm.label])
-            + (f" ({'; '.join(fixes)})" if fixes else "")
-            + "."
-        )
+    padded_pick = best_padded if chosen.config.strategy == "packed" else chosen
+    near_miss = _near_miss(points, failing, padded_pick, packing)
     c = chosen.config
     text = (
         f"Use {chosen.label} with budget {c.budget} tokens, world size {c.world_size} x grad-accum "
@@ -243,34 +233,66 @@ def recommend(points: list[Point], packing: bool) -> dict:
         "eligible": [p.label for p in eligible],
         "rejected": {k: v for k, v in failing.items() if v},
         "criteria": {
-            "cobatch_repeat_max": MAX_COBATCH_REPEAT,
-            "adjacent_corr_max": MAX_ADJACENT_CORR,
+            "cobatch_repeat_max": lim["cobatch_repeat_max"],
+            "adjacent_corr_max": lim["adjacent_corr_max"],
             "step_divergence_max": rand,
+            "rule": "co-batch repeat <= max(0.01, micro-batches per step / steps); adjacent-step correlation "
+            "<= max(0.1, 2 / sqrt(steps - 1)); step divergence <= random's",
         },
     }
 
 
-def _metric(points: list[Point], strategy: str, key: str) -> float:
-    return float(next(p for p in points if p.config.strategy == strategy).metrics[key])
+def _near_miss(points: list[Point], failing: dict, pick: Point | None, packing: bool) -> str | None:
+    """The fastest rejected plan that beats the padded pick (any strategy when it is over
+    :data:`WASTE_RATIO` times faster), with the rules it breaks and the knob that fixes them."""
+    floor = -1.0 if pick is None else _speed(pick)
+    misses = [
+        p
+        for p in points
+        if failing[p.label]
+        and _speed(p) > floor
+        and (p.config.strategy == "bucketed" or _speed(p) > WASTE_RATIO * floor)
+        and (packing or p.config.strategy != "packed")
+    ]
+    if not misses:
+        return None
+    nm = max(misses, key=_speed)
+    fixes = []
+    if any(r.startswith("co-batch") for r in failing[nm.label]) and nm.config.strategy == "bucketed":
+        fixes.append("a wider noise window (a larger --mix) lowers co-batch repeat")
+    if any(not r.startswith("co-batch") for r in failing[nm.label]) and nm.config.strategy == "bucketed":
+        fixes.append("fewer, wider buckets (a larger --growth) mix lengths more within a step")
+    ratio = "" if pick is None else f" ({_speed(nm) / _speed(pick):.2f} x the pick's throughput)"
+    return (
+        f"{nm.label} would reach {nm.metrics['relative_throughput']:.3f} x sorted{ratio}, padding efficiency "
+        f"{nm.metrics['padding_efficiency']:.4f}, but breaks: "
+        + "; ".join(failing[nm.label])
+        + (f" ({'; '.join(fixes)})" if fixes else "")
+        + "."
+    )
 
 
-def _broken(m: dict, random_divergence: float) -> list[str]:
-    """The recommendation rules a plan's metrics break, each with its numbers."""
-    bad = []
-    if m["cobatch_repeat"] > MAX_COBATCH_REPEAT:
-        bad.append(f"co-batch repeat {m['cobatch_repeat']:.4f} > {MAX_COBATCH_REPEAT}")
-    if m["adjacent_corr"] > MAX_ADJACENT_CORR:
-        bad.append(f"adjacent-step correlation {m['adjacent_corr']:+.3f} > {MAX_ADJACENT_CORR}")
-    if m["step_divergence"] > random_divergence + 1e-12:
-        bad.append(f"step divergence {m['step_divergence']:.3f} > random's {random_divergence:.3f}")
-    return bad
+def _speed(p: Point) -> float:
+    return float(p.metrics["modeled_throughput"])
+
+
+def _by(points: list[Point], strategy: str) -> Point:
+    return next(p for p in points if p.config.strategy == strategy)
+
+
+def _family(cfg: PlanConfig) -> str:
+    if cfg.strategy != "bucketed":
+        return cfg.strategy
+    if cfg.mix is not None:
+        return "mix"
+    return "buckets" if cfg.buckets is not None else "growth"
 
 
 def _label(cfg: PlanConfig) -> str:
-    """``sorted``, ``bucketed (growth 1.25)``, ``bucketed (8 optimal buckets, mix 256)``..."""
+    """``sorted``, ``bucketed (growth 1.25)``, ``bucketed (8 optimal buckets, mix 16)``..."""
     if cfg.strategy != "bucketed":
         return cfg.strategy
-    mix = "" if cfg.mix == _DEFAULT_MIX else f", mix {cfg.mix}"
+    mix = "" if cfg.mix is None else f", mix {cfg.mix}"
     if cfg.buckets is not None:
         return f"bucketed ({cfg.buckets} optimal buckets{mix})"
     return f"bucketed (growth {cfg.growth:g}{mix})"

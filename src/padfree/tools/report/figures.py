@@ -7,8 +7,6 @@ import io
 
 import numpy as np
 
-from padfree.tools.report.decision import MAX_COBATCH_REPEAT
-
 _COLORS = {
     "sorted": "#7f7f7f",
     "random": "#d62728",
@@ -64,7 +62,10 @@ def _fig_histogram(plt, lengths: np.ndarray, numbers: dict) -> str:  # noqa: ANN
     for e in edges:
         ax.axvline(e, color="#e6550d", lw=0.6, alpha=0.55)
     ax.set_title(
-        f"{len(edges)} bucket upper edges of {numbers['bucket_edges_of']} in orange", fontsize=10, loc="left"
+        f"{len(edges)} bucket upper edges (after merging sparse buckets) that {numbers['bucket_edges_of']} "
+        "used in epoch 1, in orange",
+        fontsize=10,
+        loc="left",
     )
     ax2.legend(loc="upper right", frameon=False)
     return _png(plt, fig)
@@ -94,89 +95,103 @@ def _fig_strategies(plt, numbers: dict) -> str:  # noqa: ANN001
     return _png(plt, fig)
 
 
+_TAG = {"growth": ("growth", "g"), "buckets": ("buckets", "n"), "mix": ("mix", "m")}
+
+
 def _fig_frontier(plt, numbers: dict) -> str:  # noqa: ANN001
+    """Padding efficiency against step divergence and against co-batch repeat, one point per plan. Every
+    point is drawn inside the axes; one far below the others (random, usually) sits on the bottom edge with
+    its value written beside it; bucketed points carry a short tag placed clear of the others."""
     pts = numbers["frontier"]
     rec = numbers["recommendation"]["label"]
-    # zoom on the plans worth choosing; a far worse one (random, usually) is drawn on the bottom edge
     effs = [p["padding_efficiency"] for p in pts]
-    good = [v for v in effs if v >= 0.8] or effs
-    y_lo = max(0.0, min(good) - 0.15 * (max(good) - min(good) + 0.01))
-    y_hi = max(effs) + 0.1 * (max(effs) - y_lo)
+    close = [p["padding_efficiency"] for p in pts if p["family"] != "random"] or effs
+    span = max(close) - min(close) + 0.01
+    y_lo, y_hi = max(0.0, min(close) - 0.12 * span), min(1.0, max(effs)) + 0.12 * span
+    floor_y = y_lo + 0.03 * (y_hi - y_lo)
 
     def y_of(p: dict) -> float:
-        return max(p["padding_efficiency"], y_lo + 0.03 * (y_hi - y_lo))
+        return max(p["padding_efficiency"], floor_y)
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
     for ax, key, xlabel in (
         (axes[0], "step_divergence", "step divergence (W1 / mean length; lower = more representative)"),
         (axes[1], "cobatch_repeat", "co-batch repeat between epochs (log; lower = fresher partners)"),
     ):
-        for fam, marker in (("growth", "o-"), ("buckets", "s-")):
-            sort_key = "growth" if fam == "growth" else "buckets"
+        xs_all = [_floor(p[key], key) for p in pts]
+        if key == "cobatch_repeat":
+            ax.set_xscale("log")
+            ax.set_xlim(min(xs_all) / 1.6, max(xs_all) * 1.6)
+            ax.axvline(
+                numbers["recommendation"]["criteria"]["cobatch_repeat_max"], color="#999", lw=0.8, ls="--"
+            )
+        else:
+            lo, hi = min(xs_all), max(xs_all)
+            ax.set_xlim(lo - 0.08 * (hi - lo + 1e-3), hi + 0.08 * (hi - lo + 1e-3))
+            ax.axvline(
+                numbers["recommendation"]["criteria"]["step_divergence_max"], color="#999", lw=0.8, ls="--"
+            )
+        ax.set_ylim(y_lo, y_hi)
+        labels: list[tuple[str, float, float, str]] = []
+        for fam, marker in (("growth", "o-"), ("buckets", "s-"), ("mix", "P-")):
+            sort_key = _TAG[fam][0]
             series = sorted((p for p in pts if p["family"] == fam), key=lambda p: p["params"][sort_key])
             if not series:
                 continue
             xs = [_floor(p[key], key) for p in series]
             ys = [y_of(p) for p in series]
-            name = "bucketed, growth factor" if fam == "growth" else "bucketed, N optimal buckets"
-            ax.plot(xs, ys, marker, color=_COLORS[fam], ms=5, lw=1, label=name)
-            if key == "step_divergence":  # on the log co-batch axis the points crowd: the table has them
-                for p, x, yv in zip(series, xs, ys, strict=True):
-                    tag = f"{p['params'][sort_key]:g}"
-                    ax.annotate(tag, (x, yv), textcoords="offset points", xytext=(4, -10), fontsize=7.5)
-        retried = [p for p in pts if p["family"] == "mix"]
-        if retried:
-            ax.plot(
-                [_floor(p[key], key) for p in retried],
-                [y_of(p) for p in retried],
-                "P",
-                color=_COLORS["mix"],
-                ms=8,
-                linestyle="none",
-                label="bucketed, larger --mix",
-            )
+            name = {
+                "growth": "bucketed, growth factor (g)",
+                "buckets": "bucketed, N optimal buckets (n)",
+                "mix": "bucketed, explicit --mix (m)",
+            }[fam]
+            ax.plot(xs, ys, marker, color=_COLORS[fam], ms=6, lw=1, label=name)
+            for p, x, yv in zip(series, xs, ys, strict=True):
+                labels.append((f"{_TAG[fam][1]}{p['params'][sort_key]:g}", x, yv, _COLORS[fam]))
         for s, marker in (("packed", "D"), ("sorted", "^"), ("random", "v")):
             for p in (q for q in pts if q["family"] == s):
                 x, yv = _floor(p[key], key), y_of(p)
                 ax.plot([x], [yv], marker, color=_COLORS[s], ms=8, label=s, linestyle="none")
-                if yv != p["padding_efficiency"]:
-                    ax.annotate(
-                        f"{s}: {p['padding_efficiency']:.3f} (below the axis)",
-                        (x, yv),
-                        textcoords="offset points",
-                        xytext=(-8, 4) if key == "step_divergence" else (8, 4),
-                        ha="right" if key == "step_divergence" else "left",
-                        fontsize=8,
-                        color=_COLORS[s],
-                    )
+                below = f" {p['padding_efficiency']:.3f}, below" if yv != p["padding_efficiency"] else ""
+                labels.append((s + below, x, yv, _COLORS[s]))
         for p in (q for q in pts if q["label"] == rec):
-            ax.plot(
-                [_floor(p[key], key)],
-                [y_of(p)],
-                "o",
-                ms=16,
-                mfc="none",
-                mec="black",
-                mew=1.5,
-                label="recommended",
-            )
-        if key == "cobatch_repeat":
-            ax.set_xscale("log")
-            ax.axvline(MAX_COBATCH_REPEAT, color="#999", lw=0.8, ls="--")
-        else:
-            ax.axvline(
-                numbers["recommendation"]["criteria"]["step_divergence_max"], color="#999", lw=0.8, ls="--"
-            )
-        ax.set_ylim(y_lo, y_hi)
+            ax.plot([_floor(p[key], key)], [y_of(p)], "o", ms=16, mfc="none", mec="black", mew=1.5,
+                    label="recommended")  # fmt: skip
+        _place_labels(fig, ax, labels)
         ax.set_xlabel(xlabel, fontsize=9)
         ax.set_ylabel("padding efficiency")
         ax.grid(alpha=0.25)
-    handles, labels = axes[0].get_legend_handles_labels()
+    handles, names = axes[0].get_legend_handles_labels()
     fig.legend(
-        handles, labels, loc="lower center", ncol=6, frameon=False, fontsize=8.5, bbox_to_anchor=(0.5, -0.06)
+        handles, names, loc="lower center", ncol=4, frameon=False, fontsize=8.5, bbox_to_anchor=(0.5, -0.1)
     )
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return _png(plt, fig)
+
+
+def _place_labels(fig, ax, labels: list[tuple[str, float, float, str]]) -> None:  # noqa: ANN001
+    """Write each label beside its point at the first of a few offsets whose box overlaps no label written
+    before (boxes measured in display pixels), farther ones with a thin leader line; a label with no free
+    place is left out (its point is still drawn, and the table lists every plan)."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    taken: list = []
+    near = [(5, 3), (5, -11), (-5, 3), (-5, -11)]
+    far = [(dx, dy) for r in (14, 26, 38) for dx, dy in ((5, r), (5, -r - 8), (-5, r), (-5, -r - 8))]
+    far += [(dx, dy) for r in (24, 44) for dx, dy in ((r, -4), (-r, -4))]
+    for text, x, y, color in sorted(labels, key=lambda t: (t[2], t[1])):
+        for dx, dy in near + far:
+            leader = {"arrowstyle": "-", "color": color, "lw": 0.5} if (dx, dy) in far else None
+            ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=7.5,
+                              color=color, ha="left" if dx > 0 else "right", arrowprops=leader)  # fmt: skip
+            ann.update_positions(renderer)
+            box = Text.get_window_extent(ann, renderer).expanded(1.05, 1.1)  # the text, not its leader
+            if not any(box.overlaps(t) for t in taken):
+                taken.append(box)
+                break
+            ann.remove()  # no free place: the point stays drawn, the table below the figure names it
 
 
 def _floor(v: float, key: str) -> float:
@@ -184,30 +199,38 @@ def _floor(v: float, key: str) -> float:
 
 
 def _fig_rank_load(plt, numbers: dict) -> str:  # noqa: ANN001
+    """Each rank's modeled cost in each step, relative to the step's mean rank: a heatmap (ranks x steps),
+    readable at any number of ranks and steps, with integer ticks."""
+    from matplotlib.ticker import MaxNLocator
+
     rl = numbers["rank_load"]
     cost = np.asarray(rl["cost"], dtype=np.float64)
-    steps = np.arange(cost.shape[0])
-    fig, ax = plt.subplots(figsize=(10, 3.4))
-    w = cost.shape[1]
-    if w <= 16:
-        for r in range(w):
-            ax.plot(steps, cost[:, r], lw=0.7, alpha=0.7)
+    rel = cost / np.where(cost.mean(1, keepdims=True) > 0, cost.mean(1, keepdims=True), 1.0)
+    n_steps, w = cost.shape
+    dev = max(0.01, float(np.abs(rel - 1).max()))
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.22 * w))
+    im = ax.imshow(rel.T, aspect="auto", cmap="RdBu_r", vmin=1 - dev, vmax=1 + dev, interpolation="nearest",
+                   extent=(-0.5, n_steps - 0.5, w - 0.5, -0.5))  # fmt: skip
+    if n_steps <= 24:
+        ax.set_xticks(range(n_steps))
     else:
-        ax.fill_between(
-            steps, cost.min(1), cost.max(1), color="#9ecae1", alpha=0.6, label="min-max over ranks"
-        )
-    ax.plot(steps, cost.max(1), color="black", lw=1.2, label="most loaded rank")
-    ax.plot(steps, cost.mean(1), color="#e6550d", lw=1.0, ls="--", label="mean rank")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=12))
+    if w <= 16:
+        ax.set_yticks(range(w))
+    else:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=16))
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("modeled cost per rank\n(token-equiv.; axis not from 0)")
+    ax.set_ylabel("rank")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(True)
+    bar = fig.colorbar(im, ax=ax, pad=0.01, fraction=0.04, format="%.2f")
+    bar.set_label("cost / step mean", fontsize=8.5)
     ax.set_title(
-        f"{rl['label']}: {w} ranks, first {rl['steps_shown']} steps, imbalance (max/mean) "
+        f"{rl['label']}: {w} ranks, {'the first ' if rl['steps_shown'] < rl.get('steps', 0) else ''}"
+        f"{rl['steps_shown']} step{'s' if rl['steps_shown'] != 1 else ''}; "
+        "imbalance (max/mean, mean over steps) "
         f"{rl['imbalance']:.4f}",
         fontsize=10,
         loc="left",
     )
-    lo, hi = float(cost.min()), float(cost.max())
-    pad = max(0.05 * (hi - lo), 0.01 * hi)
-    ax.set_ylim(lo - pad, hi + 3 * pad)  # not from 0: the differences between ranks are the point
-    ax.legend(loc="lower right", frameon=False, fontsize=8.5)
     return _png(plt, fig)
