@@ -122,6 +122,13 @@ def summarize(rows: list[dict]) -> dict:
             "packed_imb_ok", [r for r in rows if r["packed_steps"] >= MIN_STEPS]
         ),
         "seed_mix_902K (eff >= 0.99, repeat <= 0.01)": tally("seed_mix_ok", rows),
+    } | {
+        f"{name}_imbalance (>=20 steps, grad-accum {g})": tally(key, [r for r in sel if r["accum"] == g])
+        for name, key, sel in (
+            ("bucketed", "imb_ok", long_rows),
+            ("packed", "packed_imb_ok", [r for r in rows if r["packed_steps"] >= MIN_STEPS]),
+        )
+        for g in (1, 2, 4)
     }
 
 
@@ -171,7 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", type=Path, default=None, help="folder of real .npy length files")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--only", default=None, help="comma-separated set names (default: all)")
+    ap.add_argument(
+        "--resummarize", action="store_true", help="rewrite the summary and markdown of --out's JSON"
+    )
     args = ap.parse_args(argv)
+    if args.resummarize:
+        rows = json.loads((args.out / "bucketed_sizes.json").read_text())["rows"]
+        return _write(args.out, rows)
     if args.lengths is None or not args.lengths.is_dir():
         print("pass --lengths FOLDER (the real length files, e.g. ../shared/data/lengths)", file=sys.stderr)
         return 2
@@ -192,10 +205,14 @@ def main(argv: list[str] | None = None) -> int:
                         file=sys.stderr,
                         flush=True,
                     )
+    return _write(args.out, rows)
+
+
+def _write(out: Path, rows: list[dict]) -> int:
     result = {"summary": summarize(rows), "rows": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bucketed_sizes.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "bucketed_sizes.md").write_text(markdown(result))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bucketed_sizes.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "bucketed_sizes.md").write_text(markdown(result))
     print(json.dumps(result["summary"], indent=1))
     return 0
 
