@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 from transformers import TrainingArguments
 
 from padfree.hf import PadfreeTrainer
@@ -18,7 +19,9 @@ import hf_ddp_worker as w  # noqa: E402
 
 
 def main(out: str) -> None:
-    data, lengths = w.ddp_data()
+    rng = np.random.default_rng(2)
+    data = [{"input_ids": rng.integers(1, 64, n)} for n in rng.integers(4, 120, 48)]
+    lengths = [len(d["input_ids"]) for d in data]  # several steps an epoch: the two steps are in epoch 0
     model = build_model("tiny-llama", attn_implementation=attention_implementation("packed"), **w.TINY_KW)
     args = TrainingArguments(
         out, gradient_accumulation_steps=2, max_steps=2, save_steps=2, remove_unused_columns=False,
