@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="plan every strategy over a seeded random subset of this many samples instead of all of them "
         "(default: all, so that the plans pad as they would on the whole dataset; a small pool pads more, "
-        "bucketed most, since its buckets must each hold `mix` (128) micro-batches)",
+        "bucketed most, whose noise windows narrow with the data)",
     )
     p.add_argument(
         "--padded-attention",
