@@ -310,3 +310,37 @@ def test_examples_train_on_padfree_lengths_and_stop_when_they_disagree(
             f"data has {short[17] + 3} ({data} line 18; 1 of 40 samples differ): count again with "
             "`padfree lengths` and the same tokenizer, --format and --chat-template"
         ]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "rule"),
+    [
+        (
+            "l.jsonl",
+            '{"length": 5}\n{"length": 123456789012345678901}\n',
+            "length 123456789012345678901 is absurdly",
+        ),
+        ("l.jsonl", '{"length": 5}\n{"length": 1e20}\n', "field 'length' must be an integer (got '1e+20')"),
+        ("l.txt", "5\n123456789012345678901\n", "length 123456789012345678901 is absurdly large"),
+        ("l.txt", "5\n-123456789012345678901\n", "must be a positive integer (got -123456789012345678901)"),
+        ("l.npy", np.array([5.0, 1e20]), "length 100000000000000000000 is absurdly large"),
+        ("l.parquet", np.array([5.0, 1e20]), "length 100000000000000000000 is absurdly large"),
+    ],
+)
+def test_lengths_too_large_to_be_exact_are_refused(
+    name: str, content, rule: str, tmp_path: Path, capsys
+) -> None:
+    """A length beyond int64 (or read as a float) is refused with its exact digits, never rounded."""
+    path = tmp_path / name
+    if isinstance(content, str):
+        path.write_text(content)
+    elif name.endswith(".npy"):
+        np.save(path, content)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"length": pa.array(content)}), path)
+    assert main(["analyze", str(path), "--json"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and f"{path}: sample 1: " in lines[0] and rule in lines[0], lines

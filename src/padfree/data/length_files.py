@@ -196,9 +196,12 @@ _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
 def _as_array(values: list[int]) -> np.ndarray:
-    # Python ints beyond int64 become floats so validation reports them as absurdly large, not as overflow
-    if any(abs(v) > 2**62 for v in values):
-        return np.array(values, dtype=np.float64)
+    # an integer beyond int64 would only fit a float, which rounds it: refuse it here, with its exact digits
+    for i, v in enumerate(values):
+        if abs(v) > 2**62:
+            if v < 0:
+                raise InputError(f"length must be a positive integer (got {v})", sample=i)
+            raise InputError(f"length {v} is absurdly large (limit {MAX_LENGTH} tokens)", sample=i)
     return np.array(values, dtype=np.int64)
 
 
