@@ -157,6 +157,14 @@ def test_training_tokenizes_what_lengths_counts(
     if kind in ("sentencepiece", "tokenizer.json", "folder"):
         bos_eos = samples[0]["input_ids"][[0, -1]].tolist()
         assert bos_eos[0] != bos_eos[1]  # each message is [BOS] ... [EOS]
+    if kind == "folder":  # the ids are transformers' own
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(str(template_folder))
+        m = chats[0][0]
+        piece = hf(m["role"] + "\n" + m["content"] + "\n", add_special_tokens=False)["input_ids"]
+        ids = samples[0]["input_ids"].tolist()
+        assert ids[: len(piece) + 2] == [hf.bos_token_id, *piece, hf.eos_token_id]
     if template:  # the template writes the turn markers; the assistant's content and <|im_end|> carry loss
         from transformers import AutoTokenizer
 
@@ -164,6 +172,7 @@ def test_training_tokenizes_what_lengths_counts(
         first = [{"role": m["role"], "content": m["content"]} for m in chats[0]]
         want = hf.apply_chat_template(first, tokenize=False)
         assert hf.decode(samples[0]["input_ids"]) == want
+        assert samples[0]["input_ids"].tolist() == hf(want, add_special_tokens=False)["input_ids"]
         loss_text = hf.decode(samples[0]["input_ids"][samples[0]["loss_mask"].astype(bool)])
         assert loss_text == first[-1]["content"] + "<|im_end|>\n"
     if kind in ("sentencepiece", "folder+template"):  # loss_on=all: every label position

@@ -148,6 +148,7 @@ def test_cache_hit_on_second_run_and_miss_on_new_tokenizer(
         ('{"messages": [{"role": "user", "content": null}]}', "messages[0].content must be a string"),
         ('{"messages": [{"content": "x"}]}', "messages[0] has no 'role'"),
         ('["not", "an", "object"]', "not an object"),
+        ('\ufeff{"messages": []}', "field 'messages' holds no messages"),  # a BOM is skipped
     ],
 )
 def test_malformed_record_names_file_and_line(

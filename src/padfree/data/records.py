@@ -164,6 +164,8 @@ def first_record(src: Source) -> dict | None:
 
 def parse_line(raw: bytes) -> tuple[object, bool]:
     """One ``.jsonl`` line -> ``(value, lone surrogates replaced)``; RecordError when it is not JSON."""
+    if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark (files saved by some editors)
+        raw = raw[3:]
     if not raw.strip():
         raise RecordError("empty line (one JSON object per line expected)")
     try:
