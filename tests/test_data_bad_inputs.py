@@ -344,3 +344,21 @@ def test_lengths_too_large_to_be_exact_are_refused(
     assert main(["analyze", str(path), "--json"]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and f"{path}: sample 1: " in lines[0] and rule in lines[0], lines
+
+
+@pytest.mark.parametrize("name", ["data.jsonl.gz", "data.jsonl", "data.parquet"])
+def test_analyze_on_training_data_points_to_padfree_lengths(name: str, tmp_path: Path, capsys) -> None:
+    path = tmp_path / name
+    if name.endswith(".gz"):
+        path.write_bytes(_gz(GOOD * 3))
+    elif name.endswith(".jsonl"):
+        path.write_bytes(GOOD * 3)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist([CHAT] * 3), path)
+    assert main(["analyze", str(path)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and str(path) in lines[0], lines
+    assert "count their tokens first: padfree lengths DATA --tokenizer TOK --out lengths.npy" in lines[0]
