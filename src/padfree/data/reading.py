@@ -57,8 +57,8 @@ def readings(
     split: str | None = None,
 ) -> list[Reading]:
     """Resolve files, globs and folders and decide each source's format (``mode``, or auto-detected from the
-    first record / the column names). ``fields``: the full field map (see :func:`field_map`)."""
-    names = dict(fields) if fields is not None else field_map(mode, None, None)
+    first record / the column names). ``fields``: fields read under other names (:func:`field_map`)."""
+    names = field_map(mode, None, fields)
     out = []
     for src in records.resolve_sources(data, split):
         cols = records.columns_of(src)

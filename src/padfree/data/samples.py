@@ -53,7 +53,7 @@ def load_samples(
     """Tokenized samples in source order, cut to ``max_len`` tokens; at most ``per_file`` from each source
     and ``limit`` in all. ``data``, ``mode``, ``fields`` and ``split`` as for
     :func:`padfree.data.count_lengths.count_lengths`; ``loss_on``: ``assistant`` or ``all``."""
-    names = dict(fields) if fields is not None else field_map(mode, None, None)
+    names = field_map(mode, None, fields)
     tok = Tokenizer(tokenizer, chat_template)
     items: list[dict] = []
     origins: list[tuple[int, str, bool]] = []
