@@ -79,10 +79,10 @@ class Tokenizer:
     def render(self, messages: list[dict], generation_prompt: bool = False) -> str:
         """The chat template's text for ``messages`` (what ``apply_chat_template(tokenize=False)`` gives)."""
         if self._render is not None and not self._render_checked:
-            self._render_checked = True
-            slow = [self._apply(messages, g) for g in (False, True)]
+            slow = [self._apply(messages, g) for g in (False, True)]  # a refused chat checks the next one
             if [self._render(messages, g) for g in (False, True)] != slow:  # pragma: no cover - safety net
                 self._render = None
+            self._render_checked = True
         if self._render is not None:
             return self._render(messages, generation_prompt)
         return self._apply(messages, generation_prompt)
