@@ -20,7 +20,7 @@ from padfree.cli import main
 from padfree.data.samples import load_samples
 from padfree.errors import PadfreeError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHAT = {"messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi!"}]}
 GOOD = (json.dumps(CHAT) + "\n").encode()
 
