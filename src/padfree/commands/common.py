@@ -150,7 +150,11 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
         "--buckets", type=BUCKETS, default=None, help="bucketed: N padding-optimal buckets instead"
     )
     p.add_argument(
-        "--mix", type=MIX, default=128, help="bucketed: noise window in micro-batches (default 128)"
+        "--mix",
+        type=MIX,
+        default=None,
+        help="bucketed: noise window in micro-batches, every bucket (default: chosen from the data, "
+        "see docs/planning.md)",
     )
     p.add_argument("--seed", type=SEED, default=0, help="seed (default 0)")
     p.add_argument("--overlong", default="error", help=f"samples over the budget: {', '.join(OVERLONG)}")

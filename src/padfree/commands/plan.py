@@ -18,7 +18,10 @@ from padfree.commands.common import (
 )
 
 NAME = "plan"
-HELP = 'write one epoch\'s plan, one micro-batch a line: {"epoch", "step", "rank", "micro", "indices"}'
+HELP = (
+    'write one epoch\'s plan, one micro-batch a line: {"epoch", "step", "rank", "micro", "indices"}, plus '
+    '"lengths" (tokens of each piece) on every line when a sample was truncated or split, "starts" when split'
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,15 +43,23 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.out, "the plan")
     lengths, path, _ = load_lengths(args)
     p = make_plan(lengths, cfg, args.epoch, path=path)
+    cut = p.starts is None and p.truncated > 0  # one shape for the whole file: pieces' lengths on every line
+
+    def lines():
+        for j, rec in enumerate(p.records()):
+            if cut:
+                rec["lengths"] = p.lengths[p.offsets[j] : p.offsets[j + 1]].tolist()
+            yield json.dumps(rec, separators=(",", ":")) + "\n"
+
     if to_stdout:  # an OSError here is standard output's: the CLI boundary names it
-        for rec in p.records():
-            sys.stdout.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        for line in lines():
+            sys.stdout.write(line)
         return 0
     created = not args.out.exists()
     try:
         with writing(args.out, "the plan"), args.out.open("w") as stream:
-            for rec in p.records():
-                stream.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            for line in lines():
+                stream.write(line)
     except BaseException:
         if created and args.out.is_file():  # no half-written plan left behind
             args.out.unlink()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from padfree.commands.common import (
     RANKS,
@@ -29,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.tools.simulate import load_seconds_per_unit, motivating_ratios, simulate
+    from padfree.tools.simulate import cost_warning, load_seconds_per_unit, motivating_ratios, simulate
 
     if args.gpus is not None:
         args.world_size = args.gpus
@@ -41,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
         )
     cfg = config_from_args(args, names[0])
     spu = load_seconds_per_unit(args.cost)
+    warning = cost_warning(args.cost)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     lengths, path, name = load_lengths(args)
     result = simulate(lengths, cfg, tuple(names), seconds_per_unit=spu, naive=not args.no_naive, path=path)
     result["dataset"] = name
