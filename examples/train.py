@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -127,11 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = CheckpointDir(args.checkpoint_dir, rank, world, say=print) if args.checkpoint_dir else None
     try:
         return train(args, rank, world, device, ckpt, stop)
-    except PadfreeError as exc:  # raised on every rank alike (rank 0 decides): one line, exit 2
+    except PadfreeError:  # raised on every rank alike (rank 0 decides): rank 0 says it (run_example)
         if rank == 0:
-            print(f"train.py: error: {exc}", file=sys.stderr)
+            raise
         return 2
     finally:
+        stop.restore()  # main() may run in-process (tests): leave no SIGTERM handler behind
         if ckpt is not None:
             ckpt.release()
         if world > 1:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from padfree.testing import killresume, seenlog
 from padfree.torch.lifecycle import EXIT_STOPPED
 
@@ -58,3 +60,29 @@ def test_killing_only_the_launcher_stops_the_workers_and_the_resume_is_exactly_o
     # the killed launch's workers did not go on training after their launcher died
     assert max(r["step"] for r in records if r["run"] == runs[0]) <= first.last_step + 1
     assert min(r["step"] for r in records if r["run"] == runs[1]) > 0  # resumed from a checkpoint
+
+
+def test_main_in_process_leaves_no_signal_handler_and_refuses_an_owned_directory(
+    tmp_path, fixtures_dir, capsys
+):
+    import importlib.util
+    import signal
+    import sys
+
+    from padfree.torch.checkpoint import CheckpointDir
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    spec = importlib.util.spec_from_file_location("train_example", TRAIN)
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    before = signal.getsignal(signal.SIGTERM)
+    args = [*_args(tmp_path, fixtures_dir, 60), "--max-steps", "1"]
+    assert train.main(args) == 0 and signal.getsignal(signal.SIGTERM) == before
+    owner = CheckpointDir(tmp_path / "ckpt")
+    owner.acquire("the-owner")
+    with pytest.raises(SystemExit) as info:  # as `python examples/train.py` runs it
+        train.run_example(lambda: train.main(args))
+    err = capsys.readouterr().err.splitlines()
+    assert info.value.code == 2 and len(err) == 1 and "in use by run the-owner" in err[0], err
+    assert signal.getsignal(signal.SIGTERM) == before
+    owner.release()
