@@ -182,9 +182,9 @@ def _markdown(rows: list[dict], meta: dict) -> str:
         out += [
             "",
             "`analyze`: what `padfree analyze` does for one strategy (plan epochs 0 and 1, every metric). "
-            f"`report`: `padfree report` (every strategy, the frontier of growths {meta['report_growths']} "
-            f"and bucket counts {meta['report_bucket_counts']}, the page). `sampler`: rank 0's "
-            "`PlanBatchSampler` up to its first micro-batch (it plans the epoch then).",
+            f"`report`: `padfree report` (every strategy, the frontier of growths {meta['report_growths']}, "
+            f"bucket counts {meta['report_bucket_counts']} and the default mixes, the page). `sampler`: "
+            "rank 0's `PlanBatchSampler` up to its first micro-batch (it plans the epoch then).",
             "",
             "| samples | what | strategy | path | wall s | CPU s | load | peak RSS MB | before MB | result |",
             "|---:|---|---|---|---:|---:|---:|---:|---:|---|",
