@@ -102,7 +102,7 @@ def run_example(main) -> None:  # noqa: ANN001
     except PadfreeError as exc:
         print(f"{Path(sys.argv[0]).name}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    raise SystemExit(code or 0)
+    raise SystemExit(code if isinstance(code, int) else 0)  # hf_trainer's main returns its Trainer
 
 
 def model_overrides(args: argparse.Namespace) -> dict:
