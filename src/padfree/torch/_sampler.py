@@ -13,10 +13,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from padfree.core.balance import Balance, step_layout
 from padfree.core.config import PlanConfig
 from padfree.core.fingerprint import fingerprint
 from padfree.core.items import make_items, validate_lengths
@@ -25,7 +26,8 @@ from padfree.core.replay import Segment, replay
 from padfree.errors import ConfigError, StateError
 from padfree.torch._distributed import rank_and_world
 
-STATE_FORMAT = "padfree.sampler/1"
+STATE_FORMAT = "padfree.sampler/2"
+_FORMAT_V1 = "padfree.sampler/1"  # no balance recorded: accepted only where the cost model cannot matter
 
 
 @dataclass(frozen=True)
@@ -117,13 +119,16 @@ class PlanBatchSampler:
         self.epoch = int(epoch)
         self._history = [Segment(world_size, config.grad_accum, 0)]
         self._partial = 0  # micro-batches of the current (unfinished) step already yielded
+        self._balance = Balance.of(self.config.cost)  # decides how each coming step is given to ranks
         self._cache: tuple | None = None
+        self._step_cache: tuple | None = None
 
     # ----- the plan of the current segment -------------------------------------------------------------
     def _key(self) -> tuple:
         return (self.epoch, tuple(self._history[:-1]), self._history[-1].world_size)
 
     def _plan(self) -> tuple[Plan, int, np.ndarray]:
+        """The current segment's unassigned plan, the steps before it and the loss tokens of each step."""
         if self._cache is None or self._cache[0] != self._key():
             plan, before = replay(self._items, self.config, self.epoch, self._history)
             self._cache = (self._key(), plan, before, self._step_tokens(plan))
@@ -147,6 +152,19 @@ class PlanBatchSampler:
         micro[nonempty] = np.add.reduceat(per, plan.offsets[nonempty])
         steps = micro.reshape(plan.n_steps, k).sum(axis=1)
         return np.where(steps < 0, -1, steps)
+
+    def _layout(self, plan: Plan, s: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """Step ``s`` of ``plan`` given to ranks under the balance in force: ``(first item, order, offsets)``
+        (see :func:`padfree.core.balance.step_layout`)."""
+        key = (self._key(), s, self._balance)
+        if self._step_cache is None or self._step_cache[0] != key:
+            k = self.config.micro_per_step
+            offs = plan.offsets[s * k : (s + 1) * k + 1]
+            first = int(offs[0])
+            lens = plan.lengths[first : int(offs[-1])]
+            order, offsets = step_layout(lens, offs - first, plan.config, self._balance)
+            self._step_cache = (key, first, order, offsets)
+        return self._step_cache[1], self._step_cache[2], self._step_cache[3]
 
     # ----- sampler API -----------------------------------------------------------------------------------
     @property
@@ -175,6 +193,7 @@ class PlanBatchSampler:
             self.epoch = int(epoch)
             self._history = [Segment(self.world_size, self.grad_accum, 0)]
             self._partial = 0
+            self._balance = Balance.of(self.config.cost)
 
     def __len__(self) -> int:
         """Micro-batches the next iteration yields on this rank (the rest of the epoch)."""
@@ -182,14 +201,17 @@ class PlanBatchSampler:
         return (plan.n_steps - self._history[-1].steps) * self.grad_accum - self._partial
 
     def __iter__(self) -> Iterator[MicroBatch]:
-        plan, before, step_tokens = self._plan()
         g, w, r = self.grad_accum, self.world_size, self.rank
-        while self._history[-1].steps < plan.n_steps:
+        while True:
+            plan, before, step_tokens = self._plan()
             s = self._history[-1].steps
+            if s >= plan.n_steps:
+                return
             j = self._partial
-            k = (s * w + r) * g + j
-            a, b = int(plan.offsets[k]), int(plan.offsets[k + 1])
-            ids = plan.indices[a:b].tolist()
+            first, order, offsets = self._layout(plan, s)
+            k = r * g + j
+            pos = first + order[int(offsets[k]) : int(offsets[k + 1])]
+            ids = plan.indices[pos].tolist()
             tokens = int(step_tokens[s])
             info = MicroInfo(
                 epoch=self.epoch,
@@ -200,12 +222,12 @@ class PlanBatchSampler:
                 world_size=w,
                 grad_accum=g,
                 step_tokens=None if tokens < 0 else tokens,
-                starts=None if plan.starts is None else tuple(plan.starts[a:b].tolist()),
-                lengths=tuple(plan.lengths[a:b].tolist()),
+                starts=None if plan.starts is None else tuple(plan.starts[pos].tolist()),
+                lengths=tuple(plan.lengths[pos].tolist()),
                 indices=tuple(ids),
             )
             if j == g - 1:
-                self._history[-1] = Segment(w, g, s + 1)
+                self._history[-1] = replace(self._history[-1], steps=s + 1)
                 self._partial = 0
             else:
                 self._partial = j + 1
@@ -213,19 +235,29 @@ class PlanBatchSampler:
 
     # ----- state -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The position: epoch, fingerprint and the short resume history (JSON-serializable, O(resumes))."""
+        """The position and everything that decides the rest of the epoch: epoch, fingerprint, the short
+        resume history, and the balance in force (cost model, rank speeds). JSON-serializable, O(resumes)."""
         return {
             "format": STATE_FORMAT,
             "fingerprint": self.fingerprint,
             "epoch": self.epoch,
-            "history": [[s.world_size, s.grad_accum, s.steps] for s in self._history],
+            "history": [_entry(h) for h in self._history],
             "partial": self._partial,
+            "balance": self._balance.to_state(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at the exact next micro-batch, at this sampler's world size (which may differ: the rest of
-        the epoch is then re-planned over the new ranks). Raises :class:`StateError` on a foreign state."""
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        the epoch is then re-planned over the new ranks).
+
+        The state's balance (cost model, rank speeds) decides the rest of its epoch, whatever this sampler's
+        config says: a step half done when the state was saved continues with the same ranks' shares, and
+        the epoch ends in the order it would have without the interruption. The config's cost model applies
+        again from the next epoch. At another world size the speeds start afresh. Raises
+        :class:`StateError` (one line, saying why) on a foreign or damaged state, or on one that cannot be
+        continued exactly.
+        """
+        if not isinstance(state, dict) or state.get("format") not in (STATE_FORMAT, _FORMAT_V1):
             raise StateError(f"not a padfree sampler state (expected format {STATE_FORMAT!r})")
         if state.get("fingerprint") != self.fingerprint:
             raise StateError(
@@ -234,13 +266,23 @@ class PlanBatchSampler:
             )
         try:
             epoch = int(state["epoch"])
-            history = [Segment(int(w), int(g), int(s)) for w, g, s in state["history"]]
+            history = [_segment(h) for h in state["history"]]
             partial = int(state["partial"])
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed sampler state: {exc}") from None
-        if not history or epoch < 0 or partial < 0:
+        if not history or epoch < 0 or partial < 0 or any(h.steps < 0 for h in history):
             raise StateError("malformed sampler state: empty history or negative position")
         last = history[-1]
+        if state["format"] == _FORMAT_V1:
+            if partial or len(history) > 1:
+                raise StateError(
+                    f"a {_FORMAT_V1} state records no cost model and re-plans resumed epochs differently: it "
+                    "can only be continued at a step boundary of an epoch never resumed at another world "
+                    "size; resume from such a checkpoint or start the epoch again"
+                )
+            balance = Balance.of(self.config.cost)
+        else:
+            balance = Balance.from_state(state.get("balance"), last.world_size)
         if (last.world_size, last.grad_accum) != (self.world_size, self.grad_accum):
             if partial:
                 raise StateError(
@@ -251,7 +293,21 @@ class PlanBatchSampler:
             if last.steps == 0:
                 history = history[:-1]
             history.append(Segment(self.world_size, self.grad_accum, 0))
+            balance = replace(balance, speeds=None)  # other ranks: their speeds are not known yet
         elif partial >= self.grad_accum:
             raise StateError(f"malformed sampler state: partial {partial} >= grad_accum {self.grad_accum}")
-        self.epoch, self._history, self._partial = epoch, history, partial
-        self._cache = None
+        self.epoch, self._history, self._partial, self._balance = epoch, history, partial, balance
+        self._cache = self._step_cache = None
+
+
+def _entry(seg: Segment) -> list[int]:
+    head = [seg.world_size, seg.grad_accum, seg.steps]
+    return head if seg.budget is None else [*head, seg.budget]
+
+
+def _segment(entry: object) -> Segment:
+    w, g, steps, *rest = entry
+    if len(rest) > 1:
+        raise ValueError(f"a history entry has 3 or 4 numbers (got {entry!r:.60})")
+    budget = rest[0] if rest else None
+    return Segment(int(w), int(g), int(steps), None if budget is None else int(budget))
