@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from padfree.core.config import PlanConfig
-from padfree.core.plan import make_plan
+from padfree.core.planner import make_plan
 from padfree.testing.models import build_model
 from padfree.torch.attention import attn_for
 

@@ -48,7 +48,7 @@ def resampled_lengths(n: int, seed: int = 0, chunk: int = 8_000_000) -> np.ndarr
 
 def worker(n: int, strategy: str, mode: str, args: argparse.Namespace) -> dict:
     from padfree import PlanConfig, make_plan
-    from padfree.core.plan import STREAM_THRESHOLD
+    from padfree.core.planner import STREAM_THRESHOLD
 
     lengths = resampled_lengths(n, args.data_seed)
     rss_before = _vm("VmRSS")

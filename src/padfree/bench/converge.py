@@ -89,7 +89,7 @@ def lr_at(tokens: float, cfg: ConvergeConfig) -> float:
 
 def epoch_steps(lengths: np.ndarray, strategy: str, budget: int, cfg: ConvergeConfig) -> int:
     """Optimizer steps in one epoch of ``strategy`` at ``budget`` (one rank, ``grad_accum`` micro-batches)."""
-    from padfree.core.plan import make_plan
+    from padfree.core.planner import make_plan
 
     config = PlanConfig(strategy=strategy, budget=budget, grad_accum=cfg.grad_accum, seed=cfg.seed)
     return make_plan(lengths, config, 0).n_steps

@@ -1,8 +1,8 @@
 """How a batching of samples is measured, the same way for padfree and for every peer.
 
-A batching is ``(order, offsets)``: micro-batch ``k`` holds samples ``order[offsets[k]:offsets[k+1]]``. A
-*padded* batching computes ``count x longest`` slots per micro-batch; a *packed* one computes one bin of
-``budget`` slots (or the micro-batch's own token count when it overflows the budget).
+A batching is ``(order, offsets)``: micro-batch ``k`` holds samples ``order[offsets[k]:offsets[k+1]]``. What
+a micro-batch computes is :func:`padfree.core.cost.micro_shapes`, the planner's own model: a *padded*
+micro-batch computes ``count x longest`` slots, a *packed* row its tokens.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from padfree.core.cost import micro_shapes
 
 
 @dataclass(frozen=True)
@@ -33,36 +35,25 @@ class Batching:
         return int(self.offsets.shape[0] - 1)
 
 
-def slots_per_micro(lengths: np.ndarray, b: Batching, budget: int) -> np.ndarray:
-    """Computed slots per micro-batch: ``count x longest`` (padded) or ``max(budget, tokens)`` (packed)."""
-    lens = lengths[b.order].astype(np.float64)
-    starts = b.offsets[:-1]
-    if lens.size == 0:
-        return np.zeros(0)
-    if b.packed:
-        return np.maximum(float(budget), np.add.reduceat(lens, starts))
-    return np.diff(b.offsets) * np.maximum.reduceat(lens, starts)
-
-
 def batching_stats(lengths: np.ndarray, b: Batching, budget: int) -> dict:
-    """Padding efficiency (real tokens / computed slots) and the shape of the micro-batches.
+    """Padding efficiency (real tokens / computed slots), fill (real tokens / budget per micro-batch) and
+    the shape of the micro-batches; over budget: padded ``count x longest`` or packed tokens above it.
 
     >>> b = Batching(np.array([0, 1, 2]), np.array([0, 2, 3]), packed=False)
-    >>> batching_stats(np.array([4, 2, 6]), b, budget=8)["padding_efficiency"]
-    0.8571428571428571
+    >>> st = batching_stats(np.array([4, 2, 6]), b, budget=8)
+    >>> st["padding_efficiency"], st["fill"]
+    (0.8571428571428571, 0.75)
     """
-    lens = lengths[b.order].astype(np.float64)
-    tokens = np.add.reduceat(lens, b.offsets[:-1]) if lens.size else np.zeros(0)
-    slots = slots_per_micro(lengths, b, budget)
-    padded_slots = np.diff(b.offsets) * (np.maximum.reduceat(lens, b.offsets[:-1]) if lens.size else 0)
-    over = slots > budget if b.packed else padded_slots > budget
+    sh = micro_shapes(lengths[b.order], b.offsets, b.packed)
+    tokens = sh["real"]
     return {
-        "padding_efficiency": float(lengths.sum() / slots.sum()),
+        "padding_efficiency": float(tokens.sum() / sh["slots"].sum()),
+        "fill": float(tokens.sum() / (b.n_micro * budget)),
         "micro_batches": b.n_micro,
         "samples_covered": int(b.order.shape[0]),
         "tokens_per_micro_mean": float(tokens.mean()),
         "tokens_per_micro_max": float(tokens.max()),
-        "over_budget_micro": int(over.sum()),
+        "over_budget_micro": int((sh["slots"] > budget).sum()),
     }
 
 

@@ -52,7 +52,8 @@ import numpy as np
 from padfree.bench.measure import Batching, batching_stats
 from padfree.bench.peers import PEER_NAMES, PEERS, missing, plan_with_peer
 from padfree.core.config import PlanConfig
-from padfree.core.plan import make_plan
+from padfree.core.cost import micro_shapes
+from padfree.core.planner import make_plan
 from padfree.errors import ConfigError
 
 PADFREE = ("sorted", "random", "bucketed", "packed")
@@ -230,19 +231,9 @@ def micro_work(lengths: np.ndarray, b: Batching, attn_weight: float) -> tuple[np
     >>> work.tolist(), loss.tolist()
     ([24.0, 24.0], [4.0, 5.0])
     """
-    lens = lengths[b.order].astype(np.float64)
-    starts = b.offsets[:-1]
-    if lens.size == 0:
-        return np.zeros(0), np.zeros(0)
-    loss = np.add.reduceat(lens - 1, starts)
-    if b.packed:
-        slots = np.add.reduceat(lens, starts)
-        pairs = np.add.reduceat(lens * lens, starts)
-    else:
-        longest = np.maximum.reduceat(lens, starts)
-        rows = np.diff(b.offsets).astype(np.float64)
-        slots, pairs = rows * longest, rows * longest * longest
-    return slots + attn_weight * pairs, loss
+    sh = micro_shapes(lengths[b.order], b.offsets, b.packed)
+    loss = sh["real"] - sh["count"]
+    return sh["slots"] + attn_weight * sh["attn"], loss
 
 
 def stratified(work_per_token: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.core.plan import make_plan
+    from padfree.core.planner import make_plan
 
     cfg = config_from_args(args, args.strategy)
     lengths, path, _ = load_lengths(args)

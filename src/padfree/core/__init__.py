@@ -11,6 +11,7 @@ world-size changes; ``fingerprint`` identifies the data a plan was made for.
 
 from padfree.core.config import STRATEGIES, CostModel, PlanConfig
 from padfree.core.metrics import plan_metrics
-from padfree.core.plan import Plan, make_plan
+from padfree.core.plan import Plan
+from padfree.core.planner import make_plan
 
 __all__ = ["STRATEGIES", "CostModel", "Plan", "PlanConfig", "make_plan", "plan_metrics"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from padfree.core import _kernels, steps
+from padfree.core import _kernels, cost, steps
 from padfree.core.config import CostModel, PlanConfig
 from padfree.errors import StateError
 
@@ -26,13 +26,10 @@ class Balance:
     Attributes:
         cost: ``(a, b, c)`` of the cost model ``a*slots + b*attention + c``.
         speeds: relative speed of each rank (``None``: all equal).
-        measured: the cost was fitted to measured times (then packed slots are the row's real tokens;
-            otherwise, as in the plan, the budget).
     """
 
     cost: tuple[float, float, float]
     speeds: tuple[float, ...] | None = None
-    measured: bool = False
 
     @classmethod
     def of(cls, model: CostModel) -> Balance:
@@ -42,7 +39,6 @@ class Balance:
         return {
             "cost": list(self.cost),
             "speeds": None if self.speeds is None else list(self.speeds),
-            "measured": self.measured,
         }
 
     @classmethod
@@ -51,23 +47,20 @@ class Balance:
         if not isinstance(state, dict):
             raise StateError(f"malformed sampler state: balance must be an object (got {state!r:.60})")
         try:
-            cost = tuple(float(v) for v in state["cost"])
+            coefs = tuple(float(v) for v in state["cost"])
             speeds = state.get("speeds")
             speeds = None if speeds is None else tuple(float(v) for v in speeds)
-            measured = state.get("measured", False)
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed sampler state: balance {exc!r:.80}") from None
-        if len(cost) != 3 or not all(math.isfinite(v) and v >= 0 for v in cost) or sum(cost) <= 0:
-            raise StateError(f"malformed sampler state: cost {cost} must be 3 finite numbers >= 0, not all 0")
+        if len(coefs) != 3 or not all(math.isfinite(v) and v >= 0 for v in coefs) or sum(coefs) <= 0:
+            raise StateError(f"malformed sampler state: cost {coefs} must be 3 finite numbers >= 0, not 0")
         if speeds is not None and (
             len(speeds) != world_size or not all(math.isfinite(v) and v > 0 for v in speeds)
         ):
             raise StateError(
                 f"malformed sampler state: speeds must be {world_size} finite numbers > 0 (got {speeds})"
             )
-        if not isinstance(measured, bool):
-            raise StateError(f"malformed sampler state: measured must be true or false (got {measured!r})")
-        return cls(cost, speeds, measured)
+        return cls(coefs, speeds)
 
 
 def micro_costs(lens: np.ndarray, offsets: np.ndarray, config: PlanConfig, balance: Balance) -> np.ndarray:
@@ -77,9 +70,8 @@ def micro_costs(lens: np.ndarray, offsets: np.ndarray, config: PlanConfig, balan
     full = np.flatnonzero(np.diff(offsets) > 0)
     out = np.full(offsets.shape[0] - 1, float(c))
     if full.size:
-        shapes = steps.micro_shapes(lens, np.append(offsets[full], offsets[-1]), config.packed, config.budget)
-        slots = shapes["real"] if (config.packed and balance.measured) else shapes["slots"]
-        out[full] = a * slots + b * shapes["attn"] + c
+        shapes = cost.micro_shapes(lens, np.append(offsets[full], offsets[-1]), config.packed)
+        out[full] = a * shapes["slots"] + b * shapes["attn"] + c
     return out
 
 

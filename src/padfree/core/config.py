@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+from padfree.core.strategies import REGISTRY, STRATEGIES
 from padfree.errors import ConfigError
 
-STRATEGIES = ("sorted", "random", "bucketed", "packed")
+__all__ = ["DEFAULT_COST", "MAX_BUDGET", "OVERLONG", "STRATEGIES", "CostModel", "PlanConfig"]
+
 OVERLONG = ("error", "truncate", "split", "drop")
 MAX_BUDGET = 2**24
 """The largest token budget: packing keeps ~24 bytes per budget token (400 MB at this limit)."""
@@ -96,8 +99,8 @@ class PlanConfig:
     cost: CostModel = field(default_factory=lambda: DEFAULT_COST)
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"unknown strategy {self.strategy!r}: choose one of {', '.join(STRATEGIES)}")
+        if self.strategy not in REGISTRY:
+            raise ConfigError(f"unknown strategy {self.strategy!r}: choose one of {', '.join(REGISTRY)}")
         for name in ("budget", "world_size", "grad_accum", "mix"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -127,9 +130,10 @@ class PlanConfig:
 
     @property
     def packed(self) -> bool:
-        return self.strategy == "packed"
+        """Whether micro-batches are packed rows (``sum(lengths) <= budget``) rather than padded ones."""
+        return REGISTRY[self.strategy].packed
 
-    def with_(self, **changes: object) -> PlanConfig:
+    def with_(self, **changes: Any) -> PlanConfig:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
 

@@ -102,13 +102,19 @@ class Items:
         return self.sample
 
 
-def overlong_error(n_over: int, first: int, longest: int, budget: int, path: str | None) -> OverlongError:
-    """The error for samples over the budget under ``overlong='error'`` (one message for every planner)."""
-    return OverlongError(
-        f"{n_over} sample(s) longer than the budget of {budget} tokens (first: sample {first}, "
-        f"longest: {longest} tokens); raise --budget or choose --overlong truncate|split|drop",
-        path=path,
-    )
+def check_overlong(
+    n_over: int, n: int, first: int, longest: int, budget: int, overlong: str, path: str | None
+) -> None:
+    """Raise what the overlong policy forbids, the same for every planner: any sample over the budget under
+    ``overlong='error'``; every sample over it under ``'drop'`` (nothing would be left to train on)."""
+    if n_over and overlong == "error":
+        raise OverlongError(
+            f"{n_over} sample(s) longer than the budget of {budget} tokens (first: sample {first}, "
+            f"longest: {longest} tokens); raise --budget or choose --overlong truncate|split|drop",
+            path=path,
+        )
+    if overlong == "drop" and n_over == n:
+        raise OverlongError(f"every sample is longer than the budget of {budget} tokens", path=path)
 
 
 def make_items(lengths: np.ndarray, budget: int, overlong: str, path: str | None = None) -> Items:
@@ -124,14 +130,11 @@ def make_items(lengths: np.ndarray, budget: int, overlong: str, path: str | None
     n = int(lengths.shape[0])
     if n_over == 0:
         return Items(lengths, None, None, n)
-    if overlong == "error":
-        raise overlong_error(n_over, int(np.argmax(over)), int(lengths.max()), budget, path)
+    check_overlong(n_over, n, int(np.argmax(over)), int(lengths.max()), budget, overlong, path)
     if overlong == "truncate":
         return Items(np.minimum(lengths, budget), None, None, n, truncated=n_over)
     if overlong == "drop":
         keep = np.flatnonzero(~over)
-        if keep.size == 0:
-            raise OverlongError(f"every sample is longer than the budget of {budget} tokens", path=path)
         return Items(lengths[keep], keep, None, n, dropped=n_over)
     # split: pieces of `budget` tokens, the last one shorter
     pieces = (lengths + budget - 1) // budget

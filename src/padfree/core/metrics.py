@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from padfree.core import cost
 from padfree.core.plan import Plan
 
 
 def padding_efficiency(plan: Plan) -> float:
-    """Real tokens / computed slots (padded: count x longest per micro-batch; packed: budget per bin)."""
+    """Real tokens / computed slots (see :mod:`padfree.core.cost`: padded micro-batches compute
+    count x longest; packed rows compute their tokens, so packed plans are 1.0)."""
     sh = plan.shapes()
     return float(sh["real"].sum() / sh["slots"].sum())
+
+
+def fill(plan: Plan) -> float:
+    """Real tokens / (micro-batches x budget): how full the micro-batches are against the token budget.
+    Less fill means more micro-batches (and steps) for the same data."""
+    return float(plan.shapes()["real"].sum() / (plan.n_micro * plan.config.budget))
 
 
 def compute_efficiency(plan: Plan) -> float:
@@ -22,16 +30,14 @@ def compute_efficiency(plan: Plan) -> float:
     return float(real / plan.costs().sum())
 
 
-def rank_costs(plan: Plan) -> np.ndarray:
-    """Modeled cost per (step, rank): an array of shape ``(n_steps, world_size)``."""
-    c = plan.config
-    return plan.costs().reshape(plan.n_steps, c.world_size, c.grad_accum).sum(axis=2)
-
-
 def imbalance(plan: Plan) -> float:
     """Mean over steps of (most loaded rank's cost / mean rank cost); 1.0 is perfect balance."""
-    rc = rank_costs(plan)
-    return float(np.mean(rc.max(axis=1) / rc.mean(axis=1)))
+    return cost.imbalance(plan.rank_costs())
+
+
+def modeled_throughput(plan: Plan) -> float:
+    """Real tokens / sum over steps of the most loaded rank's modeled cost (tokens per cost unit)."""
+    return float(plan.shapes()["real"].sum() / cost.step_costs(plan.rank_costs()).sum())
 
 
 def step_of_entries(plan: Plan) -> np.ndarray:
@@ -67,8 +73,8 @@ def step_divergence(plan: Plan, max_cells: int = 4_000_000) -> float:
             np.diff(plan.offsets[s0 * k : s1 * k + 1]).reshape(-1, k).sum(1),
         )
         hist = np.bincount(local * d + inv[a:b], weights=w[a:b], minlength=(s1 - s0) * d).reshape(s1 - s0, d)
-        cdf = np.cumsum(hist, axis=1)
-        cdf /= cdf[:, -1:]
+        cum = np.cumsum(hist, axis=1)
+        cdf = cum / cum[:, -1:]
         total += float((np.abs(cdf[:, :-1] - f_data[None, :-1]) @ gaps).sum())
     return total / n_steps / float(lens.mean())
 
@@ -139,12 +145,15 @@ def dataset_summary(lengths: np.ndarray) -> dict:
 
 
 def plan_metrics(plan: Plan, next_plan: Plan | None = None) -> dict:
-    """Every metric of a plan as a flat dict; ``cobatch_repeat`` needs the next epoch's plan."""
+    """Every metric of a plan as a flat dict; ``cobatch_repeat`` (of ``plan`` -> ``next_plan``) needs the
+    next epoch's plan."""
     tok = step_tokens(plan)
     out = {
         "padding_efficiency": padding_efficiency(plan),
+        "fill": fill(plan),
         "compute_efficiency": compute_efficiency(plan),
         "imbalance": imbalance(plan),
+        "modeled_throughput": modeled_throughput(plan),
         "step_divergence": step_divergence(plan),
         "cobatch_repeat": None if next_plan is None else cobatch_repeat(plan, next_plan),
         "adjacent_corr": adjacent_corr(plan),

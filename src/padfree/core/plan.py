@@ -1,42 +1,72 @@
-"""The epoch plan: a pure function of (lengths, config, seed, epoch).
+"""The epoch plan and how one in-memory epoch is planned.
 
-``make_plan`` is the one place the pieces meet: items (``lengths``), micro-batches (``batching``), steps
-and ranks (``steps``). A :class:`Plan` holds flat arrays so that millions of samples stay cheap.
+``plan_items`` is where the pieces meet: items (:mod:`~padfree.core.items`), micro-batches (the strategy's
+``form``, :mod:`~padfree.core.strategies`), steps and ranks (:mod:`~padfree.core.steps`). A :class:`Plan`
+holds flat arrays so that millions of samples stay cheap. :func:`padfree.core.planner.make_plan` decides
+between this in-memory path and the windowed one (:mod:`padfree.core.stream`, which builds on this one).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from padfree.core import _kernels, batching, steps
+from padfree.core import _kernels, cost, steps
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, make_items, validate_lengths
+from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 
-_STREAM = {"sorted": 11, "random": 12, "bucketed": 13, "packed": 14}
 
-
-def epoch_rng(seed: int, epoch: int, strategy: str) -> np.random.Generator:
-    """The generator behind every random choice of one epoch: PCG64 seeded by (seed, epoch, strategy).
+def epoch_rng(seed: int, epoch: int, strategy: str, *tag: int) -> np.random.Generator:
+    """The generator behind every random choice of one epoch: PCG64 seeded by (seed, epoch, the strategy's
+    stream id, and ``tag``: the windowed planner's sub-streams).
 
     The same inputs give the same stream on every machine and in every process.
     """
-    return np.random.Generator(
-        np.random.PCG64(np.random.SeedSequence([int(seed), int(epoch), _STREAM[strategy]]))
-    )
+    words = [int(seed), int(epoch), REGISTRY[strategy].stream_id, *map(int, tag)]
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
+
+
+def check_epoch(epoch: object) -> int:
+    """The epoch as an ``int``, or a :class:`ConfigError` unless it is an integer >= 0."""
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+        raise ConfigError(f"epoch must be an integer >= 0 (got {epoch!r})")
+    return int(epoch)
+
+
+def check_fills_step(n_items: int, config: PlanConfig) -> None:
+    """Every rank needs ``grad_accum`` micro-batches of at least one sample in a step."""
+    k = config.micro_per_step
+    if n_items < k:
+        raise ConfigError(
+            f"{n_items} samples cannot fill one step of {k} micro-batches "
+            f"(world_size {config.world_size} x grad_accum {config.grad_accum})"
+        )
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Micro-batches, in plan order, of one epoch.
+    r"""Micro-batches, in plan order, of one epoch.
 
     Micro-batch ``k`` holds samples ``indices[offsets[k]:offsets[k+1]]``; it belongs to step
     ``k // (world_size*grad_accum)``, rank ``(k % (world_size*grad_accum)) // grad_accum`` and is that rank's
-    accumulation micro-batch ``k % grad_accum``.
+    accumulation micro-batch ``k % grad_accum``. With ``world_size=2, grad_accum=3``::
+
+        micro-batch k:   0   1   2   3   4   5 | 6   7   8   9  10  11 | 12 ...
+        step:            0   0   0   0   0   0 | 1   1   1   1   1   1 |  2
+        rank:            0   0   0   1   1   1 | 0   0   0   1   1   1 |  0
+        accumulation:    0   1   2   0   1   2 | 0   1   2   0   1   2 |  0
+                        [ rank 0  ] [ rank 1  ]
+                        [ one optimizer step  ]
+
+        rank 0 runs 0, 1, 2 (no_sync, no_sync, sync) then 6, 7, 8 ...  (``micro_ids(0)``)
+        indices: [ 17 4 | 9 | 23 40 2 | ... ]    offsets: [0, 2, 3, 6, ...]
+
+    The plan balances each step's two ranks by modeled cost; the step's samples mix the dataset's lengths.
 
     Attributes:
         config, epoch: what made it.
@@ -89,15 +119,18 @@ class Plan:
         return (base + np.arange(c.grad_accum, dtype=np.int64)[None, :]).ravel()
 
     def shapes(self) -> dict[str, np.ndarray]:
-        """Per micro-batch counts, real tokens, slots and attention (see ``steps.micro_shapes``)."""
+        """Per micro-batch counts, real tokens, slots and attention (see ``cost.micro_shapes``)."""
         if not self._shapes:
-            self._shapes.update(
-                steps.micro_shapes(self.lengths, self.offsets, self.config.packed, self.config.budget)
-            )
+            self._shapes.update(cost.micro_shapes(self.lengths, self.offsets, self.config.packed))
         return self._shapes
 
     def costs(self) -> np.ndarray:
-        return steps.micro_costs(self.shapes(), self.config.cost)
+        """Modeled cost of each micro-batch under the plan's cost model."""
+        return cost.micro_costs(self.shapes(), self.config.cost)
+
+    def rank_costs(self) -> np.ndarray:
+        """Modeled cost per (step, rank), shape ``(n_steps, world_size)``."""
+        return cost.rank_costs(self.costs(), self.config.world_size, self.config.grad_accum)
 
     def records(self) -> Iterator[dict]:
         """One dict per micro-batch: ``{"epoch", "step", "rank", "micro", "indices"}`` (plus token ``starts``
@@ -119,49 +152,13 @@ class Plan:
             yield rec
 
 
-STREAM_THRESHOLD = 20_000_000
-"""``make_plan`` plans above this many samples window by window (see :mod:`padfree.core.stream`)."""
-
-
-def make_plan(
-    lengths: np.ndarray,
-    config: PlanConfig,
-    epoch: int = 0,
-    *,
-    path: str | None = None,
-    stream: bool | None = None,
-    window: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
+def plan_in_memory(
+    lengths: np.ndarray, config: PlanConfig, epoch: int, *, path: str | None = None, t0: float | None = None
 ) -> Plan:
-    """Plan one epoch.
-
-    Above :data:`STREAM_THRESHOLD` samples (or with ``stream=True``) the epoch is planned in windows of
-    about ``window`` samples (default :data:`padfree.core.stream.DEFAULT_WINDOW`) to bound memory; see
-    :func:`padfree.core.stream.plan_stream`. ``stream=False`` forces the in-memory path.
-    ``progress(done, total)`` is called after each window of a stream plan.
-
-    >>> import numpy as np
-    >>> cfg = PlanConfig(strategy="bucketed", budget=64, world_size=2, grad_accum=2, seed=1)
-    >>> plan = make_plan(np.arange(1, 41), cfg, epoch=0)
-    >>> plan.n_micro % 4, sorted(plan.indices.tolist()) == list(range(40))
-    (0, True)
-    """
-    t0 = time.perf_counter()
-    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-        raise ConfigError(f"epoch must be an integer >= 0 (got {epoch!r})")
-    try:
-        n = len(lengths)
-    except TypeError:  # a scalar: validate_lengths reports it
-        n = 0
-    if stream or (stream is None and n > STREAM_THRESHOLD):
-        from padfree.core.stream import DEFAULT_WINDOW, plan_stream
-
-        return plan_stream(
-            lengths, config, int(epoch), window=window or DEFAULT_WINDOW, path=path, progress=progress, t0=t0
-        )
+    """Plan one epoch with every sample in memory: validate, apply the overlong policy, plan the items."""
+    t0 = time.perf_counter() if t0 is None else t0
     lengths = validate_lengths(lengths, path)
-    items = make_items(lengths, config.budget, config.overlong, path)
-    return plan_items(items, config, int(epoch), t0=t0)
+    return plan_items(make_items(lengths, config.budget, config.overlong, path), config, epoch, t0=t0)
 
 
 def plan_items(
@@ -182,33 +179,18 @@ def plan_items(
     """
     t0 = time.perf_counter() if t0 is None else t0
     k = config.micro_per_step
-    if len(items) < k:
-        raise ConfigError(
-            f"{len(items)} samples cannot fill one step of {k} micro-batches "
-            f"(world_size {config.world_size} x grad_accum {config.grad_accum})"
-        )
+    check_fills_step(len(items), config)
     rng = epoch_rng(config.seed, epoch, config.strategy) if rng is None else rng
     length = items.length
-    edges = None
-    s = config.strategy
-    if s == "sorted":
-        order, offsets, strata = batching.sorted_batches(length, config.budget, rng)
-    elif s == "random":
-        order, offsets, strata = batching.random_batches(length, config.budget, rng)
-    elif s == "packed":
-        order, offsets, strata = batching.packed_batches(length, config.budget, rng)
-    else:
-        edges = batching.bucket_edges(length, config.growth, config.buckets, rng)
-        order, offsets, strata = batching.bucketed_batches(length, config.budget, rng, edges, config.mix)
+    order, offsets, strata, edges = REGISTRY[config.strategy].form(length, config, rng)
     if strata is not None:
         tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
         order, offsets = _kernels.gather_segments(order, offsets, steps.stratified_order(strata, tokens, rng))
     offsets = steps.spread_tail(offsets, k)
     lens = length[order]
-    shapes = steps.micro_shapes(lens, offsets, config.packed, config.budget)
+    shapes = cost.micro_shapes(lens, offsets, config.packed)
     if assign and config.world_size > 1:
-        costs = steps.micro_costs(shapes, config.cost)
-        perm = steps.assign_ranks(costs, config.world_size, config.grad_accum)
+        perm = steps.assign_ranks(cost.micro_costs(shapes, config.cost), config.world_size, config.grad_accum)
         order, offsets = _kernels.gather_segments(order, offsets, perm)
         lens = length[order]
         shapes = {}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from padfree.core import _kernels
-from padfree.core.config import CostModel
 from padfree.errors import ConfigError
 
 
@@ -63,32 +62,6 @@ def spread_tail(offsets: np.ndarray, step_size: int) -> np.ndarray:
         need -= chosen.size
         m = offsets.shape[0] - 1
     return offsets
-
-
-def micro_shapes(lens: np.ndarray, offsets: np.ndarray, packed: bool, budget: int) -> dict[str, np.ndarray]:
-    """Per micro-batch: samples, real tokens, computed slots, real and computed attention (sum of L^2).
-
-    Padded: slots = count x longest, computed attention = count x longest^2. Packed: slots = budget (one row
-    of fixed length), computed attention = sum of l^2 (per-document attention).
-    """
-    starts = offsets[:-1]
-    count = np.diff(offsets)
-    lf = lens.astype(np.float64)
-    real = np.add.reduceat(lf, starts) if lens.size else np.zeros(0)
-    real_attn = np.add.reduceat(lf * lf, starts) if lens.size else np.zeros(0)
-    if packed:
-        slots = np.full(count.shape[0], float(budget))
-        attn = real_attn
-    else:
-        longest = np.maximum.reduceat(lf, starts) if lens.size else np.zeros(0)
-        slots = count * longest
-        attn = count * longest * longest
-    return {"count": count, "real": real, "slots": slots, "real_attn": real_attn, "attn": attn}
-
-
-def micro_costs(shapes: dict[str, np.ndarray], cost: CostModel) -> np.ndarray:
-    """Modeled cost of computing each micro-batch: ``a*slots + b*attention + c``."""
-    return cost.a * shapes["slots"] + cost.b * shapes["attn"] + cost.c
 
 
 def assign_ranks(costs: np.ndarray, world_size: int, grad_accum: int, max_rounds: int = 64) -> np.ndarray:

@@ -27,9 +27,9 @@ import numpy as np
 
 from padfree.core._kernels import njit
 from padfree.core.config import PlanConfig
-from padfree.core.items import Items, make_items, overlong_error, validate_lengths
-from padfree.core.plan import _STREAM, Plan, make_plan, plan_items
-from padfree.errors import ConfigError, OverlongError
+from padfree.core.items import Items, check_overlong, make_items, validate_lengths
+from padfree.core.plan import Plan, check_epoch, check_fills_step, epoch_rng, plan_in_memory, plan_items
+from padfree.errors import ConfigError
 
 DEFAULT_WINDOW = 4_000_000
 """Samples per window: about 0.3-0.5 GB of working memory per window (see docs/scale.md)."""
@@ -51,12 +51,6 @@ def _group_by_label(labels: np.ndarray, n_labels: int, out: np.ndarray) -> np.nd
         out[fill[k]] = i
         fill[k] += 1
     return starts
-
-
-def _rng(seed: int, epoch: int, strategy: str, *tag: int) -> np.random.Generator:
-    return np.random.Generator(
-        np.random.PCG64(np.random.SeedSequence([int(seed), int(epoch), _STREAM[strategy], *tag]))
-    )
 
 
 def _index_dtype(n: int) -> type:
@@ -110,7 +104,9 @@ def deal_windows(
     n_windows = max(1, math.ceil(n / int(window)))
     label_dtype = np.int8 if n_windows < 2**7 else np.int16 if n_windows < 2**15 else np.int32
     label_epoch = 0 if config.strategy == "sorted" else epoch
-    labels = _rng(config.seed, label_epoch, config.strategy, 0).integers(0, n_windows, n, dtype=label_dtype)
+    labels = epoch_rng(config.seed, label_epoch, config.strategy, 0).integers(
+        0, n_windows, n, dtype=label_dtype
+    )
 
     # one pass in chunks: items per window, and the overlong report
     items = np.zeros(n_windows, np.int64)
@@ -131,16 +127,9 @@ def deal_windows(
             items += np.bincount(lab, weights=pieces, minlength=n_windows).astype(np.int64)
         else:
             items += np.bincount(lab, minlength=n_windows)
-    if n_over and config.overlong == "error":
-        raise overlong_error(n_over, first_over, longest, budget, path)
-    if config.overlong == "drop" and n_over == n:
-        raise OverlongError(f"every sample is longer than the budget of {budget} tokens", path=path)
+    check_overlong(n_over, n, first_over, longest, budget, config.overlong, path)
     total = int(items.sum())
-    if total < k:
-        raise ConfigError(
-            f"{total} samples cannot fill one step of {k} micro-batches "
-            f"(world_size {config.world_size} x grad_accum {config.grad_accum})"
-        )
+    check_fills_step(total, config)
 
     # merge windows too small for one step into the next one (the last into the previous one)
     if items.min() < k:
@@ -157,7 +146,7 @@ def deal_windows(
         items = np.bincount(new_id, weights=items, minlength=n_windows).astype(np.int64)
         labels = new_id.astype(label_dtype)[labels]
 
-    order = np.empty(n, _index_dtype(n))
+    order: np.ndarray = np.empty(n, _index_dtype(n))
     starts = _group_by_label(labels, n_windows, order)
     return Windows(lengths=lengths, order=order, starts=starts, items=items, n_over=n_over)
 
@@ -185,7 +174,7 @@ def plan_window(
         split=it.split,
         dropped=it.dropped,
     )
-    return plan_items(items, config, epoch, rng=_rng(config.seed, epoch, config.strategy, 1, j))
+    return plan_items(items, config, epoch, rng=epoch_rng(config.seed, epoch, config.strategy, 1, j))
 
 
 def iter_window_plans(
@@ -222,7 +211,8 @@ def plan_stream(
 
     ``indices`` are int32 (when there are fewer than 2**31 samples), ``lengths`` and ``starts`` int32,
     ``offsets`` int64. ``edges`` are window 0's (every window draws its own bucket phase). With a single
-    window (``window >= n``) the result is exactly the in-memory plan of :func:`padfree.core.plan.make_plan`.
+    window (``window >= n``) the result is exactly the in-memory plan
+    (:func:`padfree.core.plan.plan_in_memory`).
 
     >>> cfg = PlanConfig(strategy="packed", budget=64, world_size=2, grad_accum=2, seed=3)
     >>> p = plan_stream(np.arange(1, 201) % 60 + 1, cfg, epoch=0, window=50)
@@ -230,17 +220,16 @@ def plan_stream(
     (0, True)
     """
     t0 = time.perf_counter() if t0 is None else t0
-    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-        raise ConfigError(f"epoch must be an integer >= 0 (got {epoch!r})")
-    windows = deal_windows(lengths, config, int(epoch), window, path)
+    epoch = check_epoch(epoch)
+    windows = deal_windows(lengths, config, epoch, window, path)
     if windows.n_windows == 1:
-        plan = make_plan(windows.lengths, config, int(epoch), path=path, stream=False)
+        plan = plan_in_memory(windows.lengths, config, epoch, path=path, t0=t0)
         if progress is not None:
             progress(1, 1)
         return plan
     n = int(windows.lengths.shape[0])
     total = int(windows.items.sum())
-    indices = np.empty(total, _index_dtype(n))
+    indices: np.ndarray = np.empty(total, _index_dtype(n))
     lens = np.empty(total, np.int32)
     # as in the in-memory path: starts only when some sample was split
     starts = np.empty(total, np.int32) if config.overlong == "split" and windows.n_over else None
@@ -249,7 +238,7 @@ def plan_stream(
     pos, micro_base = 0, 0
     truncated = split = dropped = 0
     first = True
-    for j, p in iter_window_plans(windows, config, int(epoch), path):
+    for j, p in iter_window_plans(windows, config, epoch, path):
         m = int(p.indices.shape[0])
         indices[pos : pos + m] = p.indices
         lens[pos : pos + m] = p.lengths
@@ -268,7 +257,7 @@ def plan_stream(
     assert pos == total, (pos, total)
     return Plan(
         config=config,
-        epoch=int(epoch),
+        epoch=epoch,
         indices=indices,
         offsets=np.concatenate(offsets_parts),
         lengths=lens,

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from padfree.core.config import PlanConfig
 from padfree.core.items import validate_lengths
 from padfree.core.metrics import cobatch_repeat, dataset_summary, plan_metrics
-from padfree.core.plan import make_plan
+from padfree.core.plan import Plan
+from padfree.core.planner import make_plan
 
 ROWS = [
     ("padding_efficiency", "padding efficiency", "{:.4f}"),
+    ("fill", "budget fill", "{:.4f}"),
     ("compute_efficiency", "compute efficiency", "{:.4f}"),
     ("imbalance", "rank imbalance (max/mean)", "{:.4f}"),
     ("step_divergence", "step divergence (W1/mean)", "{:.4f}"),
@@ -62,20 +66,26 @@ def analyze_strategies(
                 bar.update(task, description=f"planning {name}")
                 if windows is not None:
                     bar.reset(windows)
-                out["strategies"][name] = _measure(lengths, cfg, path, on_window)
+                out["strategies"][name] = measure(lengths, cfg, path, on_window)[0]
                 bar.advance(task)
     else:
         for name, cfg in configs.items():
-            out["strategies"][name] = _measure(lengths, cfg, path)
+            out["strategies"][name] = measure(lengths, cfg, path)[0]
     return out
 
 
-def _measure(lengths: np.ndarray, cfg: PlanConfig, path: str | None, on_window=None) -> dict:
-    p0 = make_plan(lengths, cfg, 0, path=path, progress=on_window)
-    p1 = make_plan(lengths, cfg, 1, path=path, progress=on_window)
-    return plan_metrics(p1, p0) | {"cobatch_repeat": cobatch_repeat(p0, p1)}
-
-    return cobatch_repeat(p0, p1)
+def measure(
+    lengths: np.ndarray,
+    cfg: PlanConfig,
+    path: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[dict, Plan]:
+    """Plan epochs 0 and 1 and measure epoch 1: every :func:`~padfree.core.metrics.plan_metrics` metric,
+    ``cobatch_repeat`` from epoch 0 to epoch 1. Returns the metrics and epoch 1's plan. ``padfree analyze``
+    and ``padfree report`` measure plans with this one function."""
+    p0 = make_plan(lengths, cfg, 0, path=path, progress=progress)
+    p1 = make_plan(lengths, cfg, 1, path=path, progress=progress)
+    return plan_metrics(p1) | {"cobatch_repeat": cobatch_repeat(p0, p1)}, p1
 
 
 def render_table(result: dict) -> None:

@@ -25,10 +25,11 @@ import numpy as np
 
 from padfree.core.batching import bucket_edges
 from padfree.core.config import STRATEGIES, PlanConfig
+from padfree.core.cost import imbalance
 from padfree.core.items import make_items, validate_lengths
-from padfree.core.metrics import cobatch_repeat, plan_metrics, rank_costs
-from padfree.core.plan import Plan, make_plan
-from padfree.tools.analyze import analyze_strategies
+from padfree.core.plan import Plan
+from padfree.core.planner import make_plan
+from padfree.tools.analyze import analyze_strategies, measure
 
 GROWTHS = (1.1, 1.25, 1.5, 2.0)
 BUCKET_COUNTS = (2, 4, 8, 16, 32)
@@ -57,21 +58,6 @@ class Point:
         return {"label": self.label, "family": self.family, "params": params, **_clean(self.metrics)}
 
 
-def modeled_throughput(plan: Plan) -> float:
-    """Real tokens / sum over steps of the most loaded rank's modeled cost (token-equivalents)."""
-    real = float(plan.shapes()["real"].sum())
-    return real / float(rank_costs(plan).max(axis=1).sum())
-
-
-def measure(lengths: np.ndarray, cfg: PlanConfig, path: str | None = None) -> tuple[dict, Plan]:
-    """Plan epochs 0 and 1 and measure epoch 1 (as ``padfree analyze`` does), plus modeled throughput."""
-    p0 = make_plan(lengths, cfg, 0, path=path)
-    p1 = make_plan(lengths, cfg, 1, path=path)
-    m = plan_metrics(p1, p0) | {"cobatch_repeat": cobatch_repeat(p0, p1)}
-    m["modeled_throughput"] = modeled_throughput(p1)
-    return m, p1
-
-
 def build_report(
     lengths: np.ndarray,
     base: PlanConfig,
@@ -90,9 +76,8 @@ def build_report(
     result = analyze_strategies(lengths, configs, path=path)
     result["dataset"]["name"] = name
     points: list[Point] = []
-    for s in STRATEGIES:  # analyze's numbers, plus throughput from the same (deterministic) epoch-1 plan
+    for s in STRATEGIES:  # analyze's numbers (modeled throughput included)
         m = result["strategies"][s]
-        m["modeled_throughput"] = modeled_throughput(make_plan(lengths, configs[s], 1, path=path))
         fam = s
         if s == "bucketed":
             fam = "buckets" if base.buckets is not None else "growth"
@@ -137,7 +122,7 @@ def build_report(
     # the recommended bucketed plan's edges; the --growth/--buckets edges when the pick is not bucketed
     edge_cfg = chosen.config if chosen.config.strategy == "bucketed" else base.with_(strategy="bucketed")
     edges = bucket_edges(items.length, edge_cfg.growth, edge_cfg.buckets, None)
-    rc = rank_costs(plan)
+    rc = plan.rank_costs()
     numbers = {
         "dataset": result["dataset"],
         "config": result["config"] | {"growth": base.growth, "buckets": base.buckets, "mix": base.mix},
@@ -151,7 +136,7 @@ def build_report(
             "label": chosen.label,
             "steps_shown": int(min(RANK_STEPS, rc.shape[0])),
             "cost": rc[:RANK_STEPS].round(1).tolist(),
-            "imbalance": float(np.mean(rc.max(axis=1) / rc.mean(axis=1))),
+            "imbalance": imbalance(rc),
         },
         "packing_supported": packing,
         "seconds": 0.0,

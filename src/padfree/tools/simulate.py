@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from padfree.core.config import CostModel, PlanConfig
-from padfree.core.plan import epoch_rng, make_plan
-from padfree.core.steps import micro_costs, micro_shapes
+from padfree.core.cost import imbalance, micro_costs, micro_shapes, rank_costs, step_costs
+from padfree.core.plan import epoch_rng
+from padfree.core.planner import make_plan
 
 # The motivating case: measured on 8 GPUs, Ktok/s per strategy (sorted 32, bucketed 25.1, random 11.9).
 MOTIVATING_KTOK_S = {"sorted": 32.0, "naive_bucketed": 25.1, "random": 11.9}
@@ -38,7 +39,6 @@ def simulate_batches(
     lens: np.ndarray,
     offsets: np.ndarray,
     packed: bool,
-    budget: int,
     world_size: int,
     grad_accum: int,
     cost: CostModel,
@@ -46,26 +46,21 @@ def simulate_batches(
 ) -> dict:
     """Predicted time and throughput of micro-batches given in plan order (``lens`` in order, ``offsets``).
 
-    >>> out = simulate_batches(np.array([10, 10, 20, 20]), np.array([0, 2, 4]), False, 40, 2, 1,
+    >>> out = simulate_batches(np.array([10, 10, 20, 20]), np.array([0, 2, 4]), False, 2, 1,
     ...                        CostModel(a=1.0, b=0.0, c=0.0))
     >>> out["step_cost_total"], out["tokens_per_unit"]
     (40.0, 1.5)
     """
-    k = world_size * grad_accum
-    n_micro = offsets.shape[0] - 1
-    if n_micro % k:
-        raise ValueError(f"{n_micro} micro-batches are not whole steps of {k}")
-    shapes = micro_shapes(lens, offsets, packed, budget)
-    costs = micro_costs(shapes, cost)
-    per_rank = costs.reshape(n_micro // k, world_size, grad_accum).sum(axis=2)
-    step = per_rank.max(axis=1)
+    shapes = micro_shapes(lens, offsets, packed)
+    per_rank = rank_costs(micro_costs(shapes, cost), world_size, grad_accum)
+    step = step_costs(per_rank)
     total = float(step.sum())
     tokens = float(shapes["real"].sum())
     out = {
         "tokens": tokens,
         "steps": int(step.shape[0]),
         "padding_efficiency": float(tokens / shapes["slots"].sum()),
-        "imbalance": float(np.mean(step / per_rank.mean(axis=1))),
+        "imbalance": imbalance(per_rank),
         "step_cost_total": total,
         "tokens_per_unit": tokens / total,
     }
@@ -96,7 +91,6 @@ def simulate(
             plan.lengths,
             plan.offsets,
             plan.config.packed,
-            config.budget,
             config.world_size,
             config.grad_accum,
             config.cost,
@@ -115,7 +109,6 @@ def simulate(
             items.length[order],
             offsets,
             False,
-            config.budget,
             config.world_size,
             config.grad_accum,
             config.cost,

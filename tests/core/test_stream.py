@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from padfree import PlanConfig, make_plan
-from padfree.core import plan as plan_module
+from padfree.core import planner as plan_module
 from padfree.core.items import Items, validate_lengths
 from padfree.core.plan import plan_items
 from padfree.core.stream import deal_windows, plan_stream

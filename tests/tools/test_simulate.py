@@ -13,7 +13,7 @@ from padfree.tools.simulate import motivating_ratios, simulate, simulate_batches
 def test_padded_by_hand():
     # micro 0: two rows of 10 -> slots 20, attention 200; micro 1: two rows of 20 -> slots 40, attention 800
     cost = CostModel(a=1.0, b=0.01, c=5.0)
-    out = simulate_batches(np.array([10, 10, 20, 20]), np.array([0, 2, 4]), False, 40, 2, 1, cost, 0.5)
+    out = simulate_batches(np.array([10, 10, 20, 20]), np.array([0, 2, 4]), False, 2, 1, cost, 0.5)
     # ranks: 20 + 2 + 5 = 27 and 40 + 8 + 5 = 53; the step waits for 53
     assert out["step_cost_total"] == pytest.approx(53.0)
     assert out["tokens_per_unit"] == pytest.approx(60 / 53)
@@ -23,19 +23,20 @@ def test_padded_by_hand():
 
 
 def test_packed_and_accumulation_by_hand():
-    # one rank, two accumulation micro-batches per step, two steps: bins of 8 with per-document attention
+    # one rank, two accumulation micro-batches per step, two steps: packed rows (their tokens, no padding to
+    # the budget of 8) with per-document attention
     lens = np.array([3, 5, 8, 2, 2, 4, 6])
     offsets = np.array([0, 2, 3, 6, 7])
     cost = CostModel(a=1.0, b=0.1, c=1.0)
-    out = simulate_batches(lens, offsets, True, 8, 1, 2, cost)
+    out = simulate_batches(lens, offsets, True, 1, 2, cost)
     step1 = (8 + 0.1 * (9 + 25) + 1) + (8 + 0.1 * 64 + 1)
-    step2 = (8 + 0.1 * (4 + 4 + 16) + 1) + (8 + 0.1 * 36 + 1)
+    step2 = (8 + 0.1 * (4 + 4 + 16) + 1) + (6 + 0.1 * 36 + 1)
     assert out["steps"] == 2
     assert out["step_cost_total"] == pytest.approx(step1 + step2)
     assert out["tokens_per_unit"] == pytest.approx(30 / (step1 + step2))
     assert "tokens_per_second" not in out
     with pytest.raises(ValueError, match="whole steps"):
-        simulate_batches(lens, offsets[:-1], True, 8, 1, 2, cost)
+        simulate_batches(lens, offsets[:-1], True, 1, 2, cost)
 
 
 def test_equal_lengths_every_strategy_same_throughput():

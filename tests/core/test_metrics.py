@@ -8,6 +8,7 @@ from padfree.core.metrics import (
     adjacent_corr,
     cobatch_repeat,
     compute_efficiency,
+    fill,
     imbalance,
     padding_efficiency,
     plan_metrics,
@@ -34,9 +35,12 @@ def test_padding_efficiency_padded():
     assert padding_efficiency(hand_plan(GROUPS)) == pytest.approx(15 / 17)
 
 
-def test_padding_efficiency_packed_counts_budget_per_bin():
-    # packed: 4 bins of budget 8 -> 32 slots
-    assert padding_efficiency(hand_plan(GROUPS, strategy="packed")) == pytest.approx(15 / 32)
+def test_packed_rows_compute_their_tokens_and_fill_counts_the_budget():
+    # packed: 4 rows computed as their 15 tokens (no padding); fill = 15 / (4 bins x budget 8)
+    plan = hand_plan(GROUPS, strategy="packed")
+    assert padding_efficiency(plan) == 1.0
+    assert fill(plan) == pytest.approx(15 / 32)
+    assert fill(hand_plan(GROUPS)) == pytest.approx(15 / 32)  # fill is the same for padded micro-batches
 
 
 def test_compute_efficiency_with_attention_and_overhead():

@@ -10,8 +10,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from padfree import ConfigError, CostModel, PlanConfig, StateError
-from padfree.core.plan import make_plan
+from padfree import ConfigError, CostModel, PlanConfig, StateError, make_plan
 from padfree.torch import PlanBatchSampler
 
 STRATEGIES = ["sorted", "random", "bucketed", "packed"]

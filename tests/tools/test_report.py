@@ -13,13 +13,12 @@ import pytest
 
 from padfree.cli import main
 from padfree.core.config import PlanConfig
-from padfree.core.metrics import rank_costs
-from padfree.core.plan import make_plan
+from padfree.core.metrics import modeled_throughput
+from padfree.core.planner import make_plan
 from padfree.tools.report import (
     MAX_ADJACENT_CORR,
     MAX_COBATCH_REPEAT,
     build_report,
-    modeled_throughput,
 )
 
 
@@ -169,7 +168,7 @@ def test_without_packing_the_fastest_eligible_padded_plan_wins(subset: np.ndarra
 def test_modeled_throughput_is_real_tokens_over_slowest_rank_cost(subset: np.ndarray) -> None:
     cfg = PlanConfig(strategy="random", budget=8192, world_size=4, grad_accum=2)
     plan = make_plan(subset, cfg, 0)
-    rc = rank_costs(plan)
+    rc = plan.rank_costs()
     expect = subset.sum() / rc.max(axis=1).sum()  # no overlong samples: every token is planned
     assert modeled_throughput(plan) == pytest.approx(expect)
     assert modeled_throughput(plan) < subset.sum() / rc.mean(axis=1).sum()

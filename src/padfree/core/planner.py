@@ -1,0 +1,56 @@
+"""``make_plan``: the one place that decides whether an epoch is planned in memory or window by window.
+
+::
+
+    lengths --make_plan--+-- n <= STREAM_THRESHOLD --> plan.plan_in_memory --> plan_items --> Plan
+                         +-- larger (or stream=True) --> stream.plan_stream --> plan_items per window --> Plan
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from padfree.core import stream as _stream
+from padfree.core.config import PlanConfig
+from padfree.core.plan import Plan, check_epoch, plan_in_memory
+
+STREAM_THRESHOLD = 20_000_000
+"""``make_plan`` plans above this many samples window by window (see :mod:`padfree.core.stream`)."""
+
+
+def make_plan(
+    lengths: np.ndarray,
+    config: PlanConfig,
+    epoch: int = 0,
+    *,
+    path: str | None = None,
+    stream: bool | None = None,
+    window: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Plan:
+    """Plan one epoch: a pure function of (lengths, config, epoch).
+
+    Above :data:`STREAM_THRESHOLD` samples (or with ``stream=True``) the epoch is planned in windows of
+    about ``window`` samples (default :data:`padfree.core.stream.DEFAULT_WINDOW`) to bound memory; see
+    :func:`padfree.core.stream.plan_stream`. ``stream=False`` forces the in-memory path.
+    ``progress(done, total)`` is called after each window of a stream plan.
+
+    >>> import numpy as np
+    >>> cfg = PlanConfig(strategy="bucketed", budget=64, world_size=2, grad_accum=2, seed=1)
+    >>> plan = make_plan(np.arange(1, 41), cfg, epoch=0)
+    >>> plan.n_micro % 4, sorted(plan.indices.tolist()) == list(range(40))
+    (0, True)
+    """
+    t0 = time.perf_counter()
+    epoch = check_epoch(epoch)
+    try:
+        n = len(lengths)
+    except TypeError:  # a scalar: validate_lengths reports it
+        n = 0
+    if stream or (stream is None and n > STREAM_THRESHOLD):
+        window = window or _stream.DEFAULT_WINDOW
+        return _stream.plan_stream(lengths, config, epoch, window=window, path=path, progress=progress, t0=t0)
+    return plan_in_memory(lengths, config, epoch, path=path, t0=t0)

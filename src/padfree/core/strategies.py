@@ -1,0 +1,86 @@
+"""The strategies, by name: one registry is the one place a strategy is added.
+
+A strategy forms one epoch's micro-batches from item lengths (see :mod:`padfree.core.batching`) and says
+whether its micro-batches are packed rows. Everything after that (mixing strata into steps, whole steps,
+rank balancing) is the same for every strategy (:func:`padfree.core.plan.plan_items`).
+
+Adding one::
+
+    register(Strategy("my_packer", stream_id=20, packed=True, form=my_form))
+    PlanConfig(strategy="my_packer")      # now valid everywhere a strategy name is taken
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from padfree.core import batching
+
+if TYPE_CHECKING:
+    from padfree.core.config import PlanConfig
+
+Formed = tuple[np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None"]
+"""``(order, offsets, strata, edges)``: micro-batch ``j`` is ``order[offsets[j]:offsets[j+1]]``; ``strata``
+(or None) are the groups the step composer spreads evenly; ``edges`` the bucket edges used (or None)."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A named way to form micro-batches.
+
+    Attributes:
+        name: what ``PlanConfig.strategy`` says.
+        stream_id: the random stream of its epochs; plans depend on it, so it never changes once released
+            and no two strategies share one.
+        packed: micro-batches are packed rows (``sum(lengths) <= budget``) rather than padded ones
+            (``count * longest <= budget``).
+        form: ``form(lengths, config, rng) -> Formed``.
+    """
+
+    name: str
+    stream_id: int
+    packed: bool
+    form: Callable[[np.ndarray, PlanConfig, np.random.Generator], Formed]
+
+
+REGISTRY: dict[str, Strategy] = {}
+
+
+def register(strategy: Strategy) -> Strategy:
+    """Add a strategy (its name and stream id must be new)."""
+    if strategy.name in REGISTRY:
+        raise ValueError(f"strategy {strategy.name!r} is already registered")
+    if any(s.stream_id == strategy.stream_id for s in REGISTRY.values()):
+        raise ValueError(f"stream id {strategy.stream_id} is taken")
+    REGISTRY[strategy.name] = strategy
+    return strategy
+
+
+def _sorted(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Formed:
+    return (*batching.sorted_batches(length, cfg.budget, rng), None)
+
+
+def _random(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Formed:
+    return (*batching.random_batches(length, cfg.budget, rng), None)
+
+
+def _bucketed(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Formed:
+    edges = batching.bucket_edges(length, cfg.growth, cfg.buckets, rng)
+    return (*batching.bucketed_batches(length, cfg.budget, rng, edges, cfg.mix), edges)
+
+
+def _packed(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Formed:
+    return (*batching.packed_batches(length, cfg.budget, rng), None)
+
+
+register(Strategy("sorted", 11, packed=False, form=_sorted))
+register(Strategy("random", 12, packed=False, form=_random))
+register(Strategy("bucketed", 13, packed=False, form=_bucketed))
+register(Strategy("packed", 14, packed=True, form=_packed))
+
+STRATEGIES: tuple[str, ...] = tuple(REGISTRY)
+"""The built-in strategies, in the order tables show them."""
