@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
@@ -154,6 +155,7 @@ class PlanBatchSampler:
         self._partial = 0  # micro-batches of the current (unfinished) step already yielded
         self._balance = self._new_balance(None)  # decides how each coming step is given to ranks
         self._synced: tuple | None = None  # (epoch, step) of the last exchange
+        self._busy = 0.0  # seconds spent yielding micro-batches (planning included), for balance_stats
         self._cache: tuple | None = None
         self._step_cache: tuple | None = None
 
@@ -248,6 +250,7 @@ class PlanBatchSampler:
     def __iter__(self) -> Iterator[MicroBatch]:
         g, w, r = self.grad_accum, self.world_size, self.rank
         while True:
+            t0 = time.perf_counter()
             plan, before, step_tokens = self._plan()
             s = self._history[-1].steps
             if s >= plan.n_steps:
@@ -282,6 +285,7 @@ class PlanBatchSampler:
                 self._dynamic.yielded(
                     (self.epoch, before + s, j), float(features[k, 0]), float(features[k, 1])
                 )
+            self._busy += time.perf_counter() - t0
             yield MicroBatch(ids, info)
 
     # ----- dynamic balancing -------------------------------------------------------------------------------
@@ -326,7 +330,8 @@ class PlanBatchSampler:
         attention unit and per micro-batch once fitted, else the configured token units), ``fitted``,
         ``speeds`` (per rank, mean 1), ``heldout_rel_error`` (the previous fit's mean relative error on the
         micro-batches of the last exchange, which it had not seen), ``exchanges``, ``records`` (timed
-        micro-batches received, all ranks), ``sync_seconds`` (this rank's time in exchanges and refits)."""
+        micro-batches received, all ranks), ``sync_seconds`` (this rank's time in exchanges and refits) and
+        ``sampler_seconds`` (all of its time yielding micro-batches: planning, layouts, exchanges)."""
         b, d = self._balance, self._dynamic
         return {
             "mode": self.balance,
@@ -338,6 +343,7 @@ class PlanBatchSampler:
             "exchanges": 0 if d is None else d.exchanges,
             "records": 0 if d is None else d.records,
             "sync_seconds": 0.0 if d is None else d.sync_seconds,
+            "sampler_seconds": self._busy,
             "plan_budget": self._history[-1].budget or self.config.budget,
         }
 
