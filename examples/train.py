@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.seen_log).parent.mkdir(parents=True, exist_ok=True)
     seen = os.open(args.seen_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.seen_log else None
     t_last, tokens_since, done = time.perf_counter(), 0, False
+    t_train = t_last
     for epoch in range(sampler.epoch, args.epochs):
         sampler.set_epoch(epoch)
         for micro_batches in steps_of(loader):
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint(args, step, model, optimizer, sampler, rank, world)
     log(f"finished at step {step}, epoch {sampler.epoch} ({sampler.step}/{sampler.steps_in_epoch} steps)")
     if args.balance == "dynamic":
-        log(f"balance: {sampler.balance_stats()}")
+        log(f"balance after {time.perf_counter() - t_train:.1f} s of training: {sampler.balance_stats()}")
     if seen is not None:
         os.close(seen)
     if world > 1:

@@ -153,12 +153,22 @@ class Plan:
 
 
 def plan_in_memory(
-    lengths: np.ndarray, config: PlanConfig, epoch: int, *, path: str | None = None, t0: float | None = None
+    lengths: np.ndarray,
+    config: PlanConfig,
+    epoch: int,
+    *,
+    path: str | None = None,
+    t0: float | None = None,
+    assign: bool = True,
+    item_budget: int | None = None,
 ) -> Plan:
-    """Plan one epoch with every sample in memory: validate, apply the overlong policy, plan the items."""
+    """Plan one epoch with every sample in memory: validate, apply the overlong policy (at ``item_budget``,
+    default ``config.budget``), plan the items (``assign``: see :func:`plan_items`)."""
     t0 = time.perf_counter() if t0 is None else t0
     lengths = validate_lengths(lengths, path)
-    return plan_items(make_items(lengths, config.budget, config.overlong, path), config, epoch, t0=t0)
+    budget = config.budget if item_budget is None else item_budget
+    items = make_items(lengths, budget, config.overlong, path)
+    return plan_items(items, config, epoch, t0=t0, assign=assign)
 
 
 def plan_items(

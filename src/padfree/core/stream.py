@@ -67,6 +67,8 @@ class Windows:
         starts: window ``j`` holds ``order[starts[j]:starts[j+1]]``.
         items: planned items per window (after the overlong policy).
         n_over: samples longer than the budget.
+        budget: the budget the overlong policy cut the items at (the config's, unless a plan with headroom
+            packs below it: see ``item_budget``).
     """
 
     lengths: np.ndarray
@@ -74,6 +76,7 @@ class Windows:
     starts: np.ndarray
     items: np.ndarray
     n_over: int = 0
+    budget: int | None = None
 
     @property
     def n_windows(self) -> int:
@@ -84,9 +87,17 @@ class Windows:
 
 
 def deal_windows(
-    lengths: np.ndarray, config: PlanConfig, epoch: int, window: int = DEFAULT_WINDOW, path: str | None = None
+    lengths: np.ndarray,
+    config: PlanConfig,
+    epoch: int,
+    window: int = DEFAULT_WINDOW,
+    path: str | None = None,
+    item_budget: int | None = None,
 ) -> Windows:
     """Validate the lengths, apply the overlong checks globally and deal the samples to windows.
+
+    ``item_budget`` (default ``config.budget``) is where the overlong policy cuts; a plan that leaves
+    headroom packs to a smaller ``config.budget`` than its items may reach.
 
     A window that would hold fewer items than one step (``world_size * grad_accum``) is merged into its
     neighbour.
@@ -99,14 +110,11 @@ def deal_windows(
         raise ConfigError(f"window must be an integer >= 1 (got {window!r})")
     lengths = validate_lengths(lengths, path, compact=True)
     n = int(lengths.shape[0])
-    budget = config.budget
+    budget = config.budget if item_budget is None else int(item_budget)
     k = config.micro_per_step
     n_windows = max(1, math.ceil(n / int(window)))
-    label_dtype = np.int8 if n_windows < 2**7 else np.int16 if n_windows < 2**15 else np.int32
     label_epoch = 0 if config.strategy == "sorted" else epoch
-    labels = epoch_rng(config.seed, label_epoch, config.strategy, 0).integers(
-        0, n_windows, n, dtype=label_dtype
-    )
+    labels = _labels(epoch_rng(config.seed, label_epoch, config.strategy, 0), n, n_windows)
 
     # one pass in chunks: items per window, and the overlong report
     items = np.zeros(n_windows, np.int64)
@@ -131,24 +139,35 @@ def deal_windows(
     total = int(items.sum())
     check_fills_step(total, config)
 
-    # merge windows too small for one step into the next one (the last into the previous one)
-    if items.min() < k:
-        new_id = np.zeros(n_windows, np.int64)
-        cur, acc = 0, 0
-        for j in range(n_windows):  # loops over windows, not samples
-            new_id[j] = cur
-            acc += int(items[j])
-            if acc >= k:
-                cur, acc = cur + 1, 0
-        if acc > 0:  # a short remainder joins the window before it
-            new_id[new_id == cur] = cur - 1
-        n_windows = int(new_id.max()) + 1
-        items = np.bincount(new_id, weights=items, minlength=n_windows).astype(np.int64)
-        labels = new_id.astype(label_dtype)[labels]
-
+    labels, items = _merge_small(labels, items, k)
     order: np.ndarray = np.empty(n, _index_dtype(n))
-    starts = _group_by_label(labels, n_windows, order)
-    return Windows(lengths=lengths, order=order, starts=starts, items=items, n_over=n_over)
+    starts = _group_by_label(labels, items.shape[0], order)
+    return Windows(lengths=lengths, order=order, starts=starts, items=items, n_over=n_over, budget=budget)
+
+
+def _merge_small(labels: np.ndarray, items: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Merge windows too small for one step (``k`` items) into the next one (the last into the previous
+    one); returns the new labels and items per window."""
+    if items.min() >= k:
+        return labels, items
+    n_windows = items.shape[0]
+    new_id = np.zeros(n_windows, np.int64)
+    cur, acc = 0, 0
+    for j in range(n_windows):  # loops over windows, not samples
+        new_id[j] = cur
+        acc += int(items[j])
+        if acc >= k:
+            cur, acc = cur + 1, 0
+    if acc > 0:  # a short remainder joins the window before it
+        new_id[new_id == cur] = cur - 1
+    n_windows = int(new_id.max()) + 1
+    items = np.bincount(new_id, weights=items, minlength=n_windows).astype(np.int64)
+    return new_id.astype(labels.dtype)[labels], items
+
+
+def _labels(rng: np.random.Generator, n: int, n_windows: int) -> np.ndarray:
+    dtype = np.int8 if n_windows < 2**7 else np.int16 if n_windows < 2**15 else np.int32
+    return rng.integers(0, n_windows, n, dtype=dtype)
 
 
 def plan_window(
@@ -158,11 +177,13 @@ def plan_window(
     epoch: int,
     path: str | None = None,
     ids: np.ndarray | None = None,
+    assign: bool = True,
 ) -> Plan:
     """Plan window ``j`` (or the samples ``ids``) on window ``j``'s random stream; the plan holds global
-    sample ids and whole steps."""
+    sample ids and whole steps (``assign``: see :func:`padfree.core.plan.plan_items`)."""
     ids = windows.samples(j) if ids is None else ids
-    it = make_items(windows.lengths[ids].astype(np.int64), config.budget, config.overlong, path)
+    budget = config.budget if windows.budget is None else windows.budget
+    it = make_items(windows.lengths[ids].astype(np.int64), budget, config.overlong, path)
     gids = ids.astype(np.int64)
     sample = gids if it.sample is None else gids[it.sample]
     items = Items(
@@ -174,11 +195,12 @@ def plan_window(
         split=it.split,
         dropped=it.dropped,
     )
-    return plan_items(items, config, epoch, rng=epoch_rng(config.seed, epoch, config.strategy, 1, j))
+    rng = epoch_rng(config.seed, epoch, config.strategy, 1, j)
+    return plan_items(items, config, epoch, rng=rng, assign=assign)
 
 
 def iter_window_plans(
-    windows: Windows, config: PlanConfig, epoch: int, path: str | None = None
+    windows: Windows, config: PlanConfig, epoch: int, path: str | None = None, assign: bool = True
 ) -> Iterator[tuple[int, Plan]]:
     """``(j, plan)`` for the windows in order, one window in memory at a time; ``j`` is the last window the
     plan covers. A window whose micro-batches cannot be made whole steps (nearly all of them single samples)
@@ -187,7 +209,7 @@ def iter_window_plans(
     for j in range(windows.n_windows):
         ids = windows.samples(j) if carry is None else np.concatenate([carry, windows.samples(j)])
         try:
-            plan = plan_window(windows, j, config, epoch, path, ids)
+            plan = plan_window(windows, j, config, epoch, path, ids, assign)
         except ConfigError:
             if j == windows.n_windows - 1:
                 raise
@@ -206,8 +228,12 @@ def plan_stream(
     path: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     t0: float | None = None,
+    assign: bool = True,
+    item_budget: int | None = None,
 ) -> Plan:
-    """Plan one epoch window by window and return one compact :class:`Plan`.
+    """Plan one epoch window by window and return one compact :class:`Plan` (``assign=False``: steps not
+    yet given to ranks, see :func:`padfree.core.plan.plan_items`; ``item_budget``: see
+    :func:`deal_windows`).
 
     ``indices`` are int32 (when there are fewer than 2**31 samples), ``lengths`` and ``starts`` int32,
     ``offsets`` int64. ``edges`` are window 0's (every window draws its own bucket phase). With a single
@@ -221,51 +247,108 @@ def plan_stream(
     """
     t0 = time.perf_counter() if t0 is None else t0
     epoch = check_epoch(epoch)
-    windows = deal_windows(lengths, config, epoch, window, path)
+    windows = deal_windows(lengths, config, epoch, window, path, item_budget)
     if windows.n_windows == 1:
-        plan = plan_in_memory(windows.lengths, config, epoch, path=path, t0=t0)
+        kw = {"path": path, "t0": t0, "assign": assign, "item_budget": item_budget}
+        plan = plan_in_memory(windows.lengths, config, epoch, **kw)
         if progress is not None:
             progress(1, 1)
         return plan
     n = int(windows.lengths.shape[0])
-    total = int(windows.items.sum())
-    indices: np.ndarray = np.empty(total, _index_dtype(n))
-    lens = np.empty(total, np.int32)
     # as in the in-memory path: starts only when some sample was split
-    starts = np.empty(total, np.int32) if config.overlong == "split" and windows.n_over else None
-    offsets_parts = [np.zeros(1, np.int64)]
-    edges = None
-    pos, micro_base = 0, 0
-    truncated = split = dropped = 0
-    first = True
-    for j, p in iter_window_plans(windows, config, epoch, path):
-        m = int(p.indices.shape[0])
-        indices[pos : pos + m] = p.indices
-        lens[pos : pos + m] = p.lengths
-        if starts is not None:
-            starts[pos : pos + m] = 0 if p.starts is None else p.starts
-        offsets_parts.append(p.offsets[1:] + pos)
-        if first:
-            edges, first = p.edges, False
-        pos += m
-        micro_base += p.n_micro
-        truncated += p.truncated
-        split += p.split
-        dropped += p.dropped
+    out = _Concat(int(windows.items.sum()), n, config.overlong == "split" and windows.n_over > 0)
+    for j, p in iter_window_plans(windows, config, epoch, path, assign):
+        out.add(p)
         if progress is not None:
             progress(j + 1, windows.n_windows)
-    assert pos == total, (pos, total)
-    return Plan(
-        config=config,
-        epoch=epoch,
-        indices=indices,
-        offsets=np.concatenate(offsets_parts),
-        lengths=lens,
-        starts=starts,
-        edges=edges,
-        n_samples=n,
-        truncated=truncated,
-        split=split,
-        dropped=dropped,
-        plan_seconds=time.perf_counter() - t0,
-    )
+    return out.plan(config, epoch, n, t0)
+
+
+class _Concat:
+    """Window plans written one after the other into compact arrays (int32 lengths and starts)."""
+
+    def __init__(self, total: int, n_samples: int, with_starts: bool) -> None:
+        self.total = total
+        self.indices: np.ndarray = np.empty(total, _index_dtype(n_samples))
+        self.lens = np.empty(total, np.int32)
+        self.starts = np.empty(total, np.int32) if with_starts else None
+        self.offsets = [np.zeros(1, np.int64)]
+        self.edges = None
+        self.pos = 0
+        self.counts = [0, 0, 0]  # truncated, split, dropped
+        self.first = True
+
+    def add(self, p: Plan) -> None:
+        a, m = self.pos, int(p.indices.shape[0])
+        self.indices[a : a + m] = p.indices
+        self.lens[a : a + m] = p.lengths
+        if self.starts is not None:
+            self.starts[a : a + m] = 0 if p.starts is None else p.starts
+        self.offsets.append(p.offsets[1:] + a)
+        if self.first:
+            self.edges, self.first = p.edges, False
+        self.pos += m
+        for i, v in enumerate((p.truncated, p.split, p.dropped)):
+            self.counts[i] += v
+
+    def plan(self, config: PlanConfig, epoch: int, n_samples: int, t0: float) -> Plan:
+        assert self.pos == self.total, (self.pos, self.total)
+        truncated, split, dropped = self.counts
+        return Plan(
+            config=config,
+            epoch=epoch,
+            indices=self.indices,
+            offsets=np.concatenate(self.offsets),
+            lengths=self.lens,
+            starts=self.starts,
+            edges=self.edges,
+            n_samples=n_samples,
+            truncated=truncated,
+            split=split,
+            dropped=dropped,
+            plan_seconds=time.perf_counter() - t0,
+        )
+
+
+def plan_items_windowed(items: Items, config: PlanConfig, epoch: int, window: int = DEFAULT_WINDOW) -> Plan:
+    """Plan already prepared items window by window, steps not given to ranks (``assign=False``): the rest
+    of a huge epoch resumed at another shape (:mod:`padfree.core.replay`), in bounded memory.
+
+    The items are dealt to windows at random (from ``config.seed`` and the epoch), each window planned on
+    its own stream, the plans concatenated; a window too small for whole steps is planned with the next.
+
+    >>> from padfree.core.items import make_items
+    >>> cfg = PlanConfig(strategy="packed", budget=64, world_size=2, grad_accum=2, seed=3)
+    >>> p = plan_items_windowed(make_items(np.arange(1, 201) % 60 + 1, 64, "error"), cfg, 0, window=50)
+    >>> p.n_micro % 4, np.array_equal(np.sort(p.indices), np.arange(200))
+    (0, True)
+    """
+    t0 = time.perf_counter()
+    n = len(items)
+    n_windows = max(1, math.ceil(n / int(window)))
+    if n_windows == 1:
+        return plan_items(items, config, epoch, assign=False)
+    labels = _labels(epoch_rng(config.seed, epoch, config.strategy, 2), n, n_windows)
+    labels, per_window = _merge_small(labels, np.bincount(labels, minlength=n_windows), config.micro_per_step)
+    order: np.ndarray = np.empty(n, _index_dtype(n))
+    starts = _group_by_label(labels, per_window.shape[0], order)
+    sample = items.sample_ids()
+    out = _Concat(n, items.n_samples, items.start is not None)
+    carry = None
+    for j in range(per_window.shape[0]):
+        ids = order[starts[j] : starts[j + 1]]
+        ids = ids if carry is None else np.concatenate([carry, ids])
+        start = None if items.start is None else items.start[ids]
+        part = Items(items.length[ids], sample[ids], start, items.n_samples)
+        try:
+            p = plan_items(
+                part, config, epoch, rng=epoch_rng(config.seed, epoch, config.strategy, 3, j), assign=False
+            )
+        except ConfigError:
+            if j == per_window.shape[0] - 1:
+                raise
+            carry = ids
+            continue
+        carry = None
+        out.add(p)
+    return out.plan(config, epoch, items.n_samples, t0)

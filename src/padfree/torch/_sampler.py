@@ -25,11 +25,14 @@ from padfree.core.config import PlanConfig
 from padfree.core.fingerprint import fingerprint
 from padfree.core.items import make_items, validate_lengths
 from padfree.core.plan import Plan
+from padfree.core.planner import STREAM_THRESHOLD
 from padfree.core.replay import Segment, replay
+from padfree.core.stream import DEFAULT_WINDOW
 from padfree.errors import ConfigError, StateError
 from padfree.torch._balance import DynamicBalancer
 from padfree.torch._distributed import rank_and_world
 
+_CHUNK = 4_000_000
 STATE_FORMAT = "padfree.sampler/2"
 _FORMAT_V1 = "padfree.sampler/1"  # no balance recorded: accepted only where the cost model cannot matter
 
@@ -103,6 +106,10 @@ class PlanBatchSampler:
             room, assignment only). Steps then hold that much fewer tokens.
         balance_exchange: replaces the ``torch.distributed`` all-gather of the timings (tests, other
             launchers): takes this rank's 1-D float64 payload, returns every rank's, stacked.
+        window: plan the epoch window by window, about this many samples each, in bounded memory (as
+            ``make_plan`` does; every per-sample array int32). Default: above
+            :data:`padfree.core.planner.STREAM_THRESHOLD` samples, windows of
+            :data:`padfree.core.stream.DEFAULT_WINDOW`; else in memory.
     """
 
     def __init__(
@@ -118,27 +125,42 @@ class PlanBatchSampler:
         balance_every: int = 4,
         balance_headroom: float | None = None,
         balance_exchange: Callable[[np.ndarray], np.ndarray] | None = None,
+        window: int | None = None,
     ) -> None:
         if balance not in ("static", "dynamic"):
             raise ConfigError(f"balance must be 'static' or 'dynamic' (got {balance!r})")
         if isinstance(balance_every, bool) or not isinstance(balance_every, int) or balance_every < 1:
             raise ConfigError(f"balance_every must be an integer >= 1 (got {balance_every!r})")
-        lengths = validate_lengths(lengths)
+        n = int(np.shape(lengths)[0]) if np.ndim(lengths) == 1 else 0
+        if window is None and n > STREAM_THRESHOLD:
+            window = DEFAULT_WINDOW
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ConfigError(f"window must be an integer >= 1 (got {window!r})")
+        self._window = window
+        # window by window: every per-sample array stays int32 (lengths are validated <= 2**31 - 1)
+        lengths = validate_lengths(lengths, compact=window is not None)
+        if window is not None:
+            lengths = lengths.astype(np.int32, copy=False)
         rank, world_size = rank_and_world(rank, world_size, config.world_size)
         self.config = config.with_(world_size=world_size)
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} outside world size {world_size}")
         self.rank = rank
         self.fingerprint = fingerprint(lengths, self.config)
-        self._items = make_items(lengths, config.budget, config.overlong)
+        self._items = None if window is not None else make_items(lengths, config.budget, config.overlong)
         self._custom = loss_tokens is not None
         if loss_tokens is None:
             self._loss = None
         else:
-            loss = np.asarray(loss_tokens, dtype=np.int64)
-            if loss.shape != lengths.shape or (loss < 0).any() or (loss >= lengths).any():
-                raise ConfigError("loss_tokens must hold one count per sample, each in 0 .. length-1")
-            self._loss = loss
+            loss = np.asarray(loss_tokens)
+            if (
+                loss.shape != lengths.shape
+                or loss.dtype.kind not in "iu"
+                or (loss < 0).any()
+                or (loss >= lengths).any()
+            ):
+                raise ConfigError("loss_tokens must hold one integer count per sample, each in 0 .. length-1")
+            self._loss = loss.astype(lengths.dtype, copy=False)
         self._lengths = lengths
         self.epoch = int(epoch)
         self.balance = balance
@@ -156,6 +178,7 @@ class PlanBatchSampler:
         self._balance = self._new_balance(None)  # decides how each coming step is given to ranks
         self._synced: tuple | None = None  # (epoch, step) of the last exchange
         self._busy = 0.0  # seconds spent yielding micro-batches (planning included), for balance_stats
+        self._busy_first: float | None = None  # ... until the end of the first step
         self._cache: tuple | None = None
         self._step_cache: tuple | None = None
 
@@ -174,7 +197,10 @@ class PlanBatchSampler:
     def _plan(self) -> tuple[Plan, int, np.ndarray]:
         """The current segment's unassigned plan, the steps before it and the loss tokens of each step."""
         if self._cache is None or self._cache[0] != self._key():
-            plan, before = replay(self._items, self.config, self.epoch, self._history)
+            self._cache = self._step_cache = None  # free the old plan before making the next
+            history = self._history
+            kw = {"lengths": self._lengths, "window": self._window}
+            plan, before = replay(self._items, self.config, self.epoch, history, **kw)
             self._cache = (self._key(), plan, before, self._step_tokens(plan))
         return self._cache[1], self._cache[2], self._cache[3]
 
@@ -182,18 +208,25 @@ class PlanBatchSampler:
         """Loss-bearing tokens per step (-1 where unknown: a custom count on a truncated or split piece)."""
         k = plan.config.micro_per_step
         m = plan.n_steps * k
-        n = int(plan.offsets[m])
-        if n == 0:
-            return np.zeros(plan.n_steps, dtype=np.int64)
-        pieces = plan.lengths[:n]
-        if self._loss is None:
-            per = pieces - 1
-        else:
-            whole = pieces == self._lengths[plan.indices[:n]]
-            per = np.where(whole, self._loss[plan.indices[:n]], -(10**12))
+        offsets = plan.offsets[: m + 1]
         micro = np.zeros(m, dtype=np.int64)
-        nonempty = np.flatnonzero(np.diff(plan.offsets[: m + 1]) > 0)
-        micro[nonempty] = np.add.reduceat(per, plan.offsets[nonempty])
+        nonempty = np.flatnonzero(np.diff(offsets) > 0)
+        # in chunks of whole micro-batches (~4M pieces each): no int64 temporary the size of the epoch
+        cuts = np.arange(0, max(int(offsets[-1]), 1), _CHUNK)
+        bounds = np.searchsorted(offsets[nonempty], cuts, side="left")
+        for lo, hi in zip(bounds, [*bounds[1:], nonempty.shape[0]], strict=True):
+            if lo == hi:
+                continue
+            mb = nonempty[lo:hi]
+            a, b = int(offsets[mb[0]]), int(offsets[mb[-1] + 1])
+            pieces = plan.lengths[a:b].astype(np.int64)
+            if self._loss is None:
+                per = pieces - 1
+            else:
+                ids = plan.indices[a:b]
+                whole = pieces == self._lengths[ids]
+                per = np.where(whole, self._loss[ids], -(10**12))
+            micro[mb] = np.add.reduceat(per, offsets[mb] - a)
         steps = micro.reshape(plan.n_steps, k).sum(axis=1)
         return np.where(steps < 0, -1, steps)
 
@@ -286,6 +319,8 @@ class PlanBatchSampler:
                     (self.epoch, before + s, j), float(features[k, 0]), float(features[k, 1])
                 )
             self._busy += time.perf_counter() - t0
+            if self._busy_first is None and j == g - 1:
+                self._busy_first = self._busy  # planning the epoch and loading the kernels: once
             yield MicroBatch(ids, info)
 
     # ----- dynamic balancing -------------------------------------------------------------------------------
@@ -331,7 +366,8 @@ class PlanBatchSampler:
         ``speeds`` (per rank, mean 1), ``heldout_rel_error`` (the previous fit's mean relative error on the
         micro-batches of the last exchange, which it had not seen), ``exchanges``, ``records`` (timed
         micro-batches received, all ranks), ``sync_seconds`` (this rank's time in exchanges and refits) and
-        ``sampler_seconds`` (all of its time yielding micro-batches: planning, layouts, exchanges)."""
+        ``sampler_seconds`` (all of its time yielding micro-batches: planning, layouts, exchanges), of which
+        ``sampler_first_step_seconds`` until its first step was out (planning, loading compiled kernels)."""
         b, d = self._balance, self._dynamic
         return {
             "mode": self.balance,
@@ -344,6 +380,7 @@ class PlanBatchSampler:
             "records": 0 if d is None else d.records,
             "sync_seconds": 0.0 if d is None else d.sync_seconds,
             "sampler_seconds": self._busy,
+            "sampler_first_step_seconds": self._busy_first or 0.0,
             "plan_budget": self._history[-1].budget or self.config.budget,
         }
 
