@@ -86,7 +86,7 @@ def test_speed_aware_assignment_is_near_the_brute_force_optimum():
         k = world * accum
         costs = rng.uniform(1, 10, k) ** rng.uniform(1, 2)
         speeds = rng.uniform(0.5, 1.5, world)
-        perm = _kernels.balance_ranks_speeds(costs, speeds, world, accum, 64)
+        perm = _kernels.balance_ranks(costs, world, accum, 64, speeds, False)
         assert sorted(perm.tolist()) == list(range(k))
         got = float((costs[perm].reshape(world, accum).sum(axis=1) / speeds).max())
         ratios.append(got / _brute_best(costs, speeds, world, accum))
@@ -97,8 +97,8 @@ def test_speed_aware_assignment_is_near_the_brute_force_optimum():
 def test_equal_speeds_give_the_plans_assignment():
     rng = np.random.default_rng(2)
     costs = rng.uniform(1, 10, 5 * 12)
-    a = _kernels.balance_ranks(costs, 4, 3, 64)
-    b = _kernels.balance_ranks_speeds(costs, np.ones(4), 4, 3, 64)
+    a = _kernels.balance_ranks(costs, 4, 3, 64, np.ones(4), True)
+    b = _kernels.balance_ranks(costs, 4, 3, 64, np.ones(4), False)
     assert (costs[a].reshape(-1, 4, 3).sum(2).max(1) <= costs[b].reshape(-1, 4, 3).sum(2).max(1) * 1.02).all()
 
 

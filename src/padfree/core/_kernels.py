@@ -179,76 +179,6 @@ def gather_segments(values: np.ndarray, offsets: np.ndarray, order: np.ndarray) 
 
 
 @njit(cache=True, nogil=True)
-def balance_ranks(costs: np.ndarray, world: int, accum: int, max_rounds: int) -> np.ndarray:
-    """Assign each step's ``world*accum`` micro-batches to ranks, ``accum`` each, minimizing the most
-    loaded rank: LPT with a cardinality limit, then the best pairwise swap between any two ranks, repeated
-    while it lowers the sum of squared rank loads.
-
-    ``costs`` has ``n_steps * world * accum`` entries, step after step. Returns a permutation of the
-    micro-batches such that, inside each step, rank r owns slots ``r*accum .. r*accum+accum-1``; each rank
-    keeps its micro-batches in their original order.
-    """
-    k = world * accum
-    n_steps = costs.shape[0] // k
-    perm = np.empty(costs.shape[0], np.int64)
-    rank_of = np.empty(k, np.int64)
-    load = np.empty(world, np.float64)
-    count = np.empty(world, np.int64)
-    for s in range(n_steps):
-        base = s * k
-        c = costs[base : base + k]
-        order = np.argsort(-c, kind="mergesort")
-        load[:] = 0.0
-        count[:] = 0
-        for t in range(k):
-            j = order[t]
-            best = -1
-            for r in range(world):
-                if count[r] < accum and (best < 0 or load[r] < load[best]):
-                    best = r
-            rank_of[j] = best
-            load[best] += c[j]
-            count[best] += 1
-        # improvement: swap pairs of micro-batches between ranks while that lowers the sum of squared
-        # loads (each swap narrows the gap between two ranks; the maximum can only follow)
-        for _ in range(max_rounds):
-            best_gain = 0.0
-            bi = -1
-            bj = -1
-            for i in range(k):
-                p = rank_of[i]
-                for j in range(k):
-                    q = rank_of[j]
-                    if q == p:
-                        continue
-                    gap = load[p] - load[q]
-                    d = c[i] - c[j]
-                    if d <= 0.0 or d >= gap:
-                        continue
-                    gain = d * (gap - d)  # half the drop in load[p]^2 + load[q]^2
-                    if gain > best_gain:
-                        best_gain = gain
-                        bi = i
-                        bj = j
-            if bi < 0 or best_gain <= 1e-12 * (load[0] + 1.0) ** 2:
-                break
-            p = rank_of[bi]
-            q = rank_of[bj]
-            d = c[bi] - c[bj]
-            load[p] -= d
-            load[q] += d
-            rank_of[bi] = q
-            rank_of[bj] = p
-        # write out: rank by rank, original order inside a rank
-        fill = np.zeros(world, np.int64)
-        for j in range(k):
-            r = rank_of[j]
-            perm[base + r * accum + fill[r]] = base + j
-            fill[r] += 1
-    return perm
-
-
-@njit(cache=True, nogil=True)
 def optimal_edges(values: np.ndarray, counts: np.ndarray, n_buckets: int) -> np.ndarray:
     """Bucket upper edges minimizing total padding ``sum(bucket_max - length)`` over all samples.
 
@@ -324,14 +254,19 @@ def optimal_edges(values: np.ndarray, counts: np.ndarray, n_buckets: int) -> np.
 
 
 @njit(cache=True, nogil=True)
-def balance_ranks_speeds(
-    costs: np.ndarray, speeds: np.ndarray, world: int, accum: int, max_rounds: int
+def balance_ranks(
+    costs: np.ndarray, world: int, accum: int, max_rounds: int, speeds: np.ndarray, uniform: bool
 ) -> np.ndarray:
-    """:func:`balance_ranks` for ranks of different speeds: minimize the slowest rank's time ``load/speed``.
+    """Assign each step's ``world*accum`` micro-batches to ranks, ``accum`` each, minimizing the slowest
+    rank's time ``load / speed``: LPT with a cardinality limit (each micro-batch, most costly first, to the
+    rank that would finish it first), then the best pairwise swap between any two ranks, repeated while it
+    lowers the sum of squared rank times (a swap narrows the gap between two ranks; the maximum can only
+    follow).
 
-    LPT (each micro-batch, most costly first, to the rank that would finish it first among those with fewer
-    than ``accum``), then the best pairwise swap while it lowers the sum of squared rank times. Same output
-    layout as :func:`balance_ranks`.
+    ``costs`` has ``n_steps * world * accum`` entries, step after step; ``uniform`` says every speed is 1
+    (then the arithmetic is the plain-load one, so a plan does not depend on rounding through speeds).
+    Returns a permutation of the micro-batches such that, inside each step, rank r owns slots
+    ``r*accum .. r*accum+accum-1``; each rank keeps its micro-batches in their original order.
     """
     k = world * accum
     n_steps = costs.shape[0] // k
@@ -349,19 +284,16 @@ def balance_ranks_speeds(
         for t in range(k):
             j = order[t]
             best = -1
-            best_time = 0.0
+            best_key = 0.0
             for r in range(world):
                 if count[r] < accum:
-                    finish = (load[r] + c[j]) / speeds[r]
-                    if best < 0 or finish < best_time:
+                    key = load[r] if uniform else (load[r] + c[j]) / speeds[r]
+                    if best < 0 or key < best_key:
                         best = r
-                        best_time = finish
+                        best_key = key
             rank_of[j] = best
             load[best] += c[j]
             count[best] += 1
-        scale = 0.0
-        for r in range(world):
-            scale = max(scale, load[r] / speeds[r])
         for _ in range(max_rounds):
             best_gain = 0.0
             bi = -1
@@ -375,16 +307,16 @@ def balance_ranks_speeds(
                     d = c[i] - c[j]
                     if d <= 0.0:
                         continue
-                    lp = load[p]
-                    lq = load[q]
-                    gain = (lp * lp - (lp - d) * (lp - d)) * inv2[p] + (lq * lq - (lq + d) * (lq + d)) * inv2[
-                        q
-                    ]
+                    # half the drop in sum(load^2 / speed^2); with unit speeds d * (gap - d)
+                    if uniform:
+                        gain = d * ((load[p] - load[q]) - d)
+                    else:
+                        gain = d * ((inv2[p] * load[p] - inv2[q] * load[q]) - d * (inv2[p] + inv2[q]) / 2.0)
                     if gain > best_gain:
                         best_gain = gain
                         bi = i
                         bj = j
-            if bi < 0 or best_gain <= 1e-12 * (scale + 1.0) ** 2:
+            if bi < 0 or best_gain <= 1e-12 * (load[0] + 1.0) ** 2:
                 break
             p = rank_of[bi]
             q = rank_of[bj]
@@ -393,6 +325,7 @@ def balance_ranks_speeds(
             load[q] += d
             rank_of[bi] = q
             rank_of[bj] = p
+        # write out: rank by rank, original order inside a rank
         fill = np.zeros(world, np.int64)
         for j in range(k):
             r = rank_of[j]

@@ -8,7 +8,7 @@ epoch exactly once. A step's layout is a pure function of its items and the :cla
 
 Two ways to give a step to ranks of different speeds:
 
-- *assignment*: whole micro-batches, the costly ones to the fast ranks (``_kernels.balance_ranks_speeds``);
+- *assignment*: whole micro-batches, the costly ones to the fast ranks (``_kernels.balance_ranks``);
 - *re-cut* (packed): the step's items are packed again into ``grad_accum`` bins per rank, each at most the
   budget, the heavier share to the faster ranks (``_kernels.recut_packed``). Equal-size bins cannot be
   balanced by assignment, and a re-cut can only give a fast rank more than the average if the average
@@ -138,12 +138,8 @@ def step_layout(
     if offsets.shape[0] - 1 != w * g:
         raise ValueError(f"a step of {offsets.shape[0] - 1} micro-batches for {w} x {g}")
     costs = micro_costs(lens, offsets, config.packed, balance.cost)
-    if balance.speeds is None:
-        perm = steps.assign_ranks(costs, w, g)
-        speeds = np.ones(w)
-    else:
-        speeds = np.asarray(balance.speeds, dtype=np.float64)
-        perm = _kernels.balance_ranks_speeds(costs, speeds, w, g, 64) if w > 1 else np.arange(g)
+    speeds = np.ones(w) if balance.speeds is None else np.asarray(balance.speeds, dtype=np.float64)
+    perm = steps.assign_ranks(costs, w, g, speeds=None if balance.speeds is None else speeds)
     ids = np.arange(lens.shape[0], dtype=np.int64)
     order, new_offsets = _kernels.gather_segments(ids, offsets.astype(np.int64), perm)
     if not (balance.recut and config.packed and w > 1 and lens.size):
