@@ -238,8 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.checkpoint_dir:
         checkpoint(args, step, model, optimizer, sampler, rank, world)
     log(f"finished at step {step}, epoch {sampler.epoch} ({sampler.step}/{sampler.steps_in_epoch} steps)")
-    if args.balance == "dynamic":
-        log(f"balance after {time.perf_counter() - t_train:.1f} s of training: {sampler.balance_stats()}")
+    log(f"sampler after {time.perf_counter() - t_train:.1f} s of training: {sampler.balance_stats()}")
     if seen is not None:
         os.close(seen)
     if world > 1:
