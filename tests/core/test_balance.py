@@ -140,3 +140,13 @@ def test_headroom_is_validated_and_only_for_packed():
     assert plan_budget(PlanConfig(strategy="packed", budget=100), 1.0) is None
     with pytest.raises(ConfigError, match="headroom"):
         plan_budget(PlanConfig(strategy="packed", budget=100), 0.2)
+
+
+def test_permute_in_place_is_a_gather():
+    rng = np.random.default_rng(9)
+    for n in (0, 1, 7, 500):
+        values = rng.integers(0, 1000, n).astype(np.int32)
+        order = rng.permutation(n)
+        expected = values[order]
+        _kernels.permute_in_place(values, order, np.zeros(n, np.uint8))
+        assert np.array_equal(values, expected)

@@ -378,3 +378,24 @@ def recut_packed(
         load[best] += weight[i]
         bin_of[i] = chosen
     return bin_of
+
+
+@njit(cache=True, nogil=True)
+def permute_in_place(values: np.ndarray, order: np.ndarray, seen: np.ndarray) -> None:
+    """``values[i] = values[order[i]]`` (the values before) for every ``i``, in place, cycle by cycle.
+
+    ``seen`` is a zeroed uint8 scratch array as long as ``values`` (left all ones).
+    """
+    for i in range(values.shape[0]):
+        if seen[i]:
+            continue
+        first = values[i]
+        j = i
+        while True:
+            seen[j] = 1
+            k = order[j]
+            if k == i:
+                values[j] = first
+                break
+            values[j] = values[k]
+            j = k

@@ -93,7 +93,7 @@ def plan_rest(items: Items, config: PlanConfig, epoch: int, window: int | None =
         return one_per_micro(items, config, epoch)
     try:
         if window is not None and len(items) > window:
-            return plan_items_windowed(items, config, epoch, window)
+            return plan_items_windowed(items, config, epoch, window, in_place=True)
         return plan_items(items, config, epoch, assign=False)
     except ConfigError:
         return one_per_micro(items, config, epoch)

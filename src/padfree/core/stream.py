@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from padfree.core import _kernels
 from padfree.core._kernels import njit
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, check_overlong, make_items, validate_lengths
@@ -310,12 +311,16 @@ class _Concat:
         )
 
 
-def plan_items_windowed(items: Items, config: PlanConfig, epoch: int, window: int = DEFAULT_WINDOW) -> Plan:
+def plan_items_windowed(
+    items: Items, config: PlanConfig, epoch: int, window: int = DEFAULT_WINDOW, *, in_place: bool = False
+) -> Plan:
     """Plan already prepared items window by window, steps not given to ranks (``assign=False``): the rest
     of a huge epoch resumed at another shape (:mod:`padfree.core.replay`), in bounded memory.
 
     The items are dealt to windows at random (from ``config.seed`` and the epoch), each window planned on
     its own stream, the plans concatenated; a window too small for whole steps is planned with the next.
+    ``in_place=True`` reuses the items' own arrays for the plan (they are overwritten): the rest of an epoch
+    is re-planned without a second copy of it.
 
     >>> from padfree.core.items import make_items
     >>> cfg = PlanConfig(strategy="packed", budget=64, world_size=2, grad_accum=2, seed=3)
@@ -332,23 +337,43 @@ def plan_items_windowed(items: Items, config: PlanConfig, epoch: int, window: in
     labels, per_window = _merge_small(labels, np.bincount(labels, minlength=n_windows), config.micro_per_step)
     order: np.ndarray = np.empty(n, _index_dtype(n))
     starts = _group_by_label(labels, per_window.shape[0], order)
-    sample = items.sample_ids()
-    out = _Concat(n, items.n_samples, items.start is not None)
-    carry = None
+    del labels
+    # the items in window order, in their own arrays: every window is then one contiguous slice, and its
+    # plan (a permutation of the slice) is written back over it
+    arrays = [items.length, items.sample_ids()] + ([] if items.start is None else [items.start])
+    seen = np.zeros(n, np.uint8)
+    for i, arr in enumerate(arrays):
+        if not in_place or not arr.flags.writeable:
+            arrays[i] = arr = arr.copy()
+        seen[:] = 0
+        _kernels.permute_in_place(arr, order, seen)
+    del order, seen
+    length, sample = arrays[0], arrays[1]
+    start = arrays[2] if items.start is not None else None
+    offsets = [np.zeros(1, np.int64)]
+    lo = 0
     for j in range(per_window.shape[0]):
-        ids = order[starts[j] : starts[j + 1]]
-        ids = ids if carry is None else np.concatenate([carry, ids])
-        start = None if items.start is None else items.start[ids]
-        part = Items(items.length[ids], sample[ids], start, items.n_samples)
+        hi = int(starts[j + 1])
+        part = Items(length[lo:hi], sample[lo:hi], None if start is None else start[lo:hi], items.n_samples)
+        rng = epoch_rng(config.seed, epoch, config.strategy, 3, j)
         try:
-            p = plan_items(
-                part, config, epoch, rng=epoch_rng(config.seed, epoch, config.strategy, 3, j), assign=False
-            )
+            p = plan_items(part, config, epoch, rng=rng, assign=False)
         except ConfigError:
             if j == per_window.shape[0] - 1:
                 raise
-            carry = ids
-            continue
-        carry = None
-        out.add(p)
-    return out.plan(config, epoch, items.n_samples, t0)
+            continue  # planned again together with the next window (the next slice)
+        sample[lo:hi], length[lo:hi] = p.indices, p.lengths
+        if start is not None:
+            start[lo:hi] = p.starts
+        offsets.append(p.offsets[1:] + lo)
+        lo = hi
+    return Plan(
+        config=config,
+        epoch=epoch,
+        indices=sample,
+        offsets=np.concatenate(offsets),
+        lengths=length,
+        starts=start,
+        n_samples=items.n_samples,
+        plan_seconds=time.perf_counter() - t0,
+    )
