@@ -26,15 +26,12 @@ from padfree.core.fingerprint import fingerprint
 from padfree.core.items import make_items, validate_lengths
 from padfree.core.plan import Plan
 from padfree.core.planner import STREAM_THRESHOLD
+from padfree.core.position import Position, from_state, step_loss_tokens, to_state
 from padfree.core.replay import Segment, replay
 from padfree.core.stream import DEFAULT_WINDOW
-from padfree.errors import ConfigError, StateError
+from padfree.errors import ConfigError
 from padfree.torch._balance import DynamicBalancer
 from padfree.torch._distributed import rank_and_world
-
-_CHUNK = 4_000_000
-STATE_FORMAT = "padfree.sampler/2"
-_FORMAT_V1 = "padfree.sampler/1"  # no balance recorded: accepted only where the cost model cannot matter
 
 
 @dataclass(frozen=True)
@@ -201,34 +198,8 @@ class PlanBatchSampler:
             history = self._history
             kw = {"lengths": self._lengths, "window": self._window}
             plan, before = replay(self._items, self.config, self.epoch, history, **kw)
-            self._cache = (self._key(), plan, before, self._step_tokens(plan))
+            self._cache = (self._key(), plan, before, step_loss_tokens(plan, self._lengths, self._loss))
         return self._cache[1], self._cache[2], self._cache[3]
-
-    def _step_tokens(self, plan: Plan) -> np.ndarray:
-        """Loss-bearing tokens per step (-1 where unknown: a custom count on a truncated or split piece)."""
-        k = plan.config.micro_per_step
-        m = plan.n_steps * k
-        offsets = plan.offsets[: m + 1]
-        micro = np.zeros(m, dtype=np.int64)
-        nonempty = np.flatnonzero(np.diff(offsets) > 0)
-        # in chunks of whole micro-batches (~4M pieces each): no int64 temporary the size of the epoch
-        cuts = np.arange(0, max(int(offsets[-1]), 1), _CHUNK)
-        bounds = np.searchsorted(offsets[nonempty], cuts, side="left")
-        for lo, hi in zip(bounds, [*bounds[1:], nonempty.shape[0]], strict=True):
-            if lo == hi:
-                continue
-            mb = nonempty[lo:hi]
-            a, b = int(offsets[mb[0]]), int(offsets[mb[-1] + 1])
-            pieces = plan.lengths[a:b].astype(np.int64)
-            if self._loss is None:
-                per = pieces - 1
-            else:
-                ids = plan.indices[a:b]
-                whole = pieces == self._lengths[ids]
-                per = np.where(whole, self._loss[ids], -(10**12))
-            micro[mb] = np.add.reduceat(per, offsets[mb] - a)
-        steps = micro.reshape(plan.n_steps, k).sum(axis=1)
-        return np.where(steps < 0, -1, steps)
 
     def _layout(self, plan: Plan, s: int) -> tuple:
         """Step ``s`` of ``plan`` given to ranks under the balance in force: ``(first item, order, offsets,
@@ -388,15 +359,8 @@ class PlanBatchSampler:
     def state_dict(self) -> dict:
         """The position and everything that decides the rest of the epoch: epoch, fingerprint, the short
         resume history, and the balance in force (cost model, rank speeds). JSON-serializable, O(resumes)."""
-        return {
-            "format": STATE_FORMAT,
-            "fingerprint": self.fingerprint,
-            "epoch": self.epoch,
-            "history": [_entry(h) for h in self._history],
-            "partial": self._partial,
-            "mode": self.balance,
-            "balance": self._balance.to_state(),
-        }
+        position = Position(self.epoch, list(self._history), self._partial, self._balance)
+        return to_state(self.fingerprint, position, self.balance)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at the exact next micro-batch, at this sampler's world size (which may differ: the rest of
@@ -407,61 +371,16 @@ class PlanBatchSampler:
         the epoch ends in the order it would have without the interruption. The config's cost model applies
         again from the next epoch. At another world size the speeds start afresh. Raises
         :class:`StateError` (one line, saying why) on a foreign or damaged state, or on one that cannot be
-        continued exactly.
+        continued exactly (see :mod:`padfree.core.position`).
         """
-        if not isinstance(state, dict) or state.get("format") not in (STATE_FORMAT, _FORMAT_V1):
-            raise StateError(f"not a padfree sampler state (expected format {STATE_FORMAT!r})")
-        if state.get("fingerprint") != self.fingerprint:
-            raise StateError(
-                f"sampler state fingerprint {state.get('fingerprint')} does not match this dataset, config "
-                f"and seed ({self.fingerprint}); refusing to resume with a different data order"
-            )
-        try:
-            epoch = int(state["epoch"])
-            history = [_segment(h) for h in state["history"]]
-            partial = int(state["partial"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"malformed sampler state: {exc}") from None
-        if not history or epoch < 0 or partial < 0 or any(h.steps < 0 for h in history):
-            raise StateError("malformed sampler state: empty history or negative position")
-        last = history[-1]
-        if state["format"] == _FORMAT_V1:
-            if partial or len(history) > 1:
-                raise StateError(
-                    f"a {_FORMAT_V1} state records no cost model and re-plans resumed epochs differently: it "
-                    "can only be continued at a step boundary of an epoch never resumed at another world "
-                    "size; resume from such a checkpoint or start the epoch again"
-                )
-            balance = Balance.of(self.config.cost)
-        else:
-            balance = Balance.from_state(state.get("balance"), last.world_size)
-        if (last.world_size, last.grad_accum) != (self.world_size, self.grad_accum):
-            if partial:
-                raise StateError(
-                    f"the state is {partial} micro-batch(es) into a step; it can only resume at world size "
-                    f"{last.world_size} and grad_accum {last.grad_accum}, not {self.world_size} and "
-                    f"{self.grad_accum}"
-                )
-            if last.steps == 0:
-                history = history[:-1]
-            history.append(Segment(self.world_size, self.grad_accum, 0, self._budget))
-            balance = replace(balance, speeds=None)  # other ranks: their speeds are not known yet
-        elif partial >= self.grad_accum:
-            raise StateError(f"malformed sampler state: partial {partial} >= grad_accum {self.grad_accum}")
-        self.epoch, self._history, self._partial, self._balance = epoch, history, partial, balance
+        shape = (self.world_size, self.grad_accum, self._budget, self.config.cost)
+        pos = from_state(state, self.fingerprint, *shape)
+        self.epoch, self._history, self._partial, self._balance = (
+            pos.epoch,
+            pos.history,
+            pos.partial,
+            pos.balance,
+        )
         self._cache = self._step_cache = self._synced = None
         if self._dynamic is not None:
             self._dynamic.reset()
-
-
-def _entry(seg: Segment) -> list[int]:
-    head = [seg.world_size, seg.grad_accum, seg.steps]
-    return head if seg.budget is None else [*head, seg.budget]
-
-
-def _segment(entry: object) -> Segment:
-    w, g, steps, *rest = entry
-    if len(rest) > 1:
-        raise ValueError(f"a history entry has 3 or 4 numbers (got {entry!r:.60})")
-    budget = rest[0] if rest else None
-    return Segment(int(w), int(g), int(steps), None if budget is None else int(budget))
