@@ -37,11 +37,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from common import add_data_and_model_args, load_training_data, model_overrides, run_example
+from common import add_data_and_model_args, load_training_data, model_overrides, plan_config, run_example
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from padfree import PlanConfig
 from padfree.testing import seenlog
 from padfree.testing.models import build_model
 from padfree.torch import (
@@ -137,13 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     run = shared_run_id(rank, world)
 
     samples, lengths, loss_tokens = load_training_data(args)
-    config = PlanConfig(
-        strategy=args.strategy,
-        budget=args.budget,
-        grad_accum=args.grad_accum,
-        seed=args.seed,
-        overlong="truncate",
-    )
+    config = plan_config(args)
     sampler = PlanBatchSampler(lengths, config, loss_tokens=loss_tokens)
     collator = PackCollator() if args.strategy == "packed" else PadCollator(pad_to_multiple_of=8)
     loader = DataLoader(
