@@ -5,13 +5,15 @@ Several ranks:    torchrun --nproc_per_node 2 examples/train.py --strategy bucke
 Kill and resume:  add --checkpoint-dir ckpt --checkpoint-every 10, then rerun with --resume (any world size)
 
 What it does, top to bottom:
-- tokenizes ``--data`` (default: the vendored ``fixtures/samples/*.jsonl.gz``) with the SentencePiece
-  ``--tokenizer`` (:func:`padfree.data.samples.load_samples`). A chat
-  sample is ``<s>`` + ``role + "\\n" + content + "\\n"`` per message + ``</s>``; a document is
-  ``<s> text </s>``. Samples are cut to ``--budget`` tokens.
-- loss (``--loss-on``): ``assistant`` (default) puts loss on the tokens of assistant messages, and on
-  ``</s>`` when the last message is the assistant's; documents always have loss on every token. ``all``
-  puts loss on every token.
+- tokenizes ``--data`` (default: the vendored ``fixtures/samples/*.jsonl.gz``; files, globs, folders, any
+  format ``padfree lengths`` reads, ``--format``/``--field-map``/``--chat-template`` likewise) with
+  ``--tokenizer`` (SentencePiece .model, tokenizer.json or a transformers folder) by padfree's one rule
+  (:mod:`padfree.data.tokenization`): a chat sample is ``[BOS] + role + "\\n" + content + "\\n" + [EOS]``
+  per message, a document ``text + [EOS]``: exactly what ``padfree lengths`` counts. Samples are cut to
+  ``--budget`` tokens; with ``--lengths FILE`` (made by ``padfree lengths``) the plan uses the file instead,
+  and a sample whose token count differs from it stops the run with one line naming it.
+- loss (``--loss-on``): ``assistant`` (default) puts loss on the tokens of assistant messages (their BOS
+  and EOS included); documents always have loss on every token. ``all`` puts loss on every token.
 - plans micro-batches with :class:`padfree.torch.PlanBatchSampler` (``--strategy``, ``--budget``: tokens per
   micro-batch), ``--grad-accum`` micro-batches per rank per optimizer step; gradients are all-reduced only
   on the last one (``no_sync`` before), and every micro-batch's loss is ``sum of token losses / tokens of
@@ -33,15 +35,12 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from common import add_data_and_model_args, model_overrides  # examples/common.py
+from common import add_data_and_model_args, load_training_data, model_overrides, plan_config, run_example
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from padfree import PlanConfig
-from padfree.data.samples import load_samples, loss_tokens_of
 from padfree.testing import seenlog
 from padfree.testing.models import build_model
 from padfree.torch import (
@@ -141,16 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     log = print if rank == 0 else (lambda *a, **k: None)
     run = shared_run_id(rank, world)
 
-    samples = load_samples(args.data, args.tokenizer, args.limit_samples, args.loss_on, args.budget)
-    lengths = np.array([len(s["input_ids"]) for s in samples])
-    loss_tokens = loss_tokens_of(samples)
-    config = PlanConfig(
-        strategy=args.strategy,
-        budget=args.budget,
-        grad_accum=args.grad_accum,
-        seed=args.seed,
-        overlong="truncate",
-    )
+    samples, lengths, loss_tokens = load_training_data(args)
+    config = plan_config(args)
     sampler = PlanBatchSampler(
         lengths, config, loss_tokens=loss_tokens, balance=args.balance, balance_every=args.balance_every
     )
@@ -261,4 +252,4 @@ def checkpoint(args, step, model, optimizer, sampler, rank, world) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_example(main)

@@ -288,7 +288,8 @@ ROWS = [
         _t("3\n4\n900\n5\n2000\n"),
         [*SMALL, "--budget=512"],
         OverlongError,
-        r"2 sample\(s\) longer than the budget of 512 tokens \(first: sample 2, longest: 2000 tokens\)",
+        r"2 sample\(s\) longer than the budget of 512 tokens \(first: sample 2, longest: 2000 tokens\); "
+        r"raise the budget \(budget=, --budget\) or choose an overlong policy \(overlong=, --overlong:",
     ),
     Row(
         "too-few-samples",

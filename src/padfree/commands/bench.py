@@ -25,7 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_lengths_argument(p, required=False)
     p.add_argument("--data", default=None, help="real text: glob of samples .jsonl.gz (needs --tokenizer)")
-    p.add_argument("--tokenizer", default=None, help="SentencePiece model for --data")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="SentencePiece .model, tokenizer.json or transformers folder for --data",
+    )
     p.add_argument("--per-file", type=int, default=400, help="--data: samples read per file (default 400)")
     p.add_argument("--loss-on", default="all", choices=["all", "assistant"], help="--data: loss tokens")
     p.add_argument("--model", default="tiny-llama", help="built-in tiny model or a config directory")
@@ -60,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="plan every strategy over a seeded random subset of this many samples instead of all of them "
         "(default: all, so that the plans pad as they would on the whole dataset; a small pool pads more, "
-        "bucketed most, since its buckets must each hold `mix` (128) micro-batches)",
+        "bucketed most, whose noise windows narrow with the data)",
     )
     p.add_argument(
         "--padded-attention",
@@ -143,7 +147,9 @@ def _text_samples(args: argparse.Namespace, vocab: int, max_len: int):
     from padfree.data.samples import load_samples, loss_tokens_of
 
     if not args.tokenizer:
-        raise ConfigError("--data needs --tokenizer (a SentencePiece model)")
+        raise ConfigError(
+            "--data needs --tokenizer (a SentencePiece .model, tokenizer.json or transformers folder)"
+        )
     raw = load_samples(args.data, args.tokenizer, None, args.loss_on, None, per_file=args.per_file)
     if args.overlong == "drop":
         raw = [s for s in raw if s["input_ids"].shape[0] <= max_len]

@@ -29,7 +29,11 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--growth", type=float, default=1.25, help="bucketed: bucket width growth (default 1.25)")
     p.add_argument("--buckets", type=int, default=None, help="bucketed: N padding-optimal buckets instead")
     p.add_argument(
-        "--mix", type=int, default=128, help="bucketed: noise window in micro-batches (default 128)"
+        "--mix",
+        type=int,
+        default=None,
+        help="bucketed: noise window in micro-batches, every bucket (default: chosen from the data, "
+        "see docs/planning.md)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     p.add_argument("--overlong", default="error", help=f"samples over the budget: {', '.join(OVERLONG)}")

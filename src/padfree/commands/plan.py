@@ -11,7 +11,10 @@ from padfree.commands.common import add_lengths_argument, add_plan_options, conf
 from padfree.errors import InputError
 
 NAME = "plan"
-HELP = 'write one epoch\'s plan, one micro-batch a line: {"epoch", "step", "rank", "micro", "indices"}'
+HELP = (
+    'write one epoch\'s plan, one micro-batch a line: {"epoch", "step", "rank", "micro", "indices"}, plus '
+    '"lengths" (tokens of each piece) on every line when a sample was truncated or split, "starts" when split'
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,7 +39,12 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise InputError(f"cannot write the plan ({exc.strerror or exc})", path=str(args.out)) from None
     try:
-        for rec in p.records():
+        cut = (
+            p.starts is None and p.truncated > 0
+        )  # one shape for the whole file: pieces' lengths on every line
+        for j, rec in enumerate(p.records()):
+            if cut:
+                rec["lengths"] = p.lengths[p.offsets[j] : p.offsets[j + 1]].tolist()
             stream.write(json.dumps(rec, separators=(",", ":")) + "\n")
     finally:
         if not to_stdout:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from padfree.commands.common import add_lengths_argument, add_plan_options, config_from_args, load_lengths
 from padfree.core.config import STRATEGIES
@@ -23,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.tools.simulate import load_seconds_per_unit, motivating_ratios, simulate
+    from padfree.tools.simulate import cost_warning, load_seconds_per_unit, motivating_ratios, simulate
 
     if args.gpus is not None:
         args.world_size = args.gpus
@@ -38,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
         spu = load_seconds_per_unit(args.cost)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{args.cost}: not a cost model: {exc}") from None
+    warning = cost_warning(args.cost)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     lengths, path, name = load_lengths(args)
     result = simulate(lengths, cfg, tuple(names), seconds_per_unit=spu, naive=not args.no_naive, path=path)
     result["dataset"] = name

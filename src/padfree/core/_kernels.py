@@ -399,3 +399,153 @@ def permute_in_place(values: np.ndarray, order: np.ndarray, seen: np.ndarray) ->
                 break
             values[j] = values[k]
             j = k
+
+
+@njit(cache=True, nogil=True)
+def _greedy(lens: np.ndarray, a: int, e: int, limit: int, packed: bool, out: np.ndarray, k: int) -> int:
+    """Greedy cut of ``lens[a:e]`` with piece cost (``sum`` if packed, else ``count * longest``) <= ``limit``
+    (a single item always forms a piece). Writes piece ends to ``out[k:]``; returns the new ``k``."""
+    cnt = 0
+    longest = 0
+    total = 0
+    for i in range(a, e):
+        length = lens[i]
+        m = longest if longest > length else length
+        c = total + length if packed else (cnt + 1) * m
+        if cnt > 0 and c > limit:
+            out[k] = i
+            k += 1
+            cnt = 1
+            longest = length
+            total = length
+        else:
+            cnt += 1
+            longest = m
+            total += length
+    out[k] = e
+    return k + 1
+
+
+@njit(cache=True, nogil=True)
+def _even_segment(
+    lens: np.ndarray, a: int, e: int, budget: int, max_pieces: int, packed: bool, out: np.ndarray, k: int
+) -> int:
+    """Cut ``lens[a:e]`` into at most ``max_pieces`` pieces of cost <= ``budget`` whose costs are as even as
+    a contiguous cut allows: the smallest limit whose greedy cut needs <= ``max_pieces`` pieces (binary
+    search), then one backward pass that moves items from each piece into the next while that lowers the
+    larger of the two costs (the greedy cut leaves its slack at the end). Writes piece ends to ``out[k:]``
+    and returns the new ``k``; the caller checks that the greedy cut under ``budget`` fits ``max_pieces``."""
+    lo = 1
+    for i in range(a, e):
+        if lens[i] > lo:
+            lo = lens[i]
+    hi = budget
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _greedy(lens, a, e, mid, packed, out, k) - k <= max_pieces:
+            hi = mid
+        else:
+            lo = mid + 1
+    k_end = _greedy(lens, a, e, lo, packed, out, k)
+    # backward pass: pieces p-1 = [s, m) and p = [m, end)
+    for p in range(k_end - 1, k, -1):
+        end = out[p]
+        m = out[p - 1]
+        s = a if p - 1 == k else out[p - 2]
+        cnt_q = end - m
+        max_q = 0
+        sum_q = 0
+        for i in range(m, end):
+            sum_q += lens[i]
+            if lens[i] > max_q:
+                max_q = lens[i]
+        # prefix maxima and sums of piece p-1
+        pre_max = np.empty(m - s, np.int64)
+        pre_sum = np.empty(m - s, np.int64)
+        run_max = 0
+        run_sum = 0
+        for i in range(s, m):
+            if lens[i] > run_max:
+                run_max = lens[i]
+            run_sum += lens[i]
+            pre_max[i - s] = run_max
+            pre_sum[i - s] = run_sum
+        cut = m
+        while cut - s > 1:
+            item = lens[cut - 1]
+            new_q_max = max_q if max_q > item else item
+            if packed:
+                cost_p = pre_sum[cut - 1 - s]
+                cost_q = sum_q
+                new_p = pre_sum[cut - 2 - s]
+                new_q = sum_q + item
+            else:
+                cost_p = (cut - s) * pre_max[cut - 1 - s]
+                cost_q = cnt_q * max_q
+                new_p = (cut - 1 - s) * pre_max[cut - 2 - s]
+                new_q = (cnt_q + 1) * new_q_max
+            old = cost_p if cost_p > cost_q else cost_q
+            new = new_p if new_p > new_q else new_q
+            if new >= old or new_q > budget:
+                break
+            cut -= 1
+            cnt_q += 1
+            max_q = new_q_max
+            sum_q += item
+        out[p - 1] = cut
+    return k_end
+
+
+@njit(cache=True, nogil=True)
+def cut_even(lens: np.ndarray, segments: np.ndarray, budget: int, packed: bool) -> np.ndarray:
+    """Like :func:`cut_padded` (a new piece wherever ``segments`` changes), with the same number of pieces
+    per segment as the greedy cut but costs as even as a contiguous cut allows (see ``_even_segment``): no
+    segment ends in a nearly empty micro-batch. Returns offsets."""
+    n = lens.shape[0]
+    out = np.empty(n + 1, np.int64)
+    out[0] = 0
+    k = 1
+    a = 0
+    scratch = np.empty(n + 1, np.int64)
+    while a < n:
+        e = a + 1
+        while e < n and segments[e] == segments[a]:
+            e += 1
+        pieces = _greedy(lens, a, e, budget, packed, scratch, 0)
+        k = _even_segment(lens, a, e, budget, pieces, packed, out, k)
+        a = e
+    return out[:k]
+
+
+@njit(cache=True, nogil=True)
+def cut_into(lens: np.ndarray, n_pieces: int, budget: int, packed: bool) -> np.ndarray:
+    """Offsets of at most ``n_pieces`` contiguous pieces of ``lens`` with costs <= ``budget`` and as even as
+    a contiguous cut allows; empty when even the greedy cut under ``budget`` needs more pieces."""
+    n = lens.shape[0]
+    out = np.empty(n + 1, np.int64)
+    out[0] = 0
+    if n == 0 or _greedy(lens, 0, n, budget, packed, out, 1) - 1 > n_pieces:
+        return out[:0]
+    k = _even_segment(lens, 0, n, budget, n_pieces, packed, out, 1)
+    return out[:k]
+
+
+@njit(cache=True, nogil=True)
+def lpt_bins(lens: np.ndarray, n_bins: int, budget: int) -> np.ndarray:
+    """Packed rows: deal items, longest first, each to the least loaded of ``n_bins`` bins; returns each
+    item's bin, or an empty array if some item would overflow the budget (the caller then cuts
+    contiguously). Loads end within one item of each other."""
+    order = np.argsort(-lens, kind="mergesort")
+    load = np.zeros(n_bins, np.int64)
+    bin_of = np.empty(lens.shape[0], np.int64)
+    for t in range(lens.shape[0]):
+        i = order[t]
+        best = 0
+        for b in range(1, n_bins):
+            if load[b] < load[best]:
+                best = b
+        if load[best] + lens[i] > budget:
+            return np.empty(0, np.int64)
+        load[best] += lens[i]
+        bin_of[i] = best
+    return bin_of

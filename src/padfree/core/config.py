@@ -81,7 +81,9 @@ class PlanConfig:
         growth: bucketed: each bucket's upper edge is ``growth`` times the previous one.
         buckets: bucketed: if set, use this many buckets with padding-minimizing edges instead of growth.
         mix: bucketed: inside a bucket, samples are cut from a noisy length order whose noise spans
-            ``mix`` micro-batches, so two samples share a micro-batch again with probability ~1/mix.
+            ``mix`` micro-batches' worth of tokens, so two samples share a micro-batch again with
+            probability ~1/mix. ``None`` (default): chosen from the data, the largest value (8 to 128)
+            whose estimated padding efficiency is >= 0.96 (see docs/planning.md).
         overlong: what to do with samples longer than the budget: error, truncate, split or drop.
         seed: the seed; with the epoch it fixes every random choice.
         cost: the cost model used to balance ranks and to report compute efficiency.
@@ -93,7 +95,7 @@ class PlanConfig:
     grad_accum: int = 1
     growth: float = 1.25
     buckets: int | None = None
-    mix: int = 128
+    mix: int | None = None
     overlong: str = "error"
     seed: int = 0
     cost: CostModel = field(default_factory=lambda: DEFAULT_COST)
@@ -103,6 +105,8 @@ class PlanConfig:
             raise ConfigError(f"unknown strategy {self.strategy!r}: choose one of {', '.join(REGISTRY)}")
         for name in ("budget", "world_size", "grad_accum", "mix"):
             value = getattr(self, name)
+            if name == "mix" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1 (got {value!r})")
         if self.budget > MAX_BUDGET:

@@ -74,7 +74,7 @@ class Plan:
         offsets: micro-batch boundaries into ``indices`` (``n_micro + 1`` entries).
         lengths: tokens of each entry of ``indices`` (after truncation or splitting).
         starts: first token of each entry inside its sample (``None`` unless ``overlong='split'``).
-        edges: the bucket upper edges used this epoch (bucketed only).
+        edges: the bucket upper edges used this epoch, after sparse buckets merged (bucketed only).
         n_samples, truncated, split, dropped: the overlong policy's report.
         plan_seconds: wall time to make the plan.
     """
@@ -196,7 +196,7 @@ def plan_items(
     if strata is not None:
         tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
         order, offsets = _kernels.gather_segments(order, offsets, steps.stratified_order(strata, tokens, rng))
-    offsets = steps.spread_tail(offsets, k)
+    order, offsets = steps.complete_last_step(order, offsets, length, k, config.budget, config.packed)
     lens = length[order]
     shapes = cost.micro_shapes(lens, offsets, config.packed)
     if assign and config.world_size > 1:

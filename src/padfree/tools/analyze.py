@@ -88,6 +88,54 @@ def measure(
     return plan_metrics(p1) | {"cobatch_repeat": cobatch_repeat(p0, p1)}, p1
 
 
+MIN_STEPS = 20
+"""Below this many steps an epoch is short: epoch-to-epoch and step-to-step statistics are noisy and
+bucketed must trade padding for fresh partners (see :func:`short_epoch`)."""
+
+
+def short_epoch(result: dict) -> str | None:
+    """One sentence when the epoch is short (fewer than :data:`MIN_STEPS` steps for some strategy) that says
+    what to change; None otherwise.
+
+    The fix is fewer tokens per step: grad-accum first, then the budget (not below the longest sample,
+    rounded up to 256). Steps are estimated as ``tokens / (world * grad_accum * budget * fill)`` with the
+    strategy's measured fill.
+    """
+    strategies, c, d = result.get("strategies", {}), result.get("config"), result.get("dataset")
+    if not strategies or not c or not d:
+        return None
+    name, fewest = min(((n, int(m["steps"])) for n, m in strategies.items()), key=lambda t: t[1])
+    if fewest >= MIN_STEPS:
+        return None
+    budget, world, accum = int(c["budget"]), int(c["world_size"]), int(c["grad_accum"])
+    per_budget = d["tokens"] / (world * max(strategies[name]["fill"], 1e-9))  # steps x accum x budget
+
+    def steps(a: int, b: int) -> float:
+        return per_budget / (a * b)
+
+    new_accum = max(1, min(accum, int(per_budget / (MIN_STEPS * budget))))
+    new_budget = budget
+    if steps(new_accum, budget) < MIN_STEPS:
+        floor = -(-min(budget, max(256, int(d["max"]))) // 256) * 256
+        new_budget = max(floor, min(budget, int(per_budget / MIN_STEPS) // 256 * 256))
+    opts = ([f"--grad-accum {new_accum}"] if new_accum != accum else []) + (
+        [f"--budget {new_budget}"] if new_budget != budget else []
+    )
+    s = "s" if fewest != 1 else ""
+    head = (
+        f"short epoch: {fewest} step{s} ({name}: {world} ranks x {accum} micro-batches x {budget:,} tokens); "
+        f"below {MIN_STEPS} steps the epoch-to-epoch numbers are noisy and bucketed trades padding for fresh "
+        "partners"
+    )
+    after = steps(new_accum, new_budget)
+    if not opts:
+        return head + f"; no smaller step fits: the data is small for {world} ranks"
+    if after < MIN_STEPS:
+        small = f"the data is small for {world} ranks"
+        return head + f"; even {' '.join(opts)} gives only ~{after:.0f} steps: {small}"
+    return head + f"; {' '.join(opts)} gives ~{after:.0f} steps"
+
+
 def render_table(result: dict) -> None:
     """Print the comparison as a rich table, strategies as columns."""
     from rich.console import Console

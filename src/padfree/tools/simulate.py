@@ -23,6 +23,31 @@ from padfree.core.planner import make_plan
 MOTIVATING_KTOK_S = {"sorted": 32.0, "naive_bucketed": 25.1, "random": 11.9}
 
 
+HELD_OUT_WARN = 0.25
+"""A cost file whose held-out relative RMS error is above this makes ``simulate`` warn: strategies often
+differ by 5-30% in predicted throughput, so a model off by more than a quarter on shapes it was not fitted
+on cannot rank them reliably (a calibration on a quiet machine is within ~0.1)."""
+
+
+def cost_warning(path: str | Path | None) -> str | None:
+    """One line when the cost file records a held-out error above :data:`HELD_OUT_WARN`, else None."""
+    if path is None:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    err = data.get("held_out_rel_rms")
+    if err is None and isinstance(data.get("held_out"), dict):
+        err = data["held_out"].get("rel_rms")
+    if not isinstance(err, (int, float)) or err <= HELD_OUT_WARN:
+        return None
+    return (
+        f"{path}: the cost model's held-out relative error is {err:.2f} (> {HELD_OUT_WARN}); predicted "
+        "throughput may be off by that much: calibrate again with more --repeats, without --quick"
+    )
+
+
 def load_seconds_per_unit(path: str | Path | None) -> float | None:
     """``seconds_per_unit`` (or ``seconds_per_slot``) of a cost file, or None when absent."""
     if path is None:
