@@ -9,7 +9,9 @@ model, and a state that could not continue exactly is refused in one line that s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -100,7 +102,7 @@ def _entry(seg: Segment) -> list[int]:
     return head if seg.budget is None else [*head, seg.budget]
 
 
-def _segment(entry: object) -> Segment:
+def _segment(entry: Sequence[Any]) -> Segment:
     w, g, steps, *rest = entry
     if len(rest) > 1:
         raise ValueError(f"a history entry has 3 or 4 numbers (got {entry!r:.60})")

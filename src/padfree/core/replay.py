@@ -129,9 +129,13 @@ def replay(
         raise StateError("empty resume history")
     seg = history[0]
     if window is not None:
+        if lengths is None:
+            raise StateError("a windowed replay needs the lengths")
         cfg = _shape(config, seg)
         plan = plan_stream(lengths, cfg, epoch, window=window, assign=False, item_budget=config.budget)
     else:
+        if items is None:
+            raise StateError("an in-memory replay needs the items")
         plan = plan_items(items, _shape(config, seg), epoch, assign=False)
     before = 0
     for i in range(1, len(history)):

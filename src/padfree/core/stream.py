@@ -250,8 +250,9 @@ def plan_stream(
     epoch = check_epoch(epoch)
     windows = deal_windows(lengths, config, epoch, window, path, item_budget)
     if windows.n_windows == 1:
-        kw = {"path": path, "t0": t0, "assign": assign, "item_budget": item_budget}
-        plan = plan_in_memory(windows.lengths, config, epoch, **kw)
+        plan = plan_in_memory(
+            windows.lengths, config, epoch, path=path, t0=t0, assign=assign, item_budget=item_budget
+        )
         if progress is not None:
             progress(1, 1)
         return plan
@@ -274,7 +275,7 @@ class _Concat:
         self.lens = np.empty(total, np.int32)
         self.starts = np.empty(total, np.int32) if with_starts else None
         self.offsets = [np.zeros(1, np.int64)]
-        self.edges = None
+        self.edges: np.ndarray | None = None
         self.pos = 0
         self.counts = [0, 0, 0]  # truncated, split, dropped
         self.first = True
