@@ -381,6 +381,90 @@ def recut_packed(
 
 
 @njit(cache=True, nogil=True)
+def recut_padded(
+    lens: np.ndarray, offsets: np.ndarray, speeds: np.ndarray, accum: int, budget: int, cost: np.ndarray
+) -> np.ndarray:
+    """Re-cut one assigned padded step among ranks of different speeds by moving whole rows.
+
+    ``lens[offsets[q]:offsets[q+1]]`` is micro-batch ``q``, run by rank ``q // accum``; a micro-batch costs
+    ``count * (a*L + b*L*L)`` plus ``c`` (``cost = (a, b, c)``, ``L`` its longest), a rank's time is its
+    cost over its speed. While the slowest rank's time can be lowered, the move that leaves the two ranks
+    it touches with the lowest slower time is made: the shortest row not yet moved of one of the slowest
+    rank's micro-batches (one that keeps another original row, so its longest does not change) into a
+    micro-batch of another rank that stays within ``count * longest <= budget``. Moved rows stay where they
+    land. Returns each row's micro-batch.
+    """
+    a, b, c = cost[0], cost[1], cost[2]
+    world = speeds.shape[0]
+    k = offsets.shape[0] - 1
+    n = lens.shape[0]
+    bin_of = np.empty(n, np.int64)
+    asc = np.empty(n, np.int64)  # each micro-batch's rows, shortest first
+    count = np.zeros(k, np.int64)
+    longest = np.zeros(k, np.int64)
+    left = np.zeros(k, np.int64)  # original rows not yet moved
+    nxt = np.zeros(k, np.int64)  # position in asc of the next to move
+    load = np.full(world, accum * c)
+    for q in range(k):
+        s0, e0 = offsets[q], offsets[q + 1]
+        part = np.argsort(lens[s0:e0], kind="mergesort")
+        for t in range(e0 - s0):
+            asc[s0 + t] = s0 + part[t]
+            bin_of[s0 + t] = q
+            if lens[s0 + t] > longest[q]:
+                longest[q] = lens[s0 + t]
+        count[q] = e0 - s0
+        left[q] = e0 - s0
+        nxt[q] = s0
+        load[q // accum] += count[q] * (a * longest[q] + b * longest[q] * longest[q])
+    for _ in range(n):
+        slow = 0
+        for r in range(1, world):
+            if load[r] / speeds[r] > load[slow] / speeds[slow]:
+                slow = r
+        now = load[slow] / speeds[slow]
+        best_src = -1
+        best_dst = -1
+        best_max = now
+        best_dst_time = 0.0
+        for src in range(slow * accum, (slow + 1) * accum):
+            if left[src] < 2:
+                continue
+            length = lens[asc[nxt[src]]]
+            ls = longest[src]
+            src_time = (load[slow] - (a * ls + b * ls * ls)) / speeds[slow]
+            for dst in range(k):
+                r = dst // accum
+                if r == slow:
+                    continue
+                ld = longest[dst] if longest[dst] > length else length
+                if (count[dst] + 1) * ld > budget:
+                    continue
+                lo = longest[dst]
+                added = (count[dst] + 1) * (a * ld + b * ld * ld) - count[dst] * (a * lo + b * lo * lo)
+                dst_time = (load[r] + added) / speeds[r]
+                worst = src_time if src_time > dst_time else dst_time
+                if worst < best_max or (best_src >= 0 and worst == best_max and dst_time < best_dst_time):
+                    best_src, best_dst, best_max, best_dst_time = src, dst, worst, dst_time
+        if best_src < 0:
+            break
+        row = asc[nxt[best_src]]
+        nxt[best_src] += 1
+        left[best_src] -= 1
+        count[best_src] -= 1
+        ls = longest[best_src]
+        load[slow] -= a * ls + b * ls * ls
+        r = best_dst // accum
+        lo = longest[best_dst]
+        ld = lo if lo > lens[row] else lens[row]
+        load[r] += (count[best_dst] + 1) * (a * ld + b * ld * ld) - count[best_dst] * (a * lo + b * lo * lo)
+        count[best_dst] += 1
+        longest[best_dst] = ld
+        bin_of[row] = best_dst
+    return bin_of
+
+
+@njit(cache=True, nogil=True)
 def permute_in_place(values: np.ndarray, order: np.ndarray, seen: np.ndarray) -> None:
     """``values[i] = values[order[i]]`` (the values before) for every ``i``, in place, cycle by cycle.
 

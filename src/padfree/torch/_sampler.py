@@ -94,13 +94,15 @@ class PlanBatchSampler:
         balance: ``"static"`` (each step given to ranks by ``config.cost``) or ``"dynamic"``: the ranks time
             their micro-batches (:meth:`record_time` or :meth:`timed`), exchange the times every
             ``balance_every`` steps in one small collective, and all refit the same cost coefficients and
-            per-rank speeds, which give the coming steps to ranks (packed steps are also re-cut among ranks:
-            per-rank shares that follow the speeds, every bin within the budget). A step's samples never
-            change. See :meth:`balance_stats`.
+            per-rank speeds, which give the coming steps to ranks (steps are also re-cut among ranks:
+            per-rank shares that follow the speeds, every micro-batch within the budget). A step's samples
+            never change. See :meth:`balance_stats`.
         balance_every: steps between two exchanges (dynamic).
-        balance_headroom: dynamic packed plans fill bins to this share of the budget so that a re-cut can
-            give faster ranks more (default ``1 - 0.3/world_size``: room for one rank ~1.4x slower; 1: no
-            room, assignment only). Steps then hold that much fewer tokens.
+        balance_headroom: dynamic plans fill micro-batches to this share of the budget so that a re-cut can
+            give faster ranks more (default ``1 - 0.3/world_size``: room for one rank ~1.4x slower, and 1
+            for a padded plan whose tokens are mostly in items over half the budget, see
+            :func:`padfree.core.balance.default_headroom`; 1: no room, assignment only). Steps then hold
+            that much fewer tokens.
         balance_exchange: replaces the ``torch.distributed`` all-gather of the timings (tests, other
             launchers): takes this rank's 1-D float64 payload, returns every rank's, stacked.
         window: plan the epoch window by window, about this many samples each, in bounded memory (as
@@ -163,7 +165,10 @@ class PlanBatchSampler:
         self.balance = balance
         self.balance_every = balance_every
         dynamic = balance == "dynamic"
-        headroom = default_headroom(world_size) if balance_headroom is None else balance_headroom
+        if balance_headroom is None:
+            headroom = default_headroom(world_size, self.config, lengths) if dynamic else 1.0
+        else:
+            headroom = balance_headroom
         self._budget = plan_budget(self.config, headroom) if dynamic else None  # planning budget
         self._dynamic = None
         if dynamic and world_size > 1:
@@ -181,7 +186,7 @@ class PlanBatchSampler:
 
     def _new_balance(self, current: Balance | None) -> Balance:
         """The balance a new epoch starts with: static, the config's; dynamic, what was learned so far."""
-        recut = self.balance == "dynamic" and self.config.packed
+        recut = self.balance == "dynamic"
         if self.balance == "static" or current is None:
             return Balance.of(self.config.cost, recut=recut)
         return replace(current, recut=recut)
