@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from padfree.bench.machine import machine_info
 from padfree.bench.peers import PEER_NAMES
-from padfree.bench.plan_speed import Case, machine_info, render_markdown, run_case_subprocess
+from padfree.bench.plan_speed import Case, render_markdown, run_case_subprocess
 from padfree.core.config import STRATEGIES
 from padfree.core.metrics import dataset_summary
 from padfree.data.length_files import bundled_seed_mix

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -175,35 +174,6 @@ def run_case_subprocess(case: Case, hard_timeout_s: float | None = None) -> dict
             tail = f"killed by signal {-proc.returncode}"
         return base | {"status": "error", "reason": f"exit {proc.returncode}: {tail}"}
     return json.loads(lines[-1])
-
-
-def machine_info() -> dict:
-    """CPU, memory, library versions and the load average (other processes share this machine)."""
-    info = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "load_average_1_5_15": list(os.getloadavg()),
-    }
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-        mem = Path("/proc/meminfo").read_text().splitlines()[0].split()
-        info["memory_gib"] = round(int(mem[1]) / 2**20, 1)
-    except OSError:
-        pass
-    from importlib import metadata
-
-    versions = {}
-    for pkg in ("numpy", "numba", "torch", "transformers", "trl", "lhotse", "datasets", "pyarrow"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    info["versions"] = versions
-    return info
 
 
 def render_markdown(result: dict) -> str:
