@@ -35,6 +35,7 @@ demo: setup
 lint: setup-dev
 	$(BIN)/ruff check src tests examples benchmarks
 	$(BIN)/ruff format --check src tests examples benchmarks
+	$(BIN)/mypy
 
 format: setup-dev
 	$(BIN)/ruff format src tests examples benchmarks

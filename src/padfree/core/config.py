@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from padfree.core.strategies import REGISTRY, STRATEGIES
 from padfree.errors import ConfigError
@@ -132,7 +133,7 @@ class PlanConfig:
         """Whether micro-batches are packed rows (``sum(lengths) <= budget``) rather than padded ones."""
         return REGISTRY[self.strategy].packed
 
-    def with_(self, **changes: object) -> PlanConfig:
+    def with_(self, **changes: Any) -> PlanConfig:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
 

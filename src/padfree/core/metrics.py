@@ -73,8 +73,8 @@ def step_divergence(plan: Plan, max_cells: int = 4_000_000) -> float:
             np.diff(plan.offsets[s0 * k : s1 * k + 1]).reshape(-1, k).sum(1),
         )
         hist = np.bincount(local * d + inv[a:b], weights=w[a:b], minlength=(s1 - s0) * d).reshape(s1 - s0, d)
-        cdf = np.cumsum(hist, axis=1)
-        cdf /= cdf[:, -1:]
+        cum = np.cumsum(hist, axis=1)
+        cdf = cum / cum[:, -1:]
         total += float((np.abs(cdf[:, :-1] - f_data[None, :-1]) @ gaps).sum())
     return total / n_steps / float(lens.mean())
 

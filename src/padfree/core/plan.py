@@ -50,11 +50,23 @@ def check_fills_step(n_items: int, config: PlanConfig) -> None:
 
 @dataclass(frozen=True)
 class Plan:
-    """Micro-batches, in plan order, of one epoch.
+    r"""Micro-batches, in plan order, of one epoch.
 
     Micro-batch ``k`` holds samples ``indices[offsets[k]:offsets[k+1]]``; it belongs to step
     ``k // (world_size*grad_accum)``, rank ``(k % (world_size*grad_accum)) // grad_accum`` and is that rank's
-    accumulation micro-batch ``k % grad_accum``.
+    accumulation micro-batch ``k % grad_accum``. With ``world_size=2, grad_accum=3``::
+
+        micro-batch k:   0   1   2   3   4   5 | 6   7   8   9  10  11 | 12 ...
+        step:            0   0   0   0   0   0 | 1   1   1   1   1   1 |  2
+        rank:            0   0   0   1   1   1 | 0   0   0   1   1   1 |  0
+        accumulation:    0   1   2   0   1   2 | 0   1   2   0   1   2 |  0
+                        [ rank 0  ] [ rank 1  ]
+                        [ one optimizer step  ]
+
+        rank 0 runs 0, 1, 2 (no_sync, no_sync, sync) then 6, 7, 8 ...  (``micro_ids(0)``)
+        indices: [ 17 4 | 9 | 23 40 2 | ... ]    offsets: [0, 2, 3, 6, ...]
+
+    The plan balances each step's two ranks by modeled cost; the step's samples mix the dataset's lengths.
 
     Attributes:
         config, epoch: what made it.

@@ -146,7 +146,7 @@ def deal_windows(
         items = np.bincount(new_id, weights=items, minlength=n_windows).astype(np.int64)
         labels = new_id.astype(label_dtype)[labels]
 
-    order = np.empty(n, _index_dtype(n))
+    order: np.ndarray = np.empty(n, _index_dtype(n))
     starts = _group_by_label(labels, n_windows, order)
     return Windows(lengths=lengths, order=order, starts=starts, items=items, n_over=n_over)
 
@@ -229,7 +229,7 @@ def plan_stream(
         return plan
     n = int(windows.lengths.shape[0])
     total = int(windows.items.sum())
-    indices = np.empty(total, _index_dtype(n))
+    indices: np.ndarray = np.empty(total, _index_dtype(n))
     lens = np.empty(total, np.int32)
     # as in the in-memory path: starts only when some sample was split
     starts = np.empty(total, np.int32) if config.overlong == "split" and windows.n_over else None

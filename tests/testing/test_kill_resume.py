@@ -7,7 +7,7 @@ from pathlib import Path
 
 from padfree.testing import killresume, seenlog
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train.py"
 TINY = ["--vocab-size", "512", "--model-set", "hidden_size=32", "--model-set", "intermediate_size=64",
         "--model-set", "num_hidden_layers=1", "--model-set", "num_attention_heads=2",

@@ -1,8 +1,8 @@
 """The plans themselves are pinned: ``padfree plan`` output for every strategy on two real length sets (and
-the windowed path) hashes to the values recorded in ``tests/data/plan_hashes.json``.
+the windowed path) hashes to the values recorded in ``tests/core/plan_hashes.json``.
 
 Refactors must reproduce them byte for byte. Only an intended change of the plans may rewrite the file
-(``python tests/test_plan_golden.py --write``), and its commit says so.
+(``python tests/core/test_plan_golden.py --write``), and its commit says so.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pytest
 from padfree import STRATEGIES, PlanConfig, make_plan
 from padfree.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LENGTHS = ROOT / "fixtures" / "lengths"
-HASHES = Path(__file__).resolve().parent / "data" / "plan_hashes.json"
+HASHES = Path(__file__).resolve().parent / "plan_hashes.json"
 
 # (name, lengths file, extra CLI options)
 CASES = [

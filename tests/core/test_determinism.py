@@ -15,7 +15,7 @@ import pytest
 from padfree import STRATEGIES, PlanConfig, make_plan
 from padfree.core.stream import plan_stream
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLAN_ARGS = [
     "--world-size=2",
     "--grad-accum=2",
