@@ -55,6 +55,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--balance-every", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--static-only", action="store_true", help="run the static assignment alone")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: every rank trains on the one GPU")
+    p.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE", help="model field")
     args = p.parse_args(argv)
     args.worlds = [int(w) for w in (args.worlds or ("2" if args.quick else "2,4")).split(",")]
     args.steps = args.steps or (14 if args.quick else 30)
@@ -185,9 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     modes = ["static", "dynamic"] if dynamic else ["static"]
     tmp = Path(tempfile.mkdtemp(prefix="padfree-dynbal-"))
     data = datasets(args, tmp)
+    model = TINY | {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.model_set)}
     result = {"command": command, "machine": machine_info(), "dynamic_available": has_dynamic(),
               "config": {k: v for k, v in vars(args).items() if k not in ("out", "lengths", "long_docs")}
-              | {"model_overrides": TINY, "data": {k: str(v) for k, v in data.items()}},
+              | {"model_overrides": model, "data": {k: str(v) for k, v in data.items()}},
               "scenarios": {}}  # fmt: skip
     t_start = time.perf_counter()
     for world in args.worlds:
@@ -205,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                     slow_rank=world - 1 if scenario == "slow_rank" else None,
                     balance_every=args.balance_every,
                     seed=args.seed,
-                    model_overrides=TINY,
+                    model_overrides=model,
+                    device=args.device,
                 )
                 t = time.perf_counter()
                 per[strategy] = launch(run, world, ",".join(modes), tmp)

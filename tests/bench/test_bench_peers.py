@@ -88,7 +88,8 @@ def test_batch_rebalance_peer_is_every_ranks_own_sampler(small):
     assert rank_imbalance(lengths, b, world, accum) >= 1.0
     st = batching_stats(lengths, b, budget)
     slots = [len(m) * int(lengths[m].max()) for m in micro]
-    assert st["over_budget_micro"] == sum(s > budget for s in slots) and st["largest_micro_slots"] == max(slots)
+    assert st["over_budget_micro"] == sum(s > budget for s in slots)
+    assert st["largest_micro_slots"] == max(slots)
 
 
 def test_rank_imbalance_by_hand():

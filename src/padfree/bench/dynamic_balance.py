@@ -50,6 +50,7 @@ class Run:
     model_overrides: dict = field(default_factory=dict)
     lr: float = 1e-4
     threads: int = 1
+    device: str = "cpu"
 
 
 def has_dynamic() -> bool:
@@ -79,7 +80,9 @@ def _all_reduce_grads(model) -> None:
 
     params = [p for p in model.parameters() if p.requires_grad]
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-    dist.all_reduce(flat)
+    host = flat.cpu()  # gloo: the ranks may share one GPU, so the collective runs on the host
+    dist.all_reduce(host)
+    flat = host.to(flat.device)
     i = 0
     for p in params:
         n = p.numel()
@@ -88,21 +91,25 @@ def _all_reduce_grads(model) -> None:
 
 
 def _step(it, trainer, ids, sampler, slow: float | None) -> dict:
-    """One optimizer step on this rank: ``{"wall", "busy", "micro", "tokens"}``."""
+    """One optimizer step on this rank: ``{"wall", "busy", "compute", "micro", "tokens"}`` (``busy`` is the
+    reported compute time: ``compute`` itself, times the slow factor on the slow rank)."""
     import torch.distributed as dist
 
     dist.barrier()  # every rank starts the step together: the wall time is the step's, not a straggle
     t0 = time.perf_counter()
-    busy, n, tokens = 0.0, 0, 0
+    busy, compute, n, tokens = 0.0, 0.0, 0, 0
     while True:
         mb = next(it)
         tokens = int(mb.info.step_tokens or 0)
         dt = 0.0
         if len(mb):
             batch = trainer.collate([{"input_ids": ids[i]} for i in mb])
+            trainer.sync()
             t = time.perf_counter()
             trainer.backward(batch, tokens)
+            trainer.sync()  # the device's work is done: the clock holds compute, not a queue
             dt = time.perf_counter() - t
+            compute += dt
             if slow is not None:
                 time.sleep(dt * (slow - 1.0))
                 dt *= slow
@@ -114,7 +121,7 @@ def _step(it, trainer, ids, sampler, slow: float | None) -> dict:
             break
     _all_reduce_grads(trainer.model)
     trainer.update()
-    return {"wall": time.perf_counter() - t0, "busy": busy, "micro": n, "tokens": tokens}
+    return {"wall": time.perf_counter() - t0, "busy": busy, "compute": compute, "micro": n, "tokens": tokens}
 
 
 def report(sampler, seconds: float) -> None:
@@ -126,12 +133,12 @@ def _gather(rec: dict, world: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([rec["wall"], rec["busy"], rec["micro"]], dtype=torch.float64)
+    t = torch.tensor([rec["wall"], rec["busy"], rec["compute"], rec["micro"]], dtype=torch.float64)
     out = [torch.zeros_like(t) for _ in range(world)]
     dist.all_gather(out, t)
     m = torch.stack(out).numpy()
-    return {"wall": float(m[:, 0].max()), "busy": m[:, 1].tolist(), "micro": m[:, 2].astype(int).tolist(),
-            "tokens": rec["tokens"]}  # fmt: skip
+    return {"wall": float(m[:, 0].max()), "busy": m[:, 1].tolist(), "compute": m[:, 2].tolist(),
+            "micro": m[:, 3].astype(int).tolist(), "tokens": rec["tokens"]}  # fmt: skip
 
 
 def run_one(run: Run, rank: int, world: int, modes: tuple[str, ...]) -> dict:
@@ -143,13 +150,17 @@ def run_one(run: Run, rank: int, world: int, modes: tuple[str, ...]) -> dict:
     from padfree.bench.trainer import Trainer
 
     torch.set_num_threads(run.threads)
+    if run.device.startswith("cuda"):
+        torch.cuda.set_device(0)  # the ranks share the device (one GPU machine)
     lengths = np.minimum(np.load(run.lengths_path).astype(np.int64), run.budget)
     lengths = lengths[lengths > 1]
     ids = RandomIds(lengths, int(run.model_overrides.get("vocab_size", 32000)), run.seed)
     samplers = {m: _sampler(lengths, run, world, m) for m in modes}
     packed = run.strategy == "packed"
     trainers = {
-        m: Trainer("tiny-llama", run.model_overrides, run.seed, "cpu", run.lr, 1.0, packed, padded_mask=False)
+        m: Trainer(
+            "tiny-llama", run.model_overrides, run.seed, run.device, run.lr, 1.0, packed, padded_mask=False
+        )
         for m in modes
     }
     its = {m: iter(s) for m, s in samplers.items()}
