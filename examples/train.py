@@ -70,6 +70,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if any")
     p.add_argument("--seen-log", default=None, help="append one JSON line per consumed sample")
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument(
+        "--balance", default="static", choices=["static", "dynamic"],
+        help="dynamic: balance ranks from measured micro-batch times (PlanBatchSampler(balance=...))",
+    )  # fmt: skip
+    p.add_argument("--balance-every", type=int, default=4, help="steps between timing exchanges (dynamic)")
     return p.parse_args(argv)
 
 
@@ -146,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         overlong="truncate",
     )
-    sampler = PlanBatchSampler(lengths, config, loss_tokens=loss_tokens)
+    sampler = PlanBatchSampler(
+        lengths, config, loss_tokens=loss_tokens, balance=args.balance, balance_every=args.balance_every
+    )
     collator = PackCollator() if args.strategy == "packed" else PadCollator(pad_to_multiple_of=8)
     loader = DataLoader(
         PlannedDataset(samples), batch_sampler=sampler, collate_fn=collator, pin_memory=device.type == "cuda"
@@ -194,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             for batch in micro_batches:
                 inputs = to_device(batch, device)
                 labels = inputs.pop("labels")
-                with sync_unless(ddp, batch.info.last):
+                # timed: this micro-batch's compute, up to its last gradient (not DDP's all-reduce wait)
+                with sync_unless(ddp, batch.info.last), sampler.timed(ddp):
                     logits = ddp(**inputs).logits
                     token_losses = token_loss_sum(logits, labels)
                     step_loss(token_losses, step_tokens, world).backward()
@@ -229,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.checkpoint_dir:
         checkpoint(args, step, model, optimizer, sampler, rank, world)
     log(f"finished at step {step}, epoch {sampler.epoch} ({sampler.step}/{sampler.steps_in_epoch} steps)")
+    if args.balance == "dynamic":
+        log(f"balance: {sampler.balance_stats()}")
     if seen is not None:
         os.close(seen)
     if world > 1:

@@ -80,7 +80,8 @@ def merge_small(lens: np.ndarray, offsets: np.ndarray, budget: int) -> np.ndarra
 @njit(cache=True, nogil=True)
 def best_fit(lens: np.ndarray, budget: int) -> tuple:
     """Online best-fit bin packing in the given order: each item goes to the open bin with the least room
-    that still fits it, else to a new bin. O(n log budget) with a segment tree over remaining capacity.
+    that still fits it, else to a new bin (an item longer than ``budget`` gets a bin of its own). O(n log
+    budget) with a segment tree over remaining capacity.
 
     Returns ``(bin_of_item, n_bins)``; bins are numbered in the order they were opened.
     """
@@ -96,6 +97,11 @@ def best_fit(lens: np.ndarray, budget: int) -> tuple:
     n_bins = 0
     for i in range(n):
         length = lens[i]
+        if length > budget:  # longer than the bins (a plan that leaves headroom): a bin of its own
+            bin_of[i] = n_bins
+            room[n_bins] = 0
+            n_bins += 1
+            continue
         # smallest remaining capacity >= length that has an open bin
         found = -1
         node = size + length
@@ -315,3 +321,127 @@ def optimal_edges(values: np.ndarray, counts: np.ndarray, n_buckets: int) -> np.
         j = arg[k, j]
         k -= 1
     return edges[:n][::-1].copy()
+
+
+@njit(cache=True, nogil=True)
+def balance_ranks_speeds(
+    costs: np.ndarray, speeds: np.ndarray, world: int, accum: int, max_rounds: int
+) -> np.ndarray:
+    """:func:`balance_ranks` for ranks of different speeds: minimize the slowest rank's time ``load/speed``.
+
+    LPT (each micro-batch, most costly first, to the rank that would finish it first among those with fewer
+    than ``accum``), then the best pairwise swap while it lowers the sum of squared rank times. Same output
+    layout as :func:`balance_ranks`.
+    """
+    k = world * accum
+    n_steps = costs.shape[0] // k
+    perm = np.empty(costs.shape[0], np.int64)
+    rank_of = np.empty(k, np.int64)
+    load = np.empty(world, np.float64)
+    count = np.empty(world, np.int64)
+    inv2 = 1.0 / (speeds * speeds)
+    for s in range(n_steps):
+        base = s * k
+        c = costs[base : base + k]
+        order = np.argsort(-c, kind="mergesort")
+        load[:] = 0.0
+        count[:] = 0
+        for t in range(k):
+            j = order[t]
+            best = -1
+            best_time = 0.0
+            for r in range(world):
+                if count[r] < accum:
+                    finish = (load[r] + c[j]) / speeds[r]
+                    if best < 0 or finish < best_time:
+                        best = r
+                        best_time = finish
+            rank_of[j] = best
+            load[best] += c[j]
+            count[best] += 1
+        scale = 0.0
+        for r in range(world):
+            scale = max(scale, load[r] / speeds[r])
+        for _ in range(max_rounds):
+            best_gain = 0.0
+            bi = -1
+            bj = -1
+            for i in range(k):
+                p = rank_of[i]
+                for j in range(k):
+                    q = rank_of[j]
+                    if q == p:
+                        continue
+                    d = c[i] - c[j]
+                    if d <= 0.0:
+                        continue
+                    lp = load[p]
+                    lq = load[q]
+                    gain = (lp * lp - (lp - d) * (lp - d)) * inv2[p] + (lq * lq - (lq + d) * (lq + d)) * inv2[
+                        q
+                    ]
+                    if gain > best_gain:
+                        best_gain = gain
+                        bi = i
+                        bj = j
+            if bi < 0 or best_gain <= 1e-12 * (scale + 1.0) ** 2:
+                break
+            p = rank_of[bi]
+            q = rank_of[bj]
+            d = c[bi] - c[bj]
+            load[p] -= d
+            load[q] += d
+            rank_of[bi] = q
+            rank_of[bj] = p
+        fill = np.zeros(world, np.int64)
+        for j in range(k):
+            r = rank_of[j]
+            perm[base + r * accum + fill[r]] = base + j
+            fill[r] += 1
+    return perm
+
+
+@njit(cache=True, nogil=True)
+def recut_packed(
+    lens: np.ndarray, weight: np.ndarray, bin_cost: float, speeds: np.ndarray, accum: int, budget: int
+) -> np.ndarray:
+    """Re-cut one packed step among ranks of different speeds: ``accum`` bins of ``budget`` tokens per rank.
+
+    Items go, heaviest ``weight`` first, to the rank that would finish them first (its load, ``accum *
+    bin_cost`` to start with, plus the item's weight, over its speed) among the ranks with a bin that still
+    has room; inside that rank, to the bin with the least room that fits (best fit). Returns each item's bin
+    (``rank * accum + j``), or an empty array when some item fits nowhere.
+    """
+    world = speeds.shape[0]
+    n = lens.shape[0]
+    order = np.argsort(-weight, kind="mergesort")
+    room = np.full(world * accum, budget, np.int64)
+    load = np.full(world, accum * bin_cost)
+    bin_of = np.empty(n, np.int64)
+    for t in range(n):
+        i = order[t]
+        length = lens[i]
+        best = -1
+        best_time = 0.0
+        for r in range(world):
+            fits = False
+            for j in range(accum):
+                if room[r * accum + j] >= length:
+                    fits = True
+                    break
+            if fits:
+                finish = (load[r] + weight[i]) / speeds[r]
+                if best < 0 or finish < best_time:
+                    best = r
+                    best_time = finish
+        if best < 0:
+            return np.empty(0, np.int64)
+        chosen = -1
+        for j in range(accum):
+            b = best * accum + j
+            if room[b] >= length and (chosen < 0 or room[b] < room[chosen]):
+                chosen = b
+        room[chosen] -= length
+        load[best] += weight[i]
+        bin_of[i] = chosen
+    return bin_of

@@ -168,10 +168,14 @@ def plan_items(
     *,
     t0: float | None = None,
     rng: np.random.Generator | None = None,
+    assign: bool = True,
 ) -> Plan:
     """Plan one epoch of already prepared items (see :func:`padfree.core.items.make_items`).
 
     ``rng`` replaces the epoch's generator (:func:`epoch_rng`); the stream planner gives each window its own.
+    ``assign=False`` leaves each step's micro-batches in their stratified order, not yet given to ranks: the
+    same steps (the same micro-batches in each) whatever the cost model, which the sampler then assigns one
+    step at a time (:func:`padfree.core.steps.assign_ranks` on one step gives what ``assign=True`` gives).
     """
     t0 = time.perf_counter() if t0 is None else t0
     k = config.micro_per_step
@@ -185,8 +189,8 @@ def plan_items(
     offsets = steps.spread_tail(offsets, k)
     lens = length[order]
     shapes = cost.micro_shapes(lens, offsets, config.packed)
-    perm = steps.assign_ranks(cost.micro_costs(shapes, config.cost), config.world_size, config.grad_accum)
-    if config.world_size > 1:
+    if assign and config.world_size > 1:
+        perm = steps.assign_ranks(cost.micro_costs(shapes, config.cost), config.world_size, config.grad_accum)
         order, offsets = _kernels.gather_segments(order, offsets, perm)
         lens = length[order]
         shapes = {}
