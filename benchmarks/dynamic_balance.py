@@ -48,7 +48,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lengths", type=Path, default=None, help=".npy lengths (default: bundled seed_mix)")
     p.add_argument("--samples", type=int, default=6000, help="seeded subset of --lengths (default 6000)")
     p.add_argument("--long-docs", type=Path, nargs="*", default=None, help=".npy long-document lengths")
-    p.add_argument("--budget", type=int, default=1024)
+    p.add_argument("--budget", type=int, default=2048)
     p.add_argument("--grad-accum", type=int, default=2)
     p.add_argument("--steps", type=int, default=None, help="measured steps per mode (quick 14, full 30)")
     p.add_argument("--warmup", type=int, default=None, help="steps first, not measured (quick 6, full 8)")
@@ -172,7 +172,7 @@ def markdown(result: dict) -> str:
 def _refit_error(stats: dict | None) -> str:
     if not stats:
         return "—"
-    for k in ("held_out_rel_error", "held_out_error", "refit_error"):
+    for k in ("heldout_rel_error",):
         if k in stats and stats[k] is not None:
             return f"{float(stats[k]):.3f}"
     return "see JSON"
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                     scenario=scenario,
                     strategy=strategy,
                     lengths_path=str(data["long_docs" if scenario == "long_docs" else "mixed"]),
-                    budget=args.budget * (2 if scenario == "long_docs" else 1),
+                    budget=args.budget,
                     grad_accum=args.grad_accum,
                     steps=args.steps,
                     warmup=args.warmup,

@@ -114,7 +114,7 @@ def _step(it, trainer, ids, sampler, slow: float | None) -> dict:
                 time.sleep(dt * (slow - 1.0))
                 dt *= slow
         if sampler is not None:
-            report(sampler, dt)
+            sampler.record_time(dt, info=mb.info)  # compute only: the all-reduce below is not in it
         busy += dt
         n += 1
         if mb.info.last:
@@ -122,11 +122,6 @@ def _step(it, trainer, ids, sampler, slow: float | None) -> dict:
     _all_reduce_grads(trainer.model)
     trainer.update()
     return {"wall": time.perf_counter() - t0, "busy": busy, "compute": compute, "micro": n, "tokens": tokens}
-
-
-def report(sampler, seconds: float) -> None:
-    """Give the dynamic sampler one micro-batch's compute time."""
-    sampler.record_time(seconds)
 
 
 def _gather(rec: dict, world: int) -> dict:
