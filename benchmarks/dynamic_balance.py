@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.bench.dynamic_balance import Run, has_dynamic, summarize
+from padfree.bench.dynamic_balance import SLOW_FACTOR, Run, has_dynamic, summarize
 from padfree.bench.machine import machine_info
 from padfree.data.length_files import bundled_seed_mix
 
@@ -114,6 +114,35 @@ def combine(per_strategy: dict[str, dict], warmup: int, modes: list[str]) -> dic
     return out
 
 
+def predict(scenario: dict, lengths_path: Path, args: argparse.Namespace, worlds=(2, 8)) -> dict:
+    """What ``padfree simulate --speeds ... --true-cost ...`` predicts for the scenario: the plan balances
+    by padfree's default cost model, the true cost is the dynamic run's own refit (seconds), the slow rank
+    takes 1.5x as long; dynamic / static per strategy at each world size."""
+    from padfree.core.config import CostModel, PlanConfig
+    from padfree.tools.simulate import simulate
+
+    lengths = np.minimum(np.load(lengths_path).astype(np.int64), args.budget)
+    lengths = lengths[lengths > 1]
+    out: dict = {}
+    for world in worlds:
+        factors = np.ones(world)
+        if scenario["scenario"] == "slow_rank":
+            factors[-1] = SLOW_FACTOR
+        out[str(world)] = {}
+        for strategy, r in scenario["strategies"].items():
+            fitted = r.get("balance_stats", {}).get("cost")
+            if not fitted or not r.get("balance_stats", {}).get("fitted"):
+                continue
+            cfg = PlanConfig(
+                strategy=strategy, budget=args.budget, world_size=world, grad_accum=args.grad_accum
+            )
+            row = simulate(
+                lengths, cfg, (strategy,), naive=False, speeds=factors, true_cost=CostModel(*fitted)
+            )
+            out[str(world)][strategy] = row["strategies"][strategy]["dynamic_over_static"]
+    return out
+
+
 def targets(scenarios: dict) -> dict:
     """The issue's targets, checked on each scenario's combined numbers (2 ranks)."""
     out = {}
@@ -162,6 +191,25 @@ def markdown(result: dict) -> str:
                 + (f"{d['busy_imbalance']:.3f}" if d else "—")
                 + f" | {err} |"
             )
+    preds = [
+        f"- {key} {strategy}: "
+        + ", ".join(
+            f"{w} ranks {p[strategy]:.3f}"
+            for w, p in sc["predicted_dynamic_over_static"].items()
+            if strategy in p
+        )
+        for key, sc in result["scenarios"].items()
+        if sc.get("predicted_dynamic_over_static")
+        for strategy in sc["strategies"]
+    ]
+    if preds:
+        lines += [
+            "",
+            "`padfree simulate` (true cost: the run's own refit; static plans balance by the default "
+            "cost model) predicts dynamic / static:",
+            "",
+            *preds,
+        ]
     if result.get("targets"):
         lines += ["", "Targets (2 ranks, all strategies together):", ""]
         for k, t in result["targets"].items():
@@ -220,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
             result["scenarios"][key] = {"scenario": scenario, "world_size": world} | combine(
                 per, args.warmup, modes
             )
+    for sc in result["scenarios"].values():
+        if "dynamic" in modes:
+            path = data["long_docs" if sc["scenario"] == "long_docs" else "mixed"]
+            sc["predicted_dynamic_over_static"] = predict(sc, path, args)
     result["targets"] = targets({k: v for k, v in result["scenarios"].items() if v["world_size"] == 2})
     result["seconds"] = time.perf_counter() - t_start
     result["machine"]["load_average_end"] = list(os.getloadavg())

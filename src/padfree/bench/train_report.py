@@ -41,7 +41,7 @@ def markdown(result: dict, command: str = "") -> str:
         ),
         "",
         "| strategy | real tok/s | vs sorted | step tok/s median [min, max] | slots/s | padding eff. "
-        "(computed / bins) | steps | rows/step | peak step MB | attention |",
+        "(measured / epoch) | steps | rows/step | peak step MB | attention |",
         "|---|---:|---:|---|---:|---|---:|---:|---:|---|",
     ]
     for name, r in result["strategies"].items():
@@ -68,9 +68,8 @@ def markdown(result: dict, command: str = "") -> str:
             "stands for: every strategy is compared on the same samples)"
         )
         + "; step tok/s: loss tokens / seconds of each measured step. Padding efficiency: real tokens / "
-        "slots the model computed, and "
-        "with packed bins counted at the full budget (the fixed-shape convention of `padfree.bench.measure`; "
-        "equal to the first for padded strategies). Peak step MB: see `memory` in the JSON.",
+        "slots the model computed, over the measured steps and over the whole epoch (a packed row computes "
+        "its tokens: 1.0; `padfree.core.cost`). Peak step MB: see `memory` in the JSON.",
         "",
     ]
     notes = [f"- `{n}`: {r['note']}" for n, r in result["strategies"].items() if r.get("note")]
