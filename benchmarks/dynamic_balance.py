@@ -49,8 +49,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=6000, help="seeded subset of --lengths (default 6000)")
     p.add_argument("--long-docs", type=Path, nargs="*", default=None, help=".npy long-document lengths")
     p.add_argument("--budget", type=int, default=2048)
-    p.add_argument("--grad-accum", type=int, default=2)
-    p.add_argument("--steps", type=int, default=None, help="measured steps per mode (quick 14, full 30)")
+    p.add_argument("--grad-accum", type=int, default=4, help="micro-batches per rank per step (default 4)")
+    p.add_argument("--steps", type=int, default=None, help="measured steps per mode (quick 12, full 30)")
     p.add_argument("--warmup", type=int, default=None, help="steps first, not measured (quick 6, full 8)")
     p.add_argument("--balance-every", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
@@ -59,7 +59,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE", help="model field")
     args = p.parse_args(argv)
     args.worlds = [int(w) for w in (args.worlds or ("2" if args.quick else "2,4")).split(",")]
-    args.steps = args.steps or (14 if args.quick else 30)
+    args.steps = args.steps or (12 if args.quick else 30)
     args.warmup = args.warmup if args.warmup is not None else (6 if args.quick else 8)
     args.name = args.name or ("dynamic_balance_quick" if args.quick else "dynamic_balance")
     return args
