@@ -95,12 +95,14 @@ def load_training_data(args: argparse.Namespace) -> tuple[list[dict], np.ndarray
 
 
 def run_example(main) -> None:  # noqa: ANN001
-    """Run ``main()``; a padfree error (bad data, a lengths file that disagrees) is one line and exit 2."""
+    """Run ``main()`` and exit with its code; a padfree error (bad data, a lengths file that disagrees, a
+    checkpoint directory owned by another run) is one line and exit 2."""
     try:
-        main()
+        code = main()
     except PadfreeError as exc:
         print(f"{Path(sys.argv[0]).name}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    raise SystemExit(code or 0)
 
 
 def model_overrides(args: argparse.Namespace) -> dict:

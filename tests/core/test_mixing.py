@@ -104,7 +104,7 @@ def test_estimate_tracks_the_measured_plan(fixtures_dir):
         orig = strategies.resolved_mix
         try:
             strategies.resolved_mix = lambda length, c, s=scale: mixing.Mix(scale=s)
-            m, _ = measure(lengths, cfg)
+            m = measure(lengths, cfg)
         finally:
             strategies.resolved_mix = orig
         assert abs(m["padding_efficiency"] - eff) < 0.015
@@ -135,11 +135,11 @@ def test_bucketed_defaults_on_a_9k_sample_set(fixtures_dir, budget, world, accum
     >= 0.94 with co-batch repeat <= 0.12; rank imbalance <= 1.04 (bucketed) and <= 1.03 (packed)."""
     lengths = np.load(fixtures_dir / "lengths" / "gsm8k.cl100k.npy").astype(np.int64)
     cfg = PlanConfig(strategy="bucketed", budget=budget, world_size=world, grad_accum=accum)
-    m, _ = measure(lengths, cfg)
+    m = measure(lengths, cfg)
     assert m["steps"] >= 20
     assert m["padding_efficiency"] >= 0.94 and m["cobatch_repeat"] <= 0.12
     assert m["imbalance"] <= 1.04
-    assert measure(lengths, cfg.with_(strategy="packed"))[0]["imbalance"] <= 1.03
+    assert measure(lengths, cfg.with_(strategy="packed"))["imbalance"] <= 1.03
 
 
 def test_plan_edges_are_the_merged_edges(fixtures_dir):

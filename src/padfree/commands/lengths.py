@@ -6,7 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from padfree.commands.common import Bounded, check_input, check_output, writing
 from padfree.errors import ConfigError
+
+WORKERS = Bounded(int, 1, 256)
 
 NAME = "lengths"
 HELP = (
@@ -80,7 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", type=Path, required=True, help="output .npy; loss-bearing counts go to *.assistant.npy"
     )
-    p.add_argument("--workers", type=int, default=default_workers(), help="processes (default min(4, cpus))")
+    p.add_argument(
+        "--workers", type=WORKERS, default=default_workers(), help="processes (default min(4, cpus))"
+    )
     p.add_argument(
         "--cache-dir",
         type=Path,
@@ -103,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out.suffix != ".npy":
         raise ConfigError(f"--out must name a .npy file (got {args.out})")
+    check_input(args.tokenizer, "tokenizer")  # the data sources: padfree.data.records checks each file
+    check_output(args.out, "the lengths")
+    check_output(assistant_path(args.out), "the loss-bearing lengths")
     mode, names = format_options(args)
     res = count_lengths(
         args.data,
@@ -116,11 +124,12 @@ def run(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
         progress=not args.quiet,
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     dtype = np.int32 if int(res.lengths.max(initial=0)) < 2**31 else np.int64
-    np.save(args.out, res.lengths.astype(dtype))
     aux = assistant_path(args.out)
-    np.save(aux, res.loss_tokens.astype(dtype))
+    with writing(args.out, "the lengths"):
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        np.save(args.out, res.lengths.astype(dtype))
+        np.save(aux, res.loss_tokens.astype(dtype))
     cache = "cache hit" if res.cache_hit else ("cache miss" if res.cache_file else "cache off")
     q = np.percentile(res.lengths, [50, 99])
     fmts = sorted({f for _, f in res.formats})

@@ -8,8 +8,18 @@ import sys
 import time
 from pathlib import Path
 
-from padfree.commands.common import add_lengths_argument, add_plan_options, config_from_args, load_lengths
-from padfree.errors import ConfigError
+from padfree.commands.common import (
+    BUCKETS,
+    GROWTH,
+    MIX,
+    add_lengths_argument,
+    add_plan_options,
+    bounded_list,
+    check_output,
+    config_from_args,
+    load_lengths,
+    writing,
+)
 
 NAME = "report"
 HELP = (
@@ -42,14 +52,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _numbers(text: str, kind: type, option: str) -> tuple:
-    try:
-        values = tuple(kind(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise ConfigError(f"{option} must be comma-separated numbers (got {text!r})") from None
-    return values
-
-
 def _process_started() -> float:
     """``time.perf_counter()`` at this process's start (Linux ``/proc``; elsewhere: now), so the time the
     command prints is the run's wall time, interpreter start and imports included."""
@@ -66,25 +68,27 @@ def run(args: argparse.Namespace) -> int:
     t0 = _process_started()
     from padfree.tools.report import write_report
 
-    growths = _numbers(args.growths, float, "--growths")
-    counts = _numbers(args.bucket_counts, int, "--bucket-counts")
-    mixes = _numbers(args.mixes, int, "--mixes")
-    if any(g <= 1 for g in growths) or any(n < 1 for n in counts) or any(x < 1 for x in mixes):
-        raise ConfigError("--growths must be > 1, --bucket-counts and --mixes >= 1")
+    growths = bounded_list(args.growths, GROWTH, "--growths", most=16)
+    counts = bounded_list(args.bucket_counts, BUCKETS, "--bucket-counts", most=16)
+    mixes = bounded_list(args.mixes, MIX, "--mixes", most=16)
     base = config_from_args(args, "bucketed")
+    for g in growths:
+        base.with_(growth=g)  # the growth's bucket count at this budget, checked before any work
+    check_output(args.out, "the report", folder=True)
     lengths, path, name = load_lengths(args)
-    numbers = write_report(
-        args.out,
-        lengths,
-        base,
-        name=name,
-        path=path,
-        growths=growths,
-        bucket_counts=counts,
-        mixes=mixes,
-        packing=not args.no_packing,
-        t0=t0,
-    )
+    with writing(args.out, "the report"):
+        numbers = write_report(
+            args.out,
+            lengths,
+            base,
+            name=name,
+            path=path,
+            growths=growths,
+            bucket_counts=counts,
+            mixes=mixes,
+            packing=not args.no_packing,
+            t0=t0,
+        )
     print(f"{args.out / 'index.html'}: {numbers['recommendation']['text']}", file=sys.stderr)
     print(f"({time.perf_counter() - t0:.1f} s; numbers in {args.out / 'report.json'})", file=sys.stderr)
     return 0

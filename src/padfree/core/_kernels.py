@@ -6,10 +6,50 @@ Everything here takes and returns plain numpy arrays, is deterministic, and has 
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
 import numpy as np
+
+
+def writable_cache_dir(candidates: list[Path]) -> Path | None:
+    """The first of ``candidates`` that is (or can be made) a folder a file can be created in; else None."""
+    for d in candidates:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=d).close()
+            return d
+        except OSError:
+            continue
+    return None
+
+
+def _numba_cache_fallback() -> None:
+    """numba caches compiled kernels beside this file, else in ``~/.cache/numba``, and fails at import when
+    neither is writable (a read-only install and a home folder that is not writable). Then use a folder in
+    the temporary directory instead (``NUMBA_CACHE_DIR``, when set, is the user's choice and is kept)."""
+    import numba
+    from numba.misc.appdirs import AppDirs
+
+    if numba.config.CACHE_DIR:
+        return
+    usual = [
+        Path(__file__).parent / "__pycache__",
+        Path(AppDirs(appname="numba", appauthor=False).user_cache_dir),
+    ]
+    if writable_cache_dir(usual) is None:
+        fallback = (
+            Path(tempfile.gettempdir()) / f"padfree-numba-{os.getuid() if hasattr(os, 'getuid') else 0}"
+        )
+        if writable_cache_dir([fallback]) is not None:
+            numba.config.CACHE_DIR = str(fallback)
+
 
 try:  # pragma: no cover - exercised by the import itself
     from numba import njit
+
+    _numba_cache_fallback()
 except ImportError:  # pragma: no cover
 
     def njit(*args, **kwargs):  # type: ignore[no-redef]

@@ -70,7 +70,7 @@ def _num(x: object) -> object:
     if isinstance(x, (int, np.integer)):
         return int(x)
     f = float(x)  # type: ignore[arg-type]
-    return int(f) if f.is_integer() else f
+    return int(f) if f.is_integer() and abs(f) < 1e30 else f  # 1.5e+300, not its 301 digits
 
 
 @dataclass(frozen=True)

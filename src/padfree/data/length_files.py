@@ -164,21 +164,32 @@ def _read_parquet(p: Path, column: str) -> np.ndarray:
         import pyarrow.parquet as pq
     except ImportError:  # pragma: no cover
         raise InputError("reading .parquet needs pyarrow: pip install 'padfree[io]'") from None
+    import pyarrow as pa
+
     with p.open("rb") as f:
         try:
-            names = pq.read_schema(f).names
+            schema = pq.read_schema(f)
         except Exception as exc:  # pyarrow raises many types for damaged files
             raise InputError(f"not a readable parquet file ({_short(exc)})") from None
+        names = schema.names
         if column not in names:
             hint = f"; {DATA_HINT}" if any(k in names for k in _DATA_KEYS) else ""
             raise InputError(f"missing column {column!r} (columns: {', '.join(names[:10]) or 'none'}{hint})")
+        # the type is checked from the schema, before arrow reads or converts any data
+        kind = schema.field(column).type
+        if pa.types.is_dictionary(kind):
+            kind = kind.value_type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+            raise InputError(f"column {column!r} must hold integers (got type {schema.field(column).type})")
         f.seek(0)
         try:
-            col = pq.read_table(f, columns=[column]).column(column)
+            # one thread, no pre-buffering: arrow's thread pools, torn down at interpreter exit while a
+            # worker still runs, abort the process (apache/arrow#34314); one column needs no parallelism
+            col = pq.read_table(f, columns=[column], use_threads=False, pre_buffer=False).column(column)
         except Exception as exc:
             raise InputError(f"not a readable parquet file ({_short(exc)})") from None
-    import pyarrow as pa
-
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
     if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
         raise InputError(f"column {column!r} must hold integers (got type {col.type})")
     if col.null_count:

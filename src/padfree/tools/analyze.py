@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from padfree.core.config import PlanConfig
 from padfree.core.items import validate_lengths
-from padfree.core.metrics import cobatch_repeat, dataset_summary, plan_metrics
+from padfree.core.metrics import CoBatchMap, EpochMeter, dataset_summary, item_counts
 from padfree.core.plan import Plan
-from padfree.core.planner import make_plan
+from padfree.core.planner import plan_pieces
 
 ROWS = [
     ("padding_efficiency", "padding efficiency", "{:.4f}"),
@@ -66,11 +67,11 @@ def analyze_strategies(
                 bar.update(task, description=f"planning {name}")
                 if windows is not None:
                     bar.reset(windows)
-                out["strategies"][name] = measure(lengths, cfg, path, on_window)[0]
+                out["strategies"][name] = measure(lengths, cfg, path, on_window)
                 bar.advance(task)
     else:
         for name, cfg in configs.items():
-            out["strategies"][name] = measure(lengths, cfg, path)[0]
+            out["strategies"][name] = measure(lengths, cfg, path)
     return out
 
 
@@ -79,13 +80,38 @@ def measure(
     cfg: PlanConfig,
     path: str | None = None,
     progress: Callable[[int, int], None] | None = None,
-) -> tuple[dict, Plan]:
+) -> dict:
     """Plan epochs 0 and 1 and measure epoch 1: every :func:`~padfree.core.metrics.plan_metrics` metric,
-    ``cobatch_repeat`` from epoch 0 to epoch 1. Returns the metrics and epoch 1's plan. ``padfree analyze``
-    and ``padfree report`` measure plans with this one function."""
-    p0 = make_plan(lengths, cfg, 0, path=path, progress=progress)
-    p1 = make_plan(lengths, cfg, 1, path=path, progress=progress)
-    return plan_metrics(p1) | {"cobatch_repeat": cobatch_repeat(p0, p1)}, p1
+    ``cobatch_repeat`` from epoch 0 to epoch 1. ``padfree analyze`` and ``padfree report`` measure plans
+    with this one function.
+
+    Window by window: epoch 0 leaves only each item's micro-batch (:class:`~padfree.core.metrics.CoBatchMap`,
+    4 bytes an item), epoch 1 is measured as it is planned (:class:`~padfree.core.metrics.EpochMeter`), so
+    memory stays that of planning one epoch plus 4 bytes a sample. ``plan_seconds`` is epoch 1's planning
+    time (warm: epoch 0 compiled and cached what it needed).
+    """
+    previous = None
+    for piece in plan_pieces(lengths, cfg, 0, path=path, progress=progress):
+        if previous is None:  # after the first piece: the lengths passed every check
+            previous = CoBatchMap.for_lengths(lengths, cfg)
+        previous.record(piece)
+    meter = EpochMeter(cfg, item_counts(lengths, cfg), previous)
+    planning = 0.0
+
+    def timed() -> Iterator[Plan]:  # epoch 1's pieces, timing only their planning
+        nonlocal planning
+        pieces = plan_pieces(lengths, cfg, 1, path=path, progress=progress)
+        while True:
+            t = time.perf_counter()
+            piece = next(pieces, None)
+            planning += time.perf_counter() - t
+            if piece is None:
+                return
+            yield piece
+
+    out = meter.measure(timed())
+    out["plan_seconds"] = planning
+    return out
 
 
 MIN_STEPS = 20

@@ -17,12 +17,11 @@ the sampler's default headroom).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from padfree.core.config import CostModel, PlanConfig
+from padfree.core.config import MAX_COST, CostModel, PlanConfig, read_cost_file
 from padfree.core.cost import imbalance, micro_costs, micro_shapes, rank_costs, step_costs
 from padfree.core.plan import epoch_rng
 from padfree.core.planner import make_plan
@@ -43,8 +42,8 @@ def cost_warning(path: str | Path | None) -> str | None:
     if path is None:
         return None
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        data = read_cost_file(path)
+    except ConfigError:  # load_seconds_per_unit says what is wrong with it
         return None
     err = data.get("held_out_rel_rms")
     if err is None and isinstance(data.get("held_out"), dict):
@@ -58,14 +57,18 @@ def cost_warning(path: str | Path | None) -> str | None:
 
 
 def load_seconds_per_unit(path: str | Path | None) -> float | None:
-    """``seconds_per_unit`` (or ``seconds_per_slot``) of a cost file, or None when absent."""
+    """``seconds_per_unit`` (or ``seconds_per_slot``) of a cost file, or None when absent; a value that is
+    not a number in ``(0, 1e30]`` is a :class:`ConfigError`."""
     if path is None:
         return None
-    data = json.loads(Path(path).read_text())
+    data = read_cost_file(path)
     for key in ("seconds_per_unit", "seconds_per_slot"):
         v = data.get(key)
-        if isinstance(v, (int, float)) and v > 0:
-            return float(v)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= MAX_COST:
+            raise ConfigError(f"{path}: {key} must be a number > 0 and <= {MAX_COST:g} (got {v!r})")
+        return float(v)
     return None
 
 

@@ -65,7 +65,7 @@ def write_report(
     """
     t0 = time.perf_counter() if t0 is None else t0
     numbers, _ = build_report(lengths, base, **kwargs)  # type: ignore[arg-type]
-    lengths = validate_lengths(lengths, kwargs.get("path"))  # type: ignore[arg-type]
+    lengths = validate_lengths(lengths, kwargs.get("path"), compact=True)  # type: ignore[arg-type]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figures = render_figures(lengths, numbers)

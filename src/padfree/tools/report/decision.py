@@ -19,10 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from padfree.core.config import STRATEGIES, PlanConfig
-from padfree.core.cost import imbalance
 from padfree.core.items import validate_lengths
 from padfree.core.plan import Plan
-from padfree.core.planner import make_plan
+from padfree.core.planner import plan_pieces
 from padfree.tools.analyze import analyze_strategies, measure, short_epoch
 
 GROWTHS = (1.1, 1.25, 1.5, 2.0)
@@ -105,9 +104,10 @@ def build_report(
 ) -> tuple[dict, dict[str, Plan]]:
     """Measure the strategies and the frontier and choose a plan. Returns ``(numbers, plans)`` where
     ``plans`` holds the epoch-1 plan of the recommendation (``"recommended"``) and the bucketed plan whose
-    edges the histogram draws (``"edges"``)."""
+    edges the histogram draws (``"edges"``); of an epoch planned window by window, their first window (no
+    whole plan of a huge epoch is ever held: every number comes from :func:`measure`, window by window)."""
     t0 = time.perf_counter()
-    lengths = validate_lengths(lengths, path)
+    lengths = validate_lengths(lengths, path, compact=True)  # int32 stays int32 (100M: 400 MB, not 800)
     configs = {s: base.with_(strategy=s) for s in STRATEGIES}
     result = analyze_strategies(lengths, configs, path=path)
     result["dataset"]["name"] = name
@@ -123,7 +123,7 @@ def build_report(
     for cfg in sweep:
         if _label(cfg) not in done:
             done.add(_label(cfg))
-            points.append(Point(_label(cfg), _family(cfg), cfg, measure(lengths, cfg, path)[0]))
+            points.append(Point(_label(cfg), _family(cfg), cfg, measure(lengths, cfg, path)))
     ref = result["strategies"]["sorted"]["modeled_throughput"]
     for p in points:
         p.metrics["relative_throughput"] = p.metrics["modeled_throughput"] / ref
@@ -132,9 +132,17 @@ def build_report(
     if rec["short_epoch"]:
         rec["text"] += " " + rec["short_epoch"][0].upper() + rec["short_epoch"][1:] + "."
     chosen = next(p for p in points if p.label == rec["label"])
-    plan = make_plan(lengths, chosen.config, 1, path=path)
-    edge_plan = plan if chosen.config.strategy == "bucketed" else make_plan(lengths, bucketed, 1, path=path)
-    rc = plan.rank_costs()
+    plan, rc_parts = None, []
+    for piece in plan_pieces(lengths, chosen.config, 1, path=path):  # the first RANK_STEPS steps' rank load
+        plan = piece if plan is None else plan
+        rc_parts.append(piece.rank_costs()[:RANK_STEPS])
+        if sum(r.shape[0] for r in rc_parts) >= RANK_STEPS:
+            break
+    rc = np.concatenate(rc_parts)
+    # make_plan's edges: the in-memory plan's, or window 0's on the window path
+    edge_plan = (
+        plan if chosen.config.strategy == "bucketed" else next(plan_pieces(lengths, bucketed, 1, path=path))
+    )
     numbers = {
         "dataset": result["dataset"],
         "config": result["config"] | {"growth": base.growth, "buckets": base.buckets, "mix": base.mix},
@@ -147,9 +155,9 @@ def build_report(
         "rank_load": {
             "label": chosen.label,
             "steps_shown": int(min(RANK_STEPS, rc.shape[0])),
-            "steps": int(rc.shape[0]),
+            "steps": int(chosen.metrics["steps"]),
             "cost": rc[:RANK_STEPS].round(1).tolist(),
-            "imbalance": imbalance(rc),
+            "imbalance": chosen.metrics["imbalance"],
         },
         "packing_supported": packing,
         "measure_seconds": round(time.perf_counter() - t0, 2),
