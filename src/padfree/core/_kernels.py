@@ -32,7 +32,7 @@ def _numba_cache_fallback() -> None:
     import numba
     from numba.misc.appdirs import AppDirs
 
-    if numba.config.CACHE_DIR:
+    if numba.config.CACHE_DIR:  # type: ignore[attr-defined]
         return
     usual = [
         Path(__file__).parent / "__pycache__",
@@ -43,7 +43,7 @@ def _numba_cache_fallback() -> None:
             Path(tempfile.gettempdir()) / f"padfree-numba-{os.getuid() if hasattr(os, 'getuid') else 0}"
         )
         if writable_cache_dir([fallback]) is not None:
-            numba.config.CACHE_DIR = str(fallback)
+            numba.config.CACHE_DIR = str(fallback)  # type: ignore[attr-defined]
 
 
 try:  # pragma: no cover - exercised by the import itself
