@@ -118,8 +118,7 @@ def test_packed_recut_keeps_every_item_within_the_budget_and_follows_speeds(seed
         cur += n
     offsets.append(len(lens))
     lens, offsets = lens[: offsets[accum * world]], np.array(offsets[: accum * world + 1])
-    if offsets.shape[0] < accum * world + 1:
-        pytest.skip("too few bins")
+    assert offsets.shape[0] == accum * world + 1  # 60 items of 20-1500 tokens fill the step's 8 bins
     balance = Balance((1e-4, 1e-8, 1e-3), speeds=(1.2, 0.8), fitted=True, recut=True)
     order, offs = step_layout(lens, offsets, cfg, balance, budget=budget)
     assert sorted(order.tolist()) == list(range(len(lens)))  # the step's items, each once
