@@ -2,8 +2,14 @@
 
     PYTHONPATH=src python benchmarks/plan_speed.py --out benchmarks/results
 
-Datasets: the bundled seed_mix (902K samples) and 10M samples resampled from it with a fixed seed. Writes
-``plan_speed.json`` and ``plan_speed.md`` under ``--out``. See ``padfree.bench.plan_speed`` for the protocol.
+Datasets: the bundled seed_mix (902K samples) and 10M samples resampled from it with a fixed seed; with
+``--held-out``, the real length sets vendored in ``fixtures/lengths`` (full texts, mistral_v1 tokenizer)
+instead, and ``--lengths`` adds any length file. Samples longer than the budget are cut to it for every
+method. Writes ``NAME.json`` and ``NAME.md`` (``--name``, default ``plan_speed``) under ``--out``. See
+``padfree.bench.plan_speed`` for the protocol.
+
+    PYTHONPATH=src python benchmarks/plan_speed.py --held-out --budget 4096 --grad-accum 2 \
+        --name plan_speed_held_out --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from padfree.bench.machine import machine_info
 from padfree.bench.peers import PEER_NAMES
-from padfree.bench.plan_speed import Case, machine_info, render_markdown, run_case_subprocess
+from padfree.bench.plan_speed import Case, render_markdown, run_case_subprocess
 from padfree.core.config import STRATEGIES
 from padfree.core.metrics import dataset_summary
 from padfree.data.length_files import bundled_seed_mix
@@ -34,6 +41,7 @@ VARIANTS = {
         {"num_buckets": 30, "buffer_size": 60000},
         {"num_buckets": 10, "buffer_size": 20000},
     ],
+    "hf_batch_rebalance": [{}],  # world size and grad accum follow --world-size and --grad-accum
 }
 
 
@@ -54,12 +62,25 @@ def main(argv: list[str] | None = None) -> int:
         help="rerun only the chosen cases and replace their rows in the existing --out/plan_speed.json",
     )
     p.add_argument("--datasets", default=None, help="comma-separated dataset names to run (default: all)")
+    p.add_argument(
+        "--held-out",
+        action="store_true",
+        help="plan the real length sets in fixtures/lengths (*.mistral_v1.npy) instead of seed_mix",
+    )
+    p.add_argument("--lengths", action="append", default=[], help="also plan this .npy length file")
+    p.add_argument("--name", default="plan_speed", help="file name stem under --out")
     args = p.parse_args(argv)
     command = "python benchmarks/plan_speed.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     seed_mix = bundled_seed_mix().astype(np.int64)
     tmp = Path(tempfile.mkdtemp(prefix="padfree-plan-speed-"))
-    sets = {"seed_mix": seed_mix}
-    if args.big:
+    sets = {} if args.held_out else {"seed_mix": seed_mix}
+    extra = [Path(x) for x in args.lengths]
+    if args.held_out:
+        fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "lengths"
+        extra = sorted(fixtures.glob("*.mistral_v1.npy")) + extra
+    for f in extra:
+        sets[f.name.removesuffix(".npy")] = np.minimum(np.load(f).astype(np.int64), args.budget)
+    if args.big and not args.held_out:
         rng = np.random.default_rng(20_261_129)
         sets[f"seed_mix_resampled_{args.big // 1_000_000}M"] = rng.choice(
             seed_mix, size=args.big, replace=True
@@ -88,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         cases = [
             Case(name, str(path), s, "padfree", {}, seed=args.seed, cap_s=args.cap, **common)
             for s in args.strategies.split(",")
+            if s
         ]
-        for peer in args.peers.split(","):
+        for peer in filter(None, args.peers.split(",")):
             for settings in VARIANTS[peer]:
                 cases.append(
                     Case(name, str(path), peer, "peer", settings, seed=args.seed, cap_s=args.cap, **common)
@@ -107,11 +129,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:28s} {case.method:26s} {row['variant'][:40]:40s} {shown}", flush=True)
     result["machine"]["load_average_end"] = list(os.getloadavg())
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.merge and (args.out / "plan_speed.json").is_file():
-        result = _merge(json.loads((args.out / "plan_speed.json").read_text()), result)
-    (args.out / "plan_speed.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "plan_speed.md").write_text(render_markdown(result))
-    print(f"wrote {args.out / 'plan_speed.json'} and {args.out / 'plan_speed.md'}")
+    out_json, out_md = args.out / f"{args.name}.json", args.out / f"{args.name}.md"
+    if args.merge and out_json.is_file():
+        result = _merge(json.loads(out_json.read_text()), result)
+    out_json.write_text(json.dumps(result, indent=2) + "\n")
+    out_md.write_text(render_markdown(result))
+    print(f"wrote {out_json} and {out_md}")
     return 0
 
 

@@ -10,6 +10,8 @@ refused, naming the owner, and write nothing).
 Run it from the repository root (it trains on the vendored fixtures/):
 
     python benchmarks/soak_kill_resume.py --kills 20 --worlds 1 2 4
+    python benchmarks/soak_kill_resume.py --kills 10 --worlds 2 3 --balance dynamic \
+        --out benchmarks/results/soak_kill_resume_dynamic.json
 
 It writes benchmarks/results/soak_kill_resume.json (the per-launch log, the exactly-once report per epoch, the
 world sizes seen) and exits 1 if any sample was lost or duplicated. Each kill happens a random 0-0.5 s after
@@ -47,6 +49,10 @@ def main() -> int:
     p.add_argument("--grad-accum", type=int, default=2)
     p.add_argument("--checkpoint-every", type=int, default=3)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--balance", default="static", choices=["static", "dynamic"],
+        help="dynamic: the ranks balance from measured times (exchange every 2 steps); resumes restore it",
+    )  # fmt: skip
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/soak_kill_resume.json"))
     args = p.parse_args()
 
@@ -59,7 +65,8 @@ def main() -> int:
         "--strategy", args.strategy, "--budget", str(args.budget), "--grad-accum", str(args.grad_accum),
         "--epochs", str(args.epochs), "--limit-samples", str(args.samples), "--seed", str(args.seed),
         "--checkpoint-dir", str(work / "ckpt"), "--checkpoint-every", str(args.checkpoint_every),
-        "--seen-log", str(seen), "--resume", "--log-every", "1000", *TINY,
+        "--seen-log", str(seen), "--resume", "--log-every", "1000", "--balance", args.balance,
+        "--balance-every", "2", *TINY,
     ]  # fmt: skip
     launches = []
     t0 = time.perf_counter()
@@ -113,6 +120,7 @@ def main() -> int:
         "samples": args.samples,
         "epochs": args.epochs,
         "strategy": args.strategy,
+        "balance": args.balance,
         "budget": args.budget,
         "grad_accum": args.grad_accum,
         "checkpoint_every": args.checkpoint_every,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree import STRATEGIES
+from padfree import STRATEGIES, PlanConfig
 from padfree.commands.lengths import add_data_arguments, assistant_path, format_options
 from padfree.errors import PadfreeError
 
@@ -111,3 +111,16 @@ def model_overrides(args: argparse.Namespace) -> dict:
     if args.vocab_size:
         overrides["vocab_size"] = args.vocab_size
     return overrides
+
+
+def plan_config(args: argparse.Namespace) -> PlanConfig:
+    """The plan both examples train with. Samples read without ``--lengths`` are cut to the budget already;
+    with ``--lengths`` the file's lengths (checked against the data) are planned and the ones over the
+    budget truncated (``overlong='truncate'``)."""
+    return PlanConfig(
+        strategy=args.strategy,
+        budget=args.budget,
+        grad_accum=args.grad_accum,
+        seed=args.seed,
+        overlong="truncate",
+    )

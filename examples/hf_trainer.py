@@ -19,11 +19,10 @@ import argparse
 import os
 
 import numpy as np
-from common import add_data_and_model_args, load_training_data, model_overrides, run_example
+from common import add_data_and_model_args, load_training_data, model_overrides, plan_config, run_example
 from transformers import TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
-from padfree import PlanConfig
 from padfree.hf import PadfreeTrainer, padfree_sft_trainer
 from padfree.testing.models import build_model
 from padfree.torch.attention import attention_implementation
@@ -49,13 +48,7 @@ def main(argv: list[str] | None = None):
     if args.vocab_size:
         for s in samples:
             s["input_ids"] = s["input_ids"] % args.vocab_size
-    config = PlanConfig(
-        strategy=args.strategy,
-        budget=args.budget,
-        grad_accum=args.grad_accum,
-        seed=args.seed,
-        overlong="truncate",
-    )
+    config = plan_config(args)
     model = build_model(
         args.model, attn_implementation=attention_implementation(args.strategy), seed=args.seed, **overrides
     )

@@ -41,11 +41,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from common import add_data_and_model_args, load_training_data, model_overrides, run_example
+from common import add_data_and_model_args, load_training_data, model_overrides, plan_config, run_example
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from padfree import PlanConfig
 from padfree.errors import PadfreeError
 from padfree.testing import seenlog
 from padfree.testing.models import build_model
@@ -77,6 +76,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if any")
     p.add_argument("--seen-log", default=None, help="append one JSON line per consumed sample")
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument(
+        "--balance", default="static", choices=["static", "dynamic"],
+        help="dynamic: balance ranks from measured micro-batch times (PlanBatchSampler(balance=...))",
+    )  # fmt: skip
+    p.add_argument("--balance-every", type=int, default=4, help="steps between timing exchanges (dynamic)")
     return p.parse_args(argv)
 
 
@@ -145,14 +149,10 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
         ckpt.acquire(run)  # before any step: a second run on the directory is refused here
 
     samples, lengths, loss_tokens = load_training_data(args)
-    config = PlanConfig(
-        strategy=args.strategy,
-        budget=args.budget,
-        grad_accum=args.grad_accum,
-        seed=args.seed,
-        overlong="truncate",
+    config = plan_config(args)
+    sampler = PlanBatchSampler(
+        lengths, config, loss_tokens=loss_tokens, balance=args.balance, balance_every=args.balance_every
     )
-    sampler = PlanBatchSampler(lengths, config, loss_tokens=loss_tokens)
     collator = PackCollator() if args.strategy == "packed" else PadCollator(pad_to_multiple_of=8)
     loader = DataLoader(
         PlannedDataset(samples), batch_sampler=sampler, collate_fn=collator, pin_memory=device.type == "cuda"
@@ -189,6 +189,7 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
         Path(args.seen_log).parent.mkdir(parents=True, exist_ok=True)
     seen = os.open(args.seen_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.seen_log else None
     t_last, tokens_since, done = time.perf_counter(), 0, False
+    t_train = t_last
     for epoch in range(sampler.epoch, args.epochs):
         sampler.set_epoch(epoch)
         for micro_batches in steps_of(loader):
@@ -201,7 +202,8 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
             for batch in micro_batches:
                 inputs = to_device(batch, device)
                 labels = inputs.pop("labels")
-                with sync_unless(ddp, batch.info.last):
+                # timed: this micro-batch's compute, up to its last gradient (not DDP's all-reduce wait)
+                with sync_unless(ddp, batch.info.last), sampler.timed(ddp):
                     logits = ddp(**inputs).logits
                     token_losses = token_loss_sum(logits, labels)
                     step_loss(token_losses, step_tokens, world).backward()
@@ -241,6 +243,7 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     if ckpt is not None:
         save(ckpt, step, model, optimizer, sampler)
     log(f"finished at step {step}, epoch {sampler.epoch} ({sampler.step}/{sampler.steps_in_epoch} steps)")
+    log(f"sampler after {time.perf_counter() - t_train:.1f} s of training: {sampler.balance_stats()}")
     if seen is not None:
         os.close(seen)
     return 0

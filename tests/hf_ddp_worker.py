@@ -1,8 +1,10 @@
 """Worker for tests/test_hf.py (launched by torch.distributed.run, 2 CPU ranks with gloo): one SGD step of
-PadfreeTrainer under DDP, with ``average_tokens_across_devices`` on and off; rank 0 saves the parameters."""
+PadfreeTrainer under DDP, with ``average_tokens_across_devices`` on and off; rank 0 saves the parameters.
+Then 3 epochs with dynamic balancing: each rank writes the samples it consumed and its balance stats."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -46,6 +48,37 @@ def main(out: str) -> None:
         trainer.train()
         if trainer.args.process_index == 0:
             torch.save(trainer.model.state_dict(), f"{out}/params-{average}.pt")
+    dynamic(out, data, lengths)
+
+
+class Logged(list):
+    """A dataset that remembers which samples were read."""
+
+    seen: list
+
+    def __getitem__(self, i):
+        self.seen.append(int(i))
+        return super().__getitem__(i)
+
+
+def dynamic(out: str, data: list, lengths: list) -> None:
+    model = build_model("tiny-llama", attn_implementation=attention_implementation("packed"), **TINY_KW)
+    args = TrainingArguments(
+        f"{out}/dynamic", gradient_accumulation_steps=1, num_train_epochs=3, remove_unused_columns=False,
+        report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+    )  # fmt: skip
+    ds = Logged(data * 4)
+    ds.seen = []
+    config = CONFIG.with_(grad_accum=1)
+    trainer = PadfreeTrainer(
+        model=model, args=args, train_dataset=ds, lengths=lengths * 4, plan_config=config, balance="dynamic",
+        balance_every=2,
+    )  # fmt: skip
+    trainer.train()
+    rank = trainer.args.process_index
+    stats = trainer.padfree_sampler.balance_stats()
+    with open(f"{out}/dynamic-{rank}.json", "w") as f:
+        json.dump({"seen": ds.seen, "stats": stats}, f)
 
 
 if __name__ == "__main__":

@@ -285,6 +285,15 @@ def test_ddp_two_ranks_equals_plain_loop_over_the_whole_step(tmp_path):
         for k, v in expected.items():
             torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-5)
 
+    # dynamic balancing: the Trainer timed every micro-batch, both ranks refit the same balance, and each
+    # of the 3 epochs consumed every sample once
+    runs = [json.loads((tmp_path / f"dynamic-{r}.json").read_text()) for r in (0, 1)]
+    stats = [r["stats"] for r in runs]
+    assert stats[0]["fitted"] and stats[0]["exchanges"] >= 3 and stats[0]["records"] > 0
+    assert stats[0]["speeds"] == stats[1]["speeds"] and stats[0]["cost"] == stats[1]["cost"]
+    seen = sorted(runs[0]["seen"] + runs[1]["seen"])
+    assert seen == sorted(list(range(4 * len(w.ddp_data()[0]))) * 3)
+
 
 def test_checkpoint_state_is_what_was_consumed_despite_prefetch(tmp_path):
     """With DataLoader workers the sampler runs ahead of training; each checkpoint still records the state

@@ -2,7 +2,7 @@
 # padfree's GPU checks, in one call to the GPU machine (about 4-5 minutes on an H200; every step has its own
 # timeout and the optional last one is skipped when time runs short). From the repo root, after
 # `bash benchmarks/gpu/prepare.sh` here:   bash benchmarks/gpu/run.sh      (carry: .whl .devdata)
-# Everything it prints goes to $OUT/log.txt too; results land in $OUT (7 files at most, the limit is 8).
+# Everything it prints goes to $OUT/log.txt too; results land in $OUT (8 files at most, the limit is 8).
 #
 # Local dry run (no GPU; the venv already has the peers, cp312 wheels do not install on 3.11):
 #   OUT=/tmp/gpuout DEVICE=cpu QUICK=1 WHEELS=0 PY=/work/main/.venv/bin/python bash benchmarks/gpu/run.sh
@@ -141,12 +141,27 @@ else
     --model-set num_attention_heads=16 --model-set num_key_value_heads=16)
   RUN=(--budget 16384 --steps 30 --warmup 3 --repeats 2 --pool 20000 --threads 8)
 fi
+# (every peer: transformers' BatchRebalanceSampler `hf_batch_rebalance` too)
 step 300 "bench bf16, every strategy and peer" "$PY" -m padfree bench .devdata/seed_mix.mistral_v1.npy \
   --device "$DEVICE" --dtype bfloat16 "${MODEL[@]}" "${RUN[@]}" --out "$OUT" --name train_speed_gpu
 
-# (iv) the project's tests on this machine (CPU paths, torch 2.11 / transformers 5.17), a quick subset
-step 120 "pytest subset" "$PY" -m pytest -q -x -p no:cacheprovider -n 4 tests/test_attention.py \
-  tests/test_check_packing.py tests/test_gpu_paths.py
+# (iv) dynamic rank balancing: 2 ranks sharing the GPU (gloo collectives on the host), static and dynamic
+# assignment interleaved step by step, equal ranks and one rank 1.5x slower (it sleeps half of each measured
+# compute time); timed with the device synchronized. The markdown table goes to the log, the JSON to $OUT.
+if [ "$QUICK" = 1 ]; then
+  DYN=(--steps 2 --warmup 1 --scenarios slow_rank --strategies packed)
+else
+  DYN=(--budget 4096 --steps 16 --warmup 6 --scenarios equal_ranks,slow_rank --model-set hidden_size=512
+    --model-set intermediate_size=1376 --model-set num_hidden_layers=4 --model-set num_attention_heads=8
+    --model-set num_key_value_heads=8 --model-set vocab_size=32000)
+fi
+step 150 "dynamic balance, 2 ranks on one device" "$PY" benchmarks/dynamic_balance.py --quick \
+  --device "$DEVICE" "${DYN[@]}" --out "$tmp/dyn" --name dynamic_balance_gpu
+cp "$tmp"/dyn/dynamic_balance_gpu.json "$OUT"/ 2>/dev/null
+
+# (v) the project's tests on this machine (CPU paths, torch 2.11 / transformers 5.17), a quick subset
+step 120 "pytest subset" "$PY" -m pytest -q -x -p no:cacheprovider -n 4 tests/torch/test_attention.py \
+  tests/tools/test_packing_check.py tests/torch/test_gpu_paths.py
 
 # optional: the same in float32 for padded sorted vs packed (per-document SDPA there), when time is left
 if [ $((DEADLINE - SECONDS)) -gt 100 ]; then

@@ -24,6 +24,9 @@
   column removal, so all of them reach ``model(**batch)``. Load the model with
   ``attn_implementation=padfree.torch.attention_implementation("packed")`` (padfree's varlen attention when
   available, else sdpa with transformers' packed-sequence mask).
+- **dynamic balancing** (``balance="dynamic"``): each ``training_step`` is timed and the ranks are
+  balanced from measured times (see :class:`~padfree.torch.PlanBatchSampler`); the learned coefficients
+  and speeds travel in the sampler state.
 - **resume**: every checkpoint folder gets ``padfree_sampler.json`` (the sampler state after the last
   optimizer step); ``trainer.train(resume_from_checkpoint=...)`` restores it instead of letting the Trainer
   skip batches, so the next micro-batch is exactly the one after the checkpoint. At the same world size the
@@ -153,7 +156,9 @@ class PadfreeTrainerMixin:
     ``plan_config`` (:class:`~padfree.PlanConfig`; its world size is replaced by the real one),
     ``loss_tokens`` (loss-bearing tokens per sample, default ``length - 1``), ``collator`` (default
     :class:`~padfree.torch.PackCollator` for ``packed``, else :class:`~padfree.torch.PadCollator` padding to a
-    multiple of 8).
+    multiple of 8), ``balance`` and ``balance_every`` (see :class:`~padfree.torch.PlanBatchSampler`: with
+    ``balance="dynamic"`` every ``training_step`` is timed, up to the model's last gradient, and the ranks are
+    balanced from those times).
     """
 
     def __init__(
@@ -163,6 +168,8 @@ class PadfreeTrainerMixin:
         plan_config: PlanConfig,
         loss_tokens: object | None = None,
         collator: object | None = None,
+        balance: str = "static",
+        balance_every: int = 4,
         **kwargs,
     ) -> None:
         if collator is None:
@@ -196,6 +203,8 @@ class PadfreeTrainerMixin:
             loss_tokens=loss_tokens,
             rank=targs.process_index,
             world_size=targs.world_size,
+            balance=balance,
+            balance_every=balance_every,
         )
         self._padfree_chain: EpochChain | None = None
         self._padfree_state: dict | None = None
@@ -236,6 +245,12 @@ class PadfreeTrainerMixin:
         #  total_train_batch_size, steps_in_epoch, max_steps)
         values[0], values[1], values[5], values[6] = 1, max(steps, 1), len(dataloader), steps
         return tuple(values)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """The Trainer's step, timed for dynamic balancing (forward and backward up to the last gradient; a
+        no-op when static)."""
+        with self.padfree_sampler.timed(model, getattr(inputs, "info", None)):
+            return super().training_step(model, inputs, num_items_in_batch)
 
     # ----- loss normalization ------------------------------------------------------------------------------
     def get_batch_samples(self, epoch_iterator, num_batches, device):

@@ -7,15 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from padfree.bench.train_speed import (
-    PACKED,
-    STRATEGIES,
-    epoch_seconds,
-    fit_lengths,
-    micro_ids,
-    strategy_batching,
-    stratified,
-)
+from padfree.bench.samples import fit_lengths
+from padfree.bench.sampling import PACKED, STRATEGIES, epoch_seconds, micro_ids, strategy_batching, stratified
 from padfree.cli import main
 
 TINY = ["--vocab-size", "128", "--model-set", "hidden_size=32", "--model-set", "intermediate_size=64",

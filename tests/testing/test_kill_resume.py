@@ -41,3 +41,31 @@ def test_sigkill_and_elastic_resume_consume_every_sample_once(tmp_path, fixtures
     assert ranks_of[runs[0]] == {0} and ranks_of[runs[2]] == {0, 1}
     # the last run resumed from a checkpoint (not from scratch), at the other world size
     assert min(r["step"] for r in records if r["run"] == runs[2]) > 0
+
+
+def test_sigkill_and_resume_with_dynamic_balancing_consume_every_sample_once(tmp_path, fixtures_dir):
+    """Two ranks balancing from measured times (an exchange every 2 steps), SIGKILLed after the balance was
+    learned and checkpointed, resumed with it from the checkpoint (resuming at another world size, which
+    restarts the speeds, is covered in-process by tests/torch/test_sampler_dynamic.py)."""
+    import torch
+
+    n = 120
+    seen = tmp_path / "seen.jsonl"
+    args = [
+        "--data", str(fixtures_dir / "samples/*.jsonl.gz"),
+        "--tokenizer", str(fixtures_dir / "tokenizers/llama_sp32k.model"),
+        "--strategy", "packed", "--budget", "256", "--grad-accum", "2", "--epochs", "2",
+        "--limit-samples", str(n), "--seed", "5", "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--checkpoint-every", "3", "--seen-log", str(seen), "--resume", "--log-every", "1000",
+        "--balance", "dynamic", "--balance-every", "2", *TINY,
+    ]  # fmt: skip
+    out = tmp_path / "train.out"
+    first = killresume.run(TRAIN, 2, args, seen, kill_at_step=random.Random(7).randint(7, 20), output=out)
+    ckpt = sorted((tmp_path / "ckpt").glob("step-*.pt"))[-1]
+    state = torch.load(ckpt, weights_only=True)["sampler"]
+    assert state["mode"] == "dynamic" and state["balance"]["fitted"] and len(state["balance"]["speeds"]) == 2
+    second = killresume.run(TRAIN, 2, args, seen, output=out)
+    assert first.killed and not second.killed, out.read_text()[-3000:]
+    report = seenlog.check_exactly_once(seenlog.read(seen), n, epochs=2)
+    assert report["ok"] and report["runs"] == 2 and report["counted"] == 2 * n, report
+    assert "'fitted': True" in out.read_text().rsplit("sampler after", 1)[-1]

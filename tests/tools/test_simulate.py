@@ -112,3 +112,43 @@ def test_cli_simulate_table_on_seed_mix_shows_measured(capsys):
     assert main(["simulate", "--gpus", "8", "--strategies", "sorted,random"]) == 0
     out = capsys.readouterr().out
     assert "naive_bucketed" in out and "0.37" in out and "0.78" in out and "relative only" in out
+
+
+def test_speeds_multiply_each_ranks_cost_by_hand():
+    # micro 0 on rank 0 (slots 20), micro 1 on rank 1 (slots 40); rank 1 takes 1.5x as long: 20 vs 60
+    out = simulate_batches(np.array([10, 10, 20, 20]), np.array([0, 2, 4]), False, 2, 1,
+                           CostModel(1.0, 0.0, 0.0), speeds=np.array([1.0, 1.5]))  # fmt: skip
+    assert out["step_cost_total"] == pytest.approx(60.0) and out["imbalance"] == pytest.approx(60 / 40)
+
+
+@pytest.mark.parametrize("strategy", ["bucketed", "packed"])
+def test_dynamic_prediction_keeps_every_token_and_beats_static_with_a_slow_rank(strategy):
+    rng = np.random.default_rng(1)
+    lengths = np.minimum(rng.lognormal(5.5, 1.0, 6000).astype(np.int64) + 1, 2048)
+    cfg = PlanConfig(
+        strategy=strategy, budget=2048, world_size=4, grad_accum=2, cost=CostModel(1.0, 1e-4, 0.0)
+    )
+    equal = simulate(lengths, cfg, (strategy,), naive=False)["strategies"][strategy]
+    ones = simulate(lengths, cfg, (strategy,), naive=False, speeds=np.ones(4))["strategies"][strategy]
+    slow = simulate(lengths, cfg, (strategy,), naive=False, speeds=np.array([1, 1, 1, 1.5]))
+    row = slow["strategies"][strategy]
+    assert ones["step_cost_total"] == equal["step_cost_total"]  # factors of 1: the plan as it is
+    assert row["dynamic"]["tokens"] == row["tokens"] == float(lengths.sum())
+    assert row["imbalance"] > 1.25 and row["dynamic"]["imbalance"] < row["imbalance"]
+    assert row["dynamic_over_static"] > 1.05
+    assert slow["config"]["speeds"] == [1.0, 1.0, 1.0, 1.5]
+    # a true cost the plan does not know (attention 10x heavier): dynamic balances it, static cannot
+    heavy = simulate(lengths, cfg, (strategy,), naive=False, true_cost=CostModel(1.0, 1e-3, 0.0))
+    h = heavy["strategies"][strategy]
+    assert h["dynamic"]["imbalance"] <= h["imbalance"] and heavy["config"]["true_cost"]["b"] == 1e-3
+
+
+def test_cli_simulate_speeds(capsys):
+    base = ["simulate", "--strategies", "packed", "--no-naive", "--budget", "8192", "--grad-accum", "1"]
+    assert main([*base, "--speeds", "1,1,1.5", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["config"]["gpus"] == 3 and res["strategies"]["packed"]["dynamic_over_static"] > 1.1
+    for bad in (["--speeds", "1,x"], ["--speeds", "1,0"], ["--speeds", "1,1", "--gpus", "4"]):
+        assert main([*base, *bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("padfree: error:") and "speeds" in err and "\n" not in err

@@ -11,7 +11,10 @@ import pytest
 import torch
 
 import padfree.torch.attention as pa
-from padfree.bench.train_speed import BenchConfig, Trainer, random_samples, run_bench
+from padfree.bench.samples import random_samples
+from padfree.bench.train_report import markdown
+from padfree.bench.train_speed import BenchConfig, run_bench
+from padfree.bench.trainer import Trainer
 from padfree.cli import main
 
 TINY = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
@@ -32,8 +35,6 @@ def test_bf16_bench_records_dtype_and_attention_path() -> None:
     assert s["attention_path"] == "transformers sdpa"
     assert p["attention_path"] == "per-document SDPA (CPU)"
     assert s["real_tok_per_s"] > 0 and p["real_tok_per_s"] > 0
-    from padfree.bench.train_speed import markdown
-
     assert "per-document SDPA (CPU)" in markdown(res) and "autocast(bfloat16)" in markdown(res)
 
 

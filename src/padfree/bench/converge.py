@@ -29,7 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from padfree.bench.train_speed import PADFREE, Samples, Trainer, machine
+from padfree.bench.machine import machine
+from padfree.bench.samples import Samples
+from padfree.bench.sampling import PADFREE
+from padfree.bench.trainer import Trainer
 from padfree.core.config import PlanConfig
 from padfree.errors import ConfigError
 

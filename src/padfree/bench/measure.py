@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from padfree.core.cost import micro_shapes
+from padfree.core.config import CostModel
+from padfree.core.cost import imbalance, micro_costs, micro_shapes, rank_costs
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,30 @@ def batching_stats(lengths: np.ndarray, b: Batching, budget: int) -> dict:
         "tokens_per_micro_mean": float(tokens.mean()),
         "tokens_per_micro_max": float(tokens.max()),
         "over_budget_micro": int((sh["slots"] > budget).sum()),
+        "largest_micro_slots": int(sh["slots"].max()),
     }
+
+
+def rank_imbalance(
+    lengths: np.ndarray, b: Batching, world_size: int, grad_accum: int, cost: CostModel | None = None
+) -> float:
+    """Modeled rank imbalance (:func:`padfree.core.cost.imbalance`: mean over steps of the most loaded rank
+    over the mean rank) when the micro-batches are dealt in their order: each run of ``world_size x
+    grad_accum`` is a step, rank ``r`` takes its ``grad_accum`` micro-batches ``r*grad_accum ...``: the
+    layout of padfree's plans and of ``BatchRebalanceSampler``; a trailing partial step is left out.
+    ``cost`` defaults to slots alone (``a=1, b=c=0``).
+
+    >>> b = Batching(np.arange(4), np.array([0, 1, 2, 3, 4]), packed=True)
+    >>> rank_imbalance(np.array([3, 1, 2, 2]), b, world_size=2, grad_accum=1)
+    1.25
+    """
+    sh = micro_shapes(lengths[b.order], b.offsets, b.packed)
+    k = world_size * grad_accum
+    whole = (b.n_micro // k) * k
+    if whole == 0:
+        return 1.0
+    costs = micro_costs(sh, cost or CostModel(1.0, 0.0, 0.0))[:whole]
+    return imbalance(rank_costs(costs, world_size, grad_accum))
 
 
 def covers_each_once(b: Batching, n: int) -> bool:

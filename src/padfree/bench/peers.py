@@ -13,6 +13,11 @@ peer's own planning work for one epoch: timed) and ``finish`` (turn the peer's o
 - ``trl_bfd``: ``trl.data_utils.pack_dataset(..., strategy="bfd")``, best-fit-decreasing packing.
 - ``lhotse_dynamic_bucketing``: ``lhotse.dataset.DynamicBucketingSampler`` with a
   ``TokenConstraint(max_tokens=budget)`` (count x longest <= budget) over light items with ``num_tokens``.
+- ``hf_batch_rebalance``: ``transformers.trainer_pt_utils.BatchRebalanceSampler`` (what
+  ``train_sampling_strategy="batch_rebalance"`` uses): a fixed number of samples per optimizer step, sorted
+  and split into ``world x grad_accum`` padded micro-batches balanced by its fixed cost
+  ``bs*L + 0.001*bs*L^2``; every rank computes every rank's split and yields its own. Its micro-batches
+  come out step after step, rank after rank, slot after slot: the layout of padfree's plans.
 """
 
 from __future__ import annotations
@@ -26,7 +31,13 @@ import numpy as np
 
 from padfree.bench.measure import Batching
 
-PEER_NAMES = ("hf_group_by_length", "hf_flattening", "trl_bfd", "lhotse_dynamic_bucketing")
+PEER_NAMES = (
+    "hf_group_by_length",
+    "hf_flattening",
+    "trl_bfd",
+    "lhotse_dynamic_bucketing",
+    "hf_batch_rebalance",
+)
 
 
 @dataclass(frozen=True)
@@ -212,6 +223,55 @@ def _lhotse_finish(st: dict, batches: list[list[int]]) -> Batching:
     return Batching(order, offsets, packed=False, note=note)
 
 
+# ---- hf_batch_rebalance ---------------------------------------------------------------------------------
+
+
+def _hf_rebalance_prepare(
+    lengths: np.ndarray, budget: int, seed: int, world_size: int = 8, grad_accum: int = 4
+) -> dict:
+    # the Trainer passes effective_batch_size = per-device batch x grad accum x world, drop_last=False
+    ebs = per_device_batch(lengths, budget) * grad_accum * world_size
+    return {"list": lengths.tolist(), "ebs": ebs, "world": world_size, "accum": grad_accum, "seed": seed}
+
+
+def _hf_rebalance_run(st: dict) -> list:
+    from transformers.trainer_pt_utils import BatchRebalanceSampler
+
+    class Recording(BatchRebalanceSampler):
+        """The sampler unchanged, keeping the every-rank split that each rank computes anyway."""
+
+        def _assign(self, indices, lengths):
+            out = super()._assign(indices, lengths)
+            self.splits.append(out)
+            return out
+
+    sampler = Recording(
+        lengths=st["list"],
+        effective_batch_size=st["ebs"],
+        dp_size=st["world"],
+        grad_accum=st["accum"],
+        seed=st["seed"],
+        rank=0,
+        drop_last=False,
+    )
+    sampler.splits = []
+    for _ in sampler:  # rank 0's epoch: the planning work one rank does
+        pass
+    return sampler.splits
+
+
+def _hf_rebalance_finish(st: dict, splits: list) -> Batching:
+    micro = [mb for step in splits for rank in step for mb in rank]
+    order = np.fromiter((i for mb in micro for i in mb), dtype=np.int64, count=sum(len(m) for m in micro))
+    offsets = np.concatenate(([0], np.cumsum([len(m) for m in micro]))).astype(np.int64)
+    note = (
+        f"BatchRebalanceSampler(effective_batch_size={st['ebs']}, dp_size={st['world']}, "
+        f"grad_accum={st['accum']}, drop_last=False): {st['ebs']} samples per step split into padded "
+        "micro-batches by its fixed cost; every rank's split of rank 0's epoch, step by step"
+    )
+    return Batching(order, offsets, packed=False, note=note)
+
+
 PEERS: dict[str, Peer] = {
     "hf_group_by_length": Peer(
         "hf_group_by_length",
@@ -248,6 +308,16 @@ PEERS: dict[str, Peer] = {
         _lhotse_finish,
         {"num_buckets": 30, "buffer_size": 60000},
         "lhotse DynamicBucketingSampler with a TokenConstraint",
+    ),
+    "hf_batch_rebalance": Peer(
+        "hf_batch_rebalance",
+        ("transformers", "torch"),
+        _hf_rebalance_prepare,
+        _hf_rebalance_run,
+        _hf_rebalance_finish,
+        {"world_size": 8, "grad_accum": 4},
+        "transformers BatchRebalanceSampler (a fixed sample count per step, split into world x accum "
+        "padded micro-batches by a fixed cost)",
     ),
 }
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -22,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.bench.measure import Batching, batching_stats, covers_each_once
+from padfree.bench.measure import Batching, batching_stats, covers_each_once, rank_imbalance
+from padfree.core.config import DEFAULT_COST
 
 WARMUP_SAMPLES = 20_000
 
@@ -49,7 +49,9 @@ class Case:
             return f"make_plan, world {self.world_size} x accum {self.grad_accum}"
         from padfree.bench.peers import PEERS
 
-        merged = PEERS[self.method].settings | self.settings
+        layout = {"world_size": self.world_size, "grad_accum": self.grad_accum}
+        peer = PEERS[self.method].settings
+        merged = peer | {k: v for k, v in layout.items() if k in peer} | self.settings
         return ", ".join(f"{k}={v}" for k, v in merged.items()) or "library defaults"
 
 
@@ -88,7 +90,8 @@ def _peer_phases(case: Case):
     from padfree.bench.peers import PEERS
 
     peer = PEERS[case.method]
-    settings = peer.settings | case.settings
+    layout = {"world_size": case.world_size, "grad_accum": case.grad_accum}  # peers that plan ranks
+    settings = peer.settings | {k: v for k, v in layout.items() if k in peer.settings} | case.settings
 
     def prepare(lengths):
         return peer.prepare(lengths, case.budget, case.seed, **settings)
@@ -148,6 +151,9 @@ def run_case(case: Case) -> dict:
         "note": b.note,
     }
     out |= batching_stats(lengths, b, case.budget)
+    out["over_budget_share"] = out["over_budget_micro"] / max(out["micro_batches"], 1)
+    out["imbalance"] = rank_imbalance(lengths, b, case.world_size, case.grad_accum, DEFAULT_COST)
+    out["imbalance_slots"] = rank_imbalance(lengths, b, case.world_size, case.grad_accum)
     return out
 
 
@@ -177,35 +183,6 @@ def run_case_subprocess(case: Case, hard_timeout_s: float | None = None) -> dict
     return json.loads(lines[-1])
 
 
-def machine_info() -> dict:
-    """CPU, memory, library versions and the load average (other processes share this machine)."""
-    info = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "load_average_1_5_15": list(os.getloadavg()),
-    }
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-        mem = Path("/proc/meminfo").read_text().splitlines()[0].split()
-        info["memory_gib"] = round(int(mem[1]) / 2**20, 1)
-    except OSError:
-        pass
-    from importlib import metadata
-
-    versions = {}
-    for pkg in ("numpy", "numba", "torch", "transformers", "trl", "lhotse", "datasets", "pyarrow"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    info["versions"] = versions
-    return info
-
-
 def render_markdown(result: dict) -> str:
     """The results as markdown: one table per dataset."""
     c = result["config"]
@@ -217,8 +194,13 @@ def render_markdown(result: dict) -> str:
         f"Budget {c['budget']} tokens per micro-batch, world {c['world_size']} x grad-accum "
         f"{c['grad_accum']}, seed {c['seed']}, cap {c['cap_s']:.0f} s per epoch. Seconds: one epoch's "
         "planning work, after a warm-up, input preparation excluded (median of up to 3 runs). Padding "
-        "efficiency: real tokens / computed slots (padded: count x longest; packed: max(budget, tokens) "
-        "per bin).",
+        "efficiency: real tokens / computed slots (padded: count x longest; a packed row computes its "
+        "tokens). Over budget: micro-batches computing more slots than the budget (share of all); largest: "
+        "the most slots one micro-batch computes. Imbalance: mean over steps of the most loaded rank's "
+        "modeled cost / the mean rank's, the micro-batches dealt to ranks in their order (world x accum "
+        "per step, as padfree's plans and BatchRebalanceSampler lay them out; for the other peers, which "
+        "assign no ranks, that order is theirs), under padfree's default cost model (FLOP-shaped, "
+        "7B-like) and under slots alone.",
         "",
     ]
     m = result["machine"]
@@ -232,22 +214,27 @@ def render_markdown(result: dict) -> str:
         lines += [
             f"## {name}: {d['samples']:,} samples, {d['tokens']:,} tokens",
             "",
-            "| method | variant | seconds | padding eff. | micro-batches | over budget | note |",
-            "|---|---|---:|---:|---:|---:|---|",
+            "| method | variant | seconds | padding eff. | micro-batches | over budget | largest | "
+            "imbalance | imbalance (slots) | note |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for r in result["results"]:
             if r["dataset"] != name:
                 continue
             if r["status"] == "ok":
+                share = r.get("over_budget_share")
                 cells = [
                     f"{r['seconds']:.3f}",
                     f"{r['padding_efficiency']:.4f}",
                     f"{r['micro_batches']:,}",
-                    f"{r['over_budget_micro']:,}",
+                    f"{r['over_budget_micro']:,}" + (f" ({share:.0%})" if share else ""),
+                    f"{r['largest_micro_slots']:,}" if "largest_micro_slots" in r else "-",
+                    f"{r['imbalance']:.3f}" if "imbalance" in r else "-",
+                    f"{r['imbalance_slots']:.3f}" if "imbalance_slots" in r else "-",
                     r.get("note", ""),
                 ]
             else:
-                cells = [r["status"], "-", "-", "-", r.get("reason", "")]
+                cells = [r["status"], "-", "-", "-", "-", "-", "-", r.get("reason", "")]
             if r.get("rerun"):
                 cells[-1] += f" (rerun: `{r['rerun']}`)"
             lines.append(f"| {r['method']} | {r['variant']} | " + " | ".join(cells) + " |")

@@ -163,7 +163,7 @@ def _vocab(args: argparse.Namespace, overrides: dict) -> int:
 
 
 def _text_samples(args: argparse.Namespace, vocab: int, max_len: int):
-    from padfree.bench.train_speed import Samples
+    from padfree.bench.samples import Samples
     from padfree.data.samples import load_samples, loss_tokens_of
 
     if not args.tokenizer:
@@ -222,9 +222,12 @@ def _say(args: argparse.Namespace):
 
 def _run_speed(args: argparse.Namespace, device: str, overrides: dict, command: str) -> int:
     from padfree.bench import train_speed as ts
+    from padfree.bench.samples import Samples, fit_lengths, random_samples
+    from padfree.bench.sampling import STRATEGIES
+    from padfree.bench.train_report import markdown, plot
     from padfree.commands.common import load_lengths
 
-    strategies = tuple(s.strip() for s in args.strategies.split(",")) if args.strategies else ts.STRATEGIES
+    strategies = tuple(s.strip() for s in args.strategies.split(",")) if args.strategies else STRATEGIES
     cfg = ts.BenchConfig(
         budget=args.budget,
         steps=args.steps,
@@ -245,24 +248,24 @@ def _run_speed(args: argparse.Namespace, device: str, overrides: dict, command: 
     if args.data:
         pool, _ = _text_samples(args, vocab, _max_len(args))
         keep = _keep(args, pool.lengths)
-        samples = ts.Samples([pool.input_ids[i] for i in keep], pool.loss_tokens[keep], pool.source)
+        samples = Samples([pool.input_ids[i] for i in keep], pool.loss_tokens[keep], pool.source)
     else:
         lengths, _, display = load_lengths(args)
-        lengths = ts.fit_lengths(lengths, args.budget, args.overlong)
+        lengths = fit_lengths(lengths, args.budget, args.overlong)
         lengths = lengths[lengths > 0]
         keep = _keep(args, lengths)
-        samples = ts.random_samples(
+        samples = random_samples(
             lengths[keep], vocab, args.seed, f"{display} (random token ids, overlong {args.overlong})"
         )
     result = ts.run_bench(samples, cfg, progress=_say(args))
     result["command"] = command
     result["config"]["dtype"] = cfg.dtype
     if args.out is not None:
-        _write(args.out, args.name or "train_speed", result, ts.markdown(result, command), ts.plot)
+        _write(args.out, args.name or "train_speed", result, markdown(result, command), plot)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(ts.markdown(result, command))
+        print(markdown(result, command))
     return 0
 
 
@@ -274,10 +277,10 @@ def _max_len(args: argparse.Namespace) -> int:
 
 
 def _keep(args: argparse.Namespace, lengths: np.ndarray) -> np.ndarray:
-    from padfree.bench import train_speed as ts
+    from padfree.bench.sampling import bench_subset
 
     if args.whole_epoch:
-        return ts.bench_subset(lengths, args.steps, args.budget, args.seed)
+        return bench_subset(lengths, args.steps, args.budget, args.seed)
     n = lengths.shape[0]
     if args.pool is None:
         return np.arange(n)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from padfree.commands.common import (
     RANKS,
@@ -26,14 +27,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=RANKS, default=None, help="GPUs (ranks); overrides --world-size")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated strategies")
     p.add_argument("--no-naive", action="store_true", help="leave out the naive bucketing baseline")
+    p.add_argument(
+        "--speeds",
+        default=None,
+        help="per-rank time factors, e.g. 1,1,1,1,1,1,1,1.5 (the last rank 1.5x slower); sets the world size "
+        "and adds what dynamic balancing predicts",
+    )
+    p.add_argument(
+        "--true-cost",
+        type=Path,
+        default=None,
+        help="cost model JSON of what micro-batches really cost (the plan still balances by --cost or the "
+        "default); adds what dynamic balancing predicts once it has learned it",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.tools.simulate import cost_warning, load_seconds_per_unit, motivating_ratios, simulate
+    from padfree.core.config import CostModel
+    from padfree.tools.simulate import (
+        cost_warning,
+        load_seconds_per_unit,
+        motivating_ratios,
+        parse_speeds,
+        simulate,
+    )
 
     if args.gpus is not None:
         args.world_size = args.gpus
+    speeds = None
+    if args.speeds is not None:
+        speeds = parse_speeds(args.speeds, args.gpus)
+        args.world_size = speeds.size
+    true_cost = CostModel.load(args.true_cost) if args.true_cost is not None else None
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in names if s not in STRATEGIES]
     if bad or not names:
@@ -41,12 +67,21 @@ def run(args: argparse.Namespace) -> int:
             f"unknown strategy {bad[0] if bad else '(none)'!r}: choose from {', '.join(STRATEGIES)}"
         )
     cfg = config_from_args(args, names[0])
-    spu = load_seconds_per_unit(args.cost)
+    spu = load_seconds_per_unit(args.true_cost or args.cost)  # a bad file is a one-line ConfigError
     warning = cost_warning(args.cost)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     lengths, path, name = load_lengths(args)
-    result = simulate(lengths, cfg, tuple(names), seconds_per_unit=spu, naive=not args.no_naive, path=path)
+    result = simulate(
+        lengths,
+        cfg,
+        tuple(names),
+        seconds_per_unit=spu,
+        naive=not args.no_naive,
+        path=path,
+        speeds=speeds,
+        true_cost=true_cost,
+    )
     result["dataset"] = name
     seed_mix = args.lengths is None
     if seed_mix:
@@ -65,6 +100,7 @@ def _render(result: dict, seed_mix: bool) -> None:
     c = result["config"]
     spu = c["seconds_per_unit"]
     title = f"{result['dataset']}: predicted throughput on {c['gpus']} GPUs x grad-accum {c['grad_accum']}"
+    speeds = f"; rank time factors {c['speeds']}" if c.get("speeds") else ""
     caption = (
         f"budget {c['budget']}, cost a={c['cost']['a']:.3g} b={c['cost']['b']:.3g} c={c['cost']['c']:.3g} "
         f"({c['cost']['source']}); "
@@ -73,11 +109,22 @@ def _render(result: dict, seed_mix: bool) -> None:
             if spu
             else "no seconds per unit: relative only (pass --cost from calibrate)"
         )
+        + speeds
+        + (
+            f"; true cost a={c['true_cost']['a']:.3g} b={c['true_cost']['b']:.3g} c={c['true_cost']['c']:.3g}"
+            if c.get("true_cost")
+            else ""
+        )
     )
     table = Table(title=title, caption=caption)
     for col in ("strategy", "pad eff", "imbalance", "tok/unit" if not spu else "tok/s"):
         table.add_column(col, justify="right" if col != "strategy" else "left")
     table.add_column("vs sorted", justify="right")
+    dynamic = any("dynamic" in r for r in result["strategies"].values())
+    if dynamic:
+        for col in ("dynamic imbalance", "dynamic / static"):
+            table.add_column(col, justify="right")
+    seed_mix = seed_mix and not dynamic  # the motivating case's ratios are for equal ranks
     measured = result.get("motivating_measured_ratio_to_sorted", {})
     if seed_mix:
         table.add_column("measured", justify="right")
@@ -85,6 +132,9 @@ def _render(result: dict, seed_mix: bool) -> None:
         thr = f"{r['tokens_per_second']:,.0f}" if spu else f"{r['tokens_per_unit']:.4f}"
         cells = [name, f"{r['padding_efficiency']:.4f}", f"{r['imbalance']:.4f}", thr]
         cells.append(f"{r['ratio_to_sorted']:.3f}" if "ratio_to_sorted" in r else "-")
+        if dynamic:
+            d = r.get("dynamic")
+            cells += [f"{d['imbalance']:.4f}", f"{r['dynamic_over_static']:.3f}"] if d else ["-", "-"]
         if seed_mix:
             cells.append(f"{measured[name]:.2f}" if name in measured and name != "sorted" else "")
         table.add_row(*cells)

@@ -32,7 +32,7 @@ def _numba_cache_fallback() -> None:
     import numba
     from numba.misc.appdirs import AppDirs
 
-    if numba.config.CACHE_DIR:
+    if numba.config.CACHE_DIR:  # type: ignore[attr-defined]
         return
     usual = [
         Path(__file__).parent / "__pycache__",
@@ -43,7 +43,7 @@ def _numba_cache_fallback() -> None:
             Path(tempfile.gettempdir()) / f"padfree-numba-{os.getuid() if hasattr(os, 'getuid') else 0}"
         )
         if writable_cache_dir([fallback]) is not None:
-            numba.config.CACHE_DIR = str(fallback)
+            numba.config.CACHE_DIR = str(fallback)  # type: ignore[attr-defined]
 
 
 try:  # pragma: no cover - exercised by the import itself
@@ -120,7 +120,8 @@ def merge_small(lens: np.ndarray, offsets: np.ndarray, budget: int) -> np.ndarra
 @njit(cache=True, nogil=True)
 def best_fit(lens: np.ndarray, budget: int) -> tuple:
     """Online best-fit bin packing in the given order: each item goes to the open bin with the least room
-    that still fits it, else to a new bin. O(n log budget) with a segment tree over remaining capacity.
+    that still fits it, else to a new bin (an item longer than ``budget`` gets a bin of its own). O(n log
+    budget) with a segment tree over remaining capacity.
 
     Returns ``(bin_of_item, n_bins)``; bins are numbered in the order they were opened.
     """
@@ -136,6 +137,11 @@ def best_fit(lens: np.ndarray, budget: int) -> tuple:
     n_bins = 0
     for i in range(n):
         length = lens[i]
+        if length > budget:  # longer than the bins (a plan that leaves headroom): a bin of its own
+            bin_of[i] = n_bins
+            room[n_bins] = 0
+            n_bins += 1
+            continue
         # smallest remaining capacity >= length that has an open bin
         found = -1
         node = size + length
@@ -213,76 +219,6 @@ def gather_segments(values: np.ndarray, offsets: np.ndarray, order: np.ndarray) 
 
 
 @njit(cache=True, nogil=True)
-def balance_ranks(costs: np.ndarray, world: int, accum: int, max_rounds: int) -> np.ndarray:
-    """Assign each step's ``world*accum`` micro-batches to ranks, ``accum`` each, minimizing the most
-    loaded rank: LPT with a cardinality limit, then the best pairwise swap between any two ranks, repeated
-    while it lowers the sum of squared rank loads.
-
-    ``costs`` has ``n_steps * world * accum`` entries, step after step. Returns a permutation of the
-    micro-batches such that, inside each step, rank r owns slots ``r*accum .. r*accum+accum-1``; each rank
-    keeps its micro-batches in their original order.
-    """
-    k = world * accum
-    n_steps = costs.shape[0] // k
-    perm = np.empty(costs.shape[0], np.int64)
-    rank_of = np.empty(k, np.int64)
-    load = np.empty(world, np.float64)
-    count = np.empty(world, np.int64)
-    for s in range(n_steps):
-        base = s * k
-        c = costs[base : base + k]
-        order = np.argsort(-c, kind="mergesort")
-        load[:] = 0.0
-        count[:] = 0
-        for t in range(k):
-            j = order[t]
-            best = -1
-            for r in range(world):
-                if count[r] < accum and (best < 0 or load[r] < load[best]):
-                    best = r
-            rank_of[j] = best
-            load[best] += c[j]
-            count[best] += 1
-        # improvement: swap pairs of micro-batches between ranks while that lowers the sum of squared
-        # loads (each swap narrows the gap between two ranks; the maximum can only follow)
-        for _ in range(max_rounds):
-            best_gain = 0.0
-            bi = -1
-            bj = -1
-            for i in range(k):
-                p = rank_of[i]
-                for j in range(k):
-                    q = rank_of[j]
-                    if q == p:
-                        continue
-                    gap = load[p] - load[q]
-                    d = c[i] - c[j]
-                    if d <= 0.0 or d >= gap:
-                        continue
-                    gain = d * (gap - d)  # half the drop in load[p]^2 + load[q]^2
-                    if gain > best_gain:
-                        best_gain = gain
-                        bi = i
-                        bj = j
-            if bi < 0 or best_gain <= 1e-12 * (load[0] + 1.0) ** 2:
-                break
-            p = rank_of[bi]
-            q = rank_of[bj]
-            d = c[bi] - c[bj]
-            load[p] -= d
-            load[q] += d
-            rank_of[bi] = q
-            rank_of[bj] = p
-        # write out: rank by rank, original order inside a rank
-        fill = np.zeros(world, np.int64)
-        for j in range(k):
-            r = rank_of[j]
-            perm[base + r * accum + fill[r]] = base + j
-            fill[r] += 1
-    return perm
-
-
-@njit(cache=True, nogil=True)
 def optimal_edges(values: np.ndarray, counts: np.ndarray, n_buckets: int) -> np.ndarray:
     """Bucket upper edges minimizing total padding ``sum(bucket_max - length)`` over all samples.
 
@@ -355,6 +291,238 @@ def optimal_edges(values: np.ndarray, counts: np.ndarray, n_buckets: int) -> np.
         j = arg[k, j]
         k -= 1
     return edges[:n][::-1].copy()
+
+
+@njit(cache=True, nogil=True)
+def balance_ranks(
+    costs: np.ndarray, world: int, accum: int, max_rounds: int, speeds: np.ndarray, uniform: bool
+) -> np.ndarray:
+    """Assign each step's ``world*accum`` micro-batches to ranks, ``accum`` each, minimizing the slowest
+    rank's time ``load / speed``: LPT with a cardinality limit (each micro-batch, most costly first, to the
+    rank that would finish it first), then the best pairwise swap between any two ranks, repeated while it
+    lowers the sum of squared rank times (a swap narrows the gap between two ranks; the maximum can only
+    follow).
+
+    ``costs`` has ``n_steps * world * accum`` entries, step after step; ``uniform`` says every speed is 1
+    (then the arithmetic is the plain-load one, so a plan does not depend on rounding through speeds).
+    Returns a permutation of the micro-batches such that, inside each step, rank r owns slots
+    ``r*accum .. r*accum+accum-1``; each rank keeps its micro-batches in their original order.
+    """
+    k = world * accum
+    n_steps = costs.shape[0] // k
+    perm = np.empty(costs.shape[0], np.int64)
+    rank_of = np.empty(k, np.int64)
+    load = np.empty(world, np.float64)
+    count = np.empty(world, np.int64)
+    inv2 = 1.0 / (speeds * speeds)
+    for s in range(n_steps):
+        base = s * k
+        c = costs[base : base + k]
+        order = np.argsort(-c, kind="mergesort")
+        load[:] = 0.0
+        count[:] = 0
+        for t in range(k):
+            j = order[t]
+            best = -1
+            best_key = 0.0
+            for r in range(world):
+                if count[r] < accum:
+                    key = load[r] if uniform else (load[r] + c[j]) / speeds[r]
+                    if best < 0 or key < best_key:
+                        best = r
+                        best_key = key
+            rank_of[j] = best
+            load[best] += c[j]
+            count[best] += 1
+        for _ in range(max_rounds):
+            best_gain = 0.0
+            bi = -1
+            bj = -1
+            for i in range(k):
+                p = rank_of[i]
+                for j in range(k):
+                    q = rank_of[j]
+                    if q == p:
+                        continue
+                    d = c[i] - c[j]
+                    if d <= 0.0:
+                        continue
+                    # half the drop in sum(load^2 / speed^2); with unit speeds d * (gap - d)
+                    if uniform:
+                        gain = d * ((load[p] - load[q]) - d)
+                    else:
+                        gain = d * ((inv2[p] * load[p] - inv2[q] * load[q]) - d * (inv2[p] + inv2[q]) / 2.0)
+                    if gain > best_gain:
+                        best_gain = gain
+                        bi = i
+                        bj = j
+            if bi < 0 or best_gain <= 1e-12 * (load[0] + 1.0) ** 2:
+                break
+            p = rank_of[bi]
+            q = rank_of[bj]
+            d = c[bi] - c[bj]
+            load[p] -= d
+            load[q] += d
+            rank_of[bi] = q
+            rank_of[bj] = p
+        # write out: rank by rank, original order inside a rank
+        fill = np.zeros(world, np.int64)
+        for j in range(k):
+            r = rank_of[j]
+            perm[base + r * accum + fill[r]] = base + j
+            fill[r] += 1
+    return perm
+
+
+@njit(cache=True, nogil=True)
+def recut_packed(
+    lens: np.ndarray, weight: np.ndarray, bin_cost: float, speeds: np.ndarray, accum: int, budget: int
+) -> np.ndarray:
+    """Re-cut one packed step among ranks of different speeds: ``accum`` bins of ``budget`` tokens per rank.
+
+    Items go, heaviest ``weight`` first, to the rank that would finish them first (its load, ``accum *
+    bin_cost`` to start with, plus the item's weight, over its speed) among the ranks with a bin that still
+    has room; inside that rank, to the bin with the least room that fits (best fit). Returns each item's bin
+    (``rank * accum + j``), or an empty array when some item fits nowhere.
+    """
+    world = speeds.shape[0]
+    n = lens.shape[0]
+    order = np.argsort(-weight, kind="mergesort")
+    room = np.full(world * accum, budget, np.int64)
+    load = np.full(world, accum * bin_cost)
+    bin_of = np.empty(n, np.int64)
+    for t in range(n):
+        i = order[t]
+        length = lens[i]
+        best = -1
+        best_time = 0.0
+        for r in range(world):
+            fits = False
+            for j in range(accum):
+                if room[r * accum + j] >= length:
+                    fits = True
+                    break
+            if fits:
+                finish = (load[r] + weight[i]) / speeds[r]
+                if best < 0 or finish < best_time:
+                    best = r
+                    best_time = finish
+        if best < 0:
+            return np.empty(0, np.int64)
+        chosen = -1
+        for j in range(accum):
+            b = best * accum + j
+            if room[b] >= length and (chosen < 0 or room[b] < room[chosen]):
+                chosen = b
+        room[chosen] -= length
+        load[best] += weight[i]
+        bin_of[i] = chosen
+    return bin_of
+
+
+@njit(cache=True, nogil=True)
+def recut_padded(
+    lens: np.ndarray, offsets: np.ndarray, speeds: np.ndarray, accum: int, budget: int, cost: np.ndarray
+) -> np.ndarray:
+    """Re-cut one assigned padded step among ranks of different speeds by moving whole rows.
+
+    ``lens[offsets[q]:offsets[q+1]]`` is micro-batch ``q``, run by rank ``q // accum``; a micro-batch costs
+    ``count * (a*L + b*L*L)`` plus ``c`` (``cost = (a, b, c)``, ``L`` its longest), a rank's time is its
+    cost over its speed. While the slowest rank's time can be lowered, the move that leaves the two ranks
+    it touches with the lowest slower time is made: the shortest row not yet moved of one of the slowest
+    rank's micro-batches (one that keeps another original row, so its longest does not change) into a
+    micro-batch of another rank that stays within ``count * longest <= budget``. Moved rows stay where they
+    land. Returns each row's micro-batch.
+    """
+    a, b, c = cost[0], cost[1], cost[2]
+    world = speeds.shape[0]
+    k = offsets.shape[0] - 1
+    n = lens.shape[0]
+    bin_of = np.empty(n, np.int64)
+    asc = np.empty(n, np.int64)  # each micro-batch's rows, shortest first
+    count = np.zeros(k, np.int64)
+    longest = np.zeros(k, np.int64)
+    left = np.zeros(k, np.int64)  # original rows not yet moved
+    nxt = np.zeros(k, np.int64)  # position in asc of the next to move
+    load = np.full(world, accum * c)
+    for q in range(k):
+        s0, e0 = offsets[q], offsets[q + 1]
+        part = np.argsort(lens[s0:e0], kind="mergesort")
+        for t in range(e0 - s0):
+            asc[s0 + t] = s0 + part[t]
+            bin_of[s0 + t] = q
+            if lens[s0 + t] > longest[q]:
+                longest[q] = lens[s0 + t]
+        count[q] = e0 - s0
+        left[q] = e0 - s0
+        nxt[q] = s0
+        load[q // accum] += count[q] * (a * longest[q] + b * longest[q] * longest[q])
+    for _ in range(n):
+        slow = 0
+        for r in range(1, world):
+            if load[r] / speeds[r] > load[slow] / speeds[slow]:
+                slow = r
+        now = load[slow] / speeds[slow]
+        best_src = -1
+        best_dst = -1
+        best_max = now
+        best_dst_time = 0.0
+        for src in range(slow * accum, (slow + 1) * accum):
+            if left[src] < 2:
+                continue
+            length = lens[asc[nxt[src]]]
+            ls = longest[src]
+            src_time = (load[slow] - (a * ls + b * ls * ls)) / speeds[slow]
+            for dst in range(k):
+                r = dst // accum
+                if r == slow:
+                    continue
+                ld = longest[dst] if longest[dst] > length else length
+                if (count[dst] + 1) * ld > budget:
+                    continue
+                lo = longest[dst]
+                added = (count[dst] + 1) * (a * ld + b * ld * ld) - count[dst] * (a * lo + b * lo * lo)
+                dst_time = (load[r] + added) / speeds[r]
+                worst = src_time if src_time > dst_time else dst_time
+                if worst < best_max or (best_src >= 0 and worst == best_max and dst_time < best_dst_time):
+                    best_src, best_dst, best_max, best_dst_time = src, dst, worst, dst_time
+        if best_src < 0:
+            break
+        row = asc[nxt[best_src]]
+        nxt[best_src] += 1
+        left[best_src] -= 1
+        count[best_src] -= 1
+        ls = longest[best_src]
+        load[slow] -= a * ls + b * ls * ls
+        r = best_dst // accum
+        lo = longest[best_dst]
+        ld = lo if lo > lens[row] else lens[row]
+        load[r] += (count[best_dst] + 1) * (a * ld + b * ld * ld) - count[best_dst] * (a * lo + b * lo * lo)
+        count[best_dst] += 1
+        longest[best_dst] = ld
+        bin_of[row] = best_dst
+    return bin_of
+
+
+@njit(cache=True, nogil=True)
+def permute_in_place(values: np.ndarray, order: np.ndarray, seen: np.ndarray) -> None:
+    """``values[i] = values[order[i]]`` (the values before) for every ``i``, in place, cycle by cycle.
+
+    ``seen`` is a zeroed uint8 scratch array as long as ``values`` (left all ones).
+    """
+    for i in range(values.shape[0]):
+        if seen[i]:
+            continue
+        first = values[i]
+        j = i
+        while True:
+            seen[j] = 1
+            k = order[j]
+            if k == i:
+                values[j] = first
+                break
+            values[j] = values[k]
+            j = k
 
 
 @njit(cache=True, nogil=True)

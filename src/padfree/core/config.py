@@ -79,7 +79,7 @@ class CostModel:
         """Read a cost model written by ``padfree calibrate`` (JSON with keys a, b, c)."""
         p = Path(path)
         data = read_cost_file(p)
-        values = [data.get(k) for k in ("a", "b", "c")]
+        values: list[Any] = [data.get(k) for k in ("a", "b", "c")]
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
             raise ConfigError(f"{p}: not a cost model (a JSON object with numbers a, b, c; got {values})")
         try:

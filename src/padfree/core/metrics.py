@@ -97,8 +97,8 @@ class _Divergence:
             )
             w = plan.lengths[a:b].astype(np.float64)
             hist = np.bincount(local, weights=w, minlength=(s1 - s0) * self.d).reshape(s1 - s0, self.d)
-            cdf = np.cumsum(hist, axis=1)
-            cdf /= cdf[:, -1:]
+            cum = np.cumsum(hist, axis=1)
+            cdf = cum / cum[:, -1:]
             total += float((np.abs(cdf[:, :-1] - self.f_data[None, :-1]) @ self.gaps).sum())
         return total / self.mean_length
 
@@ -114,7 +114,7 @@ class CoBatchMap:
     def __init__(self, n_samples: int, budget: int, pieces: np.ndarray | None = None) -> None:
         self.budget = budget
         self.first = None if pieces is None else np.concatenate(([0], np.cumsum(pieces, dtype=np.int64)))
-        n_keys = n_samples if pieces is None else int(self.first[-1])
+        n_keys = n_samples if self.first is None else int(self.first[-1])
         self.micro = np.full(n_keys, -1, np.int32 if n_keys < 2**31 else np.int64)
         self.n_micro = 0
         self.pairs = 0.0  # sum over this epoch's micro-batches of C(n_a, 2)
@@ -252,7 +252,7 @@ class EpochMeter:
         pieces' own ``plan_seconds``)."""
         c = self.config
         s = dict.fromkeys(("real", "slots", "real_cost", "cost", "slowest", "ratio", "w1", "repeated"), 0.0)
-        n = dict.fromkeys(("micro", "truncated", "split", "dropped", "seconds"), 0)
+        n: dict[str, float] = dict.fromkeys(("micro", "truncated", "split", "dropped", "seconds"), 0)
         tok, cnt, edges = [], [], None
         for p in pieces:
             sh = p.shapes()
@@ -276,7 +276,7 @@ class EpochMeter:
                 n[key] += getattr(p, key)
             n["seconds"] += p.plan_seconds
             p._shapes.clear()  # the piece's per-micro-batch arrays go with it
-        steps = n["micro"] // c.micro_per_step
+        steps = int(n["micro"]) // c.micro_per_step
         tok_a, cnt_a = np.concatenate(tok), np.concatenate(cnt)
         out = {
             "padding_efficiency": s["real"] / s["slots"],
@@ -288,14 +288,14 @@ class EpochMeter:
             "cobatch_repeat": None,
             "adjacent_corr": _corr(tok_a / cnt_a),
             "steps": steps,
-            "micro_batches": n["micro"],
+            "micro_batches": int(n["micro"]),
             "tokens_per_step_min": float(tok_a.min()),
             "tokens_per_step_median": float(np.median(tok_a)),
             "tokens_per_step_max": float(tok_a.max()),
             "plan_seconds": n["seconds"] if plan_seconds is None else plan_seconds,
-            "truncated": n["truncated"],
-            "split": n["split"],
-            "dropped": n["dropped"],
+            "truncated": int(n["truncated"]),
+            "split": int(n["split"]),
+            "dropped": int(n["dropped"]),
         }
         if self.previous is not None:
             out["cobatch_repeat"] = 0.0 if self.previous.pairs == 0 else s["repeated"] / self.previous.pairs

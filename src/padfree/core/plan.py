@@ -153,12 +153,22 @@ class Plan:
 
 
 def plan_in_memory(
-    lengths: np.ndarray, config: PlanConfig, epoch: int, *, path: str | None = None, t0: float | None = None
+    lengths: np.ndarray,
+    config: PlanConfig,
+    epoch: int,
+    *,
+    path: str | None = None,
+    t0: float | None = None,
+    assign: bool = True,
+    item_budget: int | None = None,
 ) -> Plan:
-    """Plan one epoch with every sample in memory: validate, apply the overlong policy, plan the items."""
+    """Plan one epoch with every sample in memory: validate, apply the overlong policy (at ``item_budget``,
+    default ``config.budget``), plan the items (``assign``: see :func:`plan_items`)."""
     t0 = time.perf_counter() if t0 is None else t0
     lengths = validate_lengths(lengths, path)
-    return plan_items(make_items(lengths, config.budget, config.overlong, path), config, epoch, t0=t0)
+    budget = config.budget if item_budget is None else item_budget
+    items = make_items(lengths, budget, config.overlong, path)
+    return plan_items(items, config, epoch, t0=t0, assign=assign)
 
 
 def plan_items(
@@ -168,10 +178,14 @@ def plan_items(
     *,
     t0: float | None = None,
     rng: np.random.Generator | None = None,
+    assign: bool = True,
 ) -> Plan:
     """Plan one epoch of already prepared items (see :func:`padfree.core.items.make_items`).
 
     ``rng`` replaces the epoch's generator (:func:`epoch_rng`); the stream planner gives each window its own.
+    ``assign=False`` leaves each step's micro-batches in their stratified order, not yet given to ranks: the
+    same steps (the same micro-batches in each) whatever the cost model, which the sampler then assigns one
+    step at a time (:func:`padfree.core.steps.assign_ranks` on one step gives what ``assign=True`` gives).
     """
     t0 = time.perf_counter() if t0 is None else t0
     k = config.micro_per_step
@@ -185,8 +199,8 @@ def plan_items(
     order, offsets = steps.complete_last_step(order, offsets, length, k, config.budget, config.packed)
     lens = length[order]
     shapes = cost.micro_shapes(lens, offsets, config.packed)
-    perm = steps.assign_ranks(cost.micro_costs(shapes, config.cost), config.world_size, config.grad_accum)
-    if config.world_size > 1:
+    if assign and config.world_size > 1:
+        perm = steps.assign_ranks(cost.micro_costs(shapes, config.cost), config.world_size, config.grad_accum)
         order, offsets = _kernels.gather_segments(order, offsets, perm)
         lens = length[order]
         shapes = {}

@@ -1,13 +1,20 @@
 """Regenerating an epoch's plan from a short resume history, so that a world-size change keeps every sample
 exactly once.
 
-A *history* is a list of segments ``(world_size, grad_accum, steps)``: the epoch ran ``steps`` optimizer
-steps at that shape, then resumed at the next shape. The epoch's plan is rebuilt from the seed alone:
+A *history* is a list of segments ``(world_size, grad_accum, steps, budget)``: the epoch ran ``steps``
+optimizer steps at that shape, planned at that token budget, then resumed at the next shape. The epoch's plan
+is rebuilt from the seed alone:
 
 1. plan every item at the first segment's shape (this is the ordinary plan of the epoch);
 2. drop the micro-batches of the steps that segment consumed;
 3. plan the remaining items again with :func:`padfree.core.plan.plan_items` at the next segment's shape,
    with a seed derived from (seed, epoch, segment number, shape, steps so far); repeat.
+
+The plans are *unassigned* (``assign=False``): a step's micro-batches are in their stratified order, not
+yet given to ranks. Which rank runs which micro-batch is decided later, one step at a time, from a cost model
+and rank speeds that may change during the epoch; none of that can change which items a step holds, nor the
+order in which the rest of the epoch is handed to the next segment. So the rest of an epoch depends on the
+history alone, never on a cost model.
 
 The history grows by one segment per *change of shape*, never with the number of samples. Pure numpy.
 """
@@ -21,23 +28,34 @@ import numpy as np
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items
 from padfree.core.plan import Plan, plan_items
+from padfree.core.stream import plan_items_windowed, plan_stream
 from padfree.errors import ConfigError, StateError
 
 
 @dataclass(frozen=True)
 class Segment:
-    """``steps`` optimizer steps of one epoch run at ``world_size`` x ``grad_accum``."""
+    """``steps`` optimizer steps of one epoch run at ``world_size`` x ``grad_accum``, planned with a token
+    budget of ``budget`` per micro-batch (``None``: the config's)."""
 
     world_size: int
     grad_accum: int
     steps: int
+    budget: int | None = None
 
 
 def derived_seed(
-    seed: int, epoch: int, index: int, world_size: int, grad_accum: int, steps_before: int
+    seed: int,
+    epoch: int,
+    index: int,
+    world_size: int,
+    grad_accum: int,
+    steps_before: int,
+    budget: int | None = None,
 ) -> int:
     """The seed that re-plans segment ``index`` (> 0) of an epoch: a pure function of the history."""
     words = [seed, epoch, index, world_size, grad_accum, steps_before, 0x9ADF]
+    if budget is not None:
+        words.append(budget)
     return int(np.random.SeedSequence(words).generate_state(1, np.uint32)[0])
 
 
@@ -68,20 +86,34 @@ def one_per_micro(items: Items, config: PlanConfig, epoch: int) -> Plan:
     )
 
 
-def plan_rest(items: Items, config: PlanConfig, epoch: int) -> Plan:
-    """``plan_items`` on what is left of an epoch, or :func:`one_per_micro` when too little is left."""
+def plan_rest(items: Items, config: PlanConfig, epoch: int, window: int | None = None) -> Plan:
+    """``plan_items`` on what is left of an epoch (window by window when more than ``window`` items are
+    left), or :func:`one_per_micro` when too little is left."""
     if len(items) == 0:
         return one_per_micro(items, config, epoch)
     try:
-        return plan_items(items, config, epoch)
+        if window is not None and len(items) > window:
+            return plan_items_windowed(items, config, epoch, window, in_place=True)
+        return plan_items(items, config, epoch, assign=False)
     except ConfigError:
         return one_per_micro(items, config, epoch)
 
 
-def replay(items: Items, config: PlanConfig, epoch: int, history: list[Segment]) -> tuple[Plan, int]:
-    """The plan the last segment of ``history`` runs, and how many steps of the epoch came before it.
+def replay(
+    items: Items | None,
+    config: PlanConfig,
+    epoch: int,
+    history: list[Segment],
+    *,
+    lengths: np.ndarray | None = None,
+    window: int | None = None,
+) -> tuple[Plan, int]:
+    """The unassigned plan the last segment of ``history`` runs, and how many steps of the epoch came before.
 
-    ``config``'s world size and grad-accum are ignored: each segment brings its own.
+    ``config``'s world size and grad-accum are ignored: each segment brings its own (and its budget, when
+    set). With ``window`` the epoch is planned window by window from ``lengths``
+    (:func:`padfree.core.stream.plan_stream`, the plan ``make_plan`` makes of a huge epoch) and so is a
+    re-planned rest of more than ``window`` items; else the ``items`` are planned in memory.
 
     >>> import numpy as np
     >>> from padfree.core.items import make_items
@@ -96,13 +128,26 @@ def replay(items: Items, config: PlanConfig, epoch: int, history: list[Segment])
     if not history:
         raise StateError("empty resume history")
     seg = history[0]
-    plan = plan_items(items, config.with_(world_size=seg.world_size, grad_accum=seg.grad_accum), epoch)
+    if window is not None:
+        if lengths is None:
+            raise StateError("a windowed replay needs the lengths")
+        cfg = _shape(config, seg)
+        plan = plan_stream(lengths, cfg, epoch, window=window, assign=False, item_budget=config.budget)
+    else:
+        if items is None:
+            raise StateError("an in-memory replay needs the items")
+        plan = plan_items(items, _shape(config, seg), epoch, assign=False)
     before = 0
     for i in range(1, len(history)):
         prev, seg = history[i - 1], history[i]
-        rest = rest_items(plan, prev.steps, items.n_samples)
+        rest = rest_items(plan, prev.steps, plan.n_samples)
+        del plan  # the rest is a view; the consumed part goes when the rest is planned
         before += prev.steps
-        seed = derived_seed(config.seed, epoch, i, seg.world_size, seg.grad_accum, before)
-        cfg = config.with_(world_size=seg.world_size, grad_accum=seg.grad_accum, seed=seed)
-        plan = plan_rest(rest, cfg, epoch)
+        seed = derived_seed(config.seed, epoch, i, seg.world_size, seg.grad_accum, before, seg.budget)
+        plan = plan_rest(rest, _shape(config, seg).with_(seed=seed), epoch, window)
     return plan, before
+
+
+def _shape(config: PlanConfig, seg: Segment) -> PlanConfig:
+    budget = config.budget if seg.budget is None else seg.budget
+    return config.with_(world_size=seg.world_size, grad_accum=seg.grad_accum, budget=budget)

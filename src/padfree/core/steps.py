@@ -118,8 +118,18 @@ def _split_largest(offsets: np.ndarray, n_pieces: int) -> np.ndarray:
     return offsets
 
 
-def assign_ranks(costs: np.ndarray, world_size: int, grad_accum: int, max_rounds: int = 64) -> np.ndarray:
-    """Permutation of micro-batches that balances each step's ranks (see ``_kernels.balance_ranks``)."""
+def assign_ranks(
+    costs: np.ndarray,
+    world_size: int,
+    grad_accum: int,
+    max_rounds: int = 64,
+    speeds: np.ndarray | None = None,
+) -> np.ndarray:
+    """Permutation of micro-batches that balances each step's ranks (see ``_kernels.balance_ranks``), of
+    equal speed or of the given relative ``speeds``."""
     if world_size == 1:
         return np.arange(costs.shape[0], dtype=np.int64)
-    return _kernels.balance_ranks(costs.astype(np.float64), int(world_size), int(grad_accum), int(max_rounds))
+    uniform = speeds is None
+    speeds = np.ones(world_size) if speeds is None else np.asarray(speeds, dtype=np.float64)
+    c = costs.astype(np.float64)
+    return _kernels.balance_ranks(c, int(world_size), int(grad_accum), int(max_rounds), speeds, uniform)

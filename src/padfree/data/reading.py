@@ -1,7 +1,7 @@
 """Which format each data source is in, and its records in order: shared by ``padfree lengths`` and training.
 
->>> rs = readings(["fixtures/samples/gsm8k.jsonl.gz"])  # doctest: +SKIP
->>> rs[0].fmt  # doctest: +SKIP
+>>> rs = readings(["fixtures/samples/gsm8k.jsonl.gz"])  # run from the repository root
+>>> rs[0].fmt
 'messages'
 """
 

@@ -27,10 +27,10 @@ A document's tokens all carry loss. ``loss_on="all"``: every token. The **loss-b
 (``OUT.assistant.npy``, the sampler's ``loss_tokens``) counts label positions after the first token, as the
 collators do: nothing predicts a sample's first token.
 
->>> tok = Tokenizer("fixtures/tokenizers/llama_sp32k.model")  # doctest: +SKIP
+>>> tok = Tokenizer("fixtures/tokenizers/llama_sp32k.model")  # run from the repository root
 >>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
->>> enc = encode_samples(tok, [chat, "A doc."])  # doctest: +SKIP
->>> enc.lengths, enc.loss_tokens  # user turn 6 + assistant 7; document 3 + EOS  # doctest: +SKIP
+>>> enc = encode_samples(tok, [chat, "A doc."])
+>>> enc.lengths, enc.loss_tokens  # user turn 6 + assistant 7; document 3 + EOS
 (array([13,  4]), array([7, 3]))
 """
 

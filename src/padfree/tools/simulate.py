@@ -5,6 +5,14 @@ gradient all-reduce: a step takes ``max over ranks of the summed micro-batch cos
 sum over steps; throughput is real tokens / epoch time. Costs are in token-equivalents; a cost file from
 ``padfree calibrate`` adds ``seconds_per_unit`` and turns them into seconds (otherwise only ratios and
 tokens per cost unit are meaningful).
+
+Ranks of different speeds (``speeds``: each rank's time factor, 1.5 = that rank takes 1.5x as long) and a
+cost the plan does not know (``true_cost``: what micro-batches really cost; the plan balances by
+``config.cost``): a step then costs ``max over ranks of (true cost of the rank's micro-batches x its
+factor)``. *Static* is the plan's own assignment; *dynamic* is what ``PlanBatchSampler(balance="dynamic")``
+converges to once its refit has found the true cost and the speeds: every step given to ranks by
+:func:`padfree.core.balance.step_layout` with them (packed steps re-cut, from a plan that fills its bins to
+the sampler's default headroom).
 """
 
 from __future__ import annotations
@@ -64,6 +72,37 @@ def load_seconds_per_unit(path: str | Path | None) -> float | None:
     return None
 
 
+def parse_speeds(text: str, world_size: int | None = None) -> np.ndarray:
+    """Per-rank time factors from ``"1,1,1.5"`` (each > 0; as many as ``world_size`` when given).
+
+    >>> parse_speeds("1,1,1.5").tolist()
+    [1.0, 1.0, 1.5]
+    """
+    try:
+        out = np.array([float(x) for x in text.split(",")], dtype=np.float64)
+    except ValueError:
+        raise ConfigError(f"--speeds takes comma-separated numbers, one per rank (got {text!r})") from None
+    if out.size == 0 or not np.all(np.isfinite(out) & (out > 0)):
+        raise ConfigError(f"--speeds: every factor must be a number > 0 (got {text!r})")
+    if world_size is not None and out.size != world_size:
+        raise ConfigError(f"--speeds gives {out.size} ranks but the world size is {world_size}")
+    return out
+
+
+def _shapes(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> dict[str, np.ndarray]:
+    """:func:`padfree.core.cost.micro_shapes`, with zeros for empty micro-batches (a re-cut step may
+    leave a bin empty)."""
+    full = np.flatnonzero(np.diff(offsets) > 0)
+    if full.size == offsets.shape[0] - 1:
+        return micro_shapes(lens, offsets, packed)
+    part = micro_shapes(lens, np.append(offsets[full], offsets[-1]), packed)
+    out = {k: np.zeros(offsets.shape[0] - 1) for k in part}
+    for k, v in part.items():
+        out[k][full] = v
+    out["count"] = np.diff(offsets)
+    return out
+
+
 def simulate_batches(
     lens: np.ndarray,
     offsets: np.ndarray,
@@ -72,6 +111,7 @@ def simulate_batches(
     grad_accum: int,
     cost: CostModel,
     seconds_per_unit: float | None = None,
+    speeds: np.ndarray | None = None,
 ) -> dict:
     """Predicted time and throughput of micro-batches given in plan order (``lens`` in order, ``offsets``).
 
@@ -80,8 +120,10 @@ def simulate_batches(
     >>> out["step_cost_total"], out["tokens_per_unit"]
     (40.0, 1.5)
     """
-    shapes = micro_shapes(lens, offsets, packed)
+    shapes = _shapes(lens, offsets, packed)
     per_rank = rank_costs(micro_costs(shapes, cost), world_size, grad_accum)
+    if speeds is not None:
+        per_rank = per_rank * speeds[None, :]
     step = step_costs(per_rank)
     total = float(step.sum())
     tokens = float(shapes["real"].sum())
@@ -100,6 +142,53 @@ def simulate_batches(
     return out
 
 
+def simulate_dynamic(
+    lengths: np.ndarray,
+    config: PlanConfig,
+    speeds: np.ndarray,
+    true_cost: CostModel,
+    seconds_per_unit: float | None = None,
+    epoch: int = 0,
+    path: str | None = None,
+) -> dict:
+    """Predicted throughput under dynamic balancing that has learned ``true_cost`` and the ranks' time
+    factors ``speeds``: the sampler's plan (packed: bins filled to its default headroom), each step given
+    to ranks by :func:`padfree.core.balance.step_layout` (speed-aware assignment; packed steps re-cut
+    within the budget).
+
+    >>> cfg = PlanConfig(strategy="packed", budget=100, world_size=2, grad_accum=1,
+    ...                  cost=CostModel(1.0, 0.0, 0.0))
+    >>> slow = np.array([1.0, 1.5])
+    >>> row = simulate(np.ones(1700), cfg, ("packed",), naive=False, speeds=slow)["strategies"]["packed"]
+    >>> round(row["dynamic_over_static"], 3)  # 1.25 needs the fast rank at 1.2x the mean bin; room: 1.18x
+    1.214
+    """
+    from padfree.core.balance import Balance, default_headroom, plan_budget, step_layout
+    from padfree.core.items import make_items, validate_lengths
+    from padfree.core.replay import Segment, replay
+
+    w, g = config.world_size, config.grad_accum
+    items = make_items(validate_lengths(lengths, path), config.budget, config.overlong, path)
+    budget = plan_budget(config, default_headroom(w))  # the sampler's own plan: unassigned steps
+    plan, _ = replay(items, config, epoch, [Segment(w, g, 0, budget)])
+    rel = 1.0 / speeds
+    balance = Balance(
+        (true_cost.a, true_cost.b, true_cost.c), tuple(rel / rel.mean()), fitted=True, recut=True
+    )
+    k = w * g
+    lens, offs = plan.lengths, plan.offsets.astype(np.int64)
+    out_lens, out_offs = [], [np.zeros(1, dtype=np.int64)]
+    for s in range(plan.n_steps):
+        a0, a1 = int(offs[s * k]), int(offs[(s + 1) * k])
+        order, step_offs = step_layout(lens[a0:a1], offs[s * k : (s + 1) * k + 1] - a0, config, balance)
+        out_lens.append(lens[a0:a1][order])
+        out_offs.append(step_offs[1:] + a0)
+    new_lens = np.concatenate(out_lens) if out_lens else lens[:0]
+    return simulate_batches(
+        new_lens, np.concatenate(out_offs), config.packed, w, g, true_cost, seconds_per_unit, speeds
+    )
+
+
 def simulate(
     lengths: np.ndarray,
     config: PlanConfig,
@@ -108,12 +197,19 @@ def simulate(
     naive: bool = True,
     epoch: int = 0,
     path: str | None = None,
+    speeds: np.ndarray | None = None,
+    true_cost: CostModel | None = None,
 ) -> dict:
     """Plan one epoch per strategy (``config`` gives budget, world size, grad accum and cost model) and
     predict each one's throughput; ``naive`` adds the motivating case's naive bucketing
     (:func:`padfree.bench.baselines.naive_bucketed`). Ratios are to ``sorted`` (the padding-free ceiling of
-    length grouping) when it is among the strategies."""
+    length grouping) when it is among the strategies. With ``speeds`` (per-rank time factors) or
+    ``true_cost`` (what micro-batches really cost, default ``config.cost``), every strategy's row is its
+    static plan under them, and ``dynamic`` / ``dynamic_over_static`` what dynamic balancing predicts."""
     rows: dict[str, dict] = {}
+    cost = true_cost or config.cost
+    dynamic = speeds is not None or true_cost is not None
+    factors = np.ones(config.world_size) if speeds is None else np.asarray(speeds, dtype=np.float64)
     for s in strategies:
         plan = make_plan(lengths, config.with_(strategy=s), epoch, path=path)
         rows[s] = simulate_batches(
@@ -122,9 +218,18 @@ def simulate(
             plan.config.packed,
             config.world_size,
             config.grad_accum,
-            config.cost,
+            cost,
             seconds_per_unit,
+            factors if dynamic else None,
         )
+        if dynamic:
+            dyn = simulate_dynamic(
+                lengths, config.with_(strategy=s), factors, cost, seconds_per_unit, epoch, path
+            )
+            rows[s]["dynamic"] = dyn
+            rows[s]["dynamic_over_static"] = (
+                rows[s]["step_cost_total"] / dyn["step_cost_total"] * (dyn["tokens"] / rows[s]["tokens"])
+            )
     if naive:
         from padfree.bench.baselines import naive_bucketed
         from padfree.core.items import make_items, validate_lengths
@@ -140,8 +245,9 @@ def simulate(
             False,
             config.world_size,
             config.grad_accum,
-            config.cost,
+            cost,
             seconds_per_unit,
+            factors if dynamic else None,
         )
     if "sorted" in rows:
         ref = rows["sorted"]["tokens_per_unit"]
@@ -160,6 +266,8 @@ def simulate(
                 "source": config.cost.source,
             },
             "seconds_per_unit": seconds_per_unit,
+            "speeds": None if speeds is None else factors.tolist(),
+            "true_cost": None if true_cost is None else {"a": cost.a, "b": cost.b, "c": cost.c},
         },
         "strategies": rows,
     }

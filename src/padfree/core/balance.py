@@ -1,0 +1,221 @@
+"""Giving one step's micro-batches to ranks at run time, from a cost model and rank speeds that may change
+during an epoch.
+
+A plan fixes which items each optimizer step holds (:func:`padfree.core.replay.replay` plans are
+*unassigned*); this module decides, one step at a time, which rank runs which of them. Nothing here can move
+an item to another step, so any cost model, any speeds, changed at any step boundary, keep every item of the
+epoch exactly once. A step's layout is a pure function of its items and the :class:`Balance` in force.
+
+Two ways to give a step to ranks of different speeds:
+
+- *assignment*: whole micro-batches, the costly ones to the fast ranks (``_kernels.balance_ranks``);
+- *re-cut*: the step's items are cut again into ``grad_accum`` micro-batches per rank, each within the
+  budget, the heavier share to the faster ranks: packed, best fit into bins (``_kernels.recut_packed``);
+  padded, whole rows moved from the slowest rank's micro-batches to similar-length ones of faster ranks
+  (``_kernels.recut_padded``).
+  Equal-cost micro-batches cannot be balanced by assignment, and a re-cut can only give a fast rank more
+  than the average if the average leaves room: a dynamic plan fills its micro-batches to ``headroom *
+  budget`` (:func:`plan_budget`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from padfree.core import _kernels, cost, steps
+from padfree.core.config import CostModel, PlanConfig
+from padfree.errors import ConfigError, StateError
+
+
+@dataclass(frozen=True)
+class Balance:
+    """What decides how a step is given to ranks.
+
+    Attributes:
+        cost: ``(a, b, c)`` of the cost model ``a*slots + b*attention + c``.
+        speeds: relative speed of each rank, mean 1 (``None``: all equal).
+        fitted: ``cost`` was fitted to measured seconds (else it is a configured model, in token units).
+        recut: steps are re-cut among ranks (dynamic balancing), not only assigned.
+    """
+
+    cost: tuple[float, float, float]
+    speeds: tuple[float, ...] | None = None
+    fitted: bool = False
+    recut: bool = False
+
+    @classmethod
+    def of(cls, model: CostModel, recut: bool = False) -> Balance:
+        return cls((float(model.a), float(model.b), float(model.c)), recut=recut)
+
+    def to_state(self) -> dict:
+        speeds = None if self.speeds is None else list(self.speeds)
+        return {"cost": list(self.cost), "speeds": speeds, "fitted": self.fitted, "recut": self.recut}
+
+    @classmethod
+    def from_state(cls, state: object, world_size: int) -> Balance:
+        """Read :meth:`to_state`'s dict back; refuses anything that is not one (one line, why)."""
+        if not isinstance(state, dict):
+            raise StateError(f"malformed sampler state: balance must be an object (got {state!r:.60})")
+        try:
+            coefs = tuple(float(v) for v in state["cost"])
+            speeds = state.get("speeds")
+            speeds = None if speeds is None else tuple(float(v) for v in speeds)
+            flags = (state.get("fitted", False), state.get("recut", False))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"malformed sampler state: balance {exc!r:.80}") from None
+        if len(coefs) != 3 or not all(math.isfinite(v) and v >= 0 for v in coefs) or sum(coefs) <= 0:
+            raise StateError(f"malformed sampler state: cost {coefs} must be 3 finite numbers >= 0, not 0")
+        if speeds is not None and (
+            len(speeds) != world_size or not all(math.isfinite(v) and v > 0 for v in speeds)
+        ):
+            raise StateError(
+                f"malformed sampler state: speeds must be {world_size} finite numbers > 0 (got {speeds})"
+            )
+        if not all(isinstance(f, bool) for f in flags):
+            raise StateError(f"malformed sampler state: fitted and recut must be true or false (got {flags})")
+        return cls(coefs, speeds, *flags)
+
+
+def plan_budget(config: PlanConfig, headroom: float) -> int | None:
+    """The token budget a dynamic plan fills its micro-batches to (``None``: the config's): packed bins to
+    ``sum <= headroom * budget``, padded micro-batches to ``count * longest <= headroom * budget``.
+
+    >>> plan_budget(PlanConfig(strategy="packed", budget=1000), 0.85)
+    850
+    >>> plan_budget(PlanConfig(strategy="bucketed", budget=1000), 0.85)
+    850
+    >>> plan_budget(PlanConfig(strategy="bucketed", budget=1000), 1.0) is None
+    True
+    """
+    if not (isinstance(headroom, (int, float)) and 0.5 <= headroom <= 1.0):
+        raise ConfigError(f"balance headroom must be a number in 0.5 .. 1 (got {headroom!r})")
+    if headroom == 1.0:
+        return None
+    return max(1, int(config.budget * headroom))
+
+
+def default_headroom(
+    world_size: int, config: PlanConfig | None = None, lengths: np.ndarray | None = None
+) -> float:
+    """Room for one rank ~1.4x slower than the others: ``1 - 0.3 / world_size`` (0.85 at 2 ranks, 0.9625
+    at 8), 1 for one rank.
+
+    A padded plan (``config`` not packed) is re-cut by moving whole rows, and an item longer than half the
+    planning budget fills a micro-batch alone: where such items hold more than half of the tokens
+    (``lengths`` clipped at the budget; long documents), the room would cost more tokens per step than the
+    re-cut can win back, and the headroom is 1.
+
+    >>> default_headroom(2), default_headroom(8)
+    (0.85, 0.9625)
+    >>> cfg = PlanConfig(strategy="bucketed", budget=1000)
+    >>> default_headroom(2, cfg, np.array([100] * 9)), default_headroom(2, cfg, np.array([100, 900, 1000]))
+    (0.85, 1.0)
+    """
+    if world_size <= 1:
+        return 1.0
+    room = 1.0 - 0.3 / world_size
+    if config is None or config.packed or lengths is None or np.shape(lengths)[0] == 0:
+        return room
+    lengths = np.asarray(lengths)
+    total = long = 0
+    for i in range(0, lengths.shape[0], 1 << 22):  # in chunks: bounded memory at any epoch size
+        clipped = np.minimum(lengths[i : i + (1 << 22)], config.budget).astype(np.int64)
+        total += int(clipped.sum())
+        long += int(clipped[clipped > room * config.budget / 2].sum())
+    return room if 2 * long <= total else 1.0
+
+
+def micro_costs(lens: np.ndarray, offsets: np.ndarray, packed: bool, model: tuple) -> np.ndarray:
+    """Modeled cost ``a*slots + b*attention + c`` of each micro-batch ``lens[offsets[k]:offsets[k+1]]`` (an
+    empty one, at the tail of an epoch, costs ``c``)."""
+    a, b, c = model
+    full = np.flatnonzero(np.diff(offsets) > 0)
+    out = np.full(offsets.shape[0] - 1, float(c))
+    if full.size:
+        shapes = cost.micro_shapes(lens, np.append(offsets[full], offsets[-1]), packed)
+        out[full] = a * shapes["slots"] + b * shapes["attn"] + c
+    return out
+
+
+def micro_features(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> np.ndarray:
+    """``(slots, attention)`` of each micro-batch, shape ``(m, 2)`` (zeros for an empty one)."""
+    full = np.flatnonzero(np.diff(offsets) > 0)
+    out = np.zeros((offsets.shape[0] - 1, 2))
+    if full.size:
+        shapes = cost.micro_shapes(lens, np.append(offsets[full], offsets[-1]), packed)
+        out[full, 0], out[full, 1] = shapes["slots"], shapes["attn"]
+    return out
+
+
+def step_layout(
+    lens: np.ndarray, offsets: np.ndarray, config: PlanConfig, balance: Balance, budget: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """One step given to ranks: ``(order, offsets)`` over the step's items, rank after rank, ``grad_accum``
+    micro-batches each (rank ``r`` owns micro-batches ``r*grad_accum .. (r+1)*grad_accum-1``).
+
+    ``lens`` are the step's item lengths in plan order and ``offsets`` its ``world_size*grad_accum``
+    micro-batches (starting at 0). ``budget`` caps a re-cut bin (default ``config.budget``). With the plan's
+    cost model, no speeds and no re-cut this is exactly what :func:`padfree.core.plan.plan_items` assigns.
+
+    >>> cfg = PlanConfig(strategy="packed", budget=10, world_size=2, grad_accum=1)
+    >>> order, off = step_layout(np.array([9, 1, 2]), np.array([0, 1, 3]), cfg, Balance((0.0, 1.0, 0.0)))
+    >>> order.tolist(), off.tolist()
+    ([0, 1, 2], [0, 1, 3])
+    """
+    w, g = config.world_size, config.grad_accum
+    if offsets.shape[0] - 1 != w * g:
+        raise ValueError(f"a step of {offsets.shape[0] - 1} micro-batches for {w} x {g}")
+    costs = micro_costs(lens, offsets, config.packed, balance.cost)
+    speeds = np.ones(w) if balance.speeds is None else np.asarray(balance.speeds, dtype=np.float64)
+    perm = steps.assign_ranks(costs, w, g, speeds=None if balance.speeds is None else speeds)
+    ids = np.arange(lens.shape[0], dtype=np.int64)
+    order, new_offsets = _kernels.gather_segments(ids, offsets.astype(np.int64), perm)
+    if not (balance.recut and w > 1 and lens.size):
+        return order, new_offsets
+    cap = int(config.budget if budget is None else budget)
+    assigned = (costs[perm].reshape(w, g).sum(axis=1) / speeds).max()
+    if not config.packed:
+        return _recut_padded(lens, (order, new_offsets), balance.cost, speeds, g, cap, assigned)
+    a, b, c = balance.cost
+    lf = lens.astype(np.float64)
+    weight = a * lf + b * lf * lf
+    bin_of = _kernels.recut_packed(lens.astype(np.int64), weight, float(c), speeds, g, cap)
+    if bin_of.size == 0:
+        return order, new_offsets
+    recut = ((np.bincount(bin_of // g, weights=weight, minlength=w) + g * c) / speeds).max()
+    if not recut < assigned:
+        return order, new_offsets
+    return _by_bin(bin_of, w * g)
+
+
+def _by_bin(bin_of: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, offsets)`` of items labelled with their micro-batch ``bin_of`` (stable inside one)."""
+    offsets = np.zeros(k + 1, dtype=np.int64)
+    np.cumsum(np.bincount(bin_of, minlength=k), out=offsets[1:])
+    return _kernels.counting_argsort(bin_of, k).astype(np.int64, copy=False), offsets
+
+
+def _recut_padded(
+    lens: np.ndarray,
+    assignment: tuple,
+    model: tuple,
+    speeds: np.ndarray,
+    accum: int,
+    cap: int,
+    assigned: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A padded step's ``assignment`` re-cut by moving whole rows from the slowest rank's micro-batches to
+    similar-length ones of faster ranks (``_kernels.recut_padded``, ``count * longest <= cap``), kept only
+    when it lowers the slowest rank's modeled time below ``assigned``."""
+    order, offsets = assignment
+    k = offsets.shape[0] - 1
+    lens_a = lens[order].astype(np.int64)
+    bin_of = _kernels.recut_padded(lens_a, offsets, speeds, accum, cap, np.asarray(model, dtype=np.float64))
+    moved, new_offsets = _by_bin(bin_of, k)
+    per_rank = micro_costs(lens_a[moved], new_offsets, False, model).reshape(-1, accum).sum(axis=1)
+    if not (per_rank / speeds).max() < assigned:
+        return assignment
+    return order[moved], new_offsets

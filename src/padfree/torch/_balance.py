@@ -1,0 +1,229 @@
+"""Dynamic balancing, the torch side: time each micro-batch's compute, exchange the timings of all ranks in
+one small collective every few steps, and refit the balance from them (:mod:`padfree.core.refit`).
+
+What a rank measures is its *compute*: from the start of a micro-batch's forward to the moment its last
+gradient is ready, not the wait in the gradient all-reduce that ends a step (that wait is the other ranks'
+slowness, which is what balancing removes). On a GPU the times are CUDA events, read once they completed
+(never a synchronization); on a CPU ``time.perf_counter``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from padfree.core import refit
+from padfree.core.balance import Balance
+from padfree.errors import ConfigError, StateError
+from padfree.torch._distributed import is_distributed
+
+WINDOW = 4
+"""Exchanges whose records the refit pools (older ones are forgotten: speeds may drift)."""
+
+
+def all_gather_rows(payload: np.ndarray) -> np.ndarray:
+    """Every rank's ``payload`` (same length on all), stacked: one ``all_gather_into_tensor``."""
+    if not is_distributed():
+        return payload[None, :]
+    dist = torch.distributed
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    mine = torch.from_numpy(np.ascontiguousarray(payload, dtype=np.float64)).to(device)
+    out = torch.empty(dist.get_world_size() * mine.numel(), dtype=torch.float64, device=device)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # newer name first
+    gather(out, mine)
+    return out.cpu().numpy().reshape(dist.get_world_size(), -1)
+
+
+class _Event:
+    """A CUDA-event timing, read when both events have completed."""
+
+    __slots__ = ("end", "start")
+
+    def __init__(self, start: torch.cuda.Event, end: torch.cuda.Event) -> None:
+        self.start, self.end = start, end
+
+    def seconds(self) -> float | None:
+        if not self.end.query():
+            return None
+        return self.start.elapsed_time(self.end) / 1000.0
+
+
+class _GradClock:
+    """Marks the moment a model's last gradient of a backward is ready (post-accumulate-grad hooks): the end
+    of the compute, before DDP waits for the other ranks in its final all-reduce."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.n = len(params)
+        self.count = 0
+        self.cuda = any(p.is_cuda for p in params)
+        self.end: object = None
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._hook)
+
+    def arm(self) -> None:
+        self.count, self.end = 0, None
+
+    def _hook(self, _param: torch.Tensor) -> None:
+        self.count += 1
+        if self.count == self.n:
+            if self.cuda:
+                self.end = torch.cuda.Event(enable_timing=True)
+                self.end.record()
+            else:
+                self.end = time.perf_counter()
+
+
+class Timed:
+    """``with sampler.timed(model):`` around one micro-batch's forward and backward (see
+    :meth:`padfree.torch.PlanBatchSampler.timed`)."""
+
+    def __init__(self, sink: Callable, clock: _GradClock | None, cuda: bool, info: object) -> None:
+        self.sink, self.clock, self.cuda, self.info = sink, clock, cuda, info
+
+    def __enter__(self) -> Timed:
+        if self.clock is not None:
+            self.clock.arm()
+        if self.cuda:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            return
+        end = None if self.clock is None or self.clock.count < self.clock.n else self.clock.end
+        if self.cuda:
+            if end is None:
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+            self.sink(_Event(self.start, end), self.info)
+        else:
+            self.sink((time.perf_counter() if end is None else end) - self.start, self.info)
+
+
+class DynamicBalancer:
+    """The measurements of one rank and the refit they feed (every rank holds an identical refit state).
+
+    ``capacity``: records a rank sends per exchange (the most recent ones).
+    """
+
+    def __init__(self, world_size: int, capacity: int, scale: tuple[float, float], exchange=None) -> None:
+        self.world_size, self.capacity, self.scale = world_size, capacity, scale
+        self.exchange = all_gather_rows if exchange is None else exchange
+        self.pending: deque = deque(maxlen=8 * capacity)  # (key, slots, attn) of yielded micro-batches
+        self.timed: deque = deque(maxlen=8 * capacity)  # [slots, attn, seconds or _Event]
+        self.window: deque = deque(maxlen=WINDOW)
+        self.clocks: dict[int, _GradClock] = {}
+        self.exchanges = 0
+        self.heldout_error: float | None = None
+        self.sync_seconds = 0.0
+        self.records = 0
+        if exchange is None and is_distributed() and torch.distributed.get_world_size() != world_size:
+            ranks = torch.distributed.get_world_size()
+            raise ConfigError(
+                f"dynamic balancing exchanges timings over torch.distributed ({ranks} ranks), but the "
+                f"sampler has world size {world_size}"
+            )
+
+    def reset(self) -> None:
+        """Forget measurements and pooled records (after a resume: every rank starts from the state alone)."""
+        self.pending.clear()
+        self.timed.clear()
+        self.window.clear()
+
+    # ----- measurements ------------------------------------------------------------------------------------
+    def yielded(self, key: tuple, slots: float, attn: float) -> None:
+        self.pending.append((key, slots, attn))
+
+    def record(self, seconds: object, info: object = None) -> None:
+        """Pair a time with the oldest yielded micro-batch not yet timed (or with ``info``'s)."""
+        if info is not None:
+            key = (info.epoch, info.step, info.micro)
+            while self.pending and self.pending[0][0] != key:
+                self.pending.popleft()
+        if not self.pending:
+            return
+        _, slots, attn = self.pending.popleft()
+        if isinstance(seconds, (int, float)):
+            if not (seconds >= 0 and seconds < float("inf")):
+                raise ConfigError(f"record_time needs seconds >= 0 (got {seconds!r})")
+            seconds = float(seconds)
+        self.timed.append([slots, attn, seconds])
+
+    def timer(self, sink: Callable, model: torch.nn.Module | None, info: object) -> Timed:
+        clock = None
+        if model is not None:
+            clock = self.clocks.get(id(model))
+            if clock is None:
+                clock = self.clocks[id(model)] = _GradClock(model)
+        cuda = clock.cuda if clock is not None else torch.cuda.is_available() and torch.cuda.is_initialized()
+        return Timed(sink, clock, cuda, info)
+
+    def _ready(self) -> np.ndarray:
+        """Resolved records (rows ``slots, attn, seconds``), removed from the queue; unfinished CUDA timings
+        wait for the next exchange."""
+        out, keep = [], deque(maxlen=self.timed.maxlen)
+        for rec in self.timed:
+            sec = rec[2] if isinstance(rec[2], float) else rec[2].seconds()
+            if sec is None:
+                keep.append(rec)
+            else:
+                out.append((rec[0], rec[1], sec))
+        self.timed = keep
+        return np.array(out[-self.capacity :], dtype=np.float64).reshape(-1, 3)
+
+    # ----- the exchange -----------------------------------------------------------------------------------
+    def sync(self, balance: Balance, where: tuple) -> Balance:
+        """Exchange this rank's records with all ranks (one collective) and refit; every rank returns the
+        same :class:`Balance`. ``where`` (epoch, step) and ``balance`` are checked equal on all ranks."""
+        t0 = time.perf_counter()
+        mine = self._ready()
+        payload = np.zeros(2 + 3 * self.capacity)
+        payload[0] = _digest(balance, where)
+        payload[1] = mine.shape[0]
+        payload[2 : 2 + mine.size] = mine.ravel()
+        rows = np.asarray(self.exchange(payload), dtype=np.float64)
+        if rows.shape != (self.world_size, payload.shape[0]):
+            raise StateError(
+                f"the timing exchange returned shape {rows.shape}, not {(self.world_size, payload.shape[0])}"
+            )
+        if not np.all(rows[:, 0] == rows[0, 0]):
+            raise StateError(
+                f"ranks disagree on the balance at epoch {where[0]} step {where[1]}: they did not resume "
+                "from the same sampler state; stop and resume all ranks from one checkpoint"
+            )
+        parts = []
+        for r in range(self.world_size):
+            n = int(rows[r, 1])
+            recs = rows[r, 2 : 2 + 3 * n].reshape(n, 3)
+            parts.append(np.column_stack([np.full(n, float(r)), recs]))
+        records = np.concatenate(parts) if parts else np.zeros((0, 4))
+        self.exchanges += 1
+        if records.shape[0] == 0:
+            self.sync_seconds += time.perf_counter() - t0
+            return balance
+        self.records += records.shape[0]
+        if balance.fitted:
+            self.heldout_error = refit.relative_error(records, balance.cost, balance.speeds)
+        self.window.append(refit.rank_stats(records, self.world_size, self.scale))
+        pooled = self.window[0].copy()
+        for st in list(self.window)[1:]:
+            pooled = pooled + st
+        prior = balance.cost if balance.fitted else refit.prior_scale(pooled, balance.cost, self.scale)
+        cost, speeds = refit.fit(pooled, prior, balance.speeds, self.scale)
+        self.sync_seconds += time.perf_counter() - t0
+        return Balance(cost, speeds, fitted=True, recut=balance.recut)
+
+
+def _digest(balance: Balance, where: tuple) -> float:
+    text = json.dumps([list(where), balance.to_state()], sort_keys=True)
+    return float(int(hashlib.sha256(text.encode()).hexdigest()[:12], 16))
