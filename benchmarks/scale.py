@@ -142,7 +142,7 @@ def other_worker(lengths: np.ndarray, cfg, strategy: str, args: argparse.Namespa
         "what": args.what,
         "strategy": strategy,
         "mode": "auto",
-        "path": ("stream" if n > STREAM_THRESHOLD else "memory") if args.what != "sampler" else "memory",
+        "path": "stream" if n > STREAM_THRESHOLD else "memory",  # the sampler follows make_plan's threshold
         "seconds": round(seconds, 3),
         "cpu_seconds": round(cpu, 3),
         "load_avg_1min": round(os.getloadavg()[0], 2),
