@@ -2,6 +2,11 @@
 size among --worlds), and verify from the seen-log that every sample of every epoch was consumed exactly once
 in the steps that count. Not part of CI's default run (minutes).
 
+Each kill is, at random, of the whole process tree or of the launcher alone (what an OOM killer or a
+scheduler that signals one pid does: the workers must stop by themselves, none may be left running); and
+every third launch meets a second job started on the same checkpoint directory while it trains (it must be
+refused, naming the owner, and write nothing).
+
 Run it from the repository root (it trains on the vendored fixtures/):
 
     python benchmarks/soak_kill_resume.py --kills 20 --worlds 1 2 4
@@ -73,9 +78,13 @@ def main() -> int:
         kill = kills < args.kills
         target = resume_step + rng.randint(0, 3 * args.checkpoint_every) if kill else None
         delay = rng.uniform(0.0, 0.5) if kill else 0.0
+        how = rng.choice(["tree", "launcher"])
+        # every third launch meets a second job, started at a random step before its kill
+        span = (target if kill else resume_step + 2 * args.checkpoint_every) - resume_step
+        intrude = resume_step + rng.randint(0, span) if len(launches) % 3 == 0 else None
         outcome = killresume.run(
             ROOT / "examples/train.py", world, train_args, seen, kill_at_step=target, kill_delay=delay,
-            output=work / "train.out", torchrun=True,
+            output=work / "train.out", torchrun=True, kill=how, intruder_at_step=intrude,
         )  # fmt: skip
         ckpts = sorted((work / "ckpt").glob("step-*.pt"))
         resumed_at = resume_step
@@ -85,16 +94,26 @@ def main() -> int:
         launches.append({
             "world_size": world, "resumed_at_step": resumed_at, "kill_at_step": target,
             "kill_delay_s": round(delay, 3), "killed": outcome.killed, "last_logged_step": outcome.last_step,
-            "seconds": round(outcome.seconds, 1),
+            "kill": how if outcome.killed else None, "orphans": outcome.orphans,
+            "second_job_at_step": intrude if outcome.intruder else None,
+            "second_job": outcome.intruder, "seconds": round(outcome.seconds, 1),
         })  # fmt: skip
         print(json.dumps(launches[-1]), flush=True)
 
     records = seenlog.read(seen)
     report = seenlog.check_exactly_once(records, args.samples, args.epochs)
     worlds = [x["world_size"] for x in launches]
+    second = [x["second_job"] for x in launches if x["second_job"]]
+    refused = sum(1 for x in second if x["returncode"] != 0 and "in use by" in x["line"])
+    orphans = sum(x["orphans"] for x in launches)
     result = {
-        "ok": report["ok"],
+        "ok": report["ok"] and orphans == 0 and refused == len(second),
+        "exactly_once": report["ok"],
         "kills": kills,
+        "kills_of_the_launcher_only": sum(1 for x in launches if x["kill"] == "launcher"),
+        "workers_left_running_after_their_launcher_died": orphans,
+        "second_jobs": len(second),
+        "second_jobs_refused": refused,
         "launches": len(launches),
         "world_sizes_used": sorted(set(worlds)),
         "world_size_changes_on_resume": sum(a != b for a, b in zip(worlds[:-1], worlds[1:], strict=True)),
@@ -119,7 +138,7 @@ def main() -> int:
     print(json.dumps({k: v for k, v in result.items() if k != "launch_log"}, indent=2))
     if kills < args.kills:
         print(f"only {kills} kills before training ended: raise --epochs", file=sys.stderr)
-    return 0 if report["ok"] and kills == args.kills else 1
+    return 0 if result["ok"] and kills == args.kills else 1
 
 
 if __name__ == "__main__":

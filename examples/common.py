@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from padfree import STRATEGIES
+import numpy as np
+
+from padfree import STRATEGIES, PlanConfig
+from padfree.commands.lengths import add_data_arguments, assistant_path, format_options
+from padfree.errors import PadfreeError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 """Real chat, math, code and document samples and a 32K SentencePiece tokenizer, vendored in the repo."""
@@ -15,12 +20,23 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 def add_data_and_model_args(p: argparse.ArgumentParser) -> None:
     """``--data``, ``--tokenizer``, the plan shape, the loss and a tiny model built from a config."""
     p.add_argument(
-        "--data", default=str(FIXTURES / "samples/*.jsonl.gz"), help="glob of .jsonl(.gz) files of records"
+        "--data",
+        nargs="+",
+        default=[str(FIXTURES / "samples/*.jsonl.gz")],
+        help="files, globs or folders of records (.jsonl[.gz], .parquet, datasets folders): as "
+        "`padfree lengths` reads them",
     )
     p.add_argument(
         "--tokenizer",
         default=str(FIXTURES / "tokenizers/llama_sp32k.model"),
         help="SentencePiece .model, tokenizer.json, or a transformers tokenizer folder",
+    )
+    add_data_arguments(p)
+    p.add_argument(
+        "--lengths",
+        default=None,
+        help="a lengths file made by `padfree lengths` on the same data and options: the plan uses it, and "
+        "any sample whose tokens differ from it stops the run",
     )
     p.add_argument("--strategy", default="packed", choices=STRATEGIES)
     p.add_argument("--budget", type=int, default=2048, help="tokens per micro-batch")
@@ -47,9 +63,64 @@ def add_data_and_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
 
 
+def load_training_data(args: argparse.Namespace) -> tuple[list[dict], np.ndarray, np.ndarray]:
+    """``(samples, lengths, loss_tokens)``: the samples tokenized by padfree's one rule
+    (:func:`padfree.data.samples.load_samples`), cut to ``--budget`` tokens unless ``--lengths`` is given;
+    then the plan gets the file's lengths (each checked against its sample) and the sampler truncates."""
+    from padfree.data.length_files import read_lengths
+    from padfree.data.samples import check_lengths, load_samples, loss_tokens_of
+
+    mode, names = format_options(args)
+    samples = load_samples(
+        args.data,
+        args.tokenizer,
+        args.limit_samples,
+        args.loss_on,
+        None if args.lengths else args.budget,
+        mode=mode,
+        fields=names,
+        split=args.split,
+        chat_template=args.chat_template,
+    )
+    loss_tokens = loss_tokens_of(samples)
+    if not args.lengths:
+        return samples, np.array([len(s["input_ids"]) for s in samples], np.int64), loss_tokens
+    lengths = read_lengths(args.lengths)[: args.limit_samples]
+    check_lengths(samples, lengths, args.lengths)
+    aux = assistant_path(Path(args.lengths))
+    if args.loss_on == "assistant" and aux.exists():
+        loss_file = np.load(aux, allow_pickle=False)[: args.limit_samples]  # may hold zeros: not read_lengths
+        check_lengths(samples, loss_file, str(aux), "loss-bearing tokens")
+    return samples, lengths, loss_tokens
+
+
+def run_example(main) -> None:  # noqa: ANN001
+    """Run ``main()`` and exit with its code; a padfree error (bad data, a lengths file that disagrees, a
+    checkpoint directory owned by another run) is one line and exit 2."""
+    try:
+        code = main()
+    except PadfreeError as exc:
+        print(f"{Path(sys.argv[0]).name}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    raise SystemExit(code or 0)
+
+
 def model_overrides(args: argparse.Namespace) -> dict:
     """The ``--model-set`` overrides (values parsed as JSON) plus ``--vocab-size``."""
     overrides = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.model_set)}
     if args.vocab_size:
         overrides["vocab_size"] = args.vocab_size
     return overrides
+
+
+def plan_config(args: argparse.Namespace) -> PlanConfig:
+    """The plan both examples train with. Samples read without ``--lengths`` are cut to the budget already;
+    with ``--lengths`` the file's lengths (checked against the data) are planned and the ones over the
+    budget truncated (``overlong='truncate'``)."""
+    return PlanConfig(
+        strategy=args.strategy,
+        budget=args.budget,
+        grad_accum=args.grad_accum,
+        seed=args.seed,
+        overlong="truncate",
+    )

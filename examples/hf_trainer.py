@@ -6,8 +6,9 @@
     torchrun --nproc_per_node 2 examples/hf_trainer.py ...        # DDP: each rank gets its share of the plan
     python examples/hf_trainer.py ... --trainer sft              # the same through trl.SFTTrainer
 
-Data and loss as in ``examples/train.py`` (:func:`padfree.data.samples.load_samples`: SentencePiece
-``--tokenizer``, ``--loss-on assistant|all``, samples cut to ``--budget`` tokens). The model is built from a
+Data and loss as in ``examples/train.py`` (:func:`padfree.data.samples.load_samples`: any ``--tokenizer``
+kind, ``--loss-on assistant|all``, samples cut to ``--budget`` tokens, or ``--lengths FILE`` from
+``padfree lengths``, checked sample by sample). The model is built from a
 config with random weights (:func:`padfree.testing.models.build_model`); packed rows use padfree's varlen
 attention when available. Nothing is downloaded; CPU works (``--use-cpu`` is implied without a GPU).
 """
@@ -18,12 +19,10 @@ import argparse
 import os
 
 import numpy as np
-from common import add_data_and_model_args, model_overrides  # examples/common.py
+from common import add_data_and_model_args, load_training_data, model_overrides, plan_config, run_example
 from transformers import TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
-from padfree import PlanConfig
-from padfree.data.samples import load_samples, loss_tokens_of
 from padfree.hf import PadfreeTrainer, padfree_sft_trainer
 from padfree.testing.models import build_model
 from padfree.torch.attention import attention_implementation
@@ -44,19 +43,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None):
     """Run the training; returns the Trainer (its ``state.log_history`` holds the losses)."""
     args = parse_args(argv)
-    samples = load_samples(args.data, args.tokenizer, args.limit_samples, args.loss_on, args.budget)
+    samples, lengths, loss_tokens = load_training_data(args)
     overrides = model_overrides(args)
     if args.vocab_size:
         for s in samples:
             s["input_ids"] = s["input_ids"] % args.vocab_size
-    lengths = np.array([len(s["input_ids"]) for s in samples])
-    config = PlanConfig(
-        strategy=args.strategy,
-        budget=args.budget,
-        grad_accum=args.grad_accum,
-        seed=args.seed,
-        overlong="truncate",
-    )
+    config = plan_config(args)
     model = build_model(
         args.model, attn_implementation=attention_implementation(args.strategy), seed=args.seed, **overrides
     )
@@ -75,7 +67,7 @@ def main(argv: list[str] | None = None):
         "use_cpu": not _cuda(),
         "disable_tqdm": True,
     }
-    plan = {"lengths": lengths, "plan_config": config, "loss_tokens": loss_tokens_of(samples)}
+    plan = {"lengths": lengths, "plan_config": config, "loss_tokens": loss_tokens}
     if args.trainer == "sft":
         from datasets import Dataset
         from trl import SFTConfig
@@ -113,11 +105,19 @@ def _labels(sample: dict) -> np.ndarray:
 
 
 def _processing_class(tokenizer: str):
-    """A transformers tokenizer for TRL (which insists on one; the data is already tokenized): the
-    SentencePiece model through transformers' Llama tokenizer, loaded from the local file."""
-    from transformers import LlamaTokenizer
+    """A transformers tokenizer for TRL (which insists on one; the data is already tokenized), loaded from
+    the local file or folder."""
+    from transformers import AutoTokenizer, LlamaTokenizer, PreTrainedTokenizerFast
 
-    tok = LlamaTokenizer(vocab_file=tokenizer)
+    from padfree.data.tokenization import tokenizer_kind
+
+    kind = tokenizer_kind(tokenizer)
+    if kind == "sentencepiece":
+        tok = LlamaTokenizer(vocab_file=tokenizer)
+    elif kind == "tokenizers":
+        tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer)
+    else:
+        tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
     if tok.pad_token is None:
         tok.pad_token = tok.unk_token
     return tok
@@ -130,4 +130,4 @@ def _cuda() -> bool:
 
 
 if __name__ == "__main__":
-    main()
+    run_example(main)

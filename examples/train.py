@@ -5,13 +5,15 @@ Several ranks:    torchrun --nproc_per_node 2 examples/train.py --strategy bucke
 Kill and resume:  add --checkpoint-dir ckpt --checkpoint-every 10, then rerun with --resume (any world size)
 
 What it does, top to bottom:
-- tokenizes ``--data`` (default: the vendored ``fixtures/samples/*.jsonl.gz``) with the SentencePiece
-  ``--tokenizer`` (:func:`padfree.data.samples.load_samples`). A chat
-  sample is ``<s>`` + ``role + "\\n" + content + "\\n"`` per message + ``</s>``; a document is
-  ``<s> text </s>``. Samples are cut to ``--budget`` tokens.
-- loss (``--loss-on``): ``assistant`` (default) puts loss on the tokens of assistant messages, and on
-  ``</s>`` when the last message is the assistant's; documents always have loss on every token. ``all``
-  puts loss on every token.
+- tokenizes ``--data`` (default: the vendored ``fixtures/samples/*.jsonl.gz``; files, globs, folders, any
+  format ``padfree lengths`` reads, ``--format``/``--field-map``/``--chat-template`` likewise) with
+  ``--tokenizer`` (SentencePiece .model, tokenizer.json or a transformers folder) by padfree's one rule
+  (:mod:`padfree.data.tokenization`): a chat sample is ``[BOS] + role + "\\n" + content + "\\n" + [EOS]``
+  per message, a document ``text + [EOS]``: exactly what ``padfree lengths`` counts. Samples are cut to
+  ``--budget`` tokens; with ``--lengths FILE`` (made by ``padfree lengths``) the plan uses the file instead,
+  and a sample whose token count differs from it stops the run with one line naming it.
+- loss (``--loss-on``): ``assistant`` (default) puts loss on the tokens of assistant messages (their BOS
+  and EOS included); documents always have loss on every token. ``all`` puts loss on every token.
 - plans micro-batches with :class:`padfree.torch.PlanBatchSampler` (``--strategy``, ``--budget``: tokens per
   micro-batch), ``--grad-accum`` micro-batches per rank per optimizer step; gradients are all-reduced only
   on the last one (``no_sync`` before), and every micro-batch's loss is ``sum of token losses / tokens of
@@ -21,6 +23,10 @@ What it does, top to bottom:
 - every ``--checkpoint-every`` steps rank 0 writes model, optimizer and sampler state atomically (temp
   file + ``os.replace``); ``--resume`` continues from the latest one at any world size: the sampler
   re-plans the rest of the epoch over the new ranks, every sample still exactly once per epoch.
+- the run owns ``--checkpoint-dir`` (:class:`padfree.torch.checkpoint.CheckpointDir`): a second run on it
+  is refused with one line naming the owner, a dead run's lock is taken over; rank 0 chooses the checkpoint
+  (the newest intact one) and every rank loads it; SIGTERM saves a checkpoint at the next step boundary and
+  exits with code 143; under torchrun the workers die with their launcher (:mod:`padfree.torch.lifecycle`).
 - ``--seen-log FILE``: every rank appends one JSON line per consumed sample, flushed once per step:
   ``{"run", "epoch", "step", "rank", "index"}`` (``step`` = optimizer steps since the start of training).
 """
@@ -33,15 +39,13 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from common import add_data_and_model_args, model_overrides  # examples/common.py
+from common import add_data_and_model_args, load_training_data, model_overrides, plan_config, run_example
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from padfree import PlanConfig
-from padfree.data.samples import load_samples, loss_tokens_of
+from padfree.errors import PadfreeError
 from padfree.testing import seenlog
 from padfree.testing.models import build_model
 from padfree.torch import (
@@ -56,6 +60,8 @@ from padfree.torch import (
 )
 from padfree.torch._distributed import all_reduce_sum
 from padfree.torch.attention import attention_implementation
+from padfree.torch.checkpoint import CheckpointDir
+from padfree.torch.lifecycle import EXIT_STOPPED, StopOnSignal, die_with_parent, launched_by_torchrun
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,26 +106,6 @@ def shared_run_id(rank: int, world: int) -> str:
     return run[0]
 
 
-def latest_checkpoint(directory: str | None) -> Path | None:
-    files = sorted(Path(directory).glob("step-*.pt")) if directory else []
-    return files[-1] if files else None
-
-
-def save_checkpoint(directory: str, step: int, state: dict, keep: int = 2) -> None:
-    """Write atomically: a reader (or a resume after SIGKILL) sees the old file or the new one, never half."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    final = d / f"step-{step:09d}.pt"
-    tmp = d / f".{final.name}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    for old in sorted(d.glob("step-*.pt"))[:-keep]:
-        old.unlink(missing_ok=True)
-
-
 def steps_of(loader):
     """Group a rank's micro-batches into optimizer steps (``info.last`` closes a step)."""
     group = []
@@ -137,20 +123,33 @@ def to_device(batch: dict, device: torch.device) -> dict:
 # ----- training -------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if launched_by_torchrun():
+        die_with_parent()  # torchrun's workers run in sessions of their own: stop with the launcher
+    stop = StopOnSignal()  # SIGTERM: checkpoint at the next step boundary, then exit
     rank, world, device = setup_distributed()
+    ckpt = CheckpointDir(args.checkpoint_dir, rank, world, say=print) if args.checkpoint_dir else None
+    try:
+        return train(args, rank, world, device, ckpt, stop)
+    except PadfreeError:  # raised on every rank alike (rank 0 decides): rank 0 says it (run_example)
+        if rank == 0:
+            raise
+        return 2
+    finally:
+        stop.restore()  # main() may run in-process (tests): leave no SIGTERM handler behind
+        if ckpt is not None:
+            ckpt.release()
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSignal) -> int:
     log = print if rank == 0 else (lambda *a, **k: None)
     run = shared_run_id(rank, world)
+    if ckpt is not None:
+        ckpt.acquire(run)  # before any step: a second run on the directory is refused here
 
-    samples = load_samples(args.data, args.tokenizer, args.limit_samples, args.loss_on, args.budget)
-    lengths = np.array([len(s["input_ids"]) for s in samples])
-    loss_tokens = loss_tokens_of(samples)
-    config = PlanConfig(
-        strategy=args.strategy,
-        budget=args.budget,
-        grad_accum=args.grad_accum,
-        seed=args.seed,
-        overlong="truncate",
-    )
+    samples, lengths, loss_tokens = load_training_data(args)
+    config = plan_config(args)
     sampler = PlanBatchSampler(
         lengths, config, loss_tokens=loss_tokens, balance=args.balance, balance_every=args.balance_every
     )
@@ -168,14 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
 
     step = 0
-    ckpt = latest_checkpoint(args.checkpoint_dir) if args.resume else None
-    if ckpt is not None:
-        state = torch.load(ckpt, map_location=device, weights_only=True)
+    state = ckpt.resume(device) if ckpt is not None and args.resume else None
+    if state is not None:
+        ckpt.check_fingerprints(state["sampler"].get("fingerprint"), sampler.fingerprint)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         sampler.load_state_dict(state["sampler"])
         step = int(state["step"])
-        log(f"resumed from {ckpt} at step {step}, epoch {sampler.epoch}, world size {world}")
+        log(f"resumed from {state['path']} at step {step}, epoch {sampler.epoch}, world size {world}")
+        del state
     ddp = DistributedDataParallel(model) if world > 1 else model
 
     n_params = sum(p.numel() for p in model.parameters())
@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.seen_log).parent.mkdir(parents=True, exist_ok=True)
     seen = os.open(args.seen_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.seen_log else None
     t_last, tokens_since, done = time.perf_counter(), 0, False
+    t_train = t_last
     for epoch in range(sampler.epoch, args.epochs):
         sampler.set_epoch(epoch)
         for micro_batches in steps_of(loader):
@@ -217,8 +218,13 @@ def main(argv: list[str] | None = None) -> int:
             if seen is not None:
                 ids = [i for b in micro_batches for i in b.info.indices]
                 seenlog.append(seen, run, epoch, step - 1, rank, ids)
-            if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
-                checkpoint(args, step, model, optimizer, sampler, rank, world)
+            if stop.agreed(device):
+                if ckpt is not None:
+                    save(ckpt, step, model, optimizer, sampler)
+                log(f"stopped by {stop.received or 'a signal on another rank'} after step {step}")
+                return EXIT_STOPPED
+            if ckpt is not None and args.checkpoint_every and step % args.checkpoint_every == 0:
+                save(ckpt, step, model, optimizer, sampler)
             if step % args.log_every == 0:
                 totals = all_reduce_sum(
                     torch.stack([loss_sum.double().cpu(), torch.tensor(float(tokens_since))]), device
@@ -234,31 +240,27 @@ def main(argv: list[str] | None = None) -> int:
                 break
         if done:
             break
-    if args.checkpoint_dir:
-        checkpoint(args, step, model, optimizer, sampler, rank, world)
+    if ckpt is not None:
+        save(ckpt, step, model, optimizer, sampler)
     log(f"finished at step {step}, epoch {sampler.epoch} ({sampler.step}/{sampler.steps_in_epoch} steps)")
-    if args.balance == "dynamic":
-        log(f"balance: {sampler.balance_stats()}")
+    log(f"sampler after {time.perf_counter() - t_train:.1f} s of training: {sampler.balance_stats()}")
     if seen is not None:
         os.close(seen)
-    if world > 1:
-        dist.destroy_process_group()
     return 0
 
 
-def checkpoint(args, step, model, optimizer, sampler, rank, world) -> None:
+def save(ckpt: CheckpointDir, step, model, optimizer, sampler) -> None:
     """Rank 0 saves once every rank has logged the step (the seen-log never lags a checkpoint)."""
-    if world > 1:
-        dist.barrier()
-    if rank == 0:
-        state = {
+    ckpt.save(
+        step,
+        lambda: {
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "sampler": sampler.state_dict(),
             "step": step,
-        }
-        save_checkpoint(args.checkpoint_dir, step, state)
+        },
+    )
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_example(main)

@@ -20,7 +20,7 @@ import pytest
 from padfree import PlanConfig
 from padfree.cli import build_parser, main
 from padfree.core.fingerprint import check_state, fingerprint
-from padfree.errors import ConfigError, InputError, OverlongError, StateError
+from padfree.errors import ConfigError, InputError, OutputError, OverlongError, StateError
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--world-size=1", "--grad-accum=1"]
@@ -222,40 +222,61 @@ ROWS = [
     Row("unknown-format", "l.csv", _t("3\n"), SMALL, InputError, r"unknown lengths format '\.csv'"),
     # --- planning options -------------------------------------------------------------------------------
     Row(
-        "budget-0", "l.txt", _t("3\n"), [*SMALL, "--budget=0"], ConfigError, r"budget must be an integer >= 1"
+        "budget-0",
+        "l.txt",
+        _t("3\n"),
+        [*SMALL, "--budget=0"],
+        SystemExit,
+        r"argument --budget: must be an integer from 1 to 16777216 \(got '0'\)",
     ),
     Row(
         "budget-huge",
         "l.txt",
         _t("3\n"),
         [*SMALL, "--budget=99999999999"],
-        ConfigError,
-        r"budget must be <= 16777216 tokens",
+        SystemExit,
+        r"argument --budget: must be an integer from 1 to 16777216 \(got '99999999999'\)",
     ),
     Row(
         "world-0",
         "l.txt",
         _t("3\n"),
         ["--world-size=0"],
-        ConfigError,
-        r"world_size must be an integer >= 1 \(got 0\)",
+        SystemExit,
+        r"argument --world-size: must be an integer from 1 to 1048576 \(got '0'\)",
     ),
     Row(
         "accum-0",
         "l.txt",
         _t("3\n"),
         ["--grad-accum=-2"],
-        ConfigError,
-        r"grad_accum must be an integer >= 1 \(got -2\)",
+        SystemExit,
+        r"argument --grad-accum: must be an integer from 1 to 1048576 \(got '-2'\)",
     ),
-    Row("growth-1", "l.txt", _t("3\n"), [*SMALL, "--growth=1"], ConfigError, r"growth must be a number > 1"),
+    Row(
+        "growth-1",
+        "l.txt",
+        _t("3\n"),
+        [*SMALL, "--growth=1"],
+        SystemExit,
+        r"argument --growth: must be a number > 1 and <= 1e\+09 \(got '1'\)",
+    ),
     Row(
         "growth-nan",
         "l.txt",
         _t("3\n"),
         [*SMALL, "--growth=nan"],
+        SystemExit,
+        r"argument --growth: must be a number > 1 and <= 1e\+09 \(got 'nan'\)",
+    ),
+    Row(
+        "growth-too-fine",
+        "l.txt",
+        _t("3\n"),
+        [*SMALL, "--growth=1.00000001"],
         ConfigError,
-        r"growth must be a number > 1",
+        r"growth 1.00000001 would cut 1 .. 16384 tokens into ~970,406,064 buckets \(at most 1024\); use a "
+        r"growth >= 1.009522 at this budget",
     ),
     Row(
         "unknown-strategy",
@@ -288,7 +309,8 @@ ROWS = [
         _t("3\n4\n900\n5\n2000\n"),
         [*SMALL, "--budget=512"],
         OverlongError,
-        r"2 sample\(s\) longer than the budget of 512 tokens \(first: sample 2, longest: 2000 tokens\)",
+        r"2 sample\(s\) longer than the budget of 512 tokens \(first: sample 2, longest: 2000 tokens\); "
+        r"raise the budget \(budget=, --budget\) or choose an overlong policy \(overlong=, --overlong:",
     ),
     Row(
         "too-few-samples",
@@ -303,8 +325,8 @@ ROWS = [
         "l.txt",
         _t("3\n"),
         [*SMALL, "--epoch=-1"],
-        ConfigError,
-        r"epoch must be an integer >= 0",
+        SystemExit,
+        r"argument --epoch: must be an integer from 0 to 9223372036854775807 \(got '-1'\)",
     ),
     Row(
         "cost-missing", "l.txt", _t("3\n"), [*SMALL, "--cost=nope.json"], ConfigError, r"cost file not found"
@@ -314,8 +336,8 @@ ROWS = [
         "l.txt",
         _t("3\n"),
         [*SMALL, "--out=."],
-        InputError,
-        r"cannot write the plan \(Is a directory\)",
+        OutputError,
+        r"cannot write the plan: it is a folder",
     ),
     Row(
         "budget-not-a-number",
@@ -323,7 +345,7 @@ ROWS = [
         _t("3\n"),
         [*SMALL, "--budget=lots"],
         SystemExit,
-        r"argument --budget: invalid int value: 'lots'",
+        r"argument --budget: must be an integer from 1 to 16777216 \(got 'lots'\)",
     ),
 ]
 

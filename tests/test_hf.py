@@ -87,6 +87,12 @@ def test_example_trains_saves_and_resumes_exactly(tmp_path, strategy):
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
     s_full = json.loads((tmp_path / "full" / "checkpoint-3" / STATE_FILE).read_text())
     assert json.loads((resumed_dir / "checkpoint-3" / STATE_FILE).read_text()) == s_full
+    # the logged epoch is the plan's progress, and a resumed run logs what the unbroken run logged
+    probe = PlanBatchSampler(full.padfree_sampler._lengths, full.padfree_sampler.config, world_size=1, rank=0)
+    per_epoch = probe.steps_in_epoch
+    logged = {h["step"]: h["epoch"] for h in full.state.log_history if "loss" in h}
+    assert logged == pytest.approx({s: s / per_epoch for s in (1, 2, 3)})
+    assert [h["epoch"] for h in resumed.state.log_history if "loss" in h][-1] == pytest.approx(3 / per_epoch)
 
 
 def test_resume_refuses_checkpoint_without_sampler_state(tmp_path):
@@ -238,6 +244,7 @@ def test_len_and_epochs_follow_the_plan(tmp_path):
     trainer.padfree_sampler.set_epoch(0)
     out = trainer.train()
     assert out.global_step == sum(per_epoch)
+    assert trainer.state.epoch == pytest.approx(3.0)  # plan epochs, not the Trainer's single long one
 
 
 def test_ddp_two_ranks_equals_plain_loop_over_the_whole_step(tmp_path):
@@ -308,3 +315,29 @@ def test_checkpoint_state_is_what_was_consumed_despite_prefetch(tmp_path):
     for step in (1, 2, 3):
         state = json.loads((tmp_path / f"checkpoint-{step}" / STATE_FILE).read_text())
         assert state["history"] == [[1, 2, step]] and state["partial"] == 0
+
+
+@pytest.mark.slow
+def test_accelerate_launch_gives_the_sampler_its_rank_and_world_size(tmp_path):
+    """``accelerate launch --multi_gpu --num_processes 2`` on CPU runs two processes (gloo): each sampler
+    gets its own rank and world size 2, the ranks train disjoint samples of the same steps, and the
+    checkpoint records world size 2. (Without ``--multi_gpu`` accelerate starts a single process on a machine
+    without GPUs; docs/hf.md says so.)"""
+    import os
+    import shutil as sh
+    import subprocess
+
+    exe = sh.which("accelerate", path=str(Path(sys.executable).parent)) or sh.which("accelerate")
+    if exe is None:
+        pytest.fail("the accelerate CLI is not installed (the hf extra installs it)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    cmd = [exe, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+           "no", "--dynamo_backend", "no", "--main_process_port", "0",
+           str(ROOT / "tests" / "hf_accelerate_worker.py"), str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["rank"], r["world_size"], r["process_index"]) for r in ranks] == [(0, 2, 0), (1, 2, 1)]
+    assert ranks[0]["seen"] and not set(ranks[0]["seen"]) & set(ranks[1]["seen"])
+    state = json.loads((tmp_path / "checkpoint-2" / STATE_FILE).read_text())
+    assert state["history"][-1][:2] == [2, 2] and state["history"][-1][2] == 2

@@ -27,6 +27,11 @@ class InputError(PadfreeError):
         super().__init__(": ".join([*parts, rule]))
 
 
+class OutputError(InputError):
+    """An output that cannot be written: its folder is missing or a file, it is read-only, the device is
+    full (``.path`` is the output)."""
+
+
 class ConfigError(PadfreeError):
     """A planning option outside its allowed range (budget < 1, growth <= 1, unknown strategy...)."""
 

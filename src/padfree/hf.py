@@ -8,7 +8,9 @@
   run (each plan epoch with its own ``set_epoch``). ``TrainingArguments.gradient_accumulation_steps`` must
   equal the plan's ``grad_accum``. Plan epochs may hold different numbers of steps, which the Trainer's fixed
   "steps per epoch" cannot express, so the Trainer sees one long epoch covering all plan epochs
-  (``num_train_epochs`` plan epochs, or endless until ``max_steps``); ``len(dataloader)`` is exact.
+  (``num_train_epochs`` plan epochs, or endless until ``max_steps``); ``len(dataloader)`` is exact. The
+  logged ``epoch`` is the plan's progress (``epoch + (step + 1) / steps in that epoch``), also after a
+  resume.
 - **loss normalization**: ``num_items_in_batch`` is the plan's count of loss-bearing tokens of the whole step
   (all ranks, all accumulation micro-batches; ``MicroInfo.step_tokens``), not a recount, and needs no
   collective. The model's loss is then ``sum of token losses / step tokens``; ``Trainer.compute_loss``
@@ -66,6 +68,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,6 +101,8 @@ class EpochChain:
         self.epochs = epochs
         self._length = length
         self._states: OrderedDict[tuple[int, int, int], dict] = OrderedDict()
+        self.steps_in_epoch: dict[int, int] = {}
+        """Optimizer steps of each plan epoch iterated so far (including steps run before a resume)."""
 
     def __len__(self) -> int:
         if self._length is not None:
@@ -113,6 +118,7 @@ class EpochChain:
         epoch = self.sampler.epoch
         while self.epochs is None or epoch < self.epochs:
             self.sampler.set_epoch(epoch)
+            self.steps_in_epoch[epoch] = self.sampler.steps_in_epoch
             for micro in self.sampler:
                 info = micro.info
                 self._states[(info.epoch, info.step, info.micro)] = self.sampler.state_dict()
@@ -127,6 +133,20 @@ class EpochChain:
         if key not in self._states:
             raise StateError(f"no sampler state recorded for epoch {info.epoch} step {info.step}")
         return self._states[key]
+
+
+class _PlanEpoch(transformers.TrainerCallback):
+    """Sets ``state.epoch`` to the plan's epoch progress after every optimizer step, before other callbacks
+    and the log see it: ``epoch + (step + 1) / steps_in_epoch`` of the step's last micro-batch. The
+    Trainer's own count assumes one epoch spanning the run and restarts from 0 at a resume."""
+
+    def __init__(self, trainer: PadfreeTrainerMixin) -> None:
+        self._trainer = weakref.proxy(trainer)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        epoch = self._trainer.padfree_epoch()
+        if epoch is not None:
+            state.epoch = epoch
 
 
 class PadfreeTrainerMixin:
@@ -188,6 +208,8 @@ class PadfreeTrainerMixin:
         )
         self._padfree_chain: EpochChain | None = None
         self._padfree_state: dict | None = None
+        self._padfree_info: MicroInfo | None = None
+        self.callback_handler.callbacks.insert(0, _PlanEpoch(self))
 
     # ----- data --------------------------------------------------------------------------------------------
     def get_train_dataloader(self) -> DataLoader:
@@ -236,7 +258,16 @@ class PadfreeTrainerMixin:
         info = getattr(batches[-1], "info", None) if batches else None
         if info is not None and self._padfree_chain is not None:
             self._padfree_state = self._padfree_chain.state_after(info)
+            self._padfree_info = info
         return batches, num_items
+
+    def padfree_epoch(self) -> float | None:
+        """Plan epochs done, as a fraction, after the last step fetched (None before the first): what the
+        Trainer logs as ``epoch``. A resumed run logs what the unbroken run logged."""
+        info, chain = self._padfree_info, self._padfree_chain
+        if info is None or chain is None or not chain.steps_in_epoch.get(info.epoch):
+            return None
+        return info.epoch + (info.step + 1) / chain.steps_in_epoch[info.epoch]
 
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device):
         infos = [getattr(b, "info", None) for b in batch_samples]

@@ -107,7 +107,7 @@ def test_bench_rounds_are_interleaved(speed, capsys):
 def test_bench_converge_curves_at_equal_tokens(tmp_path, fixtures_dir, capsys):
     argv = ["bench", "--converge", "--data", str(fixtures_dir / "samples/*.jsonl.gz"),
             "--tokenizer", str(fixtures_dir / "tokenizers/llama_sp32k.model"), "--per-file", "12",
-            "--budget", "128", "--grad-accum", "2", "--train-tokens", "1200", "--eval-every", "400",
+            "--budget", "160", "--grad-accum", "2", "--train-tokens", "1200", "--eval-every", "400",
             "--eval-samples", "8", "--lr", "0.01", "--json", "--out", str(tmp_path), *TINY]  # fmt: skip
     res = _run_json(capsys, argv)
     runs = res["strategies"]
@@ -115,7 +115,7 @@ def test_bench_converge_curves_at_equal_tokens(tmp_path, fixtures_dir, capsys):
     comp = res["comparison"]
     assert comp["marks"] == [400.0, 800.0, 1200.0]
     budgets = res["config"]["budgets"]
-    assert budgets["packed"] == 128 and min(budgets.values()) == 128 and budgets["random"] > 128
+    assert budgets["packed"] == 160 and min(budgets.values()) == 160 and budgets["random"] > 160
     assert all(r["budget"] == budgets[n] for n, r in runs.items())
     step_max = 2 * max(budgets.values())
     for name, r in runs.items():

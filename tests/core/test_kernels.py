@@ -72,19 +72,27 @@ def test_counting_argsort_is_stable_argsort(keys):
 def test_balance_ranks_is_a_valid_assignment_no_worse_than_lpt_bound(costs, shape):
     world, accum = shape
     c = np.array(costs)
-    perm = _kernels.balance_ranks(c, world, accum, 64)
+    perm = _kernels.balance_ranks(c, world, accum, 64, np.ones(world), True)
     assert np.array_equal(np.sort(perm), np.arange(12))
     loads = c[perm].reshape(world, accum).sum(1)
-    # the optimum is at least the mean load, and at least the largest item plus the accum-1 smallest
+    # the optimum is at least the mean load; and for t = 1..accum, some rank holds t of the (t-1)*world+1
+    # largest items (pigeonhole), so at least the t smallest of those plus the accum-t smallest of all
     cs = np.sort(c)
-    lower = max(c.sum() / world, cs[-1] + cs[: accum - 1].sum())
+    top = cs[::-1]
+    lower = max(
+        c.sum() / world,
+        *(
+            top[(t - 1) * world + 1 - t : (t - 1) * world + 1].sum() + cs[: accum - t].sum()
+            for t in range(1, accum + 1)
+        ),
+    )
     assert loads.max() <= 4 / 3 * lower + 1e-9
 
 
 def test_balance_ranks_beats_round_robin_on_skewed_costs():
     rng = np.random.default_rng(0)
     c = rng.lognormal(0, 1, size=32 * 50)
-    perm = _kernels.balance_ranks(c, 8, 4, 64)
+    perm = _kernels.balance_ranks(c, 8, 4, 64, np.ones(8), True)
     bal = c[perm].reshape(50, 8, 4).sum(2)
     naive = c.reshape(50, 8, 4).sum(2)
     assert (bal.max(1) / bal.mean(1)).mean() < (naive.max(1) / naive.mean(1)).mean()

@@ -21,16 +21,15 @@ def _records(fixtures_dir: Path, name: str, n: int | None = None) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def mixed(fixtures_dir: Path) -> list[dict]:
-    """Chats with several turns and long documents, interleaved."""
-    chats = _records(fixtures_dir, "hh_rlhf_harmless_test", 60)
-    docs = _records(fixtures_dir, "llamafactory_c4_wiki_docs", 30)
-    out = []
-    for i, c in enumerate(chats):
-        out.append(c)
-        if i % 2 == 0:
-            out.append(docs[i // 2])
-    return out
+def chats(fixtures_dir: Path) -> list[dict]:
+    """Chats with several turns."""
+    return _records(fixtures_dir, "hh_rlhf_harmless_test", 60)
+
+
+@pytest.fixture(scope="module")
+def docs(fixtures_dir: Path) -> list[dict]:
+    """Long documents."""
+    return _records(fixtures_dir, "llamafactory_c4_wiki_docs", 30)
 
 
 def _write_jsonl(path: Path, recs: list[dict]) -> Path:
@@ -39,16 +38,19 @@ def _write_jsonl(path: Path, recs: list[dict]) -> Path:
 
 
 def _direct(encode, recs: list[dict]) -> tuple[list[int], list[int]]:
-    """The documented rule, one record at a time, with the tokenizer called directly."""
+    """The documented rule, one record at a time, with the tokenizer called directly: a chat is
+    [BOS] + role\\ncontent\\n + [EOS] per message, a document text + [EOS]; loss-bearing counts are label
+    positions after the first token (assistant messages; every token of a document)."""
     tot, loss = [], []
     for r in recs:
         if "messages" in r:
             per = [len(encode(m["role"] + "\n" + m["content"] + "\n")) + 2 for m in r["messages"]]
             tot.append(sum(per))
+            assert r["messages"][0]["role"] != "assistant"  # else the first token would not count
             loss.append(sum(c for c, m in zip(per, r["messages"], strict=True) if m["role"] == "assistant"))
         else:
             tot.append(len(encode(r["text"])) + 1)
-            loss.append(tot[-1])
+            loss.append(tot[-1] - 1)
     return tot, loss
 
 
@@ -77,35 +79,41 @@ def test_reproduces_the_reference_mistral_counts(fixtures_dir: Path, sp_model: P
     )
 
 
-def test_sentencepiece_counts_equal_direct_count(mixed: list[dict], sp_model: Path, tmp_path: Path) -> None:
+def test_sentencepiece_counts_equal_direct_count(
+    chats: list[dict], docs: list[dict], sp_model: Path, tmp_path: Path
+) -> None:
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=str(sp_model))
-    data = _write_jsonl(tmp_path / "mixed.jsonl", mixed)
+    data = [_write_jsonl(tmp_path / "chats.jsonl", chats), _write_jsonl(tmp_path / "docs.jsonl", docs)]
     res = count_lengths(data, sp_model, workers=2, use_cache=False, chunk_size=16)
-    tot, loss = _direct(sp.encode, mixed)
+    tot, loss = _direct(sp.encode, chats + docs)
     assert res.lengths.tolist() == tot
     assert res.loss_tokens.tolist() == loss
-    assert (res.loss_tokens < res.lengths).sum() == 60  # every chat has a user turn, documents do not
+    assert (res.loss_tokens < res.lengths - 1).sum() == 60  # every chat has a user turn, documents do not
 
 
-def test_tokenizer_json_counts_equal_direct_count(mixed: list[dict], hf_json: Path, tmp_path: Path) -> None:
+def test_tokenizer_json_counts_equal_direct_count(
+    chats: list[dict], docs: list[dict], hf_json: Path, tmp_path: Path
+) -> None:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(hf_json))
     data = tmp_path / "mixed.jsonl.gz"
     with gzip.open(data, "wt", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in mixed)
-    res = count_lengths(data, hf_json, workers=1, use_cache=False)
-    tot, loss = _direct(lambda s: tok.encode(s, add_special_tokens=False).ids, mixed)
+        f.writelines(json.dumps(r) + "\n" for r in docs)
+    res = count_lengths(
+        [_write_jsonl(tmp_path / "c.jsonl", chats), data], hf_json, workers=1, use_cache=False
+    )
+    tot, loss = _direct(lambda s: tok.encode(s, add_special_tokens=False).ids, chats + docs)
     assert res.lengths.tolist() == tot
     assert res.loss_tokens.tolist() == loss
 
 
 def test_cache_hit_on_second_run_and_miss_on_new_tokenizer(
-    mixed: list[dict], sp_model: Path, hf_json: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    chats: list[dict], sp_model: Path, hf_json: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    data = _write_jsonl(tmp_path / "d.jsonl", mixed[:40])
+    data = _write_jsonl(tmp_path / "d.jsonl", chats[:40])
     cache = tmp_path / "cache"
     first = count_lengths(data, sp_model, workers=1, cache_dir=cache)
     second = count_lengths(data, sp_model, workers=1, cache_dir=cache)
@@ -115,7 +123,7 @@ def test_cache_hit_on_second_run_and_miss_on_new_tokenizer(
     np.testing.assert_array_equal(first.lengths, second.lengths)
     assert not np.array_equal(first.lengths, other.lengths)
     # the data's bytes are part of the key too
-    _write_jsonl(data, mixed[:39])
+    _write_jsonl(data, chats[:39])
     assert not count_lengths(data, sp_model, workers=1, cache_dir=cache).cache_hit
     # the CLI says which it was; PADFREE_CACHE_DIR is honoured
     args = ["lengths", str(data), "--tokenizer", str(sp_model), "--out", str(tmp_path / "o.npy"), "--quiet"]
@@ -129,11 +137,18 @@ def test_cache_hit_on_second_run_and_miss_on_new_tokenizer(
     ("line", "rule"),
     [
         ('{"messages": [{"role": "user", "content": "hi"}', "malformed JSON"),
-        ('{"id": 3}', "neither 'messages' nor 'text'"),
-        ('{"text": 42}', "field 'text' must be a string (got int)"),
+        ('{"id": 3}', "missing field 'messages'"),
+        ('{"text": "a document in a file of chats"}', "missing field 'messages'"),
+        (
+            '{"messages": [{"role": "ASSISTANT!", "content": "x"}]}',
+            "messages[0].role 'ASSISTANT!' is not a known",
+        ),
+        ('{"messages": [{"role": "", "content": "x"}]}', "messages[0].role '' is not a known role"),
+        ('{"messages": "hello"}', "field 'messages' must be a list of messages (got str)"),
         ('{"messages": [{"role": "user", "content": null}]}', "messages[0].content must be a string"),
         ('{"messages": [{"content": "x"}]}', "messages[0] has no 'role'"),
         ('["not", "an", "object"]', "not an object"),
+        ('\ufeff{"messages": []}', "field 'messages' holds no messages"),  # a BOM is skipped
     ],
 )
 def test_malformed_record_names_file_and_line(
@@ -162,7 +177,8 @@ def test_field_and_messages_options(tmp_path: Path, sp_model: Path) -> None:
     as_doc = count_lengths(data, sp_model, mode="text", field="body", workers=1, use_cache=False)
     as_chat = count_lengths(data, sp_model, mode="messages", field="conv", workers=1, use_cache=False)
     assert as_doc.lengths.tolist() != as_chat.lengths.tolist()
-    assert as_chat.loss_tokens.tolist() == as_chat.lengths.tolist()  # only an assistant turn
+    # only an assistant turn: every token but the first (nothing predicts it) carries loss
+    assert as_chat.loss_tokens.tolist() == (as_chat.lengths - 1).tolist()
     with pytest.raises(InputError, match="missing field 'text'"):
         count_lengths(data, sp_model, mode="text", workers=1, use_cache=False)
 
@@ -189,7 +205,7 @@ def test_parquet_and_datasets_folder_give_the_jsonl_counts(
     res = count_lengths(
         tmp_path / "d.parquet", sp_model, mode="text", field="body", workers=1, use_cache=False
     )
-    np.testing.assert_array_equal(res.lengths, res.loss_tokens)
+    np.testing.assert_array_equal(res.lengths - 1, res.loss_tokens)
     # a null in a columnar source is reported by row
     bad = [{"messages": r["messages"]} for r in chats[:5]] + [{"messages": None}]
     pq.write_table(pa.Table.from_pylist(bad), tmp_path / "bad.parquet")
@@ -207,6 +223,7 @@ def _chat_tokenizer_folder(path: Path) -> Path:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
     fast.add_special_tokens({"additional_special_tokens": ["<|user|>", "<|assistant|>", "<|end|>"]})
+    fast.eos_token = "<|end|>"  # the default rule needs one
     fast.chat_template = (
         "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -215,9 +232,9 @@ def _chat_tokenizer_folder(path: Path) -> Path:
     return path
 
 
-def test_chat_template_counts(mixed: list[dict], tmp_path: Path, sp_model: Path) -> None:
+def test_chat_template_counts(chats: list[dict], tmp_path: Path, sp_model: Path) -> None:
     folder = _chat_tokenizer_folder(tmp_path / "tok")
-    chats = [r for r in mixed if "messages" in r][:20]
+    chats = chats[:20]
     data = _write_jsonl(tmp_path / "c.jsonl", chats)
     res = count_lengths(data, folder, chat_template=True, workers=1, use_cache=False)
     words = [len(" ".join(m["content"] for m in r["messages"]).split()) for r in chats]

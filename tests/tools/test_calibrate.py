@@ -13,6 +13,7 @@ from padfree.tools.calibrate import (
     design,
     fit_seconds,
     held_out_grid,
+    measure,
     nnls,
     shape_grid,
     torch_train_step,
@@ -141,7 +142,23 @@ def test_cli_quick_writes_cost_file(tmp_path, monkeypatch, capsys):
     assert main(["calibrate", "--quick", "--device", "cpu", "--out", str(out), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["meta"]["budget"] == 256 and printed["meta"]["repeats"] == 1
+    assert printed["meta"]["warmup"] == 0  # one priming step instead of a warm-up round
     assert CostModel.load(out).a == 1.0
+    saved = json.loads(out.read_text())
+    assert saved["held_out_rel_rms"] == saved["held_out"]["rel_rms"] > 0  # the cost file says how good it is
+
+
+def test_prime_is_one_untimed_step_of_the_largest_shape():
+    calls = []
+    clock = [0.0]
+
+    def step(count, length):
+        calls.append((count, length))
+        clock[0] += 1e-6 * count * length
+
+    shapes = shape_grid(64, [8, 16, 32], (1.0, 0.5))
+    measure(shapes, step, repeats=1, warmup=0, clock=lambda: clock[0], prime=True)
+    assert len(calls) == len(shapes) + 1 and calls[0] == (2, 32)
 
 
 def test_cli_bad_options_exit_2(tmp_path, capsys):

@@ -91,6 +91,21 @@ def test_cli_simulate_json_with_cost_file(tmp_path, capsys):
     assert rows["random"]["ratio_to_sorted"] < rows["bucketed"]["ratio_to_sorted"]
     assert main([*args, "--strategies", "sorted,nope"]) == 2
     assert "nope" in capsys.readouterr().err
+    assert capsys.readouterr().err == ""  # no held-out error recorded: no warning
+
+
+def test_simulate_warns_once_when_the_cost_file_fits_badly(tmp_path, capsys):
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("\n".join(str(x) for x in np.random.default_rng(0).integers(1, 500, 500)) + "\n")
+    args = ["simulate", str(lengths), "--gpus", "2", "--grad-accum", "1", "--budget", "1024", "--json"]
+    for err, warned in ((0.53, True), (0.1, False)):
+        cost = tmp_path / f"cost-{err}.json"
+        CostModel(a=1.0, b=0.001, c=10.0).save(cost, seconds_per_unit=1e-6, held_out={"rel_rms": err})
+        assert main([*args, "--cost", str(cost)]) == 0
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == int(warned)
+        if warned:
+            assert lines[0].startswith("warning: ") and "0.53 (> 0.25)" in lines[0]
 
 
 def test_cli_simulate_table_on_seed_mix_shows_measured(capsys):

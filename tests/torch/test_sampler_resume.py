@@ -104,6 +104,17 @@ def test_one_segment_sampler_runs_the_plan_of_make_plan():
             assert [list(m) for m in s] == [plan.micro(k).tolist() for k in plan.micro_ids(r)]
 
 
+def test_windowed_sampler_runs_the_windowed_plan_and_refuses_a_bad_window():
+    lengths = np.minimum(np.random.default_rng(6).lognormal(4.0, 1.0, 400).astype(np.int64) + 1, 500)
+    for strategy in STRATEGIES:
+        cfg = PlanConfig(strategy=strategy, budget=1000, world_size=2, grad_accum=2, seed=4, cost=COSTS[3])
+        plan = make_plan(lengths, cfg, 1, stream=True, window=90)
+        for r, s in enumerate(samplers(lengths, cfg, 2, epoch=1, window=90)):
+            assert [list(m) for m in s] == [plan.micro(k).tolist() for k in plan.micro_ids(r)]
+    with pytest.raises(ConfigError, match="window"):
+        PlanBatchSampler(lengths, cfg, window=0)
+
+
 @st.composite
 def scenarios(draw):
     strategy = draw(st.sampled_from(STRATEGIES))
@@ -117,21 +128,24 @@ def scenarios(draw):
     costs = draw(st.lists(st.sampled_from(COSTS), min_size=len(shapes), max_size=len(shapes)))
     cuts = draw(st.lists(st.tuples(st.floats(0, 1), st.integers(0, 2)), min_size=len(shapes) - 1,
                          max_size=len(shapes) - 1))  # fmt: skip
-    return lengths, cfg, shapes, costs, cuts
+    window = draw(st.sampled_from([None, None, 40, 97]))  # planned window by window, as huge epochs are
+    return lengths, cfg, shapes, costs, cuts, window
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_save_load_drain_consumes_every_sample_once(scenario):
-    lengths, cfg, shapes, costs, cuts = scenario
+    lengths, cfg, shapes, costs, cuts, window = scenario
     try:  # a shape the planner refuses for the whole epoch (too few samples) is not a resume question
         for w, g in shapes:
-            make_plan(lengths, cfg.with_(world_size=w, grad_accum=g), 3)
+            make_plan(
+                lengths, cfg.with_(world_size=w, grad_accum=g), 3, stream=window is not None, window=window
+            )
     except ConfigError:
         assume(False)
     consumed, state = [], None
     for j, ((w, g), cost) in enumerate(zip(shapes, costs, strict=True)):
-        group = samplers(lengths, cfg.with_(grad_accum=g, cost=cost), w, epoch=3)
+        group = samplers(lengths, cfg.with_(grad_accum=g, cost=cost), w, epoch=3, window=window)
         if state is not None:
             try:
                 for s in group:
@@ -139,7 +153,7 @@ def test_save_load_drain_consumes_every_sample_once(scenario):
             except StateError as exc:  # only a mid-step state at another shape may be refused
                 assert state["partial"] > 0 and "into a step" in str(exc)
                 w, g = state["history"][-1][:2]
-                group = samplers(lengths, cfg.with_(grad_accum=g, cost=cost), w, epoch=3)
+                group = samplers(lengths, cfg.with_(grad_accum=g, cost=cost), w, epoch=3, window=window)
                 for s in group:
                     s.load_state_dict(state)
         its = [iter(s) for s in group]

@@ -145,3 +145,19 @@ def test_right_padded_causal_rows_need_no_mask_same_loss_and_gradients(model_nam
     torch.testing.assert_close(grads_n, grads_m, rtol=1e-9, atol=1e-12)
     # the pads' own outputs do differ (they now see the row before them): only the loss ignores them
     assert not torch.allclose(logits_n[~real], logits_m[~real])
+
+
+def test_an_item_shorter_than_its_planned_length_names_the_sample() -> None:
+    """Lengths longer than the data stop the loader with the sample id, not the position in the batch."""
+    from torch.utils.data import DataLoader
+
+    from padfree import PlanConfig
+    from padfree.torch import PlanBatchSampler, PlannedDataset
+
+    data = [{"input_ids": np.arange(n)} for n in (5, 6, 7, 8, 9, 10)]
+    sampler = PlanBatchSampler(
+        np.array([5, 6, 7, 8, 9, 13]), PlanConfig(strategy="packed", budget=64), rank=0, world_size=1
+    )
+    loader = DataLoader(PlannedDataset(data), batch_sampler=sampler, collate_fn=PackCollator())
+    with pytest.raises(ConfigError, match=r"^sample 5 has 10 tokens but the plan expects at least 13"):
+        list(loader)

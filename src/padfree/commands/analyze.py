@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from padfree.commands.common import add_lengths_argument, add_plan_options, config_from_args, load_lengths
 from padfree.core.config import STRATEGIES
@@ -21,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.tools.analyze import analyze_strategies, render_table
+    from padfree.tools.analyze import analyze_strategies, render_table, short_epoch
 
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in names if s not in STRATEGIES]
@@ -37,4 +38,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     else:
         render_table(result)
+    warning = short_epoch(result)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     return 0

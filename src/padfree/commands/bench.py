@@ -11,7 +11,25 @@ from pathlib import Path
 
 import numpy as np
 
+from padfree.commands.common import (
+    BUDGET,
+    COUNT,
+    RANKS,
+    SEED,
+    THREADS,
+    WARM,
+    Bounded,
+    check_input,
+    check_output,
+    writing,
+)
 from padfree.errors import ConfigError
+
+TOKENS = Bounded(int, 1, 2**40)
+VOCAB = Bounded(int, 2, 2**24)
+POOL = Bounded(int, 1, 2**31 - 1)
+LR = Bounded(float, 0, 10, above=True)
+FRACTION = Bounded(float, 0, 1)
 
 NAME = "bench"
 HELP = (
@@ -25,8 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_lengths_argument(p, required=False)
     p.add_argument("--data", default=None, help="real text: glob of samples .jsonl.gz (needs --tokenizer)")
-    p.add_argument("--tokenizer", default=None, help="SentencePiece model for --data")
-    p.add_argument("--per-file", type=int, default=400, help="--data: samples read per file (default 400)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="SentencePiece .model, tokenizer.json or transformers folder for --data",
+    )
+    p.add_argument("--per-file", type=COUNT, default=400, help="--data: samples read per file (default 400)")
     p.add_argument("--loss-on", default="all", choices=["all", "assistant"], help="--data: loss tokens")
     p.add_argument("--model", default="tiny-llama", help="built-in tiny model or a config directory")
     p.add_argument(
@@ -34,33 +56,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--vocab-size",
-        type=int,
+        type=VOCAB,
         default=None,
         help="model vocabulary (token ids of --data are folded modulo it; random ids are drawn under it)",
     )
     p.add_argument(
         "--budget",
-        type=int,
+        type=BUDGET,
         default=None,
         help="tokens per micro-batch (default 16384, the motivating case's; --converge: 2048)",
     )
     p.add_argument(
-        "--steps", type=int, default=10, help="about this many full micro-batches per strategy (default 10)"
+        "--steps", type=COUNT, default=10, help="about this many full micro-batches per strategy (default 10)"
     )
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per strategy first (default 2)")
+    p.add_argument("--warmup", type=WARM, default=2, help="untimed steps per strategy first (default 2)")
     p.add_argument(
         "--repeats",
-        type=int,
+        type=COUNT,
         default=1,
         help="passes over the measured rounds, fastest time per step kept (default 1)",
     )
     p.add_argument(
         "--pool",
-        type=int,
+        type=POOL,
         default=None,
         help="plan every strategy over a seeded random subset of this many samples instead of all of them "
         "(default: all, so that the plans pad as they would on the whole dataset; a small pool pads more, "
-        "bucketed most, since its buckets must each hold `mix` (128) micro-batches)",
+        "bucketed most, whose noise windows narrow with the data)",
     )
     p.add_argument(
         "--padded-attention",
@@ -77,17 +99,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="train every micro-batch of an epoch of about --steps x --budget tokens (exactly the same work "
         "for every strategy) instead of --steps stratified micro-batches of a --pool epoch",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument(
         "--max-len",
-        type=int,
+        type=BUDGET,
         default=None,
         help="--data: cut samples to this many tokens (default: --budget)",
     )
     p.add_argument("--overlong", default="truncate", choices=["truncate", "drop"], help="samples over budget")
     p.add_argument("--strategies", default=None, help="comma-separated subset (default: all, peers too)")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-4; converge 2e-3)")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    p.add_argument("--lr", type=LR, default=None, help="peak learning rate (default 1e-4; converge 2e-3)")
+    p.add_argument("--threads", type=THREADS, default=2, help="torch CPU threads (default 2)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument(
         "--dtype",
@@ -102,11 +124,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=None, help="file name stem under --out (default train_speed / converge)")
     g = p.add_argument_group("convergence (--converge)")
     g.add_argument("--converge", action="store_true", help="held-out loss curves instead of throughput")
-    g.add_argument("--train-tokens", type=int, default=1_500_000, help="loss tokens per run (default 1.5M)")
-    g.add_argument("--eval-every", type=int, default=None, help="tokens between evals (default 1/12 of them)")
-    g.add_argument("--eval-samples", type=int, default=200, help="held-out samples (default 200)")
-    g.add_argument("--grad-accum", type=int, default=4, help="micro-batches per optimizer step (default 4)")
-    g.add_argument("--warmup-frac", type=float, default=0.05, help="LR warm-up share of the tokens")
+    g.add_argument(
+        "--train-tokens", type=TOKENS, default=1_500_000, help="loss tokens per run (default 1.5M)"
+    )
+    g.add_argument(
+        "--eval-every", type=TOKENS, default=None, help="tokens between evals (default 1/12 of them)"
+    )
+    g.add_argument("--eval-samples", type=COUNT, default=200, help="held-out samples (default 200)")
+    g.add_argument("--grad-accum", type=RANKS, default=4, help="micro-batches per optimizer step (default 4)")
+    g.add_argument("--warmup-frac", type=FRACTION, default=0.05, help="LR warm-up share of the tokens")
     g.add_argument(
         "--unmatched-steps",
         action="store_true",
@@ -126,8 +152,6 @@ def _overrides(args: argparse.Namespace) -> dict:
         except json.JSONDecodeError:
             out[k] = v
     if args.vocab_size is not None:
-        if args.vocab_size < 2:
-            raise ConfigError(f"--vocab-size must be >= 2 (got {args.vocab_size})")
         out["vocab_size"] = args.vocab_size
     return out
 
@@ -143,7 +167,10 @@ def _text_samples(args: argparse.Namespace, vocab: int, max_len: int):
     from padfree.data.samples import load_samples, loss_tokens_of
 
     if not args.tokenizer:
-        raise ConfigError("--data needs --tokenizer (a SentencePiece model)")
+        raise ConfigError(
+            "--data needs --tokenizer (a SentencePiece .model, tokenizer.json or transformers folder)"
+        )
+    check_input(Path(args.tokenizer), "tokenizer")
     raw = load_samples(args.data, args.tokenizer, None, args.loss_on, None, per_file=args.per_file)
     if args.overlong == "drop":
         raw = [s for s in raw if s["input_ids"].shape[0] <= max_len]
@@ -167,8 +194,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "bench needs torch and transformers: pip install 'padfree[torch,hf,bench]'"
         ) from None
-    if args.threads is not None and args.threads < 1:
-        raise ConfigError(f"--threads must be >= 1 (got {args.threads})")
+    if args.out is not None:
+        check_output(args.out, "the results", folder=True)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.budget is None:
         args.budget = 2048 if args.converge else 16384
@@ -302,7 +329,8 @@ def _run_converge(args: argparse.Namespace, device: str, overrides: dict, comman
 
 
 def _write(out: Path, stem: str, result: dict, md: str, plot) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / f"{stem}.md").write_text(md)
-    plot(result, out / f"{stem}.png")
+    with writing(out, "the results"):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+        (out / f"{stem}.md").write_text(md)
+        plot(result, out / f"{stem}.png")

@@ -6,6 +6,10 @@ import argparse
 import dataclasses
 import json
 
+from padfree.commands.common import SEED, Bounded
+
+TOLERANCE = Bounded(float, 0, 1e6)
+
 NAME = "check-packing"
 HELP = (
     "run a packed row of several documents and each document alone through a randomly initialised model; "
@@ -32,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--tolerance",
-        type=float,
+        type=TOLERANCE,
         default=None,
         help="largest logit difference taken as noise (default 1e-4 for float32, 5e-2 for bfloat16)",
     )
@@ -48,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "and a leak by >= 0.78, hence the 5e-2 default tolerance",
     )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.add_argument("--seed", type=int, default=0, help="seed for weights and tokens (default 0)")
+    p.add_argument("--seed", type=SEED, default=0, help="seed for weights and tokens (default 0)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,13 +1,132 @@
-"""Options shared by the planning commands, and how they become a :class:`PlanConfig`."""
+"""What the commands share: the planning options and how they become a :class:`PlanConfig`, the numeric
+option types with their stated ranges (docs/errors.md lists them all), and how outputs are checked and
+written so that every failure is one line naming the file."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
+import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from padfree.core.config import DEFAULT_COST, OVERLONG, CostModel, PlanConfig
+from padfree.core.config import (
+    DEFAULT_COST,
+    MAX_BUCKETS,
+    MAX_BUDGET,
+    MAX_MIX,
+    MAX_RANKS,
+    MAX_SEED,
+    OVERLONG,
+    CostModel,
+    PlanConfig,
+)
+from padfree.errors import ConfigError, InputError, OutputError
+
+
+class Bounded:
+    """An argparse ``type=``: an integer (``kind=int``) or a finite number (``kind=float``) from ``lo`` to
+    ``hi`` (``lo`` excluded when ``above``). Anything else is a one-line usage error, exit 2:
+    ``padfree plan: error: argument --budget: must be an integer from 1 to 16777216 (got '0')``.
+
+    >>> Bounded(int, 1, 8)("3"), Bounded(float, 1, 2, above=True).range
+    (3, 'a number > 1 and <= 2')
+    """
+
+    def __init__(self, kind: type, lo: float, hi: float, *, above: bool = False) -> None:
+        self.kind, self.lo, self.hi, self.above = kind, lo, hi, above
+        self.__name__ = self.range  # argparse names the type in some messages
+
+    @property
+    def range(self) -> str:
+        if self.kind is int:
+            return f"an integer from {self.lo} to {self.hi}"
+        return f"a number {'>' if self.above else '>='} {self.lo:g} and <= {self.hi:g}"
+
+    def __call__(self, text: str) -> int | float:
+        try:
+            value = self.kind(text)
+        except (ValueError, OverflowError):
+            value = None
+        ok = value is not None and (
+            (value > self.lo if self.above else value >= self.lo)
+            and value <= self.hi
+            and (self.kind is int or math.isfinite(value))
+        )
+        if not ok:
+            raise argparse.ArgumentTypeError(f"must be {self.range} (got {text[:40]!r})")
+        return value
+
+    def __repr__(self) -> str:
+        return f"Bounded({self.range})"
+
+
+def bounded_list(text: str, kind: Bounded, option: str, most: int = 32) -> tuple:
+    """Up to ``most`` comma-separated values, each in ``kind``'s range (else a one-line ConfigError)."""
+    parts = [v.strip() for v in text.split(",") if v.strip()]
+    if not parts or len(parts) > most:
+        raise ConfigError(f"{option} takes 1 to {most} comma-separated values (got {len(parts)})")
+    try:
+        return tuple(kind(v) for v in parts)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"{option}: each value {exc}") from None
+
+
+BUDGET = Bounded(int, 1, MAX_BUDGET)
+RANKS = Bounded(int, 1, MAX_RANKS)
+GROWTH = Bounded(float, 1, 1e9, above=True)
+BUCKETS = Bounded(int, 1, MAX_BUCKETS)
+MIX = Bounded(int, 1, MAX_MIX)
+SEED = Bounded(int, 0, MAX_SEED)
+THREADS = Bounded(int, 1, 1024)
+COUNT = Bounded(int, 1, 10**6)  # timed steps, repeats, samples
+WARM = Bounded(int, 0, 10**6)  # untimed steps
+
+
+# ----- inputs and outputs ----------------------------------------------------------------------------------
+def check_input(path: Path, what: str) -> None:
+    """An input that exists is a regular file or a folder: a FIFO or device would block or never end (a
+    missing one is left to its reader, which says what it looked for)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise InputError(f"cannot read the {what} ({exc.strerror or exc})", path=str(path)) from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise InputError(
+            f"the {what} is not a regular file or folder (a pipe or device cannot be read)", path=str(path)
+        )
+
+
+def check_output(path: Path, what: str, *, folder: bool = False) -> None:
+    """Refuse, before any work, an output that cannot be written: its folder missing, a file where a folder
+    should be, a read-only or unwritable place, or a folder where a file should be (``folder=False``)."""
+    target = path if folder else path.parent
+    probe = target
+    while not probe.exists() and probe != probe.parent:  # the nearest existing ancestor will hold it
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise OutputError(f"cannot write {what}: {probe} is a file, not a folder", path=str(path))
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write {what}: {probe} is read-only or not writable", path=str(path))
+    if not folder and path.is_dir():
+        raise OutputError(f"cannot write {what}: it is a folder", path=str(path))
+
+
+@contextlib.contextmanager
+def writing(path: Path, what: str) -> Iterator[None]:
+    """Turn an OSError while writing ``what`` to ``path`` (a full device, a vanished folder...) into one
+    :class:`OutputError` line naming the file."""
+    try:
+        yield
+    except OSError as exc:
+        name = exc.filename if exc.filename else path
+        raise OutputError(f"cannot write {what} ({exc.strerror or exc})", path=str(name)) from None
 
 
 def add_lengths_argument(p: argparse.ArgumentParser, required: bool) -> None:
@@ -23,15 +142,21 @@ def add_lengths_argument(p: argparse.ArgumentParser, required: bool) -> None:
 
 
 def add_plan_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--budget", type=int, default=16384, help="tokens per micro-batch (default 16384)")
-    p.add_argument("--world-size", type=int, default=8, help="ranks / GPUs (default 8)")
-    p.add_argument("--grad-accum", type=int, default=4, help="micro-batches per rank per step (default 4)")
-    p.add_argument("--growth", type=float, default=1.25, help="bucketed: bucket width growth (default 1.25)")
-    p.add_argument("--buckets", type=int, default=None, help="bucketed: N padding-optimal buckets instead")
+    p.add_argument("--budget", type=BUDGET, default=16384, help="tokens per micro-batch (default 16384)")
+    p.add_argument("--world-size", type=RANKS, default=8, help="ranks / GPUs (default 8)")
+    p.add_argument("--grad-accum", type=RANKS, default=4, help="micro-batches per rank per step (default 4)")
+    p.add_argument("--growth", type=GROWTH, default=1.25, help="bucketed: bucket width growth (default 1.25)")
     p.add_argument(
-        "--mix", type=int, default=128, help="bucketed: noise window in micro-batches (default 128)"
+        "--buckets", type=BUCKETS, default=None, help="bucketed: N padding-optimal buckets instead"
     )
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument(
+        "--mix",
+        type=MIX,
+        default=None,
+        help="bucketed: noise window in micro-batches, every bucket (default: chosen from the data, "
+        "see docs/planning.md)",
+    )
+    p.add_argument("--seed", type=SEED, default=0, help="seed (default 0)")
     p.add_argument("--overlong", default="error", help=f"samples over the budget: {', '.join(OVERLONG)}")
     p.add_argument("--cost", type=Path, default=None, help="cost model JSON from `padfree calibrate`")
 

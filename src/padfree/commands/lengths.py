@@ -6,24 +6,27 @@ import argparse
 import sys
 from pathlib import Path
 
+from padfree.commands.common import Bounded, check_input, check_output, writing
 from padfree.errors import ConfigError
+
+WORKERS = Bounded(int, 1, 256)
 
 NAME = "lengths"
 HELP = (
-    "tokenize a dataset (.jsonl[.gz], .parquet, datasets folder) and write per-sample token counts "
-    "(.npy) plus loss-bearing counts beside them"
+    "tokenize a dataset (.jsonl[.gz], .parquet, datasets folders; several files, globs, folders) and write "
+    "per-sample token counts (.npy) plus loss-bearing counts beside them"
 )
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from padfree.data.count_lengths import default_workers
+def add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """The record-format options, shared with the training examples."""
+    from padfree.data.reading import MODES
 
-    p.add_argument("data", type=Path, help=".jsonl, .jsonl.gz, .parquet or a datasets save_to_disk folder")
     p.add_argument(
-        "--tokenizer",
-        type=Path,
-        required=True,
-        help="SentencePiece .model, tokenizer.json, or a local transformers tokenizer folder",
+        "--format",
+        default="auto",
+        choices=MODES,
+        help="record format (default: detected per file from its first record or its columns)",
     )
     kind = p.add_mutually_exclusive_group()
     kind.add_argument("--field", default=None, help="every record is a document in this field (e.g. text)")
@@ -31,15 +34,58 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--messages", default=None, help="every record is a chat in this field (list of {role, content})"
     )
     p.add_argument(
+        "--field-map",
+        action="append",
+        default=[],
+        metavar="KEY=NAME",
+        help="read field KEY under another NAME, e.g. conversations=dialog, from=speaker (repeatable)",
+    )
+    p.add_argument("--split", default=None, help="the split of a DatasetDict folder (save_to_disk)")
+    p.add_argument(
         "--chat-template",
         action="store_true",
-        help="render chats with the tokenizer's chat template (transformers folder); default: the "
-        "fallback rule, len(role\\ncontent\\n) + 2 per message",
+        help="render chats with the tokenizer's chat template (transformers folder); default rule: "
+        "[BOS] + role\\ncontent\\n + [EOS] per message",
     )
+
+
+def format_options(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+    """``(mode, field names)`` from the options of :func:`add_data_arguments`."""
+    from padfree.data.formats import parse_field_map
+    from padfree.data.reading import field_map
+
+    mode, field = args.format, None
+    for flag, forced in (("field", "text"), ("messages", "messages")):
+        value = getattr(args, flag)
+        if value:
+            if mode not in ("auto", forced):
+                raise ConfigError(f"--{flag} reads {forced} records; it contradicts --format {mode}")
+            mode, field = forced, value
+    return mode, field_map(mode, field, parse_field_map(args.field_map))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from padfree.data.count_lengths import default_workers
+
+    p.add_argument(
+        "data",
+        nargs="+",
+        help=".jsonl, .jsonl.gz, .parquet, datasets folders, globs or folders of such files (counted in "
+        "the order given, as one dataset)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        required=True,
+        help="SentencePiece .model, tokenizer.json, or a local transformers tokenizer folder",
+    )
+    add_data_arguments(p)
     p.add_argument(
         "--out", type=Path, required=True, help="output .npy; loss-bearing counts go to *.assistant.npy"
     )
-    p.add_argument("--workers", type=int, default=default_workers(), help="processes (default min(4, cpus))")
+    p.add_argument(
+        "--workers", type=WORKERS, default=default_workers(), help="processes (default min(4, cpus))"
+    )
     p.add_argument(
         "--cache-dir",
         type=Path,
@@ -62,33 +108,43 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out.suffix != ".npy":
         raise ConfigError(f"--out must name a .npy file (got {args.out})")
-    mode, field = "auto", None
-    if args.field:
-        mode, field = "text", args.field
-    elif args.messages:
-        mode, field = "messages", args.messages
+    check_input(args.tokenizer, "tokenizer")  # the data sources: padfree.data.records checks each file
+    check_output(args.out, "the lengths")
+    check_output(assistant_path(args.out), "the loss-bearing lengths")
+    mode, names = format_options(args)
     res = count_lengths(
         args.data,
         args.tokenizer,
         mode=mode,
-        field=field,
+        fields=names,
+        split=args.split,
         chat_template=args.chat_template,
         workers=args.workers,
         cache_dir=args.cache_dir,
         use_cache=not args.no_cache,
         progress=not args.quiet,
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     dtype = np.int32 if int(res.lengths.max(initial=0)) < 2**31 else np.int64
-    np.save(args.out, res.lengths.astype(dtype))
     aux = assistant_path(args.out)
-    np.save(aux, res.loss_tokens.astype(dtype))
+    with writing(args.out, "the lengths"):
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        np.save(args.out, res.lengths.astype(dtype))
+        np.save(aux, res.loss_tokens.astype(dtype))
     cache = "cache hit" if res.cache_hit else ("cache miss" if res.cache_file else "cache off")
     q = np.percentile(res.lengths, [50, 99])
+    fmts = sorted({f for _, f in res.formats})
+    src = f"{len(res.formats)} sources, " if len(res.formats) > 1 else ""
     print(
         f"{args.out}: {res.lengths.shape[0]:,} samples, {int(res.lengths.sum()):,} tokens "
         f"(p50 {q[0]:.0f}, p99 {q[1]:.0f}, max {int(res.lengths.max()):,}); loss-bearing "
-        f"{int(res.loss_tokens.sum()):,} tokens in {aux}; {cache}; {res.seconds:.2f} s",
+        f"{int(res.loss_tokens.sum()):,} tokens in {aux}; {src}format {', '.join(fmts)}; {cache}; "
+        f"{res.seconds:.2f} s",
         file=sys.stderr,
     )
+    if res.replaced[0]:
+        print(
+            f"padfree: warning: {res.replaced[0]:,} record(s) held lone UTF-16 surrogates (half an emoji), "
+            f"each replaced by U+FFFD (first: {res.replaced[1]})",
+            file=sys.stderr,
+        )
     return 0

@@ -7,11 +7,21 @@ import json
 import sys
 from pathlib import Path
 
-from padfree.commands.common import add_lengths_argument, add_plan_options, config_from_args, load_lengths
-from padfree.errors import InputError
+from padfree.commands.common import (
+    SEED,
+    add_lengths_argument,
+    add_plan_options,
+    check_output,
+    config_from_args,
+    load_lengths,
+    writing,
+)
 
 NAME = "plan"
-HELP = 'write one epoch\'s plan, one micro-batch a line: {"epoch", "step", "rank", "micro", "indices"}'
+HELP = (
+    'write one epoch\'s plan, one micro-batch a line: {"epoch", "step", "rank", "micro", "indices"}, plus '
+    '"lengths" (tokens of each piece) on every line when a sample was truncated or split, "starts" when split'
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--strategy", default="bucketed", help="sorted, random, bucketed or packed (default bucketed)"
     )
-    p.add_argument("--epoch", type=int, default=0, help="epoch to plan (default 0)")
+    p.add_argument("--epoch", type=SEED, default=0, help="epoch to plan (default 0)")
     p.add_argument("--out", type=Path, default=Path("-"), help="output .jsonl ('-' for stdout, the default)")
 
 
@@ -28,19 +38,32 @@ def run(args: argparse.Namespace) -> int:
     from padfree.core.planner import make_plan
 
     cfg = config_from_args(args, args.strategy)
+    to_stdout = str(args.out) == "-"
+    if not to_stdout:
+        check_output(args.out, "the plan")
     lengths, path, _ = load_lengths(args)
     p = make_plan(lengths, cfg, args.epoch, path=path)
-    to_stdout = str(args.out) == "-"
+    cut = p.starts is None and p.truncated > 0  # one shape for the whole file: pieces' lengths on every line
+
+    def lines():
+        for j, rec in enumerate(p.records()):
+            if cut:
+                rec["lengths"] = p.lengths[p.offsets[j] : p.offsets[j + 1]].tolist()
+            yield json.dumps(rec, separators=(",", ":")) + "\n"
+
+    if to_stdout:  # an OSError here is standard output's: the CLI boundary names it
+        for line in lines():
+            sys.stdout.write(line)
+        return 0
+    created = not args.out.exists()
     try:
-        stream = sys.stdout if to_stdout else args.out.open("w")
-    except OSError as exc:
-        raise InputError(f"cannot write the plan ({exc.strerror or exc})", path=str(args.out)) from None
-    try:
-        for rec in p.records():
-            stream.write(json.dumps(rec, separators=(",", ":")) + "\n")
-    finally:
-        if not to_stdout:
-            stream.close()
+        with writing(args.out, "the plan"), args.out.open("w") as stream:
+            for line in lines():
+                stream.write(line)
+    except BaseException:
+        if created and args.out.is_file():  # no half-written plan left behind
+            args.out.unlink()
+        raise
     if not to_stdout:
         print(
             f"{args.out}: {p.n_micro} micro-batches in {p.n_steps} steps for {p.n_samples} samples "

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from padfree.commands.common import add_lengths_argument, add_plan_options, config_from_args, load_lengths
+from padfree.commands.common import (
+    RANKS,
+    add_lengths_argument,
+    add_plan_options,
+    config_from_args,
+    load_lengths,
+)
 from padfree.core.config import STRATEGIES
 from padfree.errors import ConfigError
 
@@ -17,7 +24,7 @@ HELP = "predict each strategy's training throughput on N GPUs (ranks wait for th
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_lengths_argument(p, required=False)
     add_plan_options(p)
-    p.add_argument("--gpus", type=int, default=None, help="GPUs (ranks); overrides --world-size")
+    p.add_argument("--gpus", type=RANKS, default=None, help="GPUs (ranks); overrides --world-size")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated strategies")
     p.add_argument("--no-naive", action="store_true", help="leave out the naive bucketing baseline")
     p.add_argument(
@@ -38,7 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from padfree.core.config import CostModel
-    from padfree.tools.simulate import load_seconds_per_unit, motivating_ratios, parse_speeds, simulate
+    from padfree.tools.simulate import (
+        cost_warning,
+        load_seconds_per_unit,
+        motivating_ratios,
+        parse_speeds,
+        simulate,
+    )
 
     if args.gpus is not None:
         args.world_size = args.gpus
@@ -54,10 +67,10 @@ def run(args: argparse.Namespace) -> int:
             f"unknown strategy {bad[0] if bad else '(none)'!r}: choose from {', '.join(STRATEGIES)}"
         )
     cfg = config_from_args(args, names[0])
-    try:
-        spu = load_seconds_per_unit(args.true_cost or args.cost)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{args.true_cost or args.cost}: not a cost model: {exc}") from None
+    spu = load_seconds_per_unit(args.true_cost or args.cost)  # a bad file is a one-line ConfigError
+    warning = cost_warning(args.cost)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     lengths, path, name = load_lengths(args)
     result = simulate(
         lengths,

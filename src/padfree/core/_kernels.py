@@ -6,10 +6,50 @@ Everything here takes and returns plain numpy arrays, is deterministic, and has 
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
 import numpy as np
+
+
+def writable_cache_dir(candidates: list[Path]) -> Path | None:
+    """The first of ``candidates`` that is (or can be made) a folder a file can be created in; else None."""
+    for d in candidates:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=d).close()
+            return d
+        except OSError:
+            continue
+    return None
+
+
+def _numba_cache_fallback() -> None:
+    """numba caches compiled kernels beside this file, else in ``~/.cache/numba``, and fails at import when
+    neither is writable (a read-only install and a home folder that is not writable). Then use a folder in
+    the temporary directory instead (``NUMBA_CACHE_DIR``, when set, is the user's choice and is kept)."""
+    import numba
+    from numba.misc.appdirs import AppDirs
+
+    if numba.config.CACHE_DIR:  # type: ignore[attr-defined]
+        return
+    usual = [
+        Path(__file__).parent / "__pycache__",
+        Path(AppDirs(appname="numba", appauthor=False).user_cache_dir),
+    ]
+    if writable_cache_dir(usual) is None:
+        fallback = (
+            Path(tempfile.gettempdir()) / f"padfree-numba-{os.getuid() if hasattr(os, 'getuid') else 0}"
+        )
+        if writable_cache_dir([fallback]) is not None:
+            numba.config.CACHE_DIR = str(fallback)  # type: ignore[attr-defined]
+
 
 try:  # pragma: no cover - exercised by the import itself
     from numba import njit
+
+    _numba_cache_fallback()
 except ImportError:  # pragma: no cover
 
     def njit(*args, **kwargs):  # type: ignore[no-redef]
@@ -179,76 +219,6 @@ def gather_segments(values: np.ndarray, offsets: np.ndarray, order: np.ndarray) 
 
 
 @njit(cache=True, nogil=True)
-def balance_ranks(costs: np.ndarray, world: int, accum: int, max_rounds: int) -> np.ndarray:
-    """Assign each step's ``world*accum`` micro-batches to ranks, ``accum`` each, minimizing the most
-    loaded rank: LPT with a cardinality limit, then the best pairwise swap between any two ranks, repeated
-    while it lowers the sum of squared rank loads.
-
-    ``costs`` has ``n_steps * world * accum`` entries, step after step. Returns a permutation of the
-    micro-batches such that, inside each step, rank r owns slots ``r*accum .. r*accum+accum-1``; each rank
-    keeps its micro-batches in their original order.
-    """
-    k = world * accum
-    n_steps = costs.shape[0] // k
-    perm = np.empty(costs.shape[0], np.int64)
-    rank_of = np.empty(k, np.int64)
-    load = np.empty(world, np.float64)
-    count = np.empty(world, np.int64)
-    for s in range(n_steps):
-        base = s * k
-        c = costs[base : base + k]
-        order = np.argsort(-c, kind="mergesort")
-        load[:] = 0.0
-        count[:] = 0
-        for t in range(k):
-            j = order[t]
-            best = -1
-            for r in range(world):
-                if count[r] < accum and (best < 0 or load[r] < load[best]):
-                    best = r
-            rank_of[j] = best
-            load[best] += c[j]
-            count[best] += 1
-        # improvement: swap pairs of micro-batches between ranks while that lowers the sum of squared
-        # loads (each swap narrows the gap between two ranks; the maximum can only follow)
-        for _ in range(max_rounds):
-            best_gain = 0.0
-            bi = -1
-            bj = -1
-            for i in range(k):
-                p = rank_of[i]
-                for j in range(k):
-                    q = rank_of[j]
-                    if q == p:
-                        continue
-                    gap = load[p] - load[q]
-                    d = c[i] - c[j]
-                    if d <= 0.0 or d >= gap:
-                        continue
-                    gain = d * (gap - d)  # half the drop in load[p]^2 + load[q]^2
-                    if gain > best_gain:
-                        best_gain = gain
-                        bi = i
-                        bj = j
-            if bi < 0 or best_gain <= 1e-12 * (load[0] + 1.0) ** 2:
-                break
-            p = rank_of[bi]
-            q = rank_of[bj]
-            d = c[bi] - c[bj]
-            load[p] -= d
-            load[q] += d
-            rank_of[bi] = q
-            rank_of[bj] = p
-        # write out: rank by rank, original order inside a rank
-        fill = np.zeros(world, np.int64)
-        for j in range(k):
-            r = rank_of[j]
-            perm[base + r * accum + fill[r]] = base + j
-            fill[r] += 1
-    return perm
-
-
-@njit(cache=True, nogil=True)
 def optimal_edges(values: np.ndarray, counts: np.ndarray, n_buckets: int) -> np.ndarray:
     """Bucket upper edges minimizing total padding ``sum(bucket_max - length)`` over all samples.
 
@@ -324,14 +294,19 @@ def optimal_edges(values: np.ndarray, counts: np.ndarray, n_buckets: int) -> np.
 
 
 @njit(cache=True, nogil=True)
-def balance_ranks_speeds(
-    costs: np.ndarray, speeds: np.ndarray, world: int, accum: int, max_rounds: int
+def balance_ranks(
+    costs: np.ndarray, world: int, accum: int, max_rounds: int, speeds: np.ndarray, uniform: bool
 ) -> np.ndarray:
-    """:func:`balance_ranks` for ranks of different speeds: minimize the slowest rank's time ``load/speed``.
+    """Assign each step's ``world*accum`` micro-batches to ranks, ``accum`` each, minimizing the slowest
+    rank's time ``load / speed``: LPT with a cardinality limit (each micro-batch, most costly first, to the
+    rank that would finish it first), then the best pairwise swap between any two ranks, repeated while it
+    lowers the sum of squared rank times (a swap narrows the gap between two ranks; the maximum can only
+    follow).
 
-    LPT (each micro-batch, most costly first, to the rank that would finish it first among those with fewer
-    than ``accum``), then the best pairwise swap while it lowers the sum of squared rank times. Same output
-    layout as :func:`balance_ranks`.
+    ``costs`` has ``n_steps * world * accum`` entries, step after step; ``uniform`` says every speed is 1
+    (then the arithmetic is the plain-load one, so a plan does not depend on rounding through speeds).
+    Returns a permutation of the micro-batches such that, inside each step, rank r owns slots
+    ``r*accum .. r*accum+accum-1``; each rank keeps its micro-batches in their original order.
     """
     k = world * accum
     n_steps = costs.shape[0] // k
@@ -349,19 +324,16 @@ def balance_ranks_speeds(
         for t in range(k):
             j = order[t]
             best = -1
-            best_time = 0.0
+            best_key = 0.0
             for r in range(world):
                 if count[r] < accum:
-                    finish = (load[r] + c[j]) / speeds[r]
-                    if best < 0 or finish < best_time:
+                    key = load[r] if uniform else (load[r] + c[j]) / speeds[r]
+                    if best < 0 or key < best_key:
                         best = r
-                        best_time = finish
+                        best_key = key
             rank_of[j] = best
             load[best] += c[j]
             count[best] += 1
-        scale = 0.0
-        for r in range(world):
-            scale = max(scale, load[r] / speeds[r])
         for _ in range(max_rounds):
             best_gain = 0.0
             bi = -1
@@ -375,16 +347,16 @@ def balance_ranks_speeds(
                     d = c[i] - c[j]
                     if d <= 0.0:
                         continue
-                    lp = load[p]
-                    lq = load[q]
-                    gain = (lp * lp - (lp - d) * (lp - d)) * inv2[p] + (lq * lq - (lq + d) * (lq + d)) * inv2[
-                        q
-                    ]
+                    # half the drop in sum(load^2 / speed^2); with unit speeds d * (gap - d)
+                    if uniform:
+                        gain = d * ((load[p] - load[q]) - d)
+                    else:
+                        gain = d * ((inv2[p] * load[p] - inv2[q] * load[q]) - d * (inv2[p] + inv2[q]) / 2.0)
                     if gain > best_gain:
                         best_gain = gain
                         bi = i
                         bj = j
-            if bi < 0 or best_gain <= 1e-12 * (scale + 1.0) ** 2:
+            if bi < 0 or best_gain <= 1e-12 * (load[0] + 1.0) ** 2:
                 break
             p = rank_of[bi]
             q = rank_of[bj]
@@ -393,6 +365,7 @@ def balance_ranks_speeds(
             load[q] += d
             rank_of[bi] = q
             rank_of[bj] = p
+        # write out: rank by rank, original order inside a rank
         fill = np.zeros(world, np.int64)
         for j in range(k):
             r = rank_of[j]
@@ -444,4 +417,259 @@ def recut_packed(
         room[chosen] -= length
         load[best] += weight[i]
         bin_of[i] = chosen
+    return bin_of
+
+
+@njit(cache=True, nogil=True)
+def recut_padded(
+    lens: np.ndarray, offsets: np.ndarray, speeds: np.ndarray, accum: int, budget: int, cost: np.ndarray
+) -> np.ndarray:
+    """Re-cut one assigned padded step among ranks of different speeds by moving whole rows.
+
+    ``lens[offsets[q]:offsets[q+1]]`` is micro-batch ``q``, run by rank ``q // accum``; a micro-batch costs
+    ``count * (a*L + b*L*L)`` plus ``c`` (``cost = (a, b, c)``, ``L`` its longest), a rank's time is its
+    cost over its speed. While the slowest rank's time can be lowered, the move that leaves the two ranks
+    it touches with the lowest slower time is made: the shortest row not yet moved of one of the slowest
+    rank's micro-batches (one that keeps another original row, so its longest does not change) into a
+    micro-batch of another rank that stays within ``count * longest <= budget``. Moved rows stay where they
+    land. Returns each row's micro-batch.
+    """
+    a, b, c = cost[0], cost[1], cost[2]
+    world = speeds.shape[0]
+    k = offsets.shape[0] - 1
+    n = lens.shape[0]
+    bin_of = np.empty(n, np.int64)
+    asc = np.empty(n, np.int64)  # each micro-batch's rows, shortest first
+    count = np.zeros(k, np.int64)
+    longest = np.zeros(k, np.int64)
+    left = np.zeros(k, np.int64)  # original rows not yet moved
+    nxt = np.zeros(k, np.int64)  # position in asc of the next to move
+    load = np.full(world, accum * c)
+    for q in range(k):
+        s0, e0 = offsets[q], offsets[q + 1]
+        part = np.argsort(lens[s0:e0], kind="mergesort")
+        for t in range(e0 - s0):
+            asc[s0 + t] = s0 + part[t]
+            bin_of[s0 + t] = q
+            if lens[s0 + t] > longest[q]:
+                longest[q] = lens[s0 + t]
+        count[q] = e0 - s0
+        left[q] = e0 - s0
+        nxt[q] = s0
+        load[q // accum] += count[q] * (a * longest[q] + b * longest[q] * longest[q])
+    for _ in range(n):
+        slow = 0
+        for r in range(1, world):
+            if load[r] / speeds[r] > load[slow] / speeds[slow]:
+                slow = r
+        now = load[slow] / speeds[slow]
+        best_src = -1
+        best_dst = -1
+        best_max = now
+        best_dst_time = 0.0
+        for src in range(slow * accum, (slow + 1) * accum):
+            if left[src] < 2:
+                continue
+            length = lens[asc[nxt[src]]]
+            ls = longest[src]
+            src_time = (load[slow] - (a * ls + b * ls * ls)) / speeds[slow]
+            for dst in range(k):
+                r = dst // accum
+                if r == slow:
+                    continue
+                ld = longest[dst] if longest[dst] > length else length
+                if (count[dst] + 1) * ld > budget:
+                    continue
+                lo = longest[dst]
+                added = (count[dst] + 1) * (a * ld + b * ld * ld) - count[dst] * (a * lo + b * lo * lo)
+                dst_time = (load[r] + added) / speeds[r]
+                worst = src_time if src_time > dst_time else dst_time
+                if worst < best_max or (best_src >= 0 and worst == best_max and dst_time < best_dst_time):
+                    best_src, best_dst, best_max, best_dst_time = src, dst, worst, dst_time
+        if best_src < 0:
+            break
+        row = asc[nxt[best_src]]
+        nxt[best_src] += 1
+        left[best_src] -= 1
+        count[best_src] -= 1
+        ls = longest[best_src]
+        load[slow] -= a * ls + b * ls * ls
+        r = best_dst // accum
+        lo = longest[best_dst]
+        ld = lo if lo > lens[row] else lens[row]
+        load[r] += (count[best_dst] + 1) * (a * ld + b * ld * ld) - count[best_dst] * (a * lo + b * lo * lo)
+        count[best_dst] += 1
+        longest[best_dst] = ld
+        bin_of[row] = best_dst
+    return bin_of
+
+
+@njit(cache=True, nogil=True)
+def permute_in_place(values: np.ndarray, order: np.ndarray, seen: np.ndarray) -> None:
+    """``values[i] = values[order[i]]`` (the values before) for every ``i``, in place, cycle by cycle.
+
+    ``seen`` is a zeroed uint8 scratch array as long as ``values`` (left all ones).
+    """
+    for i in range(values.shape[0]):
+        if seen[i]:
+            continue
+        first = values[i]
+        j = i
+        while True:
+            seen[j] = 1
+            k = order[j]
+            if k == i:
+                values[j] = first
+                break
+            values[j] = values[k]
+            j = k
+
+
+@njit(cache=True, nogil=True)
+def _greedy(lens: np.ndarray, a: int, e: int, limit: int, packed: bool, out: np.ndarray, k: int) -> int:
+    """Greedy cut of ``lens[a:e]`` with piece cost (``sum`` if packed, else ``count * longest``) <= ``limit``
+    (a single item always forms a piece). Writes piece ends to ``out[k:]``; returns the new ``k``."""
+    cnt = 0
+    longest = 0
+    total = 0
+    for i in range(a, e):
+        length = lens[i]
+        m = longest if longest > length else length
+        c = total + length if packed else (cnt + 1) * m
+        if cnt > 0 and c > limit:
+            out[k] = i
+            k += 1
+            cnt = 1
+            longest = length
+            total = length
+        else:
+            cnt += 1
+            longest = m
+            total += length
+    out[k] = e
+    return k + 1
+
+
+@njit(cache=True, nogil=True)
+def _even_segment(
+    lens: np.ndarray, a: int, e: int, budget: int, max_pieces: int, packed: bool, out: np.ndarray, k: int
+) -> int:
+    """Cut ``lens[a:e]`` into at most ``max_pieces`` pieces of cost <= ``budget`` whose costs are as even as
+    a contiguous cut allows: the smallest limit whose greedy cut needs <= ``max_pieces`` pieces (binary
+    search), then one backward pass that moves items from each piece into the next while that lowers the
+    larger of the two costs (the greedy cut leaves its slack at the end). Writes piece ends to ``out[k:]``
+    and returns the new ``k``; the caller checks that the greedy cut under ``budget`` fits ``max_pieces``."""
+    lo = 1
+    for i in range(a, e):
+        if lens[i] > lo:
+            lo = lens[i]
+    hi = budget
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _greedy(lens, a, e, mid, packed, out, k) - k <= max_pieces:
+            hi = mid
+        else:
+            lo = mid + 1
+    k_end = _greedy(lens, a, e, lo, packed, out, k)
+    # backward pass: pieces p-1 = [s, m) and p = [m, end)
+    for p in range(k_end - 1, k, -1):
+        end = out[p]
+        m = out[p - 1]
+        s = a if p - 1 == k else out[p - 2]
+        cnt_q = end - m
+        max_q = 0
+        sum_q = 0
+        for i in range(m, end):
+            sum_q += lens[i]
+            if lens[i] > max_q:
+                max_q = lens[i]
+        # prefix maxima and sums of piece p-1
+        pre_max = np.empty(m - s, np.int64)
+        pre_sum = np.empty(m - s, np.int64)
+        run_max = 0
+        run_sum = 0
+        for i in range(s, m):
+            if lens[i] > run_max:
+                run_max = lens[i]
+            run_sum += lens[i]
+            pre_max[i - s] = run_max
+            pre_sum[i - s] = run_sum
+        cut = m
+        while cut - s > 1:
+            item = lens[cut - 1]
+            new_q_max = max_q if max_q > item else item
+            if packed:
+                cost_p = pre_sum[cut - 1 - s]
+                cost_q = sum_q
+                new_p = pre_sum[cut - 2 - s]
+                new_q = sum_q + item
+            else:
+                cost_p = (cut - s) * pre_max[cut - 1 - s]
+                cost_q = cnt_q * max_q
+                new_p = (cut - 1 - s) * pre_max[cut - 2 - s]
+                new_q = (cnt_q + 1) * new_q_max
+            old = cost_p if cost_p > cost_q else cost_q
+            new = new_p if new_p > new_q else new_q
+            if new >= old or new_q > budget:
+                break
+            cut -= 1
+            cnt_q += 1
+            max_q = new_q_max
+            sum_q += item
+        out[p - 1] = cut
+    return k_end
+
+
+@njit(cache=True, nogil=True)
+def cut_even(lens: np.ndarray, segments: np.ndarray, budget: int, packed: bool) -> np.ndarray:
+    """Like :func:`cut_padded` (a new piece wherever ``segments`` changes), with the same number of pieces
+    per segment as the greedy cut but costs as even as a contiguous cut allows (see ``_even_segment``): no
+    segment ends in a nearly empty micro-batch. Returns offsets."""
+    n = lens.shape[0]
+    out = np.empty(n + 1, np.int64)
+    out[0] = 0
+    k = 1
+    a = 0
+    scratch = np.empty(n + 1, np.int64)
+    while a < n:
+        e = a + 1
+        while e < n and segments[e] == segments[a]:
+            e += 1
+        pieces = _greedy(lens, a, e, budget, packed, scratch, 0)
+        k = _even_segment(lens, a, e, budget, pieces, packed, out, k)
+        a = e
+    return out[:k]
+
+
+@njit(cache=True, nogil=True)
+def cut_into(lens: np.ndarray, n_pieces: int, budget: int, packed: bool) -> np.ndarray:
+    """Offsets of at most ``n_pieces`` contiguous pieces of ``lens`` with costs <= ``budget`` and as even as
+    a contiguous cut allows; empty when even the greedy cut under ``budget`` needs more pieces."""
+    n = lens.shape[0]
+    out = np.empty(n + 1, np.int64)
+    out[0] = 0
+    if n == 0 or _greedy(lens, 0, n, budget, packed, out, 1) - 1 > n_pieces:
+        return out[:0]
+    k = _even_segment(lens, 0, n, budget, n_pieces, packed, out, 1)
+    return out[:k]
+
+
+@njit(cache=True, nogil=True)
+def lpt_bins(lens: np.ndarray, n_bins: int, budget: int) -> np.ndarray:
+    """Packed rows: deal items, longest first, each to the least loaded of ``n_bins`` bins; returns each
+    item's bin, or an empty array if some item would overflow the budget (the caller then cuts
+    contiguously). Loads end within one item of each other."""
+    order = np.argsort(-lens, kind="mergesort")
+    load = np.zeros(n_bins, np.int64)
+    bin_of = np.empty(lens.shape[0], np.int64)
+    for t in range(lens.shape[0]):
+        i = order[t]
+        best = 0
+        for b in range(1, n_bins):
+            if load[b] < load[best]:
+                best = b
+        if load[best] + lens[i] > budget:
+            return np.empty(0, np.int64)
+        load[best] += lens[i]
+        bin_of[i] = best
     return bin_of

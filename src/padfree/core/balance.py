@@ -8,11 +8,14 @@ epoch exactly once. A step's layout is a pure function of its items and the :cla
 
 Two ways to give a step to ranks of different speeds:
 
-- *assignment*: whole micro-batches, the costly ones to the fast ranks (``_kernels.balance_ranks_speeds``);
-- *re-cut* (packed): the step's items are packed again into ``grad_accum`` bins per rank, each at most the
-  budget, the heavier share to the faster ranks (``_kernels.recut_packed``). Equal-size bins cannot be
-  balanced by assignment, and a re-cut can only give a fast rank more than the average if the average
-  leaves room: a dynamic packed plan fills its bins to ``headroom * budget`` (:func:`plan_budget`).
+- *assignment*: whole micro-batches, the costly ones to the fast ranks (``_kernels.balance_ranks``);
+- *re-cut*: the step's items are cut again into ``grad_accum`` micro-batches per rank, each within the
+  budget, the heavier share to the faster ranks: packed, best fit into bins (``_kernels.recut_packed``);
+  padded, whole rows moved from the slowest rank's micro-batches to similar-length ones of faster ranks
+  (``_kernels.recut_padded``).
+  Equal-cost micro-batches cannot be balanced by assignment, and a re-cut can only give a fast rank more
+  than the average if the average leaves room: a dynamic plan fills its micro-batches to ``headroom *
+  budget`` (:func:`plan_budget`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class Balance:
         cost: ``(a, b, c)`` of the cost model ``a*slots + b*attention + c``.
         speeds: relative speed of each rank, mean 1 (``None``: all equal).
         fitted: ``cost`` was fitted to measured seconds (else it is a configured model, in token units).
-        recut: packed steps are re-cut among ranks (dynamic balancing), not only assigned.
+        recut: steps are re-cut among ranks (dynamic balancing), not only assigned.
     """
 
     cost: tuple[float, float, float]
@@ -77,24 +80,52 @@ class Balance:
 
 
 def plan_budget(config: PlanConfig, headroom: float) -> int | None:
-    """The token budget a dynamic packed plan fills its bins to (``None``: the config's).
+    """The token budget a dynamic plan fills its micro-batches to (``None``: the config's): packed bins to
+    ``sum <= headroom * budget``, padded micro-batches to ``count * longest <= headroom * budget``.
 
     >>> plan_budget(PlanConfig(strategy="packed", budget=1000), 0.85)
     850
-    >>> plan_budget(PlanConfig(strategy="bucketed", budget=1000), 0.85) is None
+    >>> plan_budget(PlanConfig(strategy="bucketed", budget=1000), 0.85)
+    850
+    >>> plan_budget(PlanConfig(strategy="bucketed", budget=1000), 1.0) is None
     True
     """
     if not (isinstance(headroom, (int, float)) and 0.5 <= headroom <= 1.0):
         raise ConfigError(f"balance headroom must be a number in 0.5 .. 1 (got {headroom!r})")
-    if not config.packed or headroom == 1.0:
+    if headroom == 1.0:
         return None
     return max(1, int(config.budget * headroom))
 
 
-def default_headroom(world_size: int) -> float:
+def default_headroom(
+    world_size: int, config: PlanConfig | None = None, lengths: np.ndarray | None = None
+) -> float:
     """Room for one rank ~1.4x slower than the others: ``1 - 0.3 / world_size`` (0.85 at 2 ranks, 0.9625
-    at 8), 1 for one rank."""
-    return 1.0 if world_size <= 1 else 1.0 - 0.3 / world_size
+    at 8), 1 for one rank.
+
+    A padded plan (``config`` not packed) is re-cut by moving whole rows, and an item longer than half the
+    planning budget fills a micro-batch alone: where such items hold more than half of the tokens
+    (``lengths`` clipped at the budget; long documents), the room would cost more tokens per step than the
+    re-cut can win back, and the headroom is 1.
+
+    >>> default_headroom(2), default_headroom(8)
+    (0.85, 0.9625)
+    >>> cfg = PlanConfig(strategy="bucketed", budget=1000)
+    >>> default_headroom(2, cfg, np.array([100] * 9)), default_headroom(2, cfg, np.array([100, 900, 1000]))
+    (0.85, 1.0)
+    """
+    if world_size <= 1:
+        return 1.0
+    room = 1.0 - 0.3 / world_size
+    if config is None or config.packed or lengths is None or np.shape(lengths)[0] == 0:
+        return room
+    lengths = np.asarray(lengths)
+    total = long = 0
+    for i in range(0, lengths.shape[0], 1 << 22):  # in chunks: bounded memory at any epoch size
+        clipped = np.minimum(lengths[i : i + (1 << 22)], config.budget).astype(np.int64)
+        total += int(clipped.sum())
+        long += int(clipped[clipped > room * config.budget / 2].sum())
+    return room if 2 * long <= total else 1.0
 
 
 def micro_costs(lens: np.ndarray, offsets: np.ndarray, packed: bool, model: tuple) -> np.ndarray:
@@ -138,28 +169,53 @@ def step_layout(
     if offsets.shape[0] - 1 != w * g:
         raise ValueError(f"a step of {offsets.shape[0] - 1} micro-batches for {w} x {g}")
     costs = micro_costs(lens, offsets, config.packed, balance.cost)
-    if balance.speeds is None:
-        perm = steps.assign_ranks(costs, w, g)
-        speeds = np.ones(w)
-    else:
-        speeds = np.asarray(balance.speeds, dtype=np.float64)
-        perm = _kernels.balance_ranks_speeds(costs, speeds, w, g, 64) if w > 1 else np.arange(g)
+    speeds = np.ones(w) if balance.speeds is None else np.asarray(balance.speeds, dtype=np.float64)
+    perm = steps.assign_ranks(costs, w, g, speeds=None if balance.speeds is None else speeds)
     ids = np.arange(lens.shape[0], dtype=np.int64)
     order, new_offsets = _kernels.gather_segments(ids, offsets.astype(np.int64), perm)
-    if not (balance.recut and config.packed and w > 1 and lens.size):
+    if not (balance.recut and w > 1 and lens.size):
         return order, new_offsets
+    cap = int(config.budget if budget is None else budget)
+    assigned = (costs[perm].reshape(w, g).sum(axis=1) / speeds).max()
+    if not config.packed:
+        return _recut_padded(lens, (order, new_offsets), balance.cost, speeds, g, cap, assigned)
     a, b, c = balance.cost
     lf = lens.astype(np.float64)
     weight = a * lf + b * lf * lf
-    cap = int(config.budget if budget is None else budget)
     bin_of = _kernels.recut_packed(lens.astype(np.int64), weight, float(c), speeds, g, cap)
     if bin_of.size == 0:
         return order, new_offsets
-    assigned = (costs[perm].reshape(w, g).sum(axis=1) / speeds).max()
     recut = ((np.bincount(bin_of // g, weights=weight, minlength=w) + g * c) / speeds).max()
     if not recut < assigned:
         return order, new_offsets
-    recut_order = _kernels.counting_argsort(bin_of, w * g)
-    recut_offsets = np.zeros(w * g + 1, dtype=np.int64)
-    np.cumsum(np.bincount(bin_of, minlength=w * g), out=recut_offsets[1:])
-    return recut_order.astype(np.int64, copy=False), recut_offsets
+    return _by_bin(bin_of, w * g)
+
+
+def _by_bin(bin_of: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, offsets)`` of items labelled with their micro-batch ``bin_of`` (stable inside one)."""
+    offsets = np.zeros(k + 1, dtype=np.int64)
+    np.cumsum(np.bincount(bin_of, minlength=k), out=offsets[1:])
+    return _kernels.counting_argsort(bin_of, k).astype(np.int64, copy=False), offsets
+
+
+def _recut_padded(
+    lens: np.ndarray,
+    assignment: tuple,
+    model: tuple,
+    speeds: np.ndarray,
+    accum: int,
+    cap: int,
+    assigned: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A padded step's ``assignment`` re-cut by moving whole rows from the slowest rank's micro-batches to
+    similar-length ones of faster ranks (``_kernels.recut_padded``, ``count * longest <= cap``), kept only
+    when it lowers the slowest rank's modeled time below ``assigned``."""
+    order, offsets = assignment
+    k = offsets.shape[0] - 1
+    lens_a = lens[order].astype(np.int64)
+    bin_of = _kernels.recut_padded(lens_a, offsets, speeds, accum, cap, np.asarray(model, dtype=np.float64))
+    moved, new_offsets = _by_bin(bin_of, k)
+    per_rank = micro_costs(lens_a[moved], new_offsets, False, model).reshape(-1, accum).sum(axis=1)
+    if not (per_rank / speeds).max() < assigned:
+        return assignment
+    return order[moved], new_offsets

@@ -13,6 +13,7 @@ import numpy as np
 
 from padfree.core import _kernels
 from padfree.core.buckets import bucket_of, growth_edges, jitter_edges, optimal_edges
+from padfree.core.mixing import Mix, merge_buckets
 
 Batches = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
 
@@ -83,68 +84,49 @@ def bucket_edges(
     return growth_edges(length, growth, 0.0 if rng is None else float(rng.random()))
 
 
-def merge_small_buckets(b: np.ndarray, length: np.ndarray, budget: int, mix: int) -> np.ndarray:
-    """Merge neighbouring buckets, shortest first, until each holds ``mix`` micro-batches' worth of samples
-    (``mix * (budget // longest)``); a short remainder joins the bucket below it. Returns dense bucket ids.
-
-    Without this, a sparse bucket of short samples fits in one or two micro-batches and those samples would
-    meet the same partners every epoch. Merging costs little padding: such buckets carry few tokens.
-    """
-    n_in = int(b.max()) + 1
-    n_b = np.bincount(b, minlength=n_in)
-    longest = np.zeros(n_in, np.int64)
-    np.maximum.at(longest, b, length)
-    new_id = np.zeros(n_in, np.int64)
-    cur, acc, acc_max, last_closed = 0, 0, 0, -1
-    for k in range(n_in):  # loops over buckets (dozens), not samples
-        new_id[k] = cur
-        if n_b[k] == 0:
-            continue
-        acc += int(n_b[k])
-        acc_max = max(acc_max, int(longest[k]))
-        if acc >= mix * max(1, budget // acc_max):
-            last_closed = cur
-            cur, acc, acc_max = cur + 1, 0, 0
-    if acc > 0 and last_closed >= 0:  # remainder at the long end joins the bucket below it
-        new_id[new_id == cur] = last_closed
-    new_id = np.unique(new_id, return_inverse=True)[1]
-    return new_id[b]
-
-
 def bucketed_batches(
-    length: np.ndarray, budget: int, rng: np.random.Generator, edges: np.ndarray, mix: int
-) -> Batches:
-    """Cut micro-batches inside each length bucket from a noisy length order.
+    length: np.ndarray, budget: int, rng: np.random.Generator, edges: np.ndarray, mix: Mix
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Cut micro-batches inside each length bucket from a noisy length order; returns ``(order, offsets,
+    strata, used_edges)``, ``used_edges`` being the upper edges of the buckets after merging.
 
-    Inside a bucket, item ``i`` gets the key ``rank_i + w_b * u_i`` where ``rank_i`` is its position in
-    length order (ties broken at random), ``u_i ~ U(0, 1)`` is fresh every epoch and ``w_b = mix * m_b`` is
-    ``mix`` micro-batches' worth of samples (``m_b = budget // longest_b``). Sorting by that key and cutting
-    greedily keeps each micro-batch's lengths close (little padding) while a sample's micro-batch
-    neighbours are drawn from about ``mix`` micro-batches' worth of samples of similar length, so two
-    samples share a micro-batch again with probability about ``1/mix``. A bucket smaller than ``w_b`` is
-    simply shuffled. Strata are bucket ids.
+    Buckets too small for their window merge first (:func:`padfree.core.mixing.merge_buckets`). Inside a
+    bucket, item ``i`` gets the key ``x_i + W_b * u_i`` where ``x_i`` is its position in length order
+    counted in tokens (the tokens of the bucket's shorter samples; ties in random order), ``u_i ~ U(0, 1)``
+    is fresh every epoch and ``W_b = window_b * budget`` is the bucket's window of micro-batches' worth of
+    tokens (``mix``: uniform, or chosen from the data, see :mod:`padfree.core.mixing`). Sorting by that key
+    and cutting keeps each micro-batch's lengths close (little padding) while a sample's micro-batch
+    partners are drawn from about ``window_b`` micro-batches' worth of samples of similar length, so two
+    samples share a micro-batch again with probability about ``(2/3) / window_b``. The cut gives each
+    bucket as many micro-batches as the greedy cut and evens their sizes (``_kernels.cut_even``). Strata
+    are bucket ids.
     """
     n = length.shape[0]
-    b = merge_small_buckets(bucket_of(length, edges), length, budget, mix)
+    b_in = bucket_of(length, edges)
+    n_in = int(b_in.max()) + 1
+    longest_in = np.zeros(n_in, np.int64)
+    np.maximum.at(longest_in, b_in, length)
+    group = merge_buckets(np.bincount(b_in, weights=length, minlength=n_in), longest_in, budget, mix)
+    b = group[b_in]
     n_buckets = int(b.max()) + 1
-    n_b = np.bincount(b, minlength=n_buckets)
+    used_edges = edges[: group.shape[0]][np.searchsorted(group, np.arange(n_buckets), side="right") - 1]
     longest_b = np.zeros(n_buckets, np.int64)
     np.maximum.at(longest_b, b, length)
-    m_b = np.maximum(1, budget // np.maximum(longest_b, 1))
-    w_b = (mix * m_b).astype(np.float64)
-    # rank inside the bucket in length order, ties at random, without sorting
+    w_b = mix.window(np.maximum(1, budget // np.maximum(longest_b, 1))) * float(budget)
+    # tokens before each item in (bucket, length) order, ties at random, without sorting
     top = int(length.max()) + 2
     per_len = np.bincount(length, minlength=top)
-    less = np.concatenate(([0], np.cumsum(per_len)))[:-1]  # items with length < L
-    bucket_start = np.concatenate(([0], np.cumsum(n_b)))[:-1]
+    tok_less = np.concatenate(([0], np.cumsum(per_len * np.arange(top, dtype=np.int64))))[:-1]
+    bucket_tokens = np.bincount(b, weights=length, minlength=n_buckets)
+    bucket_start = np.concatenate(([0.0], np.cumsum(bucket_tokens)))[:-1]
     u = rng.random((2, n))
-    rank = less[length] - bucket_start[b] + u[0] * per_len[length]
-    span = float((n_b + w_b).max()) + 1.0
-    key = b * span + rank + w_b[b] * u[1]
+    x = tok_less[length] - bucket_start[b] + u[0] * (per_len[length] * length)
+    span = float(bucket_tokens.max() + w_b.max()) + 1.0
+    key = b * span + x + w_b[b] * u[1]
     order = np.argsort(key, kind="stable")
-    offsets = cut(length[order], budget, b[order])
+    offsets = _kernels.cut_even(length[order], b[order], int(budget), False)
     strata = b[order[offsets[:-1]]]
-    return order, offsets, strata
+    return order, offsets, strata, used_edges
 
 
 def packed_batches(length: np.ndarray, budget: int, rng: np.random.Generator) -> Batches:

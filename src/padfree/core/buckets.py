@@ -9,6 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from padfree.core import _kernels
+from padfree.errors import ConfigError
+
+MAX_DP_CELLS = 2**25
+"""The most cells of ``optimal_edges``' split table, ``(buckets + 1) * (distinct lengths + 1)`` (int64:
+256 MiB)."""
 
 
 def growth_edges(lengths: np.ndarray, growth: float, phase: float = 0.0) -> np.ndarray:
@@ -23,21 +28,38 @@ def growth_edges(lengths: np.ndarray, growth: float, phase: float = 0.0) -> np.n
     lo = float(lengths.min())
     hi = float(lengths.max())
     n = int(np.ceil(np.log(hi / lo) / np.log(growth) - phase)) + 2
-    edges = np.ceil(lo * growth ** (np.arange(n, dtype=np.float64) + phase) - 1e-9).astype(np.int64)
+    with np.errstate(over="ignore"):  # a huge growth overshoots in float; capped before the cast
+        raw = lo * growth ** (np.arange(n, dtype=np.float64) + phase)
+    edges = np.ceil(np.minimum(raw, 2.0**62) - 1e-9).astype(np.int64)
     edges = np.unique(np.maximum(edges, int(lo)))
     last = int(np.searchsorted(edges, hi, side="left"))
     return edges[: last + 1]
 
 
-def optimal_edges(lengths: np.ndarray, n_buckets: int) -> np.ndarray:
+def optimal_edges(lengths: np.ndarray, n_buckets: int, counts: np.ndarray | None = None) -> np.ndarray:
     """The ``n_buckets`` upper edges that minimize total padding when every sample is padded to its bucket's
     upper edge: ``sum_i (edge(b_i) - L_i)``. Exact (dynamic programming over the D distinct lengths with
-    divide-and-conquer optimization, O(n_buckets * D log D)).
+    divide-and-conquer optimization, O(n_buckets * D log D)). With ``counts``, ``lengths`` are the distinct
+    lengths (ascending) and ``counts`` how many samples have each (a histogram instead of every sample).
 
     >>> optimal_edges(np.array([10, 10, 11, 50, 52, 100]), 3).tolist()
     [11, 52, 100]
+    >>> optimal_edges(np.array([10, 11, 50, 52, 100]), 3, counts=np.array([2, 1, 1, 1, 1])).tolist()
+    [11, 52, 100]
     """
-    values, counts = np.unique(lengths, return_counts=True)
+    if counts is None:
+        values, counts = np.unique(lengths, return_counts=True)
+    else:  # ``lengths`` are already the distinct lengths, ascending, and ``counts`` their multiplicities
+        values = np.asarray(lengths)
+    k = min(int(n_buckets), values.shape[0])
+    if (k + 1) * (values.shape[0] + 1) > MAX_DP_CELLS:
+        most = max(1, MAX_DP_CELLS // (values.shape[0] + 1) - 1)
+        mib = (k + 1) * (values.shape[0] + 1) * 8 / 2**20
+        raise ConfigError(
+            f"{n_buckets} padding-optimal buckets over {values.shape[0]:,} distinct lengths need a "
+            f"{mib:,.0f} MiB table (limit {MAX_DP_CELLS * 8 // 2**20} MiB): use at most {most} buckets, "
+            "or --growth"
+        )
     return _kernels.optimal_edges(values.astype(np.int64), counts.astype(np.int64), int(n_buckets))
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import stat
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,17 @@ __all__ = ["DEFAULT_COST", "MAX_BUDGET", "OVERLONG", "STRATEGIES", "CostModel", 
 OVERLONG = ("error", "truncate", "split", "drop")
 MAX_BUDGET = 2**24
 """The largest token budget: packing keeps ~24 bytes per budget token (400 MB at this limit)."""
+MAX_RANKS = 2**20
+"""The largest world size, and the most micro-batches per rank per step (grad_accum)."""
+MAX_BUCKETS = 1024
+"""The most length buckets, whether asked for (``buckets``) or implied by ``growth`` over ``1 .. budget``."""
+MAX_MIX = 2**31 - 1
+"""The largest bucketed noise window (any value above the micro-batches of a bucket means: shuffle it)."""
+MAX_SEED = 2**63 - 1
+"""The largest seed (and epoch): they seed numpy's SeedSequence, which takes any int; int64 keeps them
+portable to every state format."""
+MAX_COST = 1e30
+"""The largest cost coefficient: a, b, c stay finite over any plan (``b * budget**2 * 1e9 micro-batches``)."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +45,17 @@ class CostModel:
     b: float = 0.0
     c: float = 0.0
     source: str = "manual"
+
+    def __post_init__(self) -> None:
+        for name in ("a", "b", "c"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_COST:
+                raise ConfigError(
+                    f"cost coefficient {name} must be a number from 0 to {MAX_COST:g} (got {v!r}); "
+                    "negative, infinite or NaN costs make every balance and throughput meaningless"
+                )
+        if self.a == self.b == self.c == 0:
+            raise ConfigError("cost coefficients a, b, c are all 0: every micro-batch would cost nothing")
 
     @classmethod
     def from_shape(cls, hidden: int = 4096, layers: int = 32, vocab: int = 32000) -> CostModel:
@@ -54,19 +78,47 @@ class CostModel:
     def load(cls, path: str | Path) -> CostModel:
         """Read a cost model written by ``padfree calibrate`` (JSON with keys a, b, c)."""
         p = Path(path)
+        data = read_cost_file(p)
+        values: list[Any] = [data.get(k) for k in ("a", "b", "c")]
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+            raise ConfigError(f"{p}: not a cost model (a JSON object with numbers a, b, c; got {values})")
         try:
-            data = json.loads(p.read_text())
-            return cls(a=float(data["a"]), b=float(data["b"]), c=float(data["c"]), source=str(p))
-        except FileNotFoundError:
-            raise ConfigError(f"{p}: cost file not found") from None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"{p}: not a cost model (a JSON object with numbers a, b, c): {exc}") from None
+            return cls(a=float(values[0]), b=float(values[1]), c=float(values[2]), source=str(p))
+        except ConfigError as exc:
+            raise ConfigError(f"{p}: {exc}") from None
 
     def save(self, path: str | Path, **extra: object) -> None:
         Path(path).write_text(json.dumps({**asdict(self), **extra}, indent=2) + "\n")
 
 
 DEFAULT_COST = CostModel.from_shape()
+
+MAX_COST_FILE_BYTES = 2**20
+
+
+def read_cost_file(path: str | Path) -> dict:
+    """The JSON object of a cost file (a regular file of at most 1 MiB); every problem is a one-line
+    :class:`ConfigError` naming the file."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: cost file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the cost file ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{p}: not a regular file (a folder, pipe or device cannot be a cost file)")
+    if st.st_size > MAX_COST_FILE_BYTES:
+        raise ConfigError(f"{p}: {st.st_size} bytes is too large for a cost file (limit 1 MiB)")
+    try:
+        data = json.loads(p.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the cost file ({exc.strerror or exc})") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ConfigError(f"{p}: not a cost model (malformed JSON: {str(exc)[:120]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: not a cost model (a JSON object with numbers a, b, c)")
+    return data
 
 
 @dataclass(frozen=True)
@@ -81,7 +133,9 @@ class PlanConfig:
         growth: bucketed: each bucket's upper edge is ``growth`` times the previous one.
         buckets: bucketed: if set, use this many buckets with padding-minimizing edges instead of growth.
         mix: bucketed: inside a bucket, samples are cut from a noisy length order whose noise spans
-            ``mix`` micro-batches, so two samples share a micro-batch again with probability ~1/mix.
+            ``mix`` micro-batches' worth of tokens, so two samples share a micro-batch again with
+            probability ~1/mix. ``None`` (default): chosen from the data, the largest value (8 to 128)
+            whose estimated padding efficiency is >= 0.96 (see docs/planning.md).
         overlong: what to do with samples longer than the budget: error, truncate, split or drop.
         seed: the seed; with the epoch it fixes every random choice.
         cost: the cost model used to balance ranks and to report compute efficiency.
@@ -93,7 +147,7 @@ class PlanConfig:
     grad_accum: int = 1
     growth: float = 1.25
     buckets: int | None = None
-    mix: int = 128
+    mix: int | None = None
     overlong: str = "error"
     seed: int = 0
     cost: CostModel = field(default_factory=lambda: DEFAULT_COST)
@@ -103,6 +157,8 @@ class PlanConfig:
             raise ConfigError(f"unknown strategy {self.strategy!r}: choose one of {', '.join(REGISTRY)}")
         for name in ("budget", "world_size", "grad_accum", "mix"):
             value = getattr(self, name)
+            if name == "mix" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1 (got {value!r})")
         if self.budget > MAX_BUDGET:
@@ -110,18 +166,35 @@ class PlanConfig:
                 f"budget must be <= {MAX_BUDGET} tokens per micro-batch (got {self.budget}); the planner's "
                 "memory grows with the budget"
             )
-        if not (isinstance(self.growth, (int, float)) and self.growth > 1.0 and self.growth < float("inf")):
-            raise ConfigError(f"growth must be a number > 1 (got {self.growth!r})")
-        if self.buckets is not None and (
-            isinstance(self.buckets, bool) or not isinstance(self.buckets, int) or self.buckets < 1
+        for name, top in (("world_size", MAX_RANKS), ("grad_accum", MAX_RANKS), ("mix", MAX_MIX)):
+            if getattr(self, name) is not None and getattr(self, name) > top:
+                raise ConfigError(f"{name} must be <= {top} (got {getattr(self, name)})")
+        if not (
+            isinstance(self.growth, (int, float))
+            and not isinstance(self.growth, bool)
+            and self.growth > 1.0
+            and self.growth < float("inf")
         ):
-            raise ConfigError(f"buckets must be an integer >= 1 (got {self.buckets!r})")
+            raise ConfigError(f"growth must be a number > 1 (got {self.growth!r})")
+        implied = math.log(self.budget) / math.log(self.growth)
+        if implied > MAX_BUCKETS:
+            least = self.budget ** (1.0 / MAX_BUCKETS)
+            raise ConfigError(
+                f"growth {self.growth!r} would cut 1 .. {self.budget} tokens into ~{implied:,.0f} buckets "
+                f"(at most {MAX_BUCKETS}); use a growth >= {math.ceil(least * 1e6) / 1e6} at this budget"
+            )
+        if self.buckets is not None and (
+            isinstance(self.buckets, bool)
+            or not isinstance(self.buckets, int)
+            or not 1 <= self.buckets <= MAX_BUCKETS
+        ):
+            raise ConfigError(f"buckets must be an integer from 1 to {MAX_BUCKETS} (got {self.buckets!r})")
         if self.overlong not in OVERLONG:
             raise ConfigError(
                 f"unknown overlong policy {self.overlong!r}: choose one of {', '.join(OVERLONG)}"
             )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"seed must be an integer >= 0 (got {self.seed!r})")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"seed must be an integer from 0 to {MAX_SEED} (got {self.seed!r})")
 
     @property
     def micro_per_step(self) -> int:

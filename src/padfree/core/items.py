@@ -70,7 +70,7 @@ def _num(x: object) -> object:
     if isinstance(x, (int, np.integer)):
         return int(x)
     f = float(x)  # type: ignore[arg-type]
-    return int(f) if f.is_integer() else f
+    return int(f) if f.is_integer() and abs(f) < 1e30 else f  # 1.5e+300, not its 301 digits
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,8 @@ def check_overlong(
     if n_over and overlong == "error":
         raise OverlongError(
             f"{n_over} sample(s) longer than the budget of {budget} tokens (first: sample {first}, "
-            f"longest: {longest} tokens); raise --budget or choose --overlong truncate|split|drop",
+            f"longest: {longest} tokens); raise the budget (budget=, --budget) or choose an overlong policy "
+            "(overlong=, --overlong: truncate, split or drop)",
             path=path,
         )
     if overlong == "drop" and n_over == n:

@@ -74,7 +74,7 @@ class Plan:
         offsets: micro-batch boundaries into ``indices`` (``n_micro + 1`` entries).
         lengths: tokens of each entry of ``indices`` (after truncation or splitting).
         starts: first token of each entry inside its sample (``None`` unless ``overlong='split'``).
-        edges: the bucket upper edges used this epoch (bucketed only).
+        edges: the bucket upper edges used this epoch, after sparse buckets merged (bucketed only).
         n_samples, truncated, split, dropped: the overlong policy's report.
         plan_seconds: wall time to make the plan.
     """
@@ -153,12 +153,22 @@ class Plan:
 
 
 def plan_in_memory(
-    lengths: np.ndarray, config: PlanConfig, epoch: int, *, path: str | None = None, t0: float | None = None
+    lengths: np.ndarray,
+    config: PlanConfig,
+    epoch: int,
+    *,
+    path: str | None = None,
+    t0: float | None = None,
+    assign: bool = True,
+    item_budget: int | None = None,
 ) -> Plan:
-    """Plan one epoch with every sample in memory: validate, apply the overlong policy, plan the items."""
+    """Plan one epoch with every sample in memory: validate, apply the overlong policy (at ``item_budget``,
+    default ``config.budget``), plan the items (``assign``: see :func:`plan_items`)."""
     t0 = time.perf_counter() if t0 is None else t0
     lengths = validate_lengths(lengths, path)
-    return plan_items(make_items(lengths, config.budget, config.overlong, path), config, epoch, t0=t0)
+    budget = config.budget if item_budget is None else item_budget
+    items = make_items(lengths, budget, config.overlong, path)
+    return plan_items(items, config, epoch, t0=t0, assign=assign)
 
 
 def plan_items(
@@ -186,7 +196,7 @@ def plan_items(
     if strata is not None:
         tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
         order, offsets = _kernels.gather_segments(order, offsets, steps.stratified_order(strata, tokens, rng))
-    offsets = steps.spread_tail(offsets, k)
+    order, offsets = steps.complete_last_step(order, offsets, length, k, config.budget, config.packed)
     lens = length[order]
     shapes = cost.micro_shapes(lens, offsets, config.packed)
     if assign and config.world_size > 1:

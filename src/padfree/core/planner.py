@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -54,3 +54,47 @@ def make_plan(
         window = window or _stream.DEFAULT_WINDOW
         return _stream.plan_stream(lengths, config, epoch, window=window, path=path, progress=progress, t0=t0)
     return plan_in_memory(lengths, config, epoch, path=path, t0=t0)
+
+
+def plan_pieces(
+    lengths: np.ndarray,
+    config: PlanConfig,
+    epoch: int = 0,
+    *,
+    path: str | None = None,
+    stream: bool | None = None,
+    window: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Iterator[Plan]:
+    """The epoch :func:`make_plan` makes, as consecutive pieces of whole steps, one in memory at a time.
+
+    In memory the one piece is :func:`make_plan`'s plan; on the window path each piece is one window's plan
+    (:func:`padfree.core.stream.iter_window_plans`), and their concatenation is :func:`make_plan`'s plan
+    (sample ids are global; the pieces' offsets start at 0). Measuring a plan piece by piece
+    (:class:`padfree.core.metrics.EpochMeter`) keeps memory at one window's, not the epoch's.
+
+    >>> cfg = PlanConfig(strategy="packed", budget=64, world_size=2, grad_accum=2, seed=3)
+    >>> lengths = np.arange(1, 201) % 60 + 1
+    >>> pieces = list(plan_pieces(lengths, cfg, 0, stream=True, window=50))
+    >>> whole = make_plan(lengths, cfg, 0, stream=True, window=50)
+    >>> len(pieces), np.array_equal(np.concatenate([p.indices for p in pieces]), whole.indices)
+    (4, True)
+    """
+    epoch = check_epoch(epoch)
+    try:
+        n = len(lengths)
+    except TypeError:
+        n = 0
+    if not (stream or (stream is None and n > STREAM_THRESHOLD)):
+        yield plan_in_memory(lengths, config, epoch, path=path)
+        return
+    windows = _stream.deal_windows(lengths, config, epoch, window or _stream.DEFAULT_WINDOW, path)
+    if windows.n_windows == 1:  # as plan_stream: one window is the in-memory plan
+        yield plan_in_memory(windows.lengths, config, epoch, path=path)
+        if progress is not None:
+            progress(1, 1)
+        return
+    for j, piece in _stream.iter_window_plans(windows, config, epoch, path):
+        yield piece
+        if progress is not None:
+            progress(j + 1, windows.n_windows)

@@ -120,7 +120,8 @@ def fit(
     world = stats.shape[0]
     n = [float(v) for v in stats[:, 0]]
     if math.fsum(n) == 0:
-        return tuple(prior), (tuple([1.0] * world) if speeds is None else tuple(speeds))
+        a0, b0, c0 = prior
+        return (a0, b0, c0), (tuple([1.0] * world) if speeds is None else tuple(speeds))
     unit = (scale[0], scale[1], 1.0)
     prior_s = [prior[j] * unit[j] for j in range(3)]
     inv = [1.0] * world if speeds is None else [1.0 / s for s in speeds]
@@ -149,7 +150,8 @@ def fit(
                 inv[r] = min(max(num / den, 1.0 / _SPEED_RANGE[1]), 1.0 / _SPEED_RANGE[0])
         mean_speed = math.fsum(1.0 / u for u in inv) / world
         inv = [u * mean_speed for u in inv]
-    return tuple(_sig(theta[j] / unit[j]) for j in range(3)), tuple(_sig(1.0 / u) for u in inv)
+    a, b, c = (_sig(theta[j] / unit[j]) for j in range(3))
+    return (a, b, c), tuple(_sig(1.0 / u) for u in inv)
 
 
 def prior_scale(

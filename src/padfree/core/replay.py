@@ -28,6 +28,7 @@ import numpy as np
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items
 from padfree.core.plan import Plan, plan_items
+from padfree.core.stream import plan_items_windowed, plan_stream
 from padfree.errors import ConfigError, StateError
 
 
@@ -85,21 +86,34 @@ def one_per_micro(items: Items, config: PlanConfig, epoch: int) -> Plan:
     )
 
 
-def plan_rest(items: Items, config: PlanConfig, epoch: int) -> Plan:
-    """``plan_items`` on what is left of an epoch, or :func:`one_per_micro` when too little is left."""
+def plan_rest(items: Items, config: PlanConfig, epoch: int, window: int | None = None) -> Plan:
+    """``plan_items`` on what is left of an epoch (window by window when more than ``window`` items are
+    left), or :func:`one_per_micro` when too little is left."""
     if len(items) == 0:
         return one_per_micro(items, config, epoch)
     try:
+        if window is not None and len(items) > window:
+            return plan_items_windowed(items, config, epoch, window, in_place=True)
         return plan_items(items, config, epoch, assign=False)
     except ConfigError:
         return one_per_micro(items, config, epoch)
 
 
-def replay(items: Items, config: PlanConfig, epoch: int, history: list[Segment]) -> tuple[Plan, int]:
+def replay(
+    items: Items | None,
+    config: PlanConfig,
+    epoch: int,
+    history: list[Segment],
+    *,
+    lengths: np.ndarray | None = None,
+    window: int | None = None,
+) -> tuple[Plan, int]:
     """The unassigned plan the last segment of ``history`` runs, and how many steps of the epoch came before.
 
     ``config``'s world size and grad-accum are ignored: each segment brings its own (and its budget, when
-    set).
+    set). With ``window`` the epoch is planned window by window from ``lengths``
+    (:func:`padfree.core.stream.plan_stream`, the plan ``make_plan`` makes of a huge epoch) and so is a
+    re-planned rest of more than ``window`` items; else the ``items`` are planned in memory.
 
     >>> import numpy as np
     >>> from padfree.core.items import make_items
@@ -114,14 +128,23 @@ def replay(items: Items, config: PlanConfig, epoch: int, history: list[Segment])
     if not history:
         raise StateError("empty resume history")
     seg = history[0]
-    plan = plan_items(items, _shape(config, seg), epoch, assign=False)
+    if window is not None:
+        if lengths is None:
+            raise StateError("a windowed replay needs the lengths")
+        cfg = _shape(config, seg)
+        plan = plan_stream(lengths, cfg, epoch, window=window, assign=False, item_budget=config.budget)
+    else:
+        if items is None:
+            raise StateError("an in-memory replay needs the items")
+        plan = plan_items(items, _shape(config, seg), epoch, assign=False)
     before = 0
     for i in range(1, len(history)):
         prev, seg = history[i - 1], history[i]
-        rest = rest_items(plan, prev.steps, items.n_samples)
+        rest = rest_items(plan, prev.steps, plan.n_samples)
+        del plan  # the rest is a view; the consumed part goes when the rest is planned
         before += prev.steps
         seed = derived_seed(config.seed, epoch, i, seg.world_size, seg.grad_accum, before, seg.budget)
-        plan = plan_rest(rest, _shape(config, seg).with_(seed=seed), epoch)
+        plan = plan_rest(rest, _shape(config, seg).with_(seed=seed), epoch, window)
     return plan, before
 
 

@@ -64,8 +64,72 @@ def spread_tail(offsets: np.ndarray, step_size: int) -> np.ndarray:
     return offsets
 
 
-def assign_ranks(costs: np.ndarray, world_size: int, grad_accum: int, max_rounds: int = 64) -> np.ndarray:
-    """Permutation of micro-batches that balances each step's ranks (see ``_kernels.balance_ranks``)."""
+def complete_last_step(
+    order: np.ndarray, offsets: np.ndarray, length: np.ndarray, step_size: int, budget: int, packed: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Make the micro-batch count a multiple of ``step_size`` by cutting the trailing partial step anew: the
+    samples of its ``r`` micro-batches (``r = n_micro % step_size``) become ``step_size`` micro-batches of
+    even cost: packed rows dealt longest first to the least loaded row (``_kernels.lpt_bins``), padded ones
+    sorted by length and cut where the largest piece is smallest (``_kernels.cut_into``). The last step then
+    costs about ``r / step_size`` of a full one, spread evenly over its ranks, instead of holding a few
+    halves beside whole micro-batches. No sample is duplicated or dropped; every piece obeys the budget.
+
+    When those samples are too few (or too long) for ``step_size`` pieces, the region grows by one whole
+    step at a time; if even the whole epoch cannot be cut so, :func:`spread_tail` splits micro-batches
+    (and says when that is impossible).
+
+    >>> order, offsets = complete_last_step(np.arange(5), np.array([0, 3, 5]), np.ones(5, np.int64), 4,
+    ...                                     budget=4, packed=False)
+    >>> np.diff(offsets).tolist()
+    [1, 1, 2, 1]
+    """
+    m = offsets.shape[0] - 1
+    r = m % step_size
+    if r == 0:
+        return order, offsets
+    first = m - r
+    while True:
+        a = int(offsets[first])
+        tail = order[a:]
+        n_pieces = m - first + step_size - r
+        bins = _kernels.lpt_bins(length[tail], n_pieces, budget) if packed else np.empty(0, np.int64)
+        if bins.shape[0] and np.bincount(bins, minlength=n_pieces).min() > 0:
+            tail = tail[_kernels.counting_argsort(bins, n_pieces)]
+            piece_ends = np.concatenate(([0], np.cumsum(np.bincount(bins, minlength=n_pieces))))
+        else:
+            tail = tail[np.argsort(length[tail], kind="stable")]
+            piece_ends = _split_largest(_kernels.cut_into(length[tail], n_pieces, budget, packed), n_pieces)
+        if piece_ends.shape[0] - 1 == n_pieces:
+            order = np.concatenate((order[:a], tail))
+            return order, np.concatenate((offsets[: first + 1], a + piece_ends[1:]))
+        if first == 0:
+            return order, spread_tail(offsets, step_size)
+        first = max(0, first - step_size)
+
+
+def _split_largest(offsets: np.ndarray, n_pieces: int) -> np.ndarray:
+    """Halve the piece with the most items until there are ``n_pieces`` (a half obeys its whole's budget)."""
+    while 1 < offsets.shape[0] <= n_pieces:
+        counts = np.diff(offsets)
+        j = int(np.argmax(counts))
+        if counts[j] < 2:
+            break
+        offsets = np.insert(offsets, j + 1, offsets[j] + counts[j] // 2)
+    return offsets
+
+
+def assign_ranks(
+    costs: np.ndarray,
+    world_size: int,
+    grad_accum: int,
+    max_rounds: int = 64,
+    speeds: np.ndarray | None = None,
+) -> np.ndarray:
+    """Permutation of micro-batches that balances each step's ranks (see ``_kernels.balance_ranks``), of
+    equal speed or of the given relative ``speeds``."""
     if world_size == 1:
         return np.arange(costs.shape[0], dtype=np.int64)
-    return _kernels.balance_ranks(costs.astype(np.float64), int(world_size), int(grad_accum), int(max_rounds))
+    uniform = speeds is None
+    speeds = np.ones(world_size) if speeds is None else np.asarray(speeds, dtype=np.float64)
+    c = costs.astype(np.float64)
+    return _kernels.balance_ranks(c, int(world_size), int(grad_accum), int(max_rounds), speeds, uniform)

@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from padfree.core import batching
+from padfree.core import batching, mixing
 
 if TYPE_CHECKING:
     from padfree.core.config import PlanConfig
 
 Formed = tuple[np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None"]
 """``(order, offsets, strata, edges)``: micro-batch ``j`` is ``order[offsets[j]:offsets[j+1]]``; ``strata``
-(or None) are the groups the step composer spreads evenly; ``edges`` the bucket edges used (or None)."""
+(or None) are the groups the step composer spreads evenly; ``edges`` the bucket upper edges used, after
+merging sparse buckets (or None)."""
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,17 @@ def _random(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Fo
 
 
 def _bucketed(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Formed:
+    mix = resolved_mix(length, cfg)
     edges = batching.bucket_edges(length, cfg.growth, cfg.buckets, rng)
-    return (*batching.bucketed_batches(length, cfg.budget, rng, edges, cfg.mix), edges)
+    return batching.bucketed_batches(length, cfg.budget, rng, edges, mix)
+
+
+def resolved_mix(length: np.ndarray, cfg: PlanConfig) -> mixing.Mix:
+    """The bucketed noise windows: ``cfg.mix`` for every bucket, or when it is None the rule chosen from
+    these item lengths (:func:`padfree.core.mixing.choose` on the unjittered bucket edges)."""
+    if cfg.mix is not None:
+        return mixing.Mix(uniform=cfg.mix)
+    return mixing.choose(length, cfg.budget, batching.bucket_edges(length, cfg.growth, cfg.buckets, None))
 
 
 def _packed(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Formed:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from padfree.core import _kernels
 from padfree.core._kernels import njit
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, check_overlong, make_items, validate_lengths
@@ -67,6 +68,8 @@ class Windows:
         starts: window ``j`` holds ``order[starts[j]:starts[j+1]]``.
         items: planned items per window (after the overlong policy).
         n_over: samples longer than the budget.
+        budget: the budget the overlong policy cut the items at (the config's, unless a plan with headroom
+            packs below it: see ``item_budget``).
     """
 
     lengths: np.ndarray
@@ -74,6 +77,7 @@ class Windows:
     starts: np.ndarray
     items: np.ndarray
     n_over: int = 0
+    budget: int | None = None
 
     @property
     def n_windows(self) -> int:
@@ -84,9 +88,17 @@ class Windows:
 
 
 def deal_windows(
-    lengths: np.ndarray, config: PlanConfig, epoch: int, window: int = DEFAULT_WINDOW, path: str | None = None
+    lengths: np.ndarray,
+    config: PlanConfig,
+    epoch: int,
+    window: int = DEFAULT_WINDOW,
+    path: str | None = None,
+    item_budget: int | None = None,
 ) -> Windows:
     """Validate the lengths, apply the overlong checks globally and deal the samples to windows.
+
+    ``item_budget`` (default ``config.budget``) is where the overlong policy cuts; a plan that leaves
+    headroom packs to a smaller ``config.budget`` than its items may reach.
 
     A window that would hold fewer items than one step (``world_size * grad_accum``) is merged into its
     neighbour.
@@ -99,14 +111,11 @@ def deal_windows(
         raise ConfigError(f"window must be an integer >= 1 (got {window!r})")
     lengths = validate_lengths(lengths, path, compact=True)
     n = int(lengths.shape[0])
-    budget = config.budget
+    budget = config.budget if item_budget is None else int(item_budget)
     k = config.micro_per_step
     n_windows = max(1, math.ceil(n / int(window)))
-    label_dtype = np.int8 if n_windows < 2**7 else np.int16 if n_windows < 2**15 else np.int32
     label_epoch = 0 if config.strategy == "sorted" else epoch
-    labels = epoch_rng(config.seed, label_epoch, config.strategy, 0).integers(
-        0, n_windows, n, dtype=label_dtype
-    )
+    labels = _labels(epoch_rng(config.seed, label_epoch, config.strategy, 0), n, n_windows)
 
     # one pass in chunks: items per window, and the overlong report
     items = np.zeros(n_windows, np.int64)
@@ -131,24 +140,35 @@ def deal_windows(
     total = int(items.sum())
     check_fills_step(total, config)
 
-    # merge windows too small for one step into the next one (the last into the previous one)
-    if items.min() < k:
-        new_id = np.zeros(n_windows, np.int64)
-        cur, acc = 0, 0
-        for j in range(n_windows):  # loops over windows, not samples
-            new_id[j] = cur
-            acc += int(items[j])
-            if acc >= k:
-                cur, acc = cur + 1, 0
-        if acc > 0:  # a short remainder joins the window before it
-            new_id[new_id == cur] = cur - 1
-        n_windows = int(new_id.max()) + 1
-        items = np.bincount(new_id, weights=items, minlength=n_windows).astype(np.int64)
-        labels = new_id.astype(label_dtype)[labels]
-
+    labels, items = _merge_small(labels, items, k)
     order: np.ndarray = np.empty(n, _index_dtype(n))
-    starts = _group_by_label(labels, n_windows, order)
-    return Windows(lengths=lengths, order=order, starts=starts, items=items, n_over=n_over)
+    starts = _group_by_label(labels, items.shape[0], order)
+    return Windows(lengths=lengths, order=order, starts=starts, items=items, n_over=n_over, budget=budget)
+
+
+def _merge_small(labels: np.ndarray, items: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Merge windows too small for one step (``k`` items) into the next one (the last into the previous
+    one); returns the new labels and items per window."""
+    if items.min() >= k:
+        return labels, items
+    n_windows = items.shape[0]
+    new_id = np.zeros(n_windows, np.int64)
+    cur, acc = 0, 0
+    for j in range(n_windows):  # loops over windows, not samples
+        new_id[j] = cur
+        acc += int(items[j])
+        if acc >= k:
+            cur, acc = cur + 1, 0
+    if acc > 0:  # a short remainder joins the window before it
+        new_id[new_id == cur] = cur - 1
+    n_windows = int(new_id.max()) + 1
+    items = np.bincount(new_id, weights=items, minlength=n_windows).astype(np.int64)
+    return new_id.astype(labels.dtype)[labels], items
+
+
+def _labels(rng: np.random.Generator, n: int, n_windows: int) -> np.ndarray:
+    dtype = np.int8 if n_windows < 2**7 else np.int16 if n_windows < 2**15 else np.int32
+    return rng.integers(0, n_windows, n, dtype=dtype)
 
 
 def plan_window(
@@ -158,11 +178,13 @@ def plan_window(
     epoch: int,
     path: str | None = None,
     ids: np.ndarray | None = None,
+    assign: bool = True,
 ) -> Plan:
     """Plan window ``j`` (or the samples ``ids``) on window ``j``'s random stream; the plan holds global
-    sample ids and whole steps."""
+    sample ids and whole steps (``assign``: see :func:`padfree.core.plan.plan_items`)."""
     ids = windows.samples(j) if ids is None else ids
-    it = make_items(windows.lengths[ids].astype(np.int64), config.budget, config.overlong, path)
+    budget = config.budget if windows.budget is None else windows.budget
+    it = make_items(windows.lengths[ids].astype(np.int64), budget, config.overlong, path)
     gids = ids.astype(np.int64)
     sample = gids if it.sample is None else gids[it.sample]
     items = Items(
@@ -174,11 +196,12 @@ def plan_window(
         split=it.split,
         dropped=it.dropped,
     )
-    return plan_items(items, config, epoch, rng=epoch_rng(config.seed, epoch, config.strategy, 1, j))
+    rng = epoch_rng(config.seed, epoch, config.strategy, 1, j)
+    return plan_items(items, config, epoch, rng=rng, assign=assign)
 
 
 def iter_window_plans(
-    windows: Windows, config: PlanConfig, epoch: int, path: str | None = None
+    windows: Windows, config: PlanConfig, epoch: int, path: str | None = None, assign: bool = True
 ) -> Iterator[tuple[int, Plan]]:
     """``(j, plan)`` for the windows in order, one window in memory at a time; ``j`` is the last window the
     plan covers. A window whose micro-batches cannot be made whole steps (nearly all of them single samples)
@@ -187,7 +210,7 @@ def iter_window_plans(
     for j in range(windows.n_windows):
         ids = windows.samples(j) if carry is None else np.concatenate([carry, windows.samples(j)])
         try:
-            plan = plan_window(windows, j, config, epoch, path, ids)
+            plan = plan_window(windows, j, config, epoch, path, ids, assign)
         except ConfigError:
             if j == windows.n_windows - 1:
                 raise
@@ -206,8 +229,12 @@ def plan_stream(
     path: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     t0: float | None = None,
+    assign: bool = True,
+    item_budget: int | None = None,
 ) -> Plan:
-    """Plan one epoch window by window and return one compact :class:`Plan`.
+    """Plan one epoch window by window and return one compact :class:`Plan` (``assign=False``: steps not
+    yet given to ranks, see :func:`padfree.core.plan.plan_items`; ``item_budget``: see
+    :func:`deal_windows`).
 
     ``indices`` are int32 (when there are fewer than 2**31 samples), ``lengths`` and ``starts`` int32,
     ``offsets`` int64. ``edges`` are window 0's (every window draws its own bucket phase). With a single
@@ -221,51 +248,133 @@ def plan_stream(
     """
     t0 = time.perf_counter() if t0 is None else t0
     epoch = check_epoch(epoch)
-    windows = deal_windows(lengths, config, epoch, window, path)
+    windows = deal_windows(lengths, config, epoch, window, path, item_budget)
     if windows.n_windows == 1:
-        plan = plan_in_memory(windows.lengths, config, epoch, path=path, t0=t0)
+        plan = plan_in_memory(
+            windows.lengths, config, epoch, path=path, t0=t0, assign=assign, item_budget=item_budget
+        )
         if progress is not None:
             progress(1, 1)
         return plan
     n = int(windows.lengths.shape[0])
-    total = int(windows.items.sum())
-    indices: np.ndarray = np.empty(total, _index_dtype(n))
-    lens = np.empty(total, np.int32)
     # as in the in-memory path: starts only when some sample was split
-    starts = np.empty(total, np.int32) if config.overlong == "split" and windows.n_over else None
-    offsets_parts = [np.zeros(1, np.int64)]
-    edges = None
-    pos, micro_base = 0, 0
-    truncated = split = dropped = 0
-    first = True
-    for j, p in iter_window_plans(windows, config, epoch, path):
-        m = int(p.indices.shape[0])
-        indices[pos : pos + m] = p.indices
-        lens[pos : pos + m] = p.lengths
-        if starts is not None:
-            starts[pos : pos + m] = 0 if p.starts is None else p.starts
-        offsets_parts.append(p.offsets[1:] + pos)
-        if first:
-            edges, first = p.edges, False
-        pos += m
-        micro_base += p.n_micro
-        truncated += p.truncated
-        split += p.split
-        dropped += p.dropped
+    out = _Concat(int(windows.items.sum()), n, config.overlong == "split" and windows.n_over > 0)
+    for j, p in iter_window_plans(windows, config, epoch, path, assign):
+        out.add(p)
         if progress is not None:
             progress(j + 1, windows.n_windows)
-    assert pos == total, (pos, total)
+    return out.plan(config, epoch, n, t0)
+
+
+class _Concat:
+    """Window plans written one after the other into compact arrays (int32 lengths and starts)."""
+
+    def __init__(self, total: int, n_samples: int, with_starts: bool) -> None:
+        self.total = total
+        self.indices: np.ndarray = np.empty(total, _index_dtype(n_samples))
+        self.lens = np.empty(total, np.int32)
+        self.starts = np.empty(total, np.int32) if with_starts else None
+        self.offsets = [np.zeros(1, np.int64)]
+        self.edges: np.ndarray | None = None
+        self.pos = 0
+        self.counts = [0, 0, 0]  # truncated, split, dropped
+        self.first = True
+
+    def add(self, p: Plan) -> None:
+        a, m = self.pos, int(p.indices.shape[0])
+        self.indices[a : a + m] = p.indices
+        self.lens[a : a + m] = p.lengths
+        if self.starts is not None:
+            self.starts[a : a + m] = 0 if p.starts is None else p.starts
+        self.offsets.append(p.offsets[1:] + a)
+        if self.first:
+            self.edges, self.first = p.edges, False
+        self.pos += m
+        for i, v in enumerate((p.truncated, p.split, p.dropped)):
+            self.counts[i] += v
+
+    def plan(self, config: PlanConfig, epoch: int, n_samples: int, t0: float) -> Plan:
+        assert self.pos == self.total, (self.pos, self.total)
+        truncated, split, dropped = self.counts
+        return Plan(
+            config=config,
+            epoch=epoch,
+            indices=self.indices,
+            offsets=np.concatenate(self.offsets),
+            lengths=self.lens,
+            starts=self.starts,
+            edges=self.edges,
+            n_samples=n_samples,
+            truncated=truncated,
+            split=split,
+            dropped=dropped,
+            plan_seconds=time.perf_counter() - t0,
+        )
+
+
+def plan_items_windowed(
+    items: Items, config: PlanConfig, epoch: int, window: int = DEFAULT_WINDOW, *, in_place: bool = False
+) -> Plan:
+    """Plan already prepared items window by window, steps not given to ranks (``assign=False``): the rest
+    of a huge epoch resumed at another shape (:mod:`padfree.core.replay`), in bounded memory.
+
+    The items are dealt to windows at random (from ``config.seed`` and the epoch), each window planned on
+    its own stream, the plans concatenated; a window too small for whole steps is planned with the next.
+    ``in_place=True`` reuses the items' own arrays for the plan (they are overwritten): the rest of an epoch
+    is re-planned without a second copy of it.
+
+    >>> from padfree.core.items import make_items
+    >>> cfg = PlanConfig(strategy="packed", budget=64, world_size=2, grad_accum=2, seed=3)
+    >>> p = plan_items_windowed(make_items(np.arange(1, 201) % 60 + 1, 64, "error"), cfg, 0, window=50)
+    >>> p.n_micro % 4, np.array_equal(np.sort(p.indices), np.arange(200))
+    (0, True)
+    """
+    t0 = time.perf_counter()
+    n = len(items)
+    n_windows = max(1, math.ceil(n / int(window)))
+    if n_windows == 1:
+        return plan_items(items, config, epoch, assign=False)
+    labels = _labels(epoch_rng(config.seed, epoch, config.strategy, 2), n, n_windows)
+    labels, per_window = _merge_small(labels, np.bincount(labels, minlength=n_windows), config.micro_per_step)
+    order: np.ndarray = np.empty(n, _index_dtype(n))
+    starts = _group_by_label(labels, per_window.shape[0], order)
+    del labels
+    # the items in window order, in their own arrays: every window is then one contiguous slice, and its
+    # plan (a permutation of the slice) is written back over it
+    arrays = [items.length, items.sample_ids()] + ([] if items.start is None else [items.start])
+    seen = np.zeros(n, np.uint8)
+    for i, arr in enumerate(arrays):
+        if not in_place or not arr.flags.writeable:
+            arrays[i] = arr = arr.copy()
+        seen[:] = 0
+        _kernels.permute_in_place(arr, order, seen)
+    del order, seen
+    length, sample = arrays[0], arrays[1]
+    start = arrays[2] if items.start is not None else None
+    offsets = [np.zeros(1, np.int64)]
+    lo = 0
+    for j in range(per_window.shape[0]):
+        hi = int(starts[j + 1])
+        part = Items(length[lo:hi], sample[lo:hi], None if start is None else start[lo:hi], items.n_samples)
+        rng = epoch_rng(config.seed, epoch, config.strategy, 3, j)
+        try:
+            p = plan_items(part, config, epoch, rng=rng, assign=False)
+        except ConfigError:
+            if j == per_window.shape[0] - 1:
+                raise
+            continue  # planned again together with the next window (the next slice)
+        sample[lo:hi], length[lo:hi] = p.indices, p.lengths
+        if start is not None:
+            start[lo:hi] = p.starts
+        offsets.append(p.offsets[1:] + lo)
+        lo = hi
     return Plan(
         config=config,
         epoch=epoch,
-        indices=indices,
-        offsets=np.concatenate(offsets_parts),
-        lengths=lens,
-        starts=starts,
-        edges=edges,
-        n_samples=n,
-        truncated=truncated,
-        split=split,
-        dropped=dropped,
+        indices=sample,
+        offsets=np.concatenate(offsets),
+        lengths=length,
+        starts=start,
+        n_samples=items.n_samples,
         plan_seconds=time.perf_counter() - t0,
     )

@@ -1,12 +1,15 @@
-"""From a dataset and a tokenizer to per-sample lengths: parallel, with a progress bar and a content cache.
+"""From datasets and a tokenizer to per-sample lengths: parallel, with a progress bar and a content cache.
 
-The cache key is the sha256 of the data's bytes, of the tokenizer's bytes and of every option that changes
-a count (mode, field, chat template, counting-rule version), so a second run on the same inputs only hashes
-the files and reads the stored counts, and any change to the data or the tokenizer misses.
+The counts are ``len(input_ids)`` of :func:`padfree.data.tokenization.encode_samples`, the function training
+tokenizes with, so a lengths file from here always matches the data it was counted on.
+
+The cache key is the sha256 of every source's bytes (in order), of the tokenizer's bytes and of every option
+that changes a count (formats, field names, chat template, rule version), so a second run on the same inputs
+only hashes the files and reads the stored counts, and any change to the data or the tokenizer misses.
 
 Example (library)::
 
-    res = count_lengths("data.jsonl.gz", "tokenizer.json", workers=4)
+    res = count_lengths(["a.jsonl.gz", "b/*.parquet"], "tokenizer.json", workers=4)
     res.lengths, res.loss_tokens, res.cache_hit
 """
 
@@ -19,34 +22,39 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from padfree.data import records
+from padfree.data.reading import MODES, Reading, field_map, readings
 from padfree.data.tokenization import (
     RULE_VERSION,
-    TokenCounter,
-    count_values,
+    Tokenizer,
+    encode_chunk,
     raise_record_error,
     tokenizer_kind,
 )
 from padfree.errors import ConfigError, InputError
 
-MODES = ("auto", "text", "messages")
+__all__ = ["MODES", "LengthsResult", "count_lengths", "default_cache_dir", "default_workers"]
 
 
 @dataclass(frozen=True)
 class LengthsResult:
-    """Token counts of one dataset.
+    """Token counts of one dataset (its sources concatenated in order).
 
     Attributes:
         lengths: tokens per sample (int64).
-        loss_tokens: loss-bearing tokens per sample: assistant turns of a chat, every token of a document.
+        loss_tokens: loss-bearing label positions per sample (assistant turns of a chat, a document's every
+            token after its first), as the collators count them.
         cache_hit: whether the counts came from the cache.
         cache_file: where they are (or were) stored; ``None`` when caching is off.
         seconds: wall time of the call.
+        formats: ``(source, format)`` of every source.
+        replaced: records whose lone UTF-16 surrogates became U+FFFD, and where the first one is.
     """
 
     lengths: np.ndarray
@@ -54,6 +62,8 @@ class LengthsResult:
     cache_hit: bool
     cache_file: Path | None
     seconds: float
+    formats: tuple[tuple[str, str], ...] = ()
+    replaced: tuple[int, str] = (0, "")
 
 
 def default_cache_dir() -> Path:
@@ -67,11 +77,13 @@ def default_workers() -> int:
 
 
 def count_lengths(
-    data: str | Path,
+    data: str | Path | Sequence[str | Path],
     tokenizer: str | Path,
     *,
     mode: str = "auto",
     field: str | None = None,
+    fields: Mapping[str, str] | None = None,
+    split: str | None = None,
     chat_template: bool = False,
     workers: int | None = None,
     cache_dir: str | Path | None = None,
@@ -79,85 +91,64 @@ def count_lengths(
     progress: bool = False,
     chunk_size: int = 512,
 ) -> LengthsResult:
-    """Count every record's tokens (see :mod:`padfree.data.tokenization` for the rules).
+    """Count every record's tokens (see :mod:`padfree.data.tokenization` for the rule).
 
-    ``mode`` ``text``: ``field`` (default ``text``) holds a document; ``messages``: ``field`` (default
-    ``messages``) holds a chat; ``auto``: a ``.jsonl`` record is a chat if it has ``messages``, else a
-    document in ``text`` (a columnar source uses its ``messages`` column if it has one, else ``text``).
-    A malformed record raises :class:`InputError` naming the file, the record and (for .jsonl) the line.
+    ``data``: files, globs and folders (counted in the order given, as one concatenated dataset). ``mode``:
+    the record format (:data:`MODES`; ``auto`` detects it per file, see :mod:`padfree.data.formats`);
+    ``field`` renames the format's main field, ``fields`` any field (``{"from": "speaker"}``); ``split``:
+    the split of a DatasetDict folder. A malformed record raises :class:`InputError` naming the file, the
+    record and (for .jsonl) the line.
     """
     t0 = time.perf_counter()
-    data = Path(data)
-    kind = records.source_kind(data)
+    names = field_map(mode, field, fields)
     tokenizer_kind(tokenizer)  # a clear error before any work
-    if mode not in MODES:
-        raise ConfigError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
     workers = default_workers() if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be an integer >= 1 (got {workers!r})")
-    column = None
-    if kind != "jsonl":
-        mode, column = _columnar_mode(data, mode, field)
-        field = column
-    elif mode != "auto":
-        field = field or ("text" if mode == "text" else "messages")
+    reads = readings(data, mode, names, split)
+    found = tuple((r.source.name, r.fmt) for r in reads)
     cache_file = None
     if use_cache:
-        key = _cache_key(data, tokenizer, mode, field, chat_template)
+        key = _cache_key(reads, tokenizer, names, chat_template)
         cache_file = Path(cache_dir or default_cache_dir()) / "lengths" / f"{key}.npz"
         hit = _read_cache(cache_file)
         if hit is not None:
-            return LengthsResult(hit[0], hit[1], True, cache_file, time.perf_counter() - t0)
-    totals, loss = _count(
-        data, tokenizer, kind, mode, field, column, chat_template, workers, progress, chunk_size
-    )
+            return LengthsResult(hit[0], hit[1], True, cache_file, time.perf_counter() - t0, found, hit[2])
+    totals, loss, replaced = _count(reads, tokenizer, names, chat_template, workers, progress, chunk_size)
     if cache_file is not None:
-        _write_cache(cache_file, totals, loss)
-    return LengthsResult(totals, loss, False, cache_file, time.perf_counter() - t0)
+        _write_cache(cache_file, totals, loss, replaced)
+    return LengthsResult(totals, loss, False, cache_file, time.perf_counter() - t0, found, replaced)
 
 
-def _columnar_mode(data: Path, mode: str, field: str | None) -> tuple[str, str]:
-    names = records.columns_of(data) or []
-    if mode == "auto":
-        if field:
-            mode = "messages" if field == "messages" else "text"
-        elif "messages" in names:
-            return "messages", "messages"
-        elif "text" in names:
-            return "text", "text"
-        else:
-            raise InputError(
-                f"no 'messages' or 'text' column (columns: {', '.join(names)}); use --field or --messages",
-                path=str(data),
-            )
-    column = field or ("text" if mode == "text" else "messages")
-    if column not in names:
-        raise InputError(f"missing column {column!r} (columns: {', '.join(names)})", path=str(data))
-    return mode, column
-
-
-def _cache_key(data: Path, tokenizer: str | Path, mode: str, field: str | None, chat_template: bool) -> str:
-    opts = {"rule": RULE_VERSION, "mode": mode, "field": field, "chat_template": bool(chat_template)}
+def _cache_key(reads: list[Reading], tokenizer: str | Path, names: dict, chat_template: bool) -> str:
+    opts = {
+        "rule": RULE_VERSION,
+        "formats": [r.fmt for r in reads],
+        "fields": names,
+        "chat_template": bool(chat_template),
+    }
     h = hashlib.sha256()
-    h.update(records.content_hash(data).encode())
+    for r in reads:
+        h.update(records.source_hash(r.source).encode())
     h.update(records.content_hash(tokenizer, skip_weights=True).encode())
     h.update(json.dumps(opts, sort_keys=True).encode())
     return h.hexdigest()
 
 
-def _read_cache(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
+def _read_cache(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[int, str]] | None:
     try:
         with np.load(path, allow_pickle=False) as z:
-            return z["lengths"].astype(np.int64), z["loss_tokens"].astype(np.int64)
+            replaced = (int(z["replaced"]), str(z["replaced_at"]))
+            return z["lengths"].astype(np.int64), z["loss_tokens"].astype(np.int64), replaced
     except (OSError, KeyError, ValueError, EOFError):  # absent or damaged: count again
         return None
 
 
-def _write_cache(path: Path, totals: np.ndarray, loss: np.ndarray) -> None:
+def _write_cache(path: Path, totals: np.ndarray, loss: np.ndarray, replaced: tuple[int, str]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, lengths=totals, loss_tokens=loss)
+        np.savez(tmp, lengths=totals, loss_tokens=loss, replaced=replaced[0], replaced_at=replaced[1])
         os.replace(tmp, path)
     except OSError as exc:  # a read-only cache must not fail the command
         print(f"padfree: warning: cannot write the cache {path} ({exc.strerror or exc})", file=sys.stderr)
@@ -165,53 +156,58 @@ def _write_cache(path: Path, totals: np.ndarray, loss: np.ndarray) -> None:
 
 # --- counting: one tokenizer per worker process --------------------------------------------------------
 
-_COUNTER: TokenCounter | None = None
+_TOKENIZER: Tokenizer | None = None
 _LOAD_ERROR: str | None = None
 
 
 def _init_worker(tokenizer: str, chat_template: bool) -> None:
-    global _COUNTER, _LOAD_ERROR
+    global _TOKENIZER, _LOAD_ERROR
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the pool is the parallelism
     try:
-        _COUNTER = TokenCounter(tokenizer, chat_template)
+        _TOKENIZER = Tokenizer(tokenizer, chat_template)
     except ConfigError as exc:  # raising in an initializer would make the pool respawn workers forever
         _LOAD_ERROR = str(exc)
 
 
 def _work(task: tuple) -> tuple:
-    values, first, progress_at, mode, field, jsonl = task
-    if _COUNTER is None:
-        return first, progress_at, None, None, (None, _LOAD_ERROR or "tokenizer not loaded")
-    totals, loss, err = count_values(_COUNTER, values, mode, field or "", jsonl)
-    return first, progress_at, totals, loss, err
+    values, first, done, source, fmt, names, jsonl = task
+    head = (source, first, done, jsonl)
+    if _TOKENIZER is None:
+        return (*head, None, None, (None, _LOAD_ERROR or "tokenizer not loaded"), ())
+    try:
+        res = encode_chunk(_TOKENIZER, values, jsonl, fmt, names)
+    except ConfigError as exc:  # the tokenizer has no EOS, ...
+        return (*head, None, None, (None, str(exc)), ())
+    if res.error is not None:
+        return (*head, None, None, res.error, res.replaced)
+    return (*head, res.encoded.lengths, res.encoded.loss_tokens, None, res.replaced)
+
+
+def _tasks(reads: list[Reading], names: dict, chunk_size: int):
+    for k, r in enumerate(reads):
+        size = max(records.source_size(r.source), 1)
+        for c in records.iter_chunks(r.source, r.columns, chunk_size):
+            yield c.values, c.first, k + min(c.progress / size, 1.0), k, r.fmt, names, r.jsonl
 
 
 def _count(
-    data: Path,
+    reads: list[Reading],
     tokenizer: str | Path,
-    kind: str,
-    mode: str,
-    field: str | None,
-    column: str | None,
+    names: dict,
     chat_template: bool,
     workers: int,
     progress: bool,
     chunk_size: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    jsonl = kind == "jsonl"
-    tasks = (
-        (c.values, c.first, c.progress, mode, field, jsonl)
-        for c in records.iter_chunks(data, column, chunk_size)
-    )
-    out_t: list[np.ndarray] = []
-    out_l: list[np.ndarray] = []
-    bar = _Bar(records.source_size(data), f"tokenizing {data.name}") if progress else None
+) -> tuple[np.ndarray, np.ndarray, tuple[int, str]]:
+    tasks = _tasks(reads, names, chunk_size)
+    out = _Collected(reads)
+    label = f"tokenizing {reads[0].source.path.name}" + (f" (+{len(reads) - 1})" if len(reads) > 1 else "")
+    bar = _Bar(len(reads), label) if progress else None
     try:
         if workers == 1:
-            global _COUNTER
-            _COUNTER = TokenCounter(tokenizer, chat_template)  # raises ConfigError here
-            results = map(_work, tasks)
-            _collect(results, data, jsonl, out_t, out_l, bar)
+            global _TOKENIZER
+            _TOKENIZER = Tokenizer(tokenizer, chat_template)  # raises ConfigError here
+            out.collect(map(_work, tasks), bar)
         else:
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
             init = (str(tokenizer), chat_template)
@@ -229,35 +225,51 @@ def _count(
 
             with ctx.Pool(workers, initializer=_init_worker, initargs=init) as pool:
                 try:
-                    _collect(pool.imap(_work, bounded()), data, jsonl, out_t, out_l, bar, ahead.release)
+                    out.collect(pool.imap(_work, bounded()), bar, ahead.release)
                 finally:
                     stop.set()
     finally:
         if bar is not None:
             bar.close()
-    if not out_t:
-        raise InputError("no records", path=str(data))
-    return np.concatenate(out_t), np.concatenate(out_l)
+    if not out.totals:
+        raise InputError("no records", path=", ".join(r.source.name for r in reads[:3]))
+    return np.concatenate(out.totals), np.concatenate(out.loss), (out.n_replaced, out.first_replaced)
 
 
-def _collect(results, data: Path, jsonl: bool, out_t: list, out_l: list, bar: _Bar | None, done=None) -> None:
-    for first, progress_at, totals, loss, err in results:
-        if done is not None:
-            done()
-        if err is not None and err[0] is None:
-            raise ConfigError(err[1])
-        if err is not None:
-            raise_record_error(str(data), jsonl, first + err[0], err[1])
-        out_t.append(totals)
-        out_l.append(loss)
-        if bar is not None:
-            bar.update(progress_at)
+class _Collected:
+    """Results in order; the first error stops the run."""
+
+    def __init__(self, reads: list[Reading]) -> None:
+        self.reads = reads
+        self.totals: list[np.ndarray] = []
+        self.loss: list[np.ndarray] = []
+        self.n_replaced = 0
+        self.first_replaced = ""
+
+    def collect(self, results, bar: _Bar | None, done=None) -> None:
+        for source, first, at, jsonl, totals, loss, err, replaced in results:
+            if done is not None:
+                done()
+            name = self.reads[source].source.name
+            if replaced:
+                if not self.n_replaced:
+                    where = f"line {first + replaced[0] + 1}" if jsonl else f"sample {first + replaced[0]}"
+                    self.first_replaced = f"{name} {where}"
+                self.n_replaced += len(replaced)
+            if err is not None and err[0] is None:
+                raise ConfigError(err[1])
+            if err is not None:
+                raise_record_error(name, jsonl, first + err[0], err[1])
+            self.totals.append(totals)
+            self.loss.append(loss)
+            if bar is not None:
+                bar.update(at)
 
 
 class _Bar:
-    """A rich progress bar on stderr (units: bytes of the file, or rows)."""
+    """A rich progress bar on stderr (units: sources; each advances by its bytes or rows)."""
 
-    def __init__(self, total: int | None, label: str) -> None:
+    def __init__(self, total: float, label: str) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
@@ -274,7 +286,7 @@ class _Bar:
         self._p.start()
         self._task = self._p.add_task(label, total=total)
 
-    def update(self, completed: int) -> None:
+    def update(self, completed: float) -> None:
         self._p.update(self._task, completed=completed)
 
     def close(self) -> None:

@@ -16,6 +16,10 @@ from padfree.core.items import MAX_LENGTH, validate_lengths
 from padfree.errors import InputError
 
 SUFFIXES = (".npy", ".txt", ".jsonl", ".parquet")
+DATA_HINT = (
+    "training records? count their tokens first: padfree lengths DATA --tokenizer TOK --out lengths.npy"
+)
+_DATA_KEYS = ("messages", "conversations", "instruction", "prompt", "text")
 
 
 def bundled_seed_mix() -> np.ndarray:
@@ -59,7 +63,9 @@ def read_lengths(path: str | Path, field: str = "length", column: str = "length"
             values = _read_parquet(p, column)
         else:
             raise InputError(
-                f"unknown lengths format {suffix or '(none)'!r}: use one of {', '.join(SUFFIXES)}", path=name
+                f"unknown lengths format {suffix or '(none)'!r}: use one of {', '.join(SUFFIXES)} "
+                f"({DATA_HINT})",
+                path=name,
             )
     except InputError as exc:
         if exc.path is None:
@@ -141,7 +147,10 @@ def _read_jsonl(p: Path, field: str) -> np.ndarray:
             except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, huge ints
                 raise InputError(f"malformed JSON ({_short(exc)})", sample=i) from None
             if not isinstance(rec, dict) or field not in rec:
-                raise InputError(f"missing field {field!r}", sample=i)
+                hint = (
+                    f" ({DATA_HINT})" if isinstance(rec, dict) and any(k in rec for k in _DATA_KEYS) else ""
+                )
+                raise InputError(f"missing field {field!r}{hint}", sample=i)
             v = rec[field]
             if isinstance(v, bool) or not isinstance(v, int):
                 raise InputError(f"field {field!r} must be an integer (got {str(v)[:40]!r})", sample=i)
@@ -155,20 +164,32 @@ def _read_parquet(p: Path, column: str) -> np.ndarray:
         import pyarrow.parquet as pq
     except ImportError:  # pragma: no cover
         raise InputError("reading .parquet needs pyarrow: pip install 'padfree[io]'") from None
-    with p.open("rb") as f:
-        try:
-            names = pq.read_schema(f).names
-        except Exception as exc:  # pyarrow raises many types for damaged files
-            raise InputError(f"not a readable parquet file ({_short(exc)})") from None
-        if column not in names:
-            raise InputError(f"missing column {column!r} (columns: {', '.join(names[:10]) or 'none'})")
-        f.seek(0)
-        try:
-            col = pq.read_table(f, columns=[column]).column(column)
-        except Exception as exc:
-            raise InputError(f"not a readable parquet file ({_short(exc)})") from None
     import pyarrow as pa
 
+    with p.open("rb") as f:
+        try:
+            schema = pq.read_schema(f)
+        except Exception as exc:  # pyarrow raises many types for damaged files
+            raise InputError(f"not a readable parquet file ({_short(exc)})") from None
+        names = schema.names
+        if column not in names:
+            hint = f"; {DATA_HINT}" if any(k in names for k in _DATA_KEYS) else ""
+            raise InputError(f"missing column {column!r} (columns: {', '.join(names[:10]) or 'none'}{hint})")
+        # the type is checked from the schema, before arrow reads or converts any data
+        kind = schema.field(column).type
+        if pa.types.is_dictionary(kind):
+            kind = kind.value_type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+            raise InputError(f"column {column!r} must hold integers (got type {schema.field(column).type})")
+        f.seek(0)
+        try:
+            # one thread, no pre-buffering: arrow's thread pools, torn down at interpreter exit while a
+            # worker still runs, abort the process (apache/arrow#34314); one column needs no parallelism
+            col = pq.read_table(f, columns=[column], use_threads=False, pre_buffer=False).column(column)
+        except Exception as exc:
+            raise InputError(f"not a readable parquet file ({_short(exc)})") from None
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
     if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
         raise InputError(f"column {column!r} must hold integers (got type {col.type})")
     if col.null_count:
@@ -186,9 +207,12 @@ _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
 def _as_array(values: list[int]) -> np.ndarray:
-    # Python ints beyond int64 become floats so validation reports them as absurdly large, not as overflow
-    if any(abs(v) > 2**62 for v in values):
-        return np.array(values, dtype=np.float64)
+    # an integer beyond int64 would only fit a float, which rounds it: refuse it here, with its exact digits
+    for i, v in enumerate(values):
+        if abs(v) > 2**62:
+            if v < 0:
+                raise InputError(f"length must be a positive integer (got {v})", sample=i)
+            raise InputError(f"length {v} is absurdly large (limit {MAX_LENGTH} tokens)", sample=i)
     return np.array(values, dtype=np.int64)
 
 

@@ -1,24 +1,49 @@
-"""Reading training records for tokenization: ``.jsonl`` / ``.jsonl.gz``, ``.parquet`` and Hugging Face
-``datasets`` folders written by ``save_to_disk``; and the content hashes that key the token-count cache.
+"""Reading training records: ``.jsonl`` / ``.jsonl.gz``, ``.parquet`` and Hugging Face ``datasets`` folders
+written by ``save_to_disk`` (a ``DatasetDict`` with a split); several files, globs and folders in one call;
+and the content hashes that key the token-count cache.
 
 Records come out in chunks (:class:`Chunk`) so that tokenization can run in worker processes: a ``.jsonl``
 chunk carries raw lines (the workers parse them, so JSON errors are found in parallel too), a columnar
-chunk carries the already decoded values of the one column that matters.
+chunk carries rows (dicts of the columns its format reads).
+
+JSON text with a lone UTF-16 surrogate (``"\\ud83d"``: half an emoji, common in scraped text) cannot be
+encoded by any tokenizer; :func:`parse_line` replaces each lone surrogate by U+FFFD and says so.
 """
 
 from __future__ import annotations
 
+import functools
+import glob
 import gzip
 import hashlib
 import json
-from collections.abc import Iterator
+import re
+import zlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from padfree.data.formats import RecordError
 from padfree.errors import InputError
 
+SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
 # files of a tokenizer folder that never change what a tokenizer does (weights can be gigabytes)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF][0-9a-fA-F]{2}")
+_LONE = re.compile("[\ud800-\udfff]")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One file or ``datasets`` folder (``split``: the split of a DatasetDict folder)."""
+
+    path: Path
+    kind: str  # "jsonl", "parquet" or "datasets"
+    split: str | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.path) if self.split is None else f"{self.path}[{self.split}]"
 
 
 @dataclass(frozen=True)
@@ -26,135 +51,244 @@ class Chunk:
     """Consecutive records ``first .. first + len(values) - 1`` of one source.
 
     Attributes:
-        first: index of the first record (0-based; for ``.jsonl`` also line ``first + 1``).
-        values: raw ``bytes`` lines (``.jsonl``) or decoded column values (parquet, datasets).
-        column: the column the values come from (columnar sources), else ``None``.
+        first: index of the first record in its source (0-based; for ``.jsonl`` also line ``first + 1``).
+        values: raw ``bytes`` lines (``.jsonl``) or row dicts (parquet, datasets).
         progress: how far through the source this chunk reaches, in the units of :func:`source_size`.
     """
 
     first: int
     values: list
-    column: str | None
     progress: int
 
 
-def source_kind(path: Path) -> str:
-    """``jsonl``, ``parquet`` or ``datasets`` (a ``save_to_disk`` folder); anything else is an InputError."""
+def resolve_sources(specs: str | Path | Sequence[str | Path], split: str | None = None) -> list[Source]:
+    """Files, globs and folders, in the order given (a glob's or a folder's files sorted by name).
+
+    A folder is a ``datasets`` folder when it holds one, else the ``.jsonl``, ``.jsonl.gz`` and
+    ``.parquet`` files directly in it. ``split`` picks the split of every DatasetDict folder.
+    """
+    if isinstance(specs, (str, Path)):
+        specs = [specs]
+    out: list[Source] = []
+    for spec in specs:
+        p = Path(spec)
+        if not p.exists() and glob.has_magic(str(spec)):
+            matches = sorted(glob.glob(str(spec)))
+            if not matches:
+                raise InputError("no files match this pattern", path=str(spec))
+            out += [_source(Path(m), split) for m in matches]
+        elif p.is_dir() and _datasets_folder(p) is None:
+            files = sorted(q for q in p.iterdir() if q.is_file() and q.name.lower().endswith(SUFFIXES))
+            if not files:
+                raise InputError(
+                    "a folder with no .jsonl, .jsonl.gz or .parquet files in it (nor a datasets folder)",
+                    path=str(p),
+                )
+            out += [_source(q, split) for q in files]
+        else:
+            out.append(_source(p, split))
+    if not out:
+        raise InputError("no data given")
+    return out
+
+
+def _datasets_folder(p: Path) -> str | None:
+    if (p / "dataset_dict.json").exists():
+        return "dict"
+    if (p / "dataset_info.json").exists() or (p / "state.json").exists():
+        return "dataset"
+    return None
+
+
+def _source(path: Path, split: str | None) -> Source:
     name = path.name.lower()
     if not path.exists():
         raise InputError("file not found", path=str(path))
     if path.is_dir():
-        if (path / "dataset_info.json").exists() or (path / "state.json").exists():
-            return "datasets"
-        if (path / "dataset_dict.json").exists():
-            raise InputError("a DatasetDict folder: give one split's folder (e.g. DIR/train)", path=str(path))
+        kind = _datasets_folder(path)
+        if kind == "dict":
+            splits = _splits(path)
+            if split is None:
+                raise InputError(
+                    f"a DatasetDict folder: choose a split with --split ({', '.join(splits)})", path=str(path)
+                )
+            if split not in splits:
+                raise InputError(f"no split {split!r} (splits: {', '.join(splits)})", path=str(path))
+            return Source(path, "datasets", split)
+        if kind == "dataset":
+            return Source(path, "datasets")
         raise InputError("a folder, but not a `datasets` save_to_disk folder", path=str(path))
+    if not path.is_file():
+        raise InputError("not a regular file (a pipe, socket or device cannot be read)", path=str(path))
     if name.endswith((".jsonl", ".jsonl.gz")):
-        return "jsonl"
+        return Source(path, "jsonl")
     if name.endswith(".parquet"):
-        return "parquet"
+        return Source(path, "parquet")
     raise InputError(
         "unknown data format: use .jsonl, .jsonl.gz, .parquet or a datasets save_to_disk folder",
         path=str(path),
     )
 
 
-def source_size(path: Path) -> int | None:
+def _splits(path: Path) -> list[str]:
+    try:
+        return [str(s) for s in json.loads((path / "dataset_dict.json").read_text())["splits"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"unreadable dataset_dict.json ({_short(exc)})", path=str(path)) from None
+
+
+def source_size(src: Source) -> int:
     """Progress total: bytes for ``.jsonl`` (compressed bytes for ``.gz``), rows for columnar sources."""
-    kind = source_kind(path)
-    if kind == "jsonl":
-        return path.stat().st_size
-    if kind == "parquet":
-        import pyarrow.parquet as pq
-
-        return int(pq.ParquetFile(path).metadata.num_rows)
-    return len(_load_dataset(path))
+    if src.kind == "jsonl":
+        return src.path.stat().st_size
+    if src.kind == "parquet":
+        return int(_parquet(src).metadata.num_rows)
+    return len(_load_dataset(src))
 
 
-def columns_of(path: Path) -> list[str] | None:
+def columns_of(src: Source) -> list[str] | None:
     """Column names of a columnar source (``None`` for ``.jsonl``, whose records may differ)."""
-    kind = source_kind(path)
-    if kind == "parquet":
-        import pyarrow.parquet as pq
-
-        return list(pq.ParquetFile(path).schema_arrow.names)
-    if kind == "datasets":
-        return list(_load_dataset(path).column_names)
+    if src.kind == "parquet":
+        return list(_parquet(src).schema_arrow.names)
+    if src.kind == "datasets":
+        return list(_load_dataset(src).column_names)
     return None
 
 
-def iter_chunks(path: Path, column: str | None, size: int = 512) -> Iterator[Chunk]:
-    """Chunks of ``size`` records. ``column`` picks the column of a columnar source (ignored for .jsonl)."""
-    kind = source_kind(path)
-    if kind == "jsonl":
-        yield from _jsonl_chunks(path, size)
-    elif kind == "parquet":
-        yield from _parquet_chunks(path, column, size)
+def first_record(src: Source) -> dict | None:
+    """The first record of a ``.jsonl`` source (``None`` when it has none); RecordError when malformed."""
+    for chunk in _jsonl_chunks(src.path, 1):
+        return parse_line(chunk.values[0])[0]
+    return None
+
+
+def parse_line(raw: bytes) -> tuple[object, bool]:
+    """One ``.jsonl`` line -> ``(value, lone surrogates replaced)``; RecordError when it is not JSON."""
+    if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark (files saved by some editors)
+        raw = raw[3:]
+    if not raw.strip():
+        raise RecordError("empty line (one JSON object per line expected)")
+    try:
+        rec = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, too deep
+        raise RecordError(f"malformed JSON ({_short(exc)[:100]})") from None
+    if _SURROGATE_ESCAPE.search(raw):
+        fixed = _replace_lone(rec)
+        return fixed, fixed != rec
+    return rec, False
+
+
+def _replace_lone(v: object) -> object:
+    if isinstance(v, str):
+        return _LONE.sub("\ufffd", v)
+    if isinstance(v, list):
+        return [_replace_lone(x) for x in v]
+    if isinstance(v, dict):
+        return {_replace_lone(k): _replace_lone(x) for k, x in v.items()}
+    return v
+
+
+def iter_chunks(src: Source, columns: list[str] | None, size: int = 512) -> Iterator[Chunk]:
+    """Chunks of ``size`` records; ``columns``: what a columnar source's rows carry (ignored for .jsonl)."""
+    if src.kind == "jsonl":
+        yield from _jsonl_chunks(src.path, size)
+    elif src.kind == "parquet":
+        yield from _parquet_chunks(src, columns or [], size)
     else:
-        yield from _datasets_chunks(path, column, size)
+        yield from _datasets_chunks(src, columns or [], size)
 
 
 def _jsonl_chunks(path: Path, size: int) -> Iterator[Chunk]:
-    with path.open("rb") as raw:
-        stream = gzip.GzipFile(fileobj=raw) if path.name.lower().endswith(".gz") else raw
-        lines: list[bytes] = []
-        first = 0
-        try:
+    lines: list[bytes] = []
+    first = 0
+    try:
+        with path.open("rb") as raw:
+            stream = gzip.GzipFile(fileobj=raw) if path.name.lower().endswith(".gz") else raw
             for line in stream:
                 lines.append(line)
                 if len(lines) == size:
-                    yield Chunk(first, lines, None, raw.tell())
+                    yield Chunk(first, lines, raw.tell())
                     first += size
                     lines = []
-        except (OSError, EOFError) as exc:  # damaged gzip stream
-            raise InputError(
-                f"cannot read the file near line {first + len(lines) + 1} ({exc})", path=str(path)
-            ) from None
-        if lines:
-            yield Chunk(first, lines, None, raw.tell())
+            if lines:
+                yield Chunk(first, lines, raw.tell())
+    except (OSError, EOFError, zlib.error) as exc:  # damaged gzip stream, I/O error
+        raise InputError(
+            f"cannot read the file near line {first + len(lines) + 1} ({_short(exc)})", path=str(path)
+        ) from None
 
 
-def _parquet_chunks(path: Path, column: str | None, size: int) -> Iterator[Chunk]:
+def _parquet(src: Source):  # -> pyarrow.parquet.ParquetFile
     import pyarrow.parquet as pq
 
     try:
-        f = pq.ParquetFile(path)
+        return pq.ParquetFile(src.path)
     except Exception as exc:  # pyarrow raises many types for damaged files
-        raise InputError(f"not a readable parquet file ({exc})", path=str(path)) from None
-    if column not in f.schema_arrow.names:
-        raise InputError(f"missing column {column!r}", path=str(path))
+        raise InputError(f"not a readable parquet file ({_short(exc)})", path=str(src.path)) from None
+
+
+def _parquet_chunks(src: Source, columns: list[str], size: int) -> Iterator[Chunk]:
+    f = _parquet(src)
+    missing = [c for c in columns if c not in f.schema_arrow.names]
+    if missing:
+        raise InputError(f"missing column {missing[0]!r}", path=str(src.path))
     first = 0
-    for batch in f.iter_batches(batch_size=size, columns=[column]):
-        values = batch.column(0).to_pylist()
-        yield Chunk(first, values, column, first + len(values))
-        first += len(values)
+    batches = f.iter_batches(batch_size=size, columns=columns)
+    while True:
+        try:
+            batch = next(batches, None)
+            rows = None if batch is None else batch.to_pylist()
+        except Exception as exc:  # truncated or corrupt pages: pyarrow's OSError, ArrowInvalid, ...
+            raise InputError(
+                f"cannot read the parquet data near record {first} ({_short(exc)})", path=str(src.path)
+            ) from None
+        if rows is None:
+            return
+        yield Chunk(first, rows, first + len(rows))
+        first += len(rows)
 
 
-def _load_dataset(path: Path):  # -> datasets.Dataset
+@functools.lru_cache(maxsize=8)
+def _load_dataset(src: Source):  # -> datasets.Dataset
     try:
         import datasets
     except ImportError:  # pragma: no cover
         raise InputError("reading a datasets folder needs `datasets`: pip install 'padfree[hf]'") from None
     try:
-        ds = datasets.load_from_disk(str(path))
+        ds = datasets.load_from_disk(str(src.path))
+        if src.split is not None:
+            ds = ds[src.split]
     except Exception as exc:  # datasets raises FileNotFoundError, ValueError, ... for foreign folders
-        first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise InputError(f"not a readable datasets folder ({first})", path=str(path)) from None
+        raise InputError(f"not a readable datasets folder ({_short(exc)})", path=src.name) from None
     if isinstance(ds, datasets.DatasetDict):
-        raise InputError("a DatasetDict folder: give one split's folder (e.g. DIR/train)", path=str(path))
+        raise InputError(
+            f"a DatasetDict folder: choose a split with --split ({', '.join(ds)})", path=str(src.path)
+        )
     return ds
 
 
-def _datasets_chunks(path: Path, column: str | None, size: int) -> Iterator[Chunk]:
-    ds = _load_dataset(path)
-    if column not in ds.column_names:
-        raise InputError(f"missing column {column!r}", path=str(path))
-    ds = ds.select_columns([column])
+def _datasets_chunks(src: Source, columns: list[str], size: int) -> Iterator[Chunk]:
+    ds = _load_dataset(src)
+    missing = [c for c in columns if c not in ds.column_names]
+    if missing:
+        raise InputError(f"missing column {missing[0]!r}", path=src.name)
     first = 0
-    for batch in ds.iter(batch_size=size):
-        values = batch[column]
-        yield Chunk(first, values, column, first + len(values))
-        first += len(values)
+    for batch in ds.select_columns(columns).iter(batch_size=size):
+        rows = [
+            dict(zip(columns, vals, strict=True)) for vals in zip(*(batch[c] for c in columns), strict=True)
+        ]
+        yield Chunk(first, rows, first + len(rows))
+        first += len(rows)
+
+
+def source_hash(src: Source) -> str:
+    """sha256 naming a source's content (and its split)."""
+    h = content_hash(src.path)
+    return h if src.split is None else hashlib.sha256(f"{h}:{src.split}".encode()).hexdigest()
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
 
 
 def content_hash(path: str | Path, skip_weights: bool = False) -> str:

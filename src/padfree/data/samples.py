@@ -1,96 +1,112 @@
-"""Real text as training samples: ``samples/*.jsonl.gz`` records tokenized with a SentencePiece model.
+"""Training samples from data files: records -> ``input_ids`` and ``loss_mask`` by the one tokenization rule.
 
-A chat record (``{"messages": [{"role", "content"}, ...]}``) becomes ``<s>`` + ``role + "\\n" + content +
-"\\n"`` per message + ``</s>``; a document (``{"text"}``) becomes ``<s> text </s>``. ``loss_on="assistant"``
-puts loss on the tokens of assistant messages (and on ``</s>`` when the last message is the assistant's);
-documents always have loss on every token. ``loss_on="all"`` puts loss on every token.
+:func:`load_samples` reads the same sources, formats and tokenizers as ``padfree lengths`` and tokenizes with
+the same function (:func:`padfree.data.tokenization.encode_samples`), so ``len(input_ids)`` of every sample is
+what ``padfree lengths`` wrote for it. :func:`check_lengths` verifies a lengths file against the samples: any
+difference, shorter or longer, is an error naming the sample and both numbers (never a silent truncation).
 
-Used by ``examples/train.py`` and ``padfree bench``.
+Used by ``examples/train.py``, ``examples/hf_trainer.py`` and ``padfree bench``.
 """
 
 from __future__ import annotations
 
-import glob
-import gzip
-import json
+import bisect
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
-from padfree.errors import ConfigError, InputError
+from padfree.data.reading import field_map, readings
+from padfree.data.records import iter_chunks
+from padfree.data.tokenization import Tokenizer, encode_chunk, raise_record_error
+from padfree.errors import InputError
 
 
-def sample_files(pattern: str) -> list[str]:
-    """The files a glob names, sorted; an error when there are none."""
-    files = sorted(glob.glob(pattern))
-    if not files:
-        raise ConfigError(f"{pattern}: no sample files match")
-    return files
+class SampleSet(list):
+    """Samples ``{"input_ids": int32 array, "loss_mask": int8 array}`` that know where each came from."""
+
+    def __init__(self, items: list, origins: list[tuple[int, str, bool]]) -> None:
+        super().__init__(items)
+        self._origins = origins  # (first sample, source name, jsonl) per source, in order
+
+    def where(self, i: int) -> str:
+        """The file and line (``.jsonl``) or record of sample ``i``, e.g. ``data/a.jsonl.gz line 57``."""
+        k = bisect.bisect_right([o[0] for o in self._origins], i) - 1
+        first, name, jsonl = self._origins[k]
+        return f"{name} line {i - first + 1}" if jsonl else f"{name} record {i - first}"
 
 
 def load_samples(
-    pattern: str,
-    tokenizer: str,
+    data: str | Path | Sequence[str | Path],
+    tokenizer: str | Path,
     limit: int | None = None,
     loss_on: str = "assistant",
     max_len: int | None = None,
     per_file: int | None = None,
-) -> list[dict]:
-    """Tokenized samples ``{"input_ids": int32 array, "loss_mask": int8 array}`` in file order, cut to
-    ``max_len`` tokens; at most ``per_file`` from each file and ``limit`` in all."""
-    import sentencepiece as spm
-
-    if loss_on not in ("assistant", "all"):
-        raise ConfigError(f"loss_on must be 'assistant' or 'all' (got {loss_on!r})")
-    try:
-        sp = spm.SentencePieceProcessor(model_file=tokenizer)
-    except (OSError, RuntimeError) as exc:
-        raise ConfigError(f"{tokenizer}: not a SentencePiece model ({exc})") from None
-    samples: list[dict] = []
-    for path in sample_files(pattern):
+    *,
+    mode: str = "auto",
+    fields: Mapping[str, str] | None = None,
+    split: str | None = None,
+    chat_template: bool = False,
+    chunk_size: int = 512,
+) -> SampleSet:
+    """Tokenized samples in source order, cut to ``max_len`` tokens; at most ``per_file`` from each source
+    and ``limit`` in all. ``data``, ``mode``, ``fields`` and ``split`` as for
+    :func:`padfree.data.count_lengths.count_lengths`; ``loss_on``: ``assistant`` or ``all``."""
+    names = field_map(mode, None, fields)
+    tok = Tokenizer(tokenizer, chat_template)
+    items: list[dict] = []
+    origins: list[tuple[int, str, bool]] = []
+    for r in readings(data, mode, names, split):
+        origins.append((len(items), r.source.name, r.jsonl))
         taken = 0
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if limit is not None and len(samples) >= limit:
-                    return samples
-                if per_file is not None and taken >= per_file:
-                    break
-                try:
-                    rec = json.loads(line)
-                    ids, mask = _encode(sp, rec, loss_on)
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    raise InputError(
-                        "a record is a JSON object with 'messages' [{role, content}] or 'text'",
-                        path=path,
-                        sample=lineno - 1,
-                    ) from None
-                cut = len(ids) if max_len is None else max_len
-                samples.append(
-                    {
-                        "input_ids": np.asarray(ids[:cut], np.int32),
-                        "loss_mask": np.asarray(mask[:cut], np.int8),
-                    }
-                )
-                taken += 1
-    return samples
-
-
-def _encode(sp, rec: dict, loss_on: str) -> tuple[list[int], list[int]]:
-    ids, mask = [sp.bos_id()], [0]
-    if "messages" in rec:
-        for m in rec["messages"]:
-            piece = sp.encode(m["role"] + "\n" + m["content"] + "\n")
-            ids += piece
-            mask += [int(loss_on == "all" or m["role"] == "assistant")] * len(piece)
-        last_is_assistant = bool(rec["messages"]) and rec["messages"][-1]["role"] == "assistant"
-        ids.append(sp.eos_id())
-        mask.append(int(loss_on == "all" or last_is_assistant))
-    else:
-        piece = sp.encode(rec["text"])
-        ids += piece + [sp.eos_id()]
-        mask += [1] * (len(piece) + 1)
-    return ids, mask
+        for chunk in iter_chunks(r.source, r.columns, chunk_size):
+            room = ([per_file - taken] if per_file is not None else []) + (
+                [limit - len(items)] if limit is not None else []
+            )
+            values = chunk.values[: max(min(room), 0)] if room else chunk.values
+            res = encode_chunk(tok, values, r.jsonl, r.fmt, names, loss_on)
+            if res.error is not None:
+                raise_record_error(r.source.name, r.jsonl, chunk.first + res.error[0], res.error[1])
+            enc = res.encoded
+            for i in range(len(enc)):
+                ids, mask = enc.sample(i)
+                items.append({"input_ids": ids[:max_len], "loss_mask": mask[:max_len]})
+            taken += len(enc)
+            if (per_file is not None and taken >= per_file) or (limit is not None and len(items) >= limit):
+                break
+        if limit is not None and len(items) >= limit:
+            break
+    return SampleSet(items, origins)
 
 
 def loss_tokens_of(samples: list[dict]) -> np.ndarray:
     """Loss-bearing tokens per sample (label positions after the first token), as the collators count them."""
     return np.array([int(s["loss_mask"][1:].sum()) for s in samples], dtype=np.int64)
+
+
+def check_lengths(samples: SampleSet, lengths: np.ndarray, path: str, what: str = "tokens") -> None:
+    """Refuse a lengths file that disagrees with the samples (count or any value), naming the first sample.
+
+    ``what`` names the numbers (``tokens``, or ``loss-bearing tokens`` for an ``.assistant.npy``).
+    """
+    have = np.array([s["input_ids"].shape[0] for s in samples], np.int64)
+    if what != "tokens":
+        have = loss_tokens_of(samples)
+    want = np.asarray(lengths, np.int64)
+    if want.shape[0] != have.shape[0]:
+        raise InputError(
+            f"the lengths file holds {want.shape[0]:,} samples, the data {have.shape[0]:,}: count it again "
+            "with `padfree lengths` on the same data",
+            path=path,
+        )
+    bad = np.flatnonzero(want != have)
+    if bad.size:
+        i = int(bad[0])
+        raise InputError(
+            f"the lengths file says {int(want[i]):,} {what}, the data has {int(have[i]):,} "
+            f"({samples.where(i)}; {bad.size:,} of {want.shape[0]:,} samples differ): count again with "
+            "`padfree lengths` and the same tokenizer, --format and --chat-template",
+            path=path,
+            sample=i,
+        )

@@ -1,236 +1,269 @@
-"""Counting the tokens of training records with a local tokenizer.
+"""The one tokenization rule: records become ``input_ids`` and a loss mask here, for training and counting.
 
-Tokenizers (nothing is downloaded):
+``padfree lengths`` counts ``len(input_ids)`` of exactly what :func:`encode_samples` builds, and training
+(:mod:`padfree.data.samples`, ``examples/train.py``, ``padfree bench``) trains on it: the two cannot differ.
 
-* a SentencePiece ``.model`` file (``sentencepiece``),
-* a Hugging Face ``tokenizer.json`` file (``tokenizers``),
-* a local ``transformers`` tokenizer folder (``AutoTokenizer.from_pretrained(..., local_files_only=True)``),
-  the only kind that can carry a chat template.
+Tokenizers (SentencePiece ``.model``, ``tokenizer.json``, a ``transformers`` folder) are loaded by
+:mod:`padfree.data.tokenizer`.
 
-Counting rules. A *document* (a text field) counts ``len(encode(text)) + 1``: the text plus one
-end-of-document token. A *chat* sample (a list of ``{"role", "content"}`` messages) is, without a chat
-template, the **fallback rule**: every message counts ``len(encode(role + "\\n" + content + "\\n")) + 2`` (two
-tokens standing in for the turn's begin/end markers), and the sample is the sum over its messages. ``encode``
-never adds special tokens of its own (no BOS/EOS), so the rule is the same for every tokenizer. This is the
-rule behind ``shared/data/lengths/*.npy`` (it reproduces ``<name>.mistral_v1.npy`` and
-``<name>.mistral_v1.assistant.npy`` exactly with ``llama_sp32k.model``).
+**Default rule.** ``encode`` never adds special tokens of its own; the rule adds them:
 
-With ``chat_template=True`` a chat sample is rendered with the tokenizer's template and counted as
-``len(encode(rendered))``, again without extra special tokens (the template writes its own).
+* a document: ``encode(text) + [EOS]``;
+* a chat: for every message ``[BOS] + encode(role + "\\n" + content + "\\n") + [EOS]``, in order: the BOS and
+  EOS of each message stand for the turn's begin and end markers. So a chat has ``len(encode(...)) + 2``
+  tokens per message, the rule behind ``shared/data/lengths/*.npy`` (it reproduces ``<name>.mistral_v1.npy``
+  exactly with ``llama_sp32k.model``).
 
-Loss-bearing tokens: a document's are all its tokens; a chat sample's are those of its assistant turns
-(fallback: the assistant messages' counts; template: for each assistant message, the tokens added by
-rendering it after the conversation before it, generation prompt included in the prefix).
+BOS and EOS are the tokenizer's own (a ``tokenizer.json``: from a ``tokenizer_config.json`` beside it, else
+its ``<s>``/``</s>``-like special tokens; a tokenizer without a BOS uses its EOS for both).
+
+**Chat template** (``chat_template=True``, a transformers folder): a chat is ``encode(template(messages))``
+(the template writes its own special tokens).
+
+**Loss mask** (``loss_on="assistant"``, the default): every token of an assistant message (its BOS and EOS
+included) under the default rule; under a template, the tokens whose first character lies in what an
+assistant turn adds to the rendering of the conversation before it (generation prompt counted as prompt).
+A document's tokens all carry loss. ``loss_on="all"``: every token. The **loss-bearing count** of a sample
+(``OUT.assistant.npy``, the sampler's ``loss_tokens``) counts label positions after the first token, as the
+collators do: nothing predicts a sample's first token.
+
+>>> tok = Tokenizer("fixtures/tokenizers/llama_sp32k.model")  # run from the repository root
+>>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+>>> enc = encode_samples(tok, [chat, "A doc."])
+>>> enc.lengths, enc.loss_tokens  # user turn 6 + assistant 7; document 3 + EOS
+(array([13,  4]), array([7, 3]))
 """
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
+from padfree.data import records
+from padfree.data.formats import RecordError, to_sample
+from padfree.data.tokenizer import Tokenizer, tokenizer_kind
 from padfree.errors import ConfigError, InputError
 
-RULE_VERSION = 1  # bump when a counting rule changes: it is part of the cache key
-MESSAGE_EXTRA = 2
-DOCUMENT_EXTRA = 1
+__all__ = ["RULE_VERSION", "Encoded", "Tokenizer", "encode_chunk", "encode_samples", "tokenizer_kind"]
+
+RULE_VERSION = 2  # bump when a rule changes: it is part of the cache key
+# --- records -> input_ids and loss mask ---------------------------------------------------------------
 
 
-def tokenizer_kind(path: str | Path) -> str:
-    """``sentencepiece`` (a ``.model`` file), ``tokenizers`` (a ``.json`` file) or ``transformers`` (a
-    folder)."""
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"{p}: tokenizer not found")
-    if p.is_dir():
-        return "transformers"
-    if p.suffix == ".model":
-        return "sentencepiece"
-    if p.suffix == ".json":
-        return "tokenizers"
-    raise ConfigError(
-        f"{p}: unknown tokenizer: give a SentencePiece .model, a tokenizer.json or a transformers folder"
-    )
+@dataclass(frozen=True)
+class Encoded:
+    """Samples tokenized end to end, stored flat: sample ``i`` is ``ids[offsets[i]:offsets[i + 1]]``.
 
-
-class TokenCounter:
-    """One loaded tokenizer and the counting rules; build one per process (tokenizers are not shared)."""
-
-    def __init__(self, path: str | Path, chat_template: bool = False) -> None:
-        self.path = str(path)
-        self.kind = tokenizer_kind(path)
-        self.chat_template = chat_template
-        self._tok = _load(self.path, self.kind)
-        if chat_template and (self.kind != "transformers" or not getattr(self._tok, "chat_template", None)):
-            raise ConfigError(
-                f"{self.path}: --chat-template needs a transformers tokenizer folder with a chat "
-                "template; without --chat-template chats are counted by the fallback rule"
-            )
-
-    def lengths(self, texts: list[str]) -> np.ndarray:
-        """Token count of each text, no special tokens added."""
-        if not texts:
-            return np.zeros(0, np.int64)
-        if self.kind == "sentencepiece":
-            ids = self._tok.encode(texts)
-        elif self.kind == "tokenizers":
-            ids = [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
-        else:
-            ids = self._tok(texts, add_special_tokens=False)["input_ids"]
-        return np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(texts))
-
-    def render(self, messages: list[dict], generation_prompt: bool = False) -> str:
-        """The chat template's text for ``messages``."""
-        return self._tok.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt
-        )
-
-
-def _load(path: str, kind: str):  # -> the tokenizer object
-    try:
-        if kind == "sentencepiece":
-            import sentencepiece as spm
-
-            return spm.SentencePieceProcessor(model_file=path)
-        if kind == "tokenizers":
-            from tokenizers import Tokenizer
-
-            return Tokenizer.from_file(path)
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except ImportError as exc:
-        raise ConfigError(f"loading a {kind} tokenizer needs {exc.name}: pip install 'padfree[hf]'") from None
-    except Exception as exc:  # each library raises its own types for a foreign file
-        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
-        raise ConfigError(f"{path}: not a loadable {kind} tokenizer ({first})") from None
-
-
-def count_values(
-    counter: TokenCounter, values: list, mode: str, field: str, jsonl: bool
-) -> tuple[np.ndarray, np.ndarray, tuple[int, str] | None]:
-    """Count a chunk of records.
-
-    ``values`` are raw JSON lines (``jsonl=True``) or decoded column values. ``mode`` is ``text`` (``field``
-    holds a document), ``messages`` (``field`` holds a chat) or ``auto`` (per ``.jsonl`` record: ``messages``
-    if present, else ``text``). Returns ``(totals, loss_bearing, error)``; ``error`` is ``(position in the
-    chunk, rule)`` for the first malformed record, and then the counts are empty.
+    Attributes:
+        ids: token ids (int32).
+        mask: 1 where the token carries loss (int8).
+        offsets: ``len + 1`` sample boundaries (int64).
     """
-    docs: list[tuple[int, str]] = []
-    chats: list[tuple[int, list[dict]]] = []
-    for i, v in enumerate(values):
-        rec = v
-        kind, name = mode, field
-        if jsonl:
-            if not v.strip():
-                return _fail(i, "empty line (one JSON object per line expected)")
-            try:
-                rec = json.loads(v)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                return _fail(i, f"malformed JSON ({str(exc).splitlines()[0][:100]})")
-            if not isinstance(rec, dict):
-                return _fail(i, f"a JSON {type(rec).__name__}, not an object")
-            if mode == "auto":
-                kind, name = ("messages", "messages") if "messages" in rec else ("text", "text")
-                if name not in rec:
-                    return _fail(i, "record has neither 'messages' nor 'text' (use --field or --messages)")
-            if name not in rec:
-                return _fail(i, f"missing field {name!r}")
-            rec = rec[name]
-        if kind == "text":
-            if not isinstance(rec, str):
-                return _fail(i, f"field {name!r} must be a string (got {_type(rec)})")
-            docs.append((i, rec))
-        else:
-            rule = _check_messages(rec, name)
-            if rule:
-                return _fail(i, rule)
-            chats.append((i, rec))
-    n = len(values)
-    totals = np.zeros(n, np.int64)
-    loss = np.zeros(n, np.int64)
-    if docs:
-        at = np.array([i for i, _ in docs], np.int64)
-        counts = counter.lengths([t for _, t in docs]) + DOCUMENT_EXTRA
-        totals[at] = counts
-        loss[at] = counts
-    if chats:
-        try:
-            if counter.chat_template:
-                _count_templated(counter, chats, totals, loss)
-            else:
-                _count_fallback(counter, chats, totals, loss)
-        except _RecordError as exc:
-            return _fail(exc.position, exc.rule)
-    return totals, loss, None
+
+    ids: np.ndarray
+    mask: np.ndarray
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.offsets.shape[0] - 1)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @property
+    def loss_tokens(self) -> np.ndarray:
+        """Loss-bearing label positions per sample: masked tokens after each sample's first token."""
+        a, b = self.offsets[:-1], self.offsets[1:]
+        if not self.ids.shape[0]:
+            return np.zeros(len(self), np.int64)
+        cs = np.concatenate([[0], np.cumsum(self.mask, dtype=np.int64)])
+        first = np.where(b > a, self.mask[np.minimum(a, self.ids.shape[0] - 1)], 0)
+        return cs[b] - cs[a] - first.astype(np.int64)
+
+    def sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.ids[a:b], self.mask[a:b]
 
 
-class _RecordError(Exception):
+class SampleError(Exception):
+    """Sample ``position`` of a batch cannot be tokenized (e.g. the chat template refuses it)."""
+
     def __init__(self, position: int, rule: str) -> None:
+        super().__init__(rule)
         self.position, self.rule = position, rule
 
 
-def _count_fallback(counter: TokenCounter, chats: list, totals: np.ndarray, loss: np.ndarray) -> None:
-    owner = np.array([i for i, ms in chats for _ in ms], np.int64)
-    assistant = np.array([m["role"] == "assistant" for _, ms in chats for m in ms], bool)
-    texts = [m["role"] + "\n" + m["content"] + "\n" for _, ms in chats for m in ms]
-    per_message = counter.lengths(texts) + MESSAGE_EXTRA
-    n = totals.shape[0]
-    totals += np.bincount(owner, weights=per_message, minlength=n).astype(np.int64)
-    loss += np.bincount(owner[assistant], weights=per_message[assistant], minlength=n).astype(np.int64)
+def encode_samples(tok: Tokenizer, samples: list, loss_on: str = "assistant") -> Encoded:
+    """Tokenize chats (lists of ``{"role", "content"}``) and documents (strings) by the rule above."""
+    if loss_on not in ("assistant", "all"):
+        raise ConfigError(f"loss_on must be 'assistant' or 'all' (got {loss_on!r})")
+    every = loss_on == "all"
+    texts: list[str | None] = []
+    owner: list[int] = []
+    flag: list[int] = []
+    begin: list[bool] = []
+    templated: list[tuple[int, int]] = []  # (sample, piece) of each templated chat
+    for i, s in enumerate(samples):
+        if isinstance(s, str):
+            texts.append(s), owner.append(i), flag.append(1), begin.append(False)
+        elif tok.chat_template:
+            templated.append((i, len(texts)))
+            texts.append(None), owner.append(i), flag.append(1), begin.append(False)
+        else:
+            for m in s:
+                texts.append(m["role"] + "\n" + m["content"] + "\n")
+                owner.append(i), flag.append(int(every or m["role"] == "assistant")), begin.append(True)
+    plain = [k for k, t in enumerate(texts) if t is not None]
+    pieces: list = [None] * len(texts)
+    for k, ids in zip(plain, tok.encode([texts[k] for k in plain]), strict=True):
+        pieces[k] = ids
+    end = np.ones(len(texts), bool)
+    token_flags = None
+    if templated:
+        ids_list, masks = _templated(tok, [samples[i] for i, _ in templated], [i for i, _ in templated])
+        per_piece = [None] * len(texts)
+        for (_, k), ids, m in zip(templated, ids_list, masks, strict=True):
+            pieces[k], per_piece[k], end[k] = ids, (np.ones(len(ids), np.int8) if every else m), False
+        token_flags = np.concatenate(
+            [
+                p if p is not None else np.full(len(pieces[k]), flag[k], np.int8)
+                for k, p in enumerate(per_piece)
+            ]
+            or [np.zeros(0, np.int8)]
+        )
+    bos, eos = tok.markers if (any(begin) or end.any()) else (0, 0)
+    return _assemble(pieces, np.array(owner, np.int64), np.array(flag, np.int8), np.array(begin, bool), end,
+                     bos, eos, len(samples), token_flags)  # fmt: skip
 
 
-def _count_templated(counter: TokenCounter, chats: list, totals: np.ndarray, loss: np.ndarray) -> None:
-    texts: list[str] = []
-    whole: list[int] = []  # text index of each conversation's full rendering
-    pairs: list[tuple[int, int, int]] = []  # (position, text index with the turn, text index before it)
-    for pos, ms in chats:
+def _assemble(pieces, owner, flag, begin, end, bos, eos, n, token_flags) -> Encoded:
+    """Flat ids/mask from per-piece token lists: ``[BOS]? + piece + [EOS]?`` each, vectorized."""
+    size = np.fromiter(map(len, pieces), np.int64, count=len(pieces))
+    flat = np.fromiter(itertools.chain.from_iterable(pieces), np.int32, count=int(size.sum()))
+    seg = size + begin + end
+    start = np.cumsum(seg) - seg
+    ids = np.empty(int(seg.sum()), np.int32)
+    text = np.ones(ids.shape[0], bool)
+    ids[start[begin]] = bos
+    text[start[begin]] = False
+    last = (start + seg - 1)[end]
+    ids[last] = eos
+    text[last] = False
+    ids[text] = flat
+    mask = np.repeat(flag, seg)
+    if token_flags is not None:
+        mask[text] = token_flags
+    offsets = np.zeros(n + 1, np.int64)
+    offsets[1:] = np.cumsum(np.bincount(owner, weights=seg, minlength=n).astype(np.int64))
+    return Encoded(ids, mask, offsets)
+
+
+def _templated(tok: Tokenizer, chats: list, positions: list[int]) -> tuple[list, list]:
+    """Token ids of each rendered chat and the loss mask of its tokens."""
+    full: list[str] = []
+    spans: list[list[tuple[int, int]]] = []
+    for ms, pos in zip(chats, positions, strict=True):
         try:
-            whole.append(len(texts))
-            texts.append(counter.render(ms))
+            text = tok.render(ms)
+            sp = []
             for j, m in enumerate(ms):
                 if m["role"] == "assistant":
-                    texts.append(counter.render(ms[: j + 1]))
-                    texts.append(counter.render(ms[:j], generation_prompt=True) if j else "")
-                    pairs.append((pos, len(texts) - 2, len(texts) - 1))
+                    through = text if j == len(ms) - 1 else tok.render(ms[: j + 1])
+                    before = tok.render(ms[:j], generation_prompt=True) if j else ""
+                    sp.append((before, through))
         except Exception as exc:  # jinja2 TemplateError and whatever the template raises on purpose
             first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-            raise _RecordError(pos, f"the chat template cannot render it ({first})") from None
-    counts = counter.lengths(texts)
-    at = np.array([pos for pos, _ in chats], np.int64)
-    totals[at] = counts[np.array(whole, np.int64)]
-    if pairs:
-        p = np.array(pairs, np.int64)
-        added = np.maximum(counts[p[:, 1]] - counts[p[:, 2]], 0)
-        loss += np.bincount(p[:, 0], weights=added, minlength=loss.shape[0]).astype(np.int64)
+            raise SampleError(pos, f"the chat template cannot render it ({first})") from None
+        full.append(text)
+        spans.append(sp)
+    stable = [
+        all(t.startswith(th) and th.startswith(b) for b, th in sp) for t, sp in zip(full, spans, strict=True)
+    ]
+    ids_list: list[list[int]] = []
+    masks: list[np.ndarray] = []
+    if tok.backend is not None:
+        encs = tok.backend.encode_batch(full, add_special_tokens=False)
+        for enc, sp, ok, text in zip(encs, spans, stable, full, strict=True):
+            ids_list.append(enc.ids)
+            masks.append(_span_mask(enc, sp, len(text)) if ok else None)
+    else:
+        ids_list = tok.encode(full)
+        masks = [None] * len(full)
+    # the rest (slow tokenizers; templates whose rendering of a conversation does not start with the
+    # rendering of its first turns): a turn's tokens are those its rendering adds, counted in tokens
+    todo = [c for c, m in enumerate(masks) if m is None]
+    if todo:
+        texts = [t for c in todo for b, th in spans[c] for t in (b, th)]
+        counts = iter(map(len, tok.encode(texts)))
+        for c in todo:
+            m = np.zeros(len(ids_list[c]), np.int8)
+            for _ in spans[c]:
+                a, b = next(counts), next(counts)
+                m[a:b] = 1
+            masks[c] = m
+    return ids_list, masks
 
 
-def _check_messages(v: object, name: str) -> str | None:
-    if not isinstance(v, list):
-        return f"field {name!r} must be a list of messages (got {_type(v)})"
-    if not v:
-        return f"field {name!r} holds no messages"
-    for j, m in enumerate(v):
-        if not isinstance(m, dict):
-            return f"{name}[{j}] must be an object with 'role' and 'content' (got {_type(m)})"
-        for key in ("role", "content"):
-            if key not in m:
-                return f"{name}[{j}] has no {key!r}"
-            if not isinstance(m[key], str):
-                return f"{name}[{j}].{key} must be a string (got {_type(m[key])})"
-    return None
+def _span_mask(enc, spans: list[tuple[str, str]], size: int) -> np.ndarray:
+    """1 on the tokens whose first character is in ``[len(before), len(through))`` of some span."""
+    n = len(enc.ids)
+    m = np.zeros(n, np.int8)
+    for before, through in spans:
+        m[_token_at(enc, len(before), size, n) : _token_at(enc, len(through), size, n)] = 1
+    return m
 
 
-def _type(v: object) -> str:
-    return "null" if v is None else type(v).__name__
+def _token_at(enc, pos: int, size: int, n: int) -> int:
+    """Index of the first token that starts at or after character ``pos`` (``n`` when none does)."""
+    while pos < size:
+        t = enc.char_to_token(pos)
+        if t is not None:
+            return t if enc.token_to_chars(t)[0] >= pos else t + 1
+        pos += 1  # a character no token covers (dropped by the normalizer): look at the next one
+    return n
 
 
-def _fail(position: int, rule: str) -> tuple[np.ndarray, np.ndarray, tuple[int, str]]:
-    empty = np.zeros(0, np.int64)
-    return empty, empty, (position, rule)
+# --- one chunk of raw records -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    """What :func:`encode_chunk` returns: the encoded records, or the first bad one.
+
+    Attributes:
+        encoded: the chunk's samples (``None`` when ``error`` is set).
+        error: ``(position in the chunk, rule)`` of the first bad record, else ``None``.
+        replaced: positions of records whose lone UTF-16 surrogates were replaced by U+FFFD.
+    """
+
+    encoded: Encoded | None
+    error: tuple[int, str] | None
+    replaced: tuple[int, ...] = ()
+
+
+def encode_chunk(
+    tok: Tokenizer, values: list, jsonl: bool, fmt: str, fields: Mapping[str, str], loss_on: str = "assistant"
+) -> ChunkResult:
+    """Raw ``.jsonl`` lines (``jsonl=True``) or row dicts of format ``fmt`` -> :class:`ChunkResult`."""
+    samples = []
+    replaced = []
+    for i, v in enumerate(values):
+        try:
+            if jsonl:
+                v, fixed = records.parse_line(v)
+                if fixed:
+                    replaced.append(i)
+            samples.append(to_sample(v, fmt, fields))
+        except RecordError as exc:
+            return ChunkResult(None, (i, exc.rule), tuple(replaced))
+    try:
+        return ChunkResult(encode_samples(tok, samples, loss_on), None, tuple(replaced))
+    except SampleError as exc:
+        return ChunkResult(None, (exc.position, exc.rule), tuple(replaced))
 
 
 def raise_record_error(path: str, jsonl: bool, index: int, rule: str) -> None:

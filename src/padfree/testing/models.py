@@ -10,6 +10,8 @@ Needs the ``hf`` extra (transformers) and torch.
 
 from __future__ import annotations
 
+import json
+import stat
 from pathlib import Path
 
 from padfree.errors import ConfigError
@@ -34,12 +36,63 @@ TINY = {
 }
 
 
+SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
+MAX_SIZE = 2**31 - 1
+
+
+def _check_sizes(values: dict, where: str) -> None:
+    """Every size field present must be an integer from 1 to 2^31-1 (transformers takes almost anything)."""
+    for k in SIZES:
+        v = values.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_SIZE):
+            raise ConfigError(f"{where}: {k} must be an integer from 1 to {MAX_SIZE} (got {str(v)[:40]!r})")
+
+
+def _read_config_json(path: Path) -> dict:
+    f = path / "config.json"
+    try:
+        st = f.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{f}: not a regular file")
+        if st.st_size > 2**20:
+            raise ConfigError(f"{f}: {st.st_size} bytes is too large for a model config (limit 1 MiB)")
+        data = json.loads(f.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"{f}: cannot read the model config ({exc.strerror or exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"{f}: not a model config (malformed JSON: {str(exc)[:120]})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise ConfigError(f"{f}: not a model config (a JSON object with a string model_type)")
+    return data
+
+
+def param_count(cfg) -> int:
+    """About how many parameters a decoder of this config has (embeddings, attention, MLP, LM head)."""
+    h, layers = int(cfg.hidden_size), int(cfg.num_hidden_layers)
+    inter = int(getattr(cfg, "intermediate_size", None) or 4 * h)
+    head = 1 if getattr(cfg, "tie_word_embeddings", False) else 2
+    return int(cfg.vocab_size) * h * head + layers * (4 * h * h + 3 * h * inter)
+
+
 def build_config(name_or_dir: str = "tiny-llama", vocab_size: int | None = None, **overrides):
     """A transformers config: a built-in tiny family (``tiny-llama``, ``tiny-mistral``, ``tiny-qwen2``,
     ``tiny-gemma``) or a local directory holding ``config.json``. ``use_cache`` is always off: with it on,
-    transformers skips packed-sequence detection and packed documents attend to each other."""
+    transformers skips packed-sequence detection and packed documents attend to each other.
+
+    A config that is not JSON, names no ``model_type``, holds a size that is not an integer from 1 to
+    2^31-1, or that transformers refuses, is a one-line :class:`ConfigError` naming the file."""
     import transformers
 
+    _check_sizes({**overrides, "vocab_size": vocab_size}, "model override")
     if name_or_dir in FAMILIES:
         cls_name, extra = FAMILIES[name_or_dir]
         fields = {**TINY, **extra, **overrides}
@@ -53,7 +106,14 @@ def build_config(name_or_dir: str = "tiny-llama", vocab_size: int | None = None,
                 f"{name_or_dir}: not a built-in model ({', '.join(FAMILIES)}) "
                 "nor a directory with config.json"
             )
-        cfg = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True, **overrides)
+        _check_sizes(_read_config_json(path), str(path / "config.json"))
+        try:
+            cfg = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True, **overrides)
+        except Exception as exc:  # transformers raises many types for a config it cannot build
+            text = " ".join(str(exc).split())[:200] or type(exc).__name__  # one line
+            raise ConfigError(
+                f"{path / 'config.json'}: transformers cannot build a config from it ({text})"
+            ) from None
         if vocab_size is not None:
             cfg.vocab_size = vocab_size
     cfg.use_cache = False
@@ -61,9 +121,14 @@ def build_config(name_or_dir: str = "tiny-llama", vocab_size: int | None = None,
 
 
 def build_model(
-    name_or_dir: str = "tiny-llama", attn_implementation: str = "sdpa", seed: int = 0, **overrides
+    name_or_dir: str = "tiny-llama",
+    attn_implementation: str = "sdpa",
+    seed: int = 0,
+    max_params: int | None = None,
+    **overrides,
 ):
-    """A causal LM with random weights from :func:`build_config` (deterministic for a seed)."""
+    """A causal LM with random weights from :func:`build_config` (deterministic for a seed); with
+    ``max_params``, a config of more (estimated) parameters is refused before any weight is allocated."""
     import torch
     import transformers
 
@@ -71,6 +136,12 @@ def build_model(
         import padfree.torch.attention  # noqa: F401  (registers padfree_varlen / padfree_leaky with transformers)
 
     cfg = build_config(name_or_dir, **overrides)
+    if max_params is not None and param_count(cfg) > max_params:
+        raise ConfigError(
+            f"{name_or_dir}: about {param_count(cfg) / 1e9:.2f}B parameters, over this command's limit of "
+            f"{max_params / 1e9:.2f}B ({max_params * 4 / 2**30:.0f} GiB of float32 weights); the attention "
+            "path does not depend on the size: lower num_hidden_layers or hidden_size in a copy of the config"
+        )
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation)
     model.config.use_cache = False

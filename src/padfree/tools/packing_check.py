@@ -63,6 +63,10 @@ class PackingCheck:
         return not self.max_logit_diff <= self.tolerance
 
 
+MAX_PARAMS = 2**30
+"""The largest model check-packing builds (random float32 weights on this machine: 4 GiB)."""
+
+
 def check_packing(
     model: str = "tiny-llama",
     attn: str = "padfree_varlen",
@@ -98,7 +102,9 @@ def check_packing(
     tolerance = TOLERANCE[dtype] if tolerance is None else tolerance
     impl = ALIASES.get(attn, attn)
     try:
-        net = build_model(model, attn_implementation=impl, seed=seed, **(overrides or {}))
+        net = build_model(
+            model, attn_implementation=impl, seed=seed, max_params=MAX_PARAMS, **(overrides or {})
+        )
     except (ValueError, KeyError) as exc:
         if isinstance(exc, ConfigError):
             raise

@@ -17,12 +17,11 @@ the sampler's default headroom).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from padfree.core.config import CostModel, PlanConfig
+from padfree.core.config import MAX_COST, CostModel, PlanConfig, read_cost_file
 from padfree.core.cost import imbalance, micro_costs, micro_shapes, rank_costs, step_costs
 from padfree.core.plan import epoch_rng
 from padfree.core.planner import make_plan
@@ -32,15 +31,44 @@ from padfree.errors import ConfigError
 MOTIVATING_KTOK_S = {"sorted": 32.0, "naive_bucketed": 25.1, "random": 11.9}
 
 
-def load_seconds_per_unit(path: str | Path | None) -> float | None:
-    """``seconds_per_unit`` (or ``seconds_per_slot``) of a cost file, or None when absent."""
+HELD_OUT_WARN = 0.25
+"""A cost file whose held-out relative RMS error is above this makes ``simulate`` warn: strategies often
+differ by 5-30% in predicted throughput, so a model off by more than a quarter on shapes it was not fitted
+on cannot rank them reliably (a calibration on a quiet machine is within ~0.1)."""
+
+
+def cost_warning(path: str | Path | None) -> str | None:
+    """One line when the cost file records a held-out error above :data:`HELD_OUT_WARN`, else None."""
     if path is None:
         return None
-    data = json.loads(Path(path).read_text())
+    try:
+        data = read_cost_file(path)
+    except ConfigError:  # load_seconds_per_unit says what is wrong with it
+        return None
+    err = data.get("held_out_rel_rms")
+    if err is None and isinstance(data.get("held_out"), dict):
+        err = data["held_out"].get("rel_rms")
+    if not isinstance(err, (int, float)) or err <= HELD_OUT_WARN:
+        return None
+    return (
+        f"{path}: the cost model's held-out relative error is {err:.2f} (> {HELD_OUT_WARN}); predicted "
+        "throughput may be off by that much: calibrate again with more --repeats, without --quick"
+    )
+
+
+def load_seconds_per_unit(path: str | Path | None) -> float | None:
+    """``seconds_per_unit`` (or ``seconds_per_slot``) of a cost file, or None when absent; a value that is
+    not a number in ``(0, 1e30]`` is a :class:`ConfigError`."""
+    if path is None:
+        return None
+    data = read_cost_file(path)
     for key in ("seconds_per_unit", "seconds_per_slot"):
         v = data.get(key)
-        if isinstance(v, (int, float)) and v > 0:
-            return float(v)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= MAX_COST:
+            raise ConfigError(f"{path}: {key} must be a number > 0 and <= {MAX_COST:g} (got {v!r})")
+        return float(v)
     return None
 
 

@@ -4,7 +4,8 @@ collators for padded and packed micro-batches, and step-normalized loss helpers.
 The training loop (see ``examples/train.py`` for the whole thing)::
 
     sampler = PlanBatchSampler(lengths, PlanConfig(strategy="packed", budget=8192, grad_accum=4),
-                               loss_tokens=loss_tokens)          # rank/world from torch.distributed
+                               loss_tokens=loss_tokens,          # rank/world from torch.distributed
+                               balance="dynamic")                # optional: balance from measured times
     loader = DataLoader(PlannedDataset(dataset), batch_sampler=sampler, collate_fn=PackCollator())
     sampler.load_state_dict(saved)                               # optional: any world size, O(1)
     for epoch in range(sampler.epoch, epochs):
@@ -12,7 +13,7 @@ The training loop (see ``examples/train.py`` for the whole thing)::
         for batch in loader:
             info = batch.info                                    # step, micro, last, step_tokens ...
             labels = batch.pop("labels")
-            with sync_unless(ddp_model, info.last):
+            with sync_unless(ddp_model, info.last), sampler.timed(ddp_model):   # compute time, no wait
                 loss = token_loss_sum(ddp_model(**batch).logits, labels)
                 step_loss(loss, info.step_tokens, world_size).backward()
             if info.last:

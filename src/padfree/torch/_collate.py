@@ -54,8 +54,9 @@ def pieces(items: list) -> list[tuple[np.ndarray, np.ndarray]]:
             start = 0 if info.starts is None else info.starts[j]
             length = info.lengths[j]
             if start + length > ids.shape[0]:
+                who = f"sample {info.indices[j]}" if len(info.indices) > j else f"item {j}"
                 raise ConfigError(
-                    f"item {j} has {ids.shape[0]} tokens but the plan expects at least {start + length}: "
+                    f"{who} has {ids.shape[0]} tokens but the plan expects at least {start + length}: "
                     "the lengths given to the sampler must be the dataset's token counts"
                 )
             ids, labels = ids[start : start + length], labels[start : start + length]

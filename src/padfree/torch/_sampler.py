@@ -25,13 +25,13 @@ from padfree.core.config import PlanConfig
 from padfree.core.fingerprint import fingerprint
 from padfree.core.items import make_items, validate_lengths
 from padfree.core.plan import Plan
+from padfree.core.planner import STREAM_THRESHOLD
+from padfree.core.position import Position, from_state, step_loss_tokens, to_state
 from padfree.core.replay import Segment, replay
-from padfree.errors import ConfigError, StateError
+from padfree.core.stream import DEFAULT_WINDOW
+from padfree.errors import ConfigError
 from padfree.torch._balance import DynamicBalancer
 from padfree.torch._distributed import rank_and_world
-
-STATE_FORMAT = "padfree.sampler/2"
-_FORMAT_V1 = "padfree.sampler/1"  # no balance recorded: accepted only where the cost model cannot matter
 
 
 @dataclass(frozen=True)
@@ -94,15 +94,21 @@ class PlanBatchSampler:
         balance: ``"static"`` (each step given to ranks by ``config.cost``) or ``"dynamic"``: the ranks time
             their micro-batches (:meth:`record_time` or :meth:`timed`), exchange the times every
             ``balance_every`` steps in one small collective, and all refit the same cost coefficients and
-            per-rank speeds, which give the coming steps to ranks (packed steps are also re-cut among ranks:
-            per-rank shares that follow the speeds, every bin within the budget). A step's samples never
-            change. See :meth:`balance_stats`.
+            per-rank speeds, which give the coming steps to ranks (steps are also re-cut among ranks:
+            per-rank shares that follow the speeds, every micro-batch within the budget). A step's samples
+            never change. See :meth:`balance_stats`.
         balance_every: steps between two exchanges (dynamic).
-        balance_headroom: dynamic packed plans fill bins to this share of the budget so that a re-cut can
-            give faster ranks more (default ``1 - 0.3/world_size``: room for one rank ~1.4x slower; 1: no
-            room, assignment only). Steps then hold that much fewer tokens.
+        balance_headroom: dynamic plans fill micro-batches to this share of the budget so that a re-cut can
+            give faster ranks more (default ``1 - 0.3/world_size``: room for one rank ~1.4x slower, and 1
+            for a padded plan whose tokens are mostly in items over half the budget, see
+            :func:`padfree.core.balance.default_headroom`; 1: no room, assignment only). Steps then hold
+            that much fewer tokens.
         balance_exchange: replaces the ``torch.distributed`` all-gather of the timings (tests, other
             launchers): takes this rank's 1-D float64 payload, returns every rank's, stacked.
+        window: plan the epoch window by window, about this many samples each, in bounded memory (as
+            ``make_plan`` does; every per-sample array int32). Default: above
+            :data:`padfree.core.planner.STREAM_THRESHOLD` samples, windows of
+            :data:`padfree.core.stream.DEFAULT_WINDOW`; else in memory.
     """
 
     def __init__(
@@ -118,33 +124,51 @@ class PlanBatchSampler:
         balance_every: int = 4,
         balance_headroom: float | None = None,
         balance_exchange: Callable[[np.ndarray], np.ndarray] | None = None,
+        window: int | None = None,
     ) -> None:
         if balance not in ("static", "dynamic"):
             raise ConfigError(f"balance must be 'static' or 'dynamic' (got {balance!r})")
         if isinstance(balance_every, bool) or not isinstance(balance_every, int) or balance_every < 1:
             raise ConfigError(f"balance_every must be an integer >= 1 (got {balance_every!r})")
-        lengths = validate_lengths(lengths)
+        n = int(np.shape(lengths)[0]) if np.ndim(lengths) == 1 else 0
+        if window is None and n > STREAM_THRESHOLD:
+            window = DEFAULT_WINDOW
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ConfigError(f"window must be an integer >= 1 (got {window!r})")
+        self._window = window
+        # window by window: every per-sample array stays int32 (lengths are validated <= 2**31 - 1)
+        lengths = validate_lengths(lengths, compact=window is not None)
+        if window is not None:
+            lengths = lengths.astype(np.int32, copy=False)
         rank, world_size = rank_and_world(rank, world_size, config.world_size)
         self.config = config.with_(world_size=world_size)
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} outside world size {world_size}")
         self.rank = rank
         self.fingerprint = fingerprint(lengths, self.config)
-        self._items = make_items(lengths, config.budget, config.overlong)
+        self._items = None if window is not None else make_items(lengths, config.budget, config.overlong)
         self._custom = loss_tokens is not None
         if loss_tokens is None:
             self._loss = None
         else:
-            loss = np.asarray(loss_tokens, dtype=np.int64)
-            if loss.shape != lengths.shape or (loss < 0).any() or (loss >= lengths).any():
-                raise ConfigError("loss_tokens must hold one count per sample, each in 0 .. length-1")
-            self._loss = loss
+            loss = np.asarray(loss_tokens)
+            if (
+                loss.shape != lengths.shape
+                or loss.dtype.kind not in "iu"
+                or (loss < 0).any()
+                or (loss >= lengths).any()
+            ):
+                raise ConfigError("loss_tokens must hold one integer count per sample, each in 0 .. length-1")
+            self._loss = loss.astype(lengths.dtype, copy=False)
         self._lengths = lengths
         self.epoch = int(epoch)
         self.balance = balance
         self.balance_every = balance_every
         dynamic = balance == "dynamic"
-        headroom = default_headroom(world_size) if balance_headroom is None else balance_headroom
+        if balance_headroom is None:
+            headroom = default_headroom(world_size, self.config, lengths) if dynamic else 1.0
+        else:
+            headroom = balance_headroom
         self._budget = plan_budget(self.config, headroom) if dynamic else None  # planning budget
         self._dynamic = None
         if dynamic and world_size > 1:
@@ -156,12 +180,13 @@ class PlanBatchSampler:
         self._balance = self._new_balance(None)  # decides how each coming step is given to ranks
         self._synced: tuple | None = None  # (epoch, step) of the last exchange
         self._busy = 0.0  # seconds spent yielding micro-batches (planning included), for balance_stats
+        self._busy_first: float | None = None  # ... until the end of the first step
         self._cache: tuple | None = None
         self._step_cache: tuple | None = None
 
     def _new_balance(self, current: Balance | None) -> Balance:
         """The balance a new epoch starts with: static, the config's; dynamic, what was learned so far."""
-        recut = self.balance == "dynamic" and self.config.packed
+        recut = self.balance == "dynamic"
         if self.balance == "static" or current is None:
             return Balance.of(self.config.cost, recut=recut)
         return replace(current, recut=recut)
@@ -174,28 +199,12 @@ class PlanBatchSampler:
     def _plan(self) -> tuple[Plan, int, np.ndarray]:
         """The current segment's unassigned plan, the steps before it and the loss tokens of each step."""
         if self._cache is None or self._cache[0] != self._key():
-            plan, before = replay(self._items, self.config, self.epoch, self._history)
-            self._cache = (self._key(), plan, before, self._step_tokens(plan))
+            self._cache = self._step_cache = None  # free the old plan before making the next
+            history = self._history
+            kw = {"lengths": self._lengths, "window": self._window}
+            plan, before = replay(self._items, self.config, self.epoch, history, **kw)
+            self._cache = (self._key(), plan, before, step_loss_tokens(plan, self._lengths, self._loss))
         return self._cache[1], self._cache[2], self._cache[3]
-
-    def _step_tokens(self, plan: Plan) -> np.ndarray:
-        """Loss-bearing tokens per step (-1 where unknown: a custom count on a truncated or split piece)."""
-        k = plan.config.micro_per_step
-        m = plan.n_steps * k
-        n = int(plan.offsets[m])
-        if n == 0:
-            return np.zeros(plan.n_steps, dtype=np.int64)
-        pieces = plan.lengths[:n]
-        if self._loss is None:
-            per = pieces - 1
-        else:
-            whole = pieces == self._lengths[plan.indices[:n]]
-            per = np.where(whole, self._loss[plan.indices[:n]], -(10**12))
-        micro = np.zeros(m, dtype=np.int64)
-        nonempty = np.flatnonzero(np.diff(plan.offsets[: m + 1]) > 0)
-        micro[nonempty] = np.add.reduceat(per, plan.offsets[nonempty])
-        steps = micro.reshape(plan.n_steps, k).sum(axis=1)
-        return np.where(steps < 0, -1, steps)
 
     def _layout(self, plan: Plan, s: int) -> tuple:
         """Step ``s`` of ``plan`` given to ranks under the balance in force: ``(first item, order, offsets,
@@ -286,6 +295,8 @@ class PlanBatchSampler:
                     (self.epoch, before + s, j), float(features[k, 0]), float(features[k, 1])
                 )
             self._busy += time.perf_counter() - t0
+            if self._busy_first is None and j == g - 1:
+                self._busy_first = self._busy  # planning the epoch and loading the kernels: once
             yield MicroBatch(ids, info)
 
     # ----- dynamic balancing -------------------------------------------------------------------------------
@@ -331,7 +342,8 @@ class PlanBatchSampler:
         ``speeds`` (per rank, mean 1), ``heldout_rel_error`` (the previous fit's mean relative error on the
         micro-batches of the last exchange, which it had not seen), ``exchanges``, ``records`` (timed
         micro-batches received, all ranks), ``sync_seconds`` (this rank's time in exchanges and refits) and
-        ``sampler_seconds`` (all of its time yielding micro-batches: planning, layouts, exchanges)."""
+        ``sampler_seconds`` (all of its time yielding micro-batches: planning, layouts, exchanges), of which
+        ``sampler_first_step_seconds`` until its first step was out (planning, loading compiled kernels)."""
         b, d = self._balance, self._dynamic
         return {
             "mode": self.balance,
@@ -344,6 +356,7 @@ class PlanBatchSampler:
             "records": 0 if d is None else d.records,
             "sync_seconds": 0.0 if d is None else d.sync_seconds,
             "sampler_seconds": self._busy,
+            "sampler_first_step_seconds": self._busy_first or 0.0,
             "plan_budget": self._history[-1].budget or self.config.budget,
         }
 
@@ -351,15 +364,8 @@ class PlanBatchSampler:
     def state_dict(self) -> dict:
         """The position and everything that decides the rest of the epoch: epoch, fingerprint, the short
         resume history, and the balance in force (cost model, rank speeds). JSON-serializable, O(resumes)."""
-        return {
-            "format": STATE_FORMAT,
-            "fingerprint": self.fingerprint,
-            "epoch": self.epoch,
-            "history": [_entry(h) for h in self._history],
-            "partial": self._partial,
-            "mode": self.balance,
-            "balance": self._balance.to_state(),
-        }
+        position = Position(self.epoch, list(self._history), self._partial, self._balance)
+        return to_state(self.fingerprint, position, self.balance)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at the exact next micro-batch, at this sampler's world size (which may differ: the rest of
@@ -370,61 +376,16 @@ class PlanBatchSampler:
         the epoch ends in the order it would have without the interruption. The config's cost model applies
         again from the next epoch. At another world size the speeds start afresh. Raises
         :class:`StateError` (one line, saying why) on a foreign or damaged state, or on one that cannot be
-        continued exactly.
+        continued exactly (see :mod:`padfree.core.position`).
         """
-        if not isinstance(state, dict) or state.get("format") not in (STATE_FORMAT, _FORMAT_V1):
-            raise StateError(f"not a padfree sampler state (expected format {STATE_FORMAT!r})")
-        if state.get("fingerprint") != self.fingerprint:
-            raise StateError(
-                f"sampler state fingerprint {state.get('fingerprint')} does not match this dataset, config "
-                f"and seed ({self.fingerprint}); refusing to resume with a different data order"
-            )
-        try:
-            epoch = int(state["epoch"])
-            history = [_segment(h) for h in state["history"]]
-            partial = int(state["partial"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"malformed sampler state: {exc}") from None
-        if not history or epoch < 0 or partial < 0 or any(h.steps < 0 for h in history):
-            raise StateError("malformed sampler state: empty history or negative position")
-        last = history[-1]
-        if state["format"] == _FORMAT_V1:
-            if partial or len(history) > 1:
-                raise StateError(
-                    f"a {_FORMAT_V1} state records no cost model and re-plans resumed epochs differently: it "
-                    "can only be continued at a step boundary of an epoch never resumed at another world "
-                    "size; resume from such a checkpoint or start the epoch again"
-                )
-            balance = Balance.of(self.config.cost)
-        else:
-            balance = Balance.from_state(state.get("balance"), last.world_size)
-        if (last.world_size, last.grad_accum) != (self.world_size, self.grad_accum):
-            if partial:
-                raise StateError(
-                    f"the state is {partial} micro-batch(es) into a step; it can only resume at world size "
-                    f"{last.world_size} and grad_accum {last.grad_accum}, not {self.world_size} and "
-                    f"{self.grad_accum}"
-                )
-            if last.steps == 0:
-                history = history[:-1]
-            history.append(Segment(self.world_size, self.grad_accum, 0, self._budget))
-            balance = replace(balance, speeds=None)  # other ranks: their speeds are not known yet
-        elif partial >= self.grad_accum:
-            raise StateError(f"malformed sampler state: partial {partial} >= grad_accum {self.grad_accum}")
-        self.epoch, self._history, self._partial, self._balance = epoch, history, partial, balance
+        shape = (self.world_size, self.grad_accum, self._budget, self.config.cost)
+        pos = from_state(state, self.fingerprint, *shape)
+        self.epoch, self._history, self._partial, self._balance = (
+            pos.epoch,
+            pos.history,
+            pos.partial,
+            pos.balance,
+        )
         self._cache = self._step_cache = self._synced = None
         if self._dynamic is not None:
             self._dynamic.reset()
-
-
-def _entry(seg: Segment) -> list[int]:
-    head = [seg.world_size, seg.grad_accum, seg.steps]
-    return head if seg.budget is None else [*head, seg.budget]
-
-
-def _segment(entry: object) -> Segment:
-    w, g, steps, *rest = entry
-    if len(rest) > 1:
-        raise ValueError(f"a history entry has 3 or 4 numbers (got {entry!r:.60})")
-    budget = rest[0] if rest else None
-    return Segment(int(w), int(g), int(steps), None if budget is None else int(budget))

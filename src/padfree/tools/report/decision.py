@@ -1,0 +1,317 @@
+"""The report's decision: measure the strategies and a frontier of bucketed plans, then choose one plan and
+say why in numbers.
+
+Every plan is measured with :func:`padfree.tools.analyze.measure` (epoch 1; co-batch repeat from epoch 0).
+Modeled throughput = real tokens / sum over steps of the modeled cost of the step's most loaded rank (a
+synchronous step waits for its slowest rank), reported relative to ``sorted``.
+
+The rules a plan must meet scale with the epoch (see :func:`limits`): at a few steps per epoch, which
+micro-batch a sample shares matters little (the step gradient sums its micro-batches) and step-to-step
+statistics are noise, so the limits widen; on long epochs they tighten to 1% co-batch repeat.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from padfree.core.config import STRATEGIES, PlanConfig
+from padfree.core.items import validate_lengths
+from padfree.core.plan import Plan
+from padfree.core.planner import plan_pieces
+from padfree.tools.analyze import analyze_strategies, measure, short_epoch
+
+GROWTHS = (1.1, 1.25, 1.5, 2.0)
+BUCKET_COUNTS = (2, 4, 8, 16, 32)
+MIXES = (4, 16, 64)
+"""Explicit noise windows swept at the base growth, beside the automatic one."""
+REPEAT_FLOOR = 0.01
+ADJACENT_FLOOR = 0.1
+WASTE_RATIO = 2.0
+"""A rejected plan this many times faster than the pick is always named, with the rule it breaks."""
+RANK_STEPS = 200
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured plan configuration of the frontier."""
+
+    label: str
+    family: str  # "growth", "buckets", "mix", or a strategy name
+    config: PlanConfig
+    metrics: dict
+
+    def to_json(self) -> dict:
+        c = self.config
+        params = {"strategy": c.strategy}
+        if c.strategy == "bucketed":
+            params |= {"buckets": c.buckets} if c.buckets is not None else {"growth": c.growth}
+            params["mix"] = "auto" if c.mix is None else c.mix
+        return {"label": self.label, "family": self.family, "params": params, **_clean(self.metrics)}
+
+
+def limits(steps: int, micro_per_step: int) -> dict:
+    """The rules' limits for a plan whose epoch has ``steps`` steps of ``micro_per_step`` micro-batches.
+
+    - co-batch repeat <= ``max(0.01, micro_per_step / steps)``: a pair sharing a micro-batch is 1 of
+      ``micro_per_step`` micro-batch pairs among a sample's step partners, and a random order puts any pair
+      in one step with probability ~``1 / steps``; a repeat ``r`` adds ~``r / micro_per_step`` to that, so
+      this bound keeps pairs sharing a step again within twice a random order's rate;
+    - adjacent-step correlation <= ``max(0.1, 2 / sqrt(steps - 1))``: two standard errors of the
+      correlation of a random order's step means (none below 3 steps, where it is undefined).
+
+    >>> limits(1000, 32)["cobatch_repeat_max"], round(limits(1000, 32)["adjacent_corr_max"], 3)
+    (0.032, 0.1)
+    >>> limits(4, 32)["cobatch_repeat_max"], round(limits(4, 32)["adjacent_corr_max"], 3)
+    (8.0, 1.155)
+    """
+    adj = 2.0 / math.sqrt(steps - 1) if steps > 2 else float("inf")
+    return {
+        "cobatch_repeat_max": max(REPEAT_FLOOR, micro_per_step / max(steps, 1)),
+        "adjacent_corr_max": max(ADJACENT_FLOOR, adj),
+    }
+
+
+def broken(m: dict, micro_per_step: int, random_divergence: float) -> list[str]:
+    """The rules a plan's metrics break, each with its numbers."""
+    lim = limits(int(m["steps"]), micro_per_step)
+    bad = []
+    if m["cobatch_repeat"] > lim["cobatch_repeat_max"]:
+        bad.append(
+            f"co-batch repeat {m['cobatch_repeat']:.4f} > {lim['cobatch_repeat_max']:.4g} "
+            f"(= max(0.01, {micro_per_step} micro-batches per step / {m['steps']} steps))"
+        )
+    if m["adjacent_corr"] > lim["adjacent_corr_max"]:
+        bad.append(f"adjacent-step correlation {m['adjacent_corr']:+.3f} > {lim['adjacent_corr_max']:.3f}")
+    if m["step_divergence"] > random_divergence + 1e-12:
+        bad.append(f"step divergence {m['step_divergence']:.3f} > random's {random_divergence:.3f}")
+    return bad
+
+
+def build_report(
+    lengths: np.ndarray,
+    base: PlanConfig,
+    *,
+    name: str = "lengths",
+    path: str | None = None,
+    growths: tuple[float, ...] = GROWTHS,
+    bucket_counts: tuple[int, ...] = BUCKET_COUNTS,
+    mixes: tuple[int, ...] = MIXES,
+    packing: bool = True,
+) -> tuple[dict, dict[str, Plan]]:
+    """Measure the strategies and the frontier and choose a plan. Returns ``(numbers, plans)`` where
+    ``plans`` holds the epoch-1 plan of the recommendation (``"recommended"``) and the bucketed plan whose
+    edges the histogram draws (``"edges"``); of an epoch planned window by window, their first window (no
+    whole plan of a huge epoch is ever held: every number comes from :func:`measure`, window by window)."""
+    t0 = time.perf_counter()
+    lengths = validate_lengths(lengths, path, compact=True)  # int32 stays int32 (100M: 400 MB, not 800)
+    configs = {s: base.with_(strategy=s) for s in STRATEGIES}
+    result = analyze_strategies(lengths, configs, path=path)
+    result["dataset"]["name"] = name
+    points = [
+        Point(_label(configs[s]), _family(configs[s]), configs[s], result["strategies"][s])
+        for s in STRATEGIES
+    ]
+    done = {p.label for p in points}
+    bucketed = base.with_(strategy="bucketed")
+    sweep = [bucketed.with_(growth=float(g), buckets=None, mix=None) for g in growths]
+    sweep += [bucketed.with_(buckets=int(n), mix=None) for n in bucket_counts]
+    sweep += [bucketed.with_(mix=int(x)) for x in mixes]
+    for cfg in sweep:
+        if _label(cfg) not in done:
+            done.add(_label(cfg))
+            points.append(Point(_label(cfg), _family(cfg), cfg, measure(lengths, cfg, path)))
+    ref = result["strategies"]["sorted"]["modeled_throughput"]
+    for p in points:
+        p.metrics["relative_throughput"] = p.metrics["modeled_throughput"] / ref
+    rec = recommend(points, packing, base.micro_per_step)
+    rec["short_epoch"] = short_epoch(result)
+    if rec["short_epoch"]:
+        rec["text"] += " " + rec["short_epoch"][0].upper() + rec["short_epoch"][1:] + "."
+    chosen = next(p for p in points if p.label == rec["label"])
+    plan, rc_parts = None, []
+    for piece in plan_pieces(lengths, chosen.config, 1, path=path):  # the first RANK_STEPS steps' rank load
+        plan = piece if plan is None else plan
+        rc_parts.append(piece.rank_costs()[:RANK_STEPS])
+        if sum(r.shape[0] for r in rc_parts) >= RANK_STEPS:
+            break
+    rc = np.concatenate(rc_parts)
+    # make_plan's edges: the in-memory plan's, or window 0's on the window path
+    edge_plan = (
+        plan if chosen.config.strategy == "bucketed" else next(plan_pieces(lengths, bucketed, 1, path=path))
+    )
+    numbers = {
+        "dataset": result["dataset"],
+        "config": result["config"] | {"growth": base.growth, "buckets": base.buckets, "mix": base.mix},
+        "bucket_edges": edge_plan.edges.tolist(),
+        "bucket_edges_of": _label(edge_plan.config),
+        "strategies": {s: _clean(result["strategies"][s]) for s in STRATEGIES},
+        "strategy_labels": {s: _label(configs[s]) for s in STRATEGIES},
+        "frontier": [p.to_json() for p in points],
+        "recommendation": rec,
+        "rank_load": {
+            "label": chosen.label,
+            "steps_shown": int(min(RANK_STEPS, rc.shape[0])),
+            "steps": int(chosen.metrics["steps"]),
+            "cost": rc[:RANK_STEPS].round(1).tolist(),
+            "imbalance": chosen.metrics["imbalance"],
+        },
+        "packing_supported": packing,
+        "measure_seconds": round(time.perf_counter() - t0, 2),
+    }
+    return numbers, {"recommended": plan, "edges": edge_plan}
+
+
+def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
+    """Choose a plan: among plans that meet every rule (:func:`broken`: co-batch repeat and adjacent-step
+    correlation within :func:`limits` of their epoch length, step divergence no worse than random's),
+    packed when the model's attention can keep packed documents apart (``packing``), else the padded plan
+    with the highest modeled throughput. A rejected plan more than :data:`WASTE_RATIO` times faster than
+    the pick is named with the rule it breaks."""
+    rand = _by(points, "random").metrics["step_divergence"]
+    sorted_m = _by(points, "sorted").metrics
+    failing = {p.label: broken(p.metrics, micro_per_step, rand) for p in points}
+    eligible = [p for p in points if not failing[p.label]]
+    padded = [p for p in eligible if p.config.strategy != "packed"]
+    packed = [p for p in eligible if p.config.strategy == "packed"]
+    best_padded = max(padded, key=_speed, default=None)
+    if packing and packed:
+        chosen = packed[0]
+    elif best_padded is not None:
+        chosen = best_padded
+    else:  # random meets every rule by construction, so only a custom point set gets here
+        chosen = min(points, key=lambda p: (len(failing[p.label]), -_speed(p)))
+    m = chosen.metrics
+    lim = limits(int(m["steps"]), micro_per_step)
+    reasons = [
+        f"padding efficiency {m['padding_efficiency']:.4f} (random: "
+        f"{_by(points, 'random').metrics['padding_efficiency']:.4f}, "
+        f"sorted: {sorted_m['padding_efficiency']:.4f})",
+        f"modeled throughput {m['relative_throughput']:.3f} x sorted "
+        f"({m['relative_throughput'] / _by(points, 'random').metrics['relative_throughput']:.2f} x random)",
+        f"co-batch repeat between epochs {m['cobatch_repeat']:.4f} (limit {lim['cobatch_repeat_max']:.4g} at "
+        f"{m['steps']} steps of {micro_per_step} micro-batches; sorted: {sorted_m['cobatch_repeat']:.3f})",
+        f"step divergence {m['step_divergence']:.3f} (random: {rand:.3f}, "
+        f"sorted: {sorted_m['step_divergence']:.3f})",
+        f"adjacent-step correlation {m['adjacent_corr']:+.3f} ("
+        + (f"limit {lim['adjacent_corr_max']:.3g}" if m["steps"] > 2 else "no limit below 3 steps")
+        + f"), rank imbalance {m['imbalance']:.4f}",
+    ]
+    if chosen.config.strategy == "packed":
+        why = (
+            "it meets every rule and the model's attention can keep packed documents apart (assumed; pass "
+            "--no-packing if it cannot), so bins of whole documents carry no padding and mix lengths freely"
+        )
+    elif failing[chosen.label]:
+        why = "no plan meets every rule; this one breaks the fewest: " + "; ".join(failing[chosen.label])
+    else:
+        why = f"the highest modeled throughput among the {len(padded)} padded plans that meet every rule"
+        if not packing:
+            why += " (packing is off: the model's attention cannot keep packed documents apart)"
+    alt = None
+    if chosen.config.strategy == "packed" and best_padded is not None:
+        bm = best_padded.metrics
+        alt = {
+            "label": best_padded.label,
+            "params": best_padded.to_json()["params"],
+            "text": f"If the attention cannot keep packed documents apart: {best_padded.label} "
+            f"(padding efficiency {bm['padding_efficiency']:.4f}, throughput "
+            f"{bm['relative_throughput']:.3f} x sorted, co-batch repeat {bm['cobatch_repeat']:.4f}).",
+        }
+    padded_pick = best_padded if chosen.config.strategy == "packed" else chosen
+    near_miss = _near_miss(points, failing, padded_pick, packing)
+    c = chosen.config
+    text = (
+        f"Use {chosen.label} with budget {c.budget} tokens, world size {c.world_size} x grad-accum "
+        f"{c.grad_accum}: {why}. " + "; ".join(reasons) + "."
+    )
+    if near_miss and chosen.config.strategy != "packed":
+        text += " Note: " + near_miss
+    return {
+        "label": chosen.label,
+        "params": chosen.to_json()["params"] | {"budget": c.budget},
+        "why": why,
+        "reasons": reasons,
+        "text": text,
+        "alternative": alt,
+        "near_miss": near_miss,
+        "eligible": [p.label for p in eligible],
+        "rejected": {k: v for k, v in failing.items() if v},
+        "criteria": {
+            "cobatch_repeat_max": lim["cobatch_repeat_max"],
+            "adjacent_corr_max": lim["adjacent_corr_max"],
+            "step_divergence_max": rand,
+            "rule": "co-batch repeat <= max(0.01, micro-batches per step / steps); adjacent-step correlation "
+            "<= max(0.1, 2 / sqrt(steps - 1)); step divergence <= random's",
+        },
+    }
+
+
+def _near_miss(points: list[Point], failing: dict, pick: Point | None, packing: bool) -> str | None:
+    """The fastest rejected plan that beats the padded pick (any strategy when it is over
+    :data:`WASTE_RATIO` times faster), with the rules it breaks and the knob that fixes them."""
+    floor = -1.0 if pick is None else _speed(pick)
+    misses = [
+        p
+        for p in points
+        if failing[p.label]
+        and _speed(p) > floor
+        and (p.config.strategy == "bucketed" or _speed(p) > WASTE_RATIO * floor)
+        and (packing or p.config.strategy != "packed")
+    ]
+    if not misses:
+        return None
+    nm = max(misses, key=_speed)
+    fixes = []
+    if any(r.startswith("co-batch") for r in failing[nm.label]) and nm.config.strategy == "bucketed":
+        fixes.append("a wider noise window (a larger --mix) lowers co-batch repeat")
+    if any(not r.startswith("co-batch") for r in failing[nm.label]) and nm.config.strategy == "bucketed":
+        fixes.append("fewer, wider buckets (a larger --growth) mix lengths more within a step")
+    ratio = "" if pick is None else f" ({_speed(nm) / _speed(pick):.2f} x the pick's throughput)"
+    return (
+        f"{nm.label} would reach {nm.metrics['relative_throughput']:.3f} x sorted{ratio}, padding efficiency "
+        f"{nm.metrics['padding_efficiency']:.4f}, but breaks: "
+        + "; ".join(failing[nm.label])
+        + (f" ({'; '.join(fixes)})" if fixes else "")
+        + "."
+    )
+
+
+def _speed(p: Point) -> float:
+    return float(p.metrics["modeled_throughput"])
+
+
+def _by(points: list[Point], strategy: str) -> Point:
+    return next(p for p in points if p.config.strategy == strategy)
+
+
+def _family(cfg: PlanConfig) -> str:
+    if cfg.strategy != "bucketed":
+        return cfg.strategy
+    if cfg.mix is not None:
+        return "mix"
+    return "buckets" if cfg.buckets is not None else "growth"
+
+
+def _label(cfg: PlanConfig) -> str:
+    """``sorted``, ``bucketed (growth 1.25)``, ``bucketed (8 optimal buckets, mix 16)``..."""
+    if cfg.strategy != "bucketed":
+        return cfg.strategy
+    mix = "" if cfg.mix is None else f", mix {cfg.mix}"
+    if cfg.buckets is not None:
+        return f"bucketed ({cfg.buckets} optimal buckets{mix})"
+    return f"bucketed (growth {cfg.growth:g}{mix})"
+
+
+def _clean(d: dict) -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, np.generic):
+            v = v.item()
+        if isinstance(v, float):
+            v = round(v, 6)
+        out[k] = v
+    return out

@@ -1,0 +1,252 @@
+"""A training run's checkpoint directory: owned by one run at a time, written atomically, and resumed from
+the checkpoint rank 0 chooses (the newest intact one) on every rank.
+
+The pieces a training loop needs (``examples/train.py`` uses all of them)::
+
+    ckpt = CheckpointDir("ckpt", rank, world, say=print)
+    ckpt.acquire(run_id)                # refuses a second run on the directory; takes over a dead run's lock
+    state = ckpt.resume(device)          # None, or the newest intact checkpoint, the same one on every rank
+    ckpt.check_fingerprints(state["sampler"]["fingerprint"], sampler.fingerprint)
+    ...
+    ckpt.save(step, lambda: {...})       # every rank calls it; rank 0 writes once all ranks are there
+    ckpt.release()
+
+Ownership: ``LOCK`` in the directory holds an exclusive ``flock`` for as long as the owning process lives
+and names its host, pid and run. The kernel drops the lock when that process dies, however it dies, so a
+lock that can be taken while the file still names an owner belonged to a dead run: it is taken over and
+that is said in one line. Only rank 0 holds it; the other ranks learn the outcome from rank 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from padfree.errors import StateError
+
+LOCK_NAME = "LOCK"
+_STEP = re.compile(r"step-(\d+)\.pt")
+REQUIRED = ("model", "optimizer", "sampler", "step")
+
+
+def _quiet(*_a: object, **_k: object) -> None:
+    return None
+
+
+class CheckpointDir:
+    """The checkpoint directory of one run, as seen from one rank.
+
+    Args:
+        directory: where ``step-NNNNNNNNN.pt`` files live (created if missing).
+        rank, world: this process's rank and the world size (collectives are used when ``world > 1``).
+        say: where one-line notices go (takeover, damaged checkpoint, cleaned temporary files); rank 0 only.
+        keep: checkpoints kept after each save (the newest ``keep``).
+    """
+
+    def __init__(
+        self, directory: str | Path, rank: int = 0, world: int = 1, say: Callable = print, keep: int = 2
+    ) -> None:
+        self.dir = Path(directory)
+        self.rank, self.world, self.keep = rank, world, max(1, keep)
+        self.say = say if rank == 0 else _quiet
+        self._fd: int | None = None
+
+    # ----- ownership --------------------------------------------------------------------------------------
+    def acquire(self, run: str) -> None:
+        """Own the directory for this run, or raise :class:`StateError` (on every rank) naming the owner.
+
+        Also removes the temporary files of interrupted writes (no writer can be left once we own it)."""
+        self._on_rank0(lambda: self._acquire(run))
+
+    def _acquire(self, run: str) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StateError(
+                f"{self.dir}: cannot use as checkpoint directory ({exc.strerror or exc})"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _describe(_read_owner(fd))
+            os.close(fd)
+            raise StateError(
+                f"{self.dir}: checkpoint directory in use by {owner}; wait for that run to end or use "
+                "another --checkpoint-dir"
+            ) from None
+        previous = _read_owner(fd)
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "run": run, "since": _now()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+        os.fsync(fd)
+        self._fd = fd
+        if previous:
+            self.say(f"{self.dir}: took over the lock of {_describe(previous)}, which is no longer running")
+        stale = [p for p in self.dir.iterdir() if p.name.endswith(".tmp")]
+        for p in stale:
+            p.unlink(missing_ok=True)
+        if stale:
+            self.say(f"{self.dir}: removed {len(stale)} temporary file(s) of interrupted writes")
+
+    def release(self) -> None:
+        """Give the directory up (an empty ``LOCK`` means nobody owns it)."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+    # ----- reading ----------------------------------------------------------------------------------------
+    def files(self) -> list[Path]:
+        """Checkpoint files, newest (highest step) first."""
+        if not self.dir.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := _STEP.fullmatch(p.name))]
+        return [p for _, p in sorted(found, reverse=True)]
+
+    def newest_intact(self, map_location: object = "cpu") -> tuple[Path | None, dict | None]:
+        """The newest checkpoint that loads and holds every required key; each damaged newer one is said."""
+        for path in self.files():
+            try:
+                state = torch.load(path, map_location=map_location, weights_only=True)
+                missing = [k for k in REQUIRED if not isinstance(state, dict) or k not in state]
+                if missing:
+                    raise ValueError(f"missing {', '.join(missing)}")
+            except Exception as exc:  # torch.load raises many types for a truncated or garbled file
+                self.say(f"{path}: damaged checkpoint ({_short(exc)}); falling back to the previous one")
+                continue
+            return path, state
+        return None, None
+
+    def resume(self, map_location: object = "cpu") -> dict | None:
+        """Rank 0 chooses the newest intact checkpoint; every rank loads that same file. ``None``: start
+        fresh. Returns the state with ``"path"`` added."""
+        chosen: dict = {}
+
+        def choose() -> str | None:
+            path, state = self.newest_intact(map_location)
+            chosen["state"] = state
+            return None if path is None else path.name
+
+        name = self._on_rank0(choose)
+        if name is None:
+            return None
+        path = self.dir / name
+        state, error = chosen.get("state"), None
+        if state is None:
+            try:
+                state = torch.load(path, map_location=map_location, weights_only=True)
+            except Exception as exc:
+                error = f"{path}: rank {self.rank} cannot load the checkpoint rank 0 chose ({_short(exc)})"
+        self._all_or_none(error)
+        return {**state, "path": str(path)}
+
+    def check_fingerprints(self, saved: str, mine: str) -> None:
+        """Every rank resumes the same sampler state on the same data order, or all refuse (one line)."""
+        pairs = [(saved, mine)]
+        if self.world > 1:
+            pairs = [None] * self.world
+            dist.all_gather_object(pairs, (saved, mine))
+        bad = [r for r, (s, m) in enumerate(pairs) if s != pairs[0][0] or m != pairs[0][1] or s != m]
+        if bad:
+            s, m = pairs[bad[0]]
+            raise StateError(
+                f"{self.dir}: rank {bad[0]} would resume sampler state {s} on data order {m}, rank 0 state "
+                f"{pairs[0][0]} on {pairs[0][1]}; every rank must resume the same state on the same data"
+            )
+
+    # ----- writing ----------------------------------------------------------------------------------------
+    def save(self, step: int, state: Callable[[], dict]) -> Path:
+        """Every rank calls this at the same step; rank 0 writes ``state()`` once all ranks got here.
+
+        Atomic: a temporary file is written, fsynced and renamed, and the directory fsynced, so a reader (or
+        a resume after SIGKILL) sees the old file or the new one, never half of one. Keeps the newest
+        ``keep``."""
+        if self.world > 1:
+            dist.barrier()
+        final = self.dir / f"step-{step:09d}.pt"
+        if self.rank == 0:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.dir / f".{final.name}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                torch.save(state(), f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+            _fsync_dir(self.dir)
+            for old in self.files()[self.keep :]:
+                old.unlink(missing_ok=True)
+        return final
+
+    # ----- rank 0 decides, every rank learns --------------------------------------------------------------
+    def _on_rank0(self, fn: Callable[[], object]) -> object:
+        out: list = [None, None]
+        if self.rank == 0:
+            try:
+                out = [fn(), None]
+            except StateError as exc:
+                out = [None, str(exc)]
+        if self.world > 1:
+            dist.broadcast_object_list(out, src=0)
+        if out[1] is not None:
+            raise StateError(out[1])
+        return out[0]
+
+    def _all_or_none(self, error: str | None) -> None:
+        """Raise the first rank's error on every rank (so no rank waits forever for one that gave up)."""
+        errors = [error]
+        if self.world > 1:
+            errors = [None] * self.world
+            dist.all_gather_object(errors, error)
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise StateError(first)
+
+
+def _read_owner(fd: int) -> dict | None:
+    try:
+        data = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+        if not data:
+            return None  # nobody owns it (new, or released by a run that ended)
+        owner = json.loads(data)
+    except (OSError, ValueError):
+        return {"unreadable": True}
+    return owner if isinstance(owner, dict) else {"unreadable": True}
+
+
+def _describe(owner: dict | None) -> str:
+    if not owner or owner.get("unreadable"):
+        return "another run (its LOCK file does not say which)"
+    return (
+        f"run {owner.get('run', '?')} (pid {owner.get('pid', '?')} on host {owner.get('host', '?')}, "
+        f"since {owner.get('since', '?')})"
+    )
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _fsync_dir(d: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text[:160]}" if text else type(exc).__name__

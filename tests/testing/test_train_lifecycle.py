@@ -1,0 +1,88 @@
+"""examples/train.py ends cleanly: SIGTERM checkpoints at the next step boundary and the resume redoes and
+loses nothing; killing only torchrun's launcher (what an OOM killer or a scheduler signalling one pid does)
+stops its workers at once, and the resume is exactly once (checked from the seen-log)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from padfree.testing import killresume, seenlog
+from padfree.torch.lifecycle import EXIT_STOPPED
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "examples" / "train.py"
+TINY = ["--vocab-size", "512", "--model-set", "hidden_size=32", "--model-set", "intermediate_size=64",
+        "--model-set", "num_hidden_layers=1", "--model-set", "num_attention_heads=2",
+        "--model-set", "num_key_value_heads=2"]  # fmt: skip
+
+
+def _args(tmp_path: Path, fixtures_dir: Path, n: int, epochs: int = 1) -> list[str]:
+    return [
+        "--data", str(fixtures_dir / "samples/*.jsonl.gz"),
+        "--tokenizer", str(fixtures_dir / "tokenizers/llama_sp32k.model"),
+        "--strategy", "packed", "--budget", "256", "--grad-accum", "2", "--epochs", str(epochs),
+        "--limit-samples", str(n), "--seed", "5", "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--checkpoint-every", "4", "--seen-log", str(tmp_path / "seen.jsonl"), "--resume",
+        "--log-every", "1000", *TINY,
+    ]  # fmt: skip
+
+
+def test_sigterm_checkpoints_at_the_next_step_and_the_resume_loses_nothing(tmp_path, fixtures_dir):
+    n, seen, out = 160, tmp_path / "seen.jsonl", tmp_path / "train.out"
+    args = _args(tmp_path, fixtures_dir, n)
+    first = killresume.run(TRAIN, 1, args, seen, term_at_step=5, output=out)
+    assert first.stopped and first.returncode == EXIT_STOPPED, out.read_text()[-2000:]
+    stopped_at = int(sorted((tmp_path / "ckpt").glob("step-*.pt"))[-1].stem.split("-")[1])
+    assert stopped_at == first.last_step + 1  # the checkpoint holds every step the run did
+    second = killresume.run(TRAIN, 1, args, seen, output=out)
+    assert not second.killed and second.returncode == 0
+    records = seenlog.read(seen)
+    report = seenlog.check_exactly_once(records, n, epochs=1)
+    assert report["ok"] and report["records"] == report["counted"] == n, report  # nothing redone
+    runs = list(dict.fromkeys(r["run"] for r in records))
+    assert min(r["step"] for r in records if r["run"] == runs[1]) == stopped_at
+
+
+def test_killing_only_the_launcher_stops_the_workers_and_the_resume_is_exactly_once(tmp_path, fixtures_dir):
+    n, seen, out = 200, tmp_path / "seen.jsonl", tmp_path / "train.out"
+    args = _args(tmp_path, fixtures_dir, n)
+    first = killresume.run(TRAIN, 2, args, seen, kill_at_step=6, kill="launcher", output=out)
+    assert first.killed and first.orphans == 0, out.read_text()[-3000:]
+    second = killresume.run(TRAIN, 1, args, seen, output=out)  # refused if a worker still held the lock
+    assert not second.killed and second.returncode == 0, out.read_text()[-3000:]
+    records = seenlog.read(seen)
+    report = seenlog.check_exactly_once(records, n, epochs=1)
+    assert report["ok"] and report["runs"] == 2 and report["counted"] == n, report
+    runs = list(dict.fromkeys(r["run"] for r in records))
+    assert {r["rank"] for r in records if r["run"] == runs[0]} == {0, 1}
+    # the killed launch's workers did not go on training after their launcher died
+    assert max(r["step"] for r in records if r["run"] == runs[0]) <= first.last_step + 1
+    assert min(r["step"] for r in records if r["run"] == runs[1]) > 0  # resumed from a checkpoint
+
+
+def test_main_in_process_leaves_no_signal_handler_and_refuses_an_owned_directory(
+    tmp_path, fixtures_dir, capsys
+):
+    import importlib.util
+    import signal
+    import sys
+
+    from padfree.torch.checkpoint import CheckpointDir
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    spec = importlib.util.spec_from_file_location("train_example", TRAIN)
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    before = signal.getsignal(signal.SIGTERM)
+    args = [*_args(tmp_path, fixtures_dir, 60), "--max-steps", "1"]
+    assert train.main(args) == 0 and signal.getsignal(signal.SIGTERM) == before
+    owner = CheckpointDir(tmp_path / "ckpt")
+    owner.acquire("the-owner")
+    with pytest.raises(SystemExit) as info:  # as `python examples/train.py` runs it
+        train.run_example(lambda: train.main(args))
+    err = capsys.readouterr().err.splitlines()
+    assert info.value.code == 2 and len(err) == 1 and "in use by run the-owner" in err[0], err
+    assert signal.getsignal(signal.SIGTERM) == before
+    owner.release()
