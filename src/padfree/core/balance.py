@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from padfree.core import _kernels, cost, steps
+from padfree.core import _kernels, capacity, cost, steps
 from padfree.core.config import CostModel, PlanConfig
 from padfree.errors import ConfigError, StateError
 
@@ -39,20 +39,27 @@ class Balance:
         speeds: relative speed of each rank, mean 1 (``None``: all equal).
         fitted: ``cost`` was fitted to measured seconds (else it is a configured model, in token units).
         recut: steps are re-cut among ranks (dynamic balancing), not only assigned.
+        drafter: a drafter plan's block and reach in token slots (:attr:`CostModel.drafter`), fixed for
+            the run: the linear work of a micro-batch is ``slots + drafter[0]*blocks + drafter[1]*reach``
+            (:func:`padfree.core.cost.work`) and ``a`` prices it, whether configured or fitted.
     """
 
     cost: tuple[float, float, float]
     speeds: tuple[float, ...] | None = None
     fitted: bool = False
     recut: bool = False
+    drafter: tuple[float, float] = (0.0, 0.0)
 
     @classmethod
     def of(cls, model: CostModel, recut: bool = False) -> Balance:
-        return cls((float(model.a), float(model.b), float(model.c)), recut=recut)
+        return cls((float(model.a), float(model.b), float(model.c)), recut=recut, drafter=model.drafter)
 
     def to_state(self) -> dict:
         speeds = None if self.speeds is None else list(self.speeds)
-        return {"cost": list(self.cost), "speeds": speeds, "fitted": self.fitted, "recut": self.recut}
+        out = {"cost": list(self.cost), "speeds": speeds, "fitted": self.fitted, "recut": self.recut}
+        if any(self.drafter):
+            out["drafter"] = list(self.drafter)
+        return out
 
     @classmethod
     def from_state(cls, state: object, world_size: int) -> Balance:
@@ -64,6 +71,7 @@ class Balance:
             speeds = state.get("speeds")
             speeds = None if speeds is None else tuple(float(v) for v in speeds)
             flags = (state.get("fitted", False), state.get("recut", False))
+            drafter = tuple(float(v) for v in state.get("drafter", (0.0, 0.0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed sampler state: balance {exc!r:.80}") from None
         if len(coefs) != 3 or not all(math.isfinite(v) and v >= 0 for v in coefs) or sum(coefs) <= 0:
@@ -76,7 +84,11 @@ class Balance:
             )
         if not all(isinstance(f, bool) for f in flags):
             raise StateError(f"malformed sampler state: fitted and recut must be true or false (got {flags})")
-        return cls(coefs, speeds, *flags)
+        if len(drafter) != 2 or not all(math.isfinite(v) and v >= 0 for v in drafter):
+            raise StateError(
+                f"malformed sampler state: drafter weights must be 2 finite numbers >= 0 ({drafter})"
+            )
+        return cls(coefs, speeds, *flags, drafter=(drafter[0], drafter[1]))
 
 
 def plan_budget(config: PlanConfig, headroom: float) -> int | None:
@@ -128,30 +140,48 @@ def default_headroom(
     return room if 2 * long <= total else 1.0
 
 
-def micro_costs(lens: np.ndarray, offsets: np.ndarray, packed: bool, model: tuple) -> np.ndarray:
-    """Modeled cost ``a*slots + b*attention + c`` of each micro-batch ``lens[offsets[k]:offsets[k+1]]`` (an
-    empty one, at the tail of an epoch, costs ``c``)."""
+def micro_costs(
+    lens: np.ndarray,
+    offsets: np.ndarray,
+    packed: bool,
+    model: tuple,
+    anchors: np.ndarray | None = None,
+    drafter: tuple[float, float] = (0.0, 0.0),
+) -> np.ndarray:
+    """Modeled cost ``a*work + b*attention + c`` of each micro-batch ``lens[offsets[k]:offsets[k+1]]`` (an
+    empty one, at the tail of an epoch, costs ``c``); ``work`` is the slots, plus a drafter plan's blocks
+    and reach (``anchors`` in the order of ``lens``, weighted by ``drafter``, see
+    :func:`padfree.core.cost.work`)."""
     a, b, c = model
-    full = np.flatnonzero(np.diff(offsets) > 0)
-    out = np.full(offsets.shape[0] - 1, float(c))
-    if full.size:
-        shapes = cost.micro_shapes(lens, np.append(offsets[full], offsets[-1]), packed)
-        out[full] = a * shapes["slots"] + b * shapes["attn"] + c
+    feats = micro_features(lens, offsets, packed, anchors, drafter)
+    out = a * feats[:, 0] + b * feats[:, 1] + c
     return out
 
 
-def micro_features(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> np.ndarray:
-    """``(slots, attention)`` of each micro-batch, shape ``(m, 2)`` (zeros for an empty one)."""
+def micro_features(
+    lens: np.ndarray,
+    offsets: np.ndarray,
+    packed: bool,
+    anchors: np.ndarray | None = None,
+    drafter: tuple[float, float] = (0.0, 0.0),
+) -> np.ndarray:
+    """``(work, attention)`` of each micro-batch, shape ``(m, 2)`` (zeros for an empty one); ``work`` is the
+    slots without a drafter's terms (see :func:`micro_costs`)."""
     full = np.flatnonzero(np.diff(offsets) > 0)
     out = np.zeros((offsets.shape[0] - 1, 2))
     if full.size:
-        shapes = cost.micro_shapes(lens, np.append(offsets[full], offsets[-1]), packed)
-        out[full, 0], out[full, 1] = shapes["slots"], shapes["attn"]
+        shapes = cost.micro_shapes(lens, np.append(offsets[full], offsets[-1]), packed, anchors)
+        out[full, 0], out[full, 1] = cost.work(shapes, drafter), shapes["attn"]
     return out
 
 
 def step_layout(
-    lens: np.ndarray, offsets: np.ndarray, config: PlanConfig, balance: Balance, budget: int | None = None
+    lens: np.ndarray,
+    offsets: np.ndarray,
+    config: PlanConfig,
+    balance: Balance,
+    budget: int | None = None,
+    anchors: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One step given to ranks: ``(order, offsets)`` over the step's items, rank after rank, ``grad_accum``
     micro-batches each (rank ``r`` owns micro-batches ``r*grad_accum .. (r+1)*grad_accum-1``).
@@ -159,6 +189,9 @@ def step_layout(
     ``lens`` are the step's item lengths in plan order and ``offsets`` its ``world_size*grad_accum``
     micro-batches (starting at 0). ``budget`` caps a re-cut bin (default ``config.budget``). With the plan's
     cost model, no speeds and no re-cut this is exactly what :func:`padfree.core.plan.plan_items` assigns.
+    ``anchors`` (a drafter plan's, in the order of ``lens``) enter the costs, and a packed re-cut keeps
+    every bin within the anchor budget (:mod:`padfree.core.capacity`); padded drafter steps are assigned,
+    not re-cut.
 
     >>> cfg = PlanConfig(strategy="packed", budget=10, world_size=2, grad_accum=1)
     >>> order, off = step_layout(np.array([9, 1, 2]), np.array([0, 1, 3]), cfg, Balance((0.0, 1.0, 0.0)))
@@ -168,7 +201,7 @@ def step_layout(
     w, g = config.world_size, config.grad_accum
     if offsets.shape[0] - 1 != w * g:
         raise ValueError(f"a step of {offsets.shape[0] - 1} micro-batches for {w} x {g}")
-    costs = micro_costs(lens, offsets, config.packed, balance.cost)
+    costs = micro_costs(lens, offsets, config.packed, balance.cost, anchors, balance.drafter)
     speeds = np.ones(w) if balance.speeds is None else np.asarray(balance.speeds, dtype=np.float64)
     perm = steps.assign_ranks(costs, w, g, speeds=None if balance.speeds is None else speeds)
     ids = np.arange(lens.shape[0], dtype=np.int64)
@@ -177,12 +210,22 @@ def step_layout(
         return order, new_offsets
     cap = int(config.budget if budget is None else budget)
     assigned = (costs[perm].reshape(w, g).sum(axis=1) / speeds).max()
+    drafting = anchors is not None or capacity.bounded(config)
     if not config.packed:
+        if drafting:
+            return order, new_offsets
         return _recut_padded(lens, (order, new_offsets), balance.cost, speeds, g, cap, assigned)
     a, b, c = balance.cost
     lf = lens.astype(np.float64)
     weight = a * lf + b * lf * lf
-    bin_of = _kernels.recut_packed(lens.astype(np.int64), weight, float(c), speeds, g, cap)
+    room = lens.astype(np.int64)
+    if drafting:
+        cap = min(cap, capacity.token_cap(config))
+        room = capacity.sizes(room, anchors, config.with_(budget=cap)).astype(np.int64)
+        if anchors is not None:
+            af = anchors.astype(np.float64)
+            weight = weight + a * (balance.drafter[0] * af + balance.drafter[1] * af * lf / 2.0)
+    bin_of = _kernels.recut_packed(room, weight, float(c), speeds, g, cap)
     if bin_of.size == 0:
         return order, new_offsets
     recut = ((np.bincount(bin_of // g, weights=weight, minlength=w) + g * c) / speeds).max()

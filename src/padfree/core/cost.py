@@ -10,11 +10,17 @@ A micro-batch is either *padded* rows or one *packed* row:
     | c c c c . |  (the row's causal                                      (per document: no pad, no
     +-----------+   square, pads too)                                      score across documents)
 
+A drafter micro-batch (per-item ``anchors`` given) also has *blocks*, the draft blocks it computes (a packed
+row: the sum of its documents' anchors; padded rows: ``count x most``, the block tensor is padded) and
+*reach*, the context those blocks read (a block reads on average half of its row: ``sum a_i l_i / 2``
+packed, ``count x most x longest / 2`` padded).
+
 A packed row is computed as what it holds (``PackCollator`` pads nothing; varlen attention runs per
 document), so its *slots* are its tokens and its padding efficiency is 1. How full its bin is against the
 budget is a separate number, the *fill* (real tokens / budget per micro-batch), which decides how many
 micro-batches an epoch needs. The cost of a micro-batch is ``a*slots + b*attention + c``
-(:class:`~padfree.core.config.CostModel`); a step costs what its slowest rank costs.
+(``+ d*blocks + e*reach`` for a drafter, :class:`~padfree.core.config.CostModel`); a step costs what its
+slowest rank costs.
 """
 
 from __future__ import annotations
@@ -24,9 +30,12 @@ import numpy as np
 from padfree.core.config import CostModel
 
 
-def micro_shapes(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> dict[str, np.ndarray]:
+def micro_shapes(
+    lens: np.ndarray, offsets: np.ndarray, packed: bool, anchors: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """Per micro-batch: ``count`` samples, ``real`` tokens, computed ``slots``, ``real_attn`` (sum of l^2)
     and computed ``attn``; ``lens`` are the lengths in plan order, ``offsets`` the micro-batch boundaries.
+    With ``anchors`` (in plan order) also ``anchors`` (real), computed ``blocks`` and ``reach``.
 
     >>> sh = micro_shapes(np.array([5, 3, 4, 2]), np.array([0, 3, 4]), packed=False)
     >>> sh["slots"].tolist(), sh["attn"].tolist(), sh["real"].tolist()
@@ -38,25 +47,49 @@ def micro_shapes(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> dict[st
     count = np.diff(offsets)
     if lens.size == 0:
         z = np.zeros(count.shape[0])
-        return {"count": count, "real": z, "slots": z, "real_attn": z, "attn": z}
+        out = {"count": count, "real": z, "slots": z, "real_attn": z, "attn": z}
+        return out if anchors is None else {**out, "anchors": z, "blocks": z, "reach": z}
     lf = lens.astype(np.float64)
     real = np.add.reduceat(lf, starts)
     real_attn = np.add.reduceat(lf * lf, starts)
     if packed:
-        return {"count": count, "real": real, "slots": real, "real_attn": real_attn, "attn": real_attn}
-    longest = np.maximum.reduceat(lf, starts)
-    return {
-        "count": count,
-        "real": real,
-        "slots": count * longest,
-        "real_attn": real_attn,
-        "attn": count * longest * longest,
-    }
+        out = {"count": count, "real": real, "slots": real, "real_attn": real_attn, "attn": real_attn}
+    else:
+        longest = np.maximum.reduceat(lf, starts)
+        out = {
+            "count": count,
+            "real": real,
+            "slots": count * longest,
+            "real_attn": real_attn,
+            "attn": count * longest * longest,
+        }
+    if anchors is None:
+        return out
+    af = anchors.astype(np.float64)
+    out["anchors"] = np.add.reduceat(af, starts)
+    if packed:
+        out["blocks"] = out["anchors"]
+        out["reach"] = np.add.reduceat(af * lf, starts) / 2.0
+    else:
+        most = np.maximum.reduceat(af, starts)
+        out["blocks"] = count * most
+        out["reach"] = out["blocks"] * np.maximum.reduceat(lf, starts) / 2.0
+    return out
+
+
+def work(shapes: dict[str, np.ndarray], drafter: tuple[float, float]) -> np.ndarray:
+    """The linear work of each micro-batch in token slots: ``slots + wb*blocks + wr*reach`` with
+    ``drafter = (wb, wr)`` (:attr:`CostModel.drafter`); the slots alone without drafter terms or blocks."""
+    wb, wr = drafter
+    if "blocks" not in shapes or not (wb or wr):
+        return shapes["slots"]
+    return shapes["slots"] + wb * shapes["blocks"] + wr * shapes["reach"]
 
 
 def micro_costs(shapes: dict[str, np.ndarray], cost: CostModel) -> np.ndarray:
-    """Modeled cost of computing each micro-batch: ``a*slots + b*attention + c``."""
-    return cost.a * shapes["slots"] + cost.b * shapes["attn"] + cost.c
+    """Modeled cost of computing each micro-batch: ``a*slots + b*attention + c`` (``+ d*blocks +
+    e*reach`` when the shapes have drafter blocks): ``a*work + b*attention + c``, see :func:`work`."""
+    return cost.a * work(shapes, cost.drafter) + cost.b * shapes["attn"] + cost.c
 
 
 def rank_costs(costs: np.ndarray, world_size: int, grad_accum: int) -> np.ndarray:

@@ -14,8 +14,9 @@ from padfree.errors import StateError
 _CHUNK = 4_000_000
 
 
-def fingerprint(lengths: np.ndarray, config: PlanConfig) -> str:
-    """Hex digest of the lengths (as little-endian int64) and every config field that shapes the plan.
+def fingerprint(lengths: np.ndarray, config: PlanConfig, anchors: np.ndarray | None = None) -> str:
+    """Hex digest of the lengths (as little-endian int64) and every config field that shapes the plan (and a
+    drafter plan's per-sample ``anchors`` and capacities, when given: without them the digest is unchanged).
 
     World size and grad-accum are left out on purpose: an elastic resume changes them.
 
@@ -39,6 +40,16 @@ def fingerprint(lengths: np.ndarray, config: PlanConfig) -> str:
         "overlong": config.overlong,
         "seed": config.seed,
     }
+    for name in ("anchor_budget", "attn_budget"):
+        if getattr(config, name) is not None:
+            fields[name] = getattr(config, name)
+    if config.attn_budget is not None:
+        fields["attn_extra"] = config.attn_extra
+    if anchors is not None:
+        h.update(b"anchors")
+        counts = np.asarray(anchors)
+        for i in range(0, counts.shape[0], _CHUNK):
+            h.update(np.ascontiguousarray(counts[i : i + _CHUNK], dtype="<i8").tobytes())
     h.update(json.dumps(fields, sort_keys=True).encode())
     return h.hexdigest()[:32]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from padfree.core import _kernels, cost, steps
+from padfree.core import _kernels, capacity, cost, steps
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, make_items, validate_lengths
 from padfree.core.strategies import REGISTRY
@@ -77,6 +77,7 @@ class Plan:
         edges: the bucket upper edges used this epoch, after sparse buckets merged (bucketed only).
         n_samples, truncated, split, dropped: the overlong policy's report.
         plan_seconds: wall time to make the plan.
+        anchors: drafter plans: draft blocks (anchors) of each entry of ``indices`` (else ``None``).
     """
 
     config: PlanConfig
@@ -92,6 +93,7 @@ class Plan:
     dropped: int = 0
     plan_seconds: float = 0.0
     _shapes: dict = field(default_factory=dict, repr=False, compare=False)
+    anchors: np.ndarray | None = None
 
     @property
     def n_micro(self) -> int:
@@ -121,7 +123,8 @@ class Plan:
     def shapes(self) -> dict[str, np.ndarray]:
         """Per micro-batch counts, real tokens, slots and attention (see ``cost.micro_shapes``)."""
         if not self._shapes:
-            self._shapes.update(cost.micro_shapes(self.lengths, self.offsets, self.config.packed))
+            shapes = cost.micro_shapes(self.lengths, self.offsets, self.config.packed, self.anchors)
+            self._shapes.update(shapes)
         return self._shapes
 
     def costs(self) -> np.ndarray:
@@ -161,14 +164,36 @@ def plan_in_memory(
     t0: float | None = None,
     assign: bool = True,
     item_budget: int | None = None,
+    anchors: np.ndarray | None = None,
 ) -> Plan:
     """Plan one epoch with every sample in memory: validate, apply the overlong policy (at ``item_budget``,
-    default ``config.budget``), plan the items (``assign``: see :func:`plan_items`)."""
+    default :func:`padfree.core.capacity.token_cap`), plan the items (``assign``: see :func:`plan_items`;
+    ``anchors``: per-sample draft blocks of a drafter plan, see :func:`validate_anchors`)."""
     t0 = time.perf_counter() if t0 is None else t0
     lengths = validate_lengths(lengths, path)
-    budget = config.budget if item_budget is None else item_budget
-    items = make_items(lengths, budget, config.overlong, path)
+    budget = capacity.token_cap(config) if item_budget is None else item_budget
+    anchors = None if anchors is None else validate_anchors(anchors, lengths, path)
+    items = make_items(lengths, budget, config.overlong, path, anchors=anchors)
     return plan_items(items, config, epoch, t0=t0, assign=assign)
+
+
+def validate_anchors(anchors: object, lengths: np.ndarray, path: str | None = None) -> np.ndarray:
+    """Per-sample anchor counts (draft blocks) as int64: one integer >= 0 per sample, at most its length
+    (:func:`padfree.core.anchors.anchor_counts` computes them from loss masks)."""
+    a = np.asarray(anchors)
+    if a.shape != lengths.shape or a.dtype.kind not in "iu":
+        raise ConfigError(
+            f"anchors must hold one integer count per sample ({lengths.shape[0]} samples; got shape "
+            f"{a.shape}, dtype {a.dtype})" + (f" for {path}" if path else "")
+        )
+    bad = (a < 0) | (a > lengths)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ConfigError(
+            f"sample {i}: {int(a[i])} anchors for {int(lengths[i])} tokens (must be 0 .. length)"
+            + (f" in {path}" if path else "")
+        )
+    return a.astype(np.int64, copy=False)
 
 
 def plan_items(
@@ -192,17 +217,23 @@ def plan_items(
     check_fills_step(len(items), config)
     rng = epoch_rng(config.seed, epoch, config.strategy) if rng is None else rng
     length = items.length
-    order, offsets, strata, edges = REGISTRY[config.strategy].form(length, config, rng)
+    # every capacity folded into one size per item (the lengths themselves without drafter bounds)
+    size = capacity.sizes(length, items.anchors, config)
+    cap = capacity.token_cap(config)
+    form_config = config if cap == config.budget else config.with_(budget=cap)
+    order, offsets, strata, edges = REGISTRY[config.strategy].form(size, form_config, rng)
     if strata is not None:
         tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
         order, offsets = _kernels.gather_segments(order, offsets, steps.stratified_order(strata, tokens, rng))
-    order, offsets = steps.complete_last_step(order, offsets, length, k, config.budget, config.packed)
+    order, offsets = steps.complete_last_step(order, offsets, size, k, cap, config.packed)
     lens = length[order]
-    shapes = cost.micro_shapes(lens, offsets, config.packed)
+    anchors = None if items.anchors is None else items.anchors[order]
+    shapes = cost.micro_shapes(lens, offsets, config.packed, anchors)
     if assign and config.world_size > 1:
         perm = steps.assign_ranks(cost.micro_costs(shapes, config.cost), config.world_size, config.grad_accum)
         order, offsets = _kernels.gather_segments(order, offsets, perm)
         lens = length[order]
+        anchors = None if items.anchors is None else items.anchors[order]
         shapes = {}
     sample_ids = order if items.sample is None else items.sample[order]
     starts = None if items.start is None else items.start[order]
@@ -220,4 +251,5 @@ def plan_items(
         dropped=items.dropped,
         plan_seconds=time.perf_counter() - t0,
         _shapes=shapes,
+        anchors=anchors,
     )

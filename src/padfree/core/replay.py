@@ -65,7 +65,14 @@ def rest_items(plan: Plan, steps: int, n_samples: int) -> Items:
         raise StateError(f"state says {steps} steps were consumed but the plan has only {plan.n_steps}")
     cut = int(plan.offsets[steps * plan.config.micro_per_step])
     start = None if plan.starts is None else plan.starts[cut:]
-    return Items(length=plan.lengths[cut:], sample=plan.indices[cut:], start=start, n_samples=n_samples)
+    anchors = None if plan.anchors is None else plan.anchors[cut:]
+    return Items(
+        length=plan.lengths[cut:],
+        sample=plan.indices[cut:],
+        start=start,
+        n_samples=n_samples,
+        anchors=anchors,
+    )
 
 
 def one_per_micro(items: Items, config: PlanConfig, epoch: int) -> Plan:
@@ -83,6 +90,7 @@ def one_per_micro(items: Items, config: PlanConfig, epoch: int) -> Plan:
         lengths=items.length.astype(np.int64, copy=False),
         starts=items.start,
         n_samples=items.n_samples,
+        anchors=items.anchors,
     )
 
 

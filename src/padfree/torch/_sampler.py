@@ -21,10 +21,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from padfree.core.balance import Balance, default_headroom, micro_features, plan_budget, step_layout
+from padfree.core.capacity import bounded, token_cap
 from padfree.core.config import PlanConfig
 from padfree.core.fingerprint import fingerprint
 from padfree.core.items import make_items, validate_lengths
-from padfree.core.plan import Plan
+from padfree.core.plan import Plan, validate_anchors
 from padfree.core.planner import STREAM_THRESHOLD
 from padfree.core.position import Position, from_state, step_loss_tokens, to_state
 from padfree.core.replay import Segment, replay
@@ -49,6 +50,7 @@ class MicroInfo:
         starts: first token of each sample's piece (``None``: every piece starts at 0).
         lengths: tokens of each sample's piece (shorter than the sample when truncated or split).
         indices: the sample ids (as in the :class:`MicroBatch` list), e.g. for a log of consumed samples.
+        anchors: a drafter plan's draft blocks (anchors) of each sample (``None`` without ``anchors=``).
     """
 
     epoch: int
@@ -62,6 +64,7 @@ class MicroInfo:
     starts: tuple[int, ...] | None
     lengths: tuple[int, ...]
     indices: tuple[int, ...] = ()
+    anchors: tuple[int, ...] | None = None
 
 
 class MicroBatch(list):
@@ -109,6 +112,11 @@ class PlanBatchSampler:
             ``make_plan`` does; every per-sample array int32). Default: above
             :data:`padfree.core.planner.STREAM_THRESHOLD` samples, windows of
             :data:`padfree.core.stream.DEFAULT_WINDOW`; else in memory.
+        anchors: a drafter plan's draft blocks (anchors) per sample, e.g.
+            :func:`padfree.core.anchors.anchor_counts` of the loss masks: micro-batches hold at most
+            ``config.anchor_budget`` of them, and the cost model's drafter terms price them. They depend on
+            the data only, so resume (exact and elastic) is unchanged; the state's fingerprint covers them.
+            In memory only (not with ``window``).
     """
 
     def __init__(
@@ -125,6 +133,7 @@ class PlanBatchSampler:
         balance_headroom: float | None = None,
         balance_exchange: Callable[[np.ndarray], np.ndarray] | None = None,
         window: int | None = None,
+        anchors: object | None = None,
     ) -> None:
         if balance not in ("static", "dynamic"):
             raise ConfigError(f"balance must be 'static' or 'dynamic' (got {balance!r})")
@@ -145,8 +154,17 @@ class PlanBatchSampler:
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} outside world size {world_size}")
         self.rank = rank
-        self.fingerprint = fingerprint(lengths, self.config)
-        self._items = None if window is not None else make_items(lengths, config.budget, config.overlong)
+        if (anchors is not None or bounded(config)) and window is not None:
+            raise ConfigError(
+                "drafter plans (anchors, anchor_budget, attn_budget) are planned in memory: no window"
+            )
+        self._anchors = None if anchors is None else validate_anchors(anchors, lengths)
+        self.fingerprint = fingerprint(lengths, self.config, self._anchors)
+        self._items = (
+            None
+            if window is not None
+            else make_items(lengths, token_cap(config), config.overlong, anchors=self._anchors)
+        )
         self._custom = loss_tokens is not None
         if loss_tokens is None:
             self._loss = None
@@ -216,8 +234,13 @@ class PlanBatchSampler:
             offs = plan.offsets[s * k : (s + 1) * k + 1]
             first = int(offs[0])
             lens = plan.lengths[first : int(offs[-1])]
-            order, offsets = step_layout(lens, offs - first, plan.config, self._balance, self.config.budget)
-            features = micro_features(lens[order], offsets, plan.config.packed) if self._dynamic else None
+            anchors = None if plan.anchors is None else plan.anchors[first : int(offs[-1])]
+            cfg, bal = plan.config, self._balance
+            order, offsets = step_layout(lens, offs - first, cfg, bal, self.config.budget, anchors)
+            features = None
+            if self._dynamic:
+                a_order = None if anchors is None else anchors[order]
+                features = micro_features(lens[order], offsets, cfg.packed, a_order, bal.drafter)
             self._step_cache = (key, first, order, offsets, features)
         return self._step_cache[1:]
 
@@ -284,6 +307,7 @@ class PlanBatchSampler:
                 starts=None if plan.starts is None else tuple(plan.starts[pos].tolist()),
                 lengths=tuple(plan.lengths[pos].tolist()),
                 indices=tuple(ids),
+                anchors=None if plan.anchors is None else tuple(plan.anchors[pos].tolist()),
             )
             if j == g - 1:
                 self._history[-1] = replace(self._history[-1], steps=s + 1)
