@@ -150,7 +150,8 @@ def _block_fields(contract, flat, block, mask_token_id, per_doc, per_document) -
     if per_document:
         supervised = (k >= 1) & (k < rem[a]) & lmask[safe]
     else:  # row-wide: any loss token of the row, whichever document it belongs to
-        supervised = (k >= 1) & inside_row & lmask[safe]
+        row = contract.input_ids.shape[1]
+        supervised = (k >= 1) & inside_row & (label // row == a // row) & lmask[safe]
     block_ids = torch.full_like(a, mask_token_id)
     block_ids[k == 0] = ids[anchors]
     return DFlashFields(
@@ -184,8 +185,10 @@ def eagle3_fields(
     fed_safe = fed.clamp(max=width - 1)
     label_safe = label.clamp(max=width - 1)
     if leaky:
-        fed_ok = fed < width
-        supervised = (label < width) & lmask[label_safe]
+        row = contract.input_ids.shape[1]  # a row-wide shift stays inside its row (padded: one document)
+        fed_ok = (fed < width) & (fed // row == t // row)
+        real = contract.flat("document_ids")[0] >= 0
+        supervised = (label < width) & (label // row == t // row) & lmask[label_safe] & real
     else:
         fed_ok = (k + 1) < rem
         supervised = ((k + 2) < rem) & lmask[label_safe]
