@@ -4,15 +4,17 @@ labels, losses)?"""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from padfree.commands.common import SEED
 
 NAME = "check-drafter"
 HELP = (
-    "pack real documents into one row and run a tiny frozen target and a reference DFlash or EAGLE-3 drafter "
-    "on the row and on each document alone; print the target hidden-state difference, each document's anchors "
-    "and loss, and the cross-document attention pairs and labels; exit 1 (LEAK) if anything differs"
+    "pack real documents into one row and run a tiny frozen target and a reference DFlash or EAGLE-3 "
+    "drafter on the row and on each document alone; print the target hidden-state difference, each "
+    "document's anchors and loss, and the cross-document attention pairs and labels; exit 1 (LEAK) if "
+    "anything differs"
 )
 
 
@@ -56,16 +58,13 @@ def run(args: argparse.Namespace) -> int:
 
         samples = list(load_samples(args.data, args.tokenizer, limit=args.docs, max_len=args.max_tokens))
         source = ", ".join(args.data)
-    r = check_drafter(args.method, samples, leaky=args.leaky, block_size=args.block_size, ttt=args.ttt,
-                      seed=args.seed)  # fmt: skip
+    r = check_drafter(
+        args.method, samples, leaky=args.leaky, block_size=args.block_size, ttt=args.ttt, seed=args.seed
+    )
     if args.json:
-        print(json.dumps({
-            "method": r.method, "leaky": r.leaky, "ok": r.ok, "path": r.path,
-            "max_hidden_diff": r.max_hidden_diff, "anchors_identical": r.anchors_identical,
-            "cross_pairs": r.cross_pairs, "cross_labels": r.cross_labels,
-            "docs": [{**d.__dict__, "anchors_packed": list(d.anchors_packed), "anchors_alone": list(d.anchors_alone)}
-                     for d in r.docs],
-        }))  # fmt: skip
+        docs = [dataclasses.asdict(d) for d in r.docs]
+        keys = ("method", "leaky", "ok", "path", "max_hidden_diff", "anchors_identical", "cross_pairs")
+        print(json.dumps({**{k: getattr(r, k) for k in keys}, "cross_labels": r.cross_labels, "docs": docs}))
         return 0 if r.ok else 1
     how = "row-level (leaky)" if r.leaky else "per document"
     print(
@@ -96,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     if r.ok:
         print("OK: every document trains as if it were alone")
         return 0
-    print("LEAK: packed documents change each other's anchors, labels or losses; packed drafter training with this "
-          "batch construction is wrong")  # fmt: skip
+    print(
+        "LEAK: packed documents change each other's anchors, labels or losses; packed drafter training "
+        "with this batch construction is wrong"
+    )
     return 1

@@ -90,10 +90,10 @@ def fixture_documents(n_docs: int = 6, max_tokens: int = 160) -> list[dict]:
         raise ConfigError(
             f"check-drafter: the bundled fixtures are not here ({FIXTURES}); pass --data FILE --tokenizer TOK"
         )
-    chats = load_samples([FIXTURES / "samples" / f"{n}.jsonl.gz" for n in DEFAULT_CHATS], tok, per_file=1,
-                         max_len=max_tokens)  # fmt: skip
-    docs = load_samples([FIXTURES / "samples" / f"{n}.jsonl.gz" for n in DEFAULT_DOCS], tok, per_file=2,
-                        max_len=max_tokens)  # fmt: skip
+    files = [FIXTURES / "samples" / f"{n}.jsonl.gz" for n in DEFAULT_CHATS]
+    chats = load_samples(files, tok, per_file=1, max_len=max_tokens)
+    files = [FIXTURES / "samples" / f"{n}.jsonl.gz" for n in DEFAULT_DOCS]
+    docs = load_samples(files, tok, per_file=2, max_len=max_tokens)
     mixed = (
         [x for pair in zip(chats, docs) for x in pair] + list(chats[len(docs) :]) + list(docs[len(chats) :])
     )
@@ -188,8 +188,8 @@ def check_drafter(
         a_p = batch.dflash.anchors_by_doc[d] if batch.dflash is not None else ()
         a_1 = one.dflash.anchors_by_doc[0] if one.dflash is not None else ()
         lm = np.asarray(samples[d]["loss_mask"]).astype(bool)
-        results.append(DocResult(d, int(c.doc_lengths[d]), int(lm.sum()), a_p, a_1, float(num[d]), float(den[d]),
-                                 float(n1[0]), float(d1[0])))  # fmt: skip
+        loss = (float(num[d]), float(den[d]), float(n1[0]), float(d1[0]))
+        results.append(DocResult(d, int(c.doc_lengths[d]), int(lm.sum()), a_p, a_1, *loss))
     return DrafterCheck(
         method, leaky, path, tuple(results), max_diff, pairs, int(crossing.sum()), block_size, ttt
     )
