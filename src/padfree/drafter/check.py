@@ -190,6 +190,11 @@ def check_drafter(
         lm = np.asarray(samples[d]["loss_mask"]).astype(bool)
         loss = (float(num[d]), float(den[d]), float(n1[0]), float(d1[0]))
         results.append(DocResult(d, int(c.doc_lengths[d]), int(lm.sum()), a_p, a_1, *loss))
+    if not any(r.den_alone for r in results):
+        raise ConfigError(
+            "check-drafter: no document has a supervised draft position (no loss tokens within the first "
+            "--max-tokens tokens): nothing to compare; raise --max-tokens or use data with assistant turns"
+        )
     return DrafterCheck(
         method, leaky, path, tuple(results), max_diff, pairs, int(crossing.sum()), block_size, ttt
     )
