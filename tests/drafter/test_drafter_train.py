@@ -13,7 +13,7 @@ from padfree.core.anchors import AnchorPolicy, choose_anchors
 from padfree.drafter.collate import DrafterCollator
 from padfree.drafter.dflash import DFlashConfig, DFlashDrafter
 from padfree.drafter.eagle3 import Eagle3Config, Eagle3Drafter
-from padfree.drafter.target import build_target, lm_head, run_target
+from padfree.drafter.target import build_target, lm_head, run_target, shared_weights
 from padfree.errors import ConfigError
 from padfree.torch import PlanBatchSampler, PlannedDataset
 
@@ -124,12 +124,10 @@ def target():
 
 def drafter_for(method, target):
     torch.manual_seed(0)
-    head = lm_head(target)
+    w = shared_weights(target)
     if method == "dflash":
-        return DFlashDrafter(
-            DFlashConfig(block_size=4, n_target_layers=2), target.get_input_embeddings(), head
-        )
-    return Eagle3Drafter(Eagle3Config(ttt=3), target.get_input_embeddings(), head)
+        return DFlashDrafter(DFlashConfig(block_size=4, n_target_layers=2), *w)
+    return Eagle3Drafter(Eagle3Config(ttt=3), *w)
 
 
 LAYERS = {"dflash": (1, 2), "eagle3": (0, 1, 2)}

@@ -119,7 +119,14 @@ def check_drafter(
     from padfree.drafter.dflash import DFlashConfig, DFlashDrafter
     from padfree.drafter.eagle3 import Eagle3Config, Eagle3Drafter
     from padfree.drafter.masks import cross_document_pairs, dflash_dense_mask, eagle3_dense_mask
-    from padfree.drafter.target import build_target, dflash_layers, eagle3_layers, lm_head, run_target
+    from padfree.drafter.target import (
+        build_target,
+        dflash_layers,
+        eagle3_layers,
+        lm_head,
+        run_target,
+        shared_weights,
+    )
 
     if method not in ("dflash", "eagle3"):
         raise ConfigError(f"check-drafter: method must be dflash or eagle3 (got {method!r})")
@@ -136,17 +143,15 @@ def check_drafter(
     torch.manual_seed(seed)
     h = target.config.hidden_size
     if method == "dflash":
-        drafter: torch.nn.Module = DFlashDrafter(
+        drafter: DFlashDrafter | Eagle3Drafter = DFlashDrafter(
             DFlashConfig(hidden_size=h, block_size=block_size, n_target_layers=len(layers)),
-            target.get_input_embeddings(),
-            head,
+            *shared_weights(target),
         )
     else:
-        drafter = Eagle3Drafter(Eagle3Config(hidden_size=h, ttt=ttt), target.get_input_embeddings(), head)
+        drafter = Eagle3Drafter(Eagle3Config(hidden_size=h, ttt=ttt), *shared_weights(target))
     policy = AnchorPolicy(block_size=block_size, max_anchors=max_anchors)
-    kw = {"seed": seed, "mask_token_id": mask_id, "ttt": ttt}
-    packed = DrafterCollator(method, policy, leaky=leaky, **kw)
-    alone = DrafterCollator(method, policy, **kw)
+    packed = DrafterCollator(method, policy, seed=seed, mask_token_id=mask_id, ttt=ttt, leaky=leaky)
+    alone = DrafterCollator(method, policy, seed=seed, mask_token_id=mask_id, ttt=ttt)
     packed.set_epoch(epoch)
     alone.set_epoch(epoch)
 

@@ -45,11 +45,11 @@ class Eagle3Config:
 class Eagle3Drafter(nn.Module):
     """The drafter: ``fc``, one decoder layer over ``[embedding ; hidden]``, a norm and an LM head."""
 
-    def __init__(self, cfg: Eagle3Config, embed: nn.Embedding, lm_head: nn.Linear) -> None:
+    def __init__(self, cfg: Eagle3Config, embed_weight: torch.Tensor, head_weight: torch.Tensor) -> None:
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding.from_pretrained(embed.weight.detach().clone(), freeze=True)
+        self.embed_tokens = nn.Embedding.from_pretrained(embed_weight.detach().clone(), freeze=True)
         self.fc = nn.Linear(3 * h, h, bias=False)
         self.input_layernorm = RMSNorm(h, cfg.eps)
         self.hidden_norm = RMSNorm(h, cfg.eps)
@@ -60,9 +60,9 @@ class Eagle3Drafter(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, cfg.eps)
         self.mlp = MLP(h, cfg.intermediate_size)
         self.norm = RMSNorm(h, cfg.eps)
-        self.lm_head = nn.Linear(h, lm_head.weight.shape[0], bias=False)
+        self.lm_head = nn.Linear(h, head_weight.shape[0], bias=False)
         with torch.no_grad():
-            self.lm_head.weight.copy_(lm_head.weight)
+            self.lm_head.weight.copy_(head_weight)
 
     def forward(self, target_hidden: torch.Tensor, batch: DrafterBatch, attention: str = "dense") -> list:
         """Normed hidden states ``(T, H)`` of every step. ``attention``: ``"dense"`` or ``"flex"``."""

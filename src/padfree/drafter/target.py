@@ -111,3 +111,8 @@ def _decoder_layers(model):
 def lm_head(model) -> torch.nn.Module:
     """The target's output projection (hidden -> vocabulary logits)."""
     return model.get_output_embeddings()
+
+
+def shared_weights(model) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(embedding weight, LM head weight)`` of the target, which the reference drafters start from."""
+    return model.get_input_embeddings().weight, model.get_output_embeddings().weight
