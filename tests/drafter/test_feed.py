@@ -23,9 +23,8 @@ def items(lens, seed=0):
 
 def fake_target(c, layers=2, h=8):
     g = torch.Generator().manual_seed(0)
-    return TargetOutput(
-        torch.randn(1, c.width, layers * h, generator=g), torch.randn(1, c.width, h, generator=g)
-    )
+    last = torch.randn(1, c.width, h, generator=g)
+    return TargetOutput(torch.randn(1, c.width, layers * h, generator=g), last, last + 1)
 
 
 def test_dflash_inputs_keep_speculators_labels_inside_documents():
@@ -68,6 +67,9 @@ def test_eagle3_inputs_put_a_gap_the_shift_cannot_cross():
     c = b.contract
     first = c.doc_slice(0)
     assert torch.equal(kw["input_ids"][0, :8], c.flat("input_ids")[0, first][1:])
+    assert torch.equal(
+        kw["verifier_last_hidden_states"][0, :8], fake_target(c, layers=3).prenorm[0, first][1:]
+    )
     # the plain packed row (what a row-level packer hands them) is scored across documents
     plain_doc = torch.cat([torch.full((n - 1,), d) for d, n in enumerate(c.doc_lengths)])
     assert crossings(plain_doc, torch.ones_like(plain_doc), ttt) > 0

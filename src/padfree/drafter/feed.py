@@ -51,7 +51,7 @@ def dflash_inputs(batch: DrafterBatch, target: TargetOutput) -> tuple[dict, obje
         "hidden_states": target.hidden,
         "input_ids": c.flat("input_ids"),
         "loss_mask": c.flat("loss_mask").long(),
-        "verifier_last_hidden_states": target.last,
+        "verifier_last_hidden_states": _prenorm(target),
         "document_ids": c.flat("document_ids"),
         "position_ids": c.flat("position_ids"),
         "max_anchors": max(1, len(anchors)),
@@ -82,7 +82,7 @@ def eagle3_inputs(batch: DrafterBatch, target: TargetOutput, ttt: int) -> dict:
     mask = c.flat("loss_mask")[0]
     pos = c.flat("position_ids")[0]
     hid = target.hidden[0]
-    last = target.last[0]
+    last = _prenorm(target)[0]
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("ids", "mask", "pos", "doc", "hid", "last")}
     gap = ttt - 1
     for d in range(c.n_docs):
@@ -113,3 +113,10 @@ def eagle3_inputs(batch: DrafterBatch, target: TargetOutput, ttt: int) -> dict:
         "position_ids": cat["pos"],
         "ttt_steps": ttt,
     }
+
+
+def _prenorm(target: TargetOutput) -> torch.Tensor:
+    """The last layer's output before the final norm: speculators applies the verifier's norm itself."""
+    if target.prenorm is None:
+        raise ConfigError("the target output has no pre-norm state: build it with run_target")
+    return target.prenorm
