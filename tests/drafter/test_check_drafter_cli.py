@@ -85,3 +85,12 @@ def test_missing_data_file_is_one_line_exit_2(tmp_path, sp_model, capsys):
     assert main(["check-drafter", "--data", missing, "--tokenizer", str(sp_model)]) == 2
     err = capsys.readouterr().err
     assert "nope.jsonl" in err and len(err.strip().splitlines()) == 1
+
+
+def test_bad_record_names_the_file_and_line(tmp_path, sp_model, capsys):
+    bad = tmp_path / "chats.jsonl"
+    good = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'
+    bad.write_text(good + "\n" + '{"messages": [{"role": "user"' + "\n")
+    assert main(["check-drafter", "--data", str(bad), "--tokenizer", str(sp_model)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "chats.jsonl" in err and "line 2" in err and len(err.splitlines()) == 1
