@@ -12,13 +12,13 @@ from padfree.cli import main
 
 @pytest.mark.parametrize("method", ["dflash", "eagle3"])
 def test_passes_on_fixtures_and_catches_the_row_level_leak(method, capsys):
-    assert main(["check-drafter", "--method", method, "--docs", "4"]) == 0
+    assert main(["check-drafter", "--method", method, "--docs", "3", "--max-tokens", "96"]) == 0
     out = capsys.readouterr().out
     assert "target hidden states, max |packed - alone|: 0" in out
     assert "cross-document (query, key) pairs: 0" in out
     assert "labels crossing a document end:    0" in out
     assert "OK: every document trains as if it were alone" in out
-    assert main(["check-drafter", "--method", method, "--docs", "4", "--leaky"]) == 1
+    assert main(["check-drafter", "--method", method, "--docs", "3", "--max-tokens", "96", "--leaky"]) == 1
     out = capsys.readouterr().out
     assert "LEAK" in out
     assert "labels crossing a document end:    0" not in out
