@@ -46,23 +46,25 @@ def test_dflash_inputs_keep_speculators_labels_inside_documents():
 
 
 def crossings(doc, mask, ttt):
-    """Supervised (step, position) pairs whose shifted target lies in another document, by their rule."""
+    """Scored (step, position) pairs joining two documents under their rule: at step ``k`` the logits of
+    position ``t`` meet the target and loss mask of ``t + k``, over the whole row."""
     n = doc.shape[0]
     count = 0
     for k in range(ttt):
         for t in range(n - k):
-            if doc[t] >= 0 and mask[t + k] and doc[t + k] != doc[t]:
+            if mask[t + k] and doc[t + k] != doc[t]:
                 count += 1
     return count
 
 
-def test_eagle3_inputs_put_a_gap_the_shift_cannot_cross():
+def test_eagle3_inputs_leave_no_scored_pair_across_documents():
     ttt = 4
     b = DrafterCollator("eagle3", ttt=ttt)(items([9, 30, 2, 22]))
     kw = eagle3_inputs(b, fake_target(b.contract, layers=3), ttt)
     doc, mask = kw["document_ids"][0], kw["loss_mask"][0]
     assert crossings(doc, mask, ttt) == 0
-    assert kw["hidden_states"].shape[1] == doc.shape[0] == (8 + 29 + 1 + 21) + 3 * (ttt - 1)
+    assert kw["hidden_states"].shape[1] == doc.shape[0] == 8 + 29 + 1 + 21
+    assert mask.sum() == (8 - 3) + (29 - 3) + 0 + (21 - 3)  # the first ttt - 1 positions carry no loss
     # their shift_batch convention: tokens 1..L-1 against hidden states 0..L-2, per document
     c = b.contract
     first = c.doc_slice(0)
@@ -71,5 +73,4 @@ def test_eagle3_inputs_put_a_gap_the_shift_cannot_cross():
         kw["verifier_last_hidden_states"][0, :8], fake_target(c, layers=3).prenorm[0, first][1:]
     )
     # the plain packed row (what a row-level packer hands them) is scored across documents
-    plain_doc = torch.cat([torch.full((n - 1,), d) for d, n in enumerate(c.doc_lengths)])
-    assert crossings(plain_doc, torch.ones_like(plain_doc), ttt) > 0
+    assert crossings(doc, torch.ones_like(mask), ttt) > 0

@@ -12,10 +12,10 @@ goes wrong on packed rows, and what these functions do about it:
   :class:`~padfree.core.anchors.AnchorPolicy` with ``partial=False``: every block then ends inside its
   document, so their ``loss_mask[a + k]`` never reads another document.
 * EAGLE-3 shifts the whole row by ``k`` at test-time-training step ``k`` (``align_for_step``), so a document's
-  last positions are scored against the next document. :func:`eagle3_inputs` lays out each document in
-  their shifted convention (``shift_batch``: tokens ``1..L-1``, hidden states ``0..L-2``) and puts
-  ``ttt - 1`` padding positions (``document_ids`` -1, no loss) between documents: a shift of ``k < ttt`` from
-  a document's last position lands in padding, never in the next document.
+  last positions are scored against the next document's first ones (and a document's first targets against
+  the previous document's last queries). :func:`eagle3_inputs` lays out each document in their shifted
+  convention (``shift_batch``: tokens ``1..L-1``, hidden states ``0..L-2``) and takes the loss off the first
+  ``ttt - 1`` positions of every document, which is exactly where such pairs land.
 
 ``speculators`` is not a padfree dependency (its pins exclude this project's transformers); these functions
 only build tensors, and ``tests/drafter/test_feed.py`` replays their indexing rules on them.
@@ -74,7 +74,15 @@ def dflash_inputs(batch: DrafterBatch, target: TargetOutput) -> tuple[dict, obje
 
 def eagle3_inputs(batch: DrafterBatch, target: TargetOutput, ttt: int) -> dict:
     """Forward kwargs for ``speculators``' ``Eagle3DraftModel`` (``ttt_steps=ttt``) on a padfree batch: each
-    document shifted as their ``shift_batch`` does, ``ttt - 1`` padding positions between documents."""
+    document shifted as their ``shift_batch`` does, documents back to back, and no loss on the first
+    ``ttt - 1`` positions of each document.
+
+    Why that suffices: at step ``k`` they score the logits of position ``t`` against the target and loss
+    mask at ``t + k`` over the whole row. A pair joins two documents only when ``t + k`` is among the first
+    ``k <= ttt - 1`` positions of a document, which carry no loss here; every scored pair then lies inside
+    one document, and the tokens fed on the way there too. The price is ``ttt - 1`` positions per document
+    (for chats the start of a user turn, which carries no loss anyway). The same rule applies to a
+    document alone, so a packed row trains each document exactly as alone."""
     if isinstance(ttt, bool) or not isinstance(ttt, int) or ttt < 1:
         raise ConfigError(f"ttt must be an integer >= 1 (got {ttt!r})")
     c = batch.contract
@@ -84,25 +92,21 @@ def eagle3_inputs(batch: DrafterBatch, target: TargetOutput, ttt: int) -> dict:
     hid = target.hidden[0]
     last = _prenorm(target)[0]
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("ids", "mask", "pos", "doc", "hid", "last")}
-    gap = ttt - 1
     for d in range(c.n_docs):
         s = c.doc_slice(d)
         n = c.doc_lengths[d] - 1
-        if d and gap:
-            parts["ids"].append(ids.new_zeros(gap))
-            parts["mask"].append(mask.new_zeros(gap))
-            parts["pos"].append(pos.new_zeros(gap))
-            parts["doc"].append(torch.full((gap,), -1, dtype=torch.long))
-            parts["hid"].append(hid.new_zeros(gap, hid.shape[-1]))
-            parts["last"].append(last.new_zeros(gap, last.shape[-1]))
         if n <= 0:
             continue
+        m = mask[s][1:].clone()
+        m[: ttt - 1] = False
         parts["ids"].append(ids[s][1:])
-        parts["mask"].append(mask[s][1:])
+        parts["mask"].append(m)
         parts["pos"].append(pos[s][1:])
         parts["doc"].append(torch.full((n,), d, dtype=torch.long))
         parts["hid"].append(hid[s][:-1])
         parts["last"].append(last[s][1:])
+    if not parts["ids"]:
+        raise ConfigError("eagle3_inputs: every document has a single token; nothing to draft")
     cat = {k: torch.cat(v)[None] for k, v in parts.items()}
     return {
         "hidden_states": cat["hid"],
