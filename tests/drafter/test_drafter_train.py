@@ -198,3 +198,25 @@ def test_flex_block_mask_path_gives_the_dense_result(method, target):
     for x, y in zip(dense, flex, strict=True):
         assert x.shape == y.shape and x.numel() > 0
         assert torch.allclose(x, y, atol=1e-5)
+
+
+def test_eagle3_eager_ttt_attention_equals_the_masked_path(target):
+    """The default EAGLE-3 path holds T x (T + k) scores per step; the same as SDPA over all (k + 1) T keys
+    under the dense mask, forward and backward."""
+    items = dataset([23, 41, 3, 30], seed=5)
+    drafter = drafter_for("eagle3", target)
+    b = DrafterCollator("eagle3", ttt=3)(items)
+    out = run_target(target, b.contract, LAYERS["eagle3"])
+    grads = {}
+    for how in ("dense", "mask"):
+        drafter.zero_grad()
+        hs = drafter(out.hidden, b, how)
+        sum(drafter.lm_head(h).logsumexp(-1).sum() for h in hs).backward()
+        grads[how] = (
+            [h.detach() for h in hs],
+            [p.grad.clone() for p in drafter.parameters() if p.requires_grad],
+        )
+    for x, y in zip(grads["dense"][0], grads["mask"][0], strict=True):
+        assert torch.allclose(x, y, atol=1e-5)
+    for x, y in zip(grads["dense"][1], grads["mask"][1], strict=True):
+        assert torch.allclose(x, y, atol=1e-5, rtol=1e-4)
