@@ -20,6 +20,7 @@ from padfree.errors import OutputError, PadfreeError
 COMMANDS = (
     "analyze",
     "check-packing",
+    "check-drafter",
     "plan",
     "lengths",
     "report",

@@ -165,8 +165,8 @@ def choose_anchors(
     """The anchors of one document (sorted int64 positions in the document), a pure function of its loss
     mask, ``policy`` and ``(seed, epoch, sample_id, start)``: ``start`` is the offset of a split sample's
     piece in its sample (0 for a whole sample), so two pieces of one sample draw independently."""
-    key = [_check_id(n, v) for n, v in (("seed", seed), ("epoch", epoch), ("sample_id", sample_id),
-                                        ("start", start))]  # fmt: skip
+    named = (("seed", seed), ("epoch", epoch), ("sample_id", sample_id), ("start", start))
+    key = [_check_id(n, v) for n, v in named]
     valid = valid_anchor_positions(loss_mask, policy.block_size, partial=policy.partial)
     q = int(anchor_quota(np.array([valid.shape[0]]), policy)[0])
     if q == 0:

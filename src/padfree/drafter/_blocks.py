@@ -50,6 +50,8 @@ class MLP(nn.Module):
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
     """``q`` ``(Hq, Nq, D)``, ``k``/``v`` ``(Hkv, Nk, D)`` -> ``(Nq, Hq * D)``. ``mask``: a dense boolean
     ``(Nq, Nk)`` (True: attend; SDPA, forward and backward on CPU) or a flex-attention ``BlockMask``."""
+    if q.shape[1] == 0:  # no draft query (e.g. a document without a valid anchor)
+        return q.new_zeros(0, q.shape[0] * q.shape[2])
     if isinstance(mask, torch.Tensor):
         out = nn.functional.scaled_dot_product_attention(
             q[None], k[None], v[None], attn_mask=mask[None, None], enable_gqa=q.shape[0] != k.shape[0]

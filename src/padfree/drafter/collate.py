@@ -266,8 +266,9 @@ class DrafterCollator:
             sids.append(sid)
             starts.append(start)
         epoch = int(info.epoch) if info is not None else self.epoch
-        c = build_contract(docs, layout=self.layout, pad_token_id=self.pad_token_id, sample_ids=sids,
-                           starts=starts)  # fmt: skip
+        c = build_contract(
+            docs, layout=self.layout, pad_token_id=self.pad_token_id, sample_ids=sids, starts=starts
+        )
         if self.method == "dflash":
             make = leaky_dflash_fields if self.leaky else dflash_fields
             f = make(c, self.policy, seed=self.seed, epoch=epoch, mask_token_id=self.mask_token_id)

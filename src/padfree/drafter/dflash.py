@@ -10,7 +10,7 @@ distillation ``KL(target || drafter)`` at every supervised block slot, summed pe
 
 >>> import torch
 >>> cfg = DFlashConfig(hidden_size=32, num_heads=2, num_kv_heads=1, intermediate_size=64, block_size=4)
->>> net = DFlashDrafter(cfg, torch.nn.Embedding(50, 32), torch.nn.Linear(32, 50, bias=False))
+>>> net = DFlashDrafter(cfg, torch.randn(50, 32), torch.randn(50, 32))
 >>> sum(p.numel() for p in net.parameters() if p.requires_grad) > 0
 True
 """
@@ -77,14 +77,14 @@ class DFlashLayer(nn.Module):
 
 
 class DFlashDrafter(nn.Module):
-    """The drafter; ``embed`` and ``lm_head`` are copied from the target and frozen."""
+    """The drafter; the embedding and LM head weights are copied from the target and frozen."""
 
-    def __init__(self, cfg: DFlashConfig, embed: nn.Embedding, lm_head: nn.Linear) -> None:
+    def __init__(self, cfg: DFlashConfig, embed_weight: torch.Tensor, head_weight: torch.Tensor) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding.from_pretrained(embed.weight.detach().clone(), freeze=True)
-        self.lm_head = nn.Linear(cfg.hidden_size, lm_head.weight.shape[0], bias=False)
-        self.lm_head.weight = nn.Parameter(lm_head.weight.detach().clone(), requires_grad=False)
+        self.embed_tokens = nn.Embedding.from_pretrained(embed_weight.detach().clone(), freeze=True)
+        self.lm_head = nn.Linear(cfg.hidden_size, head_weight.shape[0], bias=False)
+        self.lm_head.weight = nn.Parameter(head_weight.detach().clone(), requires_grad=False)
         self.fc = nn.Linear(cfg.n_target_layers * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.eps)
         self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_layers))

@@ -42,14 +42,33 @@ class Eagle3Config:
         return self.hidden_size // self.num_heads
 
 
+def ttt_attention(q: torch.Tensor, keys: list, values: list, step0: torch.Tensor) -> torch.Tensor:
+    """EAGLE-3 attention at step ``k = len(keys) - 1`` without the ``(k + 1) T`` key axis: scores against
+    step 0's keys under ``step0`` (``T x T``: causal, same document), plus one score per earlier step against
+    the query's own position; one softmax over the ``T + k`` scores. ``q`` ``(Hq, T, D)``, keys/values
+    ``(Hkv, T, D)`` per step -> ``(T, Hq * D)``. Equal to SDPA under :func:`eagle3_dense_mask`."""
+    rep = q.shape[0] // keys[0].shape[0]
+    scale = q.shape[-1] ** -0.5
+    ks = [x.repeat_interleave(rep, 0) for x in keys]
+    vs = [x.repeat_interleave(rep, 0) for x in values]
+    s0 = (q @ ks[0].transpose(1, 2) * scale).masked_fill(~step0, float("-inf"))
+    diag = [(q * kx).sum(-1, keepdim=True) * scale for kx in ks[1:]]
+    p = torch.softmax(torch.cat([s0, *diag], -1), -1)
+    n = q.shape[1]
+    out = p[..., :n] @ vs[0]
+    for i, vx in enumerate(vs[1:]):
+        out = out + p[..., n + i : n + i + 1] * vx
+    return out.transpose(0, 1).reshape(n, -1)
+
+
 class Eagle3Drafter(nn.Module):
     """The drafter: ``fc``, one decoder layer over ``[embedding ; hidden]``, a norm and an LM head."""
 
-    def __init__(self, cfg: Eagle3Config, embed: nn.Embedding, lm_head: nn.Linear) -> None:
+    def __init__(self, cfg: Eagle3Config, embed_weight: torch.Tensor, head_weight: torch.Tensor) -> None:
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding.from_pretrained(embed.weight.detach().clone(), freeze=True)
+        self.embed_tokens = nn.Embedding.from_pretrained(embed_weight.detach().clone(), freeze=True)
         self.fc = nn.Linear(3 * h, h, bias=False)
         self.input_layernorm = RMSNorm(h, cfg.eps)
         self.hidden_norm = RMSNorm(h, cfg.eps)
@@ -60,12 +79,15 @@ class Eagle3Drafter(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, cfg.eps)
         self.mlp = MLP(h, cfg.intermediate_size)
         self.norm = RMSNorm(h, cfg.eps)
-        self.lm_head = nn.Linear(h, lm_head.weight.shape[0], bias=False)
+        self.lm_head = nn.Linear(h, head_weight.shape[0], bias=False)
         with torch.no_grad():
-            self.lm_head.weight.copy_(lm_head.weight)
+            self.lm_head.weight.copy_(head_weight)
 
     def forward(self, target_hidden: torch.Tensor, batch: DrafterBatch, attention: str = "dense") -> list:
-        """Normed hidden states ``(T, H)`` of every step. ``attention``: ``"dense"`` or ``"flex"``."""
+        """Normed hidden states ``(T, H)`` of every step. ``attention``: ``"dense"`` (eager: step ``k``
+        holds ``T x (T + k)`` scores, the step-0 block and one diagonal score per earlier step; trains on
+        CPU), ``"mask"`` (SDPA over all ``(k + 1) T`` keys with the dense boolean mask) or ``"flex"`` (a
+        flex-attention BlockMask, GPU)."""
         f = batch.eagle3
         assert f is not None, "an EAGLE-3 batch (DrafterCollator('eagle3'))"
         c, d = self.cfg, self.cfg.head_dim
@@ -84,8 +106,14 @@ class Eagle3Drafter(nn.Module):
                 rope(self.k_proj(x).view(-1, c.num_kv_heads, d).transpose(0, 1), pos + k, c.rope_theta)
             )
             values.append(self.v_proj(x).view(-1, c.num_kv_heads, d).transpose(0, 1))
-            mask = eagle3_block_mask(doc, k) if attention == "flex" else eagle3_dense_mask(doc, k)
-            h = h + self.o_proj(attend(q, torch.cat(keys, 1), torch.cat(values, 1), mask))
+            if attention == "dense":
+                if k == 0:
+                    step0 = eagle3_dense_mask(doc, 0)
+                a = ttt_attention(q, keys, values, step0)
+            else:
+                mask = eagle3_block_mask(doc, k) if attention == "flex" else eagle3_dense_mask(doc, k)
+                a = attend(q, torch.cat(keys, 1), torch.cat(values, 1), mask)
+            h = h + self.o_proj(a)
             h = h + self.mlp(self.post_attention_layernorm(h))
             outs.append(self.norm(h))
         return outs

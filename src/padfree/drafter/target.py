@@ -69,10 +69,13 @@ class TargetOutput:
     Attributes:
         hidden: ``(1, R * W, len(layers) * H)``: the chosen layers' outputs, concatenated.
         last: ``(1, R * W, H)``: the final (normed) hidden state; ``lm_head(last)`` are the target's logits.
+        prenorm: ``(1, R * W, H)``: the last decoder layer's output before the final norm (what trainers
+            that apply the target's norm themselves, such as speculators, take as the verifier's state).
     """
 
     hidden: torch.Tensor
     last: torch.Tensor
+    prenorm: torch.Tensor | None = None
 
 
 @torch.no_grad()
@@ -84,7 +87,7 @@ def run_target(model, contract: Contract, layers: tuple[int, ...]) -> TargetOutp
             raise ConfigError(f"target layer {i} outside 0..{len(blocks) - 1}")
     seen: dict[int, torch.Tensor] = {}
     hooks = []
-    for i in sorted(set(layers)):
+    for i in sorted({*layers, len(blocks) - 1}):
 
         def keep(_m, _inp, out, i=i):
             seen[i] = out[0] if isinstance(out, tuple) else out
@@ -97,7 +100,11 @@ def run_target(model, contract: Contract, layers: tuple[int, ...]) -> TargetOutp
             h.remove()
     hidden = torch.cat([seen[i] for i in layers], dim=-1)
     width = contract.width
-    return TargetOutput(hidden.reshape(1, width, -1), out.last_hidden_state.reshape(1, width, -1))
+    return TargetOutput(
+        hidden.reshape(1, width, -1),
+        out.last_hidden_state.reshape(1, width, -1),
+        seen[len(blocks) - 1].reshape(1, width, -1),
+    )
 
 
 def _base(model):
@@ -111,3 +118,8 @@ def _decoder_layers(model):
 def lm_head(model) -> torch.nn.Module:
     """The target's output projection (hidden -> vocabulary logits)."""
     return model.get_output_embeddings()
+
+
+def shared_weights(model) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(embedding weight, LM head weight)`` of the target, which the reference drafters start from."""
+    return model.get_input_embeddings().weight, model.get_output_embeddings().weight
