@@ -174,10 +174,12 @@ def train(args, rank, world, device, ckpt, stop) -> int:
         chosen = dflash_layers(layers, max(2, args.draft_layers))
         dcfg = DFlashConfig(**common, num_layers=args.draft_layers, block_size=args.block_size,
                             n_target_layers=len(chosen))  # fmt: skip
-        drafter = DFlashDrafter(dcfg, target.get_input_embeddings(), head)
+        drafter = DFlashDrafter(dcfg, target.get_input_embeddings().weight, head.weight)
     else:
         chosen = eagle3_layers(layers)
-        drafter = Eagle3Drafter(Eagle3Config(**common, ttt=args.ttt), target.get_input_embeddings(), head)
+        drafter = Eagle3Drafter(
+            Eagle3Config(**common, ttt=args.ttt), target.get_input_embeddings().weight, head.weight
+        )
     drafter = drafter.to(device)
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)

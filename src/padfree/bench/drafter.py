@@ -168,10 +168,12 @@ def build_models(method: str, *, vocab: int, hidden: int, layers: int, intermedi
         chosen = dflash_layers(layers, 2)
         cfg = DFlashConfig(**common, intermediate_size=intermediate, block_size=block_size,
                            n_target_layers=len(chosen))  # fmt: skip
-        drafter = DFlashDrafter(cfg, embed, head)
+        drafter = DFlashDrafter(cfg, embed.weight, head.weight)
     else:
         chosen = eagle3_layers(layers)
-        drafter = Eagle3Drafter(Eagle3Config(**common, intermediate_size=intermediate, ttt=ttt), embed, head)
+        drafter = Eagle3Drafter(
+            Eagle3Config(**common, intermediate_size=intermediate, ttt=ttt), embed.weight, head.weight
+        )
     params = [p for p in drafter.parameters() if p.requires_grad]
     return Models(method, target, chosen, drafter, torch.optim.AdamW(params, lr=1e-4), head)
 
