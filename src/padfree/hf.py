@@ -65,7 +65,6 @@ label, so the plan's step counts match what the collator produces.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import weakref
@@ -78,10 +77,11 @@ import transformers
 from torch.utils.data import DataLoader
 
 from padfree.core.config import PlanConfig
+from padfree.core.cursor import MicroInfo
 from padfree.errors import ConfigError, StateError
 from padfree.torch._collate import PackCollator, PadCollator
 from padfree.torch._dataset import PlannedDataset
-from padfree.torch._sampler import MicroBatch, MicroInfo, PlanBatchSampler
+from padfree.torch._sampler import MicroBatch, PlanBatchSampler
 
 STATE_FILE = "padfree_sampler.json"
 
@@ -107,11 +107,10 @@ class EpochChain:
     def __len__(self) -> int:
         if self._length is not None:
             return self._length
-        total = len(self.sampler)
-        for epoch in range(self.sampler.epoch + 1, self.epochs):
-            probe = copy.copy(self.sampler)  # set_epoch rebinds, never mutates, the shared fields
-            probe.set_epoch(epoch)
-            total += probe.steps_in_epoch * probe.grad_accum
+        cursor = self.sampler.cursor
+        total = cursor.remaining()
+        for epoch in range(cursor.epoch + 1, self.epochs):
+            total += cursor.epoch_steps(epoch) * cursor.config.grad_accum
         return total
 
     def __iter__(self) -> Iterator[MicroBatch]:
