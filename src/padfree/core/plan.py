@@ -16,7 +16,7 @@ import numpy as np
 
 from padfree.core import _kernels, cost, steps
 from padfree.core.config import PlanConfig
-from padfree.core.items import Items, make_items, validate_lengths
+from padfree.core.items import Items, Report, make_items, validate_lengths
 from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 
@@ -77,6 +77,11 @@ class Plan:
         edges: the bucket upper edges used this epoch, after sparse buckets merged (bucketed only).
         n_samples, truncated, split, dropped: the overlong policy's report.
         plan_seconds: wall time to make the plan.
+        assigned: each step's micro-batches are given to ranks (``False``: still in their stratified order,
+            as :func:`padfree.core.replay.replay` leaves them; then :meth:`micro_ids` and :meth:`records`
+            refuse, since no rank owns a micro-batch yet).
+
+    Build one with :meth:`of`.
     """
 
     config: PlanConfig
@@ -91,7 +96,43 @@ class Plan:
     split: int = 0
     dropped: int = 0
     plan_seconds: float = 0.0
+    assigned: bool = True
     _shapes: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(
+        cls,
+        config: PlanConfig,
+        epoch: int,
+        indices: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        report: Report,
+        *,
+        starts: np.ndarray | None = None,
+        edges: np.ndarray | None = None,
+        t0: float | None = None,
+        assigned: bool = True,
+        shapes: dict | None = None,
+    ) -> Plan:
+        """The one way a plan is built: its arrays, the overlong ``report`` of its items, ``plan_seconds``
+        since ``t0`` (``None``: 0), and ``shapes`` already computed for these micro-batches (or none)."""
+        return cls(
+            config=config,
+            epoch=epoch,
+            indices=indices,
+            offsets=offsets,
+            lengths=lengths,
+            starts=starts,
+            edges=edges,
+            n_samples=report.n_samples,
+            truncated=report.truncated,
+            split=report.split,
+            dropped=report.dropped,
+            plan_seconds=0.0 if t0 is None else time.perf_counter() - t0,
+            assigned=assigned,
+            _shapes={} if shapes is None else shapes,
+        )
 
     @property
     def n_micro(self) -> int:
@@ -111,12 +152,20 @@ class Plan:
 
     def micro_ids(self, rank: int) -> np.ndarray:
         """The micro-batch numbers rank ``rank`` runs, in order (``grad_accum`` per step)."""
+        self._check_assigned()
         c = self.config
         if not 0 <= rank < c.world_size:
             raise ConfigError(f"rank {rank} outside world size {c.world_size}")
         k = c.micro_per_step
         base = np.arange(self.n_steps, dtype=np.int64)[:, None] * k + rank * c.grad_accum
         return (base + np.arange(c.grad_accum, dtype=np.int64)[None, :]).ravel()
+
+    def _check_assigned(self) -> None:
+        if not self.assigned and self.config.world_size > 1:
+            raise ConfigError(
+                "this plan's steps are not given to ranks yet (an unassigned replay plan): no rank owns a "
+                "micro-batch; see padfree.core.balance.step_layout"
+            )
 
     def shapes(self) -> dict[str, np.ndarray]:
         """Per micro-batch counts, real tokens, slots and attention (see ``cost.micro_shapes``)."""
@@ -135,6 +184,7 @@ class Plan:
     def records(self) -> Iterator[dict]:
         """One dict per micro-batch: ``{"epoch", "step", "rank", "micro", "indices"}`` (plus token ``starts``
         and ``lengths`` when samples were split)."""
+        self._check_assigned()
         c = self.config
         k = c.micro_per_step
         for j in range(self.n_micro):
@@ -206,18 +256,7 @@ def plan_items(
         shapes = {}
     sample_ids = order if items.sample is None else items.sample[order]
     starts = None if items.start is None else items.start[order]
-    return Plan(
-        config=config,
-        epoch=epoch,
-        indices=sample_ids,
-        offsets=offsets,
-        lengths=lens,
-        starts=starts,
-        edges=edges,
-        n_samples=items.n_samples,
-        truncated=items.truncated,
-        split=items.split,
-        dropped=items.dropped,
-        plan_seconds=time.perf_counter() - t0,
-        _shapes=shapes,
-    )
+    return Plan.of(
+        config, epoch, sample_ids, offsets, lens, items.report, starts=starts, edges=edges, t0=t0,
+        assigned=assign, shapes=shapes,
+    )  # fmt: skip
