@@ -172,8 +172,7 @@ class PadfreeTrainerMixin:
         **kwargs,
     ) -> None:
         if collator is None:
-            packed = plan_config.strategy == "packed"
-            collator = PackCollator() if packed else PadCollator(pad_to_multiple_of=8)
+            collator = PackCollator() if plan_config.packed else PadCollator(pad_to_multiple_of=8)
         kwargs.setdefault("data_collator", collator)
         super().__init__(*args, **kwargs)
         targs = self.args

@@ -34,6 +34,7 @@ from padfree.bench.samples import Samples
 from padfree.bench.sampling import PADFREE
 from padfree.bench.trainer import Trainer
 from padfree.core.config import PlanConfig
+from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 
 STRATEGIES = PADFREE
@@ -113,7 +114,7 @@ def matched_budgets(lengths: np.ndarray, cfg: ConvergeConfig) -> dict[str, int]:
     target = epoch_steps(lengths, "packed", cfg.budget, cfg)
     out = {}
     for name in cfg.strategies:
-        if name == "packed" or not cfg.equal_steps:
+        if REGISTRY[name].packed or not cfg.equal_steps:
             out[name] = cfg.budget
             continue
         lo, hi = cfg.budget, 16 * cfg.budget
@@ -179,7 +180,7 @@ def train_one(
     """One strategy's run: held-out curve, per-step train losses, wall time."""
     from padfree.torch import PlanBatchSampler, PlannedDataset
 
-    packed = strategy == "packed"
+    packed = REGISTRY[strategy].packed
     trainer = Trainer(
         cfg.model, cfg.model_overrides, cfg.seed, cfg.device, cfg.lr, cfg.clip, packed, cfg.weight_decay
     )

@@ -20,12 +20,10 @@ PACKED = ("packed", "hf_flattening", "trl_bfd")
 def strategy_batching(name: str, lengths: np.ndarray, budget: int, seed: int) -> Batching:
     """One epoch of micro-batches of a strategy over ``lengths`` (all within the budget)."""
     if name in PADFREE:
-        plan = make_plan(
-            lengths, PlanConfig(strategy=name, budget=budget, world_size=1, grad_accum=1, seed=seed)
-        )
-        return Batching(
-            plan.indices.astype(np.int64), plan.offsets.astype(np.int64), name == "packed", "padfree plan"
-        )
+        cfg = PlanConfig(strategy=name, budget=budget, world_size=1, grad_accum=1, seed=seed)
+        plan = make_plan(lengths, cfg)
+        indices, offsets = plan.indices.astype(np.int64), plan.offsets.astype(np.int64)
+        return Batching(indices, offsets, cfg.packed, "padfree plan")
     return plan_with_peer(name, lengths, budget, seed)
 
 

@@ -44,9 +44,9 @@ class Trainer:
 
         from padfree.testing.models import build_model
         from padfree.torch import PackCollator, PadCollator
-        from padfree.torch.attention import attention_implementation
+        from padfree.torch.attention import attention_for_rows
 
-        self.attn = attention_implementation("packed" if packed else "sorted")
+        self.attn = attention_for_rows(packed)
         self.model = build_model(model, attn_implementation=self.attn, seed=seed, **overrides).to(device)
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)

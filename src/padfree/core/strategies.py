@@ -38,14 +38,20 @@ class Strategy:
         stream_id: the random stream of its epochs; plans depend on it, so it never changes once released
             and no two strategies share one.
         packed: micro-batches are packed rows (``sum(lengths) <= budget``) rather than padded ones
-            (``count * longest <= budget``).
+            (``count * longest <= budget``): collated by ``PackCollator``, run with per-document attention.
         form: ``form(lengths, config, rng) -> Formed``.
+        bucketed: forms micro-batches inside length buckets: the config's ``buckets``, ``growth`` and ``mix``
+            apply, and its plans report their bucket ``edges``.
+        fixed_batches: its micro-batches are the same every epoch (formed from the seed alone); only their
+            order changes.
     """
 
     name: str
     stream_id: int
     packed: bool
     form: Callable[[np.ndarray, PlanConfig, np.random.Generator], Formed]
+    bucketed: bool = False
+    fixed_batches: bool = False
 
 
 REGISTRY: dict[str, Strategy] = {}
@@ -87,9 +93,9 @@ def _packed(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Fo
     return (*batching.packed_batches(length, cfg.budget, rng), None)
 
 
-register(Strategy("sorted", 11, packed=False, form=_sorted))
+register(Strategy("sorted", 11, packed=False, form=_sorted, fixed_batches=True))
 register(Strategy("random", 12, packed=False, form=_random))
-register(Strategy("bucketed", 13, packed=False, form=_bucketed))
+register(Strategy("bucketed", 13, packed=False, form=_bucketed, bucketed=True))
 register(Strategy("packed", 14, packed=True, form=_packed))
 
 STRATEGIES: tuple[str, ...] = tuple(REGISTRY)

@@ -12,8 +12,8 @@ Memory: the window ids (1 byte a sample while there are < 128 windows), their gr
 the output plan (int32 ``indices`` and ``lengths``) and one window's working arrays; nothing of size ``n``
 in int64. Samples stay int32 when the lengths are int32.
 
-``sorted`` draws its windows from the seed alone (not the epoch), so, as in the in-memory path, its
-micro-batches are the same every epoch and only their order changes.
+A strategy with ``fixed_batches`` (``sorted``) draws its windows from the seed alone (not the epoch), so, as
+in the in-memory path, its micro-batches are the same every epoch and only their order changes.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from padfree.core._kernels import njit
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, Report, check_overlong, make_items, validate_lengths
 from padfree.core.plan import Plan, check_epoch, check_fills_step, epoch_rng, plan_in_memory, plan_items
+from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 
 DEFAULT_WINDOW = 4_000_000
@@ -114,7 +115,7 @@ def deal_windows(
     budget = config.budget if item_budget is None else int(item_budget)
     k = config.micro_per_step
     n_windows = max(1, math.ceil(n / int(window)))
-    label_epoch = 0 if config.strategy == "sorted" else epoch
+    label_epoch = 0 if REGISTRY[config.strategy].fixed_batches else epoch
     labels = _labels(epoch_rng(config.seed, label_epoch, config.strategy, 0), n, n_windows)
 
     # one pass in chunks: items per window, and the overlong report

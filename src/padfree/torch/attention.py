@@ -40,11 +40,11 @@ from collections.abc import Sequence
 
 import torch
 
+from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 
 NAME = "padfree_varlen"
 LEAKY = "padfree_leaky"
-_PACKED_STRATEGIES = ("packed",)
 
 _state = threading.local()
 _registered = False
@@ -53,7 +53,14 @@ _registered = False
 def attn_for(strategy: str) -> str:
     """The ``attn_implementation`` a plan strategy needs: ``"padfree_varlen"`` for packed rows (one row,
     several documents), ``"sdpa"`` for padded strategies (sorted, random, bucketed)."""
-    return NAME if strategy in _PACKED_STRATEGIES else "sdpa"
+    spec = REGISTRY.get(strategy)
+    return NAME if spec is not None and spec.packed else "sdpa"
+
+
+def attention_for_rows(packed: bool) -> str:
+    """:func:`attention_implementation` for packed rows (``packed``) or padded ones, whatever made them (a
+    plan strategy or a peer's batching)."""
+    return NAME if packed and register() else "sdpa"
 
 
 def last_path() -> str | None:
@@ -550,8 +557,7 @@ def attention_implementation(strategy: str) -> str:
     for packed rows (registered on the way), ``"sdpa"`` for padded strategies, and ``"sdpa"`` for packed rows
     too when transformers cannot take a custom attention (it then builds a block mask from the restarting
     ``position_ids``: correct, slower)."""
-    name = attn_for(strategy)
-    return name if name == "sdpa" or register() else "sdpa"
+    return attention_for_rows(attn_for(strategy) == NAME)
 
 
 register()
