@@ -62,8 +62,8 @@ def micro_work(lengths: np.ndarray, b: Batching, attn_weight: float) -> tuple[np
     ([24.0, 24.0], [4.0, 5.0])
     """
     sh = micro_shapes(lengths[b.order], b.offsets, b.packed)
-    loss = sh["real"] - sh["count"]
-    return sh["slots"] + attn_weight * sh["attn"], loss
+    loss = sh.real - sh.count
+    return sh.slots + attn_weight * sh.attn, loss
 
 
 def stratified(work_per_token: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -97,7 +97,7 @@ class Plan:
     dropped: int = 0
     plan_seconds: float = 0.0
     assigned: bool = True
-    _shapes: dict = field(default_factory=dict, repr=False, compare=False)
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)  # "shapes": cost.Shapes
 
     @classmethod
     def of(
@@ -113,7 +113,7 @@ class Plan:
         edges: np.ndarray | None = None,
         t0: float | None = None,
         assigned: bool = True,
-        shapes: dict | None = None,
+        shapes: cost.Shapes | None = None,
     ) -> Plan:
         """The one way a plan is built: its arrays, the overlong ``report`` of its items, ``plan_seconds``
         since ``t0`` (``None``: 0), and ``shapes`` already computed for these micro-batches (or none)."""
@@ -131,7 +131,7 @@ class Plan:
             dropped=report.dropped,
             plan_seconds=0.0 if t0 is None else time.perf_counter() - t0,
             assigned=assigned,
-            _shapes={} if shapes is None else shapes,
+            _cache={} if shapes is None else {"shapes": shapes},
         )
 
     @property
@@ -167,11 +167,16 @@ class Plan:
                 "micro-batch; see padfree.core.balance.step_layout"
             )
 
-    def shapes(self) -> dict[str, np.ndarray]:
+    def shapes(self) -> cost.Shapes:
         """Per micro-batch counts, real tokens, slots and attention (see ``cost.micro_shapes``)."""
-        if not self._shapes:
-            self._shapes.update(cost.micro_shapes(self.lengths, self.offsets, self.config.packed))
-        return self._shapes
+        if "shapes" not in self._cache:
+            self._cache["shapes"] = cost.micro_shapes(self.lengths, self.offsets, self.config.packed)
+        shapes: cost.Shapes = self._cache["shapes"]
+        return shapes
+
+    def forget_shapes(self) -> None:
+        """Drop the cached per-micro-batch arrays (a measured piece of a long epoch)."""
+        self._cache.clear()
 
     def costs(self) -> np.ndarray:
         """Modeled cost of each micro-batch under the plan's cost model."""
@@ -249,14 +254,15 @@ def plan_items(
     order, offsets = steps.complete_last_step(order, offsets, length, k, config.budget, config.packed)
     lens = length[order]
     shapes = cost.micro_shapes(lens, offsets, config.packed)
+    cached: cost.Shapes | None = shapes  # the plan's shapes, unless the assignment reorders them
     if assign and config.world_size > 1:
         perm = steps.assign_ranks(cost.micro_costs(shapes, config.cost), config.world_size, config.grad_accum)
         order, offsets = _kernels.gather_segments(order, offsets, perm)
         lens = length[order]
-        shapes = {}
+        cached = None
     sample_ids = order if items.sample is None else items.sample[order]
     starts = None if items.start is None else items.start[order]
     return Plan.of(
         config, epoch, sample_ids, offsets, lens, items.report, starts=starts, edges=edges, t0=t0,
-        assigned=assign, shapes=shapes,
+        assigned=assign, shapes=cached,
     )  # fmt: skip
