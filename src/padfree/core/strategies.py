@@ -19,14 +19,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from padfree.core import batching, mixing
+from padfree.core.batching import Formed
 
 if TYPE_CHECKING:
     from padfree.core.config import PlanConfig
 
-Formed = tuple[np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None"]
-"""``(order, offsets, strata, edges)``: micro-batch ``j`` is ``order[offsets[j]:offsets[j+1]]``; ``strata``
-(or None) are the groups the step composer spreads evenly; ``edges`` the bucket upper edges used, after
-merging sparse buckets (or None)."""
+__all__ = ["REGISTRY", "STRATEGIES", "Formed", "Strategy", "register", "resolved_mix"]
 
 
 @dataclass(frozen=True)
@@ -68,11 +66,11 @@ def register(strategy: Strategy) -> Strategy:
 
 
 def _sorted(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Formed:
-    return (*batching.sorted_batches(length, cfg.budget, rng), None)
+    return Formed(*batching.sorted_batches(length, cfg.budget, rng), None)
 
 
 def _random(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Formed:
-    return (*batching.random_batches(length, cfg.budget, rng), None)
+    return Formed(*batching.random_batches(length, cfg.budget, rng), None)
 
 
 def _bucketed(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Formed:
@@ -90,7 +88,7 @@ def resolved_mix(length: np.ndarray, cfg: PlanConfig) -> mixing.Mix:
 
 
 def _packed(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Formed:
-    return (*batching.packed_batches(length, cfg.budget, rng), None)
+    return Formed(*batching.packed_batches(length, cfg.budget, rng), None)
 
 
 register(Strategy("sorted", 11, packed=False, form=_sorted, fixed_batches=True))
