@@ -69,12 +69,15 @@ import json
 import os
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import torch
 import transformers
-from torch.utils.data import DataLoader
+from numpy.typing import ArrayLike
+from torch.utils.data import DataLoader, Dataset
 
 from padfree.core.config import PlanConfig
 from padfree.core.cursor import MicroInfo
@@ -107,6 +110,7 @@ class EpochChain:
     def __len__(self) -> int:
         if self._length is not None:
             return self._length
+        assert self.epochs is not None  # an endless chain has an explicit length
         cursor = self.sampler.cursor
         total = cursor.remaining()
         for epoch in range(cursor.epoch + 1, self.epochs):
@@ -148,28 +152,39 @@ class _PlanEpoch(transformers.TrainerCallback):
             state.epoch = epoch
 
 
-class PadfreeTrainerMixin:
+if TYPE_CHECKING:  # the mixin goes in front of a Trainer: type-check it as one
+    _TrainerBase = transformers.Trainer
+else:
+    _TrainerBase = object
+
+
+class PadfreeTrainerMixin(_TrainerBase):
     """The padfree behaviour, to put in front of ``transformers.Trainer`` or a subclass (see the module doc).
 
     Keyword args (besides the Trainer's): ``lengths`` (tokens per sample of ``train_dataset``),
     ``plan_config`` (:class:`~padfree.PlanConfig`; its world size is replaced by the real one),
     ``loss_tokens`` (loss-bearing tokens per sample, default ``length - 1``), ``collator`` (default
     :class:`~padfree.torch.PackCollator` for ``packed``, else :class:`~padfree.torch.PadCollator` padding to a
-    multiple of 8), ``balance`` and ``balance_every`` (see :class:`~padfree.torch.PlanBatchSampler`: with
+    multiple of 8), and the sampler's options ``balance``, ``balance_every``, ``balance_headroom``,
+    ``balance_exchange`` and ``window`` (see :class:`~padfree.torch.PlanBatchSampler`: with
     ``balance="dynamic"`` every ``training_step`` is timed, up to the model's last gradient, and the ranks are
-    balanced from those times).
+    balanced from those times). Rank and world size come from ``TrainingArguments``; plan epochs from
+    ``num_train_epochs`` (from 0, or from the checkpoint resumed).
     """
 
     def __init__(
         self,
-        *args,
-        lengths: object,
+        *args: Any,
+        lengths: ArrayLike,
         plan_config: PlanConfig,
-        loss_tokens: object | None = None,
-        collator: object | None = None,
+        loss_tokens: ArrayLike | None = None,
+        collator: Callable[[list], Any] | None = None,
         balance: str = "static",
         balance_every: int = 4,
-        **kwargs,
+        balance_headroom: float | None = None,
+        balance_exchange: Callable[[np.ndarray], np.ndarray] | None = None,
+        window: int | None = None,
+        **kwargs: Any,
     ) -> None:
         if collator is None:
             collator = PackCollator() if plan_config.packed else PadCollator(pad_to_multiple_of=8)
@@ -203,6 +218,9 @@ class PadfreeTrainerMixin:
             world_size=targs.world_size,
             balance=balance,
             balance_every=balance_every,
+            balance_headroom=balance_headroom,
+            balance_exchange=balance_exchange,
+            window=window,
         )
         self._padfree_chain: EpochChain | None = None
         self._padfree_state: dict | None = None
@@ -220,14 +238,14 @@ class PadfreeTrainerMixin:
             chain = EpochChain(sampler, int(targs.num_train_epochs))
         self._padfree_chain = chain
         workers = targs.dataloader_num_workers
-        extra = {}
+        extra: dict[str, Any] = {}
         if workers > 0:
             extra = {
                 "persistent_workers": targs.dataloader_persistent_workers,
                 "prefetch_factor": targs.dataloader_prefetch_factor,
             }
         return DataLoader(
-            PlannedDataset(self.train_dataset),
+            cast(Dataset, PlannedDataset(self.train_dataset)),
             batch_sampler=chain,
             collate_fn=self.padfree_collator,
             num_workers=workers,
@@ -268,7 +286,7 @@ class PadfreeTrainerMixin:
         return info.epoch + (info.step + 1) / chain.steps_in_epoch[info.epoch]
 
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device):
-        infos = [getattr(b, "info", None) for b in batch_samples]
+        infos: list[MicroInfo] = [getattr(b, "info", None) for b in batch_samples]  # type: ignore[misc]
         if not infos or any(i is None or i.step_tokens is None for i in infos):
             return super()._get_num_items_in_batch(batch_samples, device)
         first = infos[0]
@@ -278,7 +296,7 @@ class PadfreeTrainerMixin:
                 f"the Trainer grouped {len(infos)} micro-batches across plan steps "
                 f"{sorted({(i.epoch, i.step) for i in infos})}; expected {first.grad_accum} of one step"
             )
-        tokens = max(int(first.step_tokens), 1)
+        tokens = max(int(first.step_tokens or 0), 1)
         if self.args.average_tokens_across_devices or first.world_size == 1:
             return torch.tensor(tokens, device=device)  # compute_loss multiplies by the number of processes
         return torch.tensor(tokens / first.world_size, dtype=torch.float64, device=device)
