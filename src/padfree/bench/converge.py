@@ -199,7 +199,7 @@ def train_one(
             group.append(mb)
             if not mb.info.last:
                 continue
-            step_tokens = int(mb.info.step_tokens)
+            step_tokens = int(mb.info.step_tokens or 0)
             lr = lr_at(tokens, cfg)
             t0 = time.perf_counter()
             loss = 0.0

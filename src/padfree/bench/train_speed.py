@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from padfree.bench.machine import machine
 from padfree.bench.measure import Batching, batching_stats
@@ -200,7 +201,9 @@ def _train_rounds(
     """Warm-up rounds, then the measured rounds (``repeats`` times), one micro-batch per strategy per
     round: ``(order of what ran, measurements per strategy, memory watch per strategy)``."""
     order: list[list] = []
-    rec = {name: {"sec": [], "loss_tok": [], "tok": [], "slots": [], "rows": []} for name in runners}
+    rec: dict[str, dict[str, list]] = {
+        name: {"sec": [], "loss_tok": [], "tok": [], "slots": [], "rows": []} for name in runners
+    }
     watches = {name: MemoryWatch(cfg.device) for name in runners}
     measured = max([r["picks"].shape[0] for r in runners.values()], default=0)
     rounds = cfg.warmup + cfg.repeats * measured
@@ -254,7 +257,7 @@ def _config_record(cfg: BenchConfig, samples: Samples) -> dict:
     }
 
 
-def _stats(values: Sequence[float]) -> dict:
+def _stats(values: ArrayLike) -> dict:
     v = np.asarray(values, dtype=np.float64)
     return {"median": float(np.median(v)), "min": float(v.min()), "max": float(v.max())}
 

@@ -171,7 +171,7 @@ def _text_samples(args: argparse.Namespace, vocab: int, max_len: int):
             "--data needs --tokenizer (a SentencePiece .model, tokenizer.json or transformers folder)"
         )
     check_input(Path(args.tokenizer), "tokenizer")
-    raw = load_samples(args.data, args.tokenizer, None, args.loss_on, None, per_file=args.per_file)
+    raw: list = load_samples(args.data, args.tokenizer, None, args.loss_on, None, per_file=args.per_file)
     if args.overlong == "drop":
         raw = [s for s in raw if s["input_ids"].shape[0] <= max_len]
     raw = [

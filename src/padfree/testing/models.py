@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import stat
 from pathlib import Path
+from typing import Any
 
 from padfree.errors import ConfigError
 
 # name -> (transformers config class name, extra fields)
-FAMILIES = {
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "tiny-llama": ("LlamaConfig", {}),
     "tiny-mistral": ("MistralConfig", {"sliding_window": None}),
     "tiny-qwen2": ("Qwen2Config", {"use_sliding_window": False}),

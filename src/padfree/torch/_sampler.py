@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from padfree.core.position import from_state, to_state
 from padfree.errors import ConfigError
 from padfree.torch._balance import DynamicBalancer
 from padfree.torch._distributed import rank_and_world
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["MicroBatch", "MicroInfo", "PlanBatchSampler"]
 
@@ -208,7 +212,7 @@ class PlanBatchSampler:
         if self._dynamic is not None:
             self._dynamic.record(seconds, info)
 
-    def timed(self, model: object = None, info: MicroInfo | None = None):
+    def timed(self, model: torch.nn.Module | None = None, info: MicroInfo | None = None):
         """A context manager that times one micro-batch and calls :meth:`record_time`::
 
             for batch in loader:

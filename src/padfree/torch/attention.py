@@ -37,6 +37,7 @@ import inspect
 import threading
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -81,9 +82,10 @@ def prepare_for_packing(model: torch.nn.Module, attn_implementation: str = NAME)
     documents of a packed row attend to each other under ``sdpa``/``eager`` while training still "works".
     """
     register()
-    model.config.use_cache = False
-    if getattr(model.config, "_attn_implementation", None) != attn_implementation:
-        model.set_attn_implementation(attn_implementation)
+    hf: Any = model  # a transformers PreTrainedModel
+    hf.config.use_cache = False
+    if getattr(hf.config, "_attn_implementation", None) != attn_implementation:
+        hf.set_attn_implementation(attn_implementation)
     return model
 
 

@@ -47,7 +47,7 @@ class Point:
 
     def to_json(self) -> dict:
         c = self.config
-        params = {"strategy": c.strategy}
+        params: dict[str, object] = {"strategy": c.strategy}
         if REGISTRY[c.strategy].bucketed:
             params |= {"buckets": c.buckets} if c.buckets is not None else {"growth": c.growth}
             params["mix"] = "auto" if c.mix is None else c.mix
@@ -140,13 +140,14 @@ def build_report(
         if sum(r.shape[0] for r in rc_parts) >= RANK_STEPS:
             break
     rc = np.concatenate(rc_parts)
+    assert plan is not None  # plan_pieces yields at least one piece
     # make_plan's edges: the in-memory plan's, or window 0's on the window path
     own_edges = REGISTRY[chosen.config.strategy].bucketed
     edge_plan = plan if own_edges else next(plan_pieces(lengths, bucketed, 1, path=path))
     numbers = {
         "dataset": result["dataset"],
         "config": result["config"] | {"growth": base.growth, "buckets": base.buckets, "mix": base.mix},
-        "bucket_edges": edge_plan.edges.tolist(),
+        "bucket_edges": [] if edge_plan.edges is None else edge_plan.edges.tolist(),
         "bucket_edges_of": _label(edge_plan.config),
         "strategies": {s: _clean(result["strategies"][s]) for s in STRATEGIES},
         "strategy_labels": {s: _label(configs[s]) for s in STRATEGIES},
