@@ -28,7 +28,7 @@ from transformers import TrainingArguments  # noqa: E402
 from padfree import PlanConfig  # noqa: E402
 from padfree.errors import ConfigError  # noqa: E402
 from padfree.hf import STATE_FILE, PadfreeTrainer, padfree_sft_trainer  # noqa: E402
-from padfree.testing.models import build_model  # noqa: E402
+from padfree.models import build_model  # noqa: E402
 from padfree.torch import (  # noqa: E402
     PackCollator,
     PadCollator,

@@ -45,7 +45,7 @@ Example (single process, a tiny random Llama)::
     from transformers import TrainingArguments
     from padfree import PlanConfig
     from padfree.hf import PadfreeTrainer
-    from padfree.testing.models import build_model
+    from padfree.models import build_model
     from padfree.torch.attention import attention_implementation
 
     data = [{"input_ids": np.arange(1, n + 1)} for n in (50, 90, 30, 70, 20, 80, 40, 60)]

@@ -64,7 +64,7 @@ def _sampler_checks(rank, world):
 
 
 def _tiny_model():
-    from padfree.testing.models import build_model
+    from padfree.models import build_model
 
     cfg = {
         "vocab_size": 61,

@@ -44,7 +44,7 @@ def attention_weight(model: str, overrides: dict) -> float:
     """Modeled cost of one causal attention pair relative to one token's dense work, for a model
     (:meth:`padfree.core.config.CostModel.from_shape` of its hidden size, layers and vocabulary)."""
     from padfree.core.config import CostModel
-    from padfree.testing.models import build_config
+    from padfree.models import build_config
 
     c = build_config(model, **overrides)
     return CostModel.from_shape(c.hidden_size, c.num_hidden_layers, c.vocab_size).b

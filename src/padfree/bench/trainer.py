@@ -42,7 +42,7 @@ class Trainer:
     ) -> None:
         import torch
 
-        from padfree.testing.models import build_model
+        from padfree.models import build_model
         from padfree.torch import PackCollator, PadCollator
         from padfree.torch.attention import attention_for_rows
 

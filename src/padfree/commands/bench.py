@@ -157,7 +157,7 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def _vocab(args: argparse.Namespace, overrides: dict) -> int:
-    from padfree.testing.models import build_config
+    from padfree.models import build_config
 
     return int(build_config(args.model, **overrides).vocab_size)
 

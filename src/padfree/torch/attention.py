@@ -23,7 +23,7 @@ through ``ALL_ATTENTION_FUNCTIONS`` (Llama, Mistral, Qwen2, Gemma, ...) can use 
 >>> import padfree.torch.attention as pa
 >>> pa.attn_for("packed"), pa.attn_for("sorted")
 ('padfree_varlen', 'sdpa')
->>> from padfree.testing.models import build_model
+>>> from padfree.models import build_model
 >>> model = build_model("tiny-llama", attn_implementation=pa.NAME, vocab_size=64, num_hidden_layers=1)
 >>> model.config._attn_implementation
 'padfree_varlen'

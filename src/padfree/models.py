@@ -1,8 +1,9 @@
-"""Small decoder models built from configs with random weights (nothing is downloaded).
+"""Small causal LMs built from configs with random weights (nothing is downloaded): what ``calibrate``,
+``check-packing``, ``bench`` and the examples train.
 
 Needs the ``hf`` extra (transformers) and torch.
 
->>> from padfree.testing.models import build_config
+>>> from padfree.models import build_config
 >>> cfg = build_config("tiny-llama")
 >>> (cfg.hidden_size, cfg.num_hidden_layers, cfg.use_cache)
 (256, 4, False)
