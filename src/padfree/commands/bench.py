@@ -291,6 +291,7 @@ def _keep(args: argparse.Namespace, lengths: np.ndarray) -> np.ndarray:
 
 def _run_converge(args: argparse.Namespace, device: str, overrides: dict, command: str) -> int:
     from padfree.bench import converge as cv
+    from padfree.bench import converge_report as cr
 
     if not args.data or not args.tokenizer:
         raise ConfigError(
@@ -320,11 +321,11 @@ def _run_converge(args: argparse.Namespace, device: str, overrides: dict, comman
     result = cv.run_converge(samples, masks, cfg, progress=_say(args))
     result["command"] = command
     if args.out is not None:
-        _write(args.out, args.name or "converge", result, cv.markdown(result, command), cv.plot)
+        _write(args.out, args.name or "converge", result, cr.markdown(result, command), cr.plot)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(cv.markdown(result, command))
+        print(cr.markdown(result, command))
     return 0
 
 
