@@ -65,6 +65,7 @@ label, so the plan's step counts match what the collator produces.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import weakref
@@ -73,7 +74,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
 import torch
 import transformers
 from numpy.typing import ArrayLike
@@ -87,6 +87,14 @@ from padfree.torch._dataset import PlannedDataset
 from padfree.torch._sampler import MicroBatch, PlanBatchSampler
 
 STATE_FILE = "padfree_sampler.json"
+
+SAMPLER_OPTIONS = tuple(
+    name
+    for name, p in inspect.signature(PlanBatchSampler).parameters.items()
+    if p.kind is p.KEYWORD_ONLY and name not in ("loss_tokens", "rank", "world_size", "epoch")
+)
+"""The :class:`~padfree.torch.PlanBatchSampler` options a :class:`PadfreeTrainerMixin` passes through:
+all of its keyword options but those the Trainer decides (rank, world size, epochs) or takes itself."""
 
 
 class EpochChain:
@@ -165,11 +173,11 @@ class PadfreeTrainerMixin(_TrainerBase):
     ``plan_config`` (:class:`~padfree.PlanConfig`; its world size is replaced by the real one),
     ``loss_tokens`` (loss-bearing tokens per sample, default ``length - 1``), ``collator`` (default
     :class:`~padfree.torch.PackCollator` for ``packed``, else :class:`~padfree.torch.PadCollator` padding to a
-    multiple of 8), and the sampler's options ``balance``, ``balance_every``, ``balance_headroom``,
-    ``balance_exchange`` and ``window`` (see :class:`~padfree.torch.PlanBatchSampler`: with
-    ``balance="dynamic"`` every ``training_step`` is timed, up to the model's last gradient, and the ranks are
-    balanced from those times). Rank and world size come from ``TrainingArguments``; plan epochs from
-    ``num_train_epochs`` (from 0, or from the checkpoint resumed).
+    multiple of 8), and every option of :class:`~padfree.torch.PlanBatchSampler` but the ones the Trainer
+    decides (:data:`SAMPLER_OPTIONS`: ``balance``, ``balance_every``, ``balance_headroom``,
+    ``balance_exchange``, ``window``; with ``balance="dynamic"`` every ``training_step`` is timed, up to the
+    model's last gradient, and the ranks are balanced from those times). Rank and world size come from
+    ``TrainingArguments``; plan epochs from ``num_train_epochs`` (from 0, or from the checkpoint resumed).
     """
 
     def __init__(
@@ -179,13 +187,9 @@ class PadfreeTrainerMixin(_TrainerBase):
         plan_config: PlanConfig,
         loss_tokens: ArrayLike | None = None,
         collator: Callable[[list], Any] | None = None,
-        balance: str = "static",
-        balance_every: int = 4,
-        balance_headroom: float | None = None,
-        balance_exchange: Callable[[np.ndarray], np.ndarray] | None = None,
-        window: int | None = None,
         **kwargs: Any,
     ) -> None:
+        options = {k: kwargs.pop(k) for k in SAMPLER_OPTIONS if k in kwargs}  # the rest is the Trainer's
         if collator is None:
             collator = PackCollator() if plan_config.packed else PadCollator(pad_to_multiple_of=8)
         kwargs.setdefault("data_collator", collator)
@@ -216,11 +220,7 @@ class PadfreeTrainerMixin(_TrainerBase):
             loss_tokens=loss_tokens,
             rank=targs.process_index,
             world_size=targs.world_size,
-            balance=balance,
-            balance_every=balance_every,
-            balance_headroom=balance_headroom,
-            balance_exchange=balance_exchange,
-            window=window,
+            **options,
         )
         self._padfree_chain: EpochChain | None = None
         self._padfree_state: dict | None = None
@@ -353,4 +353,11 @@ def padfree_sft_trainer():
     return type("PadfreeSFTTrainer", (PadfreeTrainerMixin, trl.SFTTrainer), doc)
 
 
-__all__ = ["STATE_FILE", "EpochChain", "PadfreeTrainer", "PadfreeTrainerMixin", "padfree_sft_trainer"]
+__all__ = [
+    "SAMPLER_OPTIONS",
+    "STATE_FILE",
+    "EpochChain",
+    "PadfreeTrainer",
+    "PadfreeTrainerMixin",
+    "padfree_sft_trainer",
+]

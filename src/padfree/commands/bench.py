@@ -220,6 +220,22 @@ def _say(args: argparse.Namespace):
     )
 
 
+def _model_run(args: argparse.Namespace, device: str, overrides: dict, strategies: tuple, lr: float) -> dict:
+    """The :class:`~padfree.bench.trainer.ModelRun` fields (and the strategies) both bench modes take from
+    the command line; ``lr`` is the mode's default learning rate."""
+    chosen = tuple(s.strip() for s in args.strategies.split(",")) if args.strategies else strategies
+    return {
+        "budget": args.budget,
+        "seed": args.seed,
+        "model": args.model,
+        "model_overrides": overrides,
+        "strategies": chosen,
+        "lr": args.lr if args.lr is not None else lr,
+        "device": device,
+        "threads": args.threads,
+    }
+
+
 def _run_speed(args: argparse.Namespace, device: str, overrides: dict, command: str) -> int:
     from padfree.bench import train_speed as ts
     from padfree.bench.samples import Samples, fit_lengths, random_samples
@@ -227,20 +243,12 @@ def _run_speed(args: argparse.Namespace, device: str, overrides: dict, command: 
     from padfree.bench.train_report import markdown, plot
     from padfree.commands.common import load_lengths
 
-    strategies = tuple(s.strip() for s in args.strategies.split(",")) if args.strategies else STRATEGIES
     cfg = ts.BenchConfig(
-        budget=args.budget,
+        **_model_run(args, device, overrides, STRATEGIES, 1e-4),
         steps=args.steps,
         warmup=args.warmup,
-        seed=args.seed,
-        model=args.model,
-        model_overrides=overrides,
-        strategies=strategies,
         select="epoch" if args.whole_epoch else "stratified",
         repeats=args.repeats,
-        lr=args.lr if args.lr is not None else 1e-4,
-        device=device,
-        threads=args.threads,
         dtype=args.dtype,
         padded_mask=args.padded_attention == "masked",
     )
@@ -300,21 +308,13 @@ def _run_converge(args: argparse.Namespace, device: str, overrides: dict, comman
         )
     if args.lengths is not None:
         raise ConfigError("--converge trains on real text (--data), not on a lengths file")
-    strategies = tuple(s.strip() for s in args.strategies.split(",")) if args.strategies else cv.STRATEGIES
     cfg = cv.ConvergeConfig(
-        budget=args.budget,
+        **_model_run(args, device, overrides, cv.STRATEGIES, 2e-3),
         grad_accum=args.grad_accum,
         train_tokens=args.train_tokens,
         eval_every=args.eval_every,
         eval_samples=args.eval_samples,
-        seed=args.seed,
-        model=args.model,
-        model_overrides=overrides,
-        strategies=strategies,
-        lr=args.lr if args.lr is not None else 2e-3,
         warmup_frac=args.warmup_frac,
-        device=device,
-        threads=args.threads,
         equal_steps=not args.unmatched_steps,
     )
     samples, masks = _text_samples(args, _vocab(args, overrides), _max_len(args))

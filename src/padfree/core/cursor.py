@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from padfree.core.balance import Balance, micro_features, step_layout
 from padfree.core.config import PlanConfig
@@ -91,9 +92,9 @@ class EpochSource:
     @classmethod
     def of(
         cls,
-        lengths: object,
+        lengths: ArrayLike,
         config: PlanConfig,
-        loss_tokens: object | None = None,
+        loss_tokens: ArrayLike | None = None,
         window: int | None = None,
     ) -> EpochSource:
         """Validate ``lengths`` and ``loss_tokens`` (one count per sample, each in ``0 .. length-1``) for

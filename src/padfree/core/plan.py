@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from padfree.core import _kernels, cost, steps
 from padfree.core.config import PlanConfig
@@ -117,22 +118,9 @@ class Plan:
     ) -> Plan:
         """The one way a plan is built: its arrays, the overlong ``report`` of its items, ``plan_seconds``
         since ``t0`` (``None``: 0), and ``shapes`` already computed for these micro-batches (or none)."""
-        return cls(
-            config=config,
-            epoch=epoch,
-            indices=indices,
-            offsets=offsets,
-            lengths=lengths,
-            starts=starts,
-            edges=edges,
-            n_samples=report.n_samples,
-            truncated=report.truncated,
-            split=report.split,
-            dropped=report.dropped,
-            plan_seconds=0.0 if t0 is None else time.perf_counter() - t0,
-            assigned=assigned,
-            _cache={} if shapes is None else {"shapes": shapes},
-        )
+        seconds = 0.0 if t0 is None else time.perf_counter() - t0
+        cache = {} if shapes is None else {"shapes": shapes}
+        return cls(config, epoch, indices, offsets, lengths, starts, edges, *report, seconds, assigned, cache)
 
     @property
     def n_micro(self) -> int:
@@ -208,7 +196,7 @@ class Plan:
 
 
 def plan_in_memory(
-    lengths: np.ndarray,
+    lengths: ArrayLike,
     config: PlanConfig,
     epoch: int,
     *,

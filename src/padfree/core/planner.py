@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from padfree.core import stream as _stream
 from padfree.core.config import PlanConfig
@@ -22,7 +23,7 @@ STREAM_THRESHOLD = 20_000_000
 """``make_plan`` plans above this many samples window by window (see :mod:`padfree.core.stream`)."""
 
 
-def planning_window(lengths: object, stream: bool | None = None, window: int | None = None) -> int | None:
+def planning_window(lengths: ArrayLike, stream: bool | None = None, window: int | None = None) -> int | None:
     """The one decision between the two paths: ``None`` to plan in memory, else the window size.
 
     ``stream=True`` plans window by window, ``False`` in memory; ``None`` decides by size (above
@@ -46,7 +47,7 @@ def planning_window(lengths: object, stream: bool | None = None, window: int | N
 
 
 def make_plan(
-    lengths: np.ndarray,
+    lengths: ArrayLike,
     config: PlanConfig,
     epoch: int = 0,
     *,
@@ -77,7 +78,7 @@ def make_plan(
 
 
 def plan_pieces(
-    lengths: np.ndarray,
+    lengths: ArrayLike,
     config: PlanConfig,
     epoch: int = 0,
     *,

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from padfree.core import _kernels
 from padfree.core._kernels import njit
@@ -89,7 +90,7 @@ class Windows:
 
 
 def deal_windows(
-    lengths: np.ndarray,
+    lengths: ArrayLike,
     config: PlanConfig,
     epoch: int,
     window: int = DEFAULT_WINDOW,
@@ -228,7 +229,7 @@ def iter_window_plans(
 
 
 def plan_stream(
-    lengths: np.ndarray,
+    lengths: ArrayLike,
     config: PlanConfig,
     epoch: int = 0,
     *,

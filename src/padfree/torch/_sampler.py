@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from padfree.core.balance import default_headroom, plan_budget
 from padfree.core.config import PlanConfig
@@ -85,10 +86,10 @@ class PlanBatchSampler:
 
     def __init__(
         self,
-        lengths: object,
+        lengths: ArrayLike,
         config: PlanConfig,
         *,
-        loss_tokens: object | None = None,
+        loss_tokens: ArrayLike | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         epoch: int = 0,
@@ -120,6 +121,7 @@ class PlanBatchSampler:
                 headroom = default_headroom(world_size, self.config, source.lengths)
             budget = plan_budget(self.config, headroom)
         self._cursor = Cursor(source, self.config, rank, epoch=epoch, budget=budget, dynamic=dynamic)
+        self._lengths = source.lengths
         self._dynamic = None
         if dynamic and world_size > 1:
             capacity = 2 * balance_every * config.grad_accum
@@ -146,10 +148,6 @@ class PlanBatchSampler:
     @property
     def world_size(self) -> int:
         return self.config.world_size
-
-    @property
-    def _lengths(self) -> np.ndarray:
-        return self._cursor.source.lengths
 
     @property
     def step(self) -> int:
