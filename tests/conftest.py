@@ -1,4 +1,7 @@
+import contextlib
+import datetime
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -40,3 +43,32 @@ def hf_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tokenizers") / "deepseek_v3_tokenizer.json"
     out.write_bytes(lzma.decompress((FIXTURES / "tokenizers" / "deepseek_v3_tokenizer.json.xz").read_bytes()))
     return out
+
+
+@contextlib.contextmanager
+def gloo_group(rank: int = 0, world: int = 1, store_file: str | None = None) -> Iterator[None]:
+    """A gloo process group for the duration of the block: ranks spawned by a test meet through
+    ``store_file`` (and run one CPU thread each, as two cores are shared), a single rank uses an in-memory
+    store. Spawned workers import it with ``from conftest import gloo_group``."""
+    import torch
+    import torch.distributed as dist
+
+    if store_file is None:
+        where: dict = {"store": dist.HashStore()}
+    else:
+        torch.set_num_threads(1)
+        where = {"init_method": f"file://{store_file}"}
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60), **where
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture()
+def gloo() -> Iterator[None]:
+    """A one-rank gloo process group around the test."""
+    with gloo_group():
+        yield
