@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import settings
+from hypothesis import assume, settings
 
 settings.register_profile("ci", max_examples=60, deadline=None)
 settings.register_profile("dev", max_examples=30, deadline=None)
@@ -72,3 +72,32 @@ def gloo() -> Iterator[None]:
     """A one-rank gloo process group around the test."""
     with gloo_group():
         yield
+
+
+class Refusals:
+    """Counts a property test's examples and the ones its code under test refused.
+
+    ``refuse()`` rejects the example with ``assume(False)``: hypothesis draws another, so the examples it
+    counts were all checked; ``check(most)`` fails when more than ``most`` of the examples were refused (a
+    strategy that mostly draws refused inputs would test little)."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.refused = 0
+
+    def seen(self) -> None:
+        self.runs += 1
+
+    def refuse(self) -> None:
+        self.refused += 1
+        assume(False)
+
+    def check(self, most: float) -> None:
+        assert self.runs > 0
+        share = self.refused / self.runs
+        assert share <= most, f"{self.refused} of {self.runs} examples refused ({share:.0%} > {most:.0%})"
+
+
+@pytest.fixture()
+def refusals() -> Refusals:
+    return Refusals()
