@@ -90,7 +90,7 @@ def plan_pieces(
     """The epoch :func:`make_plan` makes, as consecutive pieces of whole steps, one in memory at a time.
 
     In memory the one piece is :func:`make_plan`'s plan; on the window path each piece is one window's plan
-    (:func:`padfree.core.stream.iter_window_plans`), and their concatenation is :func:`make_plan`'s plan
+    (:func:`padfree.core.stream.window_pieces`), and their concatenation is :func:`make_plan`'s plan
     (sample ids are global; the pieces' offsets start at 0). Measuring a plan piece by piece
     (:class:`padfree.core.metrics.EpochMeter`) keeps memory at one window's, not the epoch's.
 
@@ -107,12 +107,4 @@ def plan_pieces(
         yield plan_in_memory(lengths, config, epoch, path=path)
         return
     windows = _stream.deal_windows(lengths, config, epoch, window, path)
-    if windows.n_windows == 1:  # as plan_stream: one window is the in-memory plan
-        yield plan_in_memory(windows.lengths, config, epoch, path=path)
-        if progress is not None:
-            progress(1, 1)
-        return
-    for j, piece in _stream.iter_window_plans(windows, config, epoch, path):
-        yield piece
-        if progress is not None:
-            progress(j + 1, windows.n_windows)
+    yield from _stream.window_pieces(windows, config, epoch, path, progress)

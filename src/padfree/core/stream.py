@@ -208,12 +208,27 @@ def _window_plans(
         lo = hi
 
 
-def iter_window_plans(
-    windows: Windows, config: PlanConfig, epoch: int, path: str | None = None, assign: bool = True
-) -> Iterator[tuple[int, Plan]]:
-    """``(j, plan)`` for the windows in order, one window in memory at a time; ``j`` is the last window the
-    plan covers. Each plan holds global sample ids and whole steps (``assign``: see
-    :func:`padfree.core.plan.plan_items`)."""
+def window_pieces(
+    windows: Windows,
+    config: PlanConfig,
+    epoch: int,
+    path: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    *,
+    t0: float | None = None,
+    assign: bool = True,
+    item_budget: int | None = None,
+) -> Iterator[Plan]:
+    """The epoch dealt to ``windows`` as consecutive plans of whole steps (global sample ids), one window in
+    memory at a time; a single window is the in-memory plan. ``progress(done, total)`` after each window
+    (``assign``: see :func:`padfree.core.plan.plan_items`; ``item_budget``: see :func:`deal_windows`)."""
+    if windows.n_windows == 1:
+        yield plan_in_memory(
+            windows.lengths, config, epoch, path=path, t0=t0, assign=assign, item_budget=item_budget
+        )
+        if progress is not None:
+            progress(1, 1)
+        return
     budget = config.budget if windows.budget is None else windows.budget
     n = int(windows.lengths.shape[0])
 
@@ -225,7 +240,9 @@ def iter_window_plans(
         return Items(it.length, sample, it.start, n, it.truncated, it.split, it.dropped)
 
     for j, _, _, plan in _window_plans(windows.starts, items_of, config, epoch, 1, assign):
-        yield j, plan
+        yield plan
+        if progress is not None:
+            progress(j + 1, windows.n_windows)
 
 
 def plan_stream(
@@ -257,20 +274,17 @@ def plan_stream(
     t0 = time.perf_counter() if t0 is None else t0
     epoch = check_epoch(epoch)
     windows = deal_windows(lengths, config, epoch, window, path, item_budget)
+    pieces = window_pieces(
+        windows, config, epoch, path, progress, t0=t0, assign=assign, item_budget=item_budget
+    )
     if windows.n_windows == 1:
-        plan = plan_in_memory(
-            windows.lengths, config, epoch, path=path, t0=t0, assign=assign, item_budget=item_budget
-        )
-        if progress is not None:
-            progress(1, 1)
+        [plan] = pieces
         return plan
     n = int(windows.lengths.shape[0])
     # as in the in-memory path: starts only when some sample was split
     out = _Concat(int(windows.items.sum()), n, config.overlong == "split" and windows.n_over > 0, assign)
-    for j, p in iter_window_plans(windows, config, epoch, path, assign):
+    for p in pieces:
         out.add(p)
-        if progress is not None:
-            progress(j + 1, windows.n_windows)
     return out.plan(config, epoch, n, t0)
 
 
