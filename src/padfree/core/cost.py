@@ -100,6 +100,12 @@ def micro_costs(shapes: Shapes, model: HasCoefficients) -> np.ndarray:
     return model.a * shapes.slots + model.b * shapes.attn + model.c
 
 
+def real_cost(shapes: Shapes, model: HasCoefficients) -> float:
+    """Modeled cost of the real work alone, all micro-batches together: ``a*tokens + b*sum l^2`` (no padding,
+    no per-micro-batch constant)."""
+    return float(model.a * shapes.real.sum() + model.b * shapes.real_attn.sum())
+
+
 def rank_costs(costs: np.ndarray, world_size: int, grad_accum: int) -> np.ndarray:
     """Summed cost per (step, rank) of micro-batch costs in plan order: shape ``(n_steps, world_size)``.
 

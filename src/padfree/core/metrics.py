@@ -35,10 +35,7 @@ def fill(plan: Plan) -> float:
 def compute_efficiency(plan: Plan) -> float:
     """Modeled cost of the real work (``a*tokens + b*sum l^2``) / modeled cost of what is computed
     (``a*slots + b*attention + c`` per micro-batch)."""
-    sh = plan.shapes()
-    c = plan.config.cost
-    real = c.a * sh.real.sum() + c.b * sh.real_attn.sum()
-    return float(real / plan.costs().sum())
+    return float(cost.real_cost(plan.shapes(), plan.config.cost) / plan.costs().sum())
 
 
 def imbalance(plan: Plan) -> float:
@@ -261,7 +258,7 @@ class EpochMeter:
             mean = per_rank.mean(axis=1)
             s["real"] += float(sh.real.sum())
             s["slots"] += float(sh.slots.sum())
-            s["real_cost"] += float(c.cost.a * sh.real.sum() + c.cost.b * sh.real_attn.sum())
+            s["real_cost"] += cost.real_cost(sh, c.cost)
             s["cost"] += float(costs.sum())
             s["slowest"] += float(per_rank.max(axis=1).sum())
             s["ratio"] += float((per_rank.max(axis=1) / np.where(mean > 0, mean, 1.0)).sum())
