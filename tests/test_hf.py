@@ -247,6 +247,30 @@ def test_len_and_epochs_follow_the_plan(tmp_path):
     assert trainer.state.epoch == pytest.approx(3.0)  # plan epochs, not the Trainer's single long one
 
 
+def test_every_sampler_option_reaches_the_sampler(tmp_path):
+    """The Trainer takes each keyword option of PlanBatchSampler but rank, world size and epoch, and the
+    sampler it builds plans with them (here: window by window, dynamic, with its own headroom)."""
+    import inspect
+
+    from padfree.hf import SAMPLER_OPTIONS
+
+    kw_only = [
+        n for n, p in inspect.signature(PlanBatchSampler).parameters.items() if p.kind is p.KEYWORD_ONLY
+    ]
+    assert set(SAMPLER_OPTIONS) == set(kw_only) - {"loss_tokens", "rank", "world_size", "epoch"}
+    data, lengths = _uneven_data()
+    config = PlanConfig(strategy="packed", budget=160, grad_accum=2, seed=3)
+    args = TrainingArguments(str(tmp_path), gradient_accumulation_steps=2, report_to=[], use_cpu=True)
+    options = {"balance": "dynamic", "balance_every": 3, "balance_headroom": 0.75, "window": 5}
+    trainer = PadfreeTrainer(model=build_model("tiny-llama", **TINY_KW), args=args, train_dataset=data,
+                             lengths=lengths, plan_config=config, **options)  # fmt: skip
+    sampler = trainer.padfree_sampler
+    assert (sampler.balance, sampler.balance_every, sampler.cursor.source.window) == ("dynamic", 3, 5)
+    assert sampler.balance_stats()["plan_budget"] == 120  # 0.75 x 160
+    want = PlanBatchSampler(lengths, config, rank=0, world_size=1, **options)
+    assert [list(m) for m in sampler] == [list(m) for m in want]
+
+
 def test_ddp_two_ranks_equals_plain_loop_over_the_whole_step(tmp_path):
     """2 CPU ranks (gloo): the DDP step of the Trainer equals one process running all 4 micro-batches of
     the step with the plain loop's normalization, with ``average_tokens_across_devices`` on and off."""
