@@ -102,6 +102,18 @@ def plan_budget(config: PlanConfig, headroom: float) -> int | None:
     return max(1, int(config.budget * headroom))
 
 
+def dynamic_budget(config: PlanConfig, lengths: np.ndarray, headroom: float | None = None) -> int | None:
+    """The planning budget of a dynamically balanced plan: :func:`plan_budget` at ``headroom`` (default
+    :func:`default_headroom` for these lengths at the config's world size).
+
+    >>> dynamic_budget(PlanConfig(strategy="packed", budget=1000, world_size=2), np.array([10, 20]))
+    850
+    """
+    if headroom is None:
+        headroom = default_headroom(config.world_size, config, lengths)
+    return plan_budget(config, headroom)
+
+
 def default_headroom(
     world_size: int, config: PlanConfig | None = None, lengths: np.ndarray | None = None
 ) -> float:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike
 
-from padfree.core.balance import default_headroom, plan_budget
+from padfree.core.balance import dynamic_budget
 from padfree.core.config import PlanConfig
 from padfree.core.cursor import Cursor, EpochSource, MicroInfo
 from padfree.core.fingerprint import fingerprint
@@ -114,12 +114,8 @@ class PlanBatchSampler:
         self.balance = balance
         self.balance_every = balance_every
         dynamic = balance == "dynamic"
-        budget = None  # the planning budget (a dynamic plan leaves headroom)
-        if dynamic:
-            headroom = balance_headroom
-            if headroom is None:
-                headroom = default_headroom(world_size, self.config, source.lengths)
-            budget = plan_budget(self.config, headroom)
+        # the planning budget: a dynamic plan leaves headroom for re-cuts
+        budget = dynamic_budget(self.config, source.lengths, balance_headroom) if dynamic else None
         self._cursor = Cursor(source, self.config, rank, epoch=epoch, budget=budget, dynamic=dynamic)
         self._lengths = source.lengths
         self._dynamic = None
