@@ -60,7 +60,7 @@ def test_arms_cover_every_sample_once_within_budget(samples):
             assert covers_each_once(b, lengths.shape[0]), name
         sh = micro_shapes(lengths[b.order], b.offsets, b.packed)
         if name != "specforge_random":  # a fixed sample count may exceed the budget: SpecForge's batches do
-            assert sh["slots"].max() <= 512, name
+            assert sh.slots.max() <= 512, name
         assert modeled_imbalance(arm, lengths, anchors, 2, cost) >= 1.0
 
 

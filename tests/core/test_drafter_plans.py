@@ -8,7 +8,7 @@ import pytest
 
 from padfree import ConfigError, CostModel, PlanConfig, make_plan
 from padfree.core import capacity, cost
-from padfree.core.balance import Balance, micro_costs, step_layout
+from padfree.core.balance import Balance, step_layout
 
 STRATEGIES = ["sorted", "random", "bucketed", "packed"]
 
@@ -138,13 +138,13 @@ def test_drafter_cost_terms_against_brute_force(packed):
     offsets = np.array([0, 2, 5, 6])
     sh = cost.micro_shapes(lens, offsets, packed, anchors)
     want = shapes_brute(lens, anchors, offsets, packed)
-    assert sh["blocks"].tolist() == want["blocks"] and sh["reach"].tolist() == want["reach"]
+    assert sh.blocks.tolist() == want["blocks"] and sh.reach.tolist() == want["reach"]
     model = CostModel(a=2.0, b=0.5, c=3.0, d=7.0, e=0.25)
-    expect = 2 * sh["slots"] + 0.5 * sh["attn"] + 3 + 7 * sh["blocks"] + 0.25 * sh["reach"]
+    expect = 2 * sh.slots + 0.5 * sh.attn + 3 + 7 * sh.blocks + 0.25 * sh.reach
     np.testing.assert_allclose(cost.micro_costs(sh, model), expect)
     # the balancer's costs (one linear work feature priced by a) are the same numbers
     bal = Balance.of(model)
-    np.testing.assert_allclose(micro_costs(lens, offsets, packed, bal.cost, anchors, bal.drafter), expect)
+    np.testing.assert_allclose(cost.micro_costs(sh, bal.cost, bal.drafter), expect)
 
 
 def test_drafter_cost_model_defaults_and_file(tmp_path):
@@ -174,7 +174,9 @@ def test_rank_balance_uses_the_drafter_terms():
     per_rank = [anchors[order[off[2 * r] : off[2 * r + 2]]].sum() for r in range(2)]
     assert per_rank == [50, 50]
     # tokens alone cannot tell them apart (every assignment ties)
-    costs = micro_costs(lens, offsets, True, tokens_only.cost, anchors, tokens_only.drafter)
+    costs = cost.micro_costs(
+        cost.micro_shapes(lens, offsets, True, anchors), tokens_only.cost, tokens_only.drafter
+    )
     assert len(set(costs.tolist())) == 1
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -101,7 +102,7 @@ def make_arms(
     if world_size > 1:  # ranks given rows by tokens, as speculators' distributed multipack does
         m = (mp.n_micro // world_size) * world_size
         lens = lengths[mp.order]
-        tokens = micro_shapes(lens, mp.offsets[: m + 1], True)["real"]
+        tokens = micro_shapes(lens, mp.offsets[: m + 1], True).real
         perm = assign_ranks(tokens, world_size, 1)
         order, offsets = _kernels.gather_segments(mp.order, mp.offsets[: m + 1], perm)
         mp = Batching(order, offsets, True)
@@ -135,11 +136,11 @@ class Models:
     """A frozen target, its chosen layers and a drafter with its optimizer."""
 
     method: str
-    target: object
+    target: Any
     layers: tuple[int, ...]
-    drafter: object
-    optimizer: object
-    head: object
+    drafter: Any
+    optimizer: Any
+    head: Any
 
 
 def build_models(method: str, *, vocab: int, hidden: int, layers: int, intermediate: int, ttt: int = 7,
@@ -162,20 +163,25 @@ def build_models(method: str, *, vocab: int, hidden: int, layers: int, intermedi
         num_key_value_heads=max(1, heads // 2),
     )
     embed, head = target.get_input_embeddings(), lm_head(target)
+    drafter: Any
     torch.manual_seed(seed)
     common = {"hidden_size": hidden, "num_heads": heads, "num_kv_heads": max(1, heads // 2)}
     if method == "dflash":
         chosen = dflash_layers(layers, 2)
         cfg = DFlashConfig(**common, intermediate_size=intermediate, block_size=block_size,
                            n_target_layers=len(chosen))  # fmt: skip
-        drafter = DFlashDrafter(cfg, embed.weight, head.weight)
+        drafter = DFlashDrafter(cfg, weight_of(embed), weight_of(head))
     else:
         chosen = eagle3_layers(layers)
-        drafter = Eagle3Drafter(
-            Eagle3Config(**common, intermediate_size=intermediate, ttt=ttt), embed.weight, head.weight
-        )
+        e3 = Eagle3Config(**common, intermediate_size=intermediate, ttt=ttt)
+        drafter = Eagle3Drafter(e3, weight_of(embed), weight_of(head))
     params = [p for p in drafter.parameters() if p.requires_grad]
     return Models(method, target, chosen, drafter, torch.optim.AdamW(params, lr=1e-4), head)
+
+
+def weight_of(module: Any) -> Any:
+    """A module's weight tensor (what the reference drafters copy from the target)."""
+    return module.weight
 
 
 def train_micro(models: Models, batch) -> int:

@@ -27,6 +27,7 @@ import numpy as np
 
 from padfree.core import _kernels, capacity, cost, steps
 from padfree.core.config import CostModel, PlanConfig
+from padfree.core.cost import Coefficients
 from padfree.errors import ConfigError, StateError
 
 
@@ -35,7 +36,7 @@ class Balance:
     """What decides how a step is given to ranks.
 
     Attributes:
-        cost: ``(a, b, c)`` of the cost model ``a*slots + b*attention + c``.
+        cost: the coefficients of the cost model ``a*slots + b*attention + c`` (a tuple is taken as them).
         speeds: relative speed of each rank, mean 1 (``None``: all equal).
         fitted: ``cost`` was fitted to measured seconds (else it is a configured model, in token units).
         recut: steps are re-cut among ranks (dynamic balancing), not only assigned.
@@ -44,15 +45,19 @@ class Balance:
             (:func:`padfree.core.cost.work`) and ``a`` prices it, whether configured or fitted.
     """
 
-    cost: tuple[float, float, float]
+    cost: Coefficients
     speeds: tuple[float, ...] | None = None
     fitted: bool = False
     recut: bool = False
     drafter: tuple[float, float] = (0.0, 0.0)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.cost, Coefficients):
+            object.__setattr__(self, "cost", Coefficients(*self.cost))
+
     @classmethod
     def of(cls, model: CostModel, recut: bool = False) -> Balance:
-        return cls((float(model.a), float(model.b), float(model.c)), recut=recut, drafter=model.drafter)
+        return cls(model.coefficients, recut=recut, drafter=model.drafter)
 
     def to_state(self) -> dict:
         speeds = None if self.speeds is None else list(self.speeds)
@@ -88,7 +93,7 @@ class Balance:
             raise StateError(
                 f"malformed sampler state: drafter weights must be 2 finite numbers >= 0 ({drafter})"
             )
-        return cls(coefs, speeds, *flags, drafter=(drafter[0], drafter[1]))
+        return cls(Coefficients(*coefs), speeds, *flags, drafter=(drafter[0], drafter[1]))
 
 
 def plan_budget(config: PlanConfig, headroom: float) -> int | None:
@@ -107,6 +112,18 @@ def plan_budget(config: PlanConfig, headroom: float) -> int | None:
     if headroom == 1.0:
         return None
     return max(1, int(config.budget * headroom))
+
+
+def dynamic_budget(config: PlanConfig, lengths: np.ndarray, headroom: float | None = None) -> int | None:
+    """The planning budget of a dynamically balanced plan: :func:`plan_budget` at ``headroom`` (default
+    :func:`default_headroom` for these lengths at the config's world size).
+
+    >>> dynamic_budget(PlanConfig(strategy="packed", budget=1000, world_size=2), np.array([10, 20]))
+    850
+    """
+    if headroom is None:
+        headroom = default_headroom(config.world_size, config, lengths)
+    return plan_budget(config, headroom)
 
 
 def default_headroom(
@@ -140,24 +157,6 @@ def default_headroom(
     return room if 2 * long <= total else 1.0
 
 
-def micro_costs(
-    lens: np.ndarray,
-    offsets: np.ndarray,
-    packed: bool,
-    model: tuple,
-    anchors: np.ndarray | None = None,
-    drafter: tuple[float, float] = (0.0, 0.0),
-) -> np.ndarray:
-    """Modeled cost ``a*work + b*attention + c`` of each micro-batch ``lens[offsets[k]:offsets[k+1]]`` (an
-    empty one, at the tail of an epoch, costs ``c``); ``work`` is the slots, plus a drafter plan's blocks
-    and reach (``anchors`` in the order of ``lens``, weighted by ``drafter``, see
-    :func:`padfree.core.cost.work`)."""
-    a, b, c = model
-    feats = micro_features(lens, offsets, packed, anchors, drafter)
-    out = a * feats[:, 0] + b * feats[:, 1] + c
-    return out
-
-
 def micro_features(
     lens: np.ndarray,
     offsets: np.ndarray,
@@ -166,13 +165,9 @@ def micro_features(
     drafter: tuple[float, float] = (0.0, 0.0),
 ) -> np.ndarray:
     """``(work, attention)`` of each micro-batch, shape ``(m, 2)`` (zeros for an empty one); ``work`` is the
-    slots without a drafter's terms (see :func:`micro_costs`)."""
-    full = np.flatnonzero(np.diff(offsets) > 0)
-    out = np.zeros((offsets.shape[0] - 1, 2))
-    if full.size:
-        shapes = cost.micro_shapes(lens, np.append(offsets[full], offsets[-1]), packed, anchors)
-        out[full, 0], out[full, 1] = cost.work(shapes, drafter), shapes["attn"]
-    return out
+    slots, plus a drafter plan's blocks and reach weighted by ``drafter`` (:func:`padfree.core.cost.work`)."""
+    shapes = cost.micro_shapes(lens, offsets, packed, anchors)
+    return np.column_stack([cost.work(shapes, drafter), shapes.attn])
 
 
 def step_layout(
@@ -201,7 +196,8 @@ def step_layout(
     w, g = config.world_size, config.grad_accum
     if offsets.shape[0] - 1 != w * g:
         raise ValueError(f"a step of {offsets.shape[0] - 1} micro-batches for {w} x {g}")
-    costs = micro_costs(lens, offsets, config.packed, balance.cost, anchors, balance.drafter)
+    shapes = cost.micro_shapes(lens, offsets, config.packed, anchors)
+    costs = cost.micro_costs(shapes, balance.cost, balance.drafter)
     speeds = np.ones(w) if balance.speeds is None else np.asarray(balance.speeds, dtype=np.float64)
     perm = steps.assign_ranks(costs, w, g, speeds=None if balance.speeds is None else speeds)
     ids = np.arange(lens.shape[0], dtype=np.int64)
@@ -215,16 +211,14 @@ def step_layout(
         if drafting:
             return order, new_offsets
         return _recut_padded(lens, (order, new_offsets), balance.cost, speeds, g, cap, assigned)
-    a, b, c = balance.cost
-    lf = lens.astype(np.float64)
-    weight = a * lf + b * lf * lf
+    c = balance.cost.c
+    # a packed item's share of its bin's cost: its slots and attention (and blocks), the bin's constant once
+    alone = cost.micro_shapes(lens, np.arange(lens.shape[0] + 1), True, anchors)  # each item a packed row
+    weight = cost.micro_costs(alone, balance.cost._replace(c=0.0), balance.drafter)
     room = lens.astype(np.int64)
     if drafting:
         cap = min(cap, capacity.token_cap(config))
         room = capacity.sizes(room, anchors, config.with_(budget=cap)).astype(np.int64)
-        if anchors is not None:
-            af = anchors.astype(np.float64)
-            weight = weight + a * (balance.drafter[0] * af + balance.drafter[1] * af * lf / 2.0)
     bin_of = _kernels.recut_packed(room, weight, float(c), speeds, g, cap)
     if bin_of.size == 0:
         return order, new_offsets
@@ -243,8 +237,8 @@ def _by_bin(bin_of: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _recut_padded(
     lens: np.ndarray,
-    assignment: tuple,
-    model: tuple,
+    assignment: tuple[np.ndarray, np.ndarray],
+    model: Coefficients,
     speeds: np.ndarray,
     accum: int,
     cap: int,
@@ -258,7 +252,8 @@ def _recut_padded(
     lens_a = lens[order].astype(np.int64)
     bin_of = _kernels.recut_padded(lens_a, offsets, speeds, accum, cap, np.asarray(model, dtype=np.float64))
     moved, new_offsets = _by_bin(bin_of, k)
-    per_rank = micro_costs(lens_a[moved], new_offsets, False, model).reshape(-1, accum).sum(axis=1)
+    shapes = cost.micro_shapes(lens_a[moved], new_offsets, False)
+    per_rank = cost.micro_costs(shapes, model).reshape(-1, accum).sum(axis=1)
     if not (per_rank / speeds).max() < assigned:
         return assignment
     return order[moved], new_offsets

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from padfree.core.cost import Coefficients
 from padfree.core.strategies import REGISTRY, STRATEGIES
 from padfree.errors import ConfigError
 
@@ -128,6 +129,11 @@ class CostModel:
             d=block_size * (draft + d_attn * block_size) / target,
             e=block_size * d_attn / target,
         )
+
+    @property
+    def coefficients(self) -> Coefficients:
+        """``(a, b, c)`` as floats (what a :class:`~padfree.core.balance.Balance` and the kernels take)."""
+        return Coefficients(float(self.a), float(self.b), float(self.c))
 
     @classmethod
     def from_shape(cls, hidden: int = 4096, layers: int = 32, vocab: int = 32000) -> CostModel:

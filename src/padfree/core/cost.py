@@ -13,83 +13,135 @@ A micro-batch is either *padded* rows or one *packed* row:
 A drafter micro-batch (per-item ``anchors`` given) also has *blocks*, the draft blocks it computes (a packed
 row: the sum of its documents' anchors; padded rows: ``count x most``, the block tensor is padded) and
 *reach*, the context those blocks read (a block reads on average half of its row: ``sum a_i l_i / 2``
-packed, ``count x most x longest / 2`` padded).
+packed, ``count x most x longest / 2`` padded); they cost ``d*blocks + e*reach`` more.
 
 A packed row is computed as what it holds (``PackCollator`` pads nothing; varlen attention runs per
 document), so its *slots* are its tokens and its padding efficiency is 1. How full its bin is against the
 budget is a separate number, the *fill* (real tokens / budget per micro-batch), which decides how many
 micro-batches an epoch needs. The cost of a micro-batch is ``a*slots + b*attention + c``
-(``+ d*blocks + e*reach`` for a drafter, :class:`~padfree.core.config.CostModel`); a step costs what its
-slowest rank costs.
+(:class:`~padfree.core.config.CostModel`); a step costs what its slowest rank costs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
 import numpy as np
 
-from padfree.core.config import CostModel
+
+class Coefficients(NamedTuple):
+    """``(a, b, c)`` of the cost ``a*slots + b*attention + c``: what a :class:`~padfree.core.config.CostModel`
+    says (``CostModel.coefficients``), a balance fitted in seconds carries, and a numba kernel takes as three
+    scalars (``np.asarray(coefficients)``)."""
+
+    a: float
+    b: float
+    c: float
+
+
+class HasCoefficients(Protocol):
+    @property
+    def a(self) -> float: ...
+    @property
+    def b(self) -> float: ...
+    @property
+    def c(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Shapes:
+    """Per micro-batch: ``count`` samples, ``real`` tokens, computed ``slots``, ``real_attn`` (sum of l^2)
+    and computed ``attn`` (zeros for an empty micro-batch); for a drafter plan also its real ``anchors``,
+    computed ``blocks`` and their ``reach`` (else ``None``)."""
+
+    count: np.ndarray
+    real: np.ndarray
+    slots: np.ndarray
+    real_attn: np.ndarray
+    attn: np.ndarray
+    anchors: np.ndarray | None = None
+    blocks: np.ndarray | None = None
+    reach: np.ndarray | None = None
 
 
 def micro_shapes(
     lens: np.ndarray, offsets: np.ndarray, packed: bool, anchors: np.ndarray | None = None
-) -> dict[str, np.ndarray]:
-    """Per micro-batch: ``count`` samples, ``real`` tokens, computed ``slots``, ``real_attn`` (sum of l^2)
-    and computed ``attn``; ``lens`` are the lengths in plan order, ``offsets`` the micro-batch boundaries.
-    With ``anchors`` (in plan order) also ``anchors`` (real), computed ``blocks`` and ``reach``.
+) -> Shapes:
+    """What each micro-batch computes (:class:`Shapes`); ``lens`` are the lengths in plan order, ``offsets``
+    the micro-batch boundaries, ``anchors`` a drafter plan's per item (in the same order). An empty
+    micro-batch (a re-cut step's, an epoch tail's) computes nothing.
 
     >>> sh = micro_shapes(np.array([5, 3, 4, 2]), np.array([0, 3, 4]), packed=False)
-    >>> sh["slots"].tolist(), sh["attn"].tolist(), sh["real"].tolist()
+    >>> sh.slots.tolist(), sh.attn.tolist(), sh.real.tolist()
     ([15.0, 2.0], [75.0, 4.0], [12.0, 2.0])
-    >>> micro_shapes(np.array([5, 3, 4]), np.array([0, 3]), packed=True)["slots"].tolist()
+    >>> micro_shapes(np.array([5, 3, 4]), np.array([0, 3]), packed=True).slots.tolist()
     [12.0]
+    >>> micro_shapes(np.array([5, 3]), np.array([0, 0, 2, 2]), packed=False).slots.tolist()
+    [0.0, 10.0, 0.0]
     """
-    starts = offsets[:-1]
     count = np.diff(offsets)
+    n_fields = 5 if anchors is None else 8
     if lens.size == 0:
         z = np.zeros(count.shape[0])
-        out = {"count": count, "real": z, "slots": z, "real_attn": z, "attn": z}
-        return out if anchors is None else {**out, "anchors": z, "blocks": z, "reach": z}
+        return Shapes(count, *([z] * (n_fields - 1)))
+    full = np.flatnonzero(count > 0)
+    if full.size < count.shape[0]:
+        part = _shapes(lens, np.append(offsets[full], offsets[-1]), packed, anchors)
+        values = (part.real, part.slots, part.real_attn, part.attn, part.anchors, part.blocks, part.reach)
+        out = [np.zeros(count.shape[0]) for _ in range(n_fields - 1)]
+        for arr, v in zip(out, values[: n_fields - 1], strict=True):
+            arr[full] = v
+        return Shapes(count, *out)
+    return _shapes(lens, offsets, packed, anchors)
+
+
+def _shapes(lens: np.ndarray, offsets: np.ndarray, packed: bool, anchors: np.ndarray | None) -> Shapes:
+    starts = offsets[:-1]
+    count = np.diff(offsets)
     lf = lens.astype(np.float64)
     real = np.add.reduceat(lf, starts)
     real_attn = np.add.reduceat(lf * lf, starts)
+    longest = np.maximum.reduceat(lf, starts)
     if packed:
-        out = {"count": count, "real": real, "slots": real, "real_attn": real_attn, "attn": real_attn}
+        base = (count, real, real, real_attn, real_attn)
     else:
-        longest = np.maximum.reduceat(lf, starts)
-        out = {
-            "count": count,
-            "real": real,
-            "slots": count * longest,
-            "real_attn": real_attn,
-            "attn": count * longest * longest,
-        }
+        base = (count, real, count * longest, real_attn, count * longest * longest)
     if anchors is None:
-        return out
+        return Shapes(*base)
     af = anchors.astype(np.float64)
-    out["anchors"] = np.add.reduceat(af, starts)
+    total = np.add.reduceat(af, starts)
     if packed:
-        out["blocks"] = out["anchors"]
-        out["reach"] = np.add.reduceat(af * lf, starts) / 2.0
-    else:
-        most = np.maximum.reduceat(af, starts)
-        out["blocks"] = count * most
-        out["reach"] = out["blocks"] * np.maximum.reduceat(lf, starts) / 2.0
-    return out
+        return Shapes(*base, total, total, np.add.reduceat(af * lf, starts) / 2.0)
+    blocks = count * np.maximum.reduceat(af, starts)
+    return Shapes(*base, total, blocks, blocks * longest / 2.0)
 
 
-def work(shapes: dict[str, np.ndarray], drafter: tuple[float, float]) -> np.ndarray:
+def work(shapes: Shapes, drafter: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
     """The linear work of each micro-batch in token slots: ``slots + wb*blocks + wr*reach`` with
-    ``drafter = (wb, wr)`` (:attr:`CostModel.drafter`); the slots alone without drafter terms or blocks."""
+    ``drafter = (wb, wr)`` (:attr:`padfree.core.config.CostModel.drafter`); the slots alone without drafter
+    terms or blocks."""
     wb, wr = drafter
-    if "blocks" not in shapes or not (wb or wr):
-        return shapes["slots"]
-    return shapes["slots"] + wb * shapes["blocks"] + wr * shapes["reach"]
+    if shapes.blocks is None or shapes.reach is None or not (wb or wr):
+        return shapes.slots
+    return shapes.slots + wb * shapes.blocks + wr * shapes.reach
 
 
-def micro_costs(shapes: dict[str, np.ndarray], cost: CostModel) -> np.ndarray:
-    """Modeled cost of computing each micro-batch: ``a*slots + b*attention + c`` (``+ d*blocks +
-    e*reach`` when the shapes have drafter blocks): ``a*work + b*attention + c``, see :func:`work`."""
-    return cost.a * work(shapes, cost.drafter) + cost.b * shapes["attn"] + cost.c
+def micro_costs(
+    shapes: Shapes, model: HasCoefficients, drafter: tuple[float, float] | None = None
+) -> np.ndarray:
+    """Modeled cost of computing each micro-batch: ``a*slots + b*attention + c``, plus ``d*blocks +
+    e*reach`` for a drafter plan: ``a*work + b*attention + c`` (:func:`work`; the one place it is written;
+    ``model`` is a :class:`~padfree.core.config.CostModel`, whose drafter terms apply, or
+    :class:`Coefficients`, with the ``drafter`` weights a :class:`~padfree.core.balance.Balance` carries)."""
+    weights = getattr(model, "drafter", (0.0, 0.0)) if drafter is None else drafter
+    return model.a * work(shapes, weights) + model.b * shapes.attn + model.c
+
+
+def real_cost(shapes: Shapes, model: HasCoefficients) -> float:
+    """Modeled cost of the real work alone, all micro-batches together: ``a*tokens + b*sum l^2`` (no padding,
+    no per-micro-batch constant)."""
+    return float(model.a * shapes.real.sum() + model.b * shapes.real_attn.sum())
 
 
 def rank_costs(costs: np.ndarray, world_size: int, grad_accum: int) -> np.ndarray:

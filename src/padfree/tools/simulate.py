@@ -93,26 +93,10 @@ def offline_cache_bytes(tokens: int, layers: int, hidden: int, bytes_per_value: 
     """Size of an offline hidden-state cache: ``tokens x layers x hidden x bytes`` (every token's hidden
     states of the drafter's target layers, e.g. bf16: 2 bytes).
 
-    >>> offline_cache_bytes(1_000_000, 3, 4096) / 2**30  # 1M tokens, EAGLE-3's 3 layers of a 4096-wide target
+    >>> offline_cache_bytes(1_000_000, 3, 4096) / 2**30  # 1M tokens, 3 layers of a 4096-wide target
     22.88818359375
     """
     return int(tokens) * int(layers) * int(hidden) * int(bytes_per_value)
-
-
-def _shapes(
-    lens: np.ndarray, offsets: np.ndarray, packed: bool, anchors: np.ndarray | None = None
-) -> dict[str, np.ndarray]:
-    """:func:`padfree.core.cost.micro_shapes`, with zeros for empty micro-batches (a re-cut step may
-    leave a bin empty)."""
-    full = np.flatnonzero(np.diff(offsets) > 0)
-    if full.size == offsets.shape[0] - 1:
-        return micro_shapes(lens, offsets, packed, anchors)
-    part = micro_shapes(lens, np.append(offsets[full], offsets[-1]), packed, anchors)
-    out = {k: np.zeros(offsets.shape[0] - 1) for k in part}
-    for k, v in part.items():
-        out[k][full] = v
-    out["count"] = np.diff(offsets)
-    return out
 
 
 def simulate_batches(
@@ -134,24 +118,24 @@ def simulate_batches(
     >>> out["step_cost_total"], out["tokens_per_unit"]
     (40.0, 1.5)
     """
-    shapes = _shapes(lens, offsets, packed, anchors)
+    shapes = micro_shapes(lens, offsets, packed, anchors)  # a re-cut step may leave a micro-batch empty
     per_rank = rank_costs(micro_costs(shapes, cost), world_size, grad_accum)
     if speeds is not None:
         per_rank = per_rank * speeds[None, :]
     step = step_costs(per_rank)
     total = float(step.sum())
-    tokens = float(shapes["real"].sum())
+    tokens = float(shapes.real.sum())
     out = {
         "tokens": tokens,
         "steps": int(step.shape[0]),
-        "padding_efficiency": float(tokens / shapes["slots"].sum()),
+        "padding_efficiency": float(tokens / shapes.slots.sum()),
         "imbalance": imbalance(per_rank),
         "step_cost_total": total,
         "tokens_per_unit": tokens / total,
     }
-    if anchors is not None:
-        out["draft_blocks"] = float(shapes["anchors"].sum())
-        out["draft_block_efficiency"] = float(shapes["anchors"].sum() / max(shapes["blocks"].sum(), 1.0))
+    if shapes.anchors is not None and shapes.blocks is not None:
+        out["draft_blocks"] = float(shapes.anchors.sum())
+        out["draft_block_efficiency"] = float(shapes.anchors.sum() / max(float(shapes.blocks.sum()), 1.0))
     if seconds_per_unit is not None:
         out["epoch_seconds"] = total * seconds_per_unit
         out["tokens_per_second"] = tokens / (total * seconds_per_unit)
@@ -189,9 +173,7 @@ def simulate_dynamic(
     budget = plan_budget(config, default_headroom(w))  # the sampler's own plan: unassigned steps
     plan, _ = replay(items, config, epoch, [Segment(w, g, 0, budget)])
     rel = 1.0 / speeds
-    balance = Balance(
-        (true_cost.a, true_cost.b, true_cost.c), tuple(rel / rel.mean()), fitted=True, recut=True
-    )
+    balance = Balance(true_cost.coefficients, tuple(rel / rel.mean()), fitted=True, recut=True)
     k = w * g
     lens, offs = plan.lengths, plan.offsets.astype(np.int64)
     out_lens, out_offs = [], [np.zeros(1, dtype=np.int64)]
@@ -271,7 +253,7 @@ def simulate(
             cost,
             seconds_per_unit,
             factors if dynamic else None,
-            None if anchors is None else anchors[items.sample_ids()[order]],
+            None if anchors is None else np.asarray(anchors)[items.sample_ids()[order]],
         )
     if "sorted" in rows:
         ref = rows["sorted"]["tokens_per_unit"]
