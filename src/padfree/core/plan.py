@@ -194,8 +194,12 @@ def plan_items(
     length = items.length
     order, offsets, strata, edges = REGISTRY[config.strategy].form(length, config, rng)
     if strata is not None:
-        tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
-        order, offsets = _kernels.gather_segments(order, offsets, steps.stratified_order(strata, tokens, rng))
+        composed = steps.quantile_steps(order, offsets, length, k, config.budget, rng)
+        if composed is None:  # the tail cannot be cut into whole steps: strata spread by token mass
+            tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
+            perm = steps.stratified_order(strata, tokens, rng)
+            composed = _kernels.gather_segments(order, offsets, perm)
+        order, offsets = composed
     order, offsets = steps.complete_last_step(order, offsets, length, k, config.budget, config.packed)
     lens = length[order]
     shapes = cost.micro_shapes(lens, offsets, config.packed)
