@@ -29,7 +29,8 @@ from padfree.core.planner import STREAM_THRESHOLD
 from padfree.core.position import Position, from_state, step_loss_tokens, to_state
 from padfree.core.replay import Segment, replay
 from padfree.core.stream import DEFAULT_WINDOW
-from padfree.errors import ConfigError
+from padfree.errors import ConfigError, StateError
+from padfree.torch import _dataset
 from padfree.torch._balance import DynamicBalancer
 from padfree.torch._distributed import rank_and_world
 
@@ -81,7 +82,13 @@ class PlanBatchSampler:
 
     Use it as ``DataLoader(PlannedDataset(dataset), batch_sampler=sampler, collate_fn=PadCollator())`` (or
     ``torchdata.stateful_dataloader.StatefulDataLoader``). Call :meth:`set_epoch` before each epoch, as with
-    ``DistributedSampler``; an epoch that was fully consumed yields nothing until the epoch changes.
+    ``DistributedSampler``. A second pass over an epoch this sampler has yielded to its end, with no
+    :meth:`set_epoch` (or :meth:`load_state_dict`) in between, raises :class:`~padfree.errors.StateError`
+    (one line: call ``set_epoch``); silently re-running the same epoch would train on the same micro-batches
+    again, and yielding nothing would end training unnoticed. After ``set_epoch`` with the same epoch, an
+    epoch that was fully consumed (say, restored at its end) yields nothing until the epoch changes.
+    Without a :class:`~padfree.torch.PlannedDataset` around the dataset the collators get no plan info
+    (``batch.info`` is None): they warn once.
 
     Args:
         lengths: tokens of every sample (as the collator will see them, before truncation or splitting).
@@ -183,6 +190,8 @@ class PlanBatchSampler:
         self._busy_first: float | None = None  # ... until the end of the first step
         self._cache: tuple | None = None
         self._step_cache: tuple | None = None
+        self._spent = False  # this sampler yielded the epoch's last micro-batch; no set_epoch since
+        _dataset.note_sampler()
 
     def _new_balance(self, current: Balance | None) -> Balance:
         """The balance a new epoch starts with: static, the config's; dynamic, what was learned so far."""
@@ -244,6 +253,7 @@ class PlanBatchSampler:
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning; the current epoch (e.g. just restored) keeps its position."""
+        self._spent = False
         if int(epoch) != self.epoch:
             self.epoch = int(epoch)
             self._history = [Segment(self.world_size, self.grad_accum, 0, self._budget)]
@@ -257,6 +267,11 @@ class PlanBatchSampler:
         return (plan.n_steps - self._history[-1].steps) * self.grad_accum - self._partial
 
     def __iter__(self) -> Iterator[MicroBatch]:
+        if self._spent:
+            raise StateError(
+                f"PlanBatchSampler: epoch {self.epoch} was already iterated to its end; call "
+                f"sampler.set_epoch({self.epoch + 1}) before the next pass (as with DistributedSampler)"
+            )
         g, w, r = self.grad_accum, self.world_size, self.rank
         while True:
             t0 = time.perf_counter()
@@ -288,6 +303,7 @@ class PlanBatchSampler:
             if j == g - 1:
                 self._history[-1] = replace(self._history[-1], steps=s + 1)
                 self._partial = 0
+                self._spent = s + 1 == plan.n_steps
             else:
                 self._partial = j + 1
             if self._dynamic is not None:
@@ -387,5 +403,6 @@ class PlanBatchSampler:
             pos.balance,
         )
         self._cache = self._step_cache = self._synced = None
+        self._spent = False
         if self._dynamic is not None:
             self._dynamic.reset()
