@@ -120,9 +120,9 @@ def markdown(result: dict) -> str:
         f"Goal (issue 19): at >= {MIN_MICRO} micro-batches per step, bucketed step divergence <= {RATIO} x "
         f"random's with padding efficiency >= {EFF}. Met in {s['goal_met']} of {s['goal_cases']} cases "
         f"({s['goal_met_floor_ok']} of the {s['goal_cases_floor_ok']} where the floor allows it, i.e. "
-        f"floor <= {RATIO} x random's). The ratio alone is met in {s['goal_ratio_met']}, the efficiency alone "
-        f"in {s['goal_efficiency_met']} (the default bucketed plan widens its noise windows on small sets to "
-        "keep co-batch repeat low, docs/planning.md).",
+        f"floor <= {RATIO} x random's). The ratio alone is met in {s['goal_ratio_met']}, the efficiency "
+        f"alone in {s['goal_efficiency_met']} (the default bucketed plan widens its noise windows on small "
+        "sets to keep co-batch repeat low, docs/planning.md).",
         "",
         "Median bucketed / random step divergence, by micro-batches per step (before: the composition "
         "before issue 19):",
@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                 cases.append({"set": name, "samples": int(lengths.shape[0]), "budget": budget, "world": world,
                               "accum": accum} | row)  # fmt: skip
                 b = row["bucketed"]
-                print(f"{name} {budget} {world}x{accum}: ratio {b['ratio']} eff {b['padding_efficiency']:.3f} "
+                eff = b["padding_efficiency"]
+                print(f"{name} {budget} {world}x{accum}: ratio {b['ratio']} eff {eff:.3f} "
                       f"floor {row['floor_ratio']}", flush=True)  # fmt: skip
     result = {
         "command": "PYTHONPATH=src python benchmarks/step_mixing.py --lengths ../shared/data/lengths "

@@ -11,7 +11,7 @@ Data and loss as in ``examples/train.py`` (:func:`padfree.data.samples.load_samp
 kind, ``--loss-on assistant|all``, samples longer than ``--budget`` by ``--overlong`` (error by default;
 what truncate/split/drop did is said in one line), ``--lengths FILE`` from ``padfree lengths``, checked
 sample by sample). The model is built from a
-config with random weights (:func:`padfree.testing.models.build_model`); packed rows use padfree's varlen
+config with random weights (:func:`padfree.models.build_model`); packed rows use padfree's varlen
 attention when available. Nothing is downloaded; CPU works (``--use-cpu`` is implied without a GPU).
 """
 
@@ -33,7 +33,7 @@ from transformers import TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
 from padfree.hf import PadfreeTrainer, padfree_sft_trainer
-from padfree.testing.models import build_model
+from padfree.models import build_model
 from padfree.torch.attention import attention_implementation
 
 

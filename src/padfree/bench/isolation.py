@@ -87,7 +87,7 @@ def _child(job: Path) -> int:
     try:
         from padfree.bench.trainer import Trainer
 
-        trainer = Trainer.for_bench(cfg, packed=packed)
+        trainer = Trainer.of(cfg, packed=packed)
         batch = trainer.collate(items)
         trainer.step(batch, batch.loss_tokens)
     except BaseException as exc:  # noqa: BLE001 - every failure is the arm's result

@@ -198,7 +198,7 @@ def columns_of(src: Source) -> list[str] | None:
     return None
 
 
-def first_record(src: Source) -> dict | None:
+def first_record(src: Source) -> object:
     """The first record of a ``.jsonl`` or ``.json`` source (``None`` when it has none); RecordError when
     malformed."""
     if src.kind == "json":

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from typing import Any
 
 _planned = False  # a PlanBatchSampler exists in this process (forked DataLoader workers inherit it)
 _warned = False
@@ -33,7 +33,7 @@ class PlannedDataset:
     [{'input_ids': [3]}, {'input_ids': [1, 2]}]
     """
 
-    def __init__(self, dataset: Sequence) -> None:
+    def __init__(self, dataset: Any) -> None:  # anything with dataset[i] (and len)
         self.dataset = dataset
 
     def __len__(self) -> int:

@@ -24,6 +24,7 @@ from padfree.core.config import STRATEGIES, PlanConfig
 from padfree.core.items import validate_lengths
 from padfree.core.plan import Plan
 from padfree.core.planner import plan_pieces
+from padfree.core.strategies import REGISTRY
 from padfree.tools.analyze import analyze_strategies, measure, short_epoch
 
 GROWTHS = (1.1, 1.25, 1.5, 2.0)
@@ -60,8 +61,8 @@ class Point:
 
     def to_json(self) -> dict:
         c = self.config
-        params = {"strategy": c.strategy}
-        if c.strategy == "bucketed":
+        params: dict[str, object] = {"strategy": c.strategy}
+        if REGISTRY[c.strategy].bucketed:
             params |= {"buckets": c.buckets} if c.buckets is not None else {"growth": c.growth}
             params["mix"] = "auto" if c.mix is None else c.mix
         return {"label": self.label, "family": self.family, "params": params, **_clean(self.metrics)}
@@ -172,14 +173,14 @@ def build_report(
         if sum(r.shape[0] for r in rc_parts) >= RANK_STEPS:
             break
     rc = np.concatenate(rc_parts)
+    assert plan is not None  # plan_pieces yields at least one piece
     # make_plan's edges: the in-memory plan's, or window 0's on the window path
-    edge_plan = (
-        plan if chosen.config.strategy == "bucketed" else next(plan_pieces(lengths, bucketed, 1, path=path))
-    )
+    own_edges = REGISTRY[chosen.config.strategy].bucketed
+    edge_plan = plan if own_edges else next(plan_pieces(lengths, bucketed, 1, path=path))
     numbers = {
         "dataset": result["dataset"],
         "config": result["config"] | {"growth": base.growth, "buckets": base.buckets, "mix": base.mix},
-        "bucket_edges": edge_plan.edges.tolist(),
+        "bucket_edges": [] if edge_plan.edges is None else edge_plan.edges.tolist(),
         "bucket_edges_of": _label(edge_plan.config),
         "strategies": {s: _clean(result["strategies"][s]) for s in STRATEGIES},
         "strategy_labels": {s: _label(configs[s]) for s in STRATEGIES},
@@ -221,15 +222,15 @@ def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
     sorted_m = _by(points, "sorted").metrics
     failing = {p.label: broken(p.metrics, micro_per_step, rand) for p in points}
     eligible = [p for p in points if not failing[p.label]]
-    padded = [p for p in eligible if p.config.strategy != "packed"]
-    packed = [p for p in eligible if p.config.strategy == "packed"]
+    padded = [p for p in eligible if not p.config.packed]
+    packed = [p for p in eligible if p.config.packed]
     best_padded = max(padded, key=_speed, default=None)
     # a plan that trades some mixing for >= SPEEDUP x the throughput of the pick so far (random's at least)
     floor = SPEEDUP * max(_speed(rand_p), -1.0 if best_padded is None else _speed(best_padded))
     fast = [
         p
         for p in points
-        if p.config.strategy not in ("packed", "random") and not frozen(p.metrics) and _speed(p) >= floor
+        if not p.config.packed and p is not rand_p and not frozen(p.metrics) and _speed(p) >= floor
     ]
     traded = None
     if fast:
@@ -267,7 +268,7 @@ def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
         + f"), rank imbalance {m['imbalance']:.4f}",
     ]
     gap = _gap(chosen, rand, micro_per_step)
-    if chosen.config.strategy == "packed":
+    if chosen.config.packed:
         why = (
             "it meets every rule and the model's attention can keep packed documents apart (assumed; pass "
             "--no-packing if it cannot), so bins of whole documents carry no padding and mix lengths freely"
@@ -287,7 +288,7 @@ def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
         if gap:
             why += f"; {gap}"
     alt = None
-    if chosen.config.strategy == "packed" and best_padded is not None:
+    if chosen.config.packed and best_padded is not None:
         bm = best_padded.metrics
         alt = {
             "label": best_padded.label,
@@ -297,14 +298,14 @@ def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
             f"{bm['relative_throughput']:.3f} x sorted, co-batch repeat {bm['cobatch_repeat']:.4f}, step "
             f"divergence {_ratio(bm['step_divergence'], rand):.2f} x random's).",
         }
-    padded_pick = best_padded if chosen.config.strategy == "packed" else chosen
+    padded_pick = best_padded if chosen.config.packed else chosen
     near_miss = _near_miss(points, failing, padded_pick, packing)
     c = chosen.config
     text = (
         f"Use {chosen.label} with budget {c.budget} tokens, world size {c.world_size} x grad-accum "
         f"{c.grad_accum}: {why}. " + "; ".join(reasons) + "."
     )
-    if near_miss and chosen.config.strategy != "packed":
+    if near_miss and not chosen.config.packed:
         text += " Note: " + near_miss
     return {
         "label": chosen.label,
@@ -338,7 +339,7 @@ def _ratio(x: float, ref: float) -> float:
 
 def _gap(p: Point, rand: float, micro_per_step: int) -> str | None:
     """The sentence on a padded plan whose steps mix worse than a random shuffle's, or None."""
-    if p.config.strategy in ("packed", "random") or p.metrics["step_divergence"] <= rand:
+    if p.config.packed or p.metrics["step_divergence"] <= rand:  # random's own is rand
         return None
     return (
         f"its steps mix {_ratio(p.metrics['step_divergence'], rand):.2f} x worse than a random shuffle's "
@@ -354,16 +355,14 @@ def _near_miss(points: list[Point], failing: dict, pick: Point | None, packing: 
     rules it breaks and by how much, what rejecting it costs, and the knob that fixes them."""
     floor = -1.0 if pick is None else _speed(pick)
     misses = [
-        p
-        for p in points
-        if failing[p.label] and _speed(p) > floor and (packing or p.config.strategy != "packed")
+        p for p in points if failing[p.label] and _speed(p) > floor and (packing or not p.config.packed)
     ]
     if not misses:
         return None
     nm = max(misses, key=_speed)
     fixes = []
     rules = failing[nm.label]
-    if nm.config.strategy == "bucketed":
+    if REGISTRY[nm.config.strategy].bucketed:
         if any(r.startswith("co-batch") for r in rules):
             fixes.append("a wider noise window (a larger --mix) lowers co-batch repeat")
         if any(r.startswith("step divergence") for r in rules):
@@ -392,7 +391,7 @@ def _by(points: list[Point], strategy: str) -> Point:
 
 
 def _family(cfg: PlanConfig) -> str:
-    if cfg.strategy != "bucketed":
+    if not REGISTRY[cfg.strategy].bucketed:
         return cfg.strategy
     if cfg.mix is not None:
         return "mix"
@@ -401,7 +400,7 @@ def _family(cfg: PlanConfig) -> str:
 
 def _label(cfg: PlanConfig) -> str:
     """``sorted``, ``bucketed (growth 1.25)``, ``bucketed (8 optimal buckets, mix 16)``..."""
-    if cfg.strategy != "bucketed":
+    if not REGISTRY[cfg.strategy].bucketed:
         return cfg.strategy
     mix = "" if cfg.mix is None else f", mix {cfg.mix}"
     if cfg.buckets is not None:
