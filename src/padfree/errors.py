@@ -42,3 +42,7 @@ class OverlongError(InputError):
 
 class StateError(PadfreeError):
     """A sampler state that does not belong to this dataset, config or seed."""
+
+
+class StateWarning(UserWarning):
+    """A sampler state accepted with a reservation (e.g. one written before states carried a digest)."""

@@ -22,12 +22,13 @@ import numpy as np
 
 from padfree.core.balance import Balance, default_headroom, micro_features, plan_budget, step_layout
 from padfree.core.config import PlanConfig
-from padfree.core.fingerprint import fingerprint
+from padfree.core.fingerprint import fingerprint_and_identity
 from padfree.core.items import make_items, validate_lengths
 from padfree.core.plan import Plan
 from padfree.core.planner import STREAM_THRESHOLD
 from padfree.core.position import Position, from_state, step_loss_tokens, to_state
 from padfree.core.replay import Segment, replay
+from padfree.core.state_check import segment_budgets
 from padfree.core.stream import DEFAULT_WINDOW
 from padfree.errors import ConfigError
 from padfree.torch._balance import DynamicBalancer
@@ -145,7 +146,7 @@ class PlanBatchSampler:
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} outside world size {world_size}")
         self.rank = rank
-        self.fingerprint = fingerprint(lengths, self.config)
+        self.fingerprint, self.identity = fingerprint_and_identity(lengths, self.config)
         self._items = None if window is not None else make_items(lengths, config.budget, config.overlong)
         self._custom = loss_tokens is not None
         if loss_tokens is None:
@@ -170,6 +171,7 @@ class PlanBatchSampler:
         else:
             headroom = balance_headroom
         self._budget = plan_budget(self.config, headroom) if dynamic else None  # planning budget
+        self._headroom = balance_headroom
         self._dynamic = None
         if dynamic and world_size > 1:
             capacity = 2 * balance_every * config.grad_accum
@@ -192,18 +194,24 @@ class PlanBatchSampler:
         return replace(current, recut=recut)
 
     # ----- the plan of the current segment -------------------------------------------------------------
-    def _key(self) -> tuple:
-        last = self._history[-1]
-        return (self.epoch, tuple(self._history[:-1]), last.world_size, last.grad_accum, last.budget)
+    def _key(self, epoch: int | None = None, history: list[Segment] | None = None) -> tuple:
+        epoch = self.epoch if epoch is None else epoch
+        history = self._history if history is None else history
+        last = history[-1]
+        return (epoch, tuple(history[:-1]), last.world_size, last.grad_accum, last.budget)
 
-    def _plan(self) -> tuple[Plan, int, np.ndarray]:
-        """The current segment's unassigned plan, the steps before it and the loss tokens of each step."""
-        if self._cache is None or self._cache[0] != self._key():
+    def _plan(
+        self, epoch: int | None = None, history: list[Segment] | None = None
+    ) -> tuple[Plan, int, np.ndarray]:
+        """The current segment's unassigned plan, the steps before it and the loss tokens of each step (of
+        ``epoch`` and ``history`` when given: a state being loaded)."""
+        key = self._key(epoch, history)
+        if self._cache is None or self._cache[0] != key:
             self._cache = self._step_cache = None  # free the old plan before making the next
-            history = self._history
+            history = self._history if history is None else history
             kw = {"lengths": self._lengths, "window": self._window}
-            plan, before = replay(self._items, self.config, self.epoch, history, **kw)
-            self._cache = (self._key(), plan, before, step_loss_tokens(plan, self._lengths, self._loss))
+            plan, before = replay(self._items, self.config, key[0], history, **kw)
+            self._cache = (key, plan, before, step_loss_tokens(plan, self._lengths, self._loss))
         return self._cache[1], self._cache[2], self._cache[3]
 
     def _layout(self, plan: Plan, s: int) -> tuple:
@@ -341,7 +349,9 @@ class PlanBatchSampler:
         attention unit and per micro-batch once fitted, else the configured token units), ``fitted``,
         ``speeds`` (per rank, mean 1), ``heldout_rel_error`` (the previous fit's mean relative error on the
         micro-batches of the last exchange, which it had not seen), ``exchanges``, ``records`` (timed
-        micro-batches received, all ranks), ``sync_seconds`` (this rank's time in exchanges and refits) and
+        micro-batches received, all ranks), ``dropped_times`` (this rank's times screened out: non-finite,
+        <= 0, absurd or far off the median of its recent times, see :func:`padfree.core.refit.screen`),
+        ``sync_seconds`` (this rank's time in exchanges and refits) and
         ``sampler_seconds`` (all of its time yielding micro-batches: planning, layouts, exchanges), of which
         ``sampler_first_step_seconds`` until its first step was out (planning, loading compiled kernels)."""
         b, d = self._balance, self._dynamic
@@ -354,6 +364,7 @@ class PlanBatchSampler:
             "heldout_rel_error": None if d is None else d.heldout_error,
             "exchanges": 0 if d is None else d.exchanges,
             "records": 0 if d is None else d.records,
+            "dropped_times": 0 if d is None else d.dropped,
             "sync_seconds": 0.0 if d is None else d.sync_seconds,
             "sampler_seconds": self._busy,
             "sampler_first_step_seconds": self._busy_first or 0.0,
@@ -365,7 +376,7 @@ class PlanBatchSampler:
         """The position and everything that decides the rest of the epoch: epoch, fingerprint, the short
         resume history, and the balance in force (cost model, rank speeds). JSON-serializable, O(resumes)."""
         position = Position(self.epoch, list(self._history), self._partial, self._balance)
-        return to_state(self.fingerprint, position, self.balance)
+        return to_state(self.fingerprint, position, self.balance, self.identity)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at the exact next micro-batch, at this sampler's world size (which may differ: the rest of
@@ -379,13 +390,25 @@ class PlanBatchSampler:
         continued exactly (see :mod:`padfree.core.position`).
         """
         shape = (self.world_size, self.grad_accum, self._budget, self.config.cost)
-        pos = from_state(state, self.fingerprint, *shape)
+        budgets = {}
+
+        def allowed(world: int) -> tuple:
+            if world not in budgets:
+                budgets[world] = segment_budgets(self.config, self._lengths, world, self._headroom)
+            return budgets[world]
+
+        def steps(epoch: int, history: list[Segment]) -> int:  # plans the state's epoch (kept for iterating)
+            return self._plan(epoch, history)[0].n_steps
+
+        pos = from_state(
+            state, self.fingerprint, *shape, budgets=allowed, identity=self.identity, steps=steps
+        )
         self.epoch, self._history, self._partial, self._balance = (
             pos.epoch,
             pos.history,
             pos.partial,
             pos.balance,
         )
-        self._cache = self._step_cache = self._synced = None
+        self._step_cache = self._synced = None
         if self._dynamic is not None:
             self._dynamic.reset()
