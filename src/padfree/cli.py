@@ -15,7 +15,7 @@ import importlib
 import os
 import sys
 
-from padfree.errors import OutputError, PadfreeError
+from padfree.errors import OutputError, PadfreeError, one_line
 
 COMMANDS = (
     "analyze",
@@ -31,7 +31,7 @@ COMMANDS = (
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, no usage block
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        print(f"{self.prog}: error: {one_line(message)}", file=sys.stderr)
         raise SystemExit(2)
 
 
@@ -147,7 +147,7 @@ def _cache_fallbacks() -> None:
 
 def _fail(line: str) -> int:
     with contextlib.suppress(OSError, ValueError):  # stderr itself may be full or closed
-        print(f"padfree: error: {line}", file=sys.stderr, flush=True)
+        print(f"padfree: error: {one_line(line)}", file=sys.stderr, flush=True)
     return 2
 
 
