@@ -1,5 +1,7 @@
-"""Checking a saved sampler state before it is believed: a digest of its content, the type and range of every
-field, and segment budgets the loading config can give; anything else is one StateError line naming the field.
+"""Checking a saved sampler state before it is believed: its digest, every field's type and range, budgets.
+
+Each field is checked against the sampler that loads it (segment budgets: one the loading config gives);
+anything else is one StateError line naming the field.
 
 A state is sealed when written (:func:`seal`: ``digest`` = sha256 of the canonical JSON of every other field),
 so an edited or damaged state is refused even where each field alone is plausible (a balance changed in the
@@ -37,10 +39,17 @@ def digest(state: dict) -> str:
     """sha256 (32 hex digits) of the canonical JSON of ``state`` without its ``digest``."""
     body = {k: v for k, v in state.items() if k != DIGEST}
     try:
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False, default=_plain)
     except (TypeError, ValueError) as exc:
         raise StateError(f"malformed sampler state: not plain JSON data ({exc})") from None
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _plain(value: object) -> object:
+    """A numpy scalar as the Python number it holds (what JSON and a checkpoint keep of it)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON data")
 
 
 def seal(state: dict) -> dict:
