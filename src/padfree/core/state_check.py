@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from padfree.core.balance import default_headroom, plan_budget
+from padfree.core.balance import dynamic_budget
 from padfree.core.config import MAX_SEED, PlanConfig
 from padfree.errors import StateError
 
@@ -84,16 +84,17 @@ def segment_budgets(
     config: PlanConfig, lengths: np.ndarray, world_size: int, headroom: float | None
 ) -> tuple[int | None, ...]:
     """The planning budgets a segment at ``world_size`` can have been planned at under ``config``: ``None``
-    (the config's budget: static balance, or no headroom), the default dynamic headroom's
-    (:func:`padfree.core.balance.default_headroom`) and, when the sampler was given one, ``headroom``'s.
+    (the config's budget: static balance, or no headroom), the default dynamic headroom's and, when the
+    sampler was given one, ``headroom``'s (:func:`padfree.core.balance.dynamic_budget`).
 
     >>> cfg = PlanConfig(strategy="packed", budget=1000)
     >>> segment_budgets(cfg, np.array([10, 20]), 2, None), segment_budgets(cfg, np.array([10]), 1, 0.7)
     ((None, 850), (None, 700))
     """
+    at = config.with_(world_size=world_size)
     out: list[int | None] = [None]
-    for h in (default_headroom(world_size, config, lengths), headroom):
-        if h is not None and (b := plan_budget(config, h)) not in out:
+    for h in (None, headroom) if headroom is not None else (None,):
+        if (b := dynamic_budget(at, lengths, h)) not in out:
             out.append(b)
     return tuple(out)
 

@@ -146,7 +146,7 @@ class CheckpointDir:
         found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := _STEP.fullmatch(p.name))]
         return [p for _, p in sorted(found, reverse=True)]
 
-    def newest_intact(self, map_location: object = "cpu") -> tuple[Path | None, dict | None]:
+    def newest_intact(self, map_location: str | torch.device = "cpu") -> tuple[Path | None, dict | None]:
         """The newest checkpoint that loads and holds every required key; each damaged newer one is said
         (so is one that is not a regular file: a link, FIFO or folder is never opened)."""
         for path in self.files():
@@ -165,7 +165,7 @@ class CheckpointDir:
             return path, state
         return None, None
 
-    def resume(self, map_location: object = "cpu") -> dict | None:
+    def resume(self, map_location: str | torch.device = "cpu") -> dict | None:
         """Rank 0 chooses the newest intact checkpoint; every rank loads that same file. ``None``: start
         fresh. Returns the state with ``"path"`` added."""
         chosen: dict = {}
@@ -178,7 +178,7 @@ class CheckpointDir:
         name = self._on_rank0(choose)
         if name is None:
             return None
-        path = self.dir / name
+        path = self.dir / str(name)
         state, error = chosen.get("state"), None
         if state is None:
             try:
@@ -187,6 +187,7 @@ class CheckpointDir:
                 why = _short(exc)
                 error = f"{_shown(path)}: rank {self.rank} cannot load the checkpoint rank 0 chose ({why})"
         self._all_or_none(error)
+        assert state is not None  # else every rank raised
         return {**state, "path": str(path)}
 
     def check_fingerprints(self, saved: str, mine: str, why: str | None = None) -> None:
