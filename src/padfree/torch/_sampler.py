@@ -275,8 +275,11 @@ class PlanBatchSampler:
                 budgets[world] = segment_budgets(self.config, self._lengths, world, self._headroom)
             return budgets[world]
 
-        check = {"budgets": allowed, "identity": self.identity, "steps": self._cursor.plan_steps}
-        self._cursor.restore(from_state(state, self.fingerprint, *shape, **check))
+        steps = self._cursor.plan_steps  # the state's epoch planned (and kept) before it is believed
+        pos = from_state(
+            state, self.fingerprint, *shape, budgets=allowed, identity=self.identity, steps=steps
+        )
+        self._cursor.restore(pos)
         self._synced = None
         if self._dynamic is not None:
             self._dynamic.reset()

@@ -30,6 +30,7 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 import torch.distributed as dist
@@ -260,7 +261,7 @@ class CheckpointDir:
             with os.fdopen(fd, "wb") as f:
                 out = _Writes(f)
                 try:
-                    torch.save(state(), out)
+                    torch.save(state(), out)  # type: ignore[arg-type]  # a file-like: write and flush
                 except RuntimeError:  # torch's writer turns the OSError of a failed write into this
                     if out.error is not None:
                         raise out.error from None
@@ -317,8 +318,9 @@ class _Writes:
     """A file's ``write`` that remembers the OSError it raised (torch.save reports it as a RuntimeError that
     does not say why)."""
 
-    def __init__(self, f) -> None:  # noqa: ANN001
-        self.f, self.error = f, None
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.error: OSError | None = None
 
     def write(self, data: bytes) -> int:
         try:
