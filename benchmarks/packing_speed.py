@@ -33,7 +33,7 @@ import torch
 
 from padfree.core.config import PlanConfig
 from padfree.core.planner import make_plan
-from padfree.testing.models import build_model
+from padfree.models import build_model
 from padfree.torch.attention import attn_for
 
 SETUPS = {  # name -> (plan strategy, attn implementation)

@@ -30,7 +30,7 @@ import torch
 
 from padfree import PlanConfig
 from padfree.data.length_files import bundled_seed_mix
-from padfree.testing.models import build_model
+from padfree.models import build_model
 from padfree.torch import PackCollator, PlanBatchSampler, step_loss, token_loss_sum
 
 ROOT = Path(__file__).resolve().parents[1]

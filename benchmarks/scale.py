@@ -97,7 +97,7 @@ def worker(n: int, strategy: str, mode: str, args: argparse.Namespace) -> dict:
         ),
         "micro_batches": plan.n_micro,
         "steps": plan.n_steps,
-        "padding_efficiency": round(float(sh["real"].sum() / sh["slots"].sum()), 5),
+        "padding_efficiency": round(float(sh.real.sum() / sh.slots.sum()), 5),
         "exactly_once": bool(ok),
     }
 

@@ -48,7 +48,7 @@ def attention_cost(rows: int, length: int, heads: int, dim: int, repeats: int) -
 
 def transformers_padded_mask() -> str:
     """What the sdpa attention of a tiny Llama receives for an unpadded 2-row batch with attention_mask."""
-    from padfree.testing.models import build_model
+    from padfree.models import build_model
 
     seen: dict = {}
     model = build_model("tiny-llama", attn_implementation="sdpa", num_hidden_layers=1)

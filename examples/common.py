@@ -45,7 +45,7 @@ def add_data_and_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit-samples", type=int, default=None, help="use the first N samples")
     p.add_argument("--loss-on", default="assistant", choices=["assistant", "all"])
-    p.add_argument("--model", default="tiny-llama", help="padfree.testing.models name or a config directory")
+    p.add_argument("--model", default="tiny-llama", help="padfree.models name or a config directory")
     p.add_argument(
         "--model-set",
         action="append",

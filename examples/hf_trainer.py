@@ -9,7 +9,7 @@
 Data and loss as in ``examples/train.py`` (:func:`padfree.data.samples.load_samples`: any ``--tokenizer``
 kind, ``--loss-on assistant|all``, samples cut to ``--budget`` tokens, or ``--lengths FILE`` from
 ``padfree lengths``, checked sample by sample). The model is built from a
-config with random weights (:func:`padfree.testing.models.build_model`); packed rows use padfree's varlen
+config with random weights (:func:`padfree.models.build_model`); packed rows use padfree's varlen
 attention when available. Nothing is downloaded; CPU works (``--use-cpu`` is implied without a GPU).
 """
 
@@ -24,7 +24,7 @@ from transformers import TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
 from padfree.hf import PadfreeTrainer, padfree_sft_trainer
-from padfree.testing.models import build_model
+from padfree.models import build_model
 from padfree.torch.attention import attention_implementation
 
 

@@ -18,7 +18,7 @@ What it does, top to bottom:
   micro-batch), ``--grad-accum`` micro-batches per rank per optimizer step; gradients are all-reduced only
   on the last one (``no_sync`` before), and every micro-batch's loss is ``sum of token losses / tokens of
   the whole step on all ranks``, so the step's gradient is exactly the full-batch token mean.
-- builds a transformers Llama from a config with random weights (``padfree.testing.models.build_model``, no
+- builds a transformers Llama from a config with random weights (``padfree.models.build_model``, no
   download); packed rows use padfree's varlen attention when available, else sdpa.
 - every ``--checkpoint-every`` steps rank 0 writes model, optimizer and sampler state atomically (temp
   file + ``os.replace``); ``--resume`` continues from the latest one at any world size: the sampler
@@ -46,19 +46,19 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from padfree.errors import PadfreeError
+from padfree.models import build_model
 from padfree.testing import seenlog
-from padfree.testing.models import build_model
 from padfree.torch import (
     PackCollator,
     PadCollator,
     PlanBatchSampler,
     PlannedDataset,
+    all_reduce_sum,
     global_loss_tokens,
     step_loss,
     sync_unless,
     token_loss_sum,
 )
-from padfree.torch._distributed import all_reduce_sum
 from padfree.torch.attention import attention_implementation
 from padfree.torch.checkpoint import CheckpointDir
 from padfree.torch.lifecycle import EXIT_STOPPED, StopOnSignal, die_with_parent, launched_by_torchrun

@@ -1,9 +1,12 @@
+import contextlib
+import datetime
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import settings
+from hypothesis import assume, settings
 
 settings.register_profile("ci", max_examples=60, deadline=None)
 settings.register_profile("dev", max_examples=30, deadline=None)
@@ -40,3 +43,61 @@ def hf_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tokenizers") / "deepseek_v3_tokenizer.json"
     out.write_bytes(lzma.decompress((FIXTURES / "tokenizers" / "deepseek_v3_tokenizer.json.xz").read_bytes()))
     return out
+
+
+@contextlib.contextmanager
+def gloo_group(rank: int = 0, world: int = 1, store_file: str | None = None) -> Iterator[None]:
+    """A gloo process group for the duration of the block: ranks spawned by a test meet through
+    ``store_file`` (and run one CPU thread each, as two cores are shared), a single rank uses an in-memory
+    store. Spawned workers import it with ``from conftest import gloo_group``."""
+    import torch
+    import torch.distributed as dist
+
+    if store_file is None:
+        where: dict = {"store": dist.HashStore()}
+    else:
+        torch.set_num_threads(1)
+        where = {"init_method": f"file://{store_file}"}
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60), **where
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture()
+def gloo() -> Iterator[None]:
+    """A one-rank gloo process group around the test."""
+    with gloo_group():
+        yield
+
+
+class Refusals:
+    """Counts a property test's examples and the ones its code under test refused.
+
+    ``refuse()`` rejects the example with ``assume(False)``: hypothesis draws another, so the examples it
+    counts were all checked; ``check(most)`` fails when more than ``most`` of the examples were refused (a
+    strategy that mostly draws refused inputs would test little)."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.refused = 0
+
+    def seen(self) -> None:
+        self.runs += 1
+
+    def refuse(self) -> None:
+        self.refused += 1
+        assume(False)
+
+    def check(self, most: float) -> None:
+        assert self.runs > 0
+        share = self.refused / self.runs
+        assert share <= most, f"{self.refused} of {self.runs} examples refused ({share:.0%} > {most:.0%})"
+
+
+@pytest.fixture()
+def refusals() -> Refusals:
+    return Refusals()

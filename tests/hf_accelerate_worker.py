@@ -11,7 +11,7 @@ import numpy as np
 from transformers import TrainingArguments
 
 from padfree.hf import PadfreeTrainer
-from padfree.testing.models import build_model
+from padfree.models import build_model
 from padfree.torch.attention import attention_implementation
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])

@@ -28,7 +28,7 @@ from transformers import TrainingArguments  # noqa: E402
 from padfree import PlanConfig  # noqa: E402
 from padfree.errors import ConfigError  # noqa: E402
 from padfree.hf import STATE_FILE, PadfreeTrainer, padfree_sft_trainer  # noqa: E402
-from padfree.testing.models import build_model  # noqa: E402
+from padfree.models import build_model  # noqa: E402
 from padfree.torch import (  # noqa: E402
     PackCollator,
     PadCollator,
@@ -245,6 +245,30 @@ def test_len_and_epochs_follow_the_plan(tmp_path):
     out = trainer.train()
     assert out.global_step == sum(per_epoch)
     assert trainer.state.epoch == pytest.approx(3.0)  # plan epochs, not the Trainer's single long one
+
+
+def test_every_sampler_option_reaches_the_sampler(tmp_path):
+    """The Trainer takes each keyword option of PlanBatchSampler but rank, world size and epoch, and the
+    sampler it builds plans with them (here: window by window, dynamic, with its own headroom)."""
+    import inspect
+
+    from padfree.hf import SAMPLER_OPTIONS
+
+    kw_only = [
+        n for n, p in inspect.signature(PlanBatchSampler).parameters.items() if p.kind is p.KEYWORD_ONLY
+    ]
+    assert set(SAMPLER_OPTIONS) == set(kw_only) - {"loss_tokens", "rank", "world_size", "epoch"}
+    data, lengths = _uneven_data()
+    config = PlanConfig(strategy="packed", budget=160, grad_accum=2, seed=3)
+    args = TrainingArguments(str(tmp_path), gradient_accumulation_steps=2, report_to=[], use_cpu=True)
+    options = {"balance": "dynamic", "balance_every": 3, "balance_headroom": 0.75, "window": 5}
+    trainer = PadfreeTrainer(model=build_model("tiny-llama", **TINY_KW), args=args, train_dataset=data,
+                             lengths=lengths, plan_config=config, **options)  # fmt: skip
+    sampler = trainer.padfree_sampler
+    assert (sampler.balance, sampler.balance_every, sampler.cursor.source.window) == ("dynamic", 3, 5)
+    assert sampler.balance_stats()["plan_budget"] == 120  # 0.75 x 160
+    want = PlanBatchSampler(lengths, config, rank=0, world_size=1, **options)
+    assert [list(m) for m in sampler] == [list(m) for m in want]
 
 
 def test_ddp_two_ranks_equals_plain_loop_over_the_whole_step(tmp_path):

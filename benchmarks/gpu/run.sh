@@ -103,7 +103,7 @@ for model, over in [("tiny-llama", {"num_key_value_heads": 2}), ("tiny-mistral",
                "leaked": r.leaked, "seconds": round(time.time() - t, 2)}
         print(json.dumps(row)); rows.append(row)
 # a training step through the kernel: gradients of packed == gradients of the documents one by one
-from padfree.testing.models import build_model
+from padfree.models import build_model
 net = build_model("tiny-llama", attn_implementation=pa.NAME, num_key_value_heads=2).to(device)
 lens = [37, 5, 90, 18]
 gen = torch.Generator().manual_seed(0)

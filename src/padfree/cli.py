@@ -14,6 +14,7 @@ import contextlib
 import importlib
 import os
 import sys
+from typing import NoReturn
 
 from padfree.errors import OutputError, PadfreeError
 
@@ -31,7 +32,7 @@ COMMANDS = (
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, no usage block
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, no usage block
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(2)
 

@@ -12,12 +12,9 @@ class PadfreeError(ValueError):
     """Base class: a problem with what padfree was given, never a bug inside padfree."""
 
 
-class InputError(PadfreeError):
-    """A lengths file or sample that breaks a rule (empty, non-integer, negative, unreadable...).
-
-    >>> str(InputError("zero length", path="x.npy", sample=3))
-    'x.npy: sample 3: zero length'
-    """
+class _FileError(PadfreeError):
+    """An error about a file (``.path``) and, for an input, one of its samples (``.sample``): the message
+    names them before the ``rule`` that was broken."""
 
     def __init__(self, rule: str, *, path: str | None = None, sample: int | None = None) -> None:
         self.rule = rule
@@ -27,9 +24,17 @@ class InputError(PadfreeError):
         super().__init__(": ".join([*parts, rule]))
 
 
-class OutputError(InputError):
+class InputError(_FileError):
+    """A lengths file or sample that breaks a rule (empty, non-integer, negative, unreadable...).
+
+    >>> str(InputError("zero length", path="x.npy", sample=3))
+    'x.npy: sample 3: zero length'
+    """
+
+
+class OutputError(_FileError):
     """An output that cannot be written: its folder is missing or a file, it is read-only, the device is
-    full (``.path`` is the output)."""
+    full (``.path`` is the output). Not an :class:`InputError`: nothing was wrong with what was read."""
 
 
 class ConfigError(PadfreeError):

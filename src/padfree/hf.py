@@ -45,7 +45,7 @@ Example (single process, a tiny random Llama)::
     from transformers import TrainingArguments
     from padfree import PlanConfig
     from padfree.hf import PadfreeTrainer
-    from padfree.testing.models import build_model
+    from padfree.models import build_model
     from padfree.torch.attention import attention_implementation
 
     data = [{"input_ids": np.arange(1, n + 1)} for n in (50, 90, 30, 70, 20, 80, 40, 60)]
@@ -65,25 +65,36 @@ label, so the plan's step counts match what the collator produces.
 
 from __future__ import annotations
 
-import copy
+import inspect
 import json
 import os
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import transformers
-from torch.utils.data import DataLoader
+from numpy.typing import ArrayLike
+from torch.utils.data import DataLoader, Dataset
 
 from padfree.core.config import PlanConfig
+from padfree.core.cursor import MicroInfo
 from padfree.errors import ConfigError, StateError
 from padfree.torch._collate import PackCollator, PadCollator
 from padfree.torch._dataset import PlannedDataset
-from padfree.torch._sampler import MicroBatch, MicroInfo, PlanBatchSampler
+from padfree.torch._sampler import MicroBatch, PlanBatchSampler
 
 STATE_FILE = "padfree_sampler.json"
+
+SAMPLER_OPTIONS = tuple(
+    name
+    for name, p in inspect.signature(PlanBatchSampler).parameters.items()
+    if p.kind is p.KEYWORD_ONLY and name not in ("loss_tokens", "rank", "world_size", "epoch")
+)
+"""The :class:`~padfree.torch.PlanBatchSampler` options a :class:`PadfreeTrainerMixin` passes through:
+all of its keyword options but those the Trainer decides (rank, world size, epochs) or takes itself."""
 
 
 class EpochChain:
@@ -107,11 +118,11 @@ class EpochChain:
     def __len__(self) -> int:
         if self._length is not None:
             return self._length
-        total = len(self.sampler)
-        for epoch in range(self.sampler.epoch + 1, self.epochs):
-            probe = copy.copy(self.sampler)  # set_epoch rebinds, never mutates, the shared fields
-            probe.set_epoch(epoch)
-            total += probe.steps_in_epoch * probe.grad_accum
+        assert self.epochs is not None  # an endless chain has an explicit length
+        cursor = self.sampler.cursor
+        total = cursor.remaining()
+        for epoch in range(cursor.epoch + 1, self.epochs):
+            total += cursor.epoch_steps(epoch) * cursor.config.grad_accum
         return total
 
     def __iter__(self) -> Iterator[MicroBatch]:
@@ -149,32 +160,38 @@ class _PlanEpoch(transformers.TrainerCallback):
             state.epoch = epoch
 
 
-class PadfreeTrainerMixin:
+if TYPE_CHECKING:  # the mixin goes in front of a Trainer: type-check it as one
+    _TrainerBase = transformers.Trainer
+else:
+    _TrainerBase = object
+
+
+class PadfreeTrainerMixin(_TrainerBase):
     """The padfree behaviour, to put in front of ``transformers.Trainer`` or a subclass (see the module doc).
 
     Keyword args (besides the Trainer's): ``lengths`` (tokens per sample of ``train_dataset``),
     ``plan_config`` (:class:`~padfree.PlanConfig`; its world size is replaced by the real one),
     ``loss_tokens`` (loss-bearing tokens per sample, default ``length - 1``), ``collator`` (default
     :class:`~padfree.torch.PackCollator` for ``packed``, else :class:`~padfree.torch.PadCollator` padding to a
-    multiple of 8), ``balance`` and ``balance_every`` (see :class:`~padfree.torch.PlanBatchSampler`: with
-    ``balance="dynamic"`` every ``training_step`` is timed, up to the model's last gradient, and the ranks are
-    balanced from those times).
+    multiple of 8), and every option of :class:`~padfree.torch.PlanBatchSampler` but the ones the Trainer
+    decides (:data:`SAMPLER_OPTIONS`: ``balance``, ``balance_every``, ``balance_headroom``,
+    ``balance_exchange``, ``window``; with ``balance="dynamic"`` every ``training_step`` is timed, up to the
+    model's last gradient, and the ranks are balanced from those times). Rank and world size come from
+    ``TrainingArguments``; plan epochs from ``num_train_epochs`` (from 0, or from the checkpoint resumed).
     """
 
     def __init__(
         self,
-        *args,
-        lengths: object,
+        *args: Any,
+        lengths: ArrayLike,
         plan_config: PlanConfig,
-        loss_tokens: object | None = None,
-        collator: object | None = None,
-        balance: str = "static",
-        balance_every: int = 4,
-        **kwargs,
+        loss_tokens: ArrayLike | None = None,
+        collator: Callable[[list], Any] | None = None,
+        **kwargs: Any,
     ) -> None:
+        options = {k: kwargs.pop(k) for k in SAMPLER_OPTIONS if k in kwargs}  # the rest is the Trainer's
         if collator is None:
-            packed = plan_config.strategy == "packed"
-            collator = PackCollator() if packed else PadCollator(pad_to_multiple_of=8)
+            collator = PackCollator() if plan_config.packed else PadCollator(pad_to_multiple_of=8)
         kwargs.setdefault("data_collator", collator)
         super().__init__(*args, **kwargs)
         targs = self.args
@@ -203,8 +220,7 @@ class PadfreeTrainerMixin:
             loss_tokens=loss_tokens,
             rank=targs.process_index,
             world_size=targs.world_size,
-            balance=balance,
-            balance_every=balance_every,
+            **options,
         )
         self._padfree_chain: EpochChain | None = None
         self._padfree_state: dict | None = None
@@ -222,14 +238,14 @@ class PadfreeTrainerMixin:
             chain = EpochChain(sampler, int(targs.num_train_epochs))
         self._padfree_chain = chain
         workers = targs.dataloader_num_workers
-        extra = {}
+        extra: dict[str, Any] = {}
         if workers > 0:
             extra = {
                 "persistent_workers": targs.dataloader_persistent_workers,
                 "prefetch_factor": targs.dataloader_prefetch_factor,
             }
         return DataLoader(
-            PlannedDataset(self.train_dataset),
+            cast(Dataset, PlannedDataset(self.train_dataset)),
             batch_sampler=chain,
             collate_fn=self.padfree_collator,
             num_workers=workers,
@@ -270,7 +286,7 @@ class PadfreeTrainerMixin:
         return info.epoch + (info.step + 1) / chain.steps_in_epoch[info.epoch]
 
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device):
-        infos = [getattr(b, "info", None) for b in batch_samples]
+        infos: list[MicroInfo] = [getattr(b, "info", None) for b in batch_samples]  # type: ignore[misc]
         if not infos or any(i is None or i.step_tokens is None for i in infos):
             return super()._get_num_items_in_batch(batch_samples, device)
         first = infos[0]
@@ -280,7 +296,7 @@ class PadfreeTrainerMixin:
                 f"the Trainer grouped {len(infos)} micro-batches across plan steps "
                 f"{sorted({(i.epoch, i.step) for i in infos})}; expected {first.grad_accum} of one step"
             )
-        tokens = max(int(first.step_tokens), 1)
+        tokens = max(int(first.step_tokens or 0), 1)
         if self.args.average_tokens_across_devices or first.world_size == 1:
             return torch.tensor(tokens, device=device)  # compute_loss multiplies by the number of processes
         return torch.tensor(tokens / first.world_size, dtype=torch.float64, device=device)
@@ -337,4 +353,11 @@ def padfree_sft_trainer():
     return type("PadfreeSFTTrainer", (PadfreeTrainerMixin, trl.SFTTrainer), doc)
 
 
-__all__ = ["STATE_FILE", "EpochChain", "PadfreeTrainer", "PadfreeTrainerMixin", "padfree_sft_trainer"]
+__all__ = [
+    "SAMPLER_OPTIONS",
+    "STATE_FILE",
+    "EpochChain",
+    "PadfreeTrainer",
+    "PadfreeTrainerMixin",
+    "padfree_sft_trainer",
+]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch.distributed as dist
 
 from padfree.bench.dynamic_balance import Run, has_dynamic, run_one, summarize
 
@@ -14,15 +13,8 @@ TINY = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidd
         "num_attention_heads": 2, "num_key_value_heads": 2}  # fmt: skip
 
 
-@pytest.fixture()
-def group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("strategy", ["packed", "bucketed"])
-def test_worker_times_steps_and_inflates_the_slow_rank(tmp_path, group, strategy):
+def test_worker_times_steps_and_inflates_the_slow_rank(tmp_path, gloo, strategy):
     lengths = np.random.default_rng(0).integers(2, 60, 400)
     np.save(tmp_path / "l.npy", lengths)
     run = Run("slow_rank", strategy, str(tmp_path / "l.npy"), budget=128, grad_accum=2, steps=2, warmup=1,

@@ -11,7 +11,8 @@ import pytest
 
 from padfree import PlanConfig
 from padfree.core import _kernels
-from padfree.core.balance import Balance, micro_costs, plan_budget, step_layout
+from padfree.core.balance import Balance, plan_budget, step_layout
+from padfree.core.cost import Coefficients, micro_costs, micro_shapes
 from padfree.core.refit import fit, nnls3, rank_stats, relative_error
 from padfree.errors import ConfigError
 
@@ -132,7 +133,9 @@ def test_packed_recut_keeps_every_item_within_the_budget_and_follows_speeds(seed
 
 
 def test_micro_costs_of_empty_micro_batches_are_the_constant():
-    out = micro_costs(np.array([3, 4]), np.array([0, 0, 2, 2]), True, (1.0, 0.0, 5.0))
+    out = micro_costs(
+        micro_shapes(np.array([3, 4]), np.array([0, 0, 2, 2]), True), Coefficients(1.0, 0.0, 5.0)
+    )
     assert out.tolist() == [5.0, 12.0, 5.0]
 
 
@@ -167,7 +170,8 @@ def _padded_step(rng, world, accum, budget, headroom=0.85):
 
 
 def _rank_times(lens, order, offs, model, speeds, accum):
-    return micro_costs(lens[order], offs, False, model).reshape(-1, accum).sum(axis=1) / speeds
+    costs = micro_costs(micro_shapes(lens[order], offs, False), Coefficients(*model))
+    return costs.reshape(-1, accum).sum(axis=1) / speeds
 
 
 @pytest.mark.parametrize("strategy", ["bucketed", "sorted", "random"])

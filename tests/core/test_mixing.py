@@ -32,23 +32,29 @@ def _greedy_count(lens: list[int], limit: int, packed: bool) -> int:
     return _kernels._greedy(np.array(lens, np.int64), 0, len(lens), limit, packed, out, 0)
 
 
-@given(st.lists(st.integers(1, 30), min_size=1, max_size=12), st.integers(1, 6), st.booleans())
-def test_cut_into_reaches_the_best_contiguous_max_cost(lens, n_pieces, packed):
+def test_cut_into_reaches_the_best_contiguous_max_cost(refusals):
     """Brute force over every contiguous cut into at most ``n_pieces`` pieces: the kernel's largest piece
-    cost is the smallest possible, and every piece obeys the budget."""
-    arr = np.array(lens, np.int64)
-    budget = 60
-    if _greedy_count(lens, budget, packed) > n_pieces:
-        assert _kernels.cut_into(arr, n_pieces, budget, packed).shape[0] == 0
-        return
-    off = _kernels.cut_into(arr, n_pieces, budget, packed)
-    assert off[0] == 0 and off[-1] == len(lens) and (np.diff(off) > 0).all() and len(off) - 1 <= n_pieces
-    best = min(
-        _costs(arr, np.array([0, *c, len(lens)]), packed).max()
-        for r in range(0, min(n_pieces, len(lens)))
-        for c in itertools.combinations(range(1, len(lens)), r)
-    )
-    assert _costs(arr, off, packed).max() == best <= budget
+    cost is the smallest possible, and every piece obeys the budget (and no cut is made when none fits)."""
+
+    @given(st.lists(st.integers(1, 30), min_size=1, max_size=12), st.integers(1, 8), st.booleans())
+    def check(lens, n_pieces, packed):
+        refusals.seen()
+        arr = np.array(lens, np.int64)
+        budget = 60
+        off = _kernels.cut_into(arr, n_pieces, budget, packed)
+        if _greedy_count(lens, budget, packed) > n_pieces:
+            assert off.shape[0] == 0  # no cut into n_pieces fits the budget
+            refusals.refuse()
+        assert off[0] == 0 and off[-1] == len(lens) and (np.diff(off) > 0).all() and len(off) - 1 <= n_pieces
+        best = min(
+            _costs(arr, np.array([0, *c, len(lens)]), packed).max()
+            for r in range(0, min(n_pieces, len(lens)))
+            for c in itertools.combinations(range(1, len(lens)), r)
+        )
+        assert _costs(arr, off, packed).max() == best <= budget
+
+    check()
+    refusals.check(most=0.6)  # refused: a budget that n_pieces pieces cannot hold
 
 
 @given(

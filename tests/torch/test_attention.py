@@ -8,7 +8,7 @@ import transformers
 
 import padfree.torch.attention as pa
 from padfree.errors import ConfigError
-from padfree.testing.models import build_model
+from padfree.models import build_model
 
 SMALL = {
     "vocab_size": 128,

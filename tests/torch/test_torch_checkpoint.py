@@ -5,7 +5,6 @@ one, every rank resumes the checkpoint rank 0 chose or all refuse together; and 
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import signal
@@ -16,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import gloo_group
 
 from padfree.errors import StateError
 from padfree.torch.checkpoint import LOCK_NAME, CheckpointDir
@@ -95,15 +94,7 @@ def test_save_keeps_the_newest_and_leaves_no_temporary_file(tmp_path: Path):
 
 # ----- every rank resumes what rank 0 chose ----------------------------------------------------------------
 def _ranks(rank: int, world: int, store: str, d: str, results) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
+    with gloo_group(rank, world, store):
         ck = CheckpointDir(d, rank, world, say=lambda *a: None)
         out: dict = {}
         try:
@@ -114,8 +105,6 @@ def _ranks(rank: int, world: int, store: str, d: str, results) -> None:
         except StateError as exc:
             out["error"] = str(exc)
         results[rank] = out
-    finally:
-        dist.destroy_process_group()
 
 
 def test_every_rank_loads_the_checkpoint_rank_0_chose_and_all_refuse_together(tmp_path: Path):

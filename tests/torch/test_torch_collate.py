@@ -115,7 +115,7 @@ def test_attention_switch_uses_padfree_varlen_only_for_packed_rows_when_availabl
 
 @pytest.mark.parametrize("model_name", ["tiny-llama", "tiny-qwen2"])
 def test_right_padded_causal_rows_need_no_mask_same_loss_and_gradients(model_name):
-    from padfree.testing.models import build_model
+    from padfree.models import build_model
     from padfree.torch import token_loss_sum
 
     torch.manual_seed(0)

@@ -3,28 +3,16 @@ are disjoint and cover the dataset in every epoch and strategy, the plan's step 
 collated labels on all ranks, and gradient accumulation over variable-size micro-batches on 2 ranks gives the
 full-batch gradient."""
 
-import datetime
-
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import gloo_group
 
 from padfree import PlanConfig
 
 STRATEGIES = ["sorted", "random", "bucketed", "packed"]
-
-
-def _init(rank, world, store_file):
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{store_file}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=60),
-    )
 
 
 def _sampler_checks(rank, world):
@@ -64,7 +52,7 @@ def _sampler_checks(rank, world):
 
 
 def _tiny_model():
-    from padfree.testing.models import build_model
+    from padfree.models import build_model
 
     cfg = {
         "vocab_size": 61,
@@ -137,11 +125,10 @@ def _gradient_checks(rank, world):
 
 
 def _worker(rank, world, store_file, gradients):
-    _init(rank, world, store_file)
-    _sampler_checks(rank, world)
-    if gradients:
-        _gradient_checks(rank, world)
-    dist.destroy_process_group()
+    with gloo_group(rank, world, store_file):
+        _sampler_checks(rank, world)
+        if gradients:
+            _gradient_checks(rank, world)
 
 
 @pytest.mark.parametrize("world", [2, 4])

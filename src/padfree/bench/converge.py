@@ -25,46 +25,42 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from padfree.bench.machine import machine
 from padfree.bench.samples import Samples
 from padfree.bench.sampling import PADFREE
-from padfree.bench.trainer import Trainer
+from padfree.bench.trainer import ModelRun, Trainer
 from padfree.core.config import PlanConfig
+from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 
 STRATEGIES = PADFREE
 
 
 @dataclass(frozen=True)
-class ConvergeConfig:
-    """A convergence comparison. ``train_tokens``: loss-bearing tokens per run; ``eval_every``: tokens
-    between held-out evaluations (default: 1/12 of ``train_tokens``)."""
+class ConvergeConfig(ModelRun):
+    """A convergence comparison, on top of the model run (:class:`~.trainer.ModelRun`; here a larger
+    learning rate and masked padded rows by default). ``train_tokens``: loss-bearing tokens per run;
+    ``eval_every``: tokens between held-out evaluations (default: 1/12 of ``train_tokens``)."""
 
-    budget: int = 2048
+    lr: float = 2e-3
+    padded_mask: bool = True
     grad_accum: int = 4
     train_tokens: int = 1_500_000
     eval_every: int | None = None
     eval_samples: int = 200
-    seed: int = 0
-    model: str = "tiny-llama"
-    model_overrides: dict = field(default_factory=dict)
     strategies: tuple[str, ...] = STRATEGIES
-    lr: float = 2e-3
     warmup_frac: float = 0.05
     min_lr_frac: float = 0.1
-    clip: float = 1.0
-    weight_decay: float = 0.0
-    device: str = "cpu"
-    threads: int | None = 2
     equal_steps: bool = True
 
     def __post_init__(self) -> None:
         if self.train_tokens < 1 or self.budget < 2 or self.grad_accum < 1 or self.eval_samples < 1:
             raise ConfigError("train_tokens, budget, grad_accum and eval_samples must be positive")
+        super().__post_init__()
         if not 0 <= self.warmup_frac < 1:
             raise ConfigError(f"warmup_frac must be in [0, 1) (got {self.warmup_frac})")
         bad = [s for s in self.strategies if s not in STRATEGIES]
@@ -113,7 +109,7 @@ def matched_budgets(lengths: np.ndarray, cfg: ConvergeConfig) -> dict[str, int]:
     target = epoch_steps(lengths, "packed", cfg.budget, cfg)
     out = {}
     for name in cfg.strategies:
-        if name == "packed" or not cfg.equal_steps:
+        if REGISTRY[name].packed or not cfg.equal_steps:
             out[name] = cfg.budget
             continue
         lo, hi = cfg.budget, 16 * cfg.budget
@@ -179,10 +175,7 @@ def train_one(
     """One strategy's run: held-out curve, per-step train losses, wall time."""
     from padfree.torch import PlanBatchSampler, PlannedDataset
 
-    packed = strategy == "packed"
-    trainer = Trainer(
-        cfg.model, cfg.model_overrides, cfg.seed, cfg.device, cfg.lr, cfg.clip, packed, cfg.weight_decay
-    )
+    trainer = Trainer.of(cfg, REGISTRY[strategy].packed)
     budget = budget or cfg.budget
     config = PlanConfig(strategy=strategy, budget=budget, grad_accum=cfg.grad_accum, seed=cfg.seed)
     sampler = PlanBatchSampler(lengths, config, loss_tokens=loss_tokens, rank=0, world_size=1)
@@ -198,7 +191,7 @@ def train_one(
             group.append(mb)
             if not mb.info.last:
                 continue
-            step_tokens = int(mb.info.step_tokens)
+            step_tokens = int(mb.info.step_tokens or 0)
             lr = lr_at(tokens, cfg)
             t0 = time.perf_counter()
             loss = 0.0
@@ -360,99 +353,3 @@ def oscillation(steps: list[dict]) -> dict:
     length = np.log(np.array([s["mean_length"] for s in half]))
     corr = float(np.corrcoef(loss, length)[0, 1]) if loss.std() > 0 and length.std() > 0 else 0.0
     return {"step_diff_std": float(np.diff(loss).std()), "loss_length_corr": corr}
-
-
-def markdown(result: dict, command: str = "") -> str:
-    c, m, comp = result["config"], result["machine"], result["comparison"]
-    lines = [
-        "# Convergence per strategy (held-out loss at equal tokens)",
-        "",
-        f"Command: `{command}`" if command else "",
-        "",
-        f"Machine: {m.get('processor')} ({m.get('cpus')} CPUs), torch {m.get('torch')} "
-        f"({m.get('torch_threads')} threads), device {m.get('device')}.",
-        "",
-        f"Model {c['model']} {c['model_overrides']}; data {c['data']}: {c['train_samples']} training samples "
-        f"({c['train_samples_tokens']:,} loss tokens), {c['eval_samples']} held out ({c['eval_tokens']:,} "
-        f"loss tokens); budget {c['budget']} tokens per micro-batch x grad_accum {c['grad_accum']}"
-        + (
-            " (steps held to the same size: packed at that budget, every other strategy at the smallest "
-            "budget whose epoch has no more optimizer steps than packed's; budgets "
-            + ", ".join(f"{n} {b}" for n, b in c["budgets"].items())
-            + ")"
-            if c.get("equal_steps")
-            else " for every strategy (steps not matched: padded plans take more, smaller steps)"
-        )
-        + "; "
-        f"{c['train_tokens']:,} loss tokens per run; lr {c['lr']:g}, {c['schedule']}; eval every "
-        f"{c['eval_every']:,} tokens.",
-        "",
-        "| strategy | held-out loss at start | at the target | vs random | steps | real tokens/step | "
-        "step-loss jitter (std of diffs) | corr(step loss, log mean length) | train s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    rel = comp.get("final_rel_diff_vs_random", {})
-    for name, r in result["strategies"].items():
-        final = comp["loss_at_marks"][name][-1]
-        o = r["oscillation"]
-        jit = "—" if o["step_diff_std"] is None else f"{o['step_diff_std']:.3f}"
-        cor = "—" if o["loss_length_corr"] is None else f"{o['loss_length_corr']:+.2f}"
-        vs = f"{rel[name]:+.2%}" if name in rel else "—"
-        lines.append(
-            f"| {name} | {r['initial_loss']:.4f} | {final:.4f} | {vs} | {len(r['steps'])} | "
-            f"{r.get('mean_step_tokens', 0):,.0f} | {jit} | {cor} | "
-            f"{r['train_seconds']:.0f} |"
-        )
-    if "equal_steps_rel_diff_vs_random" in comp:
-        sm = int(comp["step_marks"][-1])
-        lines += [
-            "",
-            f"At equal optimizer steps instead (step {sm}, the fewest any strategy took; held-out loss "
-            "interpolated in steps): "
-            + ", ".join(
-                f"{n} {comp['loss_at_step_marks'][n][-1]:.4f} ({v:+.2%} vs random)"
-                for n, v in comp["equal_steps_rel_diff_vs_random"].items()
-            )
-            + ". Steps taken to reach the token target: "
-            + ", ".join(f"{n} {v}" for n, v in comp["final_steps"].items())
-            + ".",
-        ]
-    lines += ["", "Held-out loss at each eval mark (interpolated in tokens):", ""]
-    names = list(result["strategies"])
-    lines.append("| tokens | " + " | ".join(names) + " |")
-    lines.append("|---:|" + "---:|" * len(names))
-    for i, t in enumerate(comp["marks"]):
-        lines.append(
-            f"| {int(t):,} | " + " | ".join(f"{comp['loss_at_marks'][n][i]:.4f}" for n in names) + " |"
-        )
-    lines.append("")
-    return "\n".join(lines)
-
-
-def plot(result: dict, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"sorted": "tab:red", "random": "tab:gray", "bucketed": "tab:blue", "packed": "tab:green"}
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
-    ax = axes[0]
-    for name, r in result["strategies"].items():
-        t = [c["tokens"] for c in r["curve"]]
-        ax.plot(t, [c["loss"] for c in r["curve"]], marker="o", ms=3, label=name, color=colors.get(name))
-    ax.set_xlabel("loss tokens seen")
-    ax.set_ylabel("held-out loss")
-    ax.set_title("held-out loss (same tokens, same LR schedule)")
-    ax.legend()
-    ax = axes[1]
-    for name, r in result["strategies"].items():
-        t = [s["tokens"] for s in r["steps"]]
-        ax.plot(t, [s["loss"] for s in r["steps"]], lw=0.8, alpha=0.8, label=name, color=colors.get(name))
-    ax.set_xlabel("loss tokens seen")
-    ax.set_ylabel("training loss per optimizer step")
-    ax.set_title("training loss per step")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

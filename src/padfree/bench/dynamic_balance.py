@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from padfree.core.strategies import REGISTRY
+
 SLOW_FACTOR = 1.5
 
 
@@ -151,7 +153,7 @@ def run_one(run: Run, rank: int, world: int, modes: tuple[str, ...]) -> dict:
     lengths = lengths[lengths > 1]
     ids = RandomIds(lengths, int(run.model_overrides.get("vocab_size", 32000)), run.seed)
     samplers = {m: _sampler(lengths, run, world, m) for m in modes}
-    packed = run.strategy == "packed"
+    packed = REGISTRY[run.strategy].packed
     trainers = {
         m: Trainer(
             "tiny-llama", run.model_overrides, run.seed, run.device, run.lr, 1.0, packed, padded_mask=False

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
+from typing import Any
 
 
 def machine(device: str, dtype: str | None = None) -> dict:
     import torch
 
-    out = {
+    out: dict[str, Any] = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
@@ -41,7 +42,7 @@ def machine(device: str, dtype: str | None = None) -> dict:
 
 def machine_info() -> dict:
     """CPU, memory, library versions and the load average (other processes share this machine)."""
-    info = {
+    info: dict[str, Any] = {
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
@@ -58,7 +59,7 @@ def machine_info() -> dict:
         pass
     from importlib import metadata
 
-    versions = {}
+    versions: dict[str, str | None] = {}
     for pkg in ("numpy", "numba", "torch", "transformers", "trl", "lhotse", "datasets", "pyarrow"):
         try:
             versions[pkg] = metadata.version(pkg)

@@ -46,16 +46,16 @@ def batching_stats(lengths: np.ndarray, b: Batching, budget: int) -> dict:
     (0.8571428571428571, 0.75)
     """
     sh = micro_shapes(lengths[b.order], b.offsets, b.packed)
-    tokens = sh["real"]
+    tokens = sh.real
     return {
-        "padding_efficiency": float(tokens.sum() / sh["slots"].sum()),
+        "padding_efficiency": float(tokens.sum() / sh.slots.sum()),
         "fill": float(tokens.sum() / (b.n_micro * budget)),
         "micro_batches": b.n_micro,
         "samples_covered": int(b.order.shape[0]),
         "tokens_per_micro_mean": float(tokens.mean()),
         "tokens_per_micro_max": float(tokens.max()),
-        "over_budget_micro": int((sh["slots"] > budget).sum()),
-        "largest_micro_slots": int(sh["slots"].max()),
+        "over_budget_micro": int((sh.slots > budget).sum()),
+        "largest_micro_slots": int(sh.slots.max()),
     }
 
 

@@ -240,6 +240,8 @@ def _hf_rebalance_run(st: dict) -> list:
     class Recording(BatchRebalanceSampler):
         """The sampler unchanged, keeping the every-rank split that each rank computes anyway."""
 
+        splits: list
+
         def _assign(self, indices, lengths):
             out = super()._assign(indices, lengths)
             self.splits.append(out)

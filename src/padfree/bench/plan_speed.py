@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -101,7 +102,7 @@ def _peer_phases(case: Case):
 
 def run_case(case: Case) -> dict:
     """Run one case in this process and return its result row (see module docstring)."""
-    out = {
+    out: dict[str, Any] = {
         "dataset": case.dataset,
         "method": case.method,
         "kind": case.kind,

@@ -28,7 +28,7 @@ class RandomIds(Sequence):
     def __len__(self) -> int:
         return int(self.lengths.shape[0])
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         rng = np.random.default_rng((self.seed, int(i)))
         return rng.integers(1, self.vocab, size=int(self.lengths[i]), dtype=np.int64)
 
@@ -42,7 +42,7 @@ class _Items(Sequence):
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         return {"input_ids": self.ids[i]}
 
 

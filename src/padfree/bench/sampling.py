@@ -20,12 +20,10 @@ PACKED = ("packed", "hf_flattening", "trl_bfd")
 def strategy_batching(name: str, lengths: np.ndarray, budget: int, seed: int) -> Batching:
     """One epoch of micro-batches of a strategy over ``lengths`` (all within the budget)."""
     if name in PADFREE:
-        plan = make_plan(
-            lengths, PlanConfig(strategy=name, budget=budget, world_size=1, grad_accum=1, seed=seed)
-        )
-        return Batching(
-            plan.indices.astype(np.int64), plan.offsets.astype(np.int64), name == "packed", "padfree plan"
-        )
+        cfg = PlanConfig(strategy=name, budget=budget, world_size=1, grad_accum=1, seed=seed)
+        plan = make_plan(lengths, cfg)
+        indices, offsets = plan.indices.astype(np.int64), plan.offsets.astype(np.int64)
+        return Batching(indices, offsets, cfg.packed, "padfree plan")
     return plan_with_peer(name, lengths, budget, seed)
 
 
@@ -46,7 +44,7 @@ def attention_weight(model: str, overrides: dict) -> float:
     """Modeled cost of one causal attention pair relative to one token's dense work, for a model
     (:meth:`padfree.core.config.CostModel.from_shape` of its hidden size, layers and vocabulary)."""
     from padfree.core.config import CostModel
-    from padfree.testing.models import build_config
+    from padfree.models import build_config
 
     c = build_config(model, **overrides)
     return CostModel.from_shape(c.hidden_size, c.num_hidden_layers, c.vocab_size).b
@@ -64,8 +62,8 @@ def micro_work(lengths: np.ndarray, b: Batching, attn_weight: float) -> tuple[np
     ([24.0, 24.0], [4.0, 5.0])
     """
     sh = micro_shapes(lengths[b.order], b.offsets, b.packed)
-    loss = sh["real"] - sh["count"]
-    return sh["slots"] + attn_weight * sh["attn"], loss
+    loss = sh.real - sh.count
+    return sh.slots + attn_weight * sh.attn, loss
 
 
 def stratified(work_per_token: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

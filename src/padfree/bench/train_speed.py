@@ -42,9 +42,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from padfree.bench.machine import machine
 from padfree.bench.measure import Batching, batching_stats
@@ -59,16 +60,15 @@ from padfree.bench.sampling import (
     strategy_batching,
     stratified,
 )
-from padfree.bench.trainer import DTYPES, MemoryWatch, Trainer, return_freed_memory
+from padfree.bench.trainer import MemoryWatch, ModelRun, Trainer, return_freed_memory
 from padfree.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class BenchConfig:
-    """What ``padfree bench`` measures.
+class BenchConfig(ModelRun):
+    """What ``padfree bench`` measures, on top of the model run (:class:`~.trainer.ModelRun`).
 
     Attributes:
-        budget: tokens per micro-batch (padded: count x longest; packed: sum of lengths).
         steps: measured steps per strategy; ``warmup``: untimed steps per strategy before them.
         select: ``stratified`` measures ``steps`` micro-batches of each strategy's epoch over all the
             samples, one per stratum of modeled work per loss token, and estimates the epoch's seconds
@@ -77,36 +77,17 @@ class BenchConfig:
             exactly the same work).
         repeats: passes over the measured rounds; each micro-batch keeps its fastest time (on a shared
             machine the minimum drops the steps another process slowed down).
-        model: built-in tiny model or a config directory; ``model_overrides``: config fields to override.
-        strategies: names from :data:`STRATEGIES`, in round order.
-        lr, clip: AdamW learning rate and gradient-norm clip (0: off).
-        threads: torch CPU threads (None: leave torch's choice).
-        dtype: ``float32``, or ``bfloat16``: float32 weights and optimizer, forward and loss under
-            ``torch.autocast(dtype=torch.bfloat16)`` (mixed precision; on a GPU packed rows then reach a
-            fused varlen attention kernel, which needs fp16/bf16).
+        strategies: names from :data:`STRATEGIES` (padfree's and the peers'), in round order.
     """
 
-    budget: int = 2048
     steps: int = 10
     warmup: int = 2
     select: str = "stratified"
     repeats: int = 1
-    seed: int = 0
-    model: str = "tiny-llama"
-    model_overrides: dict = field(default_factory=dict)
     strategies: tuple[str, ...] = STRATEGIES
-    lr: float = 1e-4
-    clip: float = 1.0
-    device: str = "cpu"
-    threads: int | None = 2
-    dtype: str = "float32"
-    padded_mask: bool = False
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
-        if self.budget < 2:
-            raise ConfigError(f"budget must be >= 2 (got {self.budget})")
+        super().__post_init__()
         if self.steps < 1 or self.warmup < 0:
             raise ConfigError(f"steps must be >= 1 and warmup >= 0 (got {self.steps}, {self.warmup})")
         if self.repeats < 1:
@@ -185,7 +166,7 @@ def _runner(name: str, lengths: np.ndarray, cfg: BenchConfig, attn_weight: float
     return {
         "batching": b,
         "warm": np.random.default_rng(cfg.seed + 1).integers(0, b.n_micro, size=max(cfg.warmup, 1)),
-        "trainer": Trainer.for_bench(cfg, packed=b.packed),
+        "trainer": Trainer.of(cfg, packed=b.packed),
         "plan_s": plan_s,
         "picks": picks,
         "stratum": stratum,
@@ -200,7 +181,9 @@ def _train_rounds(
     """Warm-up rounds, then the measured rounds (``repeats`` times), one micro-batch per strategy per
     round: ``(order of what ran, measurements per strategy, memory watch per strategy)``."""
     order: list[list] = []
-    rec = {name: {"sec": [], "loss_tok": [], "tok": [], "slots": [], "rows": []} for name in runners}
+    rec: dict[str, dict[str, list]] = {
+        name: {"sec": [], "loss_tok": [], "tok": [], "slots": [], "rows": []} for name in runners
+    }
     watches = {name: MemoryWatch(cfg.device) for name in runners}
     measured = max([r["picks"].shape[0] for r in runners.values()], default=0)
     rounds = cfg.warmup + cfg.repeats * measured
@@ -254,7 +237,7 @@ def _config_record(cfg: BenchConfig, samples: Samples) -> dict:
     }
 
 
-def _stats(values: Sequence[float]) -> dict:
+def _stats(values: ArrayLike) -> dict:
     v = np.asarray(values, dtype=np.float64)
     return {"median": float(np.median(v)), "min": float(v.min()), "max": float(v.max())}
 

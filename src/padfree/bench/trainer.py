@@ -7,14 +7,47 @@ import ctypes
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from padfree.errors import ConfigError
 
-if TYPE_CHECKING:
-    from padfree.bench.train_speed import BenchConfig
-
 DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    """The model a bench run trains and how: ``padfree bench`` (:class:`~.train_speed.BenchConfig`) and
+    ``padfree bench --converge`` (:class:`~.converge.ConvergeConfig`) extend it with what they measure.
+
+    Attributes:
+        budget: tokens per micro-batch (padded: count x longest; packed: sum of lengths).
+        seed: the model's initial weights, the samples and the plans.
+        model: built-in tiny model or a config directory; ``model_overrides``: config fields to override.
+        lr, clip, weight_decay: AdamW learning rate, gradient-norm clip (0: off) and weight decay.
+        device, threads: where it runs; torch CPU threads (None: leave torch's choice).
+        dtype: ``float32``, or ``bfloat16``: float32 weights and optimizer, forward and loss under
+            ``torch.autocast(dtype=torch.bfloat16)`` (mixed precision; on a GPU packed rows then reach a
+            fused varlen attention kernel, which needs fp16/bf16).
+        padded_mask: padded rows get an attention mask (else the causal kernel runs on right padding).
+    """
+
+    budget: int = 2048
+    seed: int = 0
+    model: str = "tiny-llama"
+    model_overrides: dict = field(default_factory=dict)
+    lr: float = 1e-4
+    clip: float = 1.0
+    weight_decay: float = 0.0
+    device: str = "cpu"
+    threads: int | None = 2
+    dtype: str = "float32"
+    padded_mask: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
+        if self.budget < 2:
+            raise ConfigError(f"budget must be >= 2 (got {self.budget})")
 
 
 class Trainer:
@@ -42,11 +75,11 @@ class Trainer:
     ) -> None:
         import torch
 
-        from padfree.testing.models import build_model
+        from padfree.models import build_model
         from padfree.torch import PackCollator, PadCollator
-        from padfree.torch.attention import attention_implementation
+        from padfree.torch.attention import attention_for_rows
 
-        self.attn = attention_implementation("packed" if packed else "sorted")
+        self.attn = attention_for_rows(packed)
         self.model = build_model(model, attn_implementation=self.attn, seed=seed, **overrides).to(device)
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
@@ -61,17 +94,19 @@ class Trainer:
         self.attention_paths: dict[str, int] = {}
 
     @classmethod
-    def for_bench(cls, cfg: BenchConfig, packed: bool) -> Trainer:
+    def of(cls, run: ModelRun, packed: bool) -> Trainer:
+        """The trainer of ``run`` for packed rows (``packed``) or padded ones."""
         return cls(
-            cfg.model,
-            cfg.model_overrides,
-            cfg.seed,
-            cfg.device,
-            cfg.lr,
-            cfg.clip,
+            run.model,
+            run.model_overrides,
+            run.seed,
+            run.device,
+            run.lr,
+            run.clip,
             packed,
-            dtype=cfg.dtype,
-            padded_mask=cfg.padded_mask,
+            run.weight_decay,
+            dtype=run.dtype,
+            padded_mask=run.padded_mask,
         )
 
     @property

@@ -157,7 +157,7 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def _vocab(args: argparse.Namespace, overrides: dict) -> int:
-    from padfree.testing.models import build_config
+    from padfree.models import build_config
 
     return int(build_config(args.model, **overrides).vocab_size)
 
@@ -171,7 +171,7 @@ def _text_samples(args: argparse.Namespace, vocab: int, max_len: int):
             "--data needs --tokenizer (a SentencePiece .model, tokenizer.json or transformers folder)"
         )
     check_input(Path(args.tokenizer), "tokenizer")
-    raw = load_samples(args.data, args.tokenizer, None, args.loss_on, None, per_file=args.per_file)
+    raw: list = load_samples(args.data, args.tokenizer, None, args.loss_on, None, per_file=args.per_file)
     if args.overlong == "drop":
         raw = [s for s in raw if s["input_ids"].shape[0] <= max_len]
     raw = [
@@ -220,6 +220,22 @@ def _say(args: argparse.Namespace):
     )
 
 
+def _model_run(args: argparse.Namespace, device: str, overrides: dict, strategies: tuple, lr: float) -> dict:
+    """The :class:`~padfree.bench.trainer.ModelRun` fields (and the strategies) both bench modes take from
+    the command line; ``lr`` is the mode's default learning rate."""
+    chosen = tuple(s.strip() for s in args.strategies.split(",")) if args.strategies else strategies
+    return {
+        "budget": args.budget,
+        "seed": args.seed,
+        "model": args.model,
+        "model_overrides": overrides,
+        "strategies": chosen,
+        "lr": args.lr if args.lr is not None else lr,
+        "device": device,
+        "threads": args.threads,
+    }
+
+
 def _run_speed(args: argparse.Namespace, device: str, overrides: dict, command: str) -> int:
     from padfree.bench import train_speed as ts
     from padfree.bench.samples import Samples, fit_lengths, random_samples
@@ -227,20 +243,12 @@ def _run_speed(args: argparse.Namespace, device: str, overrides: dict, command: 
     from padfree.bench.train_report import markdown, plot
     from padfree.commands.common import load_lengths
 
-    strategies = tuple(s.strip() for s in args.strategies.split(",")) if args.strategies else STRATEGIES
     cfg = ts.BenchConfig(
-        budget=args.budget,
+        **_model_run(args, device, overrides, STRATEGIES, 1e-4),
         steps=args.steps,
         warmup=args.warmup,
-        seed=args.seed,
-        model=args.model,
-        model_overrides=overrides,
-        strategies=strategies,
         select="epoch" if args.whole_epoch else "stratified",
         repeats=args.repeats,
-        lr=args.lr if args.lr is not None else 1e-4,
-        device=device,
-        threads=args.threads,
         dtype=args.dtype,
         padded_mask=args.padded_attention == "masked",
     )
@@ -291,6 +299,7 @@ def _keep(args: argparse.Namespace, lengths: np.ndarray) -> np.ndarray:
 
 def _run_converge(args: argparse.Namespace, device: str, overrides: dict, command: str) -> int:
     from padfree.bench import converge as cv
+    from padfree.bench import converge_report as cr
 
     if not args.data or not args.tokenizer:
         raise ConfigError(
@@ -299,32 +308,24 @@ def _run_converge(args: argparse.Namespace, device: str, overrides: dict, comman
         )
     if args.lengths is not None:
         raise ConfigError("--converge trains on real text (--data), not on a lengths file")
-    strategies = tuple(s.strip() for s in args.strategies.split(",")) if args.strategies else cv.STRATEGIES
     cfg = cv.ConvergeConfig(
-        budget=args.budget,
+        **_model_run(args, device, overrides, cv.STRATEGIES, 2e-3),
         grad_accum=args.grad_accum,
         train_tokens=args.train_tokens,
         eval_every=args.eval_every,
         eval_samples=args.eval_samples,
-        seed=args.seed,
-        model=args.model,
-        model_overrides=overrides,
-        strategies=strategies,
-        lr=args.lr if args.lr is not None else 2e-3,
         warmup_frac=args.warmup_frac,
-        device=device,
-        threads=args.threads,
         equal_steps=not args.unmatched_steps,
     )
     samples, masks = _text_samples(args, _vocab(args, overrides), _max_len(args))
     result = cv.run_converge(samples, masks, cfg, progress=_say(args))
     result["command"] = command
     if args.out is not None:
-        _write(args.out, args.name or "converge", result, cv.markdown(result, command), cv.plot)
+        _write(args.out, args.name or "converge", result, cr.markdown(result, command), cr.plot)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(cv.markdown(result, command))
+        print(cr.markdown(result, command))
     return 0
 
 

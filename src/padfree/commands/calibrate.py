@@ -7,6 +7,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from padfree.commands.common import (
     BUDGET,
@@ -23,7 +24,13 @@ from padfree.errors import ConfigError
 NAME = "calibrate"
 HELP = "time forward+backward+AdamW over padded shapes on this machine; fit time = a*slots + b*attention + c"
 
-QUICK = {"budget": 256, "lengths": [32, 64, 128, 256], "fractions": (1.0, 0.5), "repeats": 1, "warmup": 0}
+QUICK: dict[str, Any] = {
+    "budget": 256,
+    "lengths": [32, 64, 128, 256],
+    "fractions": (1.0, 0.5),
+    "repeats": 1,
+    "warmup": 0,
+}
 """``--quick``: 7 + 3 held-out shapes, each timed once after a single priming step of the largest (11 steps;
 a full warm-up round made it 20)."""
 

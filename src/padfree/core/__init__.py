@@ -5,8 +5,10 @@ Pipeline (one module per arrow)::
     lengths --items--> items --batching--> micro-batches --steps--> steps x ranks --plan--> Plan
                                   (strategies)        (cost, balance)          \\--metrics--> numbers
 
-``stream`` plans huge epochs window by window on top of ``plan``; ``replay`` rebuilds an epoch's plan after
-world-size changes; ``fingerprint`` identifies the data a plan was made for.
+``planner`` decides once between in memory and window by window (``stream`` plans huge epochs on top of
+``plan``); ``replay`` rebuilds an epoch's plan after world-size changes; ``cursor`` walks one rank through
+it (the pure path the torch sampler and the Trainer share; ``position`` is its saved state);
+``fingerprint`` identifies the data a plan was made for.
 """
 
 from padfree.core.config import STRATEGIES, CostModel, PlanConfig

@@ -27,6 +27,7 @@ import numpy as np
 
 from padfree.core import _kernels, cost, steps
 from padfree.core.config import CostModel, PlanConfig
+from padfree.core.cost import Coefficients
 from padfree.errors import ConfigError, StateError
 
 
@@ -35,20 +36,24 @@ class Balance:
     """What decides how a step is given to ranks.
 
     Attributes:
-        cost: ``(a, b, c)`` of the cost model ``a*slots + b*attention + c``.
+        cost: the coefficients of the cost model ``a*slots + b*attention + c`` (a tuple is taken as them).
         speeds: relative speed of each rank, mean 1 (``None``: all equal).
         fitted: ``cost`` was fitted to measured seconds (else it is a configured model, in token units).
         recut: steps are re-cut among ranks (dynamic balancing), not only assigned.
     """
 
-    cost: tuple[float, float, float]
+    cost: Coefficients
     speeds: tuple[float, ...] | None = None
     fitted: bool = False
     recut: bool = False
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.cost, Coefficients):
+            object.__setattr__(self, "cost", Coefficients(*self.cost))
+
     @classmethod
     def of(cls, model: CostModel, recut: bool = False) -> Balance:
-        return cls((float(model.a), float(model.b), float(model.c)), recut=recut)
+        return cls(model.coefficients, recut=recut)
 
     def to_state(self) -> dict:
         speeds = None if self.speeds is None else list(self.speeds)
@@ -76,7 +81,7 @@ class Balance:
             )
         if not all(isinstance(f, bool) for f in flags):
             raise StateError(f"malformed sampler state: fitted and recut must be true or false (got {flags})")
-        return cls(coefs, speeds, *flags)
+        return cls(Coefficients(*coefs), speeds, *flags)
 
 
 def plan_budget(config: PlanConfig, headroom: float) -> int | None:
@@ -95,6 +100,18 @@ def plan_budget(config: PlanConfig, headroom: float) -> int | None:
     if headroom == 1.0:
         return None
     return max(1, int(config.budget * headroom))
+
+
+def dynamic_budget(config: PlanConfig, lengths: np.ndarray, headroom: float | None = None) -> int | None:
+    """The planning budget of a dynamically balanced plan: :func:`plan_budget` at ``headroom`` (default
+    :func:`default_headroom` for these lengths at the config's world size).
+
+    >>> dynamic_budget(PlanConfig(strategy="packed", budget=1000, world_size=2), np.array([10, 20]))
+    850
+    """
+    if headroom is None:
+        headroom = default_headroom(config.world_size, config, lengths)
+    return plan_budget(config, headroom)
 
 
 def default_headroom(
@@ -128,26 +145,10 @@ def default_headroom(
     return room if 2 * long <= total else 1.0
 
 
-def micro_costs(lens: np.ndarray, offsets: np.ndarray, packed: bool, model: tuple) -> np.ndarray:
-    """Modeled cost ``a*slots + b*attention + c`` of each micro-batch ``lens[offsets[k]:offsets[k+1]]`` (an
-    empty one, at the tail of an epoch, costs ``c``)."""
-    a, b, c = model
-    full = np.flatnonzero(np.diff(offsets) > 0)
-    out = np.full(offsets.shape[0] - 1, float(c))
-    if full.size:
-        shapes = cost.micro_shapes(lens, np.append(offsets[full], offsets[-1]), packed)
-        out[full] = a * shapes["slots"] + b * shapes["attn"] + c
-    return out
-
-
 def micro_features(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> np.ndarray:
     """``(slots, attention)`` of each micro-batch, shape ``(m, 2)`` (zeros for an empty one)."""
-    full = np.flatnonzero(np.diff(offsets) > 0)
-    out = np.zeros((offsets.shape[0] - 1, 2))
-    if full.size:
-        shapes = cost.micro_shapes(lens, np.append(offsets[full], offsets[-1]), packed)
-        out[full, 0], out[full, 1] = shapes["slots"], shapes["attn"]
-    return out
+    shapes = cost.micro_shapes(lens, offsets, packed)
+    return np.column_stack([shapes.slots, shapes.attn])
 
 
 def step_layout(
@@ -168,7 +169,7 @@ def step_layout(
     w, g = config.world_size, config.grad_accum
     if offsets.shape[0] - 1 != w * g:
         raise ValueError(f"a step of {offsets.shape[0] - 1} micro-batches for {w} x {g}")
-    costs = micro_costs(lens, offsets, config.packed, balance.cost)
+    costs = cost.micro_costs(cost.micro_shapes(lens, offsets, config.packed), balance.cost)
     speeds = np.ones(w) if balance.speeds is None else np.asarray(balance.speeds, dtype=np.float64)
     perm = steps.assign_ranks(costs, w, g, speeds=None if balance.speeds is None else speeds)
     ids = np.arange(lens.shape[0], dtype=np.int64)
@@ -179,9 +180,11 @@ def step_layout(
     assigned = (costs[perm].reshape(w, g).sum(axis=1) / speeds).max()
     if not config.packed:
         return _recut_padded(lens, (order, new_offsets), balance.cost, speeds, g, cap, assigned)
-    a, b, c = balance.cost
+    c = balance.cost.c
     lf = lens.astype(np.float64)
-    weight = a * lf + b * lf * lf
+    # a packed item's share of its bin's cost: its slots and attention, the bin's constant once
+    alone = cost.Shapes(np.ones_like(lf), lf, lf, lf * lf, lf * lf)  # each item as a packed row
+    weight = cost.micro_costs(alone, balance.cost._replace(c=0.0))
     bin_of = _kernels.recut_packed(lens.astype(np.int64), weight, float(c), speeds, g, cap)
     if bin_of.size == 0:
         return order, new_offsets
@@ -200,8 +203,8 @@ def _by_bin(bin_of: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _recut_padded(
     lens: np.ndarray,
-    assignment: tuple,
-    model: tuple,
+    assignment: tuple[np.ndarray, np.ndarray],
+    model: Coefficients,
     speeds: np.ndarray,
     accum: int,
     cap: int,
@@ -215,7 +218,8 @@ def _recut_padded(
     lens_a = lens[order].astype(np.int64)
     bin_of = _kernels.recut_padded(lens_a, offsets, speeds, accum, cap, np.asarray(model, dtype=np.float64))
     moved, new_offsets = _by_bin(bin_of, k)
-    per_rank = micro_costs(lens_a[moved], new_offsets, False, model).reshape(-1, accum).sum(axis=1)
+    shapes = cost.micro_shapes(lens_a[moved], new_offsets, False)
+    per_rank = cost.micro_costs(shapes, model).reshape(-1, accum).sum(axis=1)
     if not (per_rank / speeds).max() < assigned:
         return assignment
     return order[moved], new_offsets

@@ -9,13 +9,33 @@ Padded strategies obey ``count * longest <= budget``; ``packed`` obeys ``sum(len
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from padfree.core import _kernels
 from padfree.core.buckets import bucket_of, growth_edges, jitter_edges, optimal_edges
 from padfree.core.mixing import Mix, merge_buckets
 
-Batches = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
+
+class Batches(NamedTuple):
+    """Micro-batch ``j`` is ``order[offsets[j]:offsets[j+1]]``; ``strata`` (or None) are the groups the step
+    composer spreads evenly."""
+
+    order: np.ndarray
+    offsets: np.ndarray
+    strata: np.ndarray | None
+
+
+class Formed(NamedTuple):
+    """What a strategy's ``form`` returns: :class:`Batches` and ``edges``, the bucket upper edges used after
+    merging sparse buckets (or None)."""
+
+    order: np.ndarray
+    offsets: np.ndarray
+    strata: np.ndarray | None
+    edges: np.ndarray | None
+
 
 _ZEROS_CACHE: dict[int, np.ndarray] = {}
 
@@ -45,7 +65,7 @@ def sorted_batches(length: np.ndarray, budget: int, rng: np.random.Generator) ->
     offsets = cut(length[order], budget)
     perm = rng.permutation(offsets.shape[0] - 1)
     order, offsets = _kernels.gather_segments(order, offsets, perm)
-    return order, offsets, None
+    return Batches(order, offsets, None)
 
 
 def random_batches(length: np.ndarray, budget: int, rng: np.random.Generator) -> Batches:
@@ -58,7 +78,7 @@ def random_batches(length: np.ndarray, budget: int, rng: np.random.Generator) ->
     """
     order = rng.permutation(length.shape[0])
     offsets = cut(length[order], budget)
-    return (*merge_groups(order, offsets, _kernels.merge_small(length[order], offsets, budget)), None)
+    return Batches(*merge_groups(order, offsets, _kernels.merge_small(length[order], offsets, budget)), None)
 
 
 def merge_groups(order: np.ndarray, offsets: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -86,7 +106,7 @@ def bucket_edges(
 
 def bucketed_batches(
     length: np.ndarray, budget: int, rng: np.random.Generator, edges: np.ndarray, mix: Mix
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> Formed:
     """Cut micro-batches inside each length bucket from a noisy length order; returns ``(order, offsets,
     strata, used_edges)``, ``used_edges`` being the upper edges of the buckets after merging.
 
@@ -126,7 +146,7 @@ def bucketed_batches(
     order = np.argsort(key, kind="stable")
     offsets = _kernels.cut_even(length[order], b[order], int(budget), False)
     strata = b[order[offsets[:-1]]]
-    return order, offsets, strata, used_edges
+    return Formed(order, offsets, strata, used_edges)
 
 
 def packed_batches(length: np.ndarray, budget: int, rng: np.random.Generator) -> Batches:
@@ -141,4 +161,4 @@ def packed_batches(length: np.ndarray, budget: int, rng: np.random.Generator) ->
     order = perm[grouped]
     offsets = np.concatenate(([0], np.cumsum(np.bincount(bin_of, minlength=n_bins)))).astype(np.int64)
     order, offsets = _kernels.gather_segments(order, offsets, rng.permutation(n_bins))
-    return order, offsets, None
+    return Batches(order, offsets, None)

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from padfree.core.cost import Coefficients
 from padfree.core.strategies import REGISTRY, STRATEGIES
 from padfree.errors import ConfigError
 
@@ -56,6 +57,11 @@ class CostModel:
                 )
         if self.a == self.b == self.c == 0:
             raise ConfigError("cost coefficients a, b, c are all 0: every micro-batch would cost nothing")
+
+    @property
+    def coefficients(self) -> Coefficients:
+        """``(a, b, c)`` as floats (what a :class:`~padfree.core.balance.Balance` and the kernels take)."""
+        return Coefficients(float(self.a), float(self.b), float(self.c))
 
     @classmethod
     def from_shape(cls, hidden: int = 4096, layers: int = 32, vocab: int = 32000) -> CostModel:

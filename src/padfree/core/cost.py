@@ -19,44 +19,91 @@ micro-batches an epoch needs. The cost of a micro-batch is ``a*slots + b*attenti
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
 import numpy as np
 
-from padfree.core.config import CostModel
+
+class Coefficients(NamedTuple):
+    """``(a, b, c)`` of the cost ``a*slots + b*attention + c``: what a :class:`~padfree.core.config.CostModel`
+    says (``CostModel.coefficients``), a balance fitted in seconds carries, and a numba kernel takes as three
+    scalars (``np.asarray(coefficients)``)."""
+
+    a: float
+    b: float
+    c: float
 
 
-def micro_shapes(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> dict[str, np.ndarray]:
+class HasCoefficients(Protocol):
+    @property
+    def a(self) -> float: ...
+    @property
+    def b(self) -> float: ...
+    @property
+    def c(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Shapes:
     """Per micro-batch: ``count`` samples, ``real`` tokens, computed ``slots``, ``real_attn`` (sum of l^2)
-    and computed ``attn``; ``lens`` are the lengths in plan order, ``offsets`` the micro-batch boundaries.
+    and computed ``attn`` (zeros for an empty micro-batch)."""
+
+    count: np.ndarray
+    real: np.ndarray
+    slots: np.ndarray
+    real_attn: np.ndarray
+    attn: np.ndarray
+
+
+def micro_shapes(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> Shapes:
+    """What each micro-batch computes (:class:`Shapes`); ``lens`` are the lengths in plan order, ``offsets``
+    the micro-batch boundaries. An empty micro-batch (a re-cut step's, an epoch tail's) computes nothing.
 
     >>> sh = micro_shapes(np.array([5, 3, 4, 2]), np.array([0, 3, 4]), packed=False)
-    >>> sh["slots"].tolist(), sh["attn"].tolist(), sh["real"].tolist()
+    >>> sh.slots.tolist(), sh.attn.tolist(), sh.real.tolist()
     ([15.0, 2.0], [75.0, 4.0], [12.0, 2.0])
-    >>> micro_shapes(np.array([5, 3, 4]), np.array([0, 3]), packed=True)["slots"].tolist()
+    >>> micro_shapes(np.array([5, 3, 4]), np.array([0, 3]), packed=True).slots.tolist()
     [12.0]
+    >>> micro_shapes(np.array([5, 3]), np.array([0, 0, 2, 2]), packed=False).slots.tolist()
+    [0.0, 10.0, 0.0]
     """
-    starts = offsets[:-1]
     count = np.diff(offsets)
     if lens.size == 0:
         z = np.zeros(count.shape[0])
-        return {"count": count, "real": z, "slots": z, "real_attn": z, "attn": z}
+        return Shapes(count, z, z, z, z)
+    full = np.flatnonzero(count > 0)
+    if full.size < count.shape[0]:
+        part = _shapes(lens, np.append(offsets[full], offsets[-1]), packed)
+        out = [np.zeros(count.shape[0]) for _ in range(4)]
+        for arr, v in zip(out, (part.real, part.slots, part.real_attn, part.attn), strict=True):
+            arr[full] = v
+        return Shapes(count, *out)
+    return _shapes(lens, offsets, packed)
+
+
+def _shapes(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> Shapes:
+    starts = offsets[:-1]
+    count = np.diff(offsets)
     lf = lens.astype(np.float64)
     real = np.add.reduceat(lf, starts)
     real_attn = np.add.reduceat(lf * lf, starts)
     if packed:
-        return {"count": count, "real": real, "slots": real, "real_attn": real_attn, "attn": real_attn}
+        return Shapes(count, real, real, real_attn, real_attn)
     longest = np.maximum.reduceat(lf, starts)
-    return {
-        "count": count,
-        "real": real,
-        "slots": count * longest,
-        "real_attn": real_attn,
-        "attn": count * longest * longest,
-    }
+    return Shapes(count, real, count * longest, real_attn, count * longest * longest)
 
 
-def micro_costs(shapes: dict[str, np.ndarray], cost: CostModel) -> np.ndarray:
-    """Modeled cost of computing each micro-batch: ``a*slots + b*attention + c``."""
-    return cost.a * shapes["slots"] + cost.b * shapes["attn"] + cost.c
+def micro_costs(shapes: Shapes, model: HasCoefficients) -> np.ndarray:
+    """Modeled cost of computing each micro-batch: ``a*slots + b*attention + c`` (the one place it is
+    written; ``model`` is a :class:`~padfree.core.config.CostModel` or :class:`Coefficients`)."""
+    return model.a * shapes.slots + model.b * shapes.attn + model.c
+
+
+def real_cost(shapes: Shapes, model: HasCoefficients) -> float:
+    """Modeled cost of the real work alone, all micro-batches together: ``a*tokens + b*sum l^2`` (no padding,
+    no per-micro-batch constant)."""
+    return float(model.a * shapes.real.sum() + model.b * shapes.real_attn.sum())
 
 
 def rank_costs(costs: np.ndarray, world_size: int, grad_accum: int) -> np.ndarray:

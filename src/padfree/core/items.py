@@ -7,6 +7,7 @@ Without ``split``, item ``i`` is sample ``i`` (or the i-th kept sample under ``d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -73,6 +74,15 @@ def _num(x: object) -> object:
     return int(f) if f.is_integer() and abs(f) < 1e30 else f  # 1.5e+300, not its 301 digits
 
 
+class Report(NamedTuple):
+    """What the overlong policy did to an epoch's samples (a plan carries it)."""
+
+    n_samples: int
+    truncated: int = 0
+    split: int = 0
+    dropped: int = 0
+
+
 @dataclass(frozen=True)
 class Items:
     """The units the planner places, with their sample of origin.
@@ -95,6 +105,10 @@ class Items:
 
     def __len__(self) -> int:
         return int(self.length.shape[0])
+
+    @property
+    def report(self) -> Report:
+        return Report(self.n_samples, self.truncated, self.split, self.dropped)
 
     def sample_ids(self) -> np.ndarray:
         if self.sample is None:

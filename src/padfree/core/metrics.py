@@ -23,22 +23,19 @@ def padding_efficiency(plan: Plan) -> float:
     """Real tokens / computed slots (see :mod:`padfree.core.cost`: padded micro-batches compute
     count x longest; packed rows compute their tokens, so packed plans are 1.0)."""
     sh = plan.shapes()
-    return float(sh["real"].sum() / sh["slots"].sum())
+    return float(sh.real.sum() / sh.slots.sum())
 
 
 def fill(plan: Plan) -> float:
     """Real tokens / (micro-batches x budget): how full the micro-batches are against the token budget.
     Less fill means more micro-batches (and steps) for the same data."""
-    return float(plan.shapes()["real"].sum() / (plan.n_micro * plan.config.budget))
+    return float(plan.shapes().real.sum() / (plan.n_micro * plan.config.budget))
 
 
 def compute_efficiency(plan: Plan) -> float:
     """Modeled cost of the real work (``a*tokens + b*sum l^2``) / modeled cost of what is computed
     (``a*slots + b*attention + c`` per micro-batch)."""
-    sh = plan.shapes()
-    c = plan.config.cost
-    real = c.a * sh["real"].sum() + c.b * sh["real_attn"].sum()
-    return float(real / plan.costs().sum())
+    return float(cost.real_cost(plan.shapes(), plan.config.cost) / plan.costs().sum())
 
 
 def imbalance(plan: Plan) -> float:
@@ -48,7 +45,7 @@ def imbalance(plan: Plan) -> float:
 
 def modeled_throughput(plan: Plan) -> float:
     """Real tokens / sum over steps of the most loaded rank's modeled cost (tokens per cost unit)."""
-    return float(plan.shapes()["real"].sum() / cost.step_costs(plan.rank_costs()).sum())
+    return float(plan.shapes().real.sum() / cost.step_costs(plan.rank_costs()).sum())
 
 
 def step_of_entries(plan: Plan) -> np.ndarray:
@@ -171,7 +168,7 @@ def cobatch_repeat(plan: Plan, next_plan: Plan) -> float:
 def step_tokens(plan: Plan) -> np.ndarray:
     """Real (non-padding) tokens of each step."""
     k = plan.config.micro_per_step
-    return plan.shapes()["real"].reshape(plan.n_steps, k).sum(1)
+    return plan.shapes().real.reshape(plan.n_steps, k).sum(1)
 
 
 def adjacent_corr(plan: Plan) -> float:
@@ -182,8 +179,8 @@ def adjacent_corr(plan: Plan) -> float:
     """
     k = plan.config.micro_per_step
     sh = plan.shapes()
-    tok = sh["real"].reshape(plan.n_steps, k).sum(1)
-    cnt = sh["count"].reshape(plan.n_steps, k).sum(1)
+    tok = sh.real.reshape(plan.n_steps, k).sum(1)
+    cnt = sh.count.reshape(plan.n_steps, k).sum(1)
     return _corr(tok / cnt)
 
 
@@ -259,23 +256,23 @@ class EpochMeter:
             costs = cost.micro_costs(sh, c.cost)
             per_rank = cost.rank_costs(costs, c.world_size, c.grad_accum)
             mean = per_rank.mean(axis=1)
-            s["real"] += float(sh["real"].sum())
-            s["slots"] += float(sh["slots"].sum())
-            s["real_cost"] += float(c.cost.a * sh["real"].sum() + c.cost.b * sh["real_attn"].sum())
+            s["real"] += float(sh.real.sum())
+            s["slots"] += float(sh.slots.sum())
+            s["real_cost"] += cost.real_cost(sh, c.cost)
             s["cost"] += float(costs.sum())
             s["slowest"] += float(per_rank.max(axis=1).sum())
             s["ratio"] += float((per_rank.max(axis=1) / np.where(mean > 0, mean, 1.0)).sum())
             s["w1"] += self.divergence.total(p)
             if self.previous is not None:
                 s["repeated"] += self.previous.repeated(p)
-            tok.append(sh["real"].reshape(p.n_steps, -1).sum(1))
-            cnt.append(sh["count"].reshape(p.n_steps, -1).sum(1))
+            tok.append(sh.real.reshape(p.n_steps, -1).sum(1))
+            cnt.append(sh.count.reshape(p.n_steps, -1).sum(1))
             edges = p.edges if n["micro"] == 0 else edges
             n["micro"] += p.n_micro
             for key in ("truncated", "split", "dropped"):
                 n[key] += getattr(p, key)
             n["seconds"] += p.plan_seconds
-            p._shapes.clear()  # the piece's per-micro-batch arrays go with it
+            p.forget_shapes()  # the piece's per-micro-batch arrays go with it
         steps = int(n["micro"]) // c.micro_per_step
         tok_a, cnt_a = np.concatenate(tok), np.concatenate(cnt)
         out = {

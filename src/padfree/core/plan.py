@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from padfree.core import _kernels, cost, steps
 from padfree.core.config import PlanConfig
-from padfree.core.items import Items, make_items, validate_lengths
+from padfree.core.items import Items, Report, make_items, validate_lengths
 from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 
@@ -77,6 +78,11 @@ class Plan:
         edges: the bucket upper edges used this epoch, after sparse buckets merged (bucketed only).
         n_samples, truncated, split, dropped: the overlong policy's report.
         plan_seconds: wall time to make the plan.
+        assigned: each step's micro-batches are given to ranks (``False``: still in their stratified order,
+            as :func:`padfree.core.replay.replay` leaves them; then :meth:`micro_ids` and :meth:`records`
+            refuse, since no rank owns a micro-batch yet).
+
+    Build one with :meth:`of`.
     """
 
     config: PlanConfig
@@ -91,7 +97,30 @@ class Plan:
     split: int = 0
     dropped: int = 0
     plan_seconds: float = 0.0
-    _shapes: dict = field(default_factory=dict, repr=False, compare=False)
+    assigned: bool = True
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)  # "shapes": cost.Shapes
+
+    @classmethod
+    def of(
+        cls,
+        config: PlanConfig,
+        epoch: int,
+        indices: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        report: Report,
+        *,
+        starts: np.ndarray | None = None,
+        edges: np.ndarray | None = None,
+        t0: float | None = None,
+        assigned: bool = True,
+        shapes: cost.Shapes | None = None,
+    ) -> Plan:
+        """The one way a plan is built: its arrays, the overlong ``report`` of its items, ``plan_seconds``
+        since ``t0`` (``None``: 0), and ``shapes`` already computed for these micro-batches (or none)."""
+        seconds = 0.0 if t0 is None else time.perf_counter() - t0
+        cache = {} if shapes is None else {"shapes": shapes}
+        return cls(config, epoch, indices, offsets, lengths, starts, edges, *report, seconds, assigned, cache)
 
     @property
     def n_micro(self) -> int:
@@ -111,6 +140,7 @@ class Plan:
 
     def micro_ids(self, rank: int) -> np.ndarray:
         """The micro-batch numbers rank ``rank`` runs, in order (``grad_accum`` per step)."""
+        self._check_assigned()
         c = self.config
         if not 0 <= rank < c.world_size:
             raise ConfigError(f"rank {rank} outside world size {c.world_size}")
@@ -118,11 +148,23 @@ class Plan:
         base = np.arange(self.n_steps, dtype=np.int64)[:, None] * k + rank * c.grad_accum
         return (base + np.arange(c.grad_accum, dtype=np.int64)[None, :]).ravel()
 
-    def shapes(self) -> dict[str, np.ndarray]:
+    def _check_assigned(self) -> None:
+        if not self.assigned and self.config.world_size > 1:
+            raise ConfigError(
+                "this plan's steps are not given to ranks yet (an unassigned replay plan): no rank owns a "
+                "micro-batch; see padfree.core.balance.step_layout"
+            )
+
+    def shapes(self) -> cost.Shapes:
         """Per micro-batch counts, real tokens, slots and attention (see ``cost.micro_shapes``)."""
-        if not self._shapes:
-            self._shapes.update(cost.micro_shapes(self.lengths, self.offsets, self.config.packed))
-        return self._shapes
+        if "shapes" not in self._cache:
+            self._cache["shapes"] = cost.micro_shapes(self.lengths, self.offsets, self.config.packed)
+        shapes: cost.Shapes = self._cache["shapes"]
+        return shapes
+
+    def forget_shapes(self) -> None:
+        """Drop the cached per-micro-batch arrays (a measured piece of a long epoch)."""
+        self._cache.clear()
 
     def costs(self) -> np.ndarray:
         """Modeled cost of each micro-batch under the plan's cost model."""
@@ -135,6 +177,7 @@ class Plan:
     def records(self) -> Iterator[dict]:
         """One dict per micro-batch: ``{"epoch", "step", "rank", "micro", "indices"}`` (plus token ``starts``
         and ``lengths`` when samples were split)."""
+        self._check_assigned()
         c = self.config
         k = c.micro_per_step
         for j in range(self.n_micro):
@@ -153,7 +196,7 @@ class Plan:
 
 
 def plan_in_memory(
-    lengths: np.ndarray,
+    lengths: ArrayLike,
     config: PlanConfig,
     epoch: int,
     *,
@@ -199,25 +242,15 @@ def plan_items(
     order, offsets = steps.complete_last_step(order, offsets, length, k, config.budget, config.packed)
     lens = length[order]
     shapes = cost.micro_shapes(lens, offsets, config.packed)
+    cached: cost.Shapes | None = shapes  # the plan's shapes, unless the assignment reorders them
     if assign and config.world_size > 1:
         perm = steps.assign_ranks(cost.micro_costs(shapes, config.cost), config.world_size, config.grad_accum)
         order, offsets = _kernels.gather_segments(order, offsets, perm)
         lens = length[order]
-        shapes = {}
+        cached = None
     sample_ids = order if items.sample is None else items.sample[order]
     starts = None if items.start is None else items.start[order]
-    return Plan(
-        config=config,
-        epoch=epoch,
-        indices=sample_ids,
-        offsets=offsets,
-        lengths=lens,
-        starts=starts,
-        edges=edges,
-        n_samples=items.n_samples,
-        truncated=items.truncated,
-        split=items.split,
-        dropped=items.dropped,
-        plan_seconds=time.perf_counter() - t0,
-        _shapes=shapes,
-    )
+    return Plan.of(
+        config, epoch, sample_ids, offsets, lens, items.report, starts=starts, edges=edges, t0=t0,
+        assigned=assign, shapes=cached,
+    )  # fmt: skip

@@ -12,17 +12,42 @@ import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from padfree.core import stream as _stream
 from padfree.core.config import PlanConfig
 from padfree.core.plan import Plan, check_epoch, plan_in_memory
+from padfree.errors import ConfigError
 
 STREAM_THRESHOLD = 20_000_000
 """``make_plan`` plans above this many samples window by window (see :mod:`padfree.core.stream`)."""
 
 
+def planning_window(lengths: ArrayLike, stream: bool | None = None, window: int | None = None) -> int | None:
+    """The one decision between the two paths: ``None`` to plan in memory, else the window size.
+
+    ``stream=True`` plans window by window, ``False`` in memory; ``None`` decides by size (above
+    :data:`STREAM_THRESHOLD` samples). ``window`` (default :data:`padfree.core.stream.DEFAULT_WINDOW`) only
+    sizes the windows.
+
+    >>> planning_window(np.ones(10)), planning_window(np.ones(10), True), planning_window([1, 2], True, 5)
+    (None, 4000000, 5)
+    """
+    if window is not None and (
+        isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1
+    ):
+        raise ConfigError(f"window must be an integer >= 1 (got {window!r})")
+    try:
+        n = len(lengths)  # type: ignore[arg-type]
+    except TypeError:  # a scalar: validate_lengths reports it
+        n = 0
+    if stream or (stream is None and n > STREAM_THRESHOLD):
+        return _stream.DEFAULT_WINDOW if window is None else int(window)
+    return None
+
+
 def make_plan(
-    lengths: np.ndarray,
+    lengths: ArrayLike,
     config: PlanConfig,
     epoch: int = 0,
     *,
@@ -46,18 +71,14 @@ def make_plan(
     """
     t0 = time.perf_counter()
     epoch = check_epoch(epoch)
-    try:
-        n = len(lengths)
-    except TypeError:  # a scalar: validate_lengths reports it
-        n = 0
-    if stream or (stream is None and n > STREAM_THRESHOLD):
-        window = window or _stream.DEFAULT_WINDOW
+    window = planning_window(lengths, stream, window)
+    if window is not None:
         return _stream.plan_stream(lengths, config, epoch, window=window, path=path, progress=progress, t0=t0)
     return plan_in_memory(lengths, config, epoch, path=path, t0=t0)
 
 
 def plan_pieces(
-    lengths: np.ndarray,
+    lengths: ArrayLike,
     config: PlanConfig,
     epoch: int = 0,
     *,
@@ -69,7 +90,7 @@ def plan_pieces(
     """The epoch :func:`make_plan` makes, as consecutive pieces of whole steps, one in memory at a time.
 
     In memory the one piece is :func:`make_plan`'s plan; on the window path each piece is one window's plan
-    (:func:`padfree.core.stream.iter_window_plans`), and their concatenation is :func:`make_plan`'s plan
+    (:func:`padfree.core.stream.window_pieces`), and their concatenation is :func:`make_plan`'s plan
     (sample ids are global; the pieces' offsets start at 0). Measuring a plan piece by piece
     (:class:`padfree.core.metrics.EpochMeter`) keeps memory at one window's, not the epoch's.
 
@@ -81,20 +102,9 @@ def plan_pieces(
     (4, True)
     """
     epoch = check_epoch(epoch)
-    try:
-        n = len(lengths)
-    except TypeError:
-        n = 0
-    if not (stream or (stream is None and n > STREAM_THRESHOLD)):
+    window = planning_window(lengths, stream, window)
+    if window is None:
         yield plan_in_memory(lengths, config, epoch, path=path)
         return
-    windows = _stream.deal_windows(lengths, config, epoch, window or _stream.DEFAULT_WINDOW, path)
-    if windows.n_windows == 1:  # as plan_stream: one window is the in-memory plan
-        yield plan_in_memory(windows.lengths, config, epoch, path=path)
-        if progress is not None:
-            progress(1, 1)
-        return
-    for j, piece in _stream.iter_window_plans(windows, config, epoch, path):
-        yield piece
-        if progress is not None:
-            progress(j + 1, windows.n_windows)
+    windows = _stream.deal_windows(lengths, config, epoch, window, path)
+    yield from _stream.window_pieces(windows, config, epoch, path, progress)

@@ -75,15 +75,9 @@ def one_per_micro(items: Items, config: PlanConfig, epoch: int) -> Plan:
     k = config.micro_per_step
     m = -(-n // k) * k
     offsets = np.minimum(np.arange(m + 1, dtype=np.int64), n)
-    return Plan(
-        config=config,
-        epoch=epoch,
-        indices=items.sample_ids()[:n].astype(np.int64, copy=False),
-        offsets=offsets,
-        lengths=items.length.astype(np.int64, copy=False),
-        starts=items.start,
-        n_samples=items.n_samples,
-    )
+    indices = items.sample_ids()[:n].astype(np.int64, copy=False)
+    lengths = items.length.astype(np.int64, copy=False)
+    return Plan.of(config, epoch, indices, offsets, lengths, items.report, starts=items.start, assigned=False)
 
 
 def plan_rest(items: Items, config: PlanConfig, epoch: int, window: int | None = None) -> Plan:

@@ -19,14 +19,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from padfree.core import batching, mixing
+from padfree.core.batching import Formed
 
 if TYPE_CHECKING:
     from padfree.core.config import PlanConfig
 
-Formed = tuple[np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None"]
-"""``(order, offsets, strata, edges)``: micro-batch ``j`` is ``order[offsets[j]:offsets[j+1]]``; ``strata``
-(or None) are the groups the step composer spreads evenly; ``edges`` the bucket upper edges used, after
-merging sparse buckets (or None)."""
+__all__ = ["REGISTRY", "STRATEGIES", "Formed", "Strategy", "register", "resolved_mix"]
 
 
 @dataclass(frozen=True)
@@ -38,14 +36,20 @@ class Strategy:
         stream_id: the random stream of its epochs; plans depend on it, so it never changes once released
             and no two strategies share one.
         packed: micro-batches are packed rows (``sum(lengths) <= budget``) rather than padded ones
-            (``count * longest <= budget``).
+            (``count * longest <= budget``): collated by ``PackCollator``, run with per-document attention.
         form: ``form(lengths, config, rng) -> Formed``.
+        bucketed: forms micro-batches inside length buckets: the config's ``buckets``, ``growth`` and ``mix``
+            apply, and its plans report their bucket ``edges``.
+        fixed_batches: its micro-batches are the same every epoch (formed from the seed alone); only their
+            order changes.
     """
 
     name: str
     stream_id: int
     packed: bool
     form: Callable[[np.ndarray, PlanConfig, np.random.Generator], Formed]
+    bucketed: bool = False
+    fixed_batches: bool = False
 
 
 REGISTRY: dict[str, Strategy] = {}
@@ -62,11 +66,11 @@ def register(strategy: Strategy) -> Strategy:
 
 
 def _sorted(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Formed:
-    return (*batching.sorted_batches(length, cfg.budget, rng), None)
+    return Formed(*batching.sorted_batches(length, cfg.budget, rng), None)
 
 
 def _random(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Formed:
-    return (*batching.random_batches(length, cfg.budget, rng), None)
+    return Formed(*batching.random_batches(length, cfg.budget, rng), None)
 
 
 def _bucketed(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Formed:
@@ -84,12 +88,12 @@ def resolved_mix(length: np.ndarray, cfg: PlanConfig) -> mixing.Mix:
 
 
 def _packed(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Formed:
-    return (*batching.packed_batches(length, cfg.budget, rng), None)
+    return Formed(*batching.packed_batches(length, cfg.budget, rng), None)
 
 
-register(Strategy("sorted", 11, packed=False, form=_sorted))
+register(Strategy("sorted", 11, packed=False, form=_sorted, fixed_batches=True))
 register(Strategy("random", 12, packed=False, form=_random))
-register(Strategy("bucketed", 13, packed=False, form=_bucketed))
+register(Strategy("bucketed", 13, packed=False, form=_bucketed, bucketed=True))
 register(Strategy("packed", 14, packed=True, form=_packed))
 
 STRATEGIES: tuple[str, ...] = tuple(REGISTRY)

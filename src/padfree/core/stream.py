@@ -12,8 +12,8 @@ Memory: the window ids (1 byte a sample while there are < 128 windows), their gr
 the output plan (int32 ``indices`` and ``lengths``) and one window's working arrays; nothing of size ``n``
 in int64. Samples stay int32 when the lengths are int32.
 
-``sorted`` draws its windows from the seed alone (not the epoch), so, as in the in-memory path, its
-micro-batches are the same every epoch and only their order changes.
+A strategy with ``fixed_batches`` (``sorted``) draws its windows from the seed alone (not the epoch), so, as
+in the in-memory path, its micro-batches are the same every epoch and only their order changes.
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from padfree.core import _kernels
 from padfree.core._kernels import njit
 from padfree.core.config import PlanConfig
-from padfree.core.items import Items, check_overlong, make_items, validate_lengths
+from padfree.core.items import Items, Report, check_overlong, make_items, validate_lengths
 from padfree.core.plan import Plan, check_epoch, check_fills_step, epoch_rng, plan_in_memory, plan_items
+from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 
 DEFAULT_WINDOW = 4_000_000
@@ -88,7 +90,7 @@ class Windows:
 
 
 def deal_windows(
-    lengths: np.ndarray,
+    lengths: ArrayLike,
     config: PlanConfig,
     epoch: int,
     window: int = DEFAULT_WINDOW,
@@ -114,7 +116,7 @@ def deal_windows(
     budget = config.budget if item_budget is None else int(item_budget)
     k = config.micro_per_step
     n_windows = max(1, math.ceil(n / int(window)))
-    label_epoch = 0 if config.strategy == "sorted" else epoch
+    label_epoch = 0 if REGISTRY[config.strategy].fixed_batches else epoch
     labels = _labels(epoch_rng(config.seed, label_epoch, config.strategy, 0), n, n_windows)
 
     # one pass in chunks: items per window, and the overlong report
@@ -140,10 +142,18 @@ def deal_windows(
     total = int(items.sum())
     check_fills_step(total, config)
 
-    labels, items = _merge_small(labels, items, k)
-    order: np.ndarray = np.empty(n, _index_dtype(n))
-    starts = _group_by_label(labels, items.shape[0], order)
+    order, starts, items = _group(labels, items, k)
     return Windows(lengths=lengths, order=order, starts=starts, items=items, n_over=n_over, budget=budget)
+
+
+def _group(labels: np.ndarray, per_window: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Windows too small for one step merged, then the ids grouped by window: ``(order, starts, per
+    window)``, window ``j`` holding ``order[starts[j]:starts[j+1]]``."""
+    labels, per_window = _merge_small(labels, per_window, k)
+    n = int(labels.shape[0])
+    order: np.ndarray = np.empty(n, _index_dtype(n))
+    starts = _group_by_label(labels, per_window.shape[0], order)
+    return order, starts, per_window
 
 
 def _merge_small(labels: np.ndarray, items: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -171,57 +181,72 @@ def _labels(rng: np.random.Generator, n: int, n_windows: int) -> np.ndarray:
     return rng.integers(0, n_windows, n, dtype=dtype)
 
 
-def plan_window(
+def _window_plans(
+    starts: np.ndarray,
+    items_of: Callable[[int, int], Items],
+    config: PlanConfig,
+    epoch: int,
+    tag: int,
+    assign: bool,
+) -> Iterator[tuple[int, int, int, Plan]]:
+    """The one windowed planner: ``(j, lo, hi, plan)`` for the windows in order, window ``j`` (entries
+    ``lo:hi`` of the window order) planned on its own stream ``(tag, j)``; one window in memory at a time. A
+    window whose micro-batches cannot be made whole steps (nearly all of them single samples) is planned again
+    together with the next window (``lo`` stays)."""
+    n_windows = int(starts.shape[0] - 1)
+    lo = 0
+    for j in range(n_windows):
+        hi = int(starts[j + 1])
+        rng = epoch_rng(config.seed, epoch, config.strategy, tag, j)
+        try:
+            plan = plan_items(items_of(lo, hi), config, epoch, rng=rng, assign=assign)
+        except ConfigError:
+            if j == n_windows - 1:
+                raise
+            continue
+        yield j, lo, hi, plan
+        lo = hi
+
+
+def window_pieces(
     windows: Windows,
-    j: int,
     config: PlanConfig,
     epoch: int,
     path: str | None = None,
-    ids: np.ndarray | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    *,
+    t0: float | None = None,
     assign: bool = True,
-) -> Plan:
-    """Plan window ``j`` (or the samples ``ids``) on window ``j``'s random stream; the plan holds global
-    sample ids and whole steps (``assign``: see :func:`padfree.core.plan.plan_items`)."""
-    ids = windows.samples(j) if ids is None else ids
+    item_budget: int | None = None,
+) -> Iterator[Plan]:
+    """The epoch dealt to ``windows`` as consecutive plans of whole steps (global sample ids), one window in
+    memory at a time; a single window is the in-memory plan. ``progress(done, total)`` after each window
+    (``assign``: see :func:`padfree.core.plan.plan_items`; ``item_budget``: see :func:`deal_windows`)."""
+    if windows.n_windows == 1:
+        yield plan_in_memory(
+            windows.lengths, config, epoch, path=path, t0=t0, assign=assign, item_budget=item_budget
+        )
+        if progress is not None:
+            progress(1, 1)
+        return
     budget = config.budget if windows.budget is None else windows.budget
-    it = make_items(windows.lengths[ids].astype(np.int64), budget, config.overlong, path)
-    gids = ids.astype(np.int64)
-    sample = gids if it.sample is None else gids[it.sample]
-    items = Items(
-        it.length,
-        sample,
-        it.start,
-        int(windows.lengths.shape[0]),
-        truncated=it.truncated,
-        split=it.split,
-        dropped=it.dropped,
-    )
-    rng = epoch_rng(config.seed, epoch, config.strategy, 1, j)
-    return plan_items(items, config, epoch, rng=rng, assign=assign)
+    n = int(windows.lengths.shape[0])
 
+    def items_of(lo: int, hi: int) -> Items:
+        ids = windows.order[lo:hi]
+        it = make_items(windows.lengths[ids].astype(np.int64), budget, config.overlong, path)
+        gids = ids.astype(np.int64)
+        sample = gids if it.sample is None else gids[it.sample]
+        return Items(it.length, sample, it.start, n, it.truncated, it.split, it.dropped)
 
-def iter_window_plans(
-    windows: Windows, config: PlanConfig, epoch: int, path: str | None = None, assign: bool = True
-) -> Iterator[tuple[int, Plan]]:
-    """``(j, plan)`` for the windows in order, one window in memory at a time; ``j`` is the last window the
-    plan covers. A window whose micro-batches cannot be made whole steps (nearly all of them single samples)
-    is planned again together with the next window."""
-    carry = None
-    for j in range(windows.n_windows):
-        ids = windows.samples(j) if carry is None else np.concatenate([carry, windows.samples(j)])
-        try:
-            plan = plan_window(windows, j, config, epoch, path, ids, assign)
-        except ConfigError:
-            if j == windows.n_windows - 1:
-                raise
-            carry = ids
-            continue
-        carry = None
-        yield j, plan
+    for j, _, _, plan in _window_plans(windows.starts, items_of, config, epoch, 1, assign):
+        yield plan
+        if progress is not None:
+            progress(j + 1, windows.n_windows)
 
 
 def plan_stream(
-    lengths: np.ndarray,
+    lengths: ArrayLike,
     config: PlanConfig,
     epoch: int = 0,
     *,
@@ -249,28 +274,26 @@ def plan_stream(
     t0 = time.perf_counter() if t0 is None else t0
     epoch = check_epoch(epoch)
     windows = deal_windows(lengths, config, epoch, window, path, item_budget)
+    pieces = window_pieces(
+        windows, config, epoch, path, progress, t0=t0, assign=assign, item_budget=item_budget
+    )
     if windows.n_windows == 1:
-        plan = plan_in_memory(
-            windows.lengths, config, epoch, path=path, t0=t0, assign=assign, item_budget=item_budget
-        )
-        if progress is not None:
-            progress(1, 1)
+        [plan] = pieces
         return plan
     n = int(windows.lengths.shape[0])
     # as in the in-memory path: starts only when some sample was split
-    out = _Concat(int(windows.items.sum()), n, config.overlong == "split" and windows.n_over > 0)
-    for j, p in iter_window_plans(windows, config, epoch, path, assign):
+    out = _Concat(int(windows.items.sum()), n, config.overlong == "split" and windows.n_over > 0, assign)
+    for p in pieces:
         out.add(p)
-        if progress is not None:
-            progress(j + 1, windows.n_windows)
     return out.plan(config, epoch, n, t0)
 
 
 class _Concat:
     """Window plans written one after the other into compact arrays (int32 lengths and starts)."""
 
-    def __init__(self, total: int, n_samples: int, with_starts: bool) -> None:
+    def __init__(self, total: int, n_samples: int, with_starts: bool, assigned: bool) -> None:
         self.total = total
+        self.assigned = assigned
         self.indices: np.ndarray = np.empty(total, _index_dtype(n_samples))
         self.lens = np.empty(total, np.int32)
         self.starts = np.empty(total, np.int32) if with_starts else None
@@ -295,21 +318,12 @@ class _Concat:
 
     def plan(self, config: PlanConfig, epoch: int, n_samples: int, t0: float) -> Plan:
         assert self.pos == self.total, (self.pos, self.total)
-        truncated, split, dropped = self.counts
-        return Plan(
-            config=config,
-            epoch=epoch,
-            indices=self.indices,
-            offsets=np.concatenate(self.offsets),
-            lengths=self.lens,
-            starts=self.starts,
-            edges=self.edges,
-            n_samples=n_samples,
-            truncated=truncated,
-            split=split,
-            dropped=dropped,
-            plan_seconds=time.perf_counter() - t0,
-        )
+        report = Report(n_samples, *self.counts)
+        offsets = np.concatenate(self.offsets)
+        return Plan.of(
+            config, epoch, self.indices, offsets, self.lens, report, starts=self.starts, edges=self.edges,
+            t0=t0, assigned=self.assigned,
+        )  # fmt: skip
 
 
 def plan_items_windowed(
@@ -335,9 +349,7 @@ def plan_items_windowed(
     if n_windows == 1:
         return plan_items(items, config, epoch, assign=False)
     labels = _labels(epoch_rng(config.seed, epoch, config.strategy, 2), n, n_windows)
-    labels, per_window = _merge_small(labels, np.bincount(labels, minlength=n_windows), config.micro_per_step)
-    order: np.ndarray = np.empty(n, _index_dtype(n))
-    starts = _group_by_label(labels, per_window.shape[0], order)
+    order, starts, _ = _group(labels, np.bincount(labels, minlength=n_windows), config.micro_per_step)
     del labels
     # the items in window order, in their own arrays: every window is then one contiguous slice, and its
     # plan (a permutation of the slice) is written back over it
@@ -351,30 +363,17 @@ def plan_items_windowed(
     del order, seen
     length, sample = arrays[0], arrays[1]
     start = arrays[2] if items.start is not None else None
+
+    def items_of(lo: int, hi: int) -> Items:
+        return Items(length[lo:hi], sample[lo:hi], None if start is None else start[lo:hi], items.n_samples)
+
     offsets = [np.zeros(1, np.int64)]
-    lo = 0
-    for j in range(per_window.shape[0]):
-        hi = int(starts[j + 1])
-        part = Items(length[lo:hi], sample[lo:hi], None if start is None else start[lo:hi], items.n_samples)
-        rng = epoch_rng(config.seed, epoch, config.strategy, 3, j)
-        try:
-            p = plan_items(part, config, epoch, rng=rng, assign=False)
-        except ConfigError:
-            if j == per_window.shape[0] - 1:
-                raise
-            continue  # planned again together with the next window (the next slice)
+    for _, lo, hi, p in _window_plans(starts, items_of, config, epoch, 3, assign=False):
         sample[lo:hi], length[lo:hi] = p.indices, p.lengths
         if start is not None:
             start[lo:hi] = p.starts
         offsets.append(p.offsets[1:] + lo)
-        lo = hi
-    return Plan(
-        config=config,
-        epoch=epoch,
-        indices=sample,
-        offsets=np.concatenate(offsets),
-        lengths=length,
-        starts=start,
-        n_samples=items.n_samples,
-        plan_seconds=time.perf_counter() - t0,
+    report = Report(items.n_samples)
+    return Plan.of(
+        config, epoch, sample, np.concatenate(offsets), length, report, starts=start, t0=t0, assigned=False
     )

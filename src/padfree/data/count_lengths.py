@@ -178,7 +178,7 @@ def _work(task: tuple) -> tuple:
         res = encode_chunk(_TOKENIZER, values, jsonl, fmt, names)
     except ConfigError as exc:  # the tokenizer has no EOS, ...
         return (*head, None, None, (None, str(exc)), ())
-    if res.error is not None:
+    if res.error is not None or res.encoded is None:
         return (*head, None, None, res.error, res.replaced)
     return (*head, res.encoded.lengths, res.encoded.loss_tokens, None, res.replaced)
 

@@ -66,20 +66,20 @@ def readings(
             fmt = mode if mode != "auto" else _detect_jsonl(src, names)
             out.append(Reading(src, fmt, None))
             continue
-        fmt = mode if mode != "auto" else formats.detect(cols, names)
-        if fmt is None:
+        found = mode if mode != "auto" else formats.detect(cols, names)
+        if found is None:
             raise InputError(
                 f"no column of a known format (columns: {', '.join(cols[:12])}): expected one of "
                 f"{_expected(names)}; use --format or --field-map",
                 path=src.name,
             )
-        need = formats.needed_columns(fmt, names, cols)
+        need = formats.needed_columns(found, names, cols)
         missing = [c for c in need if c not in cols]
         if missing:
             raise InputError(
                 f"missing column {missing[0]!r} (columns: {', '.join(cols[:12])})", path=src.name
             )
-        out.append(Reading(src, fmt, need))
+        out.append(Reading(src, found, need))
     return out
 
 

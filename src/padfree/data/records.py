@@ -155,7 +155,7 @@ def columns_of(src: Source) -> list[str] | None:
     return None
 
 
-def first_record(src: Source) -> dict | None:
+def first_record(src: Source) -> object:
     """The first record of a ``.jsonl`` source (``None`` when it has none); RecordError when malformed."""
     for chunk in _jsonl_chunks(src.path, 1):
         return parse_line(chunk.values[0])[0]

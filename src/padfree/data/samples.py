@@ -69,6 +69,7 @@ def load_samples(
             if res.error is not None:
                 raise_record_error(r.source.name, r.jsonl, chunk.first + res.error[0], res.error[1])
             enc = res.encoded
+            assert enc is not None  # no error: the chunk was encoded
             for i in range(len(enc)):
                 ids, mask = enc.sample(i)
                 items.append({"input_ids": ids[:max_len], "loss_mask": mask[:max_len]})

@@ -39,6 +39,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 
@@ -107,25 +108,31 @@ def encode_samples(tok: Tokenizer, samples: list, loss_on: str = "assistant") ->
     flag: list[int] = []
     begin: list[bool] = []
     templated: list[tuple[int, int]] = []  # (sample, piece) of each templated chat
+
+    def piece(text: str | None, sample: int, loss: bool, role: bool) -> None:
+        texts.append(text)
+        owner.append(sample)
+        flag.append(int(loss))
+        begin.append(role)
+
     for i, s in enumerate(samples):
         if isinstance(s, str):
-            texts.append(s), owner.append(i), flag.append(1), begin.append(False)
+            piece(s, i, True, False)
         elif tok.chat_template:
             templated.append((i, len(texts)))
-            texts.append(None), owner.append(i), flag.append(1), begin.append(False)
+            piece(None, i, True, False)
         else:
             for m in s:
-                texts.append(m["role"] + "\n" + m["content"] + "\n")
-                owner.append(i), flag.append(int(every or m["role"] == "assistant")), begin.append(True)
+                piece(m["role"] + "\n" + m["content"] + "\n", i, every or m["role"] == "assistant", True)
     plain = [k for k, t in enumerate(texts) if t is not None]
     pieces: list = [None] * len(texts)
-    for k, ids in zip(plain, tok.encode([texts[k] for k in plain]), strict=True):
+    for k, ids in zip(plain, tok.encode([t for t in texts if t is not None]), strict=True):
         pieces[k] = ids
     end = np.ones(len(texts), bool)
-    token_flags = None
+    token_flags: np.ndarray | None = None
     if templated:
         ids_list, masks = _templated(tok, [samples[i] for i, _ in templated], [i for i, _ in templated])
-        per_piece = [None] * len(texts)
+        per_piece: list[np.ndarray | None] = [None] * len(texts)
         for (_, k), ids, m in zip(templated, ids_list, masks, strict=True):
             pieces[k], per_piece[k], end[k] = ids, (np.ones(len(ids), np.int8) if every else m), False
         token_flags = np.concatenate(
@@ -165,7 +172,7 @@ def _assemble(pieces, owner, flag, begin, end, bos, eos, n, token_flags) -> Enco
 def _templated(tok: Tokenizer, chats: list, positions: list[int]) -> tuple[list, list]:
     """Token ids of each rendered chat and the loss mask of its tokens."""
     full: list[str] = []
-    spans: list[list[tuple[int, int]]] = []
+    spans: list[list[tuple[str, str]]] = []
     for ms, pos in zip(chats, positions, strict=True):
         try:
             text = tok.render(ms)
@@ -184,7 +191,7 @@ def _templated(tok: Tokenizer, chats: list, positions: list[int]) -> tuple[list,
         all(t.startswith(th) and th.startswith(b) for b, th in sp) for t, sp in zip(full, spans, strict=True)
     ]
     ids_list: list[list[int]] = []
-    masks: list[np.ndarray] = []
+    masks: list[np.ndarray | None] = []
     if tok.backend is not None:
         encs = tok.backend.encode_batch(full, add_special_tokens=False)
         for enc, sp, ok, text in zip(encs, spans, stable, full, strict=True):
@@ -266,7 +273,7 @@ def encode_chunk(
         return ChunkResult(None, (exc.position, exc.rule), tuple(replaced))
 
 
-def raise_record_error(path: str, jsonl: bool, index: int, rule: str) -> None:
+def raise_record_error(path: str, jsonl: bool, index: int, rule: str) -> NoReturn:
     """Raise the :class:`InputError` for record ``index`` of ``path`` (``.jsonl``: naming the line too)."""
     where = f"line {index + 1}: " if jsonl else ""
     raise InputError(where + rule, path=path, sample=index)

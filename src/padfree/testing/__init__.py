@@ -1,2 +1,2 @@
-"""Helpers a user's own tests can import: tiny random-weight models (``models``), the kill-and-resume
-harness (``killresume``) and the exactly-once check of a seen-log (``seenlog``)."""
+"""Helpers a user's own tests can import: the kill-and-resume harness (``killresume``) and the exactly-once
+check of a seen-log (``seenlog``). Tiny random-weight models are public: :mod:`padfree.models`."""

@@ -61,7 +61,11 @@ def check_exactly_once(records: list[dict], n_samples: int, epochs: int) -> dict
     """Count, per epoch, samples consumed 0 or >= 2 times in the steps that count. Returns a report with
     ``ok`` true when every sample of every epoch was consumed exactly once."""
     kept = counted(records)
-    report = {"runs": len({r["run"] for r in records}), "records": len(records), "counted": len(kept)}
+    report: dict[str, object] = {
+        "runs": len({r["run"] for r in records}),
+        "records": len(records),
+        "counted": len(kept),
+    }
     per_epoch = []
     ok = True
     for e in range(epochs):

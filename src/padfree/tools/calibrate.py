@@ -286,11 +286,11 @@ def torch_train_step(
     **overrides,
 ) -> Callable[[int, int], None]:
     """A ``step(count, length)`` that runs forward, backward and an AdamW step of
-    :func:`padfree.testing.models.build_model` on random token ids (made once per shape, on the first call,
+    :func:`padfree.models.build_model` on random token ids (made once per shape, on the first call,
     which the warm-up absorbs), synchronizing the device so the clock sees the work."""
     import torch
 
-    from padfree.testing.models import build_model
+    from padfree.models import build_model
 
     model = build_model(model_name, attn_implementation=attn, seed=seed, **overrides).to(device)
     model.train()

@@ -91,7 +91,7 @@ def check_packing(
     import torch
 
     import padfree.torch.attention as pa
-    from padfree.testing.models import build_model
+    from padfree.models import build_model
 
     if not doc_lengths or min(doc_lengths) < 1:
         raise ConfigError(f"check-packing: document lengths must be >= 1 (got {list(doc_lengths)})")

@@ -89,20 +89,6 @@ def parse_speeds(text: str, world_size: int | None = None) -> np.ndarray:
     return out
 
 
-def _shapes(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> dict[str, np.ndarray]:
-    """:func:`padfree.core.cost.micro_shapes`, with zeros for empty micro-batches (a re-cut step may
-    leave a bin empty)."""
-    full = np.flatnonzero(np.diff(offsets) > 0)
-    if full.size == offsets.shape[0] - 1:
-        return micro_shapes(lens, offsets, packed)
-    part = micro_shapes(lens, np.append(offsets[full], offsets[-1]), packed)
-    out = {k: np.zeros(offsets.shape[0] - 1) for k in part}
-    for k, v in part.items():
-        out[k][full] = v
-    out["count"] = np.diff(offsets)
-    return out
-
-
 def simulate_batches(
     lens: np.ndarray,
     offsets: np.ndarray,
@@ -120,17 +106,17 @@ def simulate_batches(
     >>> out["step_cost_total"], out["tokens_per_unit"]
     (40.0, 1.5)
     """
-    shapes = _shapes(lens, offsets, packed)
+    shapes = micro_shapes(lens, offsets, packed)  # a re-cut step may leave a micro-batch empty
     per_rank = rank_costs(micro_costs(shapes, cost), world_size, grad_accum)
     if speeds is not None:
         per_rank = per_rank * speeds[None, :]
     step = step_costs(per_rank)
     total = float(step.sum())
-    tokens = float(shapes["real"].sum())
+    tokens = float(shapes.real.sum())
     out = {
         "tokens": tokens,
         "steps": int(step.shape[0]),
-        "padding_efficiency": float(tokens / shapes["slots"].sum()),
+        "padding_efficiency": float(tokens / shapes.slots.sum()),
         "imbalance": imbalance(per_rank),
         "step_cost_total": total,
         "tokens_per_unit": tokens / total,
@@ -172,9 +158,7 @@ def simulate_dynamic(
     budget = plan_budget(config, default_headroom(w))  # the sampler's own plan: unassigned steps
     plan, _ = replay(items, config, epoch, [Segment(w, g, 0, budget)])
     rel = 1.0 / speeds
-    balance = Balance(
-        (true_cost.a, true_cost.b, true_cost.c), tuple(rel / rel.mean()), fitted=True, recut=True
-    )
+    balance = Balance(true_cost.coefficients, tuple(rel / rel.mean()), fitted=True, recut=True)
     k = w * g
     lens, offs = plan.lengths, plan.offsets.astype(np.int64)
     out_lens, out_offs = [], [np.zeros(1, dtype=np.int64)]

@@ -32,7 +32,7 @@ True
 
 from padfree.torch._collate import PackCollator, PadCollator
 from padfree.torch._dataset import PlannedDataset
-from padfree.torch._distributed import sync_unless
+from padfree.torch._distributed import all_reduce_sum, sync_unless
 from padfree.torch._loss import global_loss_tokens, step_loss, token_loss_sum
 from padfree.torch._sampler import PlanBatchSampler
 
@@ -41,6 +41,7 @@ __all__ = [
     "PadCollator",
     "PlanBatchSampler",
     "PlannedDataset",
+    "all_reduce_sum",
     "global_loss_tokens",
     "step_loss",
     "sync_unless",

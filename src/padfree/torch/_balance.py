@@ -14,12 +14,15 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from padfree.core import refit
 from padfree.core.balance import Balance
+from padfree.core.cost import Coefficients
+from padfree.core.cursor import MicroInfo
 from padfree.errors import ConfigError, StateError
 from padfree.torch._distributed import is_distributed
 
@@ -63,7 +66,7 @@ class _GradClock:
         self.n = len(params)
         self.count = 0
         self.cuda = any(p.is_cuda for p in params)
-        self.end: object = None
+        self.end: Any = None  # perf_counter seconds, or a CUDA event
         for p in params:
             p.register_post_accumulate_grad_hook(self._hook)
 
@@ -84,8 +87,9 @@ class Timed:
     """``with sampler.timed(model):`` around one micro-batch's forward and backward (see
     :meth:`padfree.torch.PlanBatchSampler.timed`)."""
 
-    def __init__(self, sink: Callable, clock: _GradClock | None, cuda: bool, info: object) -> None:
+    def __init__(self, sink: Callable, clock: _GradClock | None, cuda: bool, info: MicroInfo | None) -> None:
         self.sink, self.clock, self.cuda, self.info = sink, clock, cuda, info
+        self.start: Any = None  # perf_counter seconds, or a CUDA event
 
     def __enter__(self) -> Timed:
         if self.clock is not None:
@@ -144,7 +148,7 @@ class DynamicBalancer:
     def yielded(self, key: tuple, slots: float, attn: float) -> None:
         self.pending.append((key, slots, attn))
 
-    def record(self, seconds: object, info: object = None) -> None:
+    def record(self, seconds: object, info: MicroInfo | None = None) -> None:
         """Pair a time with the oldest yielded micro-batch not yet timed (or with ``info``'s)."""
         if info is not None:
             key = (info.epoch, info.step, info.micro)
@@ -159,7 +163,7 @@ class DynamicBalancer:
             seconds = float(seconds)
         self.timed.append([slots, attn, seconds])
 
-    def timer(self, sink: Callable, model: torch.nn.Module | None, info: object) -> Timed:
+    def timer(self, sink: Callable, model: torch.nn.Module | None, info: MicroInfo | None) -> Timed:
         clock = None
         if model is not None:
             clock = self.clocks.get(id(model))
@@ -171,7 +175,8 @@ class DynamicBalancer:
     def _ready(self) -> np.ndarray:
         """Resolved records (rows ``slots, attn, seconds``), removed from the queue; unfinished CUDA timings
         wait for the next exchange."""
-        out, keep = [], deque(maxlen=self.timed.maxlen)
+        out: list = []
+        keep: deque = deque(maxlen=self.timed.maxlen)
         for rec in self.timed:
             sec = rec[2] if isinstance(rec[2], float) else rec[2].seconds()
             if sec is None:
@@ -221,7 +226,7 @@ class DynamicBalancer:
         prior = balance.cost if balance.fitted else refit.prior_scale(pooled, balance.cost, self.scale)
         cost, speeds = refit.fit(pooled, prior, balance.speeds, self.scale)
         self.sync_seconds += time.perf_counter() - t0
-        return Balance(cost, speeds, fitted=True, recut=balance.recut)
+        return Balance(Coefficients(*cost), speeds, fitted=True, recut=balance.recut)
 
 
 def _digest(balance: Balance, where: tuple) -> float:

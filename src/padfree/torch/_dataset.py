@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any
 
 
 class Fetched(list):
@@ -29,7 +29,7 @@ class PlannedDataset:
     [{'input_ids': [3]}, {'input_ids': [1, 2]}]
     """
 
-    def __init__(self, dataset: Sequence) -> None:
+    def __init__(self, dataset: Any) -> None:  # anything with dataset[i] (and len)
         self.dataset = dataset
 
     def __len__(self) -> int:

@@ -4,6 +4,7 @@ the last micro-batch of a step, and sum a number over ranks."""
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,7 +28,8 @@ def sync_unless(model: torch.nn.Module, last: bool):
     gradients are all-reduced once per optimizer step."""
     if last or not hasattr(model, "no_sync"):
         return contextlib.nullcontext()
-    return model.no_sync()
+    ddp: Any = model  # DistributedDataParallel (or anything with no_sync)
+    return ddp.no_sync()
 
 
 def all_reduce_sum(value: float | int | torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -16,52 +16,25 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from padfree.core.balance import Balance, default_headroom, micro_features, plan_budget, step_layout
+from padfree.core.balance import dynamic_budget
 from padfree.core.config import PlanConfig
+from padfree.core.cursor import Cursor, EpochSource, MicroInfo
 from padfree.core.fingerprint import fingerprint
-from padfree.core.items import make_items, validate_lengths
-from padfree.core.plan import Plan
-from padfree.core.planner import STREAM_THRESHOLD
-from padfree.core.position import Position, from_state, step_loss_tokens, to_state
-from padfree.core.replay import Segment, replay
-from padfree.core.stream import DEFAULT_WINDOW
+from padfree.core.planner import planning_window
+from padfree.core.position import from_state, to_state
 from padfree.errors import ConfigError
 from padfree.torch._balance import DynamicBalancer
 from padfree.torch._distributed import rank_and_world
 
+if TYPE_CHECKING:
+    import torch
 
-@dataclass(frozen=True)
-class MicroInfo:
-    """What the training loop needs to know about one micro-batch.
-
-    Attributes:
-        epoch: the epoch.
-        step: optimizer step inside the epoch (counting steps run before a resume too).
-        micro: accumulation index, ``0 .. grad_accum-1``.
-        last: True on the last micro-batch of the step (run backward without ``no_sync`` on this one).
-        rank, world_size, grad_accum: the shape this micro-batch was planned for.
-        step_tokens: loss-bearing tokens of the whole step on all ranks (see :mod:`padfree.torch._loss`),
-            or ``None`` when the plan cannot know it (then count with ``loss.global_loss_tokens``).
-        starts: first token of each sample's piece (``None``: every piece starts at 0).
-        lengths: tokens of each sample's piece (shorter than the sample when truncated or split).
-        indices: the sample ids (as in the :class:`MicroBatch` list), e.g. for a log of consumed samples.
-    """
-
-    epoch: int
-    step: int
-    micro: int
-    last: bool
-    rank: int
-    world_size: int
-    grad_accum: int
-    step_tokens: int | None
-    starts: tuple[int, ...] | None
-    lengths: tuple[int, ...]
-    indices: tuple[int, ...] = ()
+__all__ = ["MicroBatch", "MicroInfo", "PlanBatchSampler"]
 
 
 class MicroBatch(list):
@@ -113,10 +86,10 @@ class PlanBatchSampler:
 
     def __init__(
         self,
-        lengths: object,
+        lengths: ArrayLike,
         config: PlanConfig,
         *,
-        loss_tokens: object | None = None,
+        loss_tokens: ArrayLike | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         epoch: int = 0,
@@ -130,98 +103,40 @@ class PlanBatchSampler:
             raise ConfigError(f"balance must be 'static' or 'dynamic' (got {balance!r})")
         if isinstance(balance_every, bool) or not isinstance(balance_every, int) or balance_every < 1:
             raise ConfigError(f"balance_every must be an integer >= 1 (got {balance_every!r})")
-        n = int(np.shape(lengths)[0]) if np.ndim(lengths) == 1 else 0
-        if window is None and n > STREAM_THRESHOLD:
-            window = DEFAULT_WINDOW
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ConfigError(f"window must be an integer >= 1 (got {window!r})")
-        self._window = window
-        # window by window: every per-sample array stays int32 (lengths are validated <= 2**31 - 1)
-        lengths = validate_lengths(lengths, compact=window is not None)
-        if window is not None:
-            lengths = lengths.astype(np.int32, copy=False)
+        window = planning_window(lengths, True if window is not None else None, window)
+        source = EpochSource.of(lengths, config, loss_tokens, window)
         rank, world_size = rank_and_world(rank, world_size, config.world_size)
         self.config = config.with_(world_size=world_size)
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} outside world size {world_size}")
         self.rank = rank
-        self.fingerprint = fingerprint(lengths, self.config)
-        self._items = None if window is not None else make_items(lengths, config.budget, config.overlong)
-        self._custom = loss_tokens is not None
-        if loss_tokens is None:
-            self._loss = None
-        else:
-            loss = np.asarray(loss_tokens)
-            if (
-                loss.shape != lengths.shape
-                or loss.dtype.kind not in "iu"
-                or (loss < 0).any()
-                or (loss >= lengths).any()
-            ):
-                raise ConfigError("loss_tokens must hold one integer count per sample, each in 0 .. length-1")
-            self._loss = loss.astype(lengths.dtype, copy=False)
-        self._lengths = lengths
-        self.epoch = int(epoch)
+        self.fingerprint = fingerprint(source.lengths, self.config)
         self.balance = balance
         self.balance_every = balance_every
         dynamic = balance == "dynamic"
-        if balance_headroom is None:
-            headroom = default_headroom(world_size, self.config, lengths) if dynamic else 1.0
-        else:
-            headroom = balance_headroom
-        self._budget = plan_budget(self.config, headroom) if dynamic else None  # planning budget
+        # the planning budget: a dynamic plan leaves headroom for re-cuts
+        budget = dynamic_budget(self.config, source.lengths, balance_headroom) if dynamic else None
+        self._cursor = Cursor(source, self.config, rank, epoch=epoch, budget=budget, dynamic=dynamic)
+        self._lengths = source.lengths
         self._dynamic = None
         if dynamic and world_size > 1:
             capacity = 2 * balance_every * config.grad_accum
             scale = (float(config.budget), float(config.budget) ** 2)
             self._dynamic = DynamicBalancer(world_size, capacity, scale, balance_exchange)
-        self._history = [Segment(world_size, config.grad_accum, 0, self._budget)]
-        self._partial = 0  # micro-batches of the current (unfinished) step already yielded
-        self._balance = self._new_balance(None)  # decides how each coming step is given to ranks
-        self._synced: tuple | None = None  # (epoch, step) of the last exchange
+        self._synced: tuple[int, int] | None = None  # (epoch, step) of the last exchange
         self._busy = 0.0  # seconds spent yielding micro-batches (planning included), for balance_stats
         self._busy_first: float | None = None  # ... until the end of the first step
-        self._cache: tuple | None = None
-        self._step_cache: tuple | None = None
-
-    def _new_balance(self, current: Balance | None) -> Balance:
-        """The balance a new epoch starts with: static, the config's; dynamic, what was learned so far."""
-        recut = self.balance == "dynamic"
-        if self.balance == "static" or current is None:
-            return Balance.of(self.config.cost, recut=recut)
-        return replace(current, recut=recut)
-
-    # ----- the plan of the current segment -------------------------------------------------------------
-    def _key(self) -> tuple:
-        last = self._history[-1]
-        return (self.epoch, tuple(self._history[:-1]), last.world_size, last.grad_accum, last.budget)
-
-    def _plan(self) -> tuple[Plan, int, np.ndarray]:
-        """The current segment's unassigned plan, the steps before it and the loss tokens of each step."""
-        if self._cache is None or self._cache[0] != self._key():
-            self._cache = self._step_cache = None  # free the old plan before making the next
-            history = self._history
-            kw = {"lengths": self._lengths, "window": self._window}
-            plan, before = replay(self._items, self.config, self.epoch, history, **kw)
-            self._cache = (self._key(), plan, before, step_loss_tokens(plan, self._lengths, self._loss))
-        return self._cache[1], self._cache[2], self._cache[3]
-
-    def _layout(self, plan: Plan, s: int) -> tuple:
-        """Step ``s`` of ``plan`` given to ranks under the balance in force: ``(first item, order, offsets,
-        features)`` (see :func:`padfree.core.balance.step_layout`; features only when balancing
-        dynamically)."""
-        key = (self._key(), s, self._balance)
-        if self._step_cache is None or self._step_cache[0] != key:
-            k = self.config.micro_per_step
-            offs = plan.offsets[s * k : (s + 1) * k + 1]
-            first = int(offs[0])
-            lens = plan.lengths[first : int(offs[-1])]
-            order, offsets = step_layout(lens, offs - first, plan.config, self._balance, self.config.budget)
-            features = micro_features(lens[order], offsets, plan.config.packed) if self._dynamic else None
-            self._step_cache = (key, first, order, offsets, features)
-        return self._step_cache[1:]
 
     # ----- sampler API -----------------------------------------------------------------------------------
+    @property
+    def cursor(self) -> Cursor:
+        """The pure position in the plan (:class:`padfree.core.cursor.Cursor`) this sampler hands out."""
+        return self._cursor
+
+    @property
+    def epoch(self) -> int:
+        return self._cursor.epoch
+
     @property
     def grad_accum(self) -> int:
         return self.config.grad_accum
@@ -233,80 +148,50 @@ class PlanBatchSampler:
     @property
     def step(self) -> int:
         """Steps of the current epoch consumed so far (whole steps)."""
-        plan, before, _ = self._plan()
-        return before + self._history[-1].steps
+        return self._cursor.step
 
     @property
     def steps_in_epoch(self) -> int:
         """Optimizer steps of the current epoch, including steps run before a resume."""
-        plan, before, _ = self._plan()
-        return before + plan.n_steps
+        return self._cursor.steps_in_epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning; the current epoch (e.g. just restored) keeps its position."""
         if int(epoch) != self.epoch:
-            self.epoch = int(epoch)
-            self._history = [Segment(self.world_size, self.grad_accum, 0, self._budget)]
-            self._partial = 0
-            self._balance = self._new_balance(self._balance)
+            self._cursor.set_epoch(epoch)
             self._synced = None
 
     def __len__(self) -> int:
         """Micro-batches the next iteration yields on this rank (the rest of the epoch)."""
-        plan, _, _ = self._plan()
-        return (plan.n_steps - self._history[-1].steps) * self.grad_accum - self._partial
+        return self._cursor.remaining()
 
     def __iter__(self) -> Iterator[MicroBatch]:
-        g, w, r = self.grad_accum, self.world_size, self.rank
+        cursor, g = self._cursor, self.grad_accum
         while True:
             t0 = time.perf_counter()
-            plan, before, step_tokens = self._plan()
-            s = self._history[-1].steps
-            if s >= plan.n_steps:
+            at = cursor.peek()
+            if at is None:
                 return
-            j = self._partial
-            if j == 0 and self._dynamic is not None:
-                self._maybe_sync(before + s)
-            first, order, offsets, features = self._layout(plan, s)
-            k = r * g + j
-            pos = first + order[int(offsets[k]) : int(offsets[k + 1])]
-            ids = plan.indices[pos].tolist()
-            tokens = int(step_tokens[s])
-            info = MicroInfo(
-                epoch=self.epoch,
-                step=before + s,
-                micro=j,
-                last=j == g - 1,
-                rank=r,
-                world_size=w,
-                grad_accum=g,
-                step_tokens=None if tokens < 0 else tokens,
-                starts=None if plan.starts is None else tuple(plan.starts[pos].tolist()),
-                lengths=tuple(plan.lengths[pos].tolist()),
-                indices=tuple(ids),
-            )
-            if j == g - 1:
-                self._history[-1] = replace(self._history[-1], steps=s + 1)
-                self._partial = 0
-            else:
-                self._partial = j + 1
-            if self._dynamic is not None:
-                self._dynamic.yielded(
-                    (self.epoch, before + s, j), float(features[k, 0]), float(features[k, 1])
-                )
+            if at[1] == 0 and self._dynamic is not None:
+                self._maybe_sync(at[0])
+            nxt = cursor.take()
+            assert nxt is not None
+            info = nxt.info
+            if self._dynamic is not None and nxt.features is not None:
+                self._dynamic.yielded((info.epoch, info.step, info.micro), *nxt.features)
             self._busy += time.perf_counter() - t0
-            if self._busy_first is None and j == g - 1:
+            if self._busy_first is None and info.micro == g - 1:
                 self._busy_first = self._busy  # planning the epoch and loading the kernels: once
-            yield MicroBatch(ids, info)
+            yield MicroBatch(nxt.ids, info)
 
     # ----- dynamic balancing -------------------------------------------------------------------------------
     def _maybe_sync(self, step: int) -> None:
         """At every ``balance_every``-th step boundary: exchange the timings and refit (all ranks alike)."""
         where = (self.epoch, step)
-        if step == 0 or step % self.balance_every or self._synced == where:
+        if self._dynamic is None or step == 0 or step % self.balance_every or self._synced == where:
             return
         self._synced = where
-        self._balance = self._dynamic.sync(self._balance, where)
+        self._cursor.balance = self._dynamic.sync(self._cursor.balance, where)
 
     def record_time(self, seconds: float, info: MicroInfo | None = None) -> None:
         """Report the compute time of a micro-batch (dynamic balancing; ignored when static).
@@ -321,7 +206,7 @@ class PlanBatchSampler:
         if self._dynamic is not None:
             self._dynamic.record(seconds, info)
 
-    def timed(self, model: object = None, info: MicroInfo | None = None):
+    def timed(self, model: torch.nn.Module | None = None, info: MicroInfo | None = None):
         """A context manager that times one micro-batch and calls :meth:`record_time`::
 
             for batch in loader:
@@ -344,7 +229,7 @@ class PlanBatchSampler:
         micro-batches received, all ranks), ``sync_seconds`` (this rank's time in exchanges and refits) and
         ``sampler_seconds`` (all of its time yielding micro-batches: planning, layouts, exchanges), of which
         ``sampler_first_step_seconds`` until its first step was out (planning, loading compiled kernels)."""
-        b, d = self._balance, self._dynamic
+        b, d = self._cursor.balance, self._dynamic
         return {
             "mode": self.balance,
             "cost": b.cost,
@@ -357,15 +242,14 @@ class PlanBatchSampler:
             "sync_seconds": 0.0 if d is None else d.sync_seconds,
             "sampler_seconds": self._busy,
             "sampler_first_step_seconds": self._busy_first or 0.0,
-            "plan_budget": self._history[-1].budget or self.config.budget,
+            "plan_budget": self._cursor.history[-1].budget or self.config.budget,
         }
 
     # ----- state -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The position and everything that decides the rest of the epoch: epoch, fingerprint, the short
         resume history, and the balance in force (cost model, rank speeds). JSON-serializable, O(resumes)."""
-        position = Position(self.epoch, list(self._history), self._partial, self._balance)
-        return to_state(self.fingerprint, position, self.balance)
+        return to_state(self.fingerprint, self._cursor.position, self.balance)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at the exact next micro-batch, at this sampler's world size (which may differ: the rest of
@@ -378,14 +262,8 @@ class PlanBatchSampler:
         :class:`StateError` (one line, saying why) on a foreign or damaged state, or on one that cannot be
         continued exactly (see :mod:`padfree.core.position`).
         """
-        shape = (self.world_size, self.grad_accum, self._budget, self.config.cost)
-        pos = from_state(state, self.fingerprint, *shape)
-        self.epoch, self._history, self._partial, self._balance = (
-            pos.epoch,
-            pos.history,
-            pos.partial,
-            pos.balance,
-        )
-        self._cache = self._step_cache = self._synced = None
+        shape = (self.world_size, self.grad_accum, self._cursor.budget, self.config.cost)
+        self._cursor.restore(from_state(state, self.fingerprint, *shape))
+        self._synced = None
         if self._dynamic is not None:
             self._dynamic.reset()

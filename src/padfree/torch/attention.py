@@ -23,7 +23,7 @@ through ``ALL_ATTENTION_FUNCTIONS`` (Llama, Mistral, Qwen2, Gemma, ...) can use 
 >>> import padfree.torch.attention as pa
 >>> pa.attn_for("packed"), pa.attn_for("sorted")
 ('padfree_varlen', 'sdpa')
->>> from padfree.testing.models import build_model
+>>> from padfree.models import build_model
 >>> model = build_model("tiny-llama", attn_implementation=pa.NAME, vocab_size=64, num_hidden_layers=1)
 >>> model.config._attn_implementation
 'padfree_varlen'
@@ -37,14 +37,15 @@ import inspect
 import threading
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
+from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 
 NAME = "padfree_varlen"
 LEAKY = "padfree_leaky"
-_PACKED_STRATEGIES = ("packed",)
 
 _state = threading.local()
 _registered = False
@@ -53,7 +54,14 @@ _registered = False
 def attn_for(strategy: str) -> str:
     """The ``attn_implementation`` a plan strategy needs: ``"padfree_varlen"`` for packed rows (one row,
     several documents), ``"sdpa"`` for padded strategies (sorted, random, bucketed)."""
-    return NAME if strategy in _PACKED_STRATEGIES else "sdpa"
+    spec = REGISTRY.get(strategy)
+    return NAME if spec is not None and spec.packed else "sdpa"
+
+
+def attention_for_rows(packed: bool) -> str:
+    """:func:`attention_implementation` for packed rows (``packed``) or padded ones, whatever made them (a
+    plan strategy or a peer's batching)."""
+    return NAME if packed and register() else "sdpa"
 
 
 def last_path() -> str | None:
@@ -74,9 +82,10 @@ def prepare_for_packing(model: torch.nn.Module, attn_implementation: str = NAME)
     documents of a packed row attend to each other under ``sdpa``/``eager`` while training still "works".
     """
     register()
-    model.config.use_cache = False
-    if getattr(model.config, "_attn_implementation", None) != attn_implementation:
-        model.set_attn_implementation(attn_implementation)
+    hf: Any = model  # a transformers PreTrainedModel
+    hf.config.use_cache = False
+    if getattr(hf.config, "_attn_implementation", None) != attn_implementation:
+        hf.set_attn_implementation(attn_implementation)
     return model
 
 
@@ -550,8 +559,7 @@ def attention_implementation(strategy: str) -> str:
     for packed rows (registered on the way), ``"sdpa"`` for padded strategies, and ``"sdpa"`` for packed rows
     too when transformers cannot take a custom attention (it then builds a block mask from the restarting
     ``position_ids``: correct, slower)."""
-    name = attn_for(strategy)
-    return name if name == "sdpa" or register() else "sdpa"
+    return attention_for_rows(attn_for(strategy) == NAME)
 
 
 register()

@@ -115,7 +115,7 @@ class CheckpointDir:
         found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := _STEP.fullmatch(p.name))]
         return [p for _, p in sorted(found, reverse=True)]
 
-    def newest_intact(self, map_location: object = "cpu") -> tuple[Path | None, dict | None]:
+    def newest_intact(self, map_location: str | torch.device = "cpu") -> tuple[Path | None, dict | None]:
         """The newest checkpoint that loads and holds every required key; each damaged newer one is said."""
         for path in self.files():
             try:
@@ -129,7 +129,7 @@ class CheckpointDir:
             return path, state
         return None, None
 
-    def resume(self, map_location: object = "cpu") -> dict | None:
+    def resume(self, map_location: str | torch.device = "cpu") -> dict | None:
         """Rank 0 chooses the newest intact checkpoint; every rank loads that same file. ``None``: start
         fresh. Returns the state with ``"path"`` added."""
         chosen: dict = {}
@@ -142,7 +142,7 @@ class CheckpointDir:
         name = self._on_rank0(choose)
         if name is None:
             return None
-        path = self.dir / name
+        path = self.dir / str(name)
         state, error = chosen.get("state"), None
         if state is None:
             try:
@@ -150,11 +150,12 @@ class CheckpointDir:
             except Exception as exc:
                 error = f"{path}: rank {self.rank} cannot load the checkpoint rank 0 chose ({_short(exc)})"
         self._all_or_none(error)
+        assert state is not None  # else every rank raised
         return {**state, "path": str(path)}
 
     def check_fingerprints(self, saved: str, mine: str) -> None:
         """Every rank resumes the same sampler state on the same data order, or all refuse (one line)."""
-        pairs = [(saved, mine)]
+        pairs: list = [(saved, mine)]
         if self.world > 1:
             pairs = [None] * self.world
             dist.all_gather_object(pairs, (saved, mine))

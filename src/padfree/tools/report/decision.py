@@ -22,6 +22,7 @@ from padfree.core.config import STRATEGIES, PlanConfig
 from padfree.core.items import validate_lengths
 from padfree.core.plan import Plan
 from padfree.core.planner import plan_pieces
+from padfree.core.strategies import REGISTRY
 from padfree.tools.analyze import analyze_strategies, measure, short_epoch
 
 GROWTHS = (1.1, 1.25, 1.5, 2.0)
@@ -46,8 +47,8 @@ class Point:
 
     def to_json(self) -> dict:
         c = self.config
-        params = {"strategy": c.strategy}
-        if c.strategy == "bucketed":
+        params: dict[str, object] = {"strategy": c.strategy}
+        if REGISTRY[c.strategy].bucketed:
             params |= {"buckets": c.buckets} if c.buckets is not None else {"growth": c.growth}
             params["mix"] = "auto" if c.mix is None else c.mix
         return {"label": self.label, "family": self.family, "params": params, **_clean(self.metrics)}
@@ -139,14 +140,14 @@ def build_report(
         if sum(r.shape[0] for r in rc_parts) >= RANK_STEPS:
             break
     rc = np.concatenate(rc_parts)
+    assert plan is not None  # plan_pieces yields at least one piece
     # make_plan's edges: the in-memory plan's, or window 0's on the window path
-    edge_plan = (
-        plan if chosen.config.strategy == "bucketed" else next(plan_pieces(lengths, bucketed, 1, path=path))
-    )
+    own_edges = REGISTRY[chosen.config.strategy].bucketed
+    edge_plan = plan if own_edges else next(plan_pieces(lengths, bucketed, 1, path=path))
     numbers = {
         "dataset": result["dataset"],
         "config": result["config"] | {"growth": base.growth, "buckets": base.buckets, "mix": base.mix},
-        "bucket_edges": edge_plan.edges.tolist(),
+        "bucket_edges": [] if edge_plan.edges is None else edge_plan.edges.tolist(),
         "bucket_edges_of": _label(edge_plan.config),
         "strategies": {s: _clean(result["strategies"][s]) for s in STRATEGIES},
         "strategy_labels": {s: _label(configs[s]) for s in STRATEGIES},
@@ -175,8 +176,8 @@ def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
     sorted_m = _by(points, "sorted").metrics
     failing = {p.label: broken(p.metrics, micro_per_step, rand) for p in points}
     eligible = [p for p in points if not failing[p.label]]
-    padded = [p for p in eligible if p.config.strategy != "packed"]
-    packed = [p for p in eligible if p.config.strategy == "packed"]
+    padded = [p for p in eligible if not p.config.packed]
+    packed = [p for p in eligible if p.config.packed]
     best_padded = max(padded, key=_speed, default=None)
     if packing and packed:
         chosen = packed[0]
@@ -200,7 +201,7 @@ def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
         + (f"limit {lim['adjacent_corr_max']:.3g}" if m["steps"] > 2 else "no limit below 3 steps")
         + f"), rank imbalance {m['imbalance']:.4f}",
     ]
-    if chosen.config.strategy == "packed":
+    if chosen.config.packed:
         why = (
             "it meets every rule and the model's attention can keep packed documents apart (assumed; pass "
             "--no-packing if it cannot), so bins of whole documents carry no padding and mix lengths freely"
@@ -212,7 +213,7 @@ def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
         if not packing:
             why += " (packing is off: the model's attention cannot keep packed documents apart)"
     alt = None
-    if chosen.config.strategy == "packed" and best_padded is not None:
+    if chosen.config.packed and best_padded is not None:
         bm = best_padded.metrics
         alt = {
             "label": best_padded.label,
@@ -221,14 +222,14 @@ def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
             f"(padding efficiency {bm['padding_efficiency']:.4f}, throughput "
             f"{bm['relative_throughput']:.3f} x sorted, co-batch repeat {bm['cobatch_repeat']:.4f}).",
         }
-    padded_pick = best_padded if chosen.config.strategy == "packed" else chosen
+    padded_pick = best_padded if chosen.config.packed else chosen
     near_miss = _near_miss(points, failing, padded_pick, packing)
     c = chosen.config
     text = (
         f"Use {chosen.label} with budget {c.budget} tokens, world size {c.world_size} x grad-accum "
         f"{c.grad_accum}: {why}. " + "; ".join(reasons) + "."
     )
-    if near_miss and chosen.config.strategy != "packed":
+    if near_miss and not chosen.config.packed:
         text += " Note: " + near_miss
     return {
         "label": chosen.label,
@@ -259,16 +260,16 @@ def _near_miss(points: list[Point], failing: dict, pick: Point | None, packing: 
         for p in points
         if failing[p.label]
         and _speed(p) > floor
-        and (p.config.strategy == "bucketed" or _speed(p) > WASTE_RATIO * floor)
-        and (packing or p.config.strategy != "packed")
+        and (REGISTRY[p.config.strategy].bucketed or _speed(p) > WASTE_RATIO * floor)
+        and (packing or not p.config.packed)
     ]
     if not misses:
         return None
     nm = max(misses, key=_speed)
     fixes = []
-    if any(r.startswith("co-batch") for r in failing[nm.label]) and nm.config.strategy == "bucketed":
+    if any(r.startswith("co-batch") for r in failing[nm.label]) and REGISTRY[nm.config.strategy].bucketed:
         fixes.append("a wider noise window (a larger --mix) lowers co-batch repeat")
-    if any(not r.startswith("co-batch") for r in failing[nm.label]) and nm.config.strategy == "bucketed":
+    if any(not r.startswith("co-batch") for r in failing[nm.label]) and REGISTRY[nm.config.strategy].bucketed:
         fixes.append("fewer, wider buckets (a larger --growth) mix lengths more within a step")
     ratio = "" if pick is None else f" ({_speed(nm) / _speed(pick):.2f} x the pick's throughput)"
     return (
@@ -289,7 +290,7 @@ def _by(points: list[Point], strategy: str) -> Point:
 
 
 def _family(cfg: PlanConfig) -> str:
-    if cfg.strategy != "bucketed":
+    if not REGISTRY[cfg.strategy].bucketed:
         return cfg.strategy
     if cfg.mix is not None:
         return "mix"
@@ -298,7 +299,7 @@ def _family(cfg: PlanConfig) -> str:
 
 def _label(cfg: PlanConfig) -> str:
     """``sorted``, ``bucketed (growth 1.25)``, ``bucketed (8 optimal buckets, mix 16)``..."""
-    if cfg.strategy != "bucketed":
+    if not REGISTRY[cfg.strategy].bucketed:
         return cfg.strategy
     mix = "" if cfg.mix is None else f", mix {cfg.mix}"
     if cfg.buckets is not None:

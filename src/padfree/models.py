@@ -1,8 +1,9 @@
-"""Small decoder models built from configs with random weights (nothing is downloaded).
+"""Small causal LMs built from configs with random weights (nothing is downloaded): what ``calibrate``,
+``check-packing``, ``bench`` and the examples train.
 
 Needs the ``hf`` extra (transformers) and torch.
 
->>> from padfree.testing.models import build_config
+>>> from padfree.models import build_config
 >>> cfg = build_config("tiny-llama")
 >>> (cfg.hidden_size, cfg.num_hidden_layers, cfg.use_cache)
 (256, 4, False)
@@ -13,11 +14,12 @@ from __future__ import annotations
 import json
 import stat
 from pathlib import Path
+from typing import Any
 
 from padfree.errors import ConfigError
 
 # name -> (transformers config class name, extra fields)
-FAMILIES = {
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "tiny-llama": ("LlamaConfig", {}),
     "tiny-mistral": ("MistralConfig", {"sliding_window": None}),
     "tiny-qwen2": ("Qwen2Config", {"use_sliding_window": False}),

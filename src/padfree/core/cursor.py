@@ -1,0 +1,294 @@
+"""One rank's way through an epoch: from the lengths, the config, the resume history and the position in the
+unfinished step to this rank's next micro-batch and its facts. Pure numpy: the torch sampler hands out what
+it yields, and the Hugging Face Trainer runs on that sampler.
+
+::
+
+    lengths --EpochSource--> items (in memory) or windows
+                  |
+    history --replay--> the segment's unassigned plan --step_layout(balance)--> this rank's micro-batch
+                  |                                                                  |
+    position (epoch, history, partial, balance) <---------- advance ----------------+
+
+A :class:`Cursor` keeps one plan (the current segment's) and one step's layout in memory; everything it
+yields is a pure function of its :class:`~padfree.core.position.Position` and the source, so the state
+written by :mod:`padfree.core.position` continues it exactly.
+
+>>> import numpy as np
+>>> cfg = PlanConfig(strategy="packed", budget=64, world_size=2, grad_accum=2)
+>>> cur = Cursor(EpochSource.of(np.arange(1, 41), cfg), cfg, rank=1)
+>>> nxt = cur.take()
+>>> (nxt.info.step, nxt.info.micro, nxt.info.last, nxt.info.rank, cur.partial, cur.peek())
+(0, 0, False, 1, 1, (0, 1))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from padfree.core.balance import Balance, micro_features, step_layout
+from padfree.core.config import PlanConfig
+from padfree.core.items import Items, make_items, validate_lengths
+from padfree.core.plan import Plan
+from padfree.core.position import Position, step_loss_tokens
+from padfree.core.replay import Segment, replay
+from padfree.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class MicroInfo:
+    """What the training loop needs to know about one micro-batch.
+
+    Attributes:
+        epoch: the epoch.
+        step: optimizer step inside the epoch (counting steps run before a resume too).
+        micro: accumulation index, ``0 .. grad_accum-1``.
+        last: True on the last micro-batch of the step (run backward without ``no_sync`` on this one).
+        rank, world_size, grad_accum: the shape this micro-batch was planned for.
+        step_tokens: loss-bearing tokens of the whole step on all ranks (see :mod:`padfree.torch._loss`),
+            or ``None`` when the plan cannot know it (then count with ``loss.global_loss_tokens``).
+        starts: first token of each sample's piece (``None``: every piece starts at 0).
+        lengths: tokens of each sample's piece (shorter than the sample when truncated or split).
+        indices: the sample ids (as in the ``MicroBatch`` list), e.g. for a log of consumed samples.
+    """
+
+    epoch: int
+    step: int
+    micro: int
+    last: bool
+    rank: int
+    world_size: int
+    grad_accum: int
+    step_tokens: int | None
+    starts: tuple[int, ...] | None
+    lengths: tuple[int, ...]
+    indices: tuple[int, ...] = ()
+
+
+class Next(NamedTuple):
+    """One micro-batch as the cursor yields it: sample ids, facts, and ``(slots, attention)`` when the
+    cursor measures features for a dynamic balancer (else ``None``)."""
+
+    ids: list[int]
+    info: MicroInfo
+    features: tuple[float, float] | None
+
+
+@dataclass(frozen=True, slots=True)
+class EpochSource:
+    """What every epoch is planned from: the validated lengths, their items (in memory) or the window size
+    (window by window: every per-sample array int32), and the loss-bearing tokens per sample (``None``:
+    ``length - 1``)."""
+
+    lengths: np.ndarray
+    items: Items | None
+    window: int | None
+    loss: np.ndarray | None
+
+    @classmethod
+    def of(
+        cls,
+        lengths: ArrayLike,
+        config: PlanConfig,
+        loss_tokens: ArrayLike | None = None,
+        window: int | None = None,
+    ) -> EpochSource:
+        """Validate ``lengths`` and ``loss_tokens`` (one count per sample, each in ``0 .. length-1``) for
+        planning in memory (``window=None``) or window by window (see
+        :func:`padfree.core.planner.planning_window`)."""
+        arr = validate_lengths(lengths, compact=window is not None)
+        if window is not None:  # lengths are validated <= 2**31 - 1
+            arr = arr.astype(np.int32, copy=False)
+        items = None if window is not None else make_items(arr, config.budget, config.overlong)
+        loss = None
+        if loss_tokens is not None:
+            loss = np.asarray(loss_tokens)
+            if (
+                loss.shape != arr.shape
+                or loss.dtype.kind not in "iu"
+                or (loss < 0).any()
+                or (loss >= arr).any()
+            ):
+                raise ConfigError("loss_tokens must hold one integer count per sample, each in 0 .. length-1")
+            loss = loss.astype(arr.dtype, copy=False)
+        return cls(arr, items, window, loss)
+
+
+class _PlanCache(NamedTuple):
+    key: tuple
+    plan: Plan
+    before: int  # steps of the epoch before the plan's segment
+    step_tokens: np.ndarray  # loss tokens of each step of the plan (-1: unknown)
+
+
+class _StepCache(NamedTuple):
+    key: tuple
+    first: int  # the step's first entry in the plan
+    order: np.ndarray  # the step's entries, rank after rank (see step_layout)
+    offsets: np.ndarray
+    features: np.ndarray | None  # (slots, attention) per micro-batch of the step
+
+
+class Cursor:
+    """This rank's position in an epoch and the micro-batches that follow it.
+
+    Args:
+        source: the lengths (see :meth:`EpochSource.of`).
+        config: the plan config at the running world size.
+        rank: this rank.
+        epoch: the first epoch.
+        budget: the planning budget of new segments (``None``: the config's; a dynamic plan's headroom).
+        dynamic: the balance is learned at run time: steps are re-cut among ranks, a new epoch keeps the
+            learned balance, and each micro-batch comes with its ``(slots, attention)`` (several ranks).
+    """
+
+    def __init__(
+        self,
+        source: EpochSource,
+        config: PlanConfig,
+        rank: int,
+        *,
+        epoch: int = 0,
+        budget: int | None = None,
+        dynamic: bool = False,
+    ) -> None:
+        if not 0 <= rank < config.world_size:
+            raise ConfigError(f"rank {rank} outside world size {config.world_size}")
+        self.source = source
+        self.config = config
+        self.rank = rank
+        self.budget = budget
+        self.dynamic = dynamic
+        self.features = dynamic and config.world_size > 1
+        self.epoch = int(epoch)
+        self.history = [self._fresh()]
+        self.partial = 0  # micro-batches of the current (unfinished) step already taken
+        self.balance = self._new_balance(None)  # decides how each coming step is given to ranks
+        self._plan_cache: _PlanCache | None = None
+        self._step_cache: _StepCache | None = None
+
+    def _fresh(self) -> Segment:
+        return Segment(self.config.world_size, self.config.grad_accum, 0, self.budget)
+
+    def _new_balance(self, current: Balance | None) -> Balance:
+        """The balance an epoch starts with: static, the config's; dynamic, what was learned so far."""
+        if not self.dynamic or current is None:
+            return Balance.of(self.config.cost, recut=self.dynamic)
+        return replace(current, recut=True)
+
+    # ----- position --------------------------------------------------------------------------------------
+    @property
+    def position(self) -> Position:
+        return Position(self.epoch, list(self.history), self.partial, self.balance)
+
+    def restore(self, position: Position) -> None:
+        """Continue from ``position`` (read by :func:`padfree.core.position.from_state` for this shape)."""
+        self.epoch, self.history = position.epoch, list(position.history)
+        self.partial, self.balance = position.partial, position.balance
+        self._plan_cache = self._step_cache = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning; the current epoch keeps its position."""
+        if int(epoch) != self.epoch:
+            self.epoch = int(epoch)
+            self.history = [self._fresh()]
+            self.partial = 0
+            self.balance = self._new_balance(self.balance)
+
+    # ----- the plan of the current segment ---------------------------------------------------------------
+    def _key(self) -> tuple:
+        last = self.history[-1]
+        return (self.epoch, tuple(self.history[:-1]), last.world_size, last.grad_accum, last.budget)
+
+    def _replay(self, epoch: int, history: list[Segment]) -> tuple[Plan, int]:
+        src = self.source
+        return replay(src.items, self.config, epoch, history, lengths=src.lengths, window=src.window)
+
+    def _plan(self) -> _PlanCache:
+        """The current segment's unassigned plan, the steps before it and the loss tokens of each step."""
+        key = self._key()
+        if self._plan_cache is None or self._plan_cache.key != key:
+            self._plan_cache = self._step_cache = None  # free the old plan before making the next
+            plan, before = self._replay(self.epoch, self.history)
+            tokens = step_loss_tokens(plan, self.source.lengths, self.source.loss)
+            self._plan_cache = _PlanCache(key, plan, before, tokens)
+        return self._plan_cache
+
+    def _layout(self, plan: Plan, s: int) -> _StepCache:
+        """Step ``s`` of ``plan`` given to ranks under the balance in force (see
+        :func:`padfree.core.balance.step_layout`)."""
+        key = (self._key(), s, self.balance)
+        if self._step_cache is None or self._step_cache.key != key:
+            k = self.config.micro_per_step
+            offs = plan.offsets[s * k : (s + 1) * k + 1]
+            first = int(offs[0])
+            lens = plan.lengths[first : int(offs[-1])]
+            order, offsets = step_layout(lens, offs - first, plan.config, self.balance, self.config.budget)
+            features = micro_features(lens[order], offsets, plan.config.packed) if self.features else None
+            self._step_cache = _StepCache(key, first, order, offsets, features)
+        return self._step_cache
+
+    @property
+    def step(self) -> int:
+        """Whole steps of the current epoch consumed so far."""
+        return self._plan().before + self.history[-1].steps
+
+    @property
+    def steps_in_epoch(self) -> int:
+        """Optimizer steps of the current epoch, including steps run before a resume."""
+        cache = self._plan()
+        return cache.before + cache.plan.n_steps
+
+    def epoch_steps(self, epoch: int) -> int:
+        """Optimizer steps of ``epoch`` run from its beginning at this shape (the current plan stays)."""
+        plan, before = self._replay(int(epoch), [self._fresh()])
+        return before + plan.n_steps
+
+    def remaining(self) -> int:
+        """Micro-batches this rank has left in the current epoch."""
+        plan = self._plan().plan
+        return (plan.n_steps - self.history[-1].steps) * self.config.grad_accum - self.partial
+
+    # ----- moving ----------------------------------------------------------------------------------------
+    def peek(self) -> tuple[int, int] | None:
+        """``(step, micro)`` of the next micro-batch, or ``None`` at the end of the epoch."""
+        cache = self._plan()
+        s = self.history[-1].steps
+        return None if s >= cache.plan.n_steps else (cache.before + s, self.partial)
+
+    def take(self) -> Next | None:
+        """This rank's next micro-batch (the cursor moves past it), or ``None`` at the end of the epoch."""
+        cache = self._plan()
+        plan, s, j = cache.plan, self.history[-1].steps, self.partial
+        if s >= plan.n_steps:
+            return None
+        g, w, r = self.config.grad_accum, self.config.world_size, self.rank
+        lay = self._layout(plan, s)
+        k = r * g + j
+        pos = lay.first + lay.order[int(lay.offsets[k]) : int(lay.offsets[k + 1])]
+        ids = plan.indices[pos].tolist()
+        tokens = int(cache.step_tokens[s])
+        info = MicroInfo(
+            epoch=self.epoch,
+            step=cache.before + s,
+            micro=j,
+            last=j == g - 1,
+            rank=r,
+            world_size=w,
+            grad_accum=g,
+            step_tokens=None if tokens < 0 else tokens,
+            starts=None if plan.starts is None else tuple(plan.starts[pos].tolist()),
+            lengths=tuple(plan.lengths[pos].tolist()),
+            indices=tuple(ids),
+        )
+        if j == g - 1:
+            self.history[-1] = replace(self.history[-1], steps=s + 1)
+            self.partial = 0
+        else:
+            self.partial = j + 1
+        feats = None if lay.features is None else (float(lay.features[k, 0]), float(lay.features[k, 1]))
+        return Next(ids, info, feats)
