@@ -52,7 +52,7 @@ def eagle3_layers(n_layers: int) -> tuple[int, ...]:
 def build_target(name: str = "tiny-llama", *, seed: int = 0, attn: str = "padfree_varlen", **overrides):
     """A frozen (eval, no gradients) causal LM with random weights: ``name`` a built-in tiny family or a
     config directory; defaults to :data:`TINY_TARGET` sizes for the built-in families."""
-    from padfree.testing.models import FAMILIES, build_model
+    from padfree.models import FAMILIES, build_model
 
     sizes = {**TINY_TARGET, **overrides} if name in FAMILIES else overrides
     model = build_model(name, attn_implementation=attn, seed=seed, **sizes)
