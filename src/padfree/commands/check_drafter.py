@@ -31,6 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=8, help="DFlash block size (default 8)")
     p.add_argument("--ttt", type=int, default=4, help="EAGLE-3 test-time-training steps (default 4)")
     p.add_argument(
+        "--layout",
+        choices=["packed", "padded"],
+        default="packed",
+        help="packed (default: one row, per-document attention) or padded (a row per document)",
+    )
+    p.add_argument(
         "--leaky",
         action="store_true",
         help="build the batch as row-level packers do (anchors chosen per row, labels and the EAGLE-3 shift "
@@ -59,11 +65,26 @@ def run(args: argparse.Namespace) -> int:
         samples = list(load_samples(args.data, args.tokenizer, limit=args.docs, max_len=args.max_tokens))
         source = ", ".join(args.data)
     r = check_drafter(
-        args.method, samples, leaky=args.leaky, block_size=args.block_size, ttt=args.ttt, seed=args.seed
+        args.method,
+        samples,
+        leaky=args.leaky,
+        block_size=args.block_size,
+        ttt=args.ttt,
+        seed=args.seed,
+        layout=args.layout,
     )
     if args.json:
         docs = [dataclasses.asdict(d) for d in r.docs]
-        keys = ("method", "leaky", "ok", "path", "max_hidden_diff", "anchors_identical", "cross_pairs")
+        keys = (
+            "method",
+            "leaky",
+            "layout",
+            "ok",
+            "path",
+            "max_hidden_diff",
+            "anchors_identical",
+            "cross_pairs",
+        )
         print(json.dumps({**{k: getattr(r, k) for k in keys}, "cross_labels": r.cross_labels, "docs": docs}))
         return 0 if r.ok else 1
     how = "row-level (leaky)" if r.leaky else "per document"
@@ -71,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         f"method:          {r.method}"
         + (f" (block {r.block_size})" if r.method == "dflash" else f" (ttt {r.ttt})")
     )
-    print(f"data:            {source}; {len(r.docs)} documents in one packed row, batch built {how}")
+    rows = "one packed row" if r.layout == "packed" else "padded rows"
+    print(f"data:            {source}; {len(r.docs)} documents in {rows}, batch built {how}")
     print(f"target path:     {r.path}")
     print(f"target hidden states, max |packed - alone|: {r.max_hidden_diff:.3g}")
     print(
