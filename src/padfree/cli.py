@@ -21,6 +21,7 @@ from padfree.errors import OutputError, PadfreeError, one_line
 COMMANDS = (
     "analyze",
     "check-packing",
+    "check-drafter",
     "plan",
     "lengths",
     "report",
