@@ -12,7 +12,7 @@ import numpy as np
 from padfree import STRATEGIES, PlanConfig
 from padfree.commands.lengths import add_data_arguments, assistant_path, format_options
 from padfree.core.config import OVERLONG
-from padfree.errors import PadfreeError
+from padfree.errors import PadfreeError, one_line
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 """Real chat, math, code and document samples and a 32K SentencePiece tokenizer, vendored in the repo."""
@@ -146,7 +146,7 @@ def run_example(main) -> None:  # noqa: ANN001
     try:
         code = main()
     except PadfreeError as exc:
-        print(f"{Path(sys.argv[0]).name}: error: {exc}", file=sys.stderr)
+        print(f"{Path(sys.argv[0]).name}: error: {one_line(str(exc))}", file=sys.stderr)
         raise SystemExit(2) from None
     raise SystemExit(code if isinstance(code, int) else 0)  # hf_trainer's main returns its Trainer
 

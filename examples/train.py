@@ -55,6 +55,7 @@ from common import (
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from padfree.core.fingerprint import explain
 from padfree.errors import PadfreeError
 from padfree.models import build_model
 from padfree.testing import seenlog
@@ -179,7 +180,8 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     step = 0
     state = ckpt.resume(device) if ckpt is not None and args.resume else None
     if state is not None:
-        ckpt.check_fingerprints(state["sampler"].get("fingerprint"), sampler.fingerprint)
+        why = explain(state["sampler"].get("identity"), sampler.identity)  # which field differs, if any
+        ckpt.check_fingerprints(state["sampler"].get("fingerprint"), sampler.fingerprint, why)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         sampler.load_state_dict(state["sampler"])

@@ -79,7 +79,7 @@ def test_state_round_trip_resumes_at_exact_next_micro_batch(strategy):
         rest = list(t)
         assert [list(m) for m in rest] == [list(m) for m in ref[cut:]]
         assert [m.info for m in rest] == [m.info for m in ref[cut:]]
-        assert len(json.dumps(state)) < 300  # a cursor, not the plan
+        assert len(json.dumps(state)) < 600  # a cursor (with its identity and digest), not the plan
 
 
 def test_elastic_resume_keeps_exactly_once_over_world_sizes():
@@ -131,13 +131,21 @@ def test_foreign_or_mid_step_state_is_refused():
     s = PlanBatchSampler(lengths, cfg)
     next(iter(s))
     state = s.state_dict()
-    for other in (
-        PlanBatchSampler(lengths, cfg.with_(seed=2)),
-        PlanBatchSampler(lengths + 1, cfg),
-        PlanBatchSampler(lengths, cfg.with_(strategy="bucketed")),
+    for other, why in (
+        (PlanBatchSampler(lengths, cfg.with_(seed=2)), "seed 1 in the state, 2 now"),
+        (PlanBatchSampler(lengths + 1, cfg), "the token counts differ"),
+        (
+            PlanBatchSampler(lengths, cfg.with_(strategy="bucketed")),
+            "strategy packed in the state, bucketed now",
+        ),
+        (PlanBatchSampler(lengths, cfg.with_(budget=2048)), "budget 1024 in the state, 2048 now"),
     ):
-        with pytest.raises(StateError, match="fingerprint"):
+        with pytest.raises(StateError, match="belongs to another configuration") as exc:
             other.load_state_dict(state)
+        assert why in str(exc.value) and "\n" not in str(exc.value)
+    old = {k: v for k, v in state.items() if k not in ("identity", "digest")}  # no identity: the hash only
+    with pytest.raises(StateError, match="fingerprint"):
+        PlanBatchSampler(lengths, cfg.with_(seed=2)).load_state_dict(old)
     with pytest.raises(StateError, match="into a step"):
         PlanBatchSampler(lengths, cfg, rank=0, world_size=2).load_state_dict(state)
     with pytest.raises(StateError):

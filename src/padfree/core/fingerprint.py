@@ -26,10 +26,18 @@ def fingerprint(lengths: np.ndarray, config: PlanConfig) -> str:
     >>> a == fingerprint(np.array([3, 4]), PlanConfig(seed=2))
     False
     """
+    return fingerprint_and_identity(lengths, config)[0]
+
+
+def fingerprint_and_identity(lengths: np.ndarray, config: PlanConfig) -> tuple[str, dict]:
+    """:func:`fingerprint` and the readable fields it hashes (``samples``, a ``lengths`` digest, strategy,
+    budget, growth, buckets, mix, overlong, seed), so that a mismatch can say which field differs
+    (:func:`explain`). One pass over the lengths."""
     h = hashlib.sha256()
     lengths = np.asarray(lengths)
     for a in range(0, lengths.shape[0], _CHUNK):  # chunks: the same digest without an int64 copy of it all
         h.update(np.ascontiguousarray(lengths[a : a + _CHUNK], dtype="<i8").tobytes())
+    of_lengths = h.copy().hexdigest()[:16]
     fields = {
         "strategy": config.strategy,
         "budget": config.budget,
@@ -40,7 +48,26 @@ def fingerprint(lengths: np.ndarray, config: PlanConfig) -> str:
         "seed": config.seed,
     }
     h.update(json.dumps(fields, sort_keys=True).encode())
-    return h.hexdigest()[:32]
+    return h.hexdigest()[:32], {"samples": int(lengths.shape[0]), "lengths": of_lengths, **fields}
+
+
+def explain(saved: object, now: dict, where: str = "in the checkpoint") -> str | None:
+    """Which fields of a saved identity (:func:`fingerprint_and_identity`) differ from ``now``, e.g.
+    ``budget 256 in the checkpoint, 512 now``; ``None`` when ``saved`` is not an identity or nothing differs.
+
+    >>> explain({"budget": 256, "seed": 0}, {"budget": 512, "seed": 0})
+    'budget 256 in the checkpoint, 512 now'
+    """
+    if not isinstance(saved, dict):
+        return None
+    parts = []
+    for key, value in now.items():
+        if key in saved and saved[key] != value:
+            if key == "lengths":
+                parts.append("the token counts differ (another dataset, or samples added or changed)")
+            else:
+                parts.append(f"{key} {saved[key]!r:.40} {where}, {value!r:.40} now".replace("'", ""))
+    return "; ".join(parts) or None
 
 
 def check_state(

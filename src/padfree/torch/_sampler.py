@@ -24,9 +24,10 @@ from numpy.typing import ArrayLike
 from padfree.core.balance import dynamic_budget
 from padfree.core.config import PlanConfig
 from padfree.core.cursor import Cursor, EpochSource, MicroInfo
-from padfree.core.fingerprint import fingerprint
+from padfree.core.fingerprint import fingerprint_and_identity
 from padfree.core.planner import planning_window
 from padfree.core.position import from_state, to_state
+from padfree.core.state_check import segment_budgets
 from padfree.errors import ConfigError, StateError
 from padfree.torch import _dataset
 from padfree.torch._balance import DynamicBalancer
@@ -117,7 +118,7 @@ class PlanBatchSampler:
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} outside world size {world_size}")
         self.rank = rank
-        self.fingerprint = fingerprint(source.lengths, self.config)
+        self.fingerprint, self.identity = fingerprint_and_identity(source.lengths, self.config)
         self.balance = balance
         self.balance_every = balance_every
         dynamic = balance == "dynamic"
@@ -125,6 +126,7 @@ class PlanBatchSampler:
         budget = dynamic_budget(self.config, source.lengths, balance_headroom) if dynamic else None
         self._cursor = Cursor(source, self.config, rank, epoch=epoch, budget=budget, dynamic=dynamic)
         self._lengths = source.lengths
+        self._headroom = balance_headroom
         self._dynamic = None
         if dynamic and world_size > 1:
             capacity = 2 * balance_every * config.grad_accum
@@ -242,7 +244,9 @@ class PlanBatchSampler:
         attention unit and per micro-batch once fitted, else the configured token units), ``fitted``,
         ``speeds`` (per rank, mean 1), ``heldout_rel_error`` (the previous fit's mean relative error on the
         micro-batches of the last exchange, which it had not seen), ``exchanges``, ``records`` (timed
-        micro-batches received, all ranks), ``sync_seconds`` (this rank's time in exchanges and refits) and
+        micro-batches received, all ranks), ``dropped_times`` (this rank's times screened out: non-finite,
+        <= 0, absurd or far off the median of its recent times, see :func:`padfree.core.refit.screen`),
+        ``sync_seconds`` (this rank's time in exchanges and refits) and
         ``sampler_seconds`` (all of its time yielding micro-batches: planning, layouts, exchanges), of which
         ``sampler_first_step_seconds`` until its first step was out (planning, loading compiled kernels)."""
         b, d = self._cursor.balance, self._dynamic
@@ -255,6 +259,7 @@ class PlanBatchSampler:
             "heldout_rel_error": None if d is None else d.heldout_error,
             "exchanges": 0 if d is None else d.exchanges,
             "records": 0 if d is None else d.records,
+            "dropped_times": 0 if d is None else d.dropped,
             "sync_seconds": 0.0 if d is None else d.sync_seconds,
             "sampler_seconds": self._busy,
             "sampler_first_step_seconds": self._busy_first or 0.0,
@@ -265,7 +270,7 @@ class PlanBatchSampler:
     def state_dict(self) -> dict:
         """The position and everything that decides the rest of the epoch: epoch, fingerprint, the short
         resume history, and the balance in force (cost model, rank speeds). JSON-serializable, O(resumes)."""
-        return to_state(self.fingerprint, self._cursor.position, self.balance)
+        return to_state(self.fingerprint, self._cursor.position, self.balance, self.identity)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at the exact next micro-batch, at this sampler's world size (which may differ: the rest of
@@ -279,7 +284,18 @@ class PlanBatchSampler:
         continued exactly (see :mod:`padfree.core.position`).
         """
         shape = (self.world_size, self.grad_accum, self._cursor.budget, self.config.cost)
-        self._cursor.restore(from_state(state, self.fingerprint, *shape))
+        budgets: dict[int, tuple] = {}
+
+        def allowed(world: int) -> tuple:  # the budgets a segment at ``world`` can have been planned at
+            if world not in budgets:
+                budgets[world] = segment_budgets(self.config, self._lengths, world, self._headroom)
+            return budgets[world]
+
+        steps = self._cursor.plan_steps  # the state's epoch planned (and kept) before it is believed
+        pos = from_state(
+            state, self.fingerprint, *shape, budgets=allowed, identity=self.identity, steps=steps
+        )
+        self._cursor.restore(pos)
         self._synced = None
         self._spent = False
         if self._dynamic is not None:

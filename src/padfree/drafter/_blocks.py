@@ -1,0 +1,79 @@
+"""Building blocks the reference drafters share: RMSNorm, rotary embeddings, SwiGLU MLP, masked attention
+(dense boolean mask through SDPA on any device, or a flex-attention BlockMask on GPU) and the distillation
+loss summed per document."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a learned scale (Llama / Qwen3 style), computed in float32."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * y.to(x.dtype)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+    """Rotary embedding of ``x`` ``(H, N, D)`` at integer ``positions`` ``(N,)`` (rotate-half convention)."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    ang = positions.to(torch.float32)[:, None] * inv[None, :]
+    cos = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype)
+    sin = torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
+    half = d // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rot * sin
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward."""
+
+    def __init__(self, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+    """``q`` ``(Hq, Nq, D)``, ``k``/``v`` ``(Hkv, Nk, D)`` -> ``(Nq, Hq * D)``. ``mask``: a dense boolean
+    ``(Nq, Nk)`` (True: attend; SDPA, forward and backward on CPU) or a flex-attention ``BlockMask``."""
+    if q.shape[1] == 0:  # no draft query (e.g. a document without a valid anchor)
+        return q.new_zeros(0, q.shape[0] * q.shape[2])
+    if isinstance(mask, torch.Tensor):
+        out = nn.functional.scaled_dot_product_attention(
+            q[None], k[None], v[None], attn_mask=mask[None, None], enable_gqa=q.shape[0] != k.shape[0]
+        )[0]
+    else:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        out = flex_attention(q[None], k[None], v[None], block_mask=mask, enable_gqa=q.shape[0] != k.shape[0])[
+            0
+        ]
+    return out.transpose(0, 1).reshape(q.shape[1], -1)
+
+
+def kl_per_document(
+    logits: torch.Tensor, target_logits: torch.Tensor, doc: torch.Tensor, n_docs: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distillation loss ``KL(target || drafter)`` of each supervised draft position (rows of ``logits``),
+    summed per document: ``(numerator (n_docs,), denominator (n_docs,))``; the denominator counts the
+    positions. Sum numerators and denominators over a step (and ranks) before dividing."""
+    logp = torch.log_softmax(logits.float(), -1)
+    logq = torch.log_softmax(target_logits.float(), -1)
+    kl = (logq.exp() * (logq - logp)).sum(-1)
+    num = torch.zeros(n_docs, dtype=kl.dtype, device=kl.device).index_add(0, doc, kl)
+    den = torch.zeros(n_docs, dtype=kl.dtype, device=kl.device).index_add(0, doc, torch.ones_like(kl))
+    return num, den

@@ -1,0 +1,215 @@
+"""Does drafter packing leak? One packed row of real documents against each document alone: the frozen
+target's hidden states, each document's anchors and drafter loss, and the attention pairs and labels that
+cross a document boundary (the logic of ``padfree check-drafter``).
+
+A correct setup gives, for every document, the same target hidden states (to float noise), the same anchor
+set, the same loss numerator and denominator, and no (query, key) pair or label joining two documents.
+``leaky=True`` builds the batch the way row-level packers do (DFlash anchors chosen over the row with one
+quota, block labels and the EAGLE-3 shift running across the row), which the check must catch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from padfree.core.anchors import AnchorPolicy
+from padfree.errors import ConfigError
+
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
+DEFAULT_CHATS = ("gsm8k", "hh_rlhf_harmless_test", "gpteacher_codegen")
+DEFAULT_DOCS = ("llamafactory_c4_wiki_docs", "python_stdlib_code")
+HIDDEN_TOL = 1e-4  # float32: packed and alone agree to ~1e-6 on the tiny target
+LOSS_TOL = 1e-4  # relative, on each document's loss numerator
+
+
+@dataclass(frozen=True)
+class DocResult:
+    """One document of the packed row: its sample, tokens, anchors and loss, packed and alone."""
+
+    sample_id: int
+    tokens: int
+    loss_tokens: int
+    anchors_packed: tuple[int, ...]
+    anchors_alone: tuple[int, ...]
+    num_packed: float
+    den_packed: float
+    num_alone: float
+    den_alone: float
+
+    @property
+    def loss_matches(self) -> bool:
+        return self.den_packed == self.den_alone and abs(self.num_packed - self.num_alone) <= LOSS_TOL * max(
+            1.0, abs(self.num_alone)
+        )
+
+
+@dataclass(frozen=True)
+class DrafterCheck:
+    """What :func:`check_drafter` measured (``ok``: everything matches; else a leak)."""
+
+    method: str
+    leaky: bool
+    path: str
+    layout: str
+    docs: tuple[DocResult, ...]
+    max_hidden_diff: float
+    cross_pairs: int
+    cross_labels: int
+    block_size: int
+    ttt: int
+
+    @property
+    def anchors_identical(self) -> bool:
+        return all(d.anchors_packed == d.anchors_alone for d in self.docs)
+
+    @property
+    def losses_match(self) -> bool:
+        return all(d.loss_matches for d in self.docs)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.max_hidden_diff <= HIDDEN_TOL
+            and self.anchors_identical
+            and self.losses_match
+            and self.cross_pairs == 0
+            and self.cross_labels == 0
+        )
+
+
+def fixture_documents(n_docs: int = 6, max_tokens: int = 160) -> list[dict]:
+    """Real documents from the bundled fixtures: chats (loss on assistant turns) alternating with plain
+    documents (loss on every token), each cut to ``max_tokens``, tokenized by the one rule."""
+    from padfree.data.samples import load_samples
+
+    tok = FIXTURES / "tokenizers" / "llama_sp32k.model"
+    if not tok.is_file():
+        raise ConfigError(
+            f"check-drafter: the bundled fixtures are not here ({FIXTURES}); pass --data FILE --tokenizer TOK"
+        )
+    files = [FIXTURES / "samples" / f"{n}.jsonl.gz" for n in DEFAULT_CHATS]
+    chats = load_samples(files, tok, per_file=1, max_len=max_tokens)
+    files = [FIXTURES / "samples" / f"{n}.jsonl.gz" for n in DEFAULT_DOCS]
+    docs = load_samples(files, tok, per_file=2, max_len=max_tokens)
+    mixed = (
+        [x for pair in zip(chats, docs) for x in pair] + list(chats[len(docs) :]) + list(docs[len(chats) :])
+    )
+    return mixed[:n_docs]
+
+
+def check_drafter(
+    method: str = "dflash",
+    samples: list[dict] | None = None,
+    *,
+    leaky: bool = False,
+    block_size: int = 8,
+    max_anchors: int = 512,
+    ttt: int = 4,
+    seed: int = 0,
+    epoch: int = 0,
+    layout: str = "packed",
+) -> DrafterCheck:
+    """Pack ``samples`` (``{"input_ids", "loss_mask"}``; default :func:`fixture_documents`) into one row
+    (``layout="padded"``: a padded batch, a row each), run the tiny target and a reference drafter (random
+    weights, float32, CPU, dense masks) on it and on each document alone, and compare."""
+    import padfree.torch.attention as pa
+    from padfree.drafter.collate import DrafterCollator
+    from padfree.drafter.dflash import DFlashConfig, DFlashDrafter
+    from padfree.drafter.eagle3 import Eagle3Config, Eagle3Drafter
+    from padfree.drafter.masks import cross_document_pairs, dflash_dense_mask, eagle3_dense_mask
+    from padfree.drafter.target import (
+        build_target,
+        dflash_layers,
+        eagle3_layers,
+        lm_head,
+        run_target,
+        shared_weights,
+    )
+
+    if method not in ("dflash", "eagle3"):
+        raise ConfigError(f"check-drafter: method must be dflash or eagle3 (got {method!r})")
+    samples = fixture_documents() if samples is None else samples
+    if layout not in ("packed", "padded"):
+        raise ConfigError(f"check-drafter: layout must be packed or padded (got {layout!r})")
+    if leaky and layout != "packed":
+        raise ConfigError(
+            "check-drafter: --leaky reproduces what packers do to packed rows; use --layout packed"
+        )
+    if len(samples) < 2:
+        raise ConfigError(f"check-drafter: needs at least 2 documents to pack (got {len(samples)})")
+    items = [{**s, "sample_id": i} for i, s in enumerate(samples)]
+    vocab = int(max(int(np.max(s["input_ids"])) for s in samples)) + 2
+    mask_id = vocab - 1
+    target = build_target(vocab_size=vocab, seed=seed)
+    n_layers = target.config.num_hidden_layers
+    layers = dflash_layers(n_layers, 2) if method == "dflash" else eagle3_layers(n_layers)
+    head = lm_head(target)
+    torch.manual_seed(seed)
+    h = target.config.hidden_size
+    if method == "dflash":
+        drafter: DFlashDrafter | Eagle3Drafter = DFlashDrafter(
+            DFlashConfig(hidden_size=h, block_size=block_size, n_target_layers=len(layers)),
+            *shared_weights(target),
+        )
+    else:
+        drafter = Eagle3Drafter(Eagle3Config(hidden_size=h, ttt=ttt), *shared_weights(target))
+    policy = AnchorPolicy(block_size=block_size, max_anchors=max_anchors)
+    packed = DrafterCollator(
+        method, policy, seed=seed, mask_token_id=mask_id, ttt=ttt, leaky=leaky, layout=layout
+    )
+    alone = DrafterCollator(method, policy, seed=seed, mask_token_id=mask_id, ttt=ttt)
+    packed.set_epoch(epoch)
+    alone.set_epoch(epoch)
+
+    pa.reset_path()
+    batch = packed(items)
+    c = batch.contract
+    with torch.no_grad():
+        out = run_target(target, c, layers)
+        path = pa.last_path() or "transformers attention"
+        num, den = drafter.loss(out, head, batch)
+    doc = c.flat("document_ids")[0]
+    if method == "dflash":
+        f = batch.dflash
+        assert f is not None
+        m = dflash_dense_mask(doc, f.anchors, f.block_size)
+        pairs = cross_document_pairs(m, f.query_doc, torch.cat([doc, f.query_doc]))
+        lab = f.label_index
+        crossing = f.supervised & ((lab < 0) | (doc[lab.clamp(min=0)] != f.query_doc))
+    else:
+        e = batch.eagle3
+        assert e is not None
+        m = eagle3_dense_mask(doc, ttt - 1)
+        pairs = cross_document_pairs(m, doc, doc.repeat(ttt))
+        lab = e.label_index
+        crossing = e.supervised & ((lab < 0) | (doc[lab.clamp(min=0)] != doc[None, :]))
+    results = []
+    max_diff = 0.0
+    for d in range(c.n_docs):
+        one = alone([items[d]])
+        with torch.no_grad():
+            o1 = run_target(target, one.contract, layers)
+            n1, d1 = drafter.loss(o1, head, one)
+        s = c.doc_slice(d)
+        max_diff = max(
+            max_diff,
+            float((out.hidden[0, s] - o1.hidden[0]).abs().max()),
+            float((out.last[0, s] - o1.last[0]).abs().max()),
+        )
+        a_p = batch.dflash.anchors_by_doc[d] if batch.dflash is not None else ()
+        a_1 = one.dflash.anchors_by_doc[0] if one.dflash is not None else ()
+        lm = np.asarray(samples[d]["loss_mask"]).astype(bool)
+        loss = (float(num[d]), float(den[d]), float(n1[0]), float(d1[0]))
+        results.append(DocResult(d, int(c.doc_lengths[d]), int(lm.sum()), a_p, a_1, *loss))
+    if not any(r.den_alone for r in results):
+        raise ConfigError(
+            "check-drafter: no document has a supervised draft position (no loss tokens within the first "
+            "--max-tokens tokens): nothing to compare; raise --max-tokens or use data with assistant turns"
+        )
+    return DrafterCheck(
+        method, leaky, path, layout, tuple(results), max_diff, pairs, int(crossing.sum()), block_size, ttt
+    )

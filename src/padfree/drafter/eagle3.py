@@ -1,0 +1,144 @@
+"""A reference EAGLE-3 drafter with random weights, following the published architecture (SafeAILab EAGLE-3;
+vllm ``speculators``' ``Eagle3DraftModel``): written here, nothing imported from them.
+
+The target's hidden states of three layers are fused (``fc``: ``3H -> H``). One decoder layer takes, at each
+position ``t``, the normed embedding of the token fed there concatenated with the normed hidden state
+(``2H`` into the attention projections; the hidden state is the residual). Test-time training unrolls
+``ttt`` steps: step 0 is fed the fused target state at ``t`` and token ``t + 1``; step ``k`` is fed the
+drafter's own output of step ``k - 1`` and token ``t + 1 + k``, at rotary position ``pos[t] + k``, and its
+queries see step 0's keys causally inside their document plus their own position at every earlier step
+(:func:`padfree.drafter.masks.eagle3_dense_mask`). Step ``k`` at ``t`` predicts token ``t + 2 + k``; its loss
+is ``KL(target || drafter)`` against the target's prediction there, where the collator's rule says it is
+supervised. Embeddings are the target's, frozen; the LM head starts as the target's and trains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from padfree.drafter._blocks import MLP, RMSNorm, attend, kl_per_document, rope
+from padfree.drafter.collate import DrafterBatch
+from padfree.drafter.masks import eagle3_block_mask, eagle3_dense_mask
+from padfree.drafter.target import TargetOutput
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """Sizes of an EAGLE-3 drafter (``hidden_size`` is the target's)."""
+
+    hidden_size: int = 64
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
+    ttt: int = 7
+    rope_theta: float = 10000.0
+    eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+def ttt_attention(q: torch.Tensor, keys: list, values: list, step0: torch.Tensor) -> torch.Tensor:
+    """EAGLE-3 attention at step ``k = len(keys) - 1`` without the ``(k + 1) T`` key axis: scores against
+    step 0's keys under ``step0`` (``T x T``: causal, same document), plus one score per earlier step against
+    the query's own position; one softmax over the ``T + k`` scores. ``q`` ``(Hq, T, D)``, keys/values
+    ``(Hkv, T, D)`` per step -> ``(T, Hq * D)``. Equal to SDPA under :func:`eagle3_dense_mask`."""
+    rep = q.shape[0] // keys[0].shape[0]
+    scale = q.shape[-1] ** -0.5
+    ks = [x.repeat_interleave(rep, 0) for x in keys]
+    vs = [x.repeat_interleave(rep, 0) for x in values]
+    s0 = (q @ ks[0].transpose(1, 2) * scale).masked_fill(~step0, float("-inf"))
+    diag = [(q * kx).sum(-1, keepdim=True) * scale for kx in ks[1:]]
+    p = torch.softmax(torch.cat([s0, *diag], -1), -1)
+    n = q.shape[1]
+    out = p[..., :n] @ vs[0]
+    for i, vx in enumerate(vs[1:]):
+        out = out + p[..., n + i : n + i + 1] * vx
+    return out.transpose(0, 1).reshape(n, -1)
+
+
+class Eagle3Drafter(nn.Module):
+    """The drafter: ``fc``, one decoder layer over ``[embedding ; hidden]``, a norm and an LM head."""
+
+    def __init__(self, cfg: Eagle3Config, embed_weight: torch.Tensor, head_weight: torch.Tensor) -> None:
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding.from_pretrained(embed_weight.detach().clone(), freeze=True)
+        self.fc = nn.Linear(3 * h, h, bias=False)
+        self.input_layernorm = RMSNorm(h, cfg.eps)
+        self.hidden_norm = RMSNorm(h, cfg.eps)
+        self.q_proj = nn.Linear(2 * h, cfg.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(2 * h, cfg.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(2 * h, cfg.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+        self.post_attention_layernorm = RMSNorm(h, cfg.eps)
+        self.mlp = MLP(h, cfg.intermediate_size)
+        self.norm = RMSNorm(h, cfg.eps)
+        self.lm_head = nn.Linear(h, head_weight.shape[0], bias=False)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(head_weight)
+
+    def forward(self, target_hidden: torch.Tensor, batch: DrafterBatch, attention: str = "dense") -> list:
+        """Normed hidden states ``(T, H)`` of every step. ``attention``: ``"dense"`` (eager, segment by
+        segment: each document of a packed row, each padded row; step ``k`` holds ``L x (L + k)`` scores
+        per segment of ``L`` positions, the step-0 block and one diagonal score per earlier step; trains on
+        CPU), ``"mask"`` (SDPA over all ``(k + 1) T`` keys with the dense boolean mask) or ``"flex"`` (a
+        flex-attention BlockMask, GPU)."""
+        f = batch.eagle3
+        assert f is not None, "an EAGLE-3 batch (DrafterCollator('eagle3'))"
+        c, d = self.cfg, self.cfg.head_dim
+        dev = target_hidden.device
+        doc = batch.contract.flat("document_ids")[0].to(dev)
+        pos = batch.contract.flat("position_ids")[0].to(dev)
+        h = self.fc(target_hidden[0])
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        outs = []
+        for k in range(f.ttt):
+            emb = self.input_layernorm(self.embed_tokens(f.step_input_ids[k].to(dev)))
+            x = torch.cat([emb, self.hidden_norm(h)], -1)
+            q = rope(self.q_proj(x).view(-1, c.num_heads, d).transpose(0, 1), pos + k, c.rope_theta)
+            keys.append(
+                rope(self.k_proj(x).view(-1, c.num_kv_heads, d).transpose(0, 1), pos + k, c.rope_theta)
+            )
+            values.append(self.v_proj(x).view(-1, c.num_kv_heads, d).transpose(0, 1))
+            if attention == "dense":  # segment by segment (documents of a packed row, padded rows)
+                if k == 0:
+                    segs = [(s, eagle3_dense_mask(doc[s], 0)) for s in batch.contract.segments()]
+                a = torch.cat(
+                    [
+                        ttt_attention(q[:, s], [x[:, s] for x in keys], [x[:, s] for x in values], m)
+                        for s, m in segs
+                    ]
+                )
+            else:
+                mask = eagle3_block_mask(doc, k) if attention == "flex" else eagle3_dense_mask(doc, k)
+                a = attend(q, torch.cat(keys, 1), torch.cat(values, 1), mask)
+            h = h + self.o_proj(a)
+            h = h + self.mlp(self.post_attention_layernorm(h))
+            outs.append(self.norm(h))
+        return outs
+
+    def loss(
+        self, target: TargetOutput, target_head: nn.Module, batch: DrafterBatch, attention: str = "dense"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-document ``(numerator, denominator)`` over every supervised (step, position)."""
+        f = batch.eagle3
+        assert f is not None
+        outs = self(target.hidden, batch, attention)
+        doc = batch.contract.flat("document_ids")[0].to(target.hidden.device)
+        n_docs = batch.contract.n_docs
+        num = torch.zeros(n_docs, device=doc.device)
+        den = torch.zeros(n_docs, device=doc.device)
+        for k, hk in enumerate(outs):
+            sup = f.supervised[k].to(doc.device)
+            with torch.no_grad():
+                tgt = target_head(target.last[0, f.target_index[k].to(doc.device)[sup]])
+            n, m = kl_per_document(self.lm_head(hk[sup]), tgt, doc[sup], n_docs)
+            num, den = num + n, den + m
+        return num, den

@@ -1,0 +1,120 @@
+"""Drafter attention masks (DFlash blocks, EAGLE-3 test-time training) as one predicate each, materialised
+as a dense boolean mask (CPU training with SDPA/eager, forward and backward) or as a flex-attention
+``BlockMask`` (GPU): the same function decides both, so they cannot disagree.
+
+All positions are *flat* (a contract's rows concatenated, see :mod:`padfree.drafter.contract`);
+``document_ids`` is ``-1`` on padding.
+
+**DFlash.** ``n`` anchors open ``n`` blocks of ``B`` query tokens. Keys are the ``T`` context positions
+(projected target hidden states) followed by the ``n * B`` block tokens. Block ``j`` (anchor ``a``, document
+``d``) sees the context of ``d`` strictly before ``a`` and its own block (both directions), nothing else::
+
+    context  0 1 2 3 4 5 | 6 7 8 9      blocks (B = 2): anchors 2 (doc 0) and 7 (doc 1)
+    doc      0 0 0 0 0 0 | 1 1 1 1
+                            context keys                block keys
+                          0 1 2 3 4 5 6 7 8 9      b0 b0 b1 b1
+    block 0 slot 0 (a=2)  x x . . . . . . . .      x  x  .  .
+    block 0 slot 1        x x . . . . . . . .      x  x  .  .
+    block 1 slot 0 (a=7)  . . . . . . x . . .      .  .  x  x
+    block 1 slot 1        . . . . . . x . . .      .  .  x  x
+
+**EAGLE-3** at test-time-training step ``k``: queries are the ``T`` positions; keys are step 0's ``T``
+positions then one more ``T`` per earlier step. A query sees step 0's keys causally inside its own document,
+and at every step its own position (the diagonal)::
+
+    doc      0 0 0 | 1 1        step 0 keys      step 1 keys
+                                0 1 2 3 4        0 1 2 3 4
+    q 0                         x . . . .        x . . . .
+    q 1                         x x . . .        . x . . .
+    q 2                         x x x . .        . . x . .
+    q 3                         . . . x .        . . . x .
+    q 4                         . . . x x        . . . . x
+
+>>> doc = torch.tensor([0, 0, 0, 1, 1])
+>>> eagle3_dense_mask(doc, step=0).int().tolist()[4]
+[0, 0, 0, 1, 1]
+>>> m = dflash_dense_mask(doc, torch.tensor([1, 3]), block_size=2)
+>>> m.shape, m.int().tolist()[2]
+(torch.Size([4, 9]), [0, 0, 0, 0, 0, 0, 0, 1, 1])
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def dflash_predicate(document_ids: torch.Tensor, anchors: torch.Tensor, block_size: int):
+    """``visible(q, kv)`` of the DFlash mask, on index tensors of any (broadcastable) shape."""
+    n_ctx = document_ids.shape[0]
+    q_anchor = anchors.repeat_interleave(block_size)
+    safe = max(n_ctx, 1)
+
+    def visible(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        a = q_anchor[q]
+        d = document_ids[a]
+        is_ctx = kv < n_ctx
+        ctx = document_ids[torch.remainder(kv, safe)]
+        sees_ctx = is_ctx & (ctx == d) & (d >= 0) & (kv < a)
+        sees_block = ~is_ctx & (torch.div(kv - n_ctx, block_size, rounding_mode="floor") == q // block_size)
+        return sees_ctx | sees_block
+
+    return visible
+
+
+def eagle3_predicate(document_ids: torch.Tensor):
+    """``visible(q, kv)`` of the EAGLE-3 mask at any step (keys of step ``s`` are ``s * T .. (s+1) * T``)."""
+    n = document_ids.shape[0]
+
+    def visible(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        step = torch.div(kv, n, rounding_mode="floor")
+        j = torch.remainder(kv, n)
+        dq = document_ids[q]
+        causal_doc = (step == 0) & (dq >= 0) & (document_ids[j] == dq) & (j <= q)
+        return causal_doc | (j == q)
+
+    return visible
+
+
+def dflash_dense_mask(document_ids: torch.Tensor, anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Dense boolean DFlash mask ``(n * B, T + n * B)`` (True: attend)."""
+    n_q = anchors.shape[0] * block_size
+    dev = document_ids.device
+    q = torch.arange(n_q, device=dev)[:, None]
+    kv = torch.arange(document_ids.shape[0] + n_q, device=dev)[None, :]
+    return dflash_predicate(document_ids, anchors.to(dev), block_size)(q, kv)
+
+
+def eagle3_dense_mask(document_ids: torch.Tensor, step: int) -> torch.Tensor:
+    """Dense boolean EAGLE-3 mask at test-time-training step ``step``: ``(T, (step + 1) * T)``."""
+    n = document_ids.shape[0]
+    dev = document_ids.device
+    q = torch.arange(n, device=dev)[:, None]
+    kv = torch.arange((step + 1) * n, device=dev)[None, :]
+    return eagle3_predicate(document_ids)(q, kv)
+
+
+def _block_mask(visible, q_len: int, kv_len: int, device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return visible(q_idx, kv_idx)
+
+    return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device)
+
+
+def dflash_block_mask(document_ids: torch.Tensor, anchors: torch.Tensor, block_size: int):
+    """The DFlash mask as a flex-attention ``BlockMask`` (same predicate as :func:`dflash_dense_mask`)."""
+    n_q = anchors.shape[0] * block_size
+    visible = dflash_predicate(document_ids, anchors.to(document_ids.device), block_size)
+    return _block_mask(visible, n_q, document_ids.shape[0] + n_q, document_ids.device)
+
+
+def eagle3_block_mask(document_ids: torch.Tensor, step: int):
+    """The EAGLE-3 mask at ``step`` as a flex-attention ``BlockMask`` (same predicate as the dense one)."""
+    n = document_ids.shape[0]
+    return _block_mask(eagle3_predicate(document_ids), n, (step + 1) * n, document_ids.device)
+
+
+def cross_document_pairs(mask: torch.Tensor, q_doc: torch.Tensor, kv_doc: torch.Tensor) -> int:
+    """How many attended ``(query, key)`` pairs join two different documents (or a document and padding)."""
+    return int((mask & (q_doc[:, None] != kv_doc[None, :])).sum())

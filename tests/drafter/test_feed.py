@@ -1,0 +1,76 @@
+"""Inputs for vllm speculators' drafters built from padfree batches: replaying their indexing rules (DFlash
+block labels ``loss_mask[a + k]``, EAGLE-3 ``align_for_step`` shifts over the row) on what we hand them,
+no supervised position reads another document; the naive packed row does."""
+
+import numpy as np
+import pytest
+import torch
+
+from padfree.core.anchors import AnchorPolicy
+from padfree.drafter.collate import DrafterCollator
+from padfree.drafter.feed import dflash_inputs, eagle3_inputs
+from padfree.drafter.target import TargetOutput
+from padfree.errors import ConfigError
+
+
+def items(lens, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, n in enumerate(lens):
+        out.append({"input_ids": rng.integers(0, 50, n), "loss_mask": np.ones(n, bool), "sample_id": i})
+    return out
+
+
+def fake_target(c, layers=2, h=8):
+    g = torch.Generator().manual_seed(0)
+    last = torch.randn(1, c.width, h, generator=g)
+    return TargetOutput(torch.randn(1, c.width, layers * h, generator=g), last, last + 1)
+
+
+def test_dflash_inputs_keep_speculators_labels_inside_documents():
+    b = DrafterCollator("dflash", AnchorPolicy(block_size=4, density=0.5, partial=False), mask_token_id=49)(
+        items([9, 30, 5, 22])
+    )
+    kw, anchor_fn = dflash_inputs(b, fake_target(b.contract))
+    anchors, valid = anchor_fn(kw["loss_mask"], kw["max_anchors"] + 3, 4)
+    assert valid.sum() == len(b.dflash.anchors) and torch.equal(anchors[valid], b.dflash.anchors)
+    doc, mask = kw["document_ids"][0], kw["loss_mask"][0]
+    a = anchors[valid].repeat_interleave(4) + torch.arange(4).repeat(int(valid.sum()))
+    labelled = (torch.arange(len(a)) % 4 != 0) & mask[a].bool()  # their aligned_loss_mask, slot 0 dropped
+    assert labelled.any()
+    assert (doc[a[labelled]] == doc[anchors[valid].repeat_interleave(4)[labelled]]).all()
+    with pytest.raises(ConfigError, match="partial=False"):
+        partial = DrafterCollator("dflash", AnchorPolicy(block_size=4, density=1.0), mask_token_id=49)
+        b2 = partial(items([9, 30, 5, 22]))
+        dflash_inputs(b2, fake_target(b2.contract))
+
+
+def crossings(doc, mask, ttt):
+    """Scored (step, position) pairs joining two documents under their rule: at step ``k`` the logits of
+    position ``t`` meet the target and loss mask of ``t + k``, over the whole row."""
+    n = doc.shape[0]
+    count = 0
+    for k in range(ttt):
+        for t in range(n - k):
+            if mask[t + k] and doc[t + k] != doc[t]:
+                count += 1
+    return count
+
+
+def test_eagle3_inputs_leave_no_scored_pair_across_documents():
+    ttt = 4
+    b = DrafterCollator("eagle3", ttt=ttt)(items([9, 30, 2, 22]))
+    kw = eagle3_inputs(b, fake_target(b.contract, layers=3), ttt)
+    doc, mask = kw["document_ids"][0], kw["loss_mask"][0]
+    assert crossings(doc, mask, ttt) == 0
+    assert kw["hidden_states"].shape[1] == doc.shape[0] == 8 + 29 + 1 + 21
+    assert mask.sum() == (8 - 3) + (29 - 3) + 0 + (21 - 3)  # the first ttt - 1 positions carry no loss
+    # their shift_batch convention: tokens 1..L-1 against hidden states 0..L-2, per document
+    c = b.contract
+    first = c.doc_slice(0)
+    assert torch.equal(kw["input_ids"][0, :8], c.flat("input_ids")[0, first][1:])
+    assert torch.equal(
+        kw["verifier_last_hidden_states"][0, :8], fake_target(c, layers=3).prenorm[0, first][1:]
+    )
+    # the plain packed row (what a row-level packer hands them) is scored across documents
+    assert crossings(doc, torch.ones_like(mask), ttt) > 0
