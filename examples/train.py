@@ -1,6 +1,6 @@
 """Train a tiny Llama on real variable-length data with a padfree plan: plain PyTorch, DDP, kill-safe.
 
-One process:      python examples/train.py --strategy packed --budget 2048 --max-steps 50
+One process:      python examples/train.py --strategy packed --budget 2048 --overlong truncate --max-steps 50
 Several ranks:    torchrun --nproc_per_node 2 examples/train.py --strategy bucketed --grad-accum 2
 Kill and resume:  add --checkpoint-dir ckpt --checkpoint-every 10, then rerun with --resume (any world size)
 
@@ -9,9 +9,11 @@ What it does, top to bottom:
   format ``padfree lengths`` reads, ``--format``/``--field-map``/``--chat-template`` likewise) with
   ``--tokenizer`` (SentencePiece .model, tokenizer.json or a transformers folder) by padfree's one rule
   (:mod:`padfree.data.tokenization`): a chat sample is ``[BOS] + role + "\\n" + content + "\\n" + [EOS]``
-  per message, a document ``text + [EOS]``: exactly what ``padfree lengths`` counts. Samples are cut to
-  ``--budget`` tokens; with ``--lengths FILE`` (made by ``padfree lengths``) the plan uses the file instead,
-  and a sample whose token count differs from it stops the run with one line naming it.
+  per message, a document ``text + [EOS]``: exactly what ``padfree lengths`` counts. With ``--lengths FILE``
+  (made by ``padfree lengths``) the plan uses the file, and a sample whose token count differs from it stops
+  the run with one line naming it. Samples longer than ``--budget`` follow ``--overlong`` as in ``padfree
+  plan``: ``error`` (the default) stops with one line; ``truncate``, ``split`` or ``drop`` are said in one
+  line at the start (how many samples, how many tokens not trained).
 - loss (``--loss-on``): ``assistant`` (default) puts loss on the tokens of assistant messages (their BOS
   and EOS included); documents always have loss on every token. ``all`` puts loss on every token.
 - plans micro-batches with :class:`padfree.torch.PlanBatchSampler` (``--strategy``, ``--budget``: tokens per
@@ -41,10 +43,19 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from common import add_data_and_model_args, load_training_data, model_overrides, plan_config, run_example
+from common import (
+    add_data_and_model_args,
+    load_training_data,
+    model_overrides,
+    overlong_line,
+    plan_config,
+    planned_tokens,
+    run_example,
+)
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from padfree.core.fingerprint import explain
 from padfree.errors import PadfreeError
 from padfree.models import build_model
 from padfree.testing import seenlog
@@ -174,7 +185,8 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     step = 0
     state = ckpt.resume(device) if ckpt is not None and args.resume else None
     if state is not None:
-        ckpt.check_fingerprints(state["sampler"].get("fingerprint"), sampler.fingerprint)
+        why = explain(state["sampler"].get("identity"), sampler.identity)  # which field differs, if any
+        ckpt.check_fingerprints(state["sampler"].get("fingerprint"), sampler.fingerprint, why)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         sampler.load_state_dict(state["sampler"])
@@ -184,8 +196,12 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     ddp = DistributedDataParallel(model) if world > 1 else model
 
     n_params = sum(p.numel() for p in model.parameters())
+    line = overlong_line(lengths, args.budget, args.overlong)
+    if line:
+        log(line)
     log(
-        f"run {run}: {len(samples)} samples, {int(lengths.sum())} tokens, {n_params / 1e6:.1f}M params, "
+        f"run {run}: {len(samples)} samples, {planned_tokens(lengths, args.budget, args.overlong)} tokens, "
+        f"{n_params / 1e6:.1f}M params, "
         f"{args.strategy} budget {args.budget}, world {world} x grad_accum {args.grad_accum}, "
         f"attention {attn}"
     )

@@ -26,6 +26,14 @@ def test_passes_on_fixtures_and_catches_the_row_level_leak(method, capsys):
         assert "anchor sets identical:            NO" in out
 
 
+def test_padded_rows_pass_and_leaky_needs_packed_rows(capsys):
+    assert main(["check-drafter", "--method", "eagle3", "--layout", "padded", "--docs", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "padded rows" in out and "OK: every document" in out
+    assert main(["check-drafter", "--layout", "padded", "--leaky"]) == 2
+    assert "--layout packed" in capsys.readouterr().err
+
+
 def test_json_lists_each_documents_loss(capsys):
     assert main(["check-drafter", "--docs", "3", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)

@@ -200,17 +200,23 @@ def test_flex_block_mask_path_gives_the_dense_result(method, target):
         assert torch.allclose(x, y, atol=1e-5)
 
 
-def test_eagle3_eager_ttt_attention_equals_the_masked_path(target):
-    """The default EAGLE-3 path holds T x (T + k) scores per step; the same as SDPA over all (k + 1) T keys
-    under the dense mask, forward and backward."""
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+def test_segmented_default_path_equals_one_mask_over_the_flat_row(target, method, layout):
+    """The default CPU path runs attention segment by segment (documents of a packed row, padded rows; EAGLE-3
+    with T x (T + k) scores per step); the same as SDPA over the whole flat row under the one dense mask,
+    forward and backward."""
     items = dataset([23, 41, 3, 30], seed=5)
-    drafter = drafter_for("eagle3", target)
-    b = DrafterCollator("eagle3", ttt=3)(items)
-    out = run_target(target, b.contract, LAYERS["eagle3"])
+    for i, d in enumerate(items):
+        d["sample_id"] = i
+    drafter = drafter_for(method, target)
+    b = DrafterCollator(method, POLICY, layout=layout, ttt=3, mask_token_id=V - 1)(items)
+    out = run_target(target, b.contract, LAYERS[method])
     grads = {}
     for how in ("dense", "mask"):
         drafter.zero_grad()
         hs = drafter(out.hidden, b, how)
+        hs = [hs] if method == "dflash" else hs
         sum(drafter.lm_head(h).logsumexp(-1).sum() for h in hs).backward()
         grads[how] = (
             [h.detach() for h in hs],

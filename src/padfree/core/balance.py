@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from padfree.core import _kernels, capacity, cost, steps
-from padfree.core.config import CostModel, PlanConfig
+from padfree.core import _kernels, capacity, cost, refit, steps
+from padfree.core.config import MAX_COST, CostModel, PlanConfig
 from padfree.core.cost import Coefficients
 from padfree.errors import ConfigError, StateError
 
@@ -68,32 +68,71 @@ class Balance:
 
     @classmethod
     def from_state(cls, state: object, world_size: int) -> Balance:
-        """Read :meth:`to_state`'s dict back; refuses anything that is not one (one line, why)."""
+        """Read :meth:`to_state`'s dict back; refuses anything that is not one (one line naming the field):
+        ``cost`` 3 numbers from 0 to :data:`~padfree.core.config.MAX_COST`, not all 0; ``speeds`` one number
+        per rank, mean 1, the fastest at most :data:`~padfree.core.refit.SPEED_RATIO` times the slowest
+        (what a refit can give); ``fitted`` and ``recut`` true or false.
+
+        >>> Balance.from_state({"cost": [1.0, 0.0, 0.0], "speeds": [1e300, 1.0]}, 2)
+        Traceback (most recent call last):
+        ...
+        padfree.errors.StateError: malformed sampler state: balance.speeds [1e+300, 1.0] must be 2 numbers ...
+        """
         if not isinstance(state, dict):
             raise StateError(f"malformed sampler state: balance must be an object (got {state!r:.60})")
-        try:
-            coefs = tuple(float(v) for v in state["cost"])
-            speeds = state.get("speeds")
-            speeds = None if speeds is None else tuple(float(v) for v in speeds)
-            flags = (state.get("fitted", False), state.get("recut", False))
-            drafter = tuple(float(v) for v in state.get("drafter", (0.0, 0.0)))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"malformed sampler state: balance {exc!r:.80}") from None
-        if len(coefs) != 3 or not all(math.isfinite(v) and v >= 0 for v in coefs) or sum(coefs) <= 0:
-            raise StateError(f"malformed sampler state: cost {coefs} must be 3 finite numbers >= 0, not 0")
-        if speeds is not None and (
-            len(speeds) != world_size or not all(math.isfinite(v) and v > 0 for v in speeds)
+        coefs, speeds = _numbers(state.get("cost")), _numbers(state.get("speeds"))
+        if coefs is None or len(coefs) != 3 or not all(0 <= v <= MAX_COST for v in coefs) or sum(coefs) <= 0:
+            raise StateError(
+                f"malformed sampler state: balance.cost {_show(state.get('cost'))} must be 3 numbers from 0 "
+                f"to {MAX_COST:g}, not all 0"
+            )
+        if state.get("speeds") is not None and not (
+            speeds is not None
+            and len(speeds) == world_size
+            and min(speeds) > 0
+            and max(speeds) <= refit.SPEED_RATIO * (1 + 1e-5) * min(speeds)
+            and abs(math.fsum(speeds) / world_size - 1.0) <= SPEED_MEAN_TOLERANCE
         ):
             raise StateError(
-                f"malformed sampler state: speeds must be {world_size} finite numbers > 0 (got {speeds})"
+                f"malformed sampler state: balance.speeds {_show(state.get('speeds'))} must be {world_size} "
+                f"numbers > 0 of mean 1, the largest at most {refit.SPEED_RATIO:g} times the smallest"
             )
+        flags = (state.get("fitted", False), state.get("recut", False))
         if not all(isinstance(f, bool) for f in flags):
-            raise StateError(f"malformed sampler state: fitted and recut must be true or false (got {flags})")
-        if len(drafter) != 2 or not all(math.isfinite(v) and v >= 0 for v in drafter):
             raise StateError(
-                f"malformed sampler state: drafter weights must be 2 finite numbers >= 0 ({drafter})"
+                "malformed sampler state: balance.fitted and balance.recut must be true or false "
+                f"(got {flags})"
             )
-        return cls(Coefficients(*coefs), speeds, *flags, drafter=(drafter[0], drafter[1]))
+        drafter = _numbers(state.get("drafter", [0.0, 0.0]))
+        if drafter is None or len(drafter) != 2 or not all(0 <= v <= MAX_COST for v in drafter):
+            raise StateError(
+                f"malformed sampler state: balance.drafter {_show(state.get('drafter'))} must be 2 numbers "
+                ">= 0"
+            )
+        return cls(
+            Coefficients(*coefs),
+            None if speeds is None else tuple(speeds),
+            *flags,
+            drafter=(drafter[0], drafter[1]),
+        )
+
+
+SPEED_MEAN_TOLERANCE = 1e-3
+"""How far the mean of a state's rank speeds may be from 1 (a refit normalizes it to 1, to 6 digits)."""
+
+
+def _numbers(values: object) -> list[float] | None:
+    """``values`` as floats when it is a list of finite ints or floats (not bools: ``True`` is no
+    coefficient), else ``None``."""
+    if not isinstance(values, (list, tuple)) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
+    ):
+        return None
+    return [float(v) for v in values]
+
+
+def _show(value: object) -> str:
+    return f"{value!r:.80}"
 
 
 def plan_budget(config: PlanConfig, headroom: float) -> int | None:

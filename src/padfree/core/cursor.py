@@ -201,7 +201,21 @@ class Cursor:
         """Continue from ``position`` (read by :func:`padfree.core.position.from_state` for this shape)."""
         self.epoch, self.history = position.epoch, list(position.history)
         self.partial, self.balance = position.partial, position.balance
-        self._plan_cache = self._step_cache = None
+        self._step_cache = None
+        if self._plan_cache is not None and self._plan_cache.key != self._key():
+            self._plan_cache = None  # kept when plan_steps just planned this very position
+
+    def plan_steps(self, epoch: int, history: list[Segment]) -> int:
+        """Steps of the plan the last segment of ``history`` runs in ``epoch`` (a state being checked before
+        it is restored; the plan is kept for it)."""
+        last = history[-1]
+        key = (int(epoch), tuple(history[:-1]), last.world_size, last.grad_accum, last.budget)
+        if self._plan_cache is None or self._plan_cache.key != key:
+            self._plan_cache = self._step_cache = None
+            plan, before = self._replay(int(epoch), history)
+            tokens = step_loss_tokens(plan, self.source.lengths, self.source.loss)
+            self._plan_cache = _PlanCache(key, plan, before, tokens)
+        return self._plan_cache.plan.n_steps
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning; the current epoch keeps its position."""

@@ -280,8 +280,12 @@ def plan_items(
     form_config = config if cap == config.budget else config.with_(budget=cap)
     order, offsets, strata, edges = REGISTRY[config.strategy].form(size, form_config, rng)
     if strata is not None:
-        tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
-        order, offsets = _kernels.gather_segments(order, offsets, steps.stratified_order(strata, tokens, rng))
+        composed = steps.quantile_steps(order, offsets, size, k, cap, rng)
+        if composed is None:  # the tail cannot be cut into whole steps: strata spread by token mass
+            tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
+            perm = steps.stratified_order(strata, tokens, rng)
+            composed = _kernels.gather_segments(order, offsets, perm)
+        order, offsets = composed
     order, offsets = steps.complete_last_step(order, offsets, size, k, cap, config.packed)
     lens = length[order]
     anchors = None if items.anchors is None else items.anchors[order]

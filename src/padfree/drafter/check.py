@@ -54,6 +54,7 @@ class DrafterCheck:
     method: str
     leaky: bool
     path: str
+    layout: str
     docs: tuple[DocResult, ...]
     max_hidden_diff: float
     cross_pairs: int
@@ -110,10 +111,11 @@ def check_drafter(
     ttt: int = 4,
     seed: int = 0,
     epoch: int = 0,
+    layout: str = "packed",
 ) -> DrafterCheck:
-    """Pack ``samples`` (``{"input_ids", "loss_mask"}``; default :func:`fixture_documents`) into one row,
-    run the tiny target and a reference drafter (random weights, float32, CPU, dense masks) on the row and
-    on each document alone, and compare."""
+    """Pack ``samples`` (``{"input_ids", "loss_mask"}``; default :func:`fixture_documents`) into one row
+    (``layout="padded"``: a padded batch, a row each), run the tiny target and a reference drafter (random
+    weights, float32, CPU, dense masks) on it and on each document alone, and compare."""
     import padfree.torch.attention as pa
     from padfree.drafter.collate import DrafterCollator
     from padfree.drafter.dflash import DFlashConfig, DFlashDrafter
@@ -131,6 +133,12 @@ def check_drafter(
     if method not in ("dflash", "eagle3"):
         raise ConfigError(f"check-drafter: method must be dflash or eagle3 (got {method!r})")
     samples = fixture_documents() if samples is None else samples
+    if layout not in ("packed", "padded"):
+        raise ConfigError(f"check-drafter: layout must be packed or padded (got {layout!r})")
+    if leaky and layout != "packed":
+        raise ConfigError(
+            "check-drafter: --leaky reproduces what packers do to packed rows; use --layout packed"
+        )
     if len(samples) < 2:
         raise ConfigError(f"check-drafter: needs at least 2 documents to pack (got {len(samples)})")
     items = [{**s, "sample_id": i} for i, s in enumerate(samples)]
@@ -150,7 +158,9 @@ def check_drafter(
     else:
         drafter = Eagle3Drafter(Eagle3Config(hidden_size=h, ttt=ttt), *shared_weights(target))
     policy = AnchorPolicy(block_size=block_size, max_anchors=max_anchors)
-    packed = DrafterCollator(method, policy, seed=seed, mask_token_id=mask_id, ttt=ttt, leaky=leaky)
+    packed = DrafterCollator(
+        method, policy, seed=seed, mask_token_id=mask_id, ttt=ttt, leaky=leaky, layout=layout
+    )
     alone = DrafterCollator(method, policy, seed=seed, mask_token_id=mask_id, ttt=ttt)
     packed.set_epoch(epoch)
     alone.set_epoch(epoch)
@@ -201,5 +211,5 @@ def check_drafter(
             "--max-tokens tokens): nothing to compare; raise --max-tokens or use data with assistant turns"
         )
     return DrafterCheck(
-        method, leaky, path, tuple(results), max_diff, pairs, int(crossing.sum()), block_size, ttt
+        method, leaky, path, layout, tuple(results), max_diff, pairs, int(crossing.sum()), block_size, ttt
     )

@@ -90,6 +90,14 @@ class Contract:
         """The flat positions of document ``d``."""
         return slice(self.doc_starts[d], self.doc_starts[d] + self.doc_lengths[d])
 
+    def segments(self) -> list[slice]:
+        """Flat ranges that attention never crosses, in order, covering every position: each document of a
+        packed row, each padded row (its padding included: what a padded batch computes)."""
+        if self.layout == "packed":
+            return [self.doc_slice(d) for d in range(self.n_docs)]
+        w = int(self.input_ids.shape[1])
+        return [slice(r * w, (r + 1) * w) for r in range(int(self.input_ids.shape[0]))]
+
     def target_inputs(self) -> dict:
         """Keyword arguments for a transformers causal LM: packed rows carry ``cu_seq_lens_*`` (padfree's
         per-document attention and flash-attention varlen read them), padded rows an ``attention_mask``."""

@@ -64,15 +64,33 @@ class DFlashLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, cfg.eps)
         self.mlp = MLP(h, cfg.intermediate_size)
 
-    def forward(self, x, ctx, q_pos, k_pos, mask) -> torch.Tensor:
+    def forward(self, x, ctx, q_pos, ctx_pos, masks) -> torch.Tensor:
+        """``masks``: one mask over all keys ``[context ; blocks]``, or ``(context slice, query slice,
+        dense mask)`` per segment (attention runs segment by segment, as padfree's varlen attention does)."""
         c, d = self.cfg, self.cfg.head_dim
         y = self.input_layernorm(x)
-        q = self.q_norm(self.q_proj(y).view(-1, c.num_heads, d)).transpose(0, 1)
-        kv_in = torch.cat([ctx, y], 0)
-        k = self.k_norm(self.k_proj(kv_in).view(-1, c.num_kv_heads, d)).transpose(0, 1)
-        v = self.v_proj(kv_in).view(-1, c.num_kv_heads, d).transpose(0, 1)
-        q, k = rope(q, q_pos, c.rope_theta), rope(k, k_pos, c.rope_theta)
-        x = x + self.o_proj(attend(q, k, v, mask))
+        q = rope(self.q_norm(self.q_proj(y).view(-1, c.num_heads, d)).transpose(0, 1), q_pos, c.rope_theta)
+
+        def kv(z, p):
+            k = self.k_norm(self.k_proj(z).view(-1, c.num_kv_heads, d)).transpose(0, 1)
+            return rope(k, p, c.rope_theta), self.v_proj(z).view(-1, c.num_kv_heads, d).transpose(0, 1)
+
+        k_ctx, v_ctx = kv(ctx, ctx_pos)
+        k_blk, v_blk = kv(y, q_pos)
+        if isinstance(masks, list):
+            parts = [
+                attend(
+                    q[:, qs],
+                    torch.cat([k_ctx[:, cs], k_blk[:, qs]], 1),
+                    torch.cat([v_ctx[:, cs], v_blk[:, qs]], 1),
+                    m,
+                )
+                for cs, qs, m in masks
+            ]
+            a = torch.cat(parts, 0) if parts else q.new_zeros(0, c.num_heads * d)
+        else:
+            a = attend(q, torch.cat([k_ctx, k_blk], 1), torch.cat([v_ctx, v_blk], 1), masks)
+        x = x + self.o_proj(a)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -93,23 +111,36 @@ class DFlashDrafter(nn.Module):
     def forward(
         self, target_hidden: torch.Tensor, batch: DrafterBatch, attention: str = "dense"
     ) -> torch.Tensor:
-        """Hidden states ``(n * B, H)`` of every block query. ``attention``: ``"dense"`` (a boolean mask
-        through SDPA: CPU training) or ``"flex"`` (a flex-attention BlockMask: GPU)."""
+        """Hidden states ``(n * B, H)`` of every block query. ``attention``: ``"dense"`` (boolean masks
+        through SDPA, segment by segment: each document of a packed row, each padded row; CPU training),
+        ``"mask"`` (one dense mask over the whole flat row) or ``"flex"`` (a flex-attention BlockMask,
+        GPU)."""
         f = batch.dflash
         assert f is not None, "a DFlash batch (DrafterCollator('dflash'))"
         doc = batch.contract.flat("document_ids")[0].to(target_hidden.device)
         pos = batch.contract.flat("position_ids")[0].to(target_hidden.device)
         anchors = f.anchors.to(doc.device)
+        b = f.block_size
+        masks: object
+        segmented: list[tuple[slice, slice, torch.Tensor]] = []
         if attention == "flex":
-            mask = dflash_block_mask(doc, anchors, f.block_size)
+            masks = dflash_block_mask(doc, anchors, b)
+        elif attention == "mask":
+            masks = dflash_dense_mask(doc, anchors, b)
         else:
-            mask = dflash_dense_mask(doc, anchors, f.block_size)
+            masks = segmented
+            segs = batch.contract.segments()
+            starts = torch.tensor([s.start for s in segs] + [doc.shape[0]], device=doc.device)
+            cuts = torch.searchsorted(anchors, starts).tolist()
+            for seg, i0, i1 in zip(segs, cuts[:-1], cuts[1:], strict=True):
+                if i1 > i0:
+                    m = dflash_dense_mask(doc[seg], anchors[i0:i1] - seg.start, b)
+                    segmented.append((seg, slice(i0 * b, i1 * b), m))
         ctx = self.hidden_norm(self.fc(target_hidden[0]))
         x = self.embed_tokens(f.block_input_ids.to(doc.device))
         q_pos = f.block_position_ids.to(doc.device)
-        k_pos = torch.cat([pos, q_pos])
         for layer in self.layers:
-            x = layer(x, ctx, q_pos, k_pos, mask)
+            x = layer(x, ctx, q_pos, pos, masks)
         return self.norm(x)
 
     def loss(

@@ -84,8 +84,9 @@ class Eagle3Drafter(nn.Module):
             self.lm_head.weight.copy_(head_weight)
 
     def forward(self, target_hidden: torch.Tensor, batch: DrafterBatch, attention: str = "dense") -> list:
-        """Normed hidden states ``(T, H)`` of every step. ``attention``: ``"dense"`` (eager: step ``k``
-        holds ``T x (T + k)`` scores, the step-0 block and one diagonal score per earlier step; trains on
+        """Normed hidden states ``(T, H)`` of every step. ``attention``: ``"dense"`` (eager, segment by
+        segment: each document of a packed row, each padded row; step ``k`` holds ``L x (L + k)`` scores
+        per segment of ``L`` positions, the step-0 block and one diagonal score per earlier step; trains on
         CPU), ``"mask"`` (SDPA over all ``(k + 1) T`` keys with the dense boolean mask) or ``"flex"`` (a
         flex-attention BlockMask, GPU)."""
         f = batch.eagle3
@@ -106,10 +107,15 @@ class Eagle3Drafter(nn.Module):
                 rope(self.k_proj(x).view(-1, c.num_kv_heads, d).transpose(0, 1), pos + k, c.rope_theta)
             )
             values.append(self.v_proj(x).view(-1, c.num_kv_heads, d).transpose(0, 1))
-            if attention == "dense":
+            if attention == "dense":  # segment by segment (documents of a packed row, padded rows)
                 if k == 0:
-                    step0 = eagle3_dense_mask(doc, 0)
-                a = ttt_attention(q, keys, values, step0)
+                    segs = [(s, eagle3_dense_mask(doc[s], 0)) for s in batch.contract.segments()]
+                a = torch.cat(
+                    [
+                        ttt_attention(q[:, s], [x[:, s] for x in keys], [x[:, s] for x in values], m)
+                        for s, m in segs
+                    ]
+                )
             else:
                 mask = eagle3_block_mask(doc, k) if attention == "flex" else eagle3_dense_mask(doc, k)
                 a = attend(q, torch.cat(keys, 1), torch.cat(values, 1), mask)

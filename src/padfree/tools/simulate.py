@@ -25,6 +25,7 @@ from padfree.core.config import MAX_COST, CostModel, PlanConfig, read_cost_file
 from padfree.core.cost import imbalance, micro_costs, micro_shapes, rank_costs, step_costs
 from padfree.core.plan import epoch_rng
 from padfree.core.planner import make_plan
+from padfree.core.refit import SPEED_RATIO
 from padfree.errors import ConfigError
 
 # The motivating case: measured on 8 GPUs, Ktok/s per strategy (sorted 32, bucketed 25.1, random 11.9).
@@ -72,8 +73,14 @@ def load_seconds_per_unit(path: str | Path | None) -> float | None:
     return None
 
 
+SPEED_FACTORS = (1e-3, 1e3)
+"""The range of each ``--speeds`` factor (and the slowest at most :data:`padfree.core.refit.SPEED_RATIO` times
+the fastest): step costs stay finite and within what dynamic balancing can learn."""
+
+
 def parse_speeds(text: str, world_size: int | None = None) -> np.ndarray:
-    """Per-rank time factors from ``"1,1,1.5"`` (each > 0; as many as ``world_size`` when given).
+    """Per-rank time factors from ``"1,1,1.5"`` (each in :data:`SPEED_FACTORS`, the slowest at most 400x the
+    fastest; as many as ``world_size`` when given).
 
     >>> parse_speeds("1,1,1.5").tolist()
     [1.0, 1.0, 1.5]
@@ -82,8 +89,14 @@ def parse_speeds(text: str, world_size: int | None = None) -> np.ndarray:
         out = np.array([float(x) for x in text.split(",")], dtype=np.float64)
     except ValueError:
         raise ConfigError(f"--speeds takes comma-separated numbers, one per rank (got {text!r})") from None
-    if out.size == 0 or not np.all(np.isfinite(out) & (out > 0)):
-        raise ConfigError(f"--speeds: every factor must be a number > 0 (got {text!r})")
+    lo, hi = SPEED_FACTORS
+    if out.size == 0 or not np.all(np.isfinite(out) & (out >= lo) & (out <= hi)):
+        raise ConfigError(f"--speeds: every factor must be a number from {lo:g} to {hi:g} (got {text!r:.80})")
+    if out.max() > SPEED_RATIO * out.min():
+        raise ConfigError(
+            f"--speeds: the slowest rank is {out.max() / out.min():.4g}x the fastest; at most "
+            f"{SPEED_RATIO:g}x (the range dynamic balancing fits)"
+        )
     if world_size is not None and out.size != world_size:
         raise ConfigError(f"--speeds gives {out.size} ranks but the world size is {world_size}")
     return out
