@@ -51,8 +51,7 @@ from padfree.drafter.target import (
     run_target,
 )
 from padfree.errors import PadfreeError
-from padfree.torch import PlanBatchSampler, PlannedDataset, step_loss, sync_unless
-from padfree.torch._distributed import all_reduce_sum
+from padfree.torch import PlanBatchSampler, PlannedDataset, all_reduce_sum, step_loss, sync_unless
 from padfree.torch.checkpoint import CheckpointDir
 from padfree.torch.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
 
