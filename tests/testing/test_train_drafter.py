@@ -21,6 +21,7 @@ def base_args(fixtures_dir, tmp_path, n, method, strategy="packed"):
         "--tokenizer", str(fixtures_dir / "tokenizers/llama_sp32k.model"),
         "--strategy", strategy, "--budget", "256", "--limit-samples", str(n), "--vocab-size", "256",
         "--block-size", "4", "--ttt", "2", "--log-every", "1000", "--seen-log", str(tmp_path / "seen.jsonl"),
+        "--overlong", "truncate",
     ]  # fmt: skip
 
 
