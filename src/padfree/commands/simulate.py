@@ -7,8 +7,11 @@ import json
 import sys
 from pathlib import Path
 
+from padfree.commands.bench import VOCAB
+from padfree.commands.check_drafter import BLOCK, TTT
 from padfree.commands.common import (
     RANKS,
+    Bounded,
     add_lengths_argument,
     add_plan_options,
     config_from_args,
@@ -16,6 +19,11 @@ from padfree.commands.common import (
 )
 from padfree.core.config import STRATEGIES
 from padfree.errors import ConfigError
+
+ANCHORS = Bounded(int, 1, 2**31 - 1)
+WIDTH = Bounded(int, 1, 2**20)
+LAYERS = Bounded(int, 1, 4096)
+BYTES = Bounded(int, 1, 16)
 
 NAME = "simulate"
 HELP = "predict each strategy's training throughput on N GPUs (ranks wait for the slowest every step)"
@@ -49,21 +57,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="loss-bearing tokens per sample (.npy, e.g. NAME.assistant.npy; default: beside --lengths when "
         "present, else every token but the first)",
     )
-    d.add_argument("--block-size", type=int, default=16, help="DFlash block size (default 16)")
-    d.add_argument("--max-anchors", type=int, default=512, help="DFlash anchors per sample (default 512)")
-    d.add_argument("--anchor-budget", type=int, default=None, help="DFlash blocks per micro-batch at most")
-    d.add_argument("--ttt", type=int, default=7, help="EAGLE-3 test-time-training steps (default 7)")
-    d.add_argument("--target-hidden", type=int, default=4096, help="target hidden size (default 4096)")
-    d.add_argument("--target-layers", type=int, default=32, help="target layers (default 32)")
-    d.add_argument("--vocab", type=int, default=128256, help="vocabulary (default 128256)")
+    d.add_argument("--block-size", type=BLOCK, default=16, help="DFlash block size (default 16)")
+    d.add_argument("--max-anchors", type=ANCHORS, default=512, help="DFlash anchors per sample (default 512)")
+    d.add_argument(
+        "--anchor-budget", type=ANCHORS, default=None, help="DFlash blocks per micro-batch at most"
+    )
+    d.add_argument("--ttt", type=TTT, default=7, help="EAGLE-3 test-time-training steps (default 7)")
+    d.add_argument("--target-hidden", type=WIDTH, default=4096, help="target hidden size (default 4096)")
+    d.add_argument("--target-layers", type=LAYERS, default=32, help="target layers (default 32)")
+    d.add_argument("--vocab", type=VOCAB, default=128256, help="vocabulary (default 128256)")
     d.add_argument(
         "--cache-layers",
-        type=int,
+        type=LAYERS,
         default=None,
         help="target layers an offline hidden-state cache keeps per token (default: DFlash 5, EAGLE-3 3, "
         "plus the last layer for the targets' logits)",
     )
-    d.add_argument("--cache-bytes", type=int, default=2, help="bytes per cached value (default 2: bf16)")
+    d.add_argument("--cache-bytes", type=BYTES, default=2, help="bytes per cached value (default 2: bf16)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
