@@ -270,3 +270,44 @@ def test_modeled_throughput_is_real_tokens_over_slowest_rank_cost(subset: np.nda
     expect = subset.sum() / rc.max(axis=1).sum()  # no overlong samples: every token is planned
     assert modeled_throughput(plan) == pytest.approx(expect)
     assert modeled_throughput(plan) < subset.sum() / rc.mean(axis=1).sum()
+
+
+@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+def test_report_drafter_section_matches_simulate(fixtures_dir: Path, tmp_path: Path, capsys, method) -> None:
+    """Issue 18 item 10: `report --drafter` adds predicted drafter throughput per strategy and the offline
+    hidden-state cache size, the same numbers `simulate --drafter` prints for the same setup."""
+    lengths = fixtures_dir / "lengths" / "gsm8k.cl100k.npy"
+    setup = ["--budget", "2048", "--world-size", "2", "--grad-accum", "1", "--drafter", method,
+             "--target-hidden", "1024", "--target-layers", "8", "--vocab", "32000"]  # fmt: skip
+    if method == "dflash":
+        setup += ["--anchor-budget", "96"]
+    rc = main(["report", str(lengths), "--out", str(tmp_path / "site"), "--growths", "1.5",
+               "--bucket-counts", "4", "--mixes", "16", *setup])  # fmt: skip
+    assert rc == 0
+    numbers = json.loads((tmp_path / "site" / "report.json").read_text())
+    d = numbers["drafter"]
+    capsys.readouterr()
+    assert main(["simulate", str(lengths), "--no-naive", "--json", *setup]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    n = int(np.load(lengths).clip(max=2048).sum())
+    layers = 6 if method == "dflash" else 4  # the method's target layers plus the last
+    assert d["tokens"] == n and d["cache_layers"] == layers
+    assert d["cache_bytes"] == n * layers * 1024 * 2 == sim["drafter"]["cache_bytes"]
+    assert set(d["strategies"]) == {"sorted", "random", "bucketed", "packed"}
+    for s, row in d["strategies"].items():
+        assert row["tokens_per_unit"] == pytest.approx(sim["strategies"][s]["tokens_per_unit"]), s
+    assert d["strategies"]["packed"]["ratio_to_sorted"] > d["strategies"]["random"]["ratio_to_sorted"]
+    assert d["cost"]["source"] == sim["config"]["cost"]["source"]
+    if method == "dflash":
+        assert d["draft_blocks"] == sim["drafter"]["draft_blocks"] > 0 and d["anchor_budget"] == 96
+        assert 0 < d["strategies"]["random"]["draft_block_efficiency"] < 1.0
+        assert (d["cost"]["d"], d["cost"]["e"]) != (0.0, 0.0)
+    page = (tmp_path / "site" / "index.html").read_text()
+    gib = f"{d['cache_bytes'] / 2**30:,.1f} GiB"
+    assert f"Drafter setup: {method}" in page and gib in page
+    assert page.count("<tr><td>packed</td>") == 1
+
+
+def test_report_without_drafter_has_no_drafter_section(page: Path) -> None:
+    assert "drafter" not in json.loads((page / "report.json").read_text())
+    assert "Drafter setup" not in (page / "index.html").read_text()

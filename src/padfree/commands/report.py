@@ -20,6 +20,7 @@ from padfree.commands.common import (
     load_lengths,
     writing,
 )
+from padfree.commands.simulate import add_drafter_arguments
 
 NAME = "report"
 HELP = (
@@ -45,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="4,16,64",
         help="frontier: explicit bucketed noise windows beside the automatic one (default 4,16,64)",
     )
+    add_drafter_arguments(p, "add a drafter setup's section: predicted throughput per strategy, cache size")
     p.add_argument(
         "--no-packing",
         action="store_true",
@@ -76,6 +78,15 @@ def run(args: argparse.Namespace) -> int:
         base.with_(growth=g)  # the growth's bucket count at this budget, checked before any work
     check_output(args.out, "the report", folder=True)
     lengths, path, name = load_lengths(args)
+    drafter = None
+    if args.drafter is not None:
+        from padfree.commands.simulate import drafter_setup
+        from padfree.tools.report import drafter_numbers
+        from padfree.tools.simulate import load_seconds_per_unit
+
+        cfg, anchors, setup = drafter_setup(args, base, lengths)
+        spu = load_seconds_per_unit(args.cost)
+        drafter = drafter_numbers(lengths, cfg, anchors, setup, spu, path)
     with writing(args.out, "the report"):
         numbers = write_report(
             args.out,
@@ -88,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
             mixes=mixes,
             packing=not args.no_packing,
             t0=t0,
+            drafter=drafter,
         )
     print(f"{args.out / 'index.html'}: {numbers['recommendation']['text']}", file=sys.stderr)
     print(f"({time.perf_counter() - t0:.1f} s; numbers in {args.out / 'report.json'})", file=sys.stderr)

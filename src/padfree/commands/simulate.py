@@ -48,8 +48,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="cost model JSON of what micro-batches really cost (the plan still balances by --cost or the "
         "default); adds what dynamic balancing predicts once it has learned it",
     )
+    add_drafter_arguments(p, "simulate a drafter setup")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """The drafter-setup options (``--drafter`` and its shape, anchors and cache), shared by ``simulate``
+    and ``report``; :func:`drafter_setup` reads them."""
     d = p.add_argument_group("drafter setup (a frozen target + a DFlash or EAGLE-3 drafter)")
-    d.add_argument("--drafter", choices=["dflash", "eagle3"], default=None, help="simulate a drafter setup")
+    d.add_argument("--drafter", choices=["dflash", "eagle3"], default=None, help=what)
     d.add_argument(
         "--assistant",
         type=Path,
@@ -74,7 +81,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "plus the last layer for the targets' logits)",
     )
     d.add_argument("--cache-bytes", type=BYTES, default=2, help="bytes per cached value (default 2: bf16)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     lengths, path, name = load_lengths(args)
     anchors, drafter = None, None
     if args.drafter is not None:
-        cfg, anchors, drafter = _drafter_setup(args, cfg, lengths)
+        cfg, anchors, drafter = drafter_setup(args, cfg, lengths)
     result = simulate(
         lengths,
         cfg,
@@ -140,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _drafter_setup(args: argparse.Namespace, cfg, lengths):
+def drafter_setup(args: argparse.Namespace, cfg, lengths):
     """The plan config, per-sample anchors and the report of a drafter setup (``--drafter``)."""
     import numpy as np
 
