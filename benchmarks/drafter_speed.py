@@ -117,7 +117,8 @@ def targets(result: dict) -> dict:
         p = rows["padfree_packed"]
         out[method] = {
             "vs_random_2.5x": p["draft_pos_per_s"] / rows["specforge_random"]["draft_pos_per_s"],
-            "vs_sorted_1.2x": p["draft_pos_per_s"] / rows["sorted_padded"]["draft_pos_per_s"],
+            "vs_sorted_fixed_1.2x": p["draft_pos_per_s"] / rows["sorted_fixed"]["draft_pos_per_s"],
+            "vs_sorted_budget_1.2x": p["draft_pos_per_s"] / rows["sorted_budget"]["draft_pos_per_s"],
             "coverage_same_as_alone": bool(p["same_as_alone"]),
             "imbalance_le_1.05": p["imbalance"],
         }

@@ -18,6 +18,7 @@ from padfree.bench.drafter import (  # noqa: E402
     modeled_imbalance,
     pad_blocks,
     sample_anchors,
+    samples_per_batch,
     speed,
 )
 from padfree.bench.measure import covers_each_once  # noqa: E402
@@ -59,9 +60,28 @@ def test_arms_cover_every_sample_once_within_budget(samples):
         else:
             assert covers_each_once(b, lengths.shape[0]), name
         sh = micro_shapes(lengths[b.order], b.offsets, b.packed)
-        if name != "specforge_random":  # a fixed sample count may exceed the budget: SpecForge's batches do
+        if name not in ("specforge_random", "sorted_fixed"):  # a fixed sample count may exceed the budget
             assert sh.slots.max() <= 512, name
         assert modeled_imbalance(arm, lengths, anchors, 2, cost) >= 1.0
+
+
+def test_sorted_fixed_is_length_sorted_with_a_fixed_count(samples):
+    lengths = np.array([len(s["input_ids"]) for s in samples])
+    arms = make_arms(lengths, sample_anchors(samples, POLICY), 512, 0, CostModel())
+    count = samples_per_batch(lengths, 512)
+    assert count == 512 // lengths.mean() and count > 1
+    for name in ("sorted_fixed", "specforge_random"):
+        sizes = np.diff(arms[name].batching.offsets)
+        assert (sizes[sizes != count].shape[0] <= 1) and sizes.sum() == lengths.shape[0], name
+    b = arms["sorted_fixed"].batching
+    lo = np.array([lengths[b.order[a:z]].min() for a, z in zip(b.offsets[:-1], b.offsets[1:])])
+    hi = np.array([lengths[b.order[a:z]].max() for a, z in zip(b.offsets[:-1], b.offsets[1:])])
+    k = np.argsort(lo, kind="stable")
+    assert np.all(hi[k][:-1] <= lo[k][1:])  # batches are disjoint length ranges: a global sort
+    assert not np.all(np.diff(lo) >= 0)  # ... dealt in random order
+    padded = micro_shapes(lengths[b.order], b.offsets, False).slots.sum()
+    rand = arms["specforge_random"].batching
+    assert padded < micro_shapes(lengths[rand.order], rand.offsets, False).slots.sum()
 
 
 def test_padding_blocks_changes_no_loss(samples):
@@ -70,7 +90,7 @@ def test_padding_blocks_changes_no_loss(samples):
     models = build_models("dflash", vocab=256, hidden=32, layers=2, intermediate=64, block_size=4)
     lengths = np.array([len(s["input_ids"]) for s in samples])
     arms = make_arms(lengths, sample_anchors(samples, POLICY), 512, 0, CostModel())
-    arm = arms["sorted_padded"]
+    arm = arms["sorted_budget"]
     col = collator("dflash", arm, POLICY, 0, 7)
     b = arm.batching
     j = int(np.argmax(np.diff(b.offsets)))  # the micro-batch with the most rows
@@ -90,7 +110,7 @@ def test_coverage_same_packed_as_alone_and_row_anchors_differ(samples):
     lengths = np.array([len(s["input_ids"]) for s in samples])
     arms = make_arms(lengths, sample_anchors(samples, POLICY), 512, 0, CostModel())
     packed = coverage("dflash", arms["padfree_packed"], samples, POLICY, seed=0, ttt=3)
-    padded = coverage("dflash", arms["sorted_padded"], samples, POLICY, seed=0, ttt=3)
+    padded = coverage("dflash", arms["sorted_budget"], samples, POLICY, seed=0, ttt=3)
     rows = coverage("dflash", arms["multipack_row_anchors"], samples, POLICY, seed=0, ttt=3)
     assert packed["same_as_alone"] and padded["same_as_alone"]
     assert packed["anchor_coverage"] == padded["anchor_coverage"] > 0

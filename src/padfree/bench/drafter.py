@@ -13,7 +13,15 @@ In every padded arm (``padfree_bucketed`` too) the DFlash block tensor is padded
 (``[rows, most anchors of a row, block_size]``, the extra blocks computed and not supervised:
 :func:`pad_blocks`), which is what the planner's cost model counts for padded rows (``count x most``);
 the LM head runs on supervised positions only, in every arm.
-- ``sorted_padded``: length-sorted micro-batches (``count x longest <= budget``) in random order, padded.
+- ``sorted_fixed``: the field's length-sorted padded batching (HF ``group_by_length``, the "globally
+  length-sorted" batches of the team this project was born from): samples sorted by length over the whole
+  epoch, cut into micro-batches of a **fixed sample count**, the same count as ``specforge_random``
+  (``budget // mean length``, so the mean real tokens per micro-batch is the budget, rounded down), in
+  random order, each padded to its longest and, for DFlash, its blocks to the row with the most.
+  (HF's ``LengthGroupedSampler`` sorts within random mega-batches of 50 batches, which leaves more padding
+  than a global sort: this arm is the tighter of the two.)
+- ``sorted_budget``: padfree's ``sorted`` strategy: length-sorted micro-batches cut by the token budget
+  (``count x longest <= budget``, so the count varies) in random order, padded.
 - ``multipack_row_anchors``: vllm speculators' batching, rebuilt here (their package is not installed in this
   environment): rows packed by first-fit decreasing on tokens over a shuffled window, ranks given rows by
   tokens, and DFlash anchors chosen per *row* (one quota for the row, blocks running across document ends:
@@ -37,7 +45,14 @@ from padfree.core.cost import imbalance, micro_costs, micro_shapes, rank_costs
 from padfree.core.planner import make_plan
 from padfree.core.steps import assign_ranks
 
-ARMS = ("padfree_packed", "padfree_bucketed", "specforge_random", "sorted_padded", "multipack_row_anchors")
+ARMS = (
+    "padfree_packed",
+    "padfree_bucketed",
+    "specforge_random",
+    "sorted_fixed",
+    "sorted_budget",
+    "multipack_row_anchors",
+)
 METHODS = ("dflash", "eagle3")
 
 
@@ -77,17 +92,35 @@ def multipack(lengths: np.ndarray, budget: int, rng: np.random.Generator, window
     return Batching(order, offsets, packed=True)
 
 
+def samples_per_batch(lengths: np.ndarray, budget: int) -> int:
+    """The fixed sample count of the field's batchings: ``budget // mean length`` (at least 1), so that a
+    micro-batch holds on average the budget's real tokens (rounded down)."""
+    return max(1, int(budget // float(lengths.mean())))
+
+
 def fixed_count(lengths: np.ndarray, budget: int, rng: np.random.Generator) -> Batching:
-    """SpecForge's batches: ``budget // mean length`` samples each, random order (padded to the longest)."""
+    """SpecForge's batches: :func:`samples_per_batch` samples each, random order (padded to the longest)."""
     n = lengths.shape[0]
-    count = max(1, int(budget // float(lengths.mean())))
+    count = samples_per_batch(lengths, budget)
     return Batching(rng.permutation(n), np.append(np.arange(0, n, count), n).astype(np.int64), packed=False)
+
+
+def sorted_fixed_count(lengths: np.ndarray, budget: int, rng: np.random.Generator) -> Batching:
+    """Globally length-sorted batches of :func:`samples_per_batch` samples each (ties in random order), the
+    micro-batches in random order (padded to their longest)."""
+    n = lengths.shape[0]
+    count = samples_per_batch(lengths, budget)
+    order = rng.permutation(n)
+    order = order[np.argsort(lengths[order], kind="stable")]
+    offsets = np.append(np.arange(0, n, count), n).astype(np.int64)
+    order, offsets = _kernels.gather_segments(order, offsets, rng.permutation(offsets.shape[0] - 1))
+    return Batching(order, offsets, packed=False)
 
 
 def make_arms(
     lengths: np.ndarray, anchors: np.ndarray, budget: int, seed: int, cost: CostModel, world_size: int = 1
 ) -> dict[str, Arm]:
-    """The five arms over ``lengths`` (see the module docstring); padfree's plans balance ``world_size``
+    """The six arms over ``lengths`` (see the module docstring); padfree's plans balance ``world_size``
     ranks by ``cost``, the baselines deal micro-batches to ranks in their order."""
     rng = np.random.default_rng(seed)
     cfg = PlanConfig(budget=budget, world_size=world_size, seed=seed, cost=cost)
@@ -96,8 +129,11 @@ def make_arms(
         plan = make_plan(lengths, cfg.with_(strategy=strategy), 0, anchors=anchors)
         out[name] = Arm(name, Batching(plan.indices, plan.offsets, cfg.with_(strategy=strategy).packed), "")
     out["specforge_random"] = Arm("specforge_random", fixed_count(lengths, budget, rng), "padded")
+    out["sorted_fixed"] = Arm(
+        "sorted_fixed", sorted_fixed_count(lengths, budget, np.random.default_rng([seed, 1])), "padded"
+    )
     srt = make_plan(lengths, cfg.with_(strategy="sorted", world_size=1), 0)
-    out["sorted_padded"] = Arm("sorted_padded", Batching(srt.indices, srt.offsets, False), "padded")
+    out["sorted_budget"] = Arm("sorted_budget", Batching(srt.indices, srt.offsets, False), "padded")
     mp = multipack(lengths, budget, rng)
     if world_size > 1:  # ranks given rows by tokens, as speculators' distributed multipack does
         m = (mp.n_micro // world_size) * world_size
