@@ -96,15 +96,16 @@ def table(result: dict) -> str:
         base = rows["padfree_packed"]["draft_pos_per_s"]
         lines += [
             f"\n### {method}\n",
-            "| arm | draft positions/s | packed is x faster | anchor coverage | same as alone | "
-            f"imbalance ({result['config']['world']} ranks, seed_mix) |",
-            "|---|---|---|---|---|---|",
+            "| arm | draft positions/s | packed is x faster | padding eff. (tokens) | anchor coverage | "
+            f"same as alone | imbalance ({result['config']['world']} ranks, seed_mix) |",
+            "|---|---|---|---|---|---|---|",
         ]
         for arm in ARMS:
             r = rows[arm]
             ratio = base / r["draft_pos_per_s"] if r["draft_pos_per_s"] else float("nan")
             lines.append(
-                f"| {arm} | {r['draft_pos_per_s']:.0f} | {ratio:.2f} | {r['anchor_coverage']:.3f} | "
+                f"| {arm} | {r['draft_pos_per_s']:.0f} | {ratio:.2f} | {r['padding_efficiency']:.3f} | "
+                f"{r['anchor_coverage']:.3f} | "
                 f"{r['same_as_alone']} | {r['imbalance']:.3f} |"
             )
     return "\n".join(lines) + "\n"
