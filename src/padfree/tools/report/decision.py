@@ -351,14 +351,23 @@ def _gap(p: Point, rand: float, micro_per_step: int) -> str | None:
 
 def _near_miss(points: list[Point], failing: dict, pick: Point | None, packing: bool) -> str | None:
     """The fastest rejected plan that beats the padded pick (packed only when packing is allowed), with the
-    rules it breaks and by how much, what rejecting it costs, and the knob that fixes them."""
+    rules it breaks and by how much, what rejecting it costs, and the knob that fixes them. A plan that does
+    not freeze its composition is named before a faster frozen one (a knob can fix the first, not the
+    second), which is then named in one clause."""
     floor = -1.0 if pick is None else _speed(pick)
     misses = [
         p for p in points if failing[p.label] and _speed(p) > floor and (packing or not p.config.packed)
     ]
     if not misses:
         return None
-    nm = max(misses, key=_speed)
+    nm = max([p for p in misses if not frozen(p.metrics)] or misses, key=_speed)
+    fastest = max(misses, key=_speed)
+    also = (
+        ""
+        if fastest is nm or pick is None
+        else f" {fastest.label} would reach {_speed(fastest) / _speed(pick):.2f} x the pick's throughput but "
+        "freezes its composition."
+    )
     fixes = []
     rules = failing[nm.label]
     if REGISTRY[nm.config.strategy].bucketed:
@@ -378,6 +387,7 @@ def _near_miss(points: list[Point], failing: dict, pick: Point | None, packing: 
         + "; ".join(rules)
         + (f" ({'; '.join(fixes)})" if fixes else "")
         + "."
+        + also
     )
 
 
