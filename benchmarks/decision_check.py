@@ -340,8 +340,9 @@ def main() -> None:
     found = sets([*args.lengths, FIXTURES])
     if args.only:
         found = {k: v for k, v in found.items() if any(s in k for s in args.only.split(","))}
-    rows = []
-    for name, (path, where) in found.items():
+    rows: list[dict] = []
+    # large sets last, and the results written after every set, so a cut-short run still says what it did
+    for name, (path, where) in sorted(found.items(), key=lambda kv: kv[1][0].stat().st_size):
         lengths = np.load(path)
         for budget in BUDGETS:
             for world, accum in SHAPES:
@@ -355,6 +356,10 @@ def main() -> None:
                     + (f"  VIOLATION {flag}" if flag else ""),
                     flush=True,
                 )
+        write(args, rows, t0)
+
+
+def write(args: argparse.Namespace, rows: list[dict], t0: float) -> None:
     result: dict = {
         "command": "PYTHONPATH=src python benchmarks/decision_check.py "
         + " ".join(f"--lengths {p}" for p in args.lengths)
@@ -369,7 +374,7 @@ def main() -> None:
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     (args.out / f"{args.name}.md").write_text(markdown(result), encoding="utf-8")
     s = result["summary"]
-    print(f"{s['cases']} cases, {s['violations']} violations; {result['seconds']:.0f} s")
+    print(f"{s['cases']} cases, {s['violations']} violations; {result['seconds']:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
