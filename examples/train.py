@@ -78,6 +78,12 @@ from padfree.torch.lifecycle import EXIT_STOPPED, StopOnSignal, die_with_parent,
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_data_and_model_args(p)
+    add_run_args(p)
+    return p.parse_args(argv)
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    """Steps, clipping, checkpoints, resume, the seen-log, the log and rank balancing (``train_loop``'s)."""
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps in all")
     p.add_argument("--clip", type=float, default=1.0, help="gradient norm clip (0: off)")
     p.add_argument("--checkpoint-dir", default=None)
@@ -92,7 +98,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="dynamic: balance ranks from measured micro-batch times (PlanBatchSampler(balance=...))",
     )  # fmt: skip
     p.add_argument("--balance-every", type=int, default=4, help="steps between timing exchanges (dynamic)")
-    return p.parse_args(argv)
 
 
 # ----- distributed and checkpoints ------------------------------------------------------------------------
@@ -201,6 +206,39 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
         f"attention {attn}"
     )
 
+    def micro_step(micro_batches, step_tokens):
+        loss_sum, tokens = torch.zeros((), device=device), 0
+        for batch in micro_batches:
+            inputs = to_device(batch, device)
+            labels = inputs.pop("labels")
+            # timed: this micro-batch's compute, up to its last gradient (not DDP's all-reduce wait)
+            with sync_unless(ddp, batch.info.last), sampler.timed(ddp):
+                logits = ddp(**inputs).logits
+                token_losses = token_loss_sum(logits, labels)
+                step_loss(token_losses, step_tokens, world).backward()
+            loss_sum += token_losses.detach()
+            tokens += batch.tokens
+        return loss_sum, tokens
+
+    def count(micro_batches):
+        # tokens carrying loss in the whole step (all ranks, all micro-batches): known from the plan
+        step_tokens = micro_batches[0].info.step_tokens
+        return global_loss_tokens(micro_batches, device) if step_tokens is None else step_tokens
+
+    parts = (sampler, loader, model, optimizer)
+    return train_loop(args, rank, device, ckpt, stop, run, parts, count, micro_step, step=step)
+
+
+def train_loop(
+    args, rank, device, ckpt, stop, run, parts, count, micro_step, *, step=0, after_step=None
+) -> int:
+    """The epochs: optimizer steps of ``micro_step(micro_batches, step_count) -> (loss_sum, tokens)`` with the
+    loss normalized by ``count(micro_batches)`` (the step's loss-bearing positions on all ranks), gradient
+    clipping, the seen-log, SIGTERM, checkpoints and the log; shared with ``train_drafter.py``.
+    ``parts`` are ``(sampler, loader, model, optimizer)``; ``after_step(micro_batches, run, epoch, step)``
+    runs after each optimizer step (before any checkpoint of it)."""
+    log = print if rank == 0 else (lambda *a, **k: None)
+    sampler, loader, model, optimizer = parts
     if args.seen_log:
         Path(args.seen_log).parent.mkdir(parents=True, exist_ok=True)
     seen = os.open(args.seen_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.seen_log else None
@@ -209,22 +247,9 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     for epoch in range(sampler.epoch, args.epochs):
         sampler.set_epoch(epoch)
         for micro_batches in steps_of(loader):
-            info = micro_batches[0].info
-            # tokens carrying loss in the whole step (all ranks, all micro-batches): known from the plan
-            step_tokens = info.step_tokens
-            if step_tokens is None:
-                step_tokens = global_loss_tokens(micro_batches, device)
-            loss_sum = torch.zeros((), device=device)
-            for batch in micro_batches:
-                inputs = to_device(batch, device)
-                labels = inputs.pop("labels")
-                # timed: this micro-batch's compute, up to its last gradient (not DDP's all-reduce wait)
-                with sync_unless(ddp, batch.info.last), sampler.timed(ddp):
-                    logits = ddp(**inputs).logits
-                    token_losses = token_loss_sum(logits, labels)
-                    step_loss(token_losses, step_tokens, world).backward()
-                loss_sum += token_losses.detach()
-                tokens_since += batch.tokens
+            step_tokens = count(micro_batches)
+            loss_sum, tokens = micro_step(micro_batches, step_tokens)
+            tokens_since += tokens
             if args.clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             optimizer.step()
@@ -234,6 +259,8 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
             if seen is not None:
                 ids = [i for b in micro_batches for i in b.info.indices]
                 seenlog.append(seen, run, epoch, step - 1, rank, ids)
+            if after_step is not None:
+                after_step(micro_batches, run, epoch, step - 1)
             if stop.agreed(device):
                 if ckpt is not None:
                     save(ckpt, step, model, optimizer, sampler)

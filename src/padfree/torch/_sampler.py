@@ -86,6 +86,11 @@ class PlanBatchSampler:
             that much fewer tokens.
         balance_exchange: replaces the ``torch.distributed`` all-gather of the timings (tests, other
             launchers): takes this rank's 1-D float64 payload, returns every rank's, stacked.
+        anchors: a drafter plan's draft blocks (anchors) per sample, e.g.
+            :func:`padfree.core.anchors.anchor_counts` of the loss masks: micro-batches hold at most
+            ``config.anchor_budget`` of them, and the cost model's drafter terms price them. They depend on
+            the data only, so resume (exact and elastic) is unchanged; the state's fingerprint covers them.
+            In memory only (not with ``window``).
         window: plan the epoch window by window, about this many samples each, in bounded memory (as
             ``make_plan`` does; every per-sample array int32). Default: above
             :data:`padfree.core.planner.STREAM_THRESHOLD` samples, windows of
@@ -106,19 +111,22 @@ class PlanBatchSampler:
         balance_headroom: float | None = None,
         balance_exchange: Callable[[np.ndarray], np.ndarray] | None = None,
         window: int | None = None,
+        anchors: ArrayLike | None = None,
     ) -> None:
         if balance not in ("static", "dynamic"):
             raise ConfigError(f"balance must be 'static' or 'dynamic' (got {balance!r})")
         if isinstance(balance_every, bool) or not isinstance(balance_every, int) or balance_every < 1:
             raise ConfigError(f"balance_every must be an integer >= 1 (got {balance_every!r})")
         window = planning_window(lengths, True if window is not None else None, window)
-        source = EpochSource.of(lengths, config, loss_tokens, window)
+        source = EpochSource.of(lengths, config, loss_tokens, window, anchors)
         rank, world_size = rank_and_world(rank, world_size, config.world_size)
         self.config = config.with_(world_size=world_size)
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} outside world size {world_size}")
         self.rank = rank
-        self.fingerprint, self.identity = fingerprint_and_identity(source.lengths, self.config)
+        self.fingerprint, self.identity = fingerprint_and_identity(
+            source.lengths, self.config, source.anchors
+        )
         self.balance = balance
         self.balance_every = balance_every
         dynamic = balance == "dynamic"
