@@ -202,11 +202,15 @@ def readme_claims(rows: list[dict], readme: Path) -> dict:
     out["packed_ratio_max"] = round(max(packed), 3) if packed else None
     out["packed_within_1_2"] = f"{sum(x <= decision.DIVERGENCE_RATIO for x in packed)} of {len(packed)}"
     within = sum(x <= decision.DIVERGENCE_RATIO for x in packed)
-    count = re.search(r"within 1\.2x random's step divergence in (\d[\d,]*) of (\d[\d,]*)", text)
+    count = re.search(r"within 1\.2x random's\s+step\s+divergence\s+in\s+(\d[\d,]*)\s+of\s+(\d[\d,]*)", text)
     out["claims"] = [
         {
             "claim": "packed steps mix like a shuffle's: "
-            + (count.group(0) if count else "(no count of cases within 1.2x random's found in the README)"),
+            + (
+                " ".join(count.group(0).split())
+                if count
+                else "(no count of cases within 1.2x random's found in the README)"
+            ),
             "ok": count is not None
             and (int(count.group(1).replace(",", "")), int(count.group(2).replace(",", "")))
             == (within, len(packed)),
