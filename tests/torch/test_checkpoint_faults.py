@@ -62,6 +62,27 @@ def test_a_lock_that_is_a_link_fifo_or_folder_is_refused_and_its_target_untouche
     assert not (tmp_path / "nowhere").exists()  # O_CREAT never followed the dangling link
 
 
+def test_a_lock_that_is_a_hard_link_or_a_socket_is_refused_and_the_other_file_untouched(tmp_path: Path):
+    """A hard link passes O_NOFOLLOW and the regular-file check, yet is the outside file itself: taking the
+    lock (truncate, write the owner) would overwrite it."""
+    import socket
+
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me\n")
+    d = tmp_path / "ck"
+    d.mkdir()
+    os.link(outside, d / LOCK_NAME)
+    with pytest.raises(StateError, match="2 hard links") as exc:
+        CheckpointDir(d).acquire("run")
+    assert "\n" not in str(exc.value) and outside.read_text() == "keep me\n"
+    s = tmp_path / "sock"
+    s.mkdir()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(s / LOCK_NAME))
+        with pytest.raises(StateError, match=f"{LOCK_NAME}: the lock file is not a regular file"):
+            CheckpointDir(s).acquire("run")
+
+
 def test_checkpoint_files_that_are_not_regular_are_skipped_and_a_planted_temporary_is_not_followed(
     tmp_path: Path, monkeypatch
 ):

@@ -87,14 +87,25 @@ class CheckpointDir:
                 raise StateError(
                     f"{_shown(lock)}: the lock file is a folder, not a regular file; remove it"
                 ) from None
+            if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):  # a socket (or a device without a driver)
+                raise StateError(
+                    f"{_shown(lock)}: the lock file is not a regular file (a socket or device); remove it"
+                ) from None
             raise StateError(
                 f"{_shown(self.dir)}: cannot use as checkpoint directory ({exc.strerror or exc})"
             ) from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             os.close(fd)
             raise StateError(
                 f"{_shown(lock)}: the lock file is not a regular file (a FIFO, socket, device or folder); "
                 "remove it"
+            )
+        if info.st_nlink != 1:  # a hard link: truncating it would truncate a file elsewhere too
+            os.close(fd)
+            raise StateError(
+                f"{_shown(lock)}: the lock file has {info.st_nlink} hard links (it is also a file elsewhere, "
+                "which taking the lock would overwrite); remove it"
             )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
