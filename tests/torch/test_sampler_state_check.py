@@ -177,33 +177,46 @@ def test_a_plausible_edit_is_refused_by_the_digest(edit, mid_state):
     assert "\n" not in str(exc.value)
 
 
-def test_a_mid_step_balance_edit_would_lose_samples_which_is_why_the_digest_refuses_it():
-    """The reason for the digest: a balance within every bound, changed in the middle of a step, gives the
-    step's remaining micro-batches to ranks differently (the red team's 1-13 lost samples)."""
+def test_a_mid_step_balance_edit_is_refused_even_when_resealed():
+    """A balance within every bound, changed in the middle of a step, would give the step's remaining
+    micro-batches to ranks differently (the red team's 1-13 lost samples). The digest alone is no defence
+    (anyone can re-seal it): the state records which micro-batches of the step were handed out (``taken``)
+    and a load checks that its balance gives those same ones."""
     world = 3
     first = [PlanBatchSampler(LENGTHS, CFG, rank=r, world_size=world) for r in range(world)]
     its = [iter(s) for s in first]
     head = [[next(it) for _ in range(7)] for it in its]  # 3 steps and 1 micro-batch of the 4th
     state = first[0].state_dict()
-    assert state["partial"] == 1
-    lost = []
+    assert state["partial"] == 1 and isinstance(state["taken"], str)
     for cost, speeds in (([1.0, 0.0, 0.0], [2.5, 0.25, 0.25]), ([0.0, 1.0, 0.0], [0.25, 0.25, 2.5])):
 
         def edit(s, c=cost, v=speeds):
             s["balance"].update(cost=c, speeds=v, recut=True)
 
-        with pytest.raises(StateError, match="digest"):
-            PlanBatchSampler(LENGTHS, CFG, rank=0, world_size=world).load_state_dict(_edited(state, edit))
-        forged = resealed(state, edit)
-        second = [PlanBatchSampler(LENGTHS, CFG, rank=r, world_size=world) for r in range(world)]
-        for s in second:
-            s.load_state_dict(forged)
-        lost.append(every_sample_once(head, [list(s) for s in second]))
-    assert any(x != (0, 0) for x in lost), lost
+        for forged in (_edited(state, edit), resealed(state, edit)):
+            s = PlanBatchSampler(LENGTHS, CFG, rank=0, world_size=world)
+            before = s.state_dict()
+            with pytest.raises(StateError, match="digest|taken") as exc:
+                s.load_state_dict(forged)
+            assert "\n" not in str(exc.value) and s.state_dict() == before
+        with pytest.raises(StateError, match="taken .* does not match the micro-batches"):
+            PlanBatchSampler(LENGTHS, CFG, rank=0, world_size=world).load_state_dict(resealed(state, edit))
+    for drop in ("taken",):
+        with pytest.raises(StateError, match="taken 'None'"):
+            PlanBatchSampler(LENGTHS, CFG, rank=0, world_size=world).load_state_dict(
+                resealed(state, lambda s, k=drop: s.pop(k))
+            )
     genuine = [PlanBatchSampler(LENGTHS, CFG, rank=r, world_size=world) for r in range(world)]
     for s in genuine:
         s.load_state_dict(state)
     assert every_sample_once(head, [list(s) for s in genuine]) == (0, 0)
+
+
+def test_a_history_segment_that_ran_no_step_can_only_be_the_last(mid_state):
+    for edit in (lambda s: s["history"].insert(0, [2, 2, 0]), lambda s: s["history"].insert(0, [3, 1, 0])):
+        with pytest.raises(StateError, match=r"history\[0\] steps must be at least 1") as exc:
+            load(resealed(mid_state, edit))
+        assert "\n" not in str(exc.value)
 
 
 def test_a_state_of_another_world_size_budget_is_refused_unless_its_headroom_is_given():
