@@ -70,8 +70,9 @@ def check_taken(state: dict, taken: str | None) -> None:
     would be lost and repeated (a balance edited, even within its bounds and re-sealed)."""
     if taken is not None and state.get("taken") != taken:
         raise StateError(
-            f"malformed sampler state: taken {str(state.get('taken'))[:12]!r} does not match the micro-batches "
-            f"its balance gives the first {state.get('partial')} of the unfinished step ({taken[:12]}): the "
+            f"malformed sampler state: taken {str(state.get('taken'))[:12]!r} does not match the "
+            f"micro-batches its balance gives the first {state.get('partial')} of the unfinished step "
+            f"({taken[:12]}): the "
             "balance or the position was edited mid-step; resume from a checkpoint at a step boundary"
         )
 
