@@ -18,6 +18,7 @@ from padfree import PlanConfig, StateError, make_plan
 from padfree.core import refit
 from padfree.core.balance import Balance
 from padfree.core.state_check import seal
+from padfree.errors import ConfigError
 from padfree.torch import PlanBatchSampler
 
 LENGTHS = np.random.default_rng(3).integers(1, 400, 500)
@@ -322,3 +323,19 @@ def test_refit_ignores_records_no_rank_should_have_sent():
         [[0, 10.0, 100.0, 0.5], [1, 10.0, 100.0, np.inf], [1, -1.0, 1.0, 0.5], [0, 1.0, 1.0, 1e160]]
     )
     assert refit.valid_records(rec).tolist() == [[0, 10.0, 100.0, 0.5]]
+
+
+def test_numpy_times_are_numbers_and_a_bool_is_not():
+    samplers = group(2)
+    kinds = [np.float32(0.01), np.int64(1), np.float64(0.02), 0.01]
+    out = run(samplers, lambda r, i, info: kinds[i % len(kinds)], limit=8)
+    assert samplers[0].balance_stats()["records"] > 0
+    state = samplers[0].state_dict()
+    again = group(2)
+    for s in again:
+        s.load_state_dict(state)
+    assert every_sample_once(out, run(again, lambda r, i, info: 0.01)) == (0, 0)
+    one = group(2)[0]
+    next(iter(one))
+    with pytest.raises(ConfigError, match="record_time needs seconds as a number"):
+        one.record_time(np.bool_(True))
