@@ -274,3 +274,18 @@ def test_bad_inputs_are_one_line_errors(
         assert rc == 2 and msg in err and len(err.splitlines()) == 1, (argv, err)
     rc = main(["lengths", str(data), "--tokenizer", str(sp_model), "--out", str(tmp_path / "o.txt")])
     assert rc == 2 and ".npy" in capsys.readouterr().err
+
+
+def test_an_unwritable_cache_named_with_a_newline_is_one_warning_line(
+    chats: list[dict], sp_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = _write_jsonl(tmp_path / "d.jsonl", chats[:5])
+    blocked = tmp_path / "ca\nche"
+    blocked.write_text("a file where the cache folder would go")
+    out = tmp_path / "o.npy"
+    args = ["lengths", str(data), "--tokenizer", str(sp_model), "--out", str(out), "--quiet", "--workers", "1"]
+    assert main([*args, "--cache-dir", str(blocked)]) == 0
+    err = capsys.readouterr().err
+    warning = [line for line in err.splitlines() if "cannot write the cache" in line]
+    assert len(warning) == 1 and "ca\\nche" in warning[0] and "(Not a directory)" in warning[0], err
+    assert np.load(out).shape == (5,)
