@@ -283,8 +283,8 @@ def test_an_unwritable_cache_named_with_a_newline_is_one_warning_line(
     blocked = tmp_path / "ca\nche"
     blocked.write_text("a file where the cache folder would go")
     out = tmp_path / "o.npy"
-    args = ["lengths", str(data), "--tokenizer", str(sp_model), "--out", str(out), "--quiet", "--workers", "1"]
-    assert main([*args, "--cache-dir", str(blocked)]) == 0
+    args = ["lengths", str(data), "--tokenizer", str(sp_model), "--out", str(out), "--quiet"]
+    assert main([*args, "--workers", "1", "--cache-dir", str(blocked)]) == 0
     err = capsys.readouterr().err
     warning = [line for line in err.splitlines() if "cannot write the cache" in line]
     assert len(warning) == 1 and "ca\\nche" in warning[0] and "(Not a directory)" in warning[0], err
