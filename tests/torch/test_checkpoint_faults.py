@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import errno
 import os
+import stat
 from collections import Counter
 from pathlib import Path
 
@@ -149,9 +150,18 @@ def _fail(monkeypatch, how: str) -> None:
             raise OSError(errno.EIO, "Input/output error")
 
         monkeypatch.setattr(os, how, eio)
+    elif how in ("dir-fsync", "dir-fsync-unsupported"):  # the rename done, then the folder's fsync fails
+        real_fsync, code = os.fsync, errno.EIO if how == "dir-fsync" else errno.EINVAL
+
+        def dir_fails(fd):
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                raise OSError(code, os.strerror(code))
+            return real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", dir_fails)
 
 
-@pytest.mark.parametrize("how", ["ENOSPC", "EIO", "read-only", "fsync", "replace"])
+@pytest.mark.parametrize("how", ["ENOSPC", "EIO", "read-only", "fsync", "replace", "dir-fsync"])
 def test_a_failed_write_is_one_line_leaves_no_temporary_and_the_last_good_checkpoint(
     tmp_path, monkeypatch, how
 ):
@@ -171,6 +181,17 @@ def test_a_failed_write_is_one_line_leaves_no_temporary_and_the_last_good_checkp
     assert _names(d) == [LOCK_NAME, "step-000000001.pt", "step-000000002.pt"]  # no .tmp, nothing removed
     path, state = ck.newest_intact()
     assert path.name == "step-000000002.pt" and state["step"] == 2
+    ck.release()
+
+
+def test_a_folder_that_cannot_be_fsynced_is_no_failure(tmp_path, monkeypatch):
+    """EINVAL from a directory's fsync (file systems that do not support it) is not an I/O error."""
+    ck = CheckpointDir(tmp_path / "ck", say=lambda *a: None)
+    ck.acquire("run")
+    with monkeypatch.context() as m:
+        _fail(m, "dir-fsync-unsupported")
+        ck.save(1, lambda: _state(1))
+    assert ck.newest_intact()[0].name == "step-000000001.pt"
     ck.release()
 
 

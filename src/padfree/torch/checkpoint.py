@@ -284,7 +284,12 @@ class CheckpointDir:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise
-        _fsync_dir(self.dir)
+        try:
+            _fsync_dir(self.dir)
+        except OSError:  # the rename may not survive a crash: the new checkpoint is not one to resume from
+            with contextlib.suppress(OSError):
+                final.unlink()
+            raise
 
     def _trim(self, step: int) -> None:
         """Keep the newest ``keep`` checkpoints up to ``step``; remove those of a higher step."""
@@ -378,13 +383,26 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
+_NO_DIR_FSYNC = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF, errno.EACCES, errno.EPERM)
+"""What a file system that cannot open or fsync a directory answers (not an I/O failure)."""
+
+
 def _fsync_dir(d: Path) -> None:
-    with contextlib.suppress(OSError):
+    """Make a rename in ``d`` durable; an I/O error (EIO, ENOSPC...) is raised, a file system that cannot
+    fsync a directory is not an error."""
+    try:
         fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    except OSError as exc:
+        if exc.errno in _NO_DIR_FSYNC:
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in _NO_DIR_FSYNC:
+            raise
+    finally:
+        os.close(fd)
 
 
 def _short(exc: BaseException) -> str:
