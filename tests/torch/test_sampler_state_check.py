@@ -339,3 +339,16 @@ def test_numpy_times_are_numbers_and_a_bool_is_not():
     next(iter(one))
     with pytest.raises(ConfigError, match="record_time needs seconds as a number"):
         one.record_time(np.bool_(True))
+
+
+def test_a_long_forged_history_is_refused_fast_naming_the_segment():
+    """65,535 segments alternating 2 and 3 ranks, one step each, re-sealed: the replay stops at the first
+    segment whose plan is used up, naming it, without planning the rest."""
+    _, _, state = saved_mid_epoch(2, 6)
+    b2, b3 = state["history"][0][3], group(3)[0].state_dict()["history"][0][3]
+    hist = [[2, 2, 1, b2] if i % 2 == 0 else [3, 2, 1, b3] for i in range(65_535)]
+    with pytest.raises(
+        StateError, match=r"history\[\d+\] says 1 steps were run, but that segment's plan"
+    ) as e:
+        load(resealed(state, lambda s: s.__setitem__("history", hist)))
+    assert "\n" not in str(e.value)
