@@ -308,3 +308,33 @@ def test_a_folder_name_with_a_newline_stays_one_line(tmp_path: Path):
     with pytest.raises(StateError) as exc:
         CheckpointDir(d).acquire("run")
     assert "\n" not in str(exc.value) and "a\\nb" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"step": "abc"},
+        {"step": -5},
+        {"step": None},
+        {"step": [1]},
+        {"step": 1.5},
+        {"step": True},
+        {"step": 10**30},
+        {"sampler": "x"},
+        {"sampler": None},
+        {"model": [1]},
+    ],
+)
+def test_a_checkpoint_whose_step_or_parts_are_edited_is_damaged_and_skipped(tmp_path: Path, edit: dict):
+    """``int(state["step"])`` and ``state["sampler"].get`` in a training loop raised tracebacks on these."""
+    d = tmp_path / "ck"
+    lines: list[str] = []
+    ck = CheckpointDir(d, say=lines.append)
+    ck.acquire("run")
+    ck.save(1, lambda: _state(1))
+    torch.save(_state(2) | edit, d / "step-000000002.pt")
+    path, state = ck.newest_intact()
+    assert path.name == "step-000000001.pt" and state["step"] == 1
+    assert len(lines) == 1 and "step-000000002.pt: damaged checkpoint (ValueError: " in lines[0], lines
+    assert "\n" not in lines[0]
+    ck.release()

@@ -169,6 +169,7 @@ class CheckpointDir:
                 missing = [k for k in REQUIRED if not isinstance(state, dict) or k not in state]
                 if missing:
                     raise ValueError(f"missing {', '.join(missing)}")
+                _check_fields(state)
             except Exception as exc:  # torch.load raises many types for a truncated or garbled file
                 self.say(
                     f"{_shown(path)}: damaged checkpoint ({_short(exc)}); falling back to the previous one"
@@ -347,6 +348,17 @@ class _Writes:
 
     def flush(self) -> None:
         self.f.flush()
+
+
+def _check_fields(state: dict) -> None:
+    """The fields a resume reads before anything else: ``step`` an integer from 0 to 2^63 - 1 (not a bool,
+    not a float), ``model``, ``optimizer`` and ``sampler`` objects; else ``ValueError`` (a damaged file)."""
+    step = state["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
+        raise ValueError(f"step must be an integer from 0 to 2^63 - 1 (got {step!r:.40})")
+    bad = [k for k in ("model", "optimizer", "sampler") if not isinstance(state[k], dict)]
+    if bad:
+        raise ValueError(f"{', '.join(bad)} must be an object (got {type(state[bad[0]]).__name__})")
 
 
 def _step_of(path: Path) -> int:
