@@ -59,7 +59,7 @@ def test_every_plan_is_valid(refusals):
         check_invariants(lengths, plan)
 
     check()
-    refusals.check(most=0.3)  # fewer samples than world_size x grad_accum (<= 12) are too few
+    refusals.check(most=0.45)  # fewer samples than world_size x grad_accum (<= 12) are too few
 
 
 def test_plan_is_a_pure_function(refusals):
@@ -75,7 +75,7 @@ def test_plan_is_a_pure_function(refusals):
         assert np.array_equal(a.offsets, b.offsets)
 
     check()
-    refusals.check(most=0.3)
+    refusals.check(most=0.45)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from padfree.core import _kernels, cost, refit, steps
+from padfree.core import _kernels, capacity, cost, refit, steps
 from padfree.core.config import MAX_COST, CostModel, PlanConfig
 from padfree.core.cost import Coefficients
 from padfree.errors import ConfigError, StateError
@@ -40,12 +40,16 @@ class Balance:
         speeds: relative speed of each rank, mean 1 (``None``: all equal).
         fitted: ``cost`` was fitted to measured seconds (else it is a configured model, in token units).
         recut: steps are re-cut among ranks (dynamic balancing), not only assigned.
+        drafter: a drafter plan's block and reach in token slots (:attr:`CostModel.drafter`), fixed for
+            the run: the linear work of a micro-batch is ``slots + drafter[0]*blocks + drafter[1]*reach``
+            (:func:`padfree.core.cost.work`) and ``a`` prices it, whether configured or fitted.
     """
 
     cost: Coefficients
     speeds: tuple[float, ...] | None = None
     fitted: bool = False
     recut: bool = False
+    drafter: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
         if not isinstance(self.cost, Coefficients):
@@ -53,11 +57,14 @@ class Balance:
 
     @classmethod
     def of(cls, model: CostModel, recut: bool = False) -> Balance:
-        return cls(model.coefficients, recut=recut)
+        return cls(model.coefficients, recut=recut, drafter=model.drafter)
 
     def to_state(self) -> dict:
         speeds = None if self.speeds is None else list(self.speeds)
-        return {"cost": list(self.cost), "speeds": speeds, "fitted": self.fitted, "recut": self.recut}
+        out = {"cost": list(self.cost), "speeds": speeds, "fitted": self.fitted, "recut": self.recut}
+        if any(self.drafter):
+            out["drafter"] = list(self.drafter)
+        return out
 
     @classmethod
     def from_state(cls, state: object, world_size: int) -> Balance:
@@ -96,7 +103,18 @@ class Balance:
                 "malformed sampler state: balance.fitted and balance.recut must be true or false "
                 f"(got {flags})"
             )
-        return cls(Coefficients(*coefs), None if speeds is None else tuple(speeds), *flags)
+        drafter = _numbers(state.get("drafter", [0.0, 0.0]))
+        if drafter is None or len(drafter) != 2 or not all(0 <= v <= MAX_COST for v in drafter):
+            raise StateError(
+                f"malformed sampler state: balance.drafter {_show(state.get('drafter'))} must be 2 numbers "
+                ">= 0"
+            )
+        return cls(
+            Coefficients(*coefs),
+            None if speeds is None else tuple(speeds),
+            *flags,
+            drafter=(drafter[0], drafter[1]),
+        )
 
 
 SPEED_MEAN_TOLERANCE = 1e-3
@@ -178,14 +196,26 @@ def default_headroom(
     return room if 2 * long <= total else 1.0
 
 
-def micro_features(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> np.ndarray:
-    """``(slots, attention)`` of each micro-batch, shape ``(m, 2)`` (zeros for an empty one)."""
-    shapes = cost.micro_shapes(lens, offsets, packed)
-    return np.column_stack([shapes.slots, shapes.attn])
+def micro_features(
+    lens: np.ndarray,
+    offsets: np.ndarray,
+    packed: bool,
+    anchors: np.ndarray | None = None,
+    drafter: tuple[float, float] = (0.0, 0.0),
+) -> np.ndarray:
+    """``(work, attention)`` of each micro-batch, shape ``(m, 2)`` (zeros for an empty one); ``work`` is the
+    slots, plus a drafter plan's blocks and reach weighted by ``drafter`` (:func:`padfree.core.cost.work`)."""
+    shapes = cost.micro_shapes(lens, offsets, packed, anchors)
+    return np.column_stack([cost.work(shapes, drafter), shapes.attn])
 
 
 def step_layout(
-    lens: np.ndarray, offsets: np.ndarray, config: PlanConfig, balance: Balance, budget: int | None = None
+    lens: np.ndarray,
+    offsets: np.ndarray,
+    config: PlanConfig,
+    balance: Balance,
+    budget: int | None = None,
+    anchors: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One step given to ranks: ``(order, offsets)`` over the step's items, rank after rank, ``grad_accum``
     micro-batches each (rank ``r`` owns micro-batches ``r*grad_accum .. (r+1)*grad_accum-1``).
@@ -193,6 +223,9 @@ def step_layout(
     ``lens`` are the step's item lengths in plan order and ``offsets`` its ``world_size*grad_accum``
     micro-batches (starting at 0). ``budget`` caps a re-cut bin (default ``config.budget``). With the plan's
     cost model, no speeds and no re-cut this is exactly what :func:`padfree.core.plan.plan_items` assigns.
+    ``anchors`` (a drafter plan's, in the order of ``lens``) enter the costs, and a packed re-cut keeps
+    every bin within the anchor budget (:mod:`padfree.core.capacity`); padded drafter steps are assigned,
+    not re-cut.
 
     >>> cfg = PlanConfig(strategy="packed", budget=10, world_size=2, grad_accum=1)
     >>> order, off = step_layout(np.array([9, 1, 2]), np.array([0, 1, 3]), cfg, Balance((0.0, 1.0, 0.0)))
@@ -202,7 +235,8 @@ def step_layout(
     w, g = config.world_size, config.grad_accum
     if offsets.shape[0] - 1 != w * g:
         raise ValueError(f"a step of {offsets.shape[0] - 1} micro-batches for {w} x {g}")
-    costs = cost.micro_costs(cost.micro_shapes(lens, offsets, config.packed), balance.cost)
+    shapes = cost.micro_shapes(lens, offsets, config.packed, anchors)
+    costs = cost.micro_costs(shapes, balance.cost, balance.drafter)
     speeds = np.ones(w) if balance.speeds is None else np.asarray(balance.speeds, dtype=np.float64)
     perm = steps.assign_ranks(costs, w, g, speeds=None if balance.speeds is None else speeds)
     ids = np.arange(lens.shape[0], dtype=np.int64)
@@ -211,14 +245,20 @@ def step_layout(
         return order, new_offsets
     cap = int(config.budget if budget is None else budget)
     assigned = (costs[perm].reshape(w, g).sum(axis=1) / speeds).max()
+    drafting = anchors is not None or capacity.bounded(config)
     if not config.packed:
+        if drafting:
+            return order, new_offsets
         return _recut_padded(lens, (order, new_offsets), balance.cost, speeds, g, cap, assigned)
     c = balance.cost.c
-    lf = lens.astype(np.float64)
-    # a packed item's share of its bin's cost: its slots and attention, the bin's constant once
-    alone = cost.Shapes(np.ones_like(lf), lf, lf, lf * lf, lf * lf)  # each item as a packed row
-    weight = cost.micro_costs(alone, balance.cost._replace(c=0.0))
-    bin_of = _kernels.recut_packed(lens.astype(np.int64), weight, float(c), speeds, g, cap)
+    # a packed item's share of its bin's cost: its slots and attention (and blocks), the bin's constant once
+    alone = cost.micro_shapes(lens, np.arange(lens.shape[0] + 1), True, anchors)  # each item a packed row
+    weight = cost.micro_costs(alone, balance.cost._replace(c=0.0), balance.drafter)
+    room = lens.astype(np.int64)
+    if drafting:
+        cap = min(cap, capacity.token_cap(config))
+        room = capacity.sizes(room, anchors, config.with_(budget=cap)).astype(np.int64)
+    bin_of = _kernels.recut_packed(room, weight, float(c), speeds, g, cap)
     if bin_of.size == 0:
         return order, new_offsets
     recut = ((np.bincount(bin_of // g, weights=weight, minlength=w) + g * c) / speeds).max()

@@ -32,9 +32,10 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from padfree.core.balance import Balance, micro_features, step_layout
+from padfree.core.capacity import bounded, token_cap
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, make_items, validate_lengths
-from padfree.core.plan import Plan
+from padfree.core.plan import Plan, validate_anchors
 from padfree.core.position import Position, step_loss_tokens
 from padfree.core.replay import Segment, replay
 from padfree.errors import ConfigError
@@ -55,6 +56,7 @@ class MicroInfo:
         starts: first token of each sample's piece (``None``: every piece starts at 0).
         lengths: tokens of each sample's piece (shorter than the sample when truncated or split).
         indices: the sample ids (as in the ``MicroBatch`` list), e.g. for a log of consumed samples.
+        anchors: a drafter plan's draft blocks (anchors) of each sample (``None`` without anchors).
     """
 
     epoch: int
@@ -68,6 +70,7 @@ class MicroInfo:
     starts: tuple[int, ...] | None
     lengths: tuple[int, ...]
     indices: tuple[int, ...] = ()
+    anchors: tuple[int, ...] | None = None
 
 
 class Next(NamedTuple):
@@ -83,12 +86,13 @@ class Next(NamedTuple):
 class EpochSource:
     """What every epoch is planned from: the validated lengths, their items (in memory) or the window size
     (window by window: every per-sample array int32), and the loss-bearing tokens per sample (``None``:
-    ``length - 1``)."""
+    ``length - 1``), and a drafter plan's anchors per sample (``None``: not a drafter plan)."""
 
     lengths: np.ndarray
     items: Items | None
     window: int | None
     loss: np.ndarray | None
+    anchors: np.ndarray | None = None
 
     @classmethod
     def of(
@@ -97,6 +101,7 @@ class EpochSource:
         config: PlanConfig,
         loss_tokens: ArrayLike | None = None,
         window: int | None = None,
+        anchors: ArrayLike | None = None,
     ) -> EpochSource:
         """Validate ``lengths`` and ``loss_tokens`` (one count per sample, each in ``0 .. length-1``) for
         planning in memory (``window=None``) or window by window (see
@@ -104,7 +109,14 @@ class EpochSource:
         arr = validate_lengths(lengths, compact=window is not None)
         if window is not None:  # lengths are validated <= 2**31 - 1
             arr = arr.astype(np.int32, copy=False)
-        items = None if window is not None else make_items(arr, config.budget, config.overlong)
+        if (anchors is not None or bounded(config)) and window is not None:
+            raise ConfigError(
+                "drafter plans (anchors, anchor_budget, attn_budget) are planned in memory: no window"
+            )
+        counts = None if anchors is None else validate_anchors(anchors, arr)
+        items = None
+        if window is None:
+            items = make_items(arr, token_cap(config), config.overlong, anchors=counts)
         loss = None
         if loss_tokens is not None:
             loss = np.asarray(loss_tokens)
@@ -116,7 +128,7 @@ class EpochSource:
             ):
                 raise ConfigError("loss_tokens must hold one integer count per sample, each in 0 .. length-1")
             loss = loss.astype(arr.dtype, copy=False)
-        return cls(arr, items, window, loss)
+        return cls(arr, items, window, loss, counts)
 
 
 class _PlanCache(NamedTuple):
@@ -242,8 +254,13 @@ class Cursor:
             offs = plan.offsets[s * k : (s + 1) * k + 1]
             first = int(offs[0])
             lens = plan.lengths[first : int(offs[-1])]
-            order, offsets = step_layout(lens, offs - first, plan.config, self.balance, self.config.budget)
-            features = micro_features(lens[order], offsets, plan.config.packed) if self.features else None
+            anchors = None if plan.anchors is None else plan.anchors[first : int(offs[-1])]
+            bal = self.balance
+            order, offsets = step_layout(lens, offs - first, plan.config, bal, self.config.budget, anchors)
+            features = None
+            if self.features:
+                a_order = None if anchors is None else anchors[order]
+                features = micro_features(lens[order], offsets, plan.config.packed, a_order, bal.drafter)
             self._step_cache = _StepCache(key, first, order, offsets, features)
         return self._step_cache
 
@@ -318,6 +335,7 @@ class Cursor:
             starts=None if plan.starts is None else tuple(plan.starts[pos].tolist()),
             lengths=tuple(plan.lengths[pos].tolist()),
             indices=tuple(ids),
+            anchors=None if plan.anchors is None else tuple(plan.anchors[pos].tolist()),
         )
         if j == g - 1:
             self.history[-1] = replace(self.history[-1], steps=s + 1)

@@ -9,10 +9,11 @@ Tokenizers (SentencePiece ``.model``, ``tokenizer.json``, a ``transformers`` fol
 **Default rule.** ``encode`` never adds special tokens of its own; the rule adds them:
 
 * a document: ``encode(text) + [EOS]``;
-* a chat: for every message ``[BOS] + encode(role + "\\n" + content + "\\n") + [EOS]``, in order: the BOS and
-  EOS of each message stand for the turn's begin and end markers. So a chat has ``len(encode(...)) + 2``
-  tokens per message, the rule behind ``shared/data/lengths/*.npy`` (it reproduces ``<name>.mistral_v1.npy``
-  exactly with ``llama_sp32k.model``).
+* a chat: for every message ``[BOS] + encode(role + "\\n" + content + "\\n") + [EOS]``, in order (an assistant
+  turn's tool calls follow its content, one JSON line each: :func:`padfree.data.formats.message_text`):
+  the BOS and EOS of each message stand for the turn's begin and end markers. So a chat has
+  ``len(encode(...)) + 2`` tokens per message, the rule behind ``shared/data/lengths/*.npy`` (it
+  reproduces ``<name>.mistral_v1.npy`` exactly with ``llama_sp32k.model``).
 
 BOS and EOS are the tokenizer's own (a ``tokenizer.json``: from a ``tokenizer_config.json`` beside it, else
 its ``<s>``/``</s>``-like special tokens; a tokenizer without a BOS uses its EOS for both).
@@ -44,7 +45,7 @@ from typing import NoReturn
 import numpy as np
 
 from padfree.data import records
-from padfree.data.formats import RecordError, to_sample
+from padfree.data.formats import RecordError, message_text, to_sample
 from padfree.data.tokenizer import MAX_UNCUT_CHARS, Tokenizer, UncutText, tokenizer_kind
 from padfree.errors import ConfigError, InputError
 
@@ -123,7 +124,7 @@ def encode_samples(tok: Tokenizer, samples: list, loss_on: str = "assistant") ->
             piece(None, i, True, False)
         else:
             for m in s:
-                piece(m["role"] + "\n" + m["content"] + "\n", i, every or m["role"] == "assistant", True)
+                piece(m["role"] + "\n" + message_text(m) + "\n", i, every or m["role"] == "assistant", True)
     plain = [k for k, t in enumerate(texts) if t is not None]
     pieces: list = [None] * len(texts)
     try:

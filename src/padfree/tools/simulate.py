@@ -102,6 +102,16 @@ def parse_speeds(text: str, world_size: int | None = None) -> np.ndarray:
     return out
 
 
+def offline_cache_bytes(tokens: int, layers: int, hidden: int, bytes_per_value: int = 2) -> int:
+    """Size of an offline hidden-state cache: ``tokens x layers x hidden x bytes`` (every token's hidden
+    states of the drafter's target layers, e.g. bf16: 2 bytes).
+
+    >>> offline_cache_bytes(1_000_000, 3, 4096) / 2**30  # 1M tokens, 3 layers of a 4096-wide target
+    22.88818359375
+    """
+    return int(tokens) * int(layers) * int(hidden) * int(bytes_per_value)
+
+
 def simulate_batches(
     lens: np.ndarray,
     offsets: np.ndarray,
@@ -111,15 +121,17 @@ def simulate_batches(
     cost: CostModel,
     seconds_per_unit: float | None = None,
     speeds: np.ndarray | None = None,
+    anchors: np.ndarray | None = None,
 ) -> dict:
-    """Predicted time and throughput of micro-batches given in plan order (``lens`` in order, ``offsets``).
+    """Predicted time and throughput of micro-batches given in plan order (``lens`` in order, ``offsets``;
+    a drafter plan's ``anchors`` in the same order add its blocks to the costs and ``draft_blocks``).
 
     >>> out = simulate_batches(np.array([10, 10, 20, 20]), np.array([0, 2, 4]), False, 2, 1,
     ...                        CostModel(a=1.0, b=0.0, c=0.0))
     >>> out["step_cost_total"], out["tokens_per_unit"]
     (40.0, 1.5)
     """
-    shapes = micro_shapes(lens, offsets, packed)  # a re-cut step may leave a micro-batch empty
+    shapes = micro_shapes(lens, offsets, packed, anchors)  # a re-cut step may leave a micro-batch empty
     per_rank = rank_costs(micro_costs(shapes, cost), world_size, grad_accum)
     if speeds is not None:
         per_rank = per_rank * speeds[None, :]
@@ -134,6 +146,9 @@ def simulate_batches(
         "step_cost_total": total,
         "tokens_per_unit": tokens / total,
     }
+    if shapes.anchors is not None and shapes.blocks is not None:
+        out["draft_blocks"] = float(shapes.anchors.sum())
+        out["draft_block_efficiency"] = float(shapes.anchors.sum() / max(float(shapes.blocks.sum()), 1.0))
     if seconds_per_unit is not None:
         out["epoch_seconds"] = total * seconds_per_unit
         out["tokens_per_second"] = tokens / (total * seconds_per_unit)
@@ -196,19 +211,24 @@ def simulate(
     path: str | None = None,
     speeds: np.ndarray | None = None,
     true_cost: CostModel | None = None,
+    anchors: np.ndarray | None = None,
 ) -> dict:
     """Plan one epoch per strategy (``config`` gives budget, world size, grad accum and cost model) and
     predict each one's throughput; ``naive`` adds the motivating case's naive bucketing
     (:func:`padfree.bench.baselines.naive_bucketed`). Ratios are to ``sorted`` (the padding-free ceiling of
     length grouping) when it is among the strategies. With ``speeds`` (per-rank time factors) or
     ``true_cost`` (what micro-batches really cost, default ``config.cost``), every strategy's row is its
-    static plan under them, and ``dynamic`` / ``dynamic_over_static`` what dynamic balancing predicts."""
+    static plan under them, and ``dynamic`` / ``dynamic_over_static`` what dynamic balancing predicts.
+    ``anchors`` (a drafter setup's draft blocks per sample) go to every plan (``config.anchor_budget``) and
+    to the costs (the drafter terms of ``config.cost``); dynamic balancing is then not simulated."""
+    if anchors is not None and (speeds is not None or true_cost is not None):
+        raise ConfigError("a drafter setup (anchors) is simulated with equal ranks and the plan's own cost")
     rows: dict[str, dict] = {}
     cost = true_cost or config.cost
     dynamic = speeds is not None or true_cost is not None
     factors = np.ones(config.world_size) if speeds is None else np.asarray(speeds, dtype=np.float64)
     for s in strategies:
-        plan = make_plan(lengths, config.with_(strategy=s), epoch, path=path)
+        plan = make_plan(lengths, config.with_(strategy=s), epoch, path=path, anchors=anchors)
         rows[s] = simulate_batches(
             plan.lengths,
             plan.offsets,
@@ -218,6 +238,7 @@ def simulate(
             cost,
             seconds_per_unit,
             factors if dynamic else None,
+            plan.anchors,
         )
         if dynamic:
             dyn = simulate_dynamic(
@@ -245,6 +266,7 @@ def simulate(
             cost,
             seconds_per_unit,
             factors if dynamic else None,
+            None if anchors is None else np.asarray(anchors)[items.sample_ids()[order]],
         )
     if "sorted" in rows:
         ref = rows["sorted"]["tokens_per_unit"]
@@ -260,8 +282,11 @@ def simulate(
                 "a": config.cost.a,
                 "b": config.cost.b,
                 "c": config.cost.c,
+                "d": config.cost.d,
+                "e": config.cost.e,
                 "source": config.cost.source,
             },
+            "anchor_budget": config.anchor_budget,
             "seconds_per_unit": seconds_per_unit,
             "speeds": None if speeds is None else factors.tolist(),
             "true_cost": None if true_cost is None else {"a": cost.a, "b": cost.b, "c": cost.c},

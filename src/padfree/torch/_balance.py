@@ -241,7 +241,7 @@ class DynamicBalancer:
         prior = balance.cost if balance.fitted else refit.prior_scale(pooled, balance.cost, self.scale)
         cost, speeds = refit.fit(pooled, prior, balance.speeds, self.scale)
         self.sync_seconds += time.perf_counter() - t0
-        return Balance(Coefficients(*cost), speeds, fitted=True, recut=balance.recut)
+        return Balance(Coefficients(*cost), speeds, fitted=True, recut=balance.recut, drafter=balance.drafter)
 
 
 def _digest(balance: Balance, where: tuple) -> float:
