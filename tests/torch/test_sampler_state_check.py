@@ -352,3 +352,13 @@ def test_a_long_forged_history_is_refused_fast_naming_the_segment():
     ) as e:
         load(resealed(state, lambda s: s.__setitem__("history", hist)))
     assert "\n" not in str(e.value)
+
+
+def test_a_state_nested_thousands_deep_is_one_line(mid_state):
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    for state in ({**mid_state, "extra": deep}, {**mid_state, "identity": {"budget": deep}}):
+        with pytest.raises(StateError, match="not plain JSON data") as exc:
+            load(state)
+        assert "\n" not in str(exc.value)
