@@ -3,7 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # torch==2.13.0 CPU wheel: pip takes it from the local disk where present; never an unpinned torch.
-EXTRAS_DEMO := report,io
+# what the README's quick start uses without torch: report (matplotlib), io (parquet), hf (the tokenizers
+# `padfree lengths` reads). The torch parts of the quick start say their one command next to them.
+EXTRAS_DEMO := report,io,hf
 EXTRAS_DEV  := dev,torch,hf,io,report,bench
 
 .PHONY: demo test lint format setup setup-dev browser bench-plan clean
@@ -12,7 +14,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
+$(VENV)/.demo-installed: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS_DEMO)]"
 	touch $@
 

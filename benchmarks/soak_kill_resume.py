@@ -62,7 +62,8 @@ def main() -> int:
     train_args = [
         "--data", str(FIXTURES / "samples/*.jsonl.gz"),
         "--tokenizer", str(FIXTURES / "tokenizers/llama_sp32k.model"),
-        "--strategy", args.strategy, "--budget", str(args.budget), "--grad-accum", str(args.grad_accum),
+        "--strategy", args.strategy, "--budget", str(args.budget), "--overlong", "truncate",
+        "--grad-accum", str(args.grad_accum),
         "--epochs", str(args.epochs), "--limit-samples", str(args.samples), "--seed", str(args.seed),
         "--checkpoint-dir", str(work / "ckpt"), "--checkpoint-every", str(args.checkpoint_every),
         "--seen-log", str(seen), "--resume", "--log-every", "1000", "--balance", args.balance,

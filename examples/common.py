@@ -11,7 +11,8 @@ import numpy as np
 
 from padfree import STRATEGIES, PlanConfig
 from padfree.commands.lengths import add_data_arguments, assistant_path, format_options
-from padfree.errors import PadfreeError
+from padfree.core.config import OVERLONG
+from padfree.errors import PadfreeError, one_line
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 """Real chat, math, code and document samples and a 32K SentencePiece tokenizer, vendored in the repo."""
@@ -40,6 +41,12 @@ def add_data_and_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--strategy", default="packed", choices=STRATEGIES)
     p.add_argument("--budget", type=int, default=2048, help="tokens per micro-batch")
+    p.add_argument(
+        "--overlong",
+        default="error",
+        choices=OVERLONG,
+        help="samples longer than the budget, as in `padfree plan`: error (default), truncate, split, drop",
+    )
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per rank per optimizer step")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -65,8 +72,9 @@ def add_data_and_model_args(p: argparse.ArgumentParser) -> None:
 
 def load_training_data(args: argparse.Namespace) -> tuple[list[dict], np.ndarray, np.ndarray]:
     """``(samples, lengths, loss_tokens)``: the samples tokenized by padfree's one rule
-    (:func:`padfree.data.samples.load_samples`), cut to ``--budget`` tokens unless ``--lengths`` is given;
-    then the plan gets the file's lengths (each checked against its sample) and the sampler truncates."""
+    (:func:`padfree.data.samples.load_samples`), whole; with ``--lengths`` the plan gets the file's lengths
+    (each checked against its sample). Samples longer than ``--budget`` follow ``--overlong``, as in
+    ``padfree plan``: the plan refuses them (``error``), or the collator cuts each to its planned piece."""
     from padfree.data.length_files import read_lengths
     from padfree.data.samples import check_lengths, load_samples, loss_tokens_of
 
@@ -76,7 +84,7 @@ def load_training_data(args: argparse.Namespace) -> tuple[list[dict], np.ndarray
         args.tokenizer,
         args.limit_samples,
         args.loss_on,
-        None if args.lengths else args.budget,
+        None,
         mode=mode,
         fields=names,
         split=args.split,
@@ -94,13 +102,51 @@ def load_training_data(args: argparse.Namespace) -> tuple[list[dict], np.ndarray
     return samples, lengths, loss_tokens
 
 
+def planned_tokens(lengths: np.ndarray, budget: int, overlong: str) -> int:
+    """Tokens the plan trains on once ``overlong`` has been applied to ``lengths``.
+
+    >>> planned_tokens(np.array([3, 10, 5]), 4, "truncate"), planned_tokens(np.array([3, 10, 5]), 4, "drop")
+    (11, 3)
+    """
+    if overlong == "truncate":
+        return int(np.minimum(lengths, budget).sum())
+    if overlong == "drop":
+        return int(lengths[lengths <= budget].sum())
+    return int(lengths.sum())
+
+
+def overlong_line(lengths: np.ndarray, budget: int, overlong: str) -> str | None:
+    """The one line that says what ``--overlong`` did to the samples longer than the budget (None when there
+    are none; under ``error`` the plan has refused them already).
+
+    >>> print(overlong_line(np.array([3, 10, 5]), 4, "truncate"))  # doctest: +NORMALIZE_WHITESPACE
+    --overlong truncate: 2 of 3 samples are longer than the budget of 4 tokens (longest 10): truncated to
+    4 tokens, 7 of 18 tokens not trained
+    """
+    over = lengths > budget
+    n = int(over.sum())
+    if n == 0 or overlong == "error":
+        return None
+    total = int(lengths.sum())
+    lost = total - planned_tokens(lengths, budget, overlong)
+    what = {
+        "truncate": f"truncated to {budget} tokens, {lost} of {total} tokens not trained",
+        "split": f"split into pieces of at most {budget} tokens, every token trained",
+        "drop": f"dropped, {lost} of {total} tokens not trained",
+    }[overlong]
+    return (
+        f"--overlong {overlong}: {n} of {lengths.shape[0]} samples are longer than the budget of {budget} "
+        f"tokens (longest {int(lengths.max())}): {what}"
+    )
+
+
 def run_example(main) -> None:  # noqa: ANN001
     """Run ``main()`` and exit with its code; a padfree error (bad data, a lengths file that disagrees, a
     checkpoint directory owned by another run) is one line and exit 2."""
     try:
         code = main()
     except PadfreeError as exc:
-        print(f"{Path(sys.argv[0]).name}: error: {exc}", file=sys.stderr)
+        print(f"{Path(sys.argv[0]).name}: error: {one_line(str(exc))}", file=sys.stderr)
         raise SystemExit(2) from None
     raise SystemExit(code if isinstance(code, int) else 0)  # hf_trainer's main returns its Trainer
 
@@ -114,13 +160,12 @@ def model_overrides(args: argparse.Namespace) -> dict:
 
 
 def plan_config(args: argparse.Namespace) -> PlanConfig:
-    """The plan both examples train with. Samples read without ``--lengths`` are cut to the budget already;
-    with ``--lengths`` the file's lengths (checked against the data) are planned and the ones over the
-    budget truncated (``overlong='truncate'``)."""
+    """The plan both examples train with: samples longer than the budget follow ``--overlong`` (default
+    ``error``: the plan refuses them with one line, as ``padfree plan`` does)."""
     return PlanConfig(
         strategy=args.strategy,
         budget=args.budget,
         grad_accum=args.grad_accum,
         seed=args.seed,
-        overlong="truncate",
+        overlong=args.overlong,
     )

@@ -1,14 +1,16 @@
 """Train a tiny Llama through ``transformers.Trainer`` (or TRL's ``SFTTrainer``) fed by a padfree plan.
 
-    python examples/hf_trainer.py --strategy packed --max-steps 20 --output-dir runs/hf
-    python examples/hf_trainer.py --strategy bucketed --grad-accum 2 --max-steps 20 --output-dir runs/hf
+    python examples/hf_trainer.py --strategy packed --overlong truncate --max-steps 20 --output-dir runs/hf
+    python examples/hf_trainer.py --strategy bucketed --overlong truncate --grad-accum 2 --max-steps 20 \
+        --output-dir runs/hf
     python examples/hf_trainer.py ... --resume                   # continue from the latest checkpoint
     torchrun --nproc_per_node 2 examples/hf_trainer.py ...        # DDP: each rank gets its share of the plan
     python examples/hf_trainer.py ... --trainer sft              # the same through trl.SFTTrainer
 
 Data and loss as in ``examples/train.py`` (:func:`padfree.data.samples.load_samples`: any ``--tokenizer``
-kind, ``--loss-on assistant|all``, samples cut to ``--budget`` tokens, or ``--lengths FILE`` from
-``padfree lengths``, checked sample by sample). The model is built from a
+kind, ``--loss-on assistant|all``, samples longer than ``--budget`` by ``--overlong`` (error by default;
+what truncate/split/drop did is said in one line), ``--lengths FILE`` from ``padfree lengths``, checked
+sample by sample). The model is built from a
 config with random weights (:func:`padfree.models.build_model`); packed rows use padfree's varlen
 attention when available. Nothing is downloaded; CPU works (``--use-cpu`` is implied without a GPU).
 """
@@ -19,7 +21,14 @@ import argparse
 import os
 
 import numpy as np
-from common import add_data_and_model_args, load_training_data, model_overrides, plan_config, run_example
+from common import (
+    add_data_and_model_args,
+    load_training_data,
+    model_overrides,
+    overlong_line,
+    plan_config,
+    run_example,
+)
 from transformers import TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -49,6 +58,9 @@ def main(argv: list[str] | None = None):
         for s in samples:
             s["input_ids"] = s["input_ids"] % args.vocab_size
     config = plan_config(args)
+    line = overlong_line(lengths, args.budget, args.overlong)
+    if line:
+        print(line)
     model = build_model(
         args.model, attn_implementation=attention_implementation(args.strategy), seed=args.seed, **overrides
     )

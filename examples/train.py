@@ -1,6 +1,6 @@
 """Train a tiny Llama on real variable-length data with a padfree plan: plain PyTorch, DDP, kill-safe.
 
-One process:      python examples/train.py --strategy packed --budget 2048 --max-steps 50
+One process:      python examples/train.py --strategy packed --budget 2048 --overlong truncate --max-steps 50
 Several ranks:    torchrun --nproc_per_node 2 examples/train.py --strategy bucketed --grad-accum 2
 Kill and resume:  add --checkpoint-dir ckpt --checkpoint-every 10, then rerun with --resume (any world size)
 
@@ -9,9 +9,11 @@ What it does, top to bottom:
   format ``padfree lengths`` reads, ``--format``/``--field-map``/``--chat-template`` likewise) with
   ``--tokenizer`` (SentencePiece .model, tokenizer.json or a transformers folder) by padfree's one rule
   (:mod:`padfree.data.tokenization`): a chat sample is ``[BOS] + role + "\\n" + content + "\\n" + [EOS]``
-  per message, a document ``text + [EOS]``: exactly what ``padfree lengths`` counts. Samples are cut to
-  ``--budget`` tokens; with ``--lengths FILE`` (made by ``padfree lengths``) the plan uses the file instead,
-  and a sample whose token count differs from it stops the run with one line naming it.
+  per message, a document ``text + [EOS]``: exactly what ``padfree lengths`` counts. With ``--lengths FILE``
+  (made by ``padfree lengths``) the plan uses the file, and a sample whose token count differs from it stops
+  the run with one line naming it. Samples longer than ``--budget`` follow ``--overlong`` as in ``padfree
+  plan``: ``error`` (the default) stops with one line; ``truncate``, ``split`` or ``drop`` are said in one
+  line at the start (how many samples, how many tokens not trained).
 - loss (``--loss-on``): ``assistant`` (default) puts loss on the tokens of assistant messages (their BOS
   and EOS included); documents always have loss on every token. ``all`` puts loss on every token.
 - plans micro-batches with :class:`padfree.torch.PlanBatchSampler` (``--strategy``, ``--budget``: tokens per
@@ -41,10 +43,19 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from common import add_data_and_model_args, load_training_data, model_overrides, plan_config, run_example
+from common import (
+    add_data_and_model_args,
+    load_training_data,
+    model_overrides,
+    overlong_line,
+    plan_config,
+    planned_tokens,
+    run_example,
+)
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from padfree.core.fingerprint import explain
 from padfree.errors import PadfreeError
 from padfree.models import build_model
 from padfree.testing import seenlog
@@ -67,6 +78,12 @@ from padfree.torch.lifecycle import EXIT_STOPPED, StopOnSignal, die_with_parent,
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_data_and_model_args(p)
+    add_run_args(p)
+    return p.parse_args(argv)
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    """Steps, clipping, checkpoints, resume, the seen-log, the log and rank balancing (``train_loop``'s)."""
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps in all")
     p.add_argument("--clip", type=float, default=1.0, help="gradient norm clip (0: off)")
     p.add_argument("--checkpoint-dir", default=None)
@@ -81,7 +98,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="dynamic: balance ranks from measured micro-batch times (PlanBatchSampler(balance=...))",
     )  # fmt: skip
     p.add_argument("--balance-every", type=int, default=4, help="steps between timing exchanges (dynamic)")
-    return p.parse_args(argv)
 
 
 # ----- distributed and checkpoints ------------------------------------------------------------------------
@@ -169,7 +185,8 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     step = 0
     state = ckpt.resume(device) if ckpt is not None and args.resume else None
     if state is not None:
-        ckpt.check_fingerprints(state["sampler"].get("fingerprint"), sampler.fingerprint)
+        why = explain(state["sampler"].get("identity"), sampler.identity)  # which field differs, if any
+        ckpt.check_fingerprints(state["sampler"].get("fingerprint"), sampler.fingerprint, why)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         sampler.load_state_dict(state["sampler"])
@@ -179,12 +196,49 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     ddp = DistributedDataParallel(model) if world > 1 else model
 
     n_params = sum(p.numel() for p in model.parameters())
+    line = overlong_line(lengths, args.budget, args.overlong)
+    if line:
+        log(line)
     log(
-        f"run {run}: {len(samples)} samples, {int(lengths.sum())} tokens, {n_params / 1e6:.1f}M params, "
+        f"run {run}: {len(samples)} samples, {planned_tokens(lengths, args.budget, args.overlong)} tokens, "
+        f"{n_params / 1e6:.1f}M params, "
         f"{args.strategy} budget {args.budget}, world {world} x grad_accum {args.grad_accum}, "
         f"attention {attn}"
     )
 
+    def micro_step(micro_batches, step_tokens):
+        loss_sum, tokens = torch.zeros((), device=device), 0
+        for batch in micro_batches:
+            inputs = to_device(batch, device)
+            labels = inputs.pop("labels")
+            # timed: this micro-batch's compute, up to its last gradient (not DDP's all-reduce wait)
+            with sync_unless(ddp, batch.info.last), sampler.timed(ddp):
+                logits = ddp(**inputs).logits
+                token_losses = token_loss_sum(logits, labels)
+                step_loss(token_losses, step_tokens, world).backward()
+            loss_sum += token_losses.detach()
+            tokens += batch.tokens
+        return loss_sum, tokens
+
+    def count(micro_batches):
+        # tokens carrying loss in the whole step (all ranks, all micro-batches): known from the plan
+        step_tokens = micro_batches[0].info.step_tokens
+        return global_loss_tokens(micro_batches, device) if step_tokens is None else step_tokens
+
+    parts = (sampler, loader, model, optimizer)
+    return train_loop(args, rank, device, ckpt, stop, run, parts, count, micro_step, step=step)
+
+
+def train_loop(
+    args, rank, device, ckpt, stop, run, parts, count, micro_step, *, step=0, after_step=None
+) -> int:
+    """The epochs: optimizer steps of ``micro_step(micro_batches, step_count) -> (loss_sum, tokens)`` with the
+    loss normalized by ``count(micro_batches)`` (the step's loss-bearing positions on all ranks), gradient
+    clipping, the seen-log, SIGTERM, checkpoints and the log; shared with ``train_drafter.py``.
+    ``parts`` are ``(sampler, loader, model, optimizer)``; ``after_step(micro_batches, run, epoch, step)``
+    runs after each optimizer step (before any checkpoint of it)."""
+    log = print if rank == 0 else (lambda *a, **k: None)
+    sampler, loader, model, optimizer = parts
     if args.seen_log:
         Path(args.seen_log).parent.mkdir(parents=True, exist_ok=True)
     seen = os.open(args.seen_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.seen_log else None
@@ -193,22 +247,9 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     for epoch in range(sampler.epoch, args.epochs):
         sampler.set_epoch(epoch)
         for micro_batches in steps_of(loader):
-            info = micro_batches[0].info
-            # tokens carrying loss in the whole step (all ranks, all micro-batches): known from the plan
-            step_tokens = info.step_tokens
-            if step_tokens is None:
-                step_tokens = global_loss_tokens(micro_batches, device)
-            loss_sum = torch.zeros((), device=device)
-            for batch in micro_batches:
-                inputs = to_device(batch, device)
-                labels = inputs.pop("labels")
-                # timed: this micro-batch's compute, up to its last gradient (not DDP's all-reduce wait)
-                with sync_unless(ddp, batch.info.last), sampler.timed(ddp):
-                    logits = ddp(**inputs).logits
-                    token_losses = token_loss_sum(logits, labels)
-                    step_loss(token_losses, step_tokens, world).backward()
-                loss_sum += token_losses.detach()
-                tokens_since += batch.tokens
+            step_tokens = count(micro_batches)
+            loss_sum, tokens = micro_step(micro_batches, step_tokens)
+            tokens_since += tokens
             if args.clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             optimizer.step()
@@ -218,6 +259,8 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
             if seen is not None:
                 ids = [i for b in micro_batches for i in b.info.indices]
                 seenlog.append(seen, run, epoch, step - 1, rank, ids)
+            if after_step is not None:
+                after_step(micro_batches, run, epoch, step - 1)
             if stop.agreed(device):
                 if ckpt is not None:
                     save(ckpt, step, model, optimizer, sampler)

@@ -58,6 +58,7 @@ def _example():
 
 def _run_example(out: Path, strategy: str, *extra: str):
     argv = ["--data", str(FIXTURES / "samples/gsm8k.jsonl.gz"), "--strategy", strategy, "--budget", "256",
+            "--overlong", "truncate",
             "--grad-accum", "2", "--limit-samples", "48", "--vocab-size", "256", "--output-dir", str(out),
             *[a for kv in TINY for a in ("--model-set", kv)], *extra]  # fmt: skip
     return _example().main(argv)

@@ -427,3 +427,28 @@ def test_growths_and_bucket_count_lists_are_bounded(lengths_txt, tmp_path, capsy
     ):
         code, lines = _run(["report", lengths_txt, *SMALL, out, *extra], capsys)
         _one_line(code, lines, rule)
+
+
+@pytest.mark.parametrize(
+    ("speeds", "rule"),
+    [
+        ("1e300,1", r"every factor must be a number from 0.001 to 1000"),
+        ("1e-300,1", r"every factor must be a number from 0.001 to 1000"),
+        ("inf,1", r"every factor must be a number from 0.001 to 1000"),
+        ("1,500", r"the slowest rank is 500x the fastest; at most 400x"),
+    ],
+)
+def test_simulate_speeds_are_bounded(speeds, rule, lengths_txt, capsys):
+    code, lines = _run(["simulate", lengths_txt, "--budget=64", f"--speeds={speeds}"], capsys)
+    _one_line(code, lines, r"^padfree: error: --speeds: ", rule)
+
+
+def test_a_path_with_a_newline_is_printed_escaped_on_one_line(tmp_path, capsys):
+    odd = tmp_path / "two\nlines" / "l.txt"
+    code, lines = _run(["plan", odd, *SMALL], capsys)
+    _one_line(code, lines, r"two\\nlines/l\.txt: file not found$")
+    odd.parent.mkdir()
+    good = tmp_path / "ok.txt"
+    good.write_text("1\n2\n3\n")
+    code, lines = _run(["plan", good, *SMALL, f"--out={odd.parent}/out\rx/p.jsonl"], capsys)
+    _one_line(code, lines, r"two\\nlines/out\\rx")

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import NoReturn
 
-from padfree.errors import OutputError, PadfreeError
+from padfree.errors import OutputError, PadfreeError, one_line
 
 COMMANDS = (
     "analyze",
@@ -33,7 +33,7 @@ COMMANDS = (
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2, no usage block
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        print(f"{self.prog}: error: {one_line(message)}", file=sys.stderr)
         raise SystemExit(2)
 
 
@@ -149,7 +149,7 @@ def _cache_fallbacks() -> None:
 
 def _fail(line: str) -> int:
     with contextlib.suppress(OSError, ValueError):  # stderr itself may be full or closed
-        print(f"padfree: error: {line}", file=sys.stderr, flush=True)
+        print(f"padfree: error: {one_line(line)}", file=sys.stderr, flush=True)
     return 2
 
 

@@ -8,6 +8,18 @@ rule that was broken.
 from __future__ import annotations
 
 
+def one_line(text: str) -> str:
+    """``text`` with its control characters escaped (a newline in a file name becomes ``\\n``), so that an
+    error naming it stays one line.
+
+    >>> one_line("ck\\npt: cannot write")
+    'ck\\\\npt: cannot write'
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class PadfreeError(ValueError):
     """Base class: a problem with what padfree was given, never a bug inside padfree."""
 
@@ -47,3 +59,7 @@ class OverlongError(InputError):
 
 class StateError(PadfreeError):
     """A sampler state that does not belong to this dataset, config or seed."""
+
+
+class StateWarning(UserWarning):
+    """A sampler state accepted with a reservation (e.g. one written before states carried a digest)."""

@@ -217,8 +217,9 @@ def test_padded_recut_follows_the_speeds():
             layout = step_layout(lens, offs - offs[0], plan.config, replace(balance, recut=recut), 4096)
             t = _rank_times(lens, *layout, model, speeds, 4)
             ratios[recut].append(t.max() / t.mean())
-    # measured (deterministic): 1.031 re-cut, 1.062 assigned
-    assert np.mean(ratios[True]) < 1.04 and np.mean(ratios[True]) < np.mean(ratios[False]) - 0.025
+    # measured (deterministic): 1.022 re-cut, 1.044 assigned (1.031 / 1.062 before steps were composed by
+    # length quantile: steps of evenly spread lengths are easier to balance either way)
+    assert np.mean(ratios[True]) < 1.04 and np.mean(ratios[True]) < np.mean(ratios[False]) - 0.015
 
 
 def test_padded_recut_against_brute_force_row_moves():

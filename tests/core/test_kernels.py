@@ -3,12 +3,13 @@
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from padfree.core import _kernels
 from padfree.core.buckets import growth_edges, optimal_edges, padding_of_edges
-from padfree.core.steps import spread_tail, stratified_order
+from padfree.core.steps import quantile_steps, spread_tail, stratified_order
 
 
 def ref_best_fit(lens, budget):
@@ -119,3 +120,24 @@ def test_stratified_order_spreads_each_stratum_evenly():
     s = strata[order].reshape(10, 16)
     assert ((s == 0).sum(1) >= 8).all() and ((s == 0).sum(1) <= 12).all()
     assert ((s == 2).sum(1) <= 2).all()
+
+
+@pytest.mark.parametrize("m", [64, 70, 5])
+def test_quantile_steps_give_every_step_one_micro_batch_per_quantile(m):
+    """Each step of the body holds one micro-batch from every 1/k of the length order; the tail steps span
+    the length range; every step is whole and no sample is lost or repeated."""
+    rng = np.random.default_rng(3)
+    k, per = 8, 4
+    length = np.repeat(np.arange(1, m + 1) * 10, per)  # micro-batch j: 4 samples of length 10 (j + 1)
+    out = quantile_steps(np.arange(m * per), np.arange(0, m * per + 1, per), length, k, 10 * m * per, rng)
+    assert out is not None
+    order, offs = out
+    assert np.array_equal(np.sort(order), np.arange(m * per)) and (offs.shape[0] - 1) % k == 0
+    body = m // k if m % k == 0 else max(m // k - 1, 0)
+    ids = length[order[offs[: body * k]]] // 10 - 1  # the body's micro-batches, step by step
+    chunk = np.searchsorted(np.sort(ids), ids) // max(body, 1)
+    for s in range(body):
+        assert sorted(chunk[s * k : (s + 1) * k].tolist()) == list(range(k))
+    if m % k:
+        tail = length[order[offs[body * k] :]]
+        assert tail.max() - tail.min() >= 10 * (m - m // 4)

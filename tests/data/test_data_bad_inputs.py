@@ -312,6 +312,41 @@ def test_examples_train_on_padfree_lengths_and_stop_when_they_disagree(
         ]
 
 
+def test_examples_follow_the_overlong_policy_and_say_what_was_cut(
+    fixtures_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19: samples over --budget stop the example with one line by default (as `padfree plan`); with
+    --overlong truncate one line says how many were cut and how many tokens are not trained, and the banner
+    counts the tokens trained."""
+    from padfree.data.samples import load_samples
+
+    data = fixtures_dir / "samples/gsm8k.jsonl.gz"
+    sp = fixtures_dir / "tokenizers/llama_sp32k.model"
+    n = 40
+    full = np.array([len(s["input_ids"]) for s in load_samples(str(data), str(sp), n)])
+    budget = int(np.sort(full)[-5]) - 1  # 5 samples are longer
+    tiny = ["--data", str(data), "--tokenizer", str(sp), "--budget", str(budget), "--max-steps", "1",
+            "--limit-samples", str(n), "--model-set", "hidden_size=32", "--model-set", "intermediate_size=64",
+            "--model-set", "num_hidden_layers=1", "--vocab-size", "256"]  # fmt: skip
+    example = _example("train")
+    monkeypatch.setattr(sys, "argv", ["train.py", *tiny])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        example.run_example(example.main)
+    err = capsys.readouterr().err.splitlines()
+    assert info.value.code == 2 and len(err) == 1
+    assert f"5 sample(s) longer than the budget of {budget} tokens" in err[0] and "--overlong" in err[0]
+    assert example.main([*tiny, "--overlong", "truncate"]) == 0
+    out = capsys.readouterr().out
+    kept = int(np.minimum(full, budget).sum())
+    assert (
+        f"--overlong truncate: 5 of {n} samples are longer than the budget of {budget} tokens (longest "
+        f"{full.max()}): truncated to {budget} tokens, {int(full.sum()) - kept} of {int(full.sum())} tokens "
+        "not trained" in out
+    )
+    assert f"{n} samples, {kept} tokens" in out
+
+
 @pytest.mark.parametrize(
     ("name", "content", "rule"),
     [

@@ -20,7 +20,8 @@ def test_sigkill_and_elastic_resume_consume_every_sample_once(tmp_path, fixtures
     args = [
         "--data", str(fixtures_dir / "samples/*.jsonl.gz"),
         "--tokenizer", str(fixtures_dir / "tokenizers/llama_sp32k.model"),
-        "--strategy", "packed", "--budget", "256", "--grad-accum", "2", "--epochs", "2",
+        "--strategy", "packed", "--budget", "256", "--overlong", "truncate", "--grad-accum", "2",
+        "--epochs", "2",
         "--limit-samples", str(n), "--seed", "3", "--checkpoint-dir", str(tmp_path / "ckpt"),
         "--checkpoint-every", "3", "--seen-log", str(seen), "--resume", "--log-every", "1000", *TINY,
     ]  # fmt: skip
@@ -54,7 +55,8 @@ def test_sigkill_and_resume_with_dynamic_balancing_consume_every_sample_once(tmp
     args = [
         "--data", str(fixtures_dir / "samples/*.jsonl.gz"),
         "--tokenizer", str(fixtures_dir / "tokenizers/llama_sp32k.model"),
-        "--strategy", "packed", "--budget", "256", "--grad-accum", "2", "--epochs", "2",
+        "--strategy", "packed", "--budget", "256", "--overlong", "truncate", "--grad-accum", "2",
+        "--epochs", "2",
         "--limit-samples", str(n), "--seed", "5", "--checkpoint-dir", str(tmp_path / "ckpt"),
         "--checkpoint-every", "3", "--seen-log", str(seen), "--resume", "--log-every", "1000",
         "--balance", "dynamic", "--balance-every", "2", *TINY,

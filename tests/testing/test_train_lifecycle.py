@@ -22,7 +22,8 @@ def _args(tmp_path: Path, fixtures_dir: Path, n: int, epochs: int = 1) -> list[s
     return [
         "--data", str(fixtures_dir / "samples/*.jsonl.gz"),
         "--tokenizer", str(fixtures_dir / "tokenizers/llama_sp32k.model"),
-        "--strategy", "packed", "--budget", "256", "--grad-accum", "2", "--epochs", str(epochs),
+        "--strategy", "packed", "--budget", "256", "--overlong", "truncate", "--grad-accum", "2",
+        "--epochs", str(epochs),
         "--limit-samples", str(n), "--seed", "5", "--checkpoint-dir", str(tmp_path / "ckpt"),
         "--checkpoint-every", "4", "--seen-log", str(tmp_path / "seen.jsonl"), "--resume",
         "--log-every", "1000", *TINY,

@@ -152,3 +152,38 @@ def test_cli_simulate_speeds(capsys):
         assert main([*base, *bad]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("padfree: error:") and "speeds" in err and "\n" not in err
+
+
+def test_drafter_blocks_by_hand():
+    # one packed row (documents 4 and 6 tokens, 2 and 3 anchors), one padded micro-batch (rows 4 and 6,
+    # anchors 2 and 3: blocks 2 x 3 = 6, reach 6 x 6 / 2 = 18)
+    cost = CostModel(a=1.0, b=0.0, c=0.0, d=10.0, e=1.0)
+    lens, anchors, offsets = np.array([4, 6]), np.array([2, 3]), np.array([0, 2])
+    packed = simulate_batches(lens, offsets, True, 1, 1, cost, anchors=anchors)
+    assert packed["step_cost_total"] == pytest.approx(10 + 10 * 5 + (2 * 4 + 3 * 6) / 2)
+    padded = simulate_batches(lens, offsets, False, 1, 1, cost, anchors=anchors)
+    assert padded["step_cost_total"] == pytest.approx(12 + 10 * 6 + 18)
+    assert padded["draft_block_efficiency"] == pytest.approx(5 / 6) and packed["draft_block_efficiency"] == 1
+
+
+def test_simulate_cli_drafter_setup_and_cache_size(tmp_path, capsys):
+    from padfree.tools.simulate import offline_cache_bytes
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(20, 900, 3000)
+    np.save(tmp_path / "l.npy", lengths)
+    np.save(tmp_path / "l.assistant.npy", lengths // 2)
+    args = ["simulate", str(tmp_path / "l.npy"), "--budget", "4096", "--world-size", "4",
+            "--grad-accum", "1", "--drafter", "dflash", "--anchor-budget", "80", "--json"]  # fmt: skip
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    d = out["drafter"]
+    assert d["cache_bytes"] == offline_cache_bytes(int(lengths.sum()), 6, 4096, 2)
+    assert d["loss_counts"].endswith("l.assistant.npy") and d["draft_blocks"] > 0
+    assert out["config"]["anchor_budget"] == 80 and out["config"]["cost"]["d"] > 0
+    packed = out["strategies"]["packed"]
+    assert packed["draft_block_efficiency"] == 1.0 and packed["imbalance"] < 1.05
+    assert out["strategies"]["random"]["draft_block_efficiency"] < 1.0
+    assert main(args[:-1] + ["--drafter", "eagle3", "--json"]) == 0
+    e3 = json.loads(capsys.readouterr().out)
+    assert e3["drafter"]["cache_layers"] == 4 and "draft_blocks" not in e3["strategies"]["packed"]

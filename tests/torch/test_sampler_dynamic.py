@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from padfree import ConfigError, PlanConfig, StateError, make_plan
+from padfree.core.state_check import seal
 from padfree.torch import PlanBatchSampler
 
 STRATEGIES = ["sorted", "random", "bucketed", "packed"]
@@ -181,8 +182,10 @@ def test_ranks_resumed_from_different_states_are_stopped():
     other = json.loads(json.dumps(state))
     other["balance"]["cost"][2] *= 2
     second = group(lengths, cfg, 2, balance="dynamic", balance_every=2)
+    with pytest.raises(StateError, match="digest .* does not match its content"):
+        second[1].load_state_dict(other)  # an edited state is refused...
     second[0].load_state_dict(state)
-    second[1].load_state_dict(other)
+    second[1].load_state_dict(seal(other))  # ... unless re-sealed: two ranks, two genuine states
     with pytest.raises(StateError, match="ranks disagree on the balance"):
         run(second, (1.0, 0.5))
 
@@ -265,6 +268,10 @@ def test_timed_stops_at_the_last_gradient_and_gpu_timings_wait_until_they_comple
     assert d._ready().tolist() == [[20.0, 400.0, 0.5]]  # never waits for the GPU
     running.value = 0.25
     assert d._ready().tolist() == [[10.0, 100.0, 0.25]]  # read at a later exchange
-    with pytest.raises(Exception, match="seconds >= 0"):
+    for bad in (float("nan"), float("inf"), -1.0, 0.0, 1e160):  # screened out and counted, never raised
         d.yielded(("e", 0, 2), 1.0, 1.0)
-        d.record(float("nan"))
+        d.record(bad)
+    assert d._ready().shape == (0, 3) and d.dropped == 5
+    with pytest.raises(Exception, match="seconds as a number"):
+        d.yielded(("e", 0, 3), 1.0, 1.0)
+        d.record("0.5")

@@ -57,7 +57,8 @@ def test_ranks_partition_every_epoch(strategy):
         assert sum(len(b) for b in by_rank) == len(lengths)
         seen_orders.append(ids.tolist())
         assert all(len(s) == 0 for s in samplers)  # exhausted until the epoch changes
-        assert list(iter(samplers[0])) == []
+        with pytest.raises(StateError, match="set_epoch"):  # a second pass needs set_epoch (issue 19)
+            list(iter(samplers[0]))
     if strategy != "sorted":
         assert seen_orders[0] != seen_orders[1]
 
@@ -78,7 +79,7 @@ def test_state_round_trip_resumes_at_exact_next_micro_batch(strategy):
         rest = list(t)
         assert [list(m) for m in rest] == [list(m) for m in ref[cut:]]
         assert [m.info for m in rest] == [m.info for m in ref[cut:]]
-        assert len(json.dumps(state)) < 300  # a cursor, not the plan
+        assert len(json.dumps(state)) < 600  # a cursor (with its identity and digest), not the plan
 
 
 def test_elastic_resume_keeps_exactly_once_over_world_sizes():
@@ -130,13 +131,21 @@ def test_foreign_or_mid_step_state_is_refused():
     s = PlanBatchSampler(lengths, cfg)
     next(iter(s))
     state = s.state_dict()
-    for other in (
-        PlanBatchSampler(lengths, cfg.with_(seed=2)),
-        PlanBatchSampler(lengths + 1, cfg),
-        PlanBatchSampler(lengths, cfg.with_(strategy="bucketed")),
+    for other, why in (
+        (PlanBatchSampler(lengths, cfg.with_(seed=2)), "seed 1 in the state, 2 now"),
+        (PlanBatchSampler(lengths + 1, cfg), "the token counts differ"),
+        (
+            PlanBatchSampler(lengths, cfg.with_(strategy="bucketed")),
+            "strategy packed in the state, bucketed now",
+        ),
+        (PlanBatchSampler(lengths, cfg.with_(budget=2048)), "budget 1024 in the state, 2048 now"),
     ):
-        with pytest.raises(StateError, match="fingerprint"):
+        with pytest.raises(StateError, match="belongs to another configuration") as exc:
             other.load_state_dict(state)
+        assert why in str(exc.value) and "\n" not in str(exc.value)
+    old = {k: v for k, v in state.items() if k not in ("identity", "digest")}  # no identity: the hash only
+    with pytest.raises(StateError, match="fingerprint"):
+        PlanBatchSampler(lengths, cfg.with_(seed=2)).load_state_dict(old)
     with pytest.raises(StateError, match="into a step"):
         PlanBatchSampler(lengths, cfg, rank=0, world_size=2).load_state_dict(state)
     with pytest.raises(StateError):
@@ -221,3 +230,52 @@ def test_stateful_dataloader_resume(workers):
     batches = list(second)
     assert head + [b["input_ids"].tolist() for b in batches] == full
     assert batches[0].info.step == 2 and batches[0].info.micro == 1
+
+
+def test_a_second_pass_without_set_epoch_is_one_line_error():
+    """Issue 19: a pass over an epoch already yielded to its end, with no set_epoch since, raises (it used to
+    yield nothing, len() 0); set_epoch(next) plans the next epoch; set_epoch(same) keeps the position."""
+    lengths = lengths_for(200)
+    s = PlanBatchSampler(
+        lengths, PlanConfig(strategy="bucketed", budget=512, grad_accum=2), rank=0, world_size=1
+    )
+    first = [list(mb) for mb in s]
+    assert sorted(i for mb in first for i in mb) == list(range(200))
+    with pytest.raises(
+        StateError, match=r"epoch 0 was already iterated to its end; call sampler.set_epoch\(1\)"
+    ):
+        next(iter(s))
+    s.set_epoch(0)  # the same epoch: its position (the end) is kept
+    assert list(s) == [] and len(s) == 0
+    s.set_epoch(1)
+    again = [list(mb) for mb in s]
+    assert sorted(i for mb in again for i in mb) == list(range(200)) and again != first
+    state = s.state_dict()
+    with pytest.raises(StateError):
+        list(s)
+    s.load_state_dict(state)  # restored at the end of epoch 1: nothing left, no error
+    assert list(s) == []
+
+
+def test_a_plain_dataset_under_the_sampler_warns_once(monkeypatch):
+    from torch.utils.data import DataLoader
+
+    from padfree.torch import _dataset
+
+    monkeypatch.setattr(_dataset, "_warned", False)
+    lengths = lengths_for(60)
+    data = [{"input_ids": list(range(1, int(n) + 1))} for n in lengths]
+    s = PlanBatchSampler(lengths, PlanConfig(strategy="packed", budget=512), rank=0, world_size=1)
+    with pytest.warns(
+        UserWarning, match=r"without its plan info \(batch.info is None\): wrap the dataset"
+    ) as rec:
+        batches = list(DataLoader(data, batch_sampler=s, collate_fn=PackCollator()))
+    assert len(batches) > 1 and len([w for w in rec if "plan info" in str(w.message)]) == 1
+    s.set_epoch(1)
+    monkeypatch.setattr(_dataset, "_warned", False)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        planned = list(DataLoader(PlannedDataset(data), batch_sampler=s, collate_fn=PackCollator()))
+    assert planned[0].info is not None

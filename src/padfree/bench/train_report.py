@@ -46,7 +46,8 @@ def markdown(result: dict, command: str = "") -> str:
     ]
     for name, r in result["strategies"].items():
         if "error" in r:
-            lines.append(f"| {name} | — | — | not run: {r['error']} | | | | | | |")
+            peak = f" (peak {r['peak_rss_mb']:,.0f} MB)" if r.get("peak_rss_mb") is not None else ""
+            lines.append(f"| {name} | — | — | not run: {r['error']}{peak} | | | | | | |")
             continue
         s = r["step_real_tok_per_s"]
         vs = f"{r['vs_sorted']:.2f}x" if "vs_sorted" in r else "—"

@@ -32,6 +32,11 @@ Protocol:
   collation is not timed;
 - loss-bearing tokens are the real (non-padding) tokens after each document's first; per-step medians and
   ranges of the measured steps are reported too;
+- an arm that cannot run does not take the others down: before the rounds (``isolate``, the default) each
+  arm's heaviest micro-batch trains once in a child process capped at ``memory_limit`` bytes
+  (:mod:`.isolation`; default 80% of the memory available), and an arm that fails there is left out with
+  ``{"error", "out_of_memory", "peak_rss_mb"}``; an arm whose step raises during the rounds (an
+  allocation failure included) is recorded the same way and the others go on;
 - peak memory: on CUDA ``torch.cuda.max_memory_allocated`` during the strategy's steps; on CPU the
   process RSS sampled every 2 ms during its steps (``peak_rss_mb``, which includes every strategy's
   model and optimizer state) and its rise over the RSS before the step (``peak_step_mb``: the step's own
@@ -47,6 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from padfree.bench import isolation
 from padfree.bench.machine import machine
 from padfree.bench.measure import Batching, batching_stats
 from padfree.bench.peers import PEERS, missing
@@ -78,6 +84,8 @@ class BenchConfig(ModelRun):
         repeats: passes over the measured rounds; each micro-batch keeps its fastest time (on a shared
             machine the minimum drops the steps another process slowed down).
         strategies: names from :data:`STRATEGIES` (padfree's and the peers'), in round order.
+        isolate: first train each arm's heaviest micro-batch in a child process under ``memory_limit``
+            bytes (None: :func:`.isolation.default_limit`; 0: uncapped) and leave out an arm that fails.
     """
 
     steps: int = 10
@@ -85,6 +93,8 @@ class BenchConfig(ModelRun):
     select: str = "stratified"
     repeats: int = 1
     strategies: tuple[str, ...] = STRATEGIES
+    isolate: bool = True
+    memory_limit: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -131,8 +141,27 @@ def run_bench(
             runners[name] = run
             say(f"{name}: {run['batching'].n_micro} micro-batches, attention {run['trainer'].attn}")
 
-    order, rec, watches = _train_rounds(runners, samples.items(), cfg, say)
+    items = samples.items()
+    if cfg.isolate and runners:
+        limit = isolation.default_limit() if cfg.memory_limit is None else cfg.memory_limit
+        for name in list(runners):
+            run = runners[name]
+            candidates = np.concatenate((run["picks"], run["warm"]))
+            heaviest = int(candidates[np.argmax(run["work"][candidates])])
+            heavy_items = [items[i] for i in micro_ids(run["batching"], heaviest)]
+            check = isolation.preflight(heavy_items, cfg, run["batching"].packed, limit)
+            if not check["ok"]:
+                where = f"its heaviest micro-batch alone in a child process capped at {limit / 2**30:.1f} GiB"
+                results[name] = _failed(check, where)
+                say(f"{name}: left out: {results[name]['error']}")
+                del runners[name]
+
+    order, rec, watches, failed = _train_rounds(runners, items, cfg, say)
     for name, run in runners.items():
+        if name in failed:
+            peak = {"peak_rss_mb": max(watches[name].peak, MemoryWatch.rss()) / 2**20}
+            results[name] = _failed(failed[name] | peak, "during the interleaved rounds")
+            continue
         results[name] = summarize(name, run, rec[name], watches[name], lengths, cfg)
     base = results.get("sorted", {}).get("real_tok_per_s")
     for res in results.values():
@@ -144,6 +173,18 @@ def run_bench(
         "order": order,
         "strategies": results,
     }
+
+
+def _failed(check: dict, where: str) -> dict:
+    """The result of an arm that failed: why, whether it ran out of memory, its peak, and where."""
+    kind = "out of memory" if check.get("out_of_memory") else "failed"
+    out = {
+        "error": f"{kind} ({where}): {check.get('error', '')}",
+        "out_of_memory": bool(check.get("out_of_memory")),
+    }
+    if check.get("peak_rss_mb") is not None:
+        out["peak_rss_mb"] = float(check["peak_rss_mb"])
+    return out
 
 
 def _runner(name: str, lengths: np.ndarray, cfg: BenchConfig, attn_weight: float) -> dict:
@@ -177,9 +218,11 @@ def _runner(name: str, lengths: np.ndarray, cfg: BenchConfig, attn_weight: float
 
 def _train_rounds(
     runners: dict[str, dict], items: Sequence[dict], cfg: BenchConfig, say: Callable[[str], None]
-) -> tuple[list[list], dict[str, dict], dict[str, MemoryWatch]]:
+) -> tuple[list[list], dict[str, dict], dict[str, MemoryWatch], dict[str, dict]]:
     """Warm-up rounds, then the measured rounds (``repeats`` times), one micro-batch per strategy per
-    round: ``(order of what ran, measurements per strategy, memory watch per strategy)``."""
+    round: ``(order of what ran, measurements per strategy, memory watch per strategy, failed arms)``. An
+    arm whose step raises is out of the later rounds, with ``{"error", "out_of_memory"}``."""
+    failed: dict[str, dict] = {}
     order: list[list] = []
     rec: dict[str, dict[str, list]] = {
         name: {"sec": [], "loss_tok": [], "tok": [], "slots": [], "rows": []} for name in runners
@@ -189,19 +232,31 @@ def _train_rounds(
     rounds = cfg.warmup + cfg.repeats * measured
     for r in range(rounds):
         for name, run in runners.items():
+            if name in failed:
+                continue
             trainer = run["trainer"]
-            if r < cfg.warmup:
-                k = int(run["warm"][r])  # a seeded random micro-batch of the same epoch
-                batch = trainer.collate([items[i] for i in micro_ids(run["batching"], k)])
-                trainer.step(batch, batch.loss_tokens)
-                order.append([r, name, "warmup"])
+            try:
+                if r < cfg.warmup:
+                    k = int(run["warm"][r])  # a seeded random micro-batch of the same epoch
+                    batch = trainer.collate([items[i] for i in micro_ids(run["batching"], k)])
+                    trainer.step(batch, batch.loss_tokens)
+                    order.append([r, name, "warmup"])
+                    continue
+                rep, k = divmod(r - cfg.warmup, measured)
+                if k >= run["picks"].shape[0]:
+                    continue
+                batch = trainer.collate([items[i] for i in micro_ids(run["batching"], int(run["picks"][k]))])
+                with watches[name]:
+                    sec, _ = trainer.step(batch, batch.loss_tokens)
+            except Exception as exc:  # an arm's failure (out of memory included) is its result
+                first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+                failed[name] = {
+                    "error": f"{type(exc).__name__}: {first}",
+                    "out_of_memory": isolation.is_oom(exc),
+                }
+                run["trainer"] = None  # free its model and optimizer for the others
+                say(f"{name}: failed in round {r + 1}: {failed[name]['error']}")
                 continue
-            rep, k = divmod(r - cfg.warmup, measured)
-            if k >= run["picks"].shape[0]:
-                continue
-            batch = trainer.collate([items[i] for i in micro_ids(run["batching"], int(run["picks"][k]))])
-            with watches[name]:
-                sec, _ = trainer.step(batch, batch.loss_tokens)
             order.append([r, name, "measured"])
             x = rec[name]
             if rep > 0:  # the same micro-batch again: keep its fastest time
@@ -213,7 +268,7 @@ def _train_rounds(
             x["slots"].append(int(batch["input_ids"].numel()))
             x["rows"].append(int(batch["input_ids"].shape[0]))
         say(f"round {r + 1}/{rounds} done" + (" (warm-up)" if r < cfg.warmup else ""))
-    return order, rec, watches
+    return order, rec, watches, failed
 
 
 def _config_record(cfg: BenchConfig, samples: Samples) -> dict:

@@ -120,6 +120,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(throughput only, not --converge)",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--no-isolate",
+        dest="isolate",
+        action="store_false",
+        help="skip the preflight that trains each arm's heaviest micro-batch in a memory-capped child "
+        "process first (an arm that runs out of memory there is recorded and left out)",
+    )
+    p.add_argument(
+        "--arm-memory-gb",
+        type=Bounded(float, 0, 2**20, above=True),
+        default=None,
+        help="the preflight's memory cap per arm (default: 80%% of the memory available)",
+    )
     p.add_argument("--out", type=Path, default=None, help="directory for NAME.json, NAME.md and NAME.png")
     p.add_argument("--name", default=None, help="file name stem under --out (default train_speed / converge)")
     g = p.add_argument_group("convergence (--converge)")
@@ -251,6 +264,8 @@ def _run_speed(args: argparse.Namespace, device: str, overrides: dict, command: 
         repeats=args.repeats,
         dtype=args.dtype,
         padded_mask=args.padded_attention == "masked",
+        isolate=args.isolate,
+        memory_limit=None if args.arm_memory_gb is None else int(args.arm_memory_gb * 2**30),
     )
     vocab = _vocab(args, overrides)
     if args.data:

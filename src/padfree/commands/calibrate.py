@@ -65,6 +65,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", type=Path, default=Path("cost.json"), help="cost file to write (default cost.json)"
     )
+    p.add_argument(
+        "--drafter",
+        choices=["dflash", "eagle3"],
+        default=None,
+        help="time a drafter step instead (a frozen tiny target's forward + a one-layer drafter's loss, "
+        "backward and update, on the CPU): DFlash shapes also vary the anchors and the fit adds "
+        "d*blocks + e*reach",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
 
 
@@ -98,7 +106,16 @@ def run(args: argparse.Namespace) -> int:
         lengths = lengths or default_lengths(budget)
     if args.budget and args.quick:
         budget = args.budget
-    step = torch_train_step(args.model, attn=args.attn, device=device, seed=args.seed)
+    anchors_per_token = None
+    if args.drafter is not None:
+        from padfree.tools.calibrate import torch_drafter_step
+
+        if device != "cpu":
+            raise ConfigError("calibrate --drafter times the reference drafters on the CPU: use --device cpu")
+        step = torch_drafter_step(args.drafter, seed=args.seed)
+        anchors_per_token = (1 / 32, 1 / 16, 1 / 8) if args.drafter == "dflash" else None
+    else:
+        step = torch_train_step(args.model, attn=args.attn, device=device, seed=args.seed)
     progress = None
     if not args.json:
 
@@ -113,21 +130,26 @@ def run(args: argparse.Namespace) -> int:
         repeats=repeats,
         warmup=warmup,
         prime=bool(args.quick),
-        source=f"calibrate {args.model} {args.attn} {device}",
+        source=f"calibrate {args.drafter or args.model} {args.attn} {device}",
         meta={
             "model": args.model,
             "attn": args.attn,
             "device": device,
             "threads": torch.get_num_threads(),
-            "step": "forward+backward+AdamW step (the update's time is inside c)",
+            "step": "forward+backward+AdamW step (the update's time is inside c)"
+            if args.drafter is None
+            else f"{args.drafter}: target forward (no grad), drafter loss, backward, AdamW (update in c)",
+            "drafter": args.drafter,
             "command": "padfree " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         },
         progress=progress,
+        anchors_per_token=anchors_per_token,
     )
     with writing(args.out, "the cost model"):
         cal.save(args.out)
     if args.json:
-        print(json.dumps({"a": cal.cost.a, "b": cal.cost.b, "c": cal.cost.c, **cal.to_json()}, indent=2))
+        coefs = {k: getattr(cal.cost, k) for k in ("a", "b", "c", "d", "e")}
+        print(json.dumps({**coefs, **cal.to_json()}, indent=2))
         return 0
     f, h = cal.fit, cal.held_out
     print(
@@ -137,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"seconds per slot: {cal.seconds_per_slot:.4g} ({1 / cal.seconds_per_slot:,.0f} slots/s at b = c = 0)"
     )
+    if args.drafter == "dflash":
+        print(f"drafter terms: d = {cal.cost.d:.4g} per draft block, e = {cal.cost.e:.4g} per unit of reach")
     print(f"fit on {f['n']} shapes: relative RMS {f['rel_rms']:.3f}, max {f['max_rel']:.3f}")
     if h["n"]:
         print(f"held out {h['n']} shapes: relative RMS {h['rel_rms']:.3f}, max {h['max_rel']:.3f}")

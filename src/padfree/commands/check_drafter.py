@@ -7,7 +7,14 @@ import argparse
 import dataclasses
 import json
 
-from padfree.commands.common import SEED
+from padfree.commands.common import SEED, Bounded
+
+DOCS = Bounded(int, 2, 4096)
+MAX_TOKENS = Bounded(int, 2, 65536)
+BLOCK = Bounded(int, 2, 1024)
+TTT = Bounded(int, 1, 64)
+MAX_ROW = 32768
+"""Most tokens in the checked row: its dense masks hold row x row entries."""
 
 NAME = "check-drafter"
 HELP = (
@@ -26,10 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tokenizer", default=None, help="tokenizer for --data (SentencePiece, tokenizer.json, folder)"
     )
-    p.add_argument("--docs", type=int, default=6, help="documents in the packed row (default 6, at least 2)")
-    p.add_argument("--max-tokens", type=int, default=160, help="cut each document to this many tokens (160)")
-    p.add_argument("--block-size", type=int, default=8, help="DFlash block size (default 8)")
-    p.add_argument("--ttt", type=int, default=4, help="EAGLE-3 test-time-training steps (default 4)")
+    p.add_argument("--docs", type=DOCS, default=6, help="documents in the packed row (default 6, at least 2)")
+    p.add_argument(
+        "--max-tokens", type=MAX_TOKENS, default=160, help="cut each document to this many tokens (160)"
+    )
+    p.add_argument("--block-size", type=BLOCK, default=8, help="DFlash block size (default 8)")
+    p.add_argument("--ttt", type=TTT, default=4, help="EAGLE-3 test-time-training steps (default 4)")
     p.add_argument(
         "--layout",
         choices=["packed", "padded"],
@@ -50,10 +59,11 @@ def run(args: argparse.Namespace) -> int:
     from padfree.drafter.check import check_drafter, fixture_documents
     from padfree.errors import ConfigError
 
-    for name in ("docs", "max_tokens", "block_size", "ttt"):
-        low = 2 if name in ("docs", "block_size", "max_tokens") else 1
-        if getattr(args, name) < low:
-            raise ConfigError(f"check-drafter: --{name.replace('_', '-')} must be >= {low}")
+    if args.docs * args.max_tokens > MAX_ROW:
+        raise ConfigError(
+            f"check-drafter: --docs x --max-tokens = {args.docs * args.max_tokens} tokens in a row; at most "
+            f"{MAX_ROW} (the check builds dense row x row masks)"
+        )
     if (args.data is None) != (args.tokenizer is None):
         raise ConfigError("check-drafter: --data and --tokenizer go together")
     if args.data is None:

@@ -7,8 +7,11 @@ import json
 import sys
 from pathlib import Path
 
+from padfree.commands.bench import VOCAB
+from padfree.commands.check_drafter import BLOCK, TTT
 from padfree.commands.common import (
     RANKS,
+    Bounded,
     add_lengths_argument,
     add_plan_options,
     config_from_args,
@@ -16,6 +19,11 @@ from padfree.commands.common import (
 )
 from padfree.core.config import STRATEGIES
 from padfree.errors import ConfigError
+
+ANCHORS = Bounded(int, 1, 2**31 - 1)
+WIDTH = Bounded(int, 1, 2**20)
+LAYERS = Bounded(int, 1, 4096)
+BYTES = Bounded(int, 1, 16)
 
 NAME = "simulate"
 HELP = "predict each strategy's training throughput on N GPUs (ranks wait for the slowest every step)"
@@ -40,6 +48,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="cost model JSON of what micro-batches really cost (the plan still balances by --cost or the "
         "default); adds what dynamic balancing predicts once it has learned it",
     )
+    d = p.add_argument_group("drafter setup (a frozen target + a DFlash or EAGLE-3 drafter)")
+    d.add_argument("--drafter", choices=["dflash", "eagle3"], default=None, help="simulate a drafter setup")
+    d.add_argument(
+        "--assistant",
+        type=Path,
+        default=None,
+        help="loss-bearing tokens per sample (.npy, e.g. NAME.assistant.npy; default: beside --lengths when "
+        "present, else every token but the first)",
+    )
+    d.add_argument("--block-size", type=BLOCK, default=16, help="DFlash block size (default 16)")
+    d.add_argument("--max-anchors", type=ANCHORS, default=512, help="DFlash anchors per sample (default 512)")
+    d.add_argument(
+        "--anchor-budget", type=ANCHORS, default=None, help="DFlash blocks per micro-batch at most"
+    )
+    d.add_argument("--ttt", type=TTT, default=7, help="EAGLE-3 test-time-training steps (default 7)")
+    d.add_argument("--target-hidden", type=WIDTH, default=4096, help="target hidden size (default 4096)")
+    d.add_argument("--target-layers", type=LAYERS, default=32, help="target layers (default 32)")
+    d.add_argument("--vocab", type=VOCAB, default=128256, help="vocabulary (default 128256)")
+    d.add_argument(
+        "--cache-layers",
+        type=LAYERS,
+        default=None,
+        help="target layers an offline hidden-state cache keeps per token (default: DFlash 5, EAGLE-3 3, "
+        "plus the last layer for the targets' logits)",
+    )
+    d.add_argument("--cache-bytes", type=BYTES, default=2, help="bytes per cached value (default 2: bf16)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -72,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     lengths, path, name = load_lengths(args)
+    anchors, drafter = None, None
+    if args.drafter is not None:
+        cfg, anchors, drafter = _drafter_setup(args, cfg, lengths)
     result = simulate(
         lengths,
         cfg,
@@ -81,16 +118,68 @@ def run(args: argparse.Namespace) -> int:
         path=path,
         speeds=speeds,
         true_cost=true_cost,
+        anchors=anchors,
     )
     result["dataset"] = name
+    if drafter is not None:
+        result["drafter"] = drafter
     seed_mix = args.lengths is None
     if seed_mix:
         result["motivating_measured_ratio_to_sorted"] = motivating_ratios()
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    _render(result, seed_mix)
+    _render(result, seed_mix and drafter is None)
+    if drafter is not None:
+        print(
+            f"drafter {drafter['method']}: {drafter['draft_blocks']:,} DFlash blocks per epoch; offline "
+            f"hidden-state cache {drafter['cache_bytes'] / 2**30:,.1f} GiB ({drafter['tokens']:,} tokens x "
+            f"{drafter['cache_layers']} layers x {drafter['hidden']} x "
+            f"{drafter['cache_bytes_per_value']} bytes)"
+        )
     return 0
+
+
+def _drafter_setup(args: argparse.Namespace, cfg, lengths):
+    """The plan config, per-sample anchors and the report of a drafter setup (``--drafter``)."""
+    import numpy as np
+
+    from padfree.commands.lengths import assistant_path
+    from padfree.core.anchors import AnchorPolicy, anchor_quota
+    from padfree.core.config import CostModel
+    from padfree.tools.simulate import offline_cache_bytes
+
+    aux = args.assistant
+    if aux is None and args.lengths is not None and assistant_path(Path(args.lengths)).exists():
+        aux = assistant_path(Path(args.lengths))
+    lengths = np.asarray(lengths, dtype=np.int64)
+    loss = np.maximum(lengths - 1, 0) if aux is None else np.load(aux, allow_pickle=False).astype(np.int64)
+    if loss.shape != lengths.shape:
+        raise ConfigError(f"{aux}: {loss.shape[0]} loss counts for {lengths.shape[0]} samples")
+    policy = AnchorPolicy(block_size=args.block_size, max_anchors=args.max_anchors)
+    # valid anchors: a supervised token followed by one (about the supervised tokens, within a sample)
+    valid = np.minimum(np.maximum(loss, 0), np.maximum(np.minimum(lengths, cfg.budget) - 1, 0))
+    anchors = anchor_quota(valid, policy) if args.drafter == "dflash" else None
+    shape = {"hidden": args.target_hidden, "layers": args.target_layers, "vocab": args.vocab}
+    if args.cost is None:
+        extra = {"block_size": args.block_size} if args.drafter == "dflash" else {"ttt": args.ttt}
+        cfg = cfg.with_(cost=CostModel.for_drafter(args.drafter, **shape, **extra))
+    cfg = cfg.with_(anchor_budget=args.anchor_budget if args.drafter == "dflash" else None)
+    layers = (
+        args.cache_layers if args.cache_layers is not None else (5 if args.drafter == "dflash" else 3) + 1
+    )
+    tokens = int(np.minimum(lengths, cfg.budget).sum())
+    report = {
+        "method": args.drafter,
+        "tokens": tokens,
+        "draft_blocks": int(anchors.sum()) if anchors is not None else 0,
+        "cache_layers": layers,
+        "hidden": args.target_hidden,
+        "cache_bytes_per_value": args.cache_bytes,
+        "cache_bytes": offline_cache_bytes(tokens, layers, args.target_hidden, args.cache_bytes),
+        "loss_counts": str(aux) if aux is not None else "every token but the first",
+    }
+    return cfg, anchors, report
 
 
 def _render(result: dict, seed_mix: bool) -> None:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from padfree.core import _kernels, cost, steps
-from padfree.core.config import CostModel, PlanConfig
+from padfree.core import _kernels, capacity, cost, refit, steps
+from padfree.core.config import MAX_COST, CostModel, PlanConfig
 from padfree.core.cost import Coefficients
 from padfree.errors import ConfigError, StateError
 
@@ -40,12 +40,16 @@ class Balance:
         speeds: relative speed of each rank, mean 1 (``None``: all equal).
         fitted: ``cost`` was fitted to measured seconds (else it is a configured model, in token units).
         recut: steps are re-cut among ranks (dynamic balancing), not only assigned.
+        drafter: a drafter plan's block and reach in token slots (:attr:`CostModel.drafter`), fixed for
+            the run: the linear work of a micro-batch is ``slots + drafter[0]*blocks + drafter[1]*reach``
+            (:func:`padfree.core.cost.work`) and ``a`` prices it, whether configured or fitted.
     """
 
     cost: Coefficients
     speeds: tuple[float, ...] | None = None
     fitted: bool = False
     recut: bool = False
+    drafter: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
         if not isinstance(self.cost, Coefficients):
@@ -53,35 +57,82 @@ class Balance:
 
     @classmethod
     def of(cls, model: CostModel, recut: bool = False) -> Balance:
-        return cls(model.coefficients, recut=recut)
+        return cls(model.coefficients, recut=recut, drafter=model.drafter)
 
     def to_state(self) -> dict:
         speeds = None if self.speeds is None else list(self.speeds)
-        return {"cost": list(self.cost), "speeds": speeds, "fitted": self.fitted, "recut": self.recut}
+        out = {"cost": list(self.cost), "speeds": speeds, "fitted": self.fitted, "recut": self.recut}
+        if any(self.drafter):
+            out["drafter"] = list(self.drafter)
+        return out
 
     @classmethod
     def from_state(cls, state: object, world_size: int) -> Balance:
-        """Read :meth:`to_state`'s dict back; refuses anything that is not one (one line, why)."""
+        """Read :meth:`to_state`'s dict back; refuses anything that is not one (one line naming the field):
+        ``cost`` 3 numbers from 0 to :data:`~padfree.core.config.MAX_COST`, not all 0; ``speeds`` one number
+        per rank, mean 1, the fastest at most :data:`~padfree.core.refit.SPEED_RATIO` times the slowest
+        (what a refit can give); ``fitted`` and ``recut`` true or false.
+
+        >>> Balance.from_state({"cost": [1.0, 0.0, 0.0], "speeds": [1e300, 1.0]}, 2)
+        Traceback (most recent call last):
+        ...
+        padfree.errors.StateError: malformed sampler state: balance.speeds [1e+300, 1.0] must be 2 numbers ...
+        """
         if not isinstance(state, dict):
             raise StateError(f"malformed sampler state: balance must be an object (got {state!r:.60})")
-        try:
-            coefs = tuple(float(v) for v in state["cost"])
-            speeds = state.get("speeds")
-            speeds = None if speeds is None else tuple(float(v) for v in speeds)
-            flags = (state.get("fitted", False), state.get("recut", False))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"malformed sampler state: balance {exc!r:.80}") from None
-        if len(coefs) != 3 or not all(math.isfinite(v) and v >= 0 for v in coefs) or sum(coefs) <= 0:
-            raise StateError(f"malformed sampler state: cost {coefs} must be 3 finite numbers >= 0, not 0")
-        if speeds is not None and (
-            len(speeds) != world_size or not all(math.isfinite(v) and v > 0 for v in speeds)
+        coefs, speeds = _numbers(state.get("cost")), _numbers(state.get("speeds"))
+        if coefs is None or len(coefs) != 3 or not all(0 <= v <= MAX_COST for v in coefs) or sum(coefs) <= 0:
+            raise StateError(
+                f"malformed sampler state: balance.cost {_show(state.get('cost'))} must be 3 numbers from 0 "
+                f"to {MAX_COST:g}, not all 0"
+            )
+        if state.get("speeds") is not None and not (
+            speeds is not None
+            and len(speeds) == world_size
+            and min(speeds) > 0
+            and max(speeds) <= refit.SPEED_RATIO * (1 + 1e-5) * min(speeds)
+            and abs(math.fsum(speeds) / world_size - 1.0) <= SPEED_MEAN_TOLERANCE
         ):
             raise StateError(
-                f"malformed sampler state: speeds must be {world_size} finite numbers > 0 (got {speeds})"
+                f"malformed sampler state: balance.speeds {_show(state.get('speeds'))} must be {world_size} "
+                f"numbers > 0 of mean 1, the largest at most {refit.SPEED_RATIO:g} times the smallest"
             )
+        flags = (state.get("fitted", False), state.get("recut", False))
         if not all(isinstance(f, bool) for f in flags):
-            raise StateError(f"malformed sampler state: fitted and recut must be true or false (got {flags})")
-        return cls(Coefficients(*coefs), speeds, *flags)
+            raise StateError(
+                "malformed sampler state: balance.fitted and balance.recut must be true or false "
+                f"(got {flags})"
+            )
+        drafter = _numbers(state.get("drafter", [0.0, 0.0]))
+        if drafter is None or len(drafter) != 2 or not all(0 <= v <= MAX_COST for v in drafter):
+            raise StateError(
+                f"malformed sampler state: balance.drafter {_show(state.get('drafter'))} must be 2 numbers "
+                ">= 0"
+            )
+        return cls(
+            Coefficients(*coefs),
+            None if speeds is None else tuple(speeds),
+            *flags,
+            drafter=(drafter[0], drafter[1]),
+        )
+
+
+SPEED_MEAN_TOLERANCE = 1e-3
+"""How far the mean of a state's rank speeds may be from 1 (a refit normalizes it to 1, to 6 digits)."""
+
+
+def _numbers(values: object) -> list[float] | None:
+    """``values`` as floats when it is a list of finite ints or floats (not bools: ``True`` is no
+    coefficient), else ``None``."""
+    if not isinstance(values, (list, tuple)) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
+    ):
+        return None
+    return [float(v) for v in values]
+
+
+def _show(value: object) -> str:
+    return f"{value!r:.80}"
 
 
 def plan_budget(config: PlanConfig, headroom: float) -> int | None:
@@ -145,14 +196,26 @@ def default_headroom(
     return room if 2 * long <= total else 1.0
 
 
-def micro_features(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> np.ndarray:
-    """``(slots, attention)`` of each micro-batch, shape ``(m, 2)`` (zeros for an empty one)."""
-    shapes = cost.micro_shapes(lens, offsets, packed)
-    return np.column_stack([shapes.slots, shapes.attn])
+def micro_features(
+    lens: np.ndarray,
+    offsets: np.ndarray,
+    packed: bool,
+    anchors: np.ndarray | None = None,
+    drafter: tuple[float, float] = (0.0, 0.0),
+) -> np.ndarray:
+    """``(work, attention)`` of each micro-batch, shape ``(m, 2)`` (zeros for an empty one); ``work`` is the
+    slots, plus a drafter plan's blocks and reach weighted by ``drafter`` (:func:`padfree.core.cost.work`)."""
+    shapes = cost.micro_shapes(lens, offsets, packed, anchors)
+    return np.column_stack([cost.work(shapes, drafter), shapes.attn])
 
 
 def step_layout(
-    lens: np.ndarray, offsets: np.ndarray, config: PlanConfig, balance: Balance, budget: int | None = None
+    lens: np.ndarray,
+    offsets: np.ndarray,
+    config: PlanConfig,
+    balance: Balance,
+    budget: int | None = None,
+    anchors: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One step given to ranks: ``(order, offsets)`` over the step's items, rank after rank, ``grad_accum``
     micro-batches each (rank ``r`` owns micro-batches ``r*grad_accum .. (r+1)*grad_accum-1``).
@@ -160,6 +223,9 @@ def step_layout(
     ``lens`` are the step's item lengths in plan order and ``offsets`` its ``world_size*grad_accum``
     micro-batches (starting at 0). ``budget`` caps a re-cut bin (default ``config.budget``). With the plan's
     cost model, no speeds and no re-cut this is exactly what :func:`padfree.core.plan.plan_items` assigns.
+    ``anchors`` (a drafter plan's, in the order of ``lens``) enter the costs, and a packed re-cut keeps
+    every bin within the anchor budget (:mod:`padfree.core.capacity`); padded drafter steps are assigned,
+    not re-cut.
 
     >>> cfg = PlanConfig(strategy="packed", budget=10, world_size=2, grad_accum=1)
     >>> order, off = step_layout(np.array([9, 1, 2]), np.array([0, 1, 3]), cfg, Balance((0.0, 1.0, 0.0)))
@@ -169,7 +235,8 @@ def step_layout(
     w, g = config.world_size, config.grad_accum
     if offsets.shape[0] - 1 != w * g:
         raise ValueError(f"a step of {offsets.shape[0] - 1} micro-batches for {w} x {g}")
-    costs = cost.micro_costs(cost.micro_shapes(lens, offsets, config.packed), balance.cost)
+    shapes = cost.micro_shapes(lens, offsets, config.packed, anchors)
+    costs = cost.micro_costs(shapes, balance.cost, balance.drafter)
     speeds = np.ones(w) if balance.speeds is None else np.asarray(balance.speeds, dtype=np.float64)
     perm = steps.assign_ranks(costs, w, g, speeds=None if balance.speeds is None else speeds)
     ids = np.arange(lens.shape[0], dtype=np.int64)
@@ -178,14 +245,20 @@ def step_layout(
         return order, new_offsets
     cap = int(config.budget if budget is None else budget)
     assigned = (costs[perm].reshape(w, g).sum(axis=1) / speeds).max()
+    drafting = anchors is not None or capacity.bounded(config)
     if not config.packed:
+        if drafting:
+            return order, new_offsets
         return _recut_padded(lens, (order, new_offsets), balance.cost, speeds, g, cap, assigned)
     c = balance.cost.c
-    lf = lens.astype(np.float64)
-    # a packed item's share of its bin's cost: its slots and attention, the bin's constant once
-    alone = cost.Shapes(np.ones_like(lf), lf, lf, lf * lf, lf * lf)  # each item as a packed row
-    weight = cost.micro_costs(alone, balance.cost._replace(c=0.0))
-    bin_of = _kernels.recut_packed(lens.astype(np.int64), weight, float(c), speeds, g, cap)
+    # a packed item's share of its bin's cost: its slots and attention (and blocks), the bin's constant once
+    alone = cost.micro_shapes(lens, np.arange(lens.shape[0] + 1), True, anchors)  # each item a packed row
+    weight = cost.micro_costs(alone, balance.cost._replace(c=0.0), balance.drafter)
+    room = lens.astype(np.int64)
+    if drafting:
+        cap = min(cap, capacity.token_cap(config))
+        room = capacity.sizes(room, anchors, config.with_(budget=cap)).astype(np.int64)
+    bin_of = _kernels.recut_packed(room, weight, float(c), speeds, g, cap)
     if bin_of.size == 0:
         return order, new_offsets
     recut = ((np.bincount(bin_of // g, weights=weight, minlength=w) + g * c) / speeds).max()

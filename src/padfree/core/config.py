@@ -33,10 +33,17 @@ MAX_COST = 1e30
 
 @dataclass(frozen=True)
 class CostModel:
-    """Modeled cost of one micro-batch: ``a*slots + b*attention + c``.
+    """Modeled cost of one micro-batch: ``a*slots + b*attention + c`` (``+ d*blocks + e*reach``: a drafter).
 
     ``slots`` are computed token positions, ``attention`` is the sum of L^2 over padded rows (or of l^2 over
     packed documents). Costs are in token-equivalents: ``a`` is 1 by default.
+
+    A drafter step (a frozen target forward, then a drafter trained on the target's hidden states, see
+    docs/drafters.md) adds two terms: ``blocks`` are the computed draft blocks (DFlash anchors: each runs
+    ``block_size`` query tokens through the drafter and its LM head), ``reach`` the context those blocks
+    read (each block of a row reads on average half of its row's length). For a drafter setup ``a`` and
+    ``b`` are the target's forward-only costs; EAGLE-3's unrolled steps scale with tokens and attention and
+    fold into ``a`` and ``b`` (see :meth:`for_drafter`).
 
     >>> CostModel.from_shape(hidden=4096, layers=32, vocab=32000).b > 0
     True
@@ -46,9 +53,11 @@ class CostModel:
     b: float = 0.0
     c: float = 0.0
     source: str = "manual"
+    d: float = 0.0
+    e: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("a", "b", "c"):
+        for name in ("a", "b", "c", "d", "e"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_COST:
                 raise ConfigError(
@@ -57,6 +66,69 @@ class CostModel:
                 )
         if self.a == self.b == self.c == 0:
             raise ConfigError("cost coefficients a, b, c are all 0: every micro-batch would cost nothing")
+        if (self.d or self.e) and not self.a:
+            raise ConfigError(
+                "drafter cost terms d, e are counted in token slots and need a > 0 "
+                f"(got a={self.a!r}, d={self.d!r}, e={self.e!r})"
+            )
+
+    @property
+    def drafter(self) -> tuple[float, float]:
+        """``(d/a, e/a)``: a draft block and a unit of reach in token slots (``(0, 0)`` without drafter
+        terms). Balancing folds them into one linear feature, ``slots + d/a*blocks + e/a*reach``."""
+        if not (self.d or self.e):
+            return (0.0, 0.0)
+        return (self.d / self.a, self.e / self.a)
+
+    @classmethod
+    def for_drafter(
+        cls,
+        method: str,
+        *,
+        hidden: int = 4096,
+        layers: int = 32,
+        vocab: int = 32000,
+        draft_hidden: int | None = None,
+        draft_layers: int = 1,
+        draft_vocab: int | None = None,
+        block_size: int = 16,
+        ttt: int = 7,
+    ) -> CostModel:
+        """FLOP-derived defaults for a drafter step, in target forward token units (``a == 1``).
+
+        The target runs forward only (2*N FLOPs a token, attention 2*layers*hidden per l^2). DFlash: each
+        block runs ``block_size`` queries through the drafter forward and backward (6*Nd FLOPs a query,
+        Nd = 12*draft_layers*dh^2 + draft_vocab*dh, the LM head included) and reads its context (keys and
+        values of the target's hidden states: 6*draft_layers*dh per query and key). EAGLE-3: every token
+        runs ``ttt`` drafter steps forward and backward, its causal attention each step.
+
+        >>> m = CostModel.for_drafter("dflash", hidden=64, layers=2, vocab=100)
+        >>> m.a, m.d > 0, m.e > 0
+        (1.0, True, True)
+        """
+        if method not in ("dflash", "eagle3"):
+            raise ConfigError(f"unknown drafter method {method!r}: choose dflash or eagle3")
+        dh = hidden if draft_hidden is None else draft_hidden
+        dv = vocab if draft_vocab is None else draft_vocab
+        if min(hidden, layers, dh, draft_layers, block_size, ttt) < 1 or min(vocab, dv) < 0:
+            raise ConfigError("drafter shape: sizes must be >= 1 and vocabularies >= 0")
+        target = 2.0 * (12 * layers * hidden * hidden + vocab * hidden)
+        t_attn = 2.0 * layers * hidden
+        draft = 6.0 * (12 * draft_layers * dh * dh + dv * dh)
+        d_attn = 6.0 * draft_layers * dh
+        src = f"drafter {method} h{hidden} l{layers} dh{dh}"
+        if method == "eagle3":
+            # per token: fuse 3 hidden states (3h -> dh), then ttt drafter steps
+            per_token = target + 6.0 * 3 * hidden * dh + ttt * draft
+            return cls(a=1.0, b=(t_attn + ttt * d_attn) / per_token, c=0.0, source=src)
+        return cls(
+            a=1.0,
+            b=t_attn / target,
+            c=0.0,
+            source=src,
+            d=block_size * (draft + d_attn * block_size) / target,
+            e=block_size * d_attn / target,
+        )
 
     @property
     def coefficients(self) -> Coefficients:
@@ -85,11 +157,12 @@ class CostModel:
         """Read a cost model written by ``padfree calibrate`` (JSON with keys a, b, c)."""
         p = Path(path)
         data = read_cost_file(p)
-        values: list[Any] = [data.get(k) for k in ("a", "b", "c")]
+        values: list[Any] = [data.get(k) for k in ("a", "b", "c")] + [data.get(k, 0.0) for k in ("d", "e")]
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
             raise ConfigError(f"{p}: not a cost model (a JSON object with numbers a, b, c; got {values})")
         try:
-            return cls(a=float(values[0]), b=float(values[1]), c=float(values[2]), source=str(p))
+            a, b, c, d, e = (float(v) for v in values)
+            return cls(a=a, b=b, c=c, source=str(p), d=d, e=e)
         except ConfigError as exc:
             raise ConfigError(f"{p}: {exc}") from None
 
@@ -145,6 +218,14 @@ class PlanConfig:
         overlong: what to do with samples longer than the budget: error, truncate, split or drop.
         seed: the seed; with the epoch it fixes every random choice.
         cost: the cost model used to balance ranks and to report compute efficiency.
+        anchor_budget: drafter plans (given per-sample ``anchors``): draft blocks per micro-batch at most,
+            counted as computed: the sum over a packed row, ``count x most`` over padded rows (the block
+            tensor is padded to the row with the most). ``None``: no anchor budget.
+        attn_budget: eager EAGLE-3: attention weights one micro-batch may materialise,
+            ``L x (L + attn_extra)`` per row (``count x longest x (longest + attn_extra)`` padded,
+            ``T x (T + attn_extra)`` for a packed row of ``T`` tokens). ``None``: no bound (varlen or flex
+            attention).
+        attn_extra: the keys eager attention adds beyond ``L`` (EAGLE-3 with ``ttt`` steps: ``ttt - 1``).
     """
 
     strategy: str = "bucketed"
@@ -157,6 +238,9 @@ class PlanConfig:
     overlong: str = "error"
     seed: int = 0
     cost: CostModel = field(default_factory=lambda: DEFAULT_COST)
+    anchor_budget: int | None = None
+    attn_budget: int | None = None
+    attn_extra: int = 0
 
     def __post_init__(self) -> None:
         if self.strategy not in REGISTRY:
@@ -201,6 +285,17 @@ class PlanConfig:
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"seed must be an integer from 0 to {MAX_SEED} (got {self.seed!r})")
+        for name, low in (("anchor_budget", 1), ("attn_budget", 1), ("attn_extra", 0)):
+            v = getattr(self, name)
+            if v is None and name != "attn_extra":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 2**62:
+                raise ConfigError(f"{name} must be an integer >= {low} (got {v!r})")
+        if self.attn_budget is not None and self.attn_budget < self.attn_extra + 1:
+            raise ConfigError(
+                f"attn_budget {self.attn_budget} cannot hold one token's row of 1 + attn_extra "
+                f"({self.attn_extra}) weights"
+            )
 
     @property
     def micro_per_step(self) -> int:

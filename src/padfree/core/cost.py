@@ -10,6 +10,11 @@ A micro-batch is either *padded* rows or one *packed* row:
     | c c c c . |  (the row's causal                                      (per document: no pad, no
     +-----------+   square, pads too)                                      score across documents)
 
+A drafter micro-batch (per-item ``anchors`` given) also has *blocks*, the draft blocks it computes (a packed
+row: the sum of its documents' anchors; padded rows: ``count x most``, the block tensor is padded) and
+*reach*, the context those blocks read (a block reads on average half of its row: ``sum a_i l_i / 2``
+packed, ``count x most x longest / 2`` padded); they cost ``d*blocks + e*reach`` more.
+
 A packed row is computed as what it holds (``PackCollator`` pads nothing; varlen attention runs per
 document), so its *slots* are its tokens and its padding efficiency is 1. How full its bin is against the
 budget is a separate number, the *fill* (real tokens / budget per micro-batch), which decides how many
@@ -47,18 +52,25 @@ class HasCoefficients(Protocol):
 @dataclass(frozen=True, slots=True)
 class Shapes:
     """Per micro-batch: ``count`` samples, ``real`` tokens, computed ``slots``, ``real_attn`` (sum of l^2)
-    and computed ``attn`` (zeros for an empty micro-batch)."""
+    and computed ``attn`` (zeros for an empty micro-batch); for a drafter plan also its real ``anchors``,
+    computed ``blocks`` and their ``reach`` (else ``None``)."""
 
     count: np.ndarray
     real: np.ndarray
     slots: np.ndarray
     real_attn: np.ndarray
     attn: np.ndarray
+    anchors: np.ndarray | None = None
+    blocks: np.ndarray | None = None
+    reach: np.ndarray | None = None
 
 
-def micro_shapes(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> Shapes:
+def micro_shapes(
+    lens: np.ndarray, offsets: np.ndarray, packed: bool, anchors: np.ndarray | None = None
+) -> Shapes:
     """What each micro-batch computes (:class:`Shapes`); ``lens`` are the lengths in plan order, ``offsets``
-    the micro-batch boundaries. An empty micro-batch (a re-cut step's, an epoch tail's) computes nothing.
+    the micro-batch boundaries, ``anchors`` a drafter plan's per item (in the same order). An empty
+    micro-batch (a re-cut step's, an epoch tail's) computes nothing.
 
     >>> sh = micro_shapes(np.array([5, 3, 4, 2]), np.array([0, 3, 4]), packed=False)
     >>> sh.slots.tolist(), sh.attn.tolist(), sh.real.tolist()
@@ -69,35 +81,61 @@ def micro_shapes(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> Shapes:
     [0.0, 10.0, 0.0]
     """
     count = np.diff(offsets)
+    n_fields = 5 if anchors is None else 8
     if lens.size == 0:
         z = np.zeros(count.shape[0])
-        return Shapes(count, z, z, z, z)
+        return Shapes(count, *([z] * (n_fields - 1)))
     full = np.flatnonzero(count > 0)
     if full.size < count.shape[0]:
-        part = _shapes(lens, np.append(offsets[full], offsets[-1]), packed)
-        out = [np.zeros(count.shape[0]) for _ in range(4)]
-        for arr, v in zip(out, (part.real, part.slots, part.real_attn, part.attn), strict=True):
+        part = _shapes(lens, np.append(offsets[full], offsets[-1]), packed, anchors)
+        values = (part.real, part.slots, part.real_attn, part.attn, part.anchors, part.blocks, part.reach)
+        out = [np.zeros(count.shape[0]) for _ in range(n_fields - 1)]
+        for arr, v in zip(out, values[: n_fields - 1], strict=True):
             arr[full] = v
         return Shapes(count, *out)
-    return _shapes(lens, offsets, packed)
+    return _shapes(lens, offsets, packed, anchors)
 
 
-def _shapes(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> Shapes:
+def _shapes(lens: np.ndarray, offsets: np.ndarray, packed: bool, anchors: np.ndarray | None) -> Shapes:
     starts = offsets[:-1]
     count = np.diff(offsets)
     lf = lens.astype(np.float64)
     real = np.add.reduceat(lf, starts)
     real_attn = np.add.reduceat(lf * lf, starts)
-    if packed:
-        return Shapes(count, real, real, real_attn, real_attn)
     longest = np.maximum.reduceat(lf, starts)
-    return Shapes(count, real, count * longest, real_attn, count * longest * longest)
+    if packed:
+        base = (count, real, real, real_attn, real_attn)
+    else:
+        base = (count, real, count * longest, real_attn, count * longest * longest)
+    if anchors is None:
+        return Shapes(*base)
+    af = anchors.astype(np.float64)
+    total = np.add.reduceat(af, starts)
+    if packed:
+        return Shapes(*base, total, total, np.add.reduceat(af * lf, starts) / 2.0)
+    blocks = count * np.maximum.reduceat(af, starts)
+    return Shapes(*base, total, blocks, blocks * longest / 2.0)
 
 
-def micro_costs(shapes: Shapes, model: HasCoefficients) -> np.ndarray:
-    """Modeled cost of computing each micro-batch: ``a*slots + b*attention + c`` (the one place it is
-    written; ``model`` is a :class:`~padfree.core.config.CostModel` or :class:`Coefficients`)."""
-    return model.a * shapes.slots + model.b * shapes.attn + model.c
+def work(shapes: Shapes, drafter: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
+    """The linear work of each micro-batch in token slots: ``slots + wb*blocks + wr*reach`` with
+    ``drafter = (wb, wr)`` (:attr:`padfree.core.config.CostModel.drafter`); the slots alone without drafter
+    terms or blocks."""
+    wb, wr = drafter
+    if shapes.blocks is None or shapes.reach is None or not (wb or wr):
+        return shapes.slots
+    return shapes.slots + wb * shapes.blocks + wr * shapes.reach
+
+
+def micro_costs(
+    shapes: Shapes, model: HasCoefficients, drafter: tuple[float, float] | None = None
+) -> np.ndarray:
+    """Modeled cost of computing each micro-batch: ``a*slots + b*attention + c``, plus ``d*blocks +
+    e*reach`` for a drafter plan: ``a*work + b*attention + c`` (:func:`work`; the one place it is written;
+    ``model`` is a :class:`~padfree.core.config.CostModel`, whose drafter terms apply, or
+    :class:`Coefficients`, with the ``drafter`` weights a :class:`~padfree.core.balance.Balance` carries)."""
+    weights = getattr(model, "drafter", (0.0, 0.0)) if drafter is None else drafter
+    return model.a * work(shapes, weights) + model.b * shapes.attn + model.c
 
 
 def real_cost(shapes: Shapes, model: HasCoefficients) -> float:

@@ -31,9 +31,10 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from padfree.core.balance import Balance, micro_features, step_layout
+from padfree.core.capacity import bounded, token_cap
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, make_items, validate_lengths
-from padfree.core.plan import Plan
+from padfree.core.plan import Plan, validate_anchors
 from padfree.core.position import Position, step_loss_tokens
 from padfree.core.replay import Segment, replay
 from padfree.errors import ConfigError
@@ -54,6 +55,7 @@ class MicroInfo:
         starts: first token of each sample's piece (``None``: every piece starts at 0).
         lengths: tokens of each sample's piece (shorter than the sample when truncated or split).
         indices: the sample ids (as in the ``MicroBatch`` list), e.g. for a log of consumed samples.
+        anchors: a drafter plan's draft blocks (anchors) of each sample (``None`` without anchors).
     """
 
     epoch: int
@@ -67,6 +69,7 @@ class MicroInfo:
     starts: tuple[int, ...] | None
     lengths: tuple[int, ...]
     indices: tuple[int, ...] = ()
+    anchors: tuple[int, ...] | None = None
 
 
 class Next(NamedTuple):
@@ -82,12 +85,13 @@ class Next(NamedTuple):
 class EpochSource:
     """What every epoch is planned from: the validated lengths, their items (in memory) or the window size
     (window by window: every per-sample array int32), and the loss-bearing tokens per sample (``None``:
-    ``length - 1``)."""
+    ``length - 1``), and a drafter plan's anchors per sample (``None``: not a drafter plan)."""
 
     lengths: np.ndarray
     items: Items | None
     window: int | None
     loss: np.ndarray | None
+    anchors: np.ndarray | None = None
 
     @classmethod
     def of(
@@ -96,6 +100,7 @@ class EpochSource:
         config: PlanConfig,
         loss_tokens: ArrayLike | None = None,
         window: int | None = None,
+        anchors: ArrayLike | None = None,
     ) -> EpochSource:
         """Validate ``lengths`` and ``loss_tokens`` (one count per sample, each in ``0 .. length-1``) for
         planning in memory (``window=None``) or window by window (see
@@ -103,7 +108,14 @@ class EpochSource:
         arr = validate_lengths(lengths, compact=window is not None)
         if window is not None:  # lengths are validated <= 2**31 - 1
             arr = arr.astype(np.int32, copy=False)
-        items = None if window is not None else make_items(arr, config.budget, config.overlong)
+        if (anchors is not None or bounded(config)) and window is not None:
+            raise ConfigError(
+                "drafter plans (anchors, anchor_budget, attn_budget) are planned in memory: no window"
+            )
+        counts = None if anchors is None else validate_anchors(anchors, arr)
+        items = None
+        if window is None:
+            items = make_items(arr, token_cap(config), config.overlong, anchors=counts)
         loss = None
         if loss_tokens is not None:
             loss = np.asarray(loss_tokens)
@@ -115,7 +127,7 @@ class EpochSource:
             ):
                 raise ConfigError("loss_tokens must hold one integer count per sample, each in 0 .. length-1")
             loss = loss.astype(arr.dtype, copy=False)
-        return cls(arr, items, window, loss)
+        return cls(arr, items, window, loss, counts)
 
 
 class _PlanCache(NamedTuple):
@@ -189,7 +201,21 @@ class Cursor:
         """Continue from ``position`` (read by :func:`padfree.core.position.from_state` for this shape)."""
         self.epoch, self.history = position.epoch, list(position.history)
         self.partial, self.balance = position.partial, position.balance
-        self._plan_cache = self._step_cache = None
+        self._step_cache = None
+        if self._plan_cache is not None and self._plan_cache.key != self._key():
+            self._plan_cache = None  # kept when plan_steps just planned this very position
+
+    def plan_steps(self, epoch: int, history: list[Segment]) -> int:
+        """Steps of the plan the last segment of ``history`` runs in ``epoch`` (a state being checked before
+        it is restored; the plan is kept for it)."""
+        last = history[-1]
+        key = (int(epoch), tuple(history[:-1]), last.world_size, last.grad_accum, last.budget)
+        if self._plan_cache is None or self._plan_cache.key != key:
+            self._plan_cache = self._step_cache = None
+            plan, before = self._replay(int(epoch), history)
+            tokens = step_loss_tokens(plan, self.source.lengths, self.source.loss)
+            self._plan_cache = _PlanCache(key, plan, before, tokens)
+        return self._plan_cache.plan.n_steps
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning; the current epoch keeps its position."""
@@ -227,8 +253,13 @@ class Cursor:
             offs = plan.offsets[s * k : (s + 1) * k + 1]
             first = int(offs[0])
             lens = plan.lengths[first : int(offs[-1])]
-            order, offsets = step_layout(lens, offs - first, plan.config, self.balance, self.config.budget)
-            features = micro_features(lens[order], offsets, plan.config.packed) if self.features else None
+            anchors = None if plan.anchors is None else plan.anchors[first : int(offs[-1])]
+            bal = self.balance
+            order, offsets = step_layout(lens, offs - first, plan.config, bal, self.config.budget, anchors)
+            features = None
+            if self.features:
+                a_order = None if anchors is None else anchors[order]
+                features = micro_features(lens[order], offsets, plan.config.packed, a_order, bal.drafter)
             self._step_cache = _StepCache(key, first, order, offsets, features)
         return self._step_cache
 
@@ -284,6 +315,7 @@ class Cursor:
             starts=None if plan.starts is None else tuple(plan.starts[pos].tolist()),
             lengths=tuple(plan.lengths[pos].tolist()),
             indices=tuple(ids),
+            anchors=None if plan.anchors is None else tuple(plan.anchors[pos].tolist()),
         )
         if j == g - 1:
             self.history[-1] = replace(self.history[-1], steps=s + 1)

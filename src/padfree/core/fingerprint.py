@@ -14,8 +14,9 @@ from padfree.errors import StateError
 _CHUNK = 4_000_000
 
 
-def fingerprint(lengths: np.ndarray, config: PlanConfig) -> str:
-    """Hex digest of the lengths (as little-endian int64) and every config field that shapes the plan.
+def fingerprint(lengths: np.ndarray, config: PlanConfig, anchors: np.ndarray | None = None) -> str:
+    """Hex digest of the lengths (as little-endian int64) and every config field that shapes the plan (and a
+    drafter plan's per-sample ``anchors`` and capacities, when given: without them the digest is unchanged).
 
     World size and grad-accum are left out on purpose: an elastic resume changes them.
 
@@ -26,10 +27,20 @@ def fingerprint(lengths: np.ndarray, config: PlanConfig) -> str:
     >>> a == fingerprint(np.array([3, 4]), PlanConfig(seed=2))
     False
     """
+    return fingerprint_and_identity(lengths, config, anchors)[0]
+
+
+def fingerprint_and_identity(
+    lengths: np.ndarray, config: PlanConfig, anchors: np.ndarray | None = None
+) -> tuple[str, dict]:
+    """:func:`fingerprint` and the readable fields it hashes (``samples``, a ``lengths`` digest, strategy,
+    budget, growth, buckets, mix, overlong, seed; a drafter plan's ``anchors`` digest and bounds), so that a
+    mismatch can say which field differs (:func:`explain`). One pass over the lengths."""
     h = hashlib.sha256()
     lengths = np.asarray(lengths)
     for a in range(0, lengths.shape[0], _CHUNK):  # chunks: the same digest without an int64 copy of it all
         h.update(np.ascontiguousarray(lengths[a : a + _CHUNK], dtype="<i8").tobytes())
+    of_lengths = h.copy().hexdigest()[:16]
     fields = {
         "strategy": config.strategy,
         "budget": config.budget,
@@ -39,8 +50,44 @@ def fingerprint(lengths: np.ndarray, config: PlanConfig) -> str:
         "overlong": config.overlong,
         "seed": config.seed,
     }
+    for name in ("anchor_budget", "attn_budget"):
+        if getattr(config, name) is not None:
+            fields[name] = getattr(config, name)
+    if config.attn_budget is not None:
+        fields["attn_extra"] = config.attn_extra
+    identity: dict = {"samples": int(lengths.shape[0]), "lengths": of_lengths}
+    if anchors is not None:
+        h.update(b"anchors")
+        counts = np.asarray(anchors)
+        a_hash = hashlib.sha256()
+        for i in range(0, counts.shape[0], _CHUNK):
+            chunk = np.ascontiguousarray(counts[i : i + _CHUNK], dtype="<i8").tobytes()
+            h.update(chunk)
+            a_hash.update(chunk)
+        identity["anchors"] = a_hash.hexdigest()[:16]
     h.update(json.dumps(fields, sort_keys=True).encode())
-    return h.hexdigest()[:32]
+    return h.hexdigest()[:32], {**identity, **fields}
+
+
+def explain(saved: object, now: dict, where: str = "in the checkpoint") -> str | None:
+    """Which fields of a saved identity (:func:`fingerprint_and_identity`) differ from ``now``, e.g.
+    ``budget 256 in the checkpoint, 512 now``; ``None`` when ``saved`` is not an identity or nothing differs.
+
+    >>> explain({"budget": 256, "seed": 0}, {"budget": 512, "seed": 0})
+    'budget 256 in the checkpoint, 512 now'
+    """
+    if not isinstance(saved, dict):
+        return None
+    parts = []
+    for key, value in now.items():
+        if key in saved and saved[key] != value:
+            if key == "lengths":
+                parts.append("the token counts differ (another dataset, or samples added or changed)")
+            elif key == "anchors":
+                parts.append("the anchor counts differ (other loss masks or another anchor policy)")
+            else:
+                parts.append(f"{key} {saved[key]!r:.40} {where}, {value!r:.40} now".replace("'", ""))
+    return "; ".join(parts) or None
 
 
 def check_state(

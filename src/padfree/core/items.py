@@ -93,6 +93,9 @@ class Items:
         start: first token of each item inside its sample (``None``: every item starts at 0).
         n_samples: samples in the input.
         truncated, split, dropped: how many samples the overlong policy touched.
+        anchors: drafter plans: draft blocks (anchors) of each item (``None``: not a drafter plan). A
+            truncated or split piece keeps its sample's count, a bound on its own (anchor quotas grow with a
+            document's supervised tokens).
     """
 
     length: np.ndarray
@@ -102,6 +105,7 @@ class Items:
     truncated: int = 0
     split: int = 0
     dropped: int = 0
+    anchors: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.length.shape[0])
@@ -132,8 +136,15 @@ def check_overlong(
         raise OverlongError(f"every sample is longer than the budget of {budget} tokens", path=path)
 
 
-def make_items(lengths: np.ndarray, budget: int, overlong: str, path: str | None = None) -> Items:
+def make_items(
+    lengths: np.ndarray,
+    budget: int,
+    overlong: str,
+    path: str | None = None,
+    anchors: np.ndarray | None = None,
+) -> Items:
     """Apply the overlong policy: samples longer than ``budget`` raise, are truncated, split or dropped.
+    ``anchors`` (per sample, drafter plans) follow their samples: see :class:`Items`.
 
     >>> it = make_items(np.array([3, 10, 4]), budget=4, overlong="split")
     >>> it.length.tolist(), it.sample.tolist(), it.start.tolist()
@@ -144,13 +155,14 @@ def make_items(lengths: np.ndarray, budget: int, overlong: str, path: str | None
     n_over = int(over.sum())
     n = int(lengths.shape[0])
     if n_over == 0:
-        return Items(lengths, None, None, n)
+        return Items(lengths, None, None, n, anchors=anchors)
     check_overlong(n_over, n, int(np.argmax(over)), int(lengths.max()), budget, overlong, path)
     if overlong == "truncate":
-        return Items(np.minimum(lengths, budget), None, None, n, truncated=n_over)
+        return Items(np.minimum(lengths, budget), None, None, n, truncated=n_over, anchors=anchors)
     if overlong == "drop":
         keep = np.flatnonzero(~over)
-        return Items(lengths[keep], keep, None, n, dropped=n_over)
+        kept = None if anchors is None else anchors[keep]
+        return Items(lengths[keep], keep, None, n, dropped=n_over, anchors=kept)
     # split: pieces of `budget` tokens, the last one shorter
     pieces = (lengths + budget - 1) // budget
     sample = np.repeat(np.arange(n, dtype=np.int64), pieces)
@@ -158,4 +170,4 @@ def make_items(lengths: np.ndarray, budget: int, overlong: str, path: str | None
     piece_no = np.arange(sample.shape[0], dtype=np.int64) - np.repeat(first_item, pieces)
     start = piece_no * budget
     length = np.minimum(lengths[sample] - start, budget)
-    return Items(length, sample, start, n, split=n_over)
+    return Items(length, sample, start, n, split=n_over, anchors=None if anchors is None else anchors[sample])

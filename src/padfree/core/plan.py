@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
-from padfree.core import _kernels, cost, steps
+from padfree.core import _kernels, capacity, cost, steps
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, Report, make_items, validate_lengths
 from padfree.core.strategies import REGISTRY
@@ -81,6 +81,7 @@ class Plan:
         assigned: each step's micro-batches are given to ranks (``False``: still in their stratified order,
             as :func:`padfree.core.replay.replay` leaves them; then :meth:`micro_ids` and :meth:`records`
             refuse, since no rank owns a micro-batch yet).
+        anchors: drafter plans: draft blocks (anchors) of each entry of ``indices`` (else ``None``).
 
     Build one with :meth:`of`.
     """
@@ -99,6 +100,7 @@ class Plan:
     plan_seconds: float = 0.0
     assigned: bool = True
     _cache: dict = field(default_factory=dict, repr=False, compare=False)  # "shapes": cost.Shapes
+    anchors: np.ndarray | None = None
 
     @classmethod
     def of(
@@ -115,12 +117,26 @@ class Plan:
         t0: float | None = None,
         assigned: bool = True,
         shapes: cost.Shapes | None = None,
+        anchors: np.ndarray | None = None,
     ) -> Plan:
         """The one way a plan is built: its arrays, the overlong ``report`` of its items, ``plan_seconds``
         since ``t0`` (``None``: 0), and ``shapes`` already computed for these micro-batches (or none)."""
         seconds = 0.0 if t0 is None else time.perf_counter() - t0
         cache = {} if shapes is None else {"shapes": shapes}
-        return cls(config, epoch, indices, offsets, lengths, starts, edges, *report, seconds, assigned, cache)
+        return cls(
+            config,
+            epoch,
+            indices,
+            offsets,
+            lengths,
+            starts,
+            edges,
+            *report,
+            seconds,
+            assigned,
+            cache,
+            anchors,
+        )
 
     @property
     def n_micro(self) -> int:
@@ -158,7 +174,8 @@ class Plan:
     def shapes(self) -> cost.Shapes:
         """Per micro-batch counts, real tokens, slots and attention (see ``cost.micro_shapes``)."""
         if "shapes" not in self._cache:
-            self._cache["shapes"] = cost.micro_shapes(self.lengths, self.offsets, self.config.packed)
+            computed = cost.micro_shapes(self.lengths, self.offsets, self.config.packed, self.anchors)
+            self._cache["shapes"] = computed
         shapes: cost.Shapes = self._cache["shapes"]
         return shapes
 
@@ -204,14 +221,36 @@ def plan_in_memory(
     t0: float | None = None,
     assign: bool = True,
     item_budget: int | None = None,
+    anchors: ArrayLike | None = None,
 ) -> Plan:
     """Plan one epoch with every sample in memory: validate, apply the overlong policy (at ``item_budget``,
-    default ``config.budget``), plan the items (``assign``: see :func:`plan_items`)."""
+    default :func:`padfree.core.capacity.token_cap`), plan the items (``assign``: see :func:`plan_items`;
+    ``anchors``: per-sample draft blocks of a drafter plan, see :func:`validate_anchors`)."""
     t0 = time.perf_counter() if t0 is None else t0
     lengths = validate_lengths(lengths, path)
-    budget = config.budget if item_budget is None else item_budget
-    items = make_items(lengths, budget, config.overlong, path)
+    budget = capacity.token_cap(config) if item_budget is None else item_budget
+    counts = None if anchors is None else validate_anchors(anchors, lengths, path)
+    items = make_items(lengths, budget, config.overlong, path, anchors=counts)
     return plan_items(items, config, epoch, t0=t0, assign=assign)
+
+
+def validate_anchors(anchors: object, lengths: np.ndarray, path: str | None = None) -> np.ndarray:
+    """Per-sample anchor counts (draft blocks) as int64: one integer >= 0 per sample, at most its length
+    (:func:`padfree.core.anchors.anchor_counts` computes them from loss masks)."""
+    a = np.asarray(anchors)
+    if a.shape != lengths.shape or a.dtype.kind not in "iu":
+        raise ConfigError(
+            f"anchors must hold one integer count per sample ({lengths.shape[0]} samples; got shape "
+            f"{a.shape}, dtype {a.dtype})" + (f" for {path}" if path else "")
+        )
+    bad = (a < 0) | (a > lengths)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ConfigError(
+            f"sample {i}: {int(a[i])} anchors for {int(lengths[i])} tokens (must be 0 .. length)"
+            + (f" in {path}" if path else "")
+        )
+    return a.astype(np.int64, copy=False)
 
 
 def plan_items(
@@ -235,22 +274,32 @@ def plan_items(
     check_fills_step(len(items), config)
     rng = epoch_rng(config.seed, epoch, config.strategy) if rng is None else rng
     length = items.length
-    order, offsets, strata, edges = REGISTRY[config.strategy].form(length, config, rng)
+    # every capacity folded into one size per item (the lengths themselves without drafter bounds)
+    size = capacity.sizes(length, items.anchors, config)
+    cap = capacity.token_cap(config)
+    form_config = config if cap == config.budget else config.with_(budget=cap)
+    order, offsets, strata, edges = REGISTRY[config.strategy].form(size, form_config, rng)
     if strata is not None:
-        tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
-        order, offsets = _kernels.gather_segments(order, offsets, steps.stratified_order(strata, tokens, rng))
-    order, offsets = steps.complete_last_step(order, offsets, length, k, config.budget, config.packed)
+        composed = steps.quantile_steps(order, offsets, size, k, cap, rng)
+        if composed is None:  # the tail cannot be cut into whole steps: strata spread by token mass
+            tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
+            perm = steps.stratified_order(strata, tokens, rng)
+            composed = _kernels.gather_segments(order, offsets, perm)
+        order, offsets = composed
+    order, offsets = steps.complete_last_step(order, offsets, size, k, cap, config.packed)
     lens = length[order]
-    shapes = cost.micro_shapes(lens, offsets, config.packed)
+    anchors = None if items.anchors is None else items.anchors[order]
+    shapes = cost.micro_shapes(lens, offsets, config.packed, anchors)
     cached: cost.Shapes | None = shapes  # the plan's shapes, unless the assignment reorders them
     if assign and config.world_size > 1:
         perm = steps.assign_ranks(cost.micro_costs(shapes, config.cost), config.world_size, config.grad_accum)
         order, offsets = _kernels.gather_segments(order, offsets, perm)
         lens = length[order]
+        anchors = None if items.anchors is None else items.anchors[order]
         cached = None
     sample_ids = order if items.sample is None else items.sample[order]
     starts = None if items.start is None else items.start[order]
     return Plan.of(
         config, epoch, sample_ids, offsets, lens, items.report, starts=starts, edges=edges, t0=t0,
-        assigned=assign, shapes=cached,
+        assigned=assign, shapes=cached, anchors=anchors,
     )  # fmt: skip

@@ -15,6 +15,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from padfree.core import stream as _stream
+from padfree.core.capacity import bounded
 from padfree.core.config import PlanConfig
 from padfree.core.plan import Plan, check_epoch, plan_in_memory
 from padfree.errors import ConfigError
@@ -55,8 +56,10 @@ def make_plan(
     stream: bool | None = None,
     window: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    anchors: ArrayLike | None = None,
 ) -> Plan:
-    """Plan one epoch: a pure function of (lengths, config, epoch).
+    """Plan one epoch: a pure function of (lengths, config, epoch) (and of ``anchors``, a drafter plan's
+    draft blocks per sample, which its micro-batches hold within ``config.anchor_budget``; in memory only).
 
     Above :data:`STREAM_THRESHOLD` samples (or with ``stream=True``) the epoch is planned in windows of
     about ``window`` samples (default :data:`padfree.core.stream.DEFAULT_WINDOW`) to bound memory; see
@@ -73,8 +76,13 @@ def make_plan(
     epoch = check_epoch(epoch)
     window = planning_window(lengths, stream, window)
     if window is not None:
+        if anchors is not None or bounded(config):
+            raise ConfigError(
+                f"drafter plans (anchors, anchor_budget, attn_budget) are planned in memory, up to "
+                f"{STREAM_THRESHOLD:,} samples (not window by window)"
+            )
         return _stream.plan_stream(lengths, config, epoch, window=window, path=path, progress=progress, t0=t0)
-    return plan_in_memory(lengths, config, epoch, path=path, t0=t0)
+    return plan_in_memory(lengths, config, epoch, path=path, t0=t0, anchors=anchors)
 
 
 def plan_pieces(

@@ -9,17 +9,19 @@ model, and a state that could not continue exactly is refused in one line that s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
 from padfree.core.balance import Balance
-from padfree.core.config import CostModel
+from padfree.core.config import MAX_BUDGET, MAX_RANKS, MAX_SEED, CostModel
+from padfree.core.fingerprint import explain
 from padfree.core.plan import Plan
 from padfree.core.replay import Segment
-from padfree.errors import StateError
+from padfree.core.state_check import MAX_EPOCH, MAX_SEGMENTS, check_digest, check_history, integer, seal
+from padfree.errors import StateError, StateWarning
 
 STATE_FORMAT = "padfree.sampler/2"
 FORMAT_V1 = "padfree.sampler/1"  # no balance recorded: accepted only where the cost model cannot matter
@@ -34,9 +36,11 @@ class Position:
     balance: Balance
 
 
-def to_state(fingerprint: str, position: Position, mode: str) -> dict:
-    """The JSON-serializable state (O(resumes), never O(samples))."""
-    return {
+def to_state(fingerprint: str, position: Position, mode: str, identity: dict | None = None) -> dict:
+    """The JSON-serializable state (O(resumes), never O(samples)), sealed with a digest of its content
+    (:func:`padfree.core.state_check.seal`). ``identity`` (the fields the fingerprint hashes) lets a resume
+    under another config say which field differs."""
+    state = {
         "format": STATE_FORMAT,
         "fingerprint": fingerprint,
         "epoch": position.epoch,
@@ -45,32 +49,63 @@ def to_state(fingerprint: str, position: Position, mode: str) -> dict:
         "mode": mode,
         "balance": position.balance.to_state(),
     }
+    if identity is not None:
+        state["identity"] = identity
+    return seal(state)
 
 
 def from_state(
-    state: object, fingerprint: str, world_size: int, grad_accum: int, budget: int | None, cost: CostModel
+    state: object,
+    fingerprint: str,
+    world_size: int,
+    grad_accum: int,
+    budget: int | None,
+    cost: CostModel,
+    *,
+    budgets: Callable[[int], tuple[int | None, ...]] | None = None,
+    identity: dict | None = None,
+    steps: Callable[[int, list[Segment]], int] | None = None,
 ) -> Position:
     """Read ``state`` back for a sampler of ``world_size`` x ``grad_accum`` (planning budget ``budget``).
 
+    Every field is checked first (one :class:`StateError` line naming the field): integers are integers in
+    range, each segment's budget one of ``budgets(world_size)`` (the budgets the loading config gives, see
+    :func:`padfree.core.state_check.segment_budgets`), the balance within its bounds; then the digest (a state
+    without one, written before digests, is accepted with a :class:`~padfree.errors.StateWarning`). A state of
+    another config says which field differs when it records its ``identity`` and ``identity`` is given.
+
     At another shape (a step boundary only) a segment is appended: the rest of the epoch is re-planned over
     the new ranks, the coefficients carry over and the speeds start afresh. ``cost`` is the balance of a
-    ``padfree.sampler/1`` state, which recorded none (accepted only where it cannot matter).
+    ``padfree.sampler/1`` state, which recorded none (accepted only where it cannot matter). ``steps(epoch,
+    history)`` gives the steps of the last segment's plan (the caller plans it; the replay checks the earlier
+    segments): the position must lie inside it (:func:`check_steps`).
     """
     if not isinstance(state, dict) or state.get("format") not in (STATE_FORMAT, FORMAT_V1):
         raise StateError(f"not a padfree sampler state (expected format {STATE_FORMAT!r})")
     if state.get("fingerprint") != fingerprint:
+        why = explain(state.get("identity"), identity, "in the state") if identity is not None else None
+        if why is not None:
+            raise StateError(
+                f"the sampler state belongs to another configuration ({why}); resume with the config and "
+                "data it was saved with, or start a new run without it (another checkpoint directory)"
+            )
         raise StateError(
-            f"sampler state fingerprint {state.get('fingerprint')} does not match this dataset, config "
-            f"and seed ({fingerprint}); refusing to resume with a different data order"
+            f"sampler state fingerprint {str(state.get('fingerprint'))[:40]} does not match this dataset, "
+            f"config and seed ({fingerprint}); refusing to resume with a different data order"
         )
-    try:
-        epoch = int(state["epoch"])
-        history = [_segment(h) for h in state["history"]]
-        partial = int(state["partial"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StateError(f"malformed sampler state: {exc}") from None
-    if not history or epoch < 0 or partial < 0 or any(h.steps < 0 for h in history):
-        raise StateError("malformed sampler state: empty history or negative position")
+    for key in ("epoch", "history", "partial"):
+        if key not in state:
+            raise StateError(f"malformed sampler state: no {key!r}")
+    epoch = integer(state["epoch"], "epoch", 0, MAX_EPOCH)
+    partial = integer(state["partial"], "partial", 0, MAX_RANKS - 1)
+    raw = state["history"]
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_SEGMENTS:
+        raise StateError(f"malformed sampler state: history must be a list of 1 to {MAX_SEGMENTS} segments")
+    history = [_segment(h, i) for i, h in enumerate(raw)]
+    if state.get("mode", "static") not in ("static", "dynamic"):
+        raise StateError(
+            f"malformed sampler state: mode must be 'static' or 'dynamic' (got {state['mode']!r:.40})"
+        )
     last = history[-1]
     if state["format"] == FORMAT_V1:
         if partial or len(history) > 1:
@@ -82,6 +117,23 @@ def from_state(
         balance = Balance.of(cost)
     else:
         balance = Balance.from_state(state.get("balance"), last.world_size)
+    if budgets is not None:
+        check_history(history, budgets)
+    if (last.world_size, last.grad_accum) == (world_size, grad_accum) and partial >= grad_accum:
+        raise StateError(f"malformed sampler state: partial {partial} >= grad_accum {grad_accum}")
+    if partial >= last.grad_accum:
+        raise StateError(
+            f"malformed sampler state: partial {partial} >= the state's grad_accum {last.grad_accum}"
+        )
+    if steps is not None:
+        check_steps(Position(epoch, history, partial, balance), steps(epoch, history))
+    if not check_digest(state):
+        warnings.warn(
+            "the sampler state has no digest (it was written before sampler states carried one): its "
+            "fields were checked, but an edit that keeps them plausible cannot be detected",
+            StateWarning,
+            stacklevel=3,
+        )
     if (last.world_size, last.grad_accum) != (world_size, grad_accum):
         if partial:
             raise StateError(
@@ -92,9 +144,19 @@ def from_state(
             history = history[:-1]
         history.append(Segment(world_size, grad_accum, 0, budget))
         balance = replace(balance, speeds=None)  # other ranks: their speeds are not known yet
-    elif partial >= grad_accum:
-        raise StateError(f"malformed sampler state: partial {partial} >= grad_accum {grad_accum}")
     return Position(epoch, history, partial, balance)
+
+
+def check_steps(position: Position, n_steps: int) -> None:
+    """The position lies inside the plan of its last segment (``n_steps`` steps): its steps at most
+    ``n_steps``, and a partial step one that exists (earlier segments are checked by the replay)."""
+    last = position.history[-1]
+    if last.steps + (position.partial > 0) > n_steps:
+        raise StateError(
+            f"malformed sampler state: history[{len(position.history) - 1}] says {last.steps} steps"
+            f"{' and a partial one' if position.partial else ''} were run, but that segment's plan has "
+            f"{n_steps}"
+        )
 
 
 def _entry(seg: Segment) -> list[int]:
@@ -102,12 +164,16 @@ def _entry(seg: Segment) -> list[int]:
     return head if seg.budget is None else [*head, seg.budget]
 
 
-def _segment(entry: Sequence[Any]) -> Segment:
-    w, g, steps, *rest = entry
-    if len(rest) > 1:
-        raise ValueError(f"a history entry has 3 or 4 numbers (got {entry!r:.60})")
-    budget = rest[0] if rest else None
-    return Segment(int(w), int(g), int(steps), None if budget is None else int(budget))
+def _segment(entry: object, i: int) -> Segment:
+    if not isinstance(entry, (list, tuple)) or len(entry) not in (3, 4):
+        raise StateError(
+            f"malformed sampler state: history[{i}] must hold 3 or 4 integers (got {entry!r:.60})"
+        )
+    w = integer(entry[0], f"history[{i}] world size", 1, MAX_RANKS)
+    g = integer(entry[1], f"history[{i}] grad_accum", 1, MAX_RANKS)
+    steps = integer(entry[2], f"history[{i}] steps", 0, MAX_SEED)
+    budget = None if len(entry) == 3 else integer(entry[3], f"history[{i}] budget", 1, MAX_BUDGET)
+    return Segment(w, g, steps, budget)
 
 
 def step_loss_tokens(plan: Plan, lengths: np.ndarray, loss: np.ndarray | None) -> np.ndarray:

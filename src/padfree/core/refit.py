@@ -27,6 +27,23 @@ N_STATS = 11
 _RIDGE = 1e-4
 _ROUNDS = 12
 _SPEED_RANGE = (0.05, 20.0)
+SPEED_RATIO = _SPEED_RANGE[1] / _SPEED_RANGE[0]
+"""The most one rank's fitted speed can differ from another's (400x): speeds are clipped to 0.05 .. 20
+before they are normalized to mean 1, so every fitted speed lies in ``1/400 .. 400``."""
+MAX_COEF = 1e30
+"""The largest fitted coefficient (as :data:`padfree.core.config.MAX_COST`): costs stay finite on any plan."""
+MIN_SECONDS = 1e-7
+"""Measured micro-batch times below this (0.1 microseconds: no real forward and backward) are dropped."""
+MAX_SECONDS = 86_400.0
+"""Measured micro-batch times above this (a day) are dropped as absurd."""
+OUTLIER = 100.0
+"""A time whose rate (seconds per share of a full micro-batch, :func:`screen`) is more than this factor above
+or below the median rate of a rank's recent accepted times is dropped."""
+MIN_SHARE = 1 / 16
+"""The least share of a full micro-batch a rate is computed over (an empty tail micro-batch still costs its
+fixed overhead)."""
+MEDIAN_MIN = 8
+"""Accepted times a rank needs before the outlier test applies (before that: only the absolute bounds)."""
 
 
 def rank_stats(records: np.ndarray, world_size: int, scale: tuple[float, float]) -> np.ndarray:
@@ -95,6 +112,45 @@ def nnls3(gram: list[list[float]], rhs: list[float]) -> list[float]:
     return best
 
 
+def rate(seconds: float, slots: float, budget: float) -> float:
+    """Seconds per share of a full micro-batch (``slots / budget``, at least :data:`MIN_SHARE`): what the
+    outlier test compares, so that a small micro-batch at the tail of an epoch is no outlier."""
+    return seconds / max(slots / budget, MIN_SHARE)
+
+
+def screen(seconds: float, rate_now: float, recent: list[float]) -> str | None:
+    """Why a measured time must be dropped (``None``: keep it): non-finite, <= 0, below :data:`MIN_SECONDS`
+    or above :data:`MAX_SECONDS`, or its :func:`rate` ``rate_now`` more than :data:`OUTLIER` times off the
+    median of ``recent`` (the rates of this rank's last accepted times, once there are :data:`MEDIAN_MIN`).
+
+    >>> screen(0.5, 0.5, []), screen(float("nan"), 0.0, []), screen(1e160, 1e160, [])
+    (None, 'not a finite number > 0', 'absurd')
+    >>> screen(80.0, 80.0, [0.5] * 8), screen(0.01, 0.16, [0.5] * 8)  # the 2nd: a small micro-batch
+    ('outlier', None)
+    """
+    if not (math.isfinite(seconds) and seconds > 0):
+        return "not a finite number > 0"
+    if not MIN_SECONDS <= seconds <= MAX_SECONDS:
+        return "absurd"
+    if len(recent) >= MEDIAN_MIN:
+        mid = sorted(recent)[len(recent) // 2]
+        if not mid / OUTLIER <= rate_now <= mid * OUTLIER:
+            return "outlier"
+    return None
+
+
+def valid_records(records: np.ndarray) -> np.ndarray:
+    """The rows of ``records`` (``rank, slots, attention, seconds``) a refit can use: finite features >= 0
+    and seconds within :data:`MIN_SECONDS` .. :data:`MAX_SECONDS` (what every rank screened already; a rank
+    that did not cannot poison the others)."""
+    if records.shape[0] == 0:
+        return records
+    feats, sec = records[:, 1:3], records[:, 3]
+    ok = np.isfinite(records).all(axis=1) & (feats >= 0).all(axis=1) & (feats <= 1e30).all(axis=1)
+    ok &= (sec >= MIN_SECONDS) & (sec <= MAX_SECONDS)
+    return records[ok]
+
+
 def _sig(x: float, digits: int = 6) -> float:
     return float(f"{x:.{digits}g}")
 
@@ -119,9 +175,10 @@ def fit(
     """
     world = stats.shape[0]
     n = [float(v) for v in stats[:, 0]]
-    if math.fsum(n) == 0:
-        a0, b0, c0 = prior
-        return (a0, b0, c0), (tuple([1.0] * world) if speeds is None else tuple(speeds))
+    prior = _bounded(prior)
+    speeds = _safe_speeds(speeds, world)
+    if math.fsum(n) == 0 or not np.isfinite(stats).all():
+        return prior, (tuple([1.0] * world) if speeds is None else speeds)
     unit = (scale[0], scale[1], 1.0)
     prior_s = [prior[j] * unit[j] for j in range(3)]
     inv = [1.0] * world if speeds is None else [1.0 / s for s in speeds]
@@ -132,7 +189,7 @@ def fit(
     theta = prior_s
     for it in range(_ROUNDS + 1):
         gram = [
-            [math.fsum(inv[r] ** 2 * grams[r][0][i][j] for r in range(world)) for j in range(3)]
+            [math.fsum(inv[r] * inv[r] * grams[r][0][i][j] for r in range(world)) for j in range(3)]
             for i in range(3)
         ]
         rhs = [math.fsum(inv[r] * grams[r][1][i] for r in range(world)) for i in range(3)]
@@ -151,7 +208,24 @@ def fit(
         mean_speed = math.fsum(1.0 / u for u in inv) / world
         inv = [u * mean_speed for u in inv]
     a, b, c = (_sig(theta[j] / unit[j]) for j in range(3))
-    return (a, b, c), tuple(_sig(1.0 / u) for u in inv)
+    fitted = tuple(_sig(1.0 / u) for u in inv)
+    if not all(math.isfinite(v) for v in (a, b, c, *fitted)) or a + b + c <= 0:
+        return prior, (tuple([1.0] * world) if speeds is None else speeds)  # nothing usable was learned
+    return _bounded((a, b, c)), fitted
+
+
+def _bounded(cost: tuple[float, float, float]) -> tuple[float, float, float]:
+    """Coefficients clipped to ``0 .. MAX_COEF`` (NaN: 0), and ``(1, 0, 0)`` if none is left > 0."""
+    out = [min(max(v, 0.0), MAX_COEF) if math.isfinite(v) else (MAX_COEF if v > 0 else 0.0) for v in cost]
+    return (out[0], out[1], out[2]) if sum(out) > 0 else (1.0, 0.0, 0.0)
+
+
+def _safe_speeds(speeds: tuple[float, ...] | None, world: int) -> tuple[float, ...] | None:
+    """``speeds`` clipped to ``1/SPEED_RATIO .. SPEED_RATIO`` (where every fitted speed lies); ``None``
+    (equal) when not one finite number > 0 per rank."""
+    if speeds is None or len(speeds) != world or not all(math.isfinite(v) and v > 0 for v in speeds):
+        return None
+    return tuple(min(max(float(v), 1.0 / SPEED_RATIO), SPEED_RATIO) for v in speeds)
 
 
 def prior_scale(
@@ -166,7 +240,9 @@ def prior_scale(
         parts_den.append(sum(m[i] * g[i][j] * m[j] for i in range(3) for j in range(3)))
     num, den = math.fsum(parts_num), math.fsum(parts_den)
     k = num / den if den > 0 and num > 0 else 1.0
-    return (model[0] * k, model[1] * k, model[2] * k)
+    if not math.isfinite(k):
+        k = 1.0
+    return _bounded((model[0] * k, model[1] * k, model[2] * k))
 
 
 def relative_error(

@@ -65,7 +65,14 @@ def rest_items(plan: Plan, steps: int, n_samples: int) -> Items:
         raise StateError(f"state says {steps} steps were consumed but the plan has only {plan.n_steps}")
     cut = int(plan.offsets[steps * plan.config.micro_per_step])
     start = None if plan.starts is None else plan.starts[cut:]
-    return Items(length=plan.lengths[cut:], sample=plan.indices[cut:], start=start, n_samples=n_samples)
+    anchors = None if plan.anchors is None else plan.anchors[cut:]
+    return Items(
+        length=plan.lengths[cut:],
+        sample=plan.indices[cut:],
+        start=start,
+        n_samples=n_samples,
+        anchors=anchors,
+    )
 
 
 def one_per_micro(items: Items, config: PlanConfig, epoch: int) -> Plan:
@@ -77,7 +84,10 @@ def one_per_micro(items: Items, config: PlanConfig, epoch: int) -> Plan:
     offsets = np.minimum(np.arange(m + 1, dtype=np.int64), n)
     indices = items.sample_ids()[:n].astype(np.int64, copy=False)
     lengths = items.length.astype(np.int64, copy=False)
-    return Plan.of(config, epoch, indices, offsets, lengths, items.report, starts=items.start, assigned=False)
+    return Plan.of(
+        config, epoch, indices, offsets, lengths, items.report, starts=items.start, assigned=False,
+        anchors=items.anchors,
+    )  # fmt: skip
 
 
 def plan_rest(items: Items, config: PlanConfig, epoch: int, window: int | None = None) -> Plan:

@@ -37,6 +37,73 @@ def stratified_order(strata: np.ndarray, tokens: np.ndarray, rng: np.random.Gene
     return grouped[np.argsort(pos, kind="stable")]
 
 
+def quantile_steps(
+    order: np.ndarray,
+    offsets: np.ndarray,
+    length: np.ndarray,
+    step_size: int,
+    budget: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Compose whole padded steps that each sample the dataset's length distribution at ``step_size``
+    quantiles (the bucketed strategy's steps).
+
+    The ``m`` micro-batches are sorted by mean length (ties at random). When ``m`` is not a multiple of
+    ``step_size``, a tail of ``r = m % step_size`` micro-batches plus one step's worth (or just ``r`` when
+    there is no whole step) is taken at evenly spaced ranks of that order; their samples, in that order (each
+    micro-batch keeps its fresh partners), are cut anew into pieces of even cost (every piece within the
+    budget) that are dealt in turn to the last one or two steps, so those steps span the whole length range
+    too. The rest, ``n`` steps' worth, is cut into
+    ``step_size`` consecutive chunks of ``n`` micro-batches, and each chunk deals its micro-batches to the
+    ``n`` steps in a fresh random order: step ``t`` holds one micro-batch from every ``1 / step_size`` of
+    the length order (stratified sampling), and the steps differ only in which member of each chunk they
+    drew. Returns the new ``(order, offsets)``, whole steps in order; ``None`` when the tail cannot be cut
+    into its pieces (the caller then composes steps another way).
+
+    >>> order, offsets = quantile_steps(np.arange(12), np.arange(0, 13, 2), np.arange(1, 13), 4, 24,
+    ...                                 np.random.default_rng(0))
+    >>> np.diff(offsets).tolist()  # 6 micro-batches -> 2 steps of 4 (all of them the tail)
+    [3, 2, 1, 1, 2, 1, 1, 1]
+    >>> sorted(order.tolist()) == list(range(12))
+    True
+    """
+    m = offsets.shape[0] - 1
+    counts = np.diff(offsets)
+    tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
+    shuffled = rng.permutation(m)
+    by_length = shuffled[np.argsort((tokens / counts)[shuffled], kind="stable")]
+    n_full, r = divmod(m, step_size)
+    body_steps = n_full if r == 0 else max(n_full - 1, 0)
+    n_tail = m - body_steps * step_size
+    in_tail = np.zeros(m, np.bool_)
+    if n_tail:
+        in_tail[((np.arange(n_tail) + rng.random()) * (m / n_tail)).astype(np.int64)] = True
+    body = by_length[~in_tail]
+    parts_order, parts_offsets = [], []
+    if body_steps:
+        chunk = np.arange(body.shape[0]) // body_steps
+        deal = np.argsort(rng.random((step_size, body_steps)), axis=1)  # each chunk's order of steps
+        step = deal[chunk, np.arange(body.shape[0]) % body_steps]
+        o, f = _kernels.gather_segments(order, offsets, body[np.lexsort((chunk, step))])
+        parts_order.append(o)
+        parts_offsets.append(f)
+    if n_tail:
+        tail_steps = -(-n_tail // step_size)
+        n_pieces = tail_steps * step_size
+        items, _ = _kernels.gather_segments(order, offsets, by_length[in_tail])  # the micro-batches' own
+        ends = _split_largest(_kernels.cut_into(length[items], n_pieces, budget, False), n_pieces)
+        if ends.shape[0] - 1 != n_pieces:
+            return None
+        deal_tail = np.argsort(np.arange(n_pieces) % tail_steps, kind="stable")  # piece j -> step j % steps
+        o, f = _kernels.gather_segments(items, ends, deal_tail)
+        parts_order.append(o)
+        parts_offsets.append(f)
+    if len(parts_order) == 1:
+        return parts_order[0], parts_offsets[0]
+    (o1, o2), (f1, f2) = parts_order, parts_offsets
+    return np.concatenate((o1, o2)), np.concatenate((f1, f2[1:] + f1[-1]))
+
+
 def spread_tail(offsets: np.ndarray, step_size: int) -> np.ndarray:
     """Split micro-batches (the last ones first, each in two halves) until their count is a multiple of
     ``step_size``, so every rank gets the same number of micro-batches in every step. No sample is

@@ -6,6 +6,15 @@ sees those two shapes, so the same conversation gives the same tokens in every f
 
 * ``messages`` (detected by the key ``messages``): ``{"messages": [{"role", "content"}, ...]}``; a content
   is a string or a list of text parts ``[{"type": "text", "text": ...}, ...]``, joined with no separator.
+  OpenAI tool use is read as given: an assistant turn may carry ``tool_calls`` (``[{"type": "function",
+  "function": {"name", "arguments"}}, ...]``, ``arguments`` a JSON string or an object) with ``content``
+  null or a string, and a ``tool`` turn answers with its ``content`` (``tool_call_id`` and ``name`` are
+  kept for chat templates). The default rule writes a turn's text as :func:`message_text` does: its content,
+  then one line per call, ``{"name": ..., "arguments": ...}`` (``json.dumps``, non-ASCII kept); a chat
+  template renders ``tool_calls`` itself.
+  **Image and audio parts** (``image_url``, ``input_audio``...) are refused with the record named: padfree
+  counts and trains text only, and a count that silently skipped them would not be what a multimodal
+  model trains on. Remove those parts (or replace them by their text) before counting.
 * ``sharegpt`` (``conversations``): ``{"conversations": [{"from", "value"}, ...], "system"?}``.
 * ``alpaca`` (``instruction``): ``{"instruction", "input"?, "output", "system"?}``. The user turn is the
   instruction, then the input on the next line when the input is not empty (``"\n".join`` of the non-empty
@@ -30,10 +39,16 @@ no loss, silently.
 [{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'yo'}]
 >>> to_sample({"instruction": "Add", "input": "2 and 3", "output": "5"}, "alpaca", field_names())[0]
 {'role': 'user', 'content': 'Add\\n2 and 3'}
+>>> call = {"type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}
+>>> m = to_sample({"messages": [{"role": "assistant", "content": None, "tool_calls": [call]}]}, "messages",
+...               field_names())[0]
+>>> print(message_text(m))
+{"name": "add", "arguments": "{\\"a\\": 2}"}
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 
 from padfree.errors import ConfigError
@@ -76,7 +91,12 @@ ROLES = {
 }
 """Accepted role names (compared in lower case) and the role each one is."""
 
-Chat = list[dict[str, str]]
+Chat = list[dict]
+"""Canonical messages: ``{"role", "content"}`` strings, plus ``tool_calls`` (a list) on an assistant turn that
+calls tools and ``tool_call_id`` / ``name`` on a tool turn that has them."""
+
+MEDIA_PARTS = ("image_url", "image", "input_image", "input_audio", "audio", "audio_url", "video", "file")
+"""Content part types refused with their own rule: text only (see the module docstring)."""
 
 
 class RecordError(Exception):
@@ -179,13 +199,62 @@ def to_sample(rec: object, fmt: str, fields: Mapping[str, str]) -> Chat | str:
 def _messages(v: object, name: str, fields: Mapping[str, str], empty_ok: bool = False) -> Chat:
     turns = _list_of_dicts(v, name, empty_ok)
     kr, kc = fields["role"], fields["content"]
-    return [
-        {
-            "role": _role(_field(m, kr, f"{name}[{j}]"), f"{name}[{j}].{kr}"),
-            "content": _text(_field(m, kc, f"{name}[{j}]"), f"{name}[{j}].{kc}"),
-        }
-        for j, m in enumerate(turns)
+    out = []
+    for j, m in enumerate(turns):
+        where = f"{name}[{j}]"
+        role = _role(_field(m, kr, where), f"{where}.{kr}")
+        calls = m.get("tool_calls")
+        if calls is not None and role == "assistant":
+            content = m.get(kc)
+            msg = {
+                "role": role,
+                "content": "" if content is None else _text(content, f"{where}.{kc}"),
+                "tool_calls": _tool_calls(calls, f"{where}.tool_calls"),
+            }
+        else:
+            msg = {"role": role, "content": _text(_field(m, kc, where), f"{where}.{kc}")}
+        if role == "tool":
+            msg |= {k: m[k] for k in ("tool_call_id", "name") if isinstance(m.get(k), str)}
+        out.append(msg)
+    return out
+
+
+def _tool_calls(v: object, where: str) -> list[dict]:
+    if not isinstance(v, list) or not v:
+        raise RecordError(
+            f"{where} must be a non-empty list of tool calls (got {_type(v) if v != [] else '[]'})"
+        )
+    for k, c in enumerate(v):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RecordError(
+                f'{where}[{k}] must be {{"type": "function", "function": {{"name", "arguments"}}}}'
+            )
+        if not isinstance(fn.get("arguments", ""), (str, dict)):
+            raise RecordError(f"{where}[{k}].function.arguments must be a JSON string or an object")
+    return v
+
+
+def message_text(m: Mapping) -> str:
+    """The text of a canonical message under the default rule: its content, then one line per tool call,
+    ``json.dumps({"name": ..., "arguments": ...}, ensure_ascii=False)`` (``arguments`` as given: the JSON
+    string OpenAI writes, or an object), after a newline when the content is not empty.
+
+    >>> message_text({"role": "assistant", "content": "Let me add.", "tool_calls": [
+    ...     {"function": {"name": "add", "arguments": {"a": 2, "b": "é"}}}]})
+    'Let me add.\\n{"name": "add", "arguments": {"a": 2, "b": "é"}}'
+    """
+    calls = m.get("tool_calls")
+    if not calls:
+        return m["content"]
+    lines = [
+        json.dumps(
+            {"name": c["function"]["name"], "arguments": c["function"].get("arguments", "")},
+            ensure_ascii=False,
+        )
+        for c in calls
     ]
+    return "\n".join(([m["content"]] if m["content"] else []) + lines)
 
 
 def _list_of_dicts(v: object, name: str, empty_ok: bool = False) -> list[dict]:
@@ -222,6 +291,11 @@ def _text(v: object, where: str) -> str:
                 or not isinstance(part.get("text"), str)
             ):
                 kind = part.get("type") if isinstance(part, dict) else _type(part)
+                if kind in MEDIA_PARTS:
+                    raise RecordError(
+                        f"{where}[{k}] is a {kind!r} part: padfree counts and trains text only; remove image "
+                        "and audio parts (or replace them by their text) before counting"
+                    )
                 raise RecordError(
                     f'{where}[{k}] must be a text part {{"type": "text", "text": ...}} (got {kind!r})'
                 )

@@ -1,6 +1,10 @@
-"""Reading training records: ``.jsonl`` / ``.jsonl.gz``, ``.parquet`` and Hugging Face ``datasets`` folders
-written by ``save_to_disk`` (a ``DatasetDict`` with a split); several files, globs and folders in one call;
-and the content hashes that key the token-count cache.
+"""Reading training records: ``.jsonl`` / ``.jsonl.gz``, ``.json`` / ``.json.gz``, ``.parquet`` and Hugging
+Face ``datasets`` folders written by ``save_to_disk`` (a ``DatasetDict`` with a split); several files, globs
+and folders in one call; and the content hashes that key the token-count cache.
+
+A ``.json`` file is read by what it holds, not by its name: one JSON array of records (the original Alpaca
+release) or JSON lines (many ``.jsonl`` files are named ``.json``), told apart by its first character. Blank
+lines at the end of a JSON-lines file are ignored; one between records is an error naming its line.
 
 Records come out in chunks (:class:`Chunk`) so that tokenization can run in worker processes: a ``.jsonl``
 chunk carries raw lines (the workers parse them, so JSON errors are found in parallel too), a columnar
@@ -38,7 +42,7 @@ class Source:
     """One file or ``datasets`` folder (``split``: the split of a DatasetDict folder)."""
 
     path: Path
-    kind: str  # "jsonl", "parquet" or "datasets"
+    kind: str  # "jsonl", "json" (one JSON array), "parquet" or "datasets"
     split: str | None = None
 
     @property
@@ -52,7 +56,8 @@ class Chunk:
 
     Attributes:
         first: index of the first record in its source (0-based; for ``.jsonl`` also line ``first + 1``).
-        values: raw ``bytes`` lines (``.jsonl``) or row dicts (parquet, datasets).
+        values: raw ``bytes`` lines (``.jsonl``) or records (a ``.json`` array's; row dicts of parquet and
+            datasets).
         progress: how far through the source this chunk reaches, in the units of :func:`source_size`.
     """
 
@@ -122,12 +127,49 @@ def _source(path: Path, split: str | None) -> Source:
         raise InputError("not a regular file (a pipe, socket or device cannot be read)", path=str(path))
     if name.endswith((".jsonl", ".jsonl.gz")):
         return Source(path, "jsonl")
+    if name.endswith((".json", ".json.gz")):
+        return Source(path, _json_kind(path))
     if name.endswith(".parquet"):
         return Source(path, "parquet")
     raise InputError(
-        "unknown data format: use .jsonl, .jsonl.gz, .parquet or a datasets save_to_disk folder",
+        "unknown data format: use .jsonl, .jsonl.gz, .json, .parquet or a datasets save_to_disk folder",
         path=str(path),
     )
+
+
+def _json_kind(path: Path) -> str:
+    """``"json"`` for a ``.json`` file holding one JSON array, ``"jsonl"`` for JSON lines (by the first
+    character)."""
+    try:
+        with path.open("rb") as raw:
+            stream = gzip.GzipFile(fileobj=raw) if path.name.lower().endswith(".gz") else raw
+            head = stream.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputError(f"cannot read the file ({_short(exc)})", path=str(path)) from None
+    if head[:1] == b"[":
+        return "json"
+    if head[:1] in (b"{", b""):
+        return "jsonl"
+    raise InputError(
+        "a .json file must hold one JSON array of records or one JSON object per line "
+        f"(it starts with {head[:20]!r})",
+        path=str(path),
+    )
+
+
+def _json_array(path: Path) -> list:
+    """The records of a ``.json`` file holding one JSON array."""
+    try:
+        with path.open("rb") as raw:
+            stream = gzip.GzipFile(fileobj=raw) if path.name.lower().endswith(".gz") else raw
+            value = json.loads(stream.read().lstrip(b"\xef\xbb\xbf"))
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputError(f"cannot read the file ({_short(exc)})", path=str(path)) from None
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"malformed JSON ({_short(exc)[:100]})", path=str(path)) from None
+    if not isinstance(value, list):
+        raise InputError(f"a JSON {type(value).__name__}, not an array of records", path=str(path))
+    return value
 
 
 def _splits(path: Path) -> list[str]:
@@ -138,8 +180,9 @@ def _splits(path: Path) -> list[str]:
 
 
 def source_size(src: Source) -> int:
-    """Progress total: bytes for ``.jsonl`` (compressed bytes for ``.gz``), rows for columnar sources."""
-    if src.kind == "jsonl":
+    """Progress total: bytes for ``.jsonl`` and ``.json`` (compressed bytes for ``.gz``), rows for columnar
+    sources."""
+    if src.kind in ("jsonl", "json"):
         return src.path.stat().st_size
     if src.kind == "parquet":
         return int(_parquet(src).metadata.num_rows)
@@ -156,7 +199,11 @@ def columns_of(src: Source) -> list[str] | None:
 
 
 def first_record(src: Source) -> object:
-    """The first record of a ``.jsonl`` source (``None`` when it has none); RecordError when malformed."""
+    """The first record of a ``.jsonl`` or ``.json`` source (``None`` when it has none); RecordError when
+    malformed."""
+    if src.kind == "json":
+        rows = _json_array(src.path)
+        return rows[0] if rows else None
     for chunk in _jsonl_chunks(src.path, 1):
         return parse_line(chunk.values[0])[0]
     return None
@@ -192,6 +239,10 @@ def iter_chunks(src: Source, columns: list[str] | None, size: int = 512) -> Iter
     """Chunks of ``size`` records; ``columns``: what a columnar source's rows carry (ignored for .jsonl)."""
     if src.kind == "jsonl":
         yield from _jsonl_chunks(src.path, size)
+    elif src.kind == "json":
+        rows, total = _json_array(src.path), src.path.stat().st_size
+        for a in range(0, len(rows), size):
+            yield Chunk(a, rows[a : a + size], total * min(len(rows), a + size) // max(len(rows), 1))
     elif src.kind == "parquet":
         yield from _parquet_chunks(src, columns or [], size)
     else:
@@ -204,12 +255,18 @@ def _jsonl_chunks(path: Path, size: int) -> Iterator[Chunk]:
     try:
         with path.open("rb") as raw:
             stream = gzip.GzipFile(fileobj=raw) if path.name.lower().endswith(".gz") else raw
+            blank: list[bytes] = []  # blank lines not yet followed by a record: dropped at the end
             for line in stream:
-                lines.append(line)
-                if len(lines) == size:
-                    yield Chunk(first, lines, raw.tell())
-                    first += size
-                    lines = []
+                if not line.strip():
+                    blank.append(line)
+                    continue
+                for held in (*blank, line):
+                    lines.append(held)
+                    if len(lines) == size:
+                        yield Chunk(first, lines, raw.tell())
+                        first += size
+                        lines = []
+                blank = []
             if lines:
                 yield Chunk(first, lines, raw.tell())
     except (OSError, EOFError, zlib.error) as exc:  # damaged gzip stream, I/O error

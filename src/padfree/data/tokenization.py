@@ -9,10 +9,11 @@ Tokenizers (SentencePiece ``.model``, ``tokenizer.json``, a ``transformers`` fol
 **Default rule.** ``encode`` never adds special tokens of its own; the rule adds them:
 
 * a document: ``encode(text) + [EOS]``;
-* a chat: for every message ``[BOS] + encode(role + "\\n" + content + "\\n") + [EOS]``, in order: the BOS and
-  EOS of each message stand for the turn's begin and end markers. So a chat has ``len(encode(...)) + 2``
-  tokens per message, the rule behind ``shared/data/lengths/*.npy`` (it reproduces ``<name>.mistral_v1.npy``
-  exactly with ``llama_sp32k.model``).
+* a chat: for every message ``[BOS] + encode(role + "\\n" + content + "\\n") + [EOS]``, in order (an assistant
+  turn's tool calls follow its content, one JSON line each: :func:`padfree.data.formats.message_text`):
+  the BOS and EOS of each message stand for the turn's begin and end markers. So a chat has
+  ``len(encode(...)) + 2`` tokens per message, the rule behind ``shared/data/lengths/*.npy`` (it
+  reproduces ``<name>.mistral_v1.npy`` exactly with ``llama_sp32k.model``).
 
 BOS and EOS are the tokenizer's own (a ``tokenizer.json``: from a ``tokenizer_config.json`` beside it, else
 its ``<s>``/``</s>``-like special tokens; a tokenizer without a BOS uses its EOS for both).
@@ -44,8 +45,8 @@ from typing import NoReturn
 import numpy as np
 
 from padfree.data import records
-from padfree.data.formats import RecordError, to_sample
-from padfree.data.tokenizer import Tokenizer, tokenizer_kind
+from padfree.data.formats import RecordError, message_text, to_sample
+from padfree.data.tokenizer import MAX_UNCUT_CHARS, Tokenizer, UncutText, tokenizer_kind
 from padfree.errors import ConfigError, InputError
 
 __all__ = ["RULE_VERSION", "Encoded", "Tokenizer", "encode_chunk", "encode_samples", "tokenizer_kind"]
@@ -123,10 +124,14 @@ def encode_samples(tok: Tokenizer, samples: list, loss_on: str = "assistant") ->
             piece(None, i, True, False)
         else:
             for m in s:
-                piece(m["role"] + "\n" + m["content"] + "\n", i, every or m["role"] == "assistant", True)
+                piece(m["role"] + "\n" + message_text(m) + "\n", i, every or m["role"] == "assistant", True)
     plain = [k for k, t in enumerate(texts) if t is not None]
     pieces: list = [None] * len(texts)
-    for k, ids in zip(plain, tok.encode([t for t in texts if t is not None]), strict=True):
+    try:
+        encoded = tok.encode([t for t in texts if t is not None])  # a long text in pieces, bounded memory
+    except UncutText as exc:
+        raise SampleError(owner[plain[exc.index]], exc.rule) from None
+    for k, ids in zip(plain, encoded, strict=True):
         pieces[k] = ids
     end = np.ones(len(texts), bool)
     token_flags: np.ndarray | None = None
@@ -150,7 +155,10 @@ def encode_samples(tok: Tokenizer, samples: list, loss_on: str = "assistant") ->
 def _assemble(pieces, owner, flag, begin, end, bos, eos, n, token_flags) -> Encoded:
     """Flat ids/mask from per-piece token lists: ``[BOS]? + piece + [EOS]?`` each, vectorized."""
     size = np.fromiter(map(len, pieces), np.int64, count=len(pieces))
-    flat = np.fromiter(itertools.chain.from_iterable(pieces), np.int32, count=int(size.sum()))
+    if any(isinstance(p, np.ndarray) for p in pieces):  # a long text encoded in pieces: int32 already
+        flat = np.concatenate([np.asarray(p, dtype=np.int32) for p in pieces])
+    else:
+        flat = np.fromiter(itertools.chain.from_iterable(pieces), np.int32, count=int(size.sum()))
     seg = size + begin + end
     start = np.cumsum(seg) - seg
     ids = np.empty(int(seg.sum()), np.int32)
@@ -176,12 +184,21 @@ def _templated(tok: Tokenizer, chats: list, positions: list[int]) -> tuple[list,
     for ms, pos in zip(chats, positions, strict=True):
         try:
             text = tok.render(ms)
+            if len(text) > MAX_UNCUT_CHARS:  # a template's text is encoded at once (its mask needs offsets)
+                raise SampleError(
+                    pos,
+                    f"the chat template renders {len(text):,} characters, over {MAX_UNCUT_CHARS:,} (a "
+                    "rendered chat is encoded at once); split the conversation or count without "
+                    "--chat-template",
+                )
             sp = []
             for j, m in enumerate(ms):
                 if m["role"] == "assistant":
                     through = text if j == len(ms) - 1 else tok.render(ms[: j + 1])
                     before = tok.render(ms[:j], generation_prompt=True) if j else ""
                     sp.append((before, through))
+        except SampleError:
+            raise
         except Exception as exc:  # jinja2 TemplateError and whatever the template raises on purpose
             first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
             raise SampleError(pos, f"the chat template cannot render it ({first})") from None
@@ -198,7 +215,10 @@ def _templated(tok: Tokenizer, chats: list, positions: list[int]) -> tuple[list,
             ids_list.append(enc.ids)
             masks.append(_span_mask(enc, sp, len(text)) if ok else None)
     else:
-        ids_list = tok.encode(full)
+        try:
+            ids_list = tok.encode(full)
+        except UncutText as exc:
+            raise SampleError(positions[exc.index], exc.rule) from None
         masks = [None] * len(full)
     # the rest (slow tokenizers; templates whose rendering of a conversation does not start with the
     # rendering of its first turns): a turn's tokens are those its rendering adds, counted in tokens

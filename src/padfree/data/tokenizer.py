@@ -11,9 +11,39 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
+import numpy as np
+
 from padfree.errors import ConfigError
+
+PIECE_CHARS = 1 << 20
+"""A text longer than this is encoded piece by piece, about this many characters each (bounded memory: a
+tokenizer needs 50 to 90 bytes per character of the text it is given at once)."""
+MAX_UNCUT_CHARS = 1 << 23
+"""The most characters a text may hold without a place to cut it (see :data:`CUT`) when it is longer than
+this: such a text is refused (one line), it cannot be counted in bounded memory."""
+CUT = re.compile(r"[A-Za-z0-9] (?=[A-Za-z0-9])")
+"""Where a long text is cut: at a single space between two ASCII letters or digits. Every tokenizer whose
+pre-tokenization starts a word at such a space (SentencePiece with its dummy prefix, the byte-level and
+Metaspace tokenizer.json kinds) encodes the two sides independently; which side the space goes to is probed
+per tokenizer (:meth:`Tokenizer.piece_mode`) and every cut is checked on the text around it."""
+_WINDOW = 256
+_PROBES = (
+    ("The quick brown fox", " jumps over 12 lazy dogs."),
+    ("Ein Satz über Ähnlichkeit und 3 Dinge", " die man zählt, zum Beispiel 2024 Äpfel."),
+    ("def main(args): return x", " + y  # comment"),
+)
+
+
+class UncutText(Exception):
+    """A text too long to encode at once without a place to cut it (see :data:`MAX_UNCUT_CHARS`)."""
+
+    def __init__(self, index: int, rule: str) -> None:
+        super().__init__(rule)
+        self.index, self.rule = index, rule
+
 
 _BOS_NAMES = ("<s>", "<|begin_of_text|>", "<｜begin▁of▁sentence｜>", "<bos>", "<|startoftext|>")
 _EOS_NAMES = ("</s>", "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<eos>", "<|endoftext|>", "<|im_end|>")
@@ -57,9 +87,71 @@ class Tokenizer:
         self._markers: tuple[int, int] | None = None
         self._render = _fast_renderer(self._tok) if chat_template else None
         self._render_checked = False
+        self._mode: str | None = None
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text, no special tokens added."""
+    def encode(self, texts: list[str]) -> list:
+        """Token ids of each text, no special tokens added (a list, or for a text longer than
+        :data:`PIECE_CHARS` an int32 array encoded piece by piece, the same ids). Raises :class:`UncutText`
+        for a text that can be neither encoded in pieces nor at once within :data:`MAX_UNCUT_CHARS`."""
+        if not any(len(t) > PIECE_CHARS for t in texts):
+            return self._encode(texts)
+        out: list = []
+        short: list[int] = []
+        for k, t in enumerate(texts):
+            out.append(None)
+            if len(t) <= PIECE_CHARS:
+                short.append(k)
+            else:
+                out[k] = self._encode_long(t, k)
+        for k, ids in zip(short, self._encode([texts[k] for k in short]), strict=True):
+            out[k] = ids
+        return out
+
+    def piece_mode(self) -> str:
+        """How a text is cut at a :data:`CUT` space so that its pieces encode to the same ids as the whole:
+        ``before`` (the space begins the next piece: byte-level pre-tokenizers), ``after`` (the space is
+        dropped and the next piece begins with its word: SentencePiece's dummy prefix, Metaspace) or
+        ``none`` (neither holds on every probe text: long texts are encoded at once)."""
+        if self._mode is None:
+            self._mode = "none"
+            for mode in ("before", "after"):
+                if all(self._splits_exactly(a, b, mode) for a, b in _PROBES):
+                    self._mode = mode
+                    break
+        return self._mode
+
+    def _splits_exactly(self, left: str, right: str, mode: str) -> bool:
+        second = right if mode == "before" else right[1:]
+        whole, a, b = self._encode([left + right, left, second])
+        return list(whole) == list(a) + list(b)
+
+    def _encode_long(self, text: str, index: int) -> np.ndarray | list[int]:
+        mode = self.piece_mode()
+        cuts = [] if mode == "none" else _cuts(text)
+        if cuts is None or (mode == "none" and len(text) > MAX_UNCUT_CHARS):
+            why = (
+                "this tokenizer does not encode such pieces like the whole"
+                if mode == "none"
+                else (f"it has no such space within {MAX_UNCUT_CHARS:,} characters")
+            )
+            raise UncutText(index, _too_long(len(text), why))
+        if mode == "none":
+            return self._encode([text])[0]
+        for c in cuts:  # every cut checked on the text around it
+            lo, hi = max(0, c - _WINDOW), min(len(text), c + _WINDOW)
+            if not self._splits_exactly(text[lo:c], text[c:hi], mode):
+                if len(text) > MAX_UNCUT_CHARS:
+                    why = f"this tokenizer does not encode the pieces at character {c:,} like the whole"
+                    raise UncutText(index, _too_long(len(text), why))
+                return self._encode([text])[0]
+        bounds = [0, *cuts, len(text)]
+        ids = []
+        for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+            start = a + 1 if (i > 0 and mode == "after") else a  # "after": the space at the cut is dropped
+            ids.append(np.asarray(self._encode([text[start:b]])[0], dtype=np.int32))
+        return np.concatenate(ids)
+
+    def _encode(self, texts: list[str]) -> list:
         if not texts:
             return []
         if self.kind == "sentencepiece":
@@ -91,6 +183,27 @@ class Tokenizer:
         return self._tok.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=generation_prompt
         )
+
+
+def _too_long(n: int, why: str) -> str:
+    return (
+        f"a text of {n:,} characters: over {MAX_UNCUT_CHARS:,} it is counted in pieces cut at a single space "
+        f"between two ASCII letters or digits, but {why}; split the record or shorten it"
+    )
+
+
+def _cuts(text: str) -> list[int] | None:
+    """Positions of the :data:`CUT` spaces that cut ``text`` into pieces of about :data:`PIECE_CHARS`
+    (``None`` when some stretch of more than :data:`MAX_UNCUT_CHARS` has no such space)."""
+    cuts: list[int] = []
+    pos = 0
+    while len(text) - pos > PIECE_CHARS:
+        m = CUT.search(text, pos + PIECE_CHARS // 2, pos + MAX_UNCUT_CHARS)
+        if m is None:
+            return None if len(text) - pos > MAX_UNCUT_CHARS else cuts
+        pos = m.start() + 1  # the space
+        cuts.append(pos)
+    return cuts
 
 
 def _fast_renderer(tok):  # -> callable(messages, generation_prompt) -> str, or None

@@ -44,6 +44,51 @@ class Shape:
     def attention(self) -> int:
         return self.count * self.length * self.length
 
+    @property
+    def call(self) -> tuple[int, ...]:
+        """The arguments the timed step takes for this shape."""
+        return (self.count, self.length)
+
+
+@dataclass(frozen=True)
+class DrafterShape(Shape):
+    """``count`` documents of ``length`` tokens, each with ``anchors`` DFlash blocks (a drafter step):
+    ``blocks = count x anchors`` and ``reach = blocks x length / 2`` (:mod:`padfree.core.cost`)."""
+
+    anchors: int = 0
+
+    @property
+    def blocks(self) -> int:
+        return self.count * self.anchors
+
+    @property
+    def reach(self) -> float:
+        return self.blocks * self.length / 2.0
+
+    @property
+    def call(self) -> tuple[int, ...]:
+        return (self.count, self.length, self.anchors)
+
+
+def drafter_grid(
+    shapes: Sequence[Shape], per_token: Sequence[float] = (1 / 32, 1 / 16, 1 / 8)
+) -> list[Shape]:
+    """Each shape with DFlash anchors per document at the given rates per token (at least 1, at most
+    ``length - 1``), so that blocks vary at fixed tokens.
+
+    >>> [(s.count, s.length, s.anchors) for s in drafter_grid([Shape(2, 64)], (1 / 32, 1 / 8))]
+    [(2, 64, 2), (2, 64, 8)]
+    """
+    out: list[Shape] = []
+    for s in shapes:
+        seen = set()
+        for r in per_token:
+            a = max(1, min(s.length - 1, round(s.length * r)))
+            if a not in seen:
+                seen.add(a)
+                out.append(DrafterShape(s.count, s.length, a))
+    return out
+
 
 def shape_grid(
     budget: int, lengths: Sequence[int], fractions: Sequence[float] = (1.0, 0.5, 0.25)
@@ -86,7 +131,7 @@ def default_lengths(budget: int, lo: int = 64, hi: int = 4096) -> list[int]:
 
 def measure(
     shapes: Sequence[Shape],
-    step: Callable[[int, int], object],
+    step: Callable[..., object],
     repeats: int = 3,
     warmup: int = 1,
     clock: Callable[[], float] = time.perf_counter,
@@ -104,14 +149,14 @@ def measure(
     times = np.empty((max(1, repeats), len(shapes)))
     if prime and shapes:
         big = max(shapes, key=lambda s: (s.slots, s.attention))
-        step(big.count, big.length)
+        step(*big.call)
     for _ in range(warmup):
         for s in shapes:
-            step(s.count, s.length)
+            step(*s.call)
     for r in range(times.shape[0]):
         for i, s in enumerate(shapes):
             t = clock()
-            step(s.count, s.length)
+            step(*s.call)
             times[r, i] = clock() - t
     out = np.median(times, axis=0)
     if progress is not None:
@@ -121,7 +166,10 @@ def measure(
 
 
 def design(shapes: Sequence[Shape]) -> np.ndarray:
-    """The regression matrix: columns slots, attention, 1."""
+    """The regression matrix: columns slots, attention, 1 (and blocks, reach for drafter shapes)."""
+    if shapes and all(isinstance(s, DrafterShape) for s in shapes):
+        rows = [[s.slots, s.attention, 1.0, s.blocks, s.reach] for s in shapes]  # type: ignore[attr-defined]
+        return np.array(rows, dtype=np.float64)
     return np.array([[s.slots, s.attention, 1.0] for s in shapes], dtype=np.float64)
 
 
@@ -157,10 +205,14 @@ def nnls(x: np.ndarray, y: np.ndarray, keep: tuple[int, ...] = ()) -> np.ndarray
 
 
 def fit_seconds(shapes: Sequence[Shape], seconds: np.ndarray) -> np.ndarray:
-    """``(A, B, C)`` >= 0 minimizing the relative error of ``A*slots + B*attention + C`` vs ``seconds``."""
+    """``(A, B, C)`` >= 0 minimizing the relative error of ``A*slots + B*attention + C`` vs ``seconds``
+    (``(A, B, C, D, E)`` with ``+ D*blocks + E*reach`` for drafter shapes)."""
     y = np.asarray(seconds, dtype=np.float64)
-    if y.shape[0] != len(shapes) or len(shapes) < 3:
-        raise ConfigError(f"need at least 3 timed shapes to fit 3 coefficients (got {len(shapes)})")
+    n_coef = design(shapes[:1]).shape[1] if shapes else 3
+    if y.shape[0] != len(shapes) or len(shapes) < n_coef:
+        raise ConfigError(
+            f"need at least {n_coef} timed shapes to fit {n_coef} coefficients (got {len(shapes)})"
+        )
     if np.any(~np.isfinite(y)) or np.any(y <= 0):
         raise ConfigError("every timed step must take a positive, finite time")
     w = 1.0 / y
@@ -197,7 +249,7 @@ class Calibration:
 
     cost: CostModel
     seconds_per_slot: float
-    coef_seconds: tuple[float, float, float]
+    coef_seconds: tuple[float, ...]
     fit: dict
     held_out: dict
     rows: list[dict] = field(default_factory=list)
@@ -207,7 +259,7 @@ class Calibration:
         return {
             "seconds_per_slot": self.seconds_per_slot,
             "seconds_per_unit": self.seconds_per_slot,
-            "coef_seconds": {"A": self.coef_seconds[0], "B": self.coef_seconds[1], "C": self.coef_seconds[2]},
+            "coef_seconds": dict(zip("ABCDE", self.coef_seconds, strict=False)),
             "fit": self.fit,
             "held_out": self.held_out,
             "held_out_rel_rms": self.held_out["rel_rms"],
@@ -233,8 +285,11 @@ def calibrate(
     meta: dict | None = None,
     progress: Callable[[int, Shape, float], None] | None = None,
     prime: bool = False,
+    anchors_per_token: Sequence[float] | None = None,
 ) -> Calibration:
-    """Time ``step`` on the grid (and on held-out shapes), fit, normalize.
+    """Time ``step`` on the grid (and on held-out shapes), fit, normalize. With ``anchors_per_token`` (a
+    DFlash drafter setup) every shape comes at those anchor rates (:func:`drafter_grid`), ``step`` takes
+    ``(count, length, anchors)`` and the fit adds ``d*blocks + e*reach``.
 
     >>> clock = [0.0]
     >>> def step(count, length):  # a synthetic machine: 2 us per slot, 1 ns per attention unit, 5 ms
@@ -245,11 +300,15 @@ def calibrate(
     """
     fit_shapes = shape_grid(budget, lengths, fractions)
     test_shapes = held_out_grid(budget, lengths) if held_out else []
+    if anchors_per_token:
+        fit_shapes = drafter_grid(fit_shapes, anchors_per_token)
+        test_shapes = drafter_grid(test_shapes, (float(np.mean(anchors_per_token)),))
     n_fit = len(fit_shapes)
     seconds = measure(fit_shapes + test_shapes, step, repeats, warmup, clock, progress, prime)
     y_fit, y_test = seconds[:n_fit], seconds[n_fit:]
     coef = fit_seconds(fit_shapes, y_fit)
-    a_raw, b_raw, c_raw = (float(v) for v in coef)
+    a_raw, b_raw, c_raw = (float(v) for v in coef[:3])
+    d_raw, e_raw = (float(v) for v in coef[3:5]) if coef.shape[0] == 5 else (0.0, 0.0)
     if not a_raw > 0:  # pragma: no cover - fit_seconds keeps the slots term positive
         raise ConfigError("the fit found no per-token cost; use a larger budget or more repeats")
     pred = design(fit_shapes + test_shapes) @ coef
@@ -259,6 +318,7 @@ def calibrate(
             "length": s.length,
             "slots": s.slots,
             "attention": s.attention,
+            **({"anchors": s.anchors} if isinstance(s, DrafterShape) else {}),
             "seconds": float(t),
             "predicted": float(p),
             "held_out": i >= n_fit,
@@ -266,9 +326,11 @@ def calibrate(
         for i, (s, t, p) in enumerate(zip(fit_shapes + test_shapes, seconds, pred, strict=True))
     ]
     return Calibration(
-        cost=CostModel(a=1.0, b=b_raw / a_raw, c=c_raw / a_raw, source=source),
+        cost=CostModel(
+            a=1.0, b=b_raw / a_raw, c=c_raw / a_raw, source=source, d=d_raw / a_raw, e=e_raw / a_raw
+        ),
         seconds_per_slot=a_raw,
-        coef_seconds=(a_raw, b_raw, c_raw),
+        coef_seconds=(a_raw, b_raw, c_raw, d_raw, e_raw) if anchors_per_token else (a_raw, b_raw, c_raw),
         fit=relative_errors(coef, fit_shapes, y_fit),
         held_out=relative_errors(coef, test_shapes, y_test),
         rows=rows,
@@ -309,5 +371,36 @@ def torch_train_step(
         opt.step()
         opt.zero_grad(set_to_none=True)
         sync()
+
+    return step
+
+
+def torch_drafter_step(method: str, seed: int = 0, **sizes) -> Callable[..., None]:
+    """A ``step(count, length[, anchors])`` of a drafter setup: ``count`` synthetic documents of ``length``
+    tokens (every token supervised) packed in one row, the frozen target's forward, the drafter's loss
+    (DFlash with exactly ``anchors`` blocks per document), backward and an AdamW step
+    (:func:`padfree.bench.drafter.train_micro`), on the CPU. ``sizes``:
+    :func:`padfree.bench.drafter.build_models`'s."""
+    from padfree.bench.drafter import build_models, train_micro
+    from padfree.core.anchors import AnchorPolicy
+    from padfree.drafter.collate import DrafterCollator
+
+    sizes = {"vocab": 2048, "hidden": 128, "layers": 8, "intermediate": 512, **sizes}
+    models = build_models(method, seed=seed, **sizes)
+    batches: dict[tuple, object] = {}
+
+    def step(count: int, length: int, anchors: int = 1) -> None:
+        key = (count, length, anchors)
+        batch = batches.get(key)
+        if batch is None:
+            g = np.random.default_rng([seed, count, length, anchors])
+            docs = [
+                {"input_ids": g.integers(2, sizes["vocab"], length), "loss_mask": np.ones(length, bool),
+                 "sample_id": i}
+                for i in range(count)
+            ]  # fmt: skip
+            policy = AnchorPolicy(block_size=16, max_anchors=max(1, anchors), density=1.0)
+            batch = batches[key] = DrafterCollator(method, policy, seed=seed, mask_token_id=1)(docs)
+        train_micro(models, batch)
 
     return step

@@ -25,6 +25,7 @@ from padfree.core.config import MAX_COST, CostModel, PlanConfig, read_cost_file
 from padfree.core.cost import imbalance, micro_costs, micro_shapes, rank_costs, step_costs
 from padfree.core.plan import epoch_rng
 from padfree.core.planner import make_plan
+from padfree.core.refit import SPEED_RATIO
 from padfree.errors import ConfigError
 
 # The motivating case: measured on 8 GPUs, Ktok/s per strategy (sorted 32, bucketed 25.1, random 11.9).
@@ -72,8 +73,14 @@ def load_seconds_per_unit(path: str | Path | None) -> float | None:
     return None
 
 
+SPEED_FACTORS = (1e-3, 1e3)
+"""The range of each ``--speeds`` factor (and the slowest at most :data:`padfree.core.refit.SPEED_RATIO` times
+the fastest): step costs stay finite and within what dynamic balancing can learn."""
+
+
 def parse_speeds(text: str, world_size: int | None = None) -> np.ndarray:
-    """Per-rank time factors from ``"1,1,1.5"`` (each > 0; as many as ``world_size`` when given).
+    """Per-rank time factors from ``"1,1,1.5"`` (each in :data:`SPEED_FACTORS`, the slowest at most 400x the
+    fastest; as many as ``world_size`` when given).
 
     >>> parse_speeds("1,1,1.5").tolist()
     [1.0, 1.0, 1.5]
@@ -82,11 +89,27 @@ def parse_speeds(text: str, world_size: int | None = None) -> np.ndarray:
         out = np.array([float(x) for x in text.split(",")], dtype=np.float64)
     except ValueError:
         raise ConfigError(f"--speeds takes comma-separated numbers, one per rank (got {text!r})") from None
-    if out.size == 0 or not np.all(np.isfinite(out) & (out > 0)):
-        raise ConfigError(f"--speeds: every factor must be a number > 0 (got {text!r})")
+    lo, hi = SPEED_FACTORS
+    if out.size == 0 or not np.all(np.isfinite(out) & (out >= lo) & (out <= hi)):
+        raise ConfigError(f"--speeds: every factor must be a number from {lo:g} to {hi:g} (got {text!r:.80})")
+    if out.max() > SPEED_RATIO * out.min():
+        raise ConfigError(
+            f"--speeds: the slowest rank is {out.max() / out.min():.4g}x the fastest; at most "
+            f"{SPEED_RATIO:g}x (the range dynamic balancing fits)"
+        )
     if world_size is not None and out.size != world_size:
         raise ConfigError(f"--speeds gives {out.size} ranks but the world size is {world_size}")
     return out
+
+
+def offline_cache_bytes(tokens: int, layers: int, hidden: int, bytes_per_value: int = 2) -> int:
+    """Size of an offline hidden-state cache: ``tokens x layers x hidden x bytes`` (every token's hidden
+    states of the drafter's target layers, e.g. bf16: 2 bytes).
+
+    >>> offline_cache_bytes(1_000_000, 3, 4096) / 2**30  # 1M tokens, 3 layers of a 4096-wide target
+    22.88818359375
+    """
+    return int(tokens) * int(layers) * int(hidden) * int(bytes_per_value)
 
 
 def simulate_batches(
@@ -98,15 +121,17 @@ def simulate_batches(
     cost: CostModel,
     seconds_per_unit: float | None = None,
     speeds: np.ndarray | None = None,
+    anchors: np.ndarray | None = None,
 ) -> dict:
-    """Predicted time and throughput of micro-batches given in plan order (``lens`` in order, ``offsets``).
+    """Predicted time and throughput of micro-batches given in plan order (``lens`` in order, ``offsets``;
+    a drafter plan's ``anchors`` in the same order add its blocks to the costs and ``draft_blocks``).
 
     >>> out = simulate_batches(np.array([10, 10, 20, 20]), np.array([0, 2, 4]), False, 2, 1,
     ...                        CostModel(a=1.0, b=0.0, c=0.0))
     >>> out["step_cost_total"], out["tokens_per_unit"]
     (40.0, 1.5)
     """
-    shapes = micro_shapes(lens, offsets, packed)  # a re-cut step may leave a micro-batch empty
+    shapes = micro_shapes(lens, offsets, packed, anchors)  # a re-cut step may leave a micro-batch empty
     per_rank = rank_costs(micro_costs(shapes, cost), world_size, grad_accum)
     if speeds is not None:
         per_rank = per_rank * speeds[None, :]
@@ -121,6 +146,9 @@ def simulate_batches(
         "step_cost_total": total,
         "tokens_per_unit": tokens / total,
     }
+    if shapes.anchors is not None and shapes.blocks is not None:
+        out["draft_blocks"] = float(shapes.anchors.sum())
+        out["draft_block_efficiency"] = float(shapes.anchors.sum() / max(float(shapes.blocks.sum()), 1.0))
     if seconds_per_unit is not None:
         out["epoch_seconds"] = total * seconds_per_unit
         out["tokens_per_second"] = tokens / (total * seconds_per_unit)
@@ -183,19 +211,24 @@ def simulate(
     path: str | None = None,
     speeds: np.ndarray | None = None,
     true_cost: CostModel | None = None,
+    anchors: np.ndarray | None = None,
 ) -> dict:
     """Plan one epoch per strategy (``config`` gives budget, world size, grad accum and cost model) and
     predict each one's throughput; ``naive`` adds the motivating case's naive bucketing
     (:func:`padfree.bench.baselines.naive_bucketed`). Ratios are to ``sorted`` (the padding-free ceiling of
     length grouping) when it is among the strategies. With ``speeds`` (per-rank time factors) or
     ``true_cost`` (what micro-batches really cost, default ``config.cost``), every strategy's row is its
-    static plan under them, and ``dynamic`` / ``dynamic_over_static`` what dynamic balancing predicts."""
+    static plan under them, and ``dynamic`` / ``dynamic_over_static`` what dynamic balancing predicts.
+    ``anchors`` (a drafter setup's draft blocks per sample) go to every plan (``config.anchor_budget``) and
+    to the costs (the drafter terms of ``config.cost``); dynamic balancing is then not simulated."""
+    if anchors is not None and (speeds is not None or true_cost is not None):
+        raise ConfigError("a drafter setup (anchors) is simulated with equal ranks and the plan's own cost")
     rows: dict[str, dict] = {}
     cost = true_cost or config.cost
     dynamic = speeds is not None or true_cost is not None
     factors = np.ones(config.world_size) if speeds is None else np.asarray(speeds, dtype=np.float64)
     for s in strategies:
-        plan = make_plan(lengths, config.with_(strategy=s), epoch, path=path)
+        plan = make_plan(lengths, config.with_(strategy=s), epoch, path=path, anchors=anchors)
         rows[s] = simulate_batches(
             plan.lengths,
             plan.offsets,
@@ -205,6 +238,7 @@ def simulate(
             cost,
             seconds_per_unit,
             factors if dynamic else None,
+            plan.anchors,
         )
         if dynamic:
             dyn = simulate_dynamic(
@@ -232,6 +266,7 @@ def simulate(
             cost,
             seconds_per_unit,
             factors if dynamic else None,
+            None if anchors is None else np.asarray(anchors)[items.sample_ids()[order]],
         )
     if "sorted" in rows:
         ref = rows["sorted"]["tokens_per_unit"]
@@ -247,8 +282,11 @@ def simulate(
                 "a": config.cost.a,
                 "b": config.cost.b,
                 "c": config.cost.c,
+                "d": config.cost.d,
+                "e": config.cost.e,
                 "source": config.cost.source,
             },
+            "anchor_budget": config.anchor_budget,
             "seconds_per_unit": seconds_per_unit,
             "speeds": None if speeds is None else factors.tolist(),
             "true_cost": None if true_cost is None else {"a": cost.a, "b": cost.b, "c": cost.c},

@@ -131,6 +131,8 @@ class DynamicBalancer:
         self.heldout_error: float | None = None
         self.sync_seconds = 0.0
         self.records = 0
+        self.recent: deque = deque(maxlen=64)  # rates of this rank's last accepted times (refit.rate)
+        self.dropped = 0  # measured times screened out (refit.screen): non-finite, <= 0, absurd, outliers
         if exchange is None and is_distributed() and torch.distributed.get_world_size() != world_size:
             ranks = torch.distributed.get_world_size()
             raise ConfigError(
@@ -143,6 +145,7 @@ class DynamicBalancer:
         self.pending.clear()
         self.timed.clear()
         self.window.clear()
+        self.recent.clear()
 
     # ----- measurements ------------------------------------------------------------------------------------
     def yielded(self, key: tuple, slots: float, attn: float) -> None:
@@ -156,11 +159,13 @@ class DynamicBalancer:
                 self.pending.popleft()
         if not self.pending:
             return
+        if isinstance(seconds, bool) or not (
+            isinstance(seconds, (int, float)) or hasattr(seconds, "seconds")
+        ):
+            raise ConfigError(f"record_time needs seconds as a number (got {seconds!r:.40})")
         _, slots, attn = self.pending.popleft()
         if isinstance(seconds, (int, float)):
-            if not (seconds >= 0 and seconds < float("inf")):
-                raise ConfigError(f"record_time needs seconds >= 0 (got {seconds!r})")
-            seconds = float(seconds)
+            seconds = float(seconds)  # screened when read (non-finite, <= 0, absurd, outliers are dropped)
         self.timed.append([slots, attn, seconds])
 
     def timer(self, sink: Callable, model: torch.nn.Module | None, info: MicroInfo | None) -> Timed:
@@ -174,14 +179,20 @@ class DynamicBalancer:
 
     def _ready(self) -> np.ndarray:
         """Resolved records (rows ``slots, attn, seconds``), removed from the queue; unfinished CUDA timings
-        wait for the next exchange."""
+        wait for the next exchange. Times :func:`padfree.core.refit.screen` refuses are dropped and counted
+        (``dropped``): one absurd time must not poison the balance of every rank."""
         out: list = []
         keep: deque = deque(maxlen=self.timed.maxlen)
         for rec in self.timed:
             sec = rec[2] if isinstance(rec[2], float) else rec[2].seconds()
             if sec is None:
                 keep.append(rec)
+                continue
+            per = refit.rate(sec, rec[0], self.scale[0]) if np.isfinite(sec) else sec
+            if refit.screen(sec, per, list(self.recent)) is not None:
+                self.dropped += 1
             else:
+                self.recent.append(per)
                 out.append((rec[0], rec[1], sec))
         self.timed = keep
         return np.array(out[-self.capacity :], dtype=np.float64).reshape(-1, 3)
@@ -208,10 +219,13 @@ class DynamicBalancer:
             )
         parts = []
         for r in range(self.world_size):
-            n = int(rows[r, 1])
+            n = int(rows[r, 1]) if np.isfinite(rows[r, 1]) and 0 <= rows[r, 1] <= self.capacity else 0
             recs = rows[r, 2 : 2 + 3 * n].reshape(n, 3)
             parts.append(np.column_stack([np.full(n, float(r)), recs]))
         records = np.concatenate(parts) if parts else np.zeros((0, 4))
+        records = refit.valid_records(
+            records
+        )  # what every rank screened already: a buggy rank poisons nothing
         self.exchanges += 1
         if records.shape[0] == 0:
             self.sync_seconds += time.perf_counter() - t0
@@ -226,7 +240,7 @@ class DynamicBalancer:
         prior = balance.cost if balance.fitted else refit.prior_scale(pooled, balance.cost, self.scale)
         cost, speeds = refit.fit(pooled, prior, balance.speeds, self.scale)
         self.sync_seconds += time.perf_counter() - t0
-        return Balance(Coefficients(*cost), speeds, fitted=True, recut=balance.recut)
+        return Balance(Coefficients(*cost), speeds, fitted=True, recut=balance.recut, drafter=balance.drafter)
 
 
 def _digest(balance: Balance, where: tuple) -> float:

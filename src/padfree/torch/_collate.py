@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from padfree.errors import ConfigError
+from padfree.torch._dataset import warn_if_unplanned
 
 IGNORE = -100
 
@@ -35,6 +36,7 @@ class Batch(dict):
 
 def pieces(items: list) -> list[tuple[np.ndarray, np.ndarray]]:
     """``(input_ids, labels)`` of every item, cut to its planned piece, first label of each set to -100."""
+    warn_if_unplanned(items)
     info = getattr(items, "info", None)
     out = []
     for j, item in enumerate(items):

@@ -7,7 +7,11 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
+
+_planned = False  # a PlanBatchSampler exists in this process (forked DataLoader workers inherit it)
+_warned = False
 
 
 class Fetched(list):
@@ -42,3 +46,23 @@ class PlannedDataset:
         getitems = getattr(self.dataset, "__getitems__", None)
         items = list(getitems(list(indices))) if getitems else [self.dataset[i] for i in indices]
         return Fetched(items, getattr(indices, "info", None))
+
+
+def note_sampler() -> None:
+    """Called by every :class:`~padfree.torch.PlanBatchSampler`: micro-batches of a plan are in use."""
+    global _planned
+    _planned = True
+
+
+def warn_if_unplanned(items: object) -> None:
+    """Warn once when a collator gets a micro-batch that did not come through a :class:`PlannedDataset`
+    while a plan is in use: its ``batch.info`` is None, and a loop that reads ``info.last`` or
+    ``info.step_tokens`` would fail later with an unrelated error."""
+    global _warned
+    if _planned and not _warned and not isinstance(items, Fetched):
+        _warned = True
+        warnings.warn(
+            "padfree: a micro-batch reached the collator without its plan info (batch.info is None): wrap "
+            "the dataset as DataLoader(PlannedDataset(dataset), batch_sampler=sampler, ...)",
+            stacklevel=3,
+        )

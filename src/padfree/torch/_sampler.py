@@ -24,10 +24,12 @@ from numpy.typing import ArrayLike
 from padfree.core.balance import dynamic_budget
 from padfree.core.config import PlanConfig
 from padfree.core.cursor import Cursor, EpochSource, MicroInfo
-from padfree.core.fingerprint import fingerprint
+from padfree.core.fingerprint import fingerprint_and_identity
 from padfree.core.planner import planning_window
 from padfree.core.position import from_state, to_state
-from padfree.errors import ConfigError
+from padfree.core.state_check import segment_budgets
+from padfree.errors import ConfigError, StateError
+from padfree.torch import _dataset
 from padfree.torch._balance import DynamicBalancer
 from padfree.torch._distributed import rank_and_world
 
@@ -54,7 +56,13 @@ class PlanBatchSampler:
 
     Use it as ``DataLoader(PlannedDataset(dataset), batch_sampler=sampler, collate_fn=PadCollator())`` (or
     ``torchdata.stateful_dataloader.StatefulDataLoader``). Call :meth:`set_epoch` before each epoch, as with
-    ``DistributedSampler``; an epoch that was fully consumed yields nothing until the epoch changes.
+    ``DistributedSampler``. A second pass over an epoch this sampler has yielded to its end, with no
+    :meth:`set_epoch` (or :meth:`load_state_dict`) in between, raises :class:`~padfree.errors.StateError`
+    (one line: call ``set_epoch``); silently re-running the same epoch would train on the same micro-batches
+    again, and yielding nothing would end training unnoticed. After ``set_epoch`` with the same epoch, an
+    epoch that was fully consumed (say, restored at its end) yields nothing until the epoch changes.
+    Without a :class:`~padfree.torch.PlannedDataset` around the dataset the collators get no plan info
+    (``batch.info`` is None): they warn once.
 
     Args:
         lengths: tokens of every sample (as the collator will see them, before truncation or splitting).
@@ -78,6 +86,11 @@ class PlanBatchSampler:
             that much fewer tokens.
         balance_exchange: replaces the ``torch.distributed`` all-gather of the timings (tests, other
             launchers): takes this rank's 1-D float64 payload, returns every rank's, stacked.
+        anchors: a drafter plan's draft blocks (anchors) per sample, e.g.
+            :func:`padfree.core.anchors.anchor_counts` of the loss masks: micro-batches hold at most
+            ``config.anchor_budget`` of them, and the cost model's drafter terms price them. They depend on
+            the data only, so resume (exact and elastic) is unchanged; the state's fingerprint covers them.
+            In memory only (not with ``window``).
         window: plan the epoch window by window, about this many samples each, in bounded memory (as
             ``make_plan`` does; every per-sample array int32). Default: above
             :data:`padfree.core.planner.STREAM_THRESHOLD` samples, windows of
@@ -98,19 +111,22 @@ class PlanBatchSampler:
         balance_headroom: float | None = None,
         balance_exchange: Callable[[np.ndarray], np.ndarray] | None = None,
         window: int | None = None,
+        anchors: ArrayLike | None = None,
     ) -> None:
         if balance not in ("static", "dynamic"):
             raise ConfigError(f"balance must be 'static' or 'dynamic' (got {balance!r})")
         if isinstance(balance_every, bool) or not isinstance(balance_every, int) or balance_every < 1:
             raise ConfigError(f"balance_every must be an integer >= 1 (got {balance_every!r})")
         window = planning_window(lengths, True if window is not None else None, window)
-        source = EpochSource.of(lengths, config, loss_tokens, window)
+        source = EpochSource.of(lengths, config, loss_tokens, window, anchors)
         rank, world_size = rank_and_world(rank, world_size, config.world_size)
         self.config = config.with_(world_size=world_size)
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} outside world size {world_size}")
         self.rank = rank
-        self.fingerprint = fingerprint(source.lengths, self.config)
+        self.fingerprint, self.identity = fingerprint_and_identity(
+            source.lengths, self.config, source.anchors
+        )
         self.balance = balance
         self.balance_every = balance_every
         dynamic = balance == "dynamic"
@@ -118,6 +134,7 @@ class PlanBatchSampler:
         budget = dynamic_budget(self.config, source.lengths, balance_headroom) if dynamic else None
         self._cursor = Cursor(source, self.config, rank, epoch=epoch, budget=budget, dynamic=dynamic)
         self._lengths = source.lengths
+        self._headroom = balance_headroom
         self._dynamic = None
         if dynamic and world_size > 1:
             capacity = 2 * balance_every * config.grad_accum
@@ -126,6 +143,8 @@ class PlanBatchSampler:
         self._synced: tuple[int, int] | None = None  # (epoch, step) of the last exchange
         self._busy = 0.0  # seconds spent yielding micro-batches (planning included), for balance_stats
         self._busy_first: float | None = None  # ... until the end of the first step
+        self._spent = False  # this sampler yielded the epoch's last micro-batch; no set_epoch since
+        _dataset.note_sampler()
 
     # ----- sampler API -----------------------------------------------------------------------------------
     @property
@@ -157,6 +176,7 @@ class PlanBatchSampler:
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning; the current epoch (e.g. just restored) keeps its position."""
+        self._spent = False
         if int(epoch) != self.epoch:
             self._cursor.set_epoch(epoch)
             self._synced = None
@@ -166,6 +186,11 @@ class PlanBatchSampler:
         return self._cursor.remaining()
 
     def __iter__(self) -> Iterator[MicroBatch]:
+        if self._spent:
+            raise StateError(
+                f"PlanBatchSampler: epoch {self.epoch} was already iterated to its end; call "
+                f"sampler.set_epoch({self.epoch + 1}) before the next pass (as with DistributedSampler)"
+            )
         cursor, g = self._cursor, self.grad_accum
         while True:
             t0 = time.perf_counter()
@@ -177,6 +202,7 @@ class PlanBatchSampler:
             nxt = cursor.take()
             assert nxt is not None
             info = nxt.info
+            self._spent = info.last and info.step + 1 == cursor.steps_in_epoch
             if self._dynamic is not None and nxt.features is not None:
                 self._dynamic.yielded((info.epoch, info.step, info.micro), *nxt.features)
             self._busy += time.perf_counter() - t0
@@ -226,7 +252,9 @@ class PlanBatchSampler:
         attention unit and per micro-batch once fitted, else the configured token units), ``fitted``,
         ``speeds`` (per rank, mean 1), ``heldout_rel_error`` (the previous fit's mean relative error on the
         micro-batches of the last exchange, which it had not seen), ``exchanges``, ``records`` (timed
-        micro-batches received, all ranks), ``sync_seconds`` (this rank's time in exchanges and refits) and
+        micro-batches received, all ranks), ``dropped_times`` (this rank's times screened out: non-finite,
+        <= 0, absurd or far off the median of its recent times, see :func:`padfree.core.refit.screen`),
+        ``sync_seconds`` (this rank's time in exchanges and refits) and
         ``sampler_seconds`` (all of its time yielding micro-batches: planning, layouts, exchanges), of which
         ``sampler_first_step_seconds`` until its first step was out (planning, loading compiled kernels)."""
         b, d = self._cursor.balance, self._dynamic
@@ -239,6 +267,7 @@ class PlanBatchSampler:
             "heldout_rel_error": None if d is None else d.heldout_error,
             "exchanges": 0 if d is None else d.exchanges,
             "records": 0 if d is None else d.records,
+            "dropped_times": 0 if d is None else d.dropped,
             "sync_seconds": 0.0 if d is None else d.sync_seconds,
             "sampler_seconds": self._busy,
             "sampler_first_step_seconds": self._busy_first or 0.0,
@@ -249,7 +278,7 @@ class PlanBatchSampler:
     def state_dict(self) -> dict:
         """The position and everything that decides the rest of the epoch: epoch, fingerprint, the short
         resume history, and the balance in force (cost model, rank speeds). JSON-serializable, O(resumes)."""
-        return to_state(self.fingerprint, self._cursor.position, self.balance)
+        return to_state(self.fingerprint, self._cursor.position, self.balance, self.identity)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at the exact next micro-batch, at this sampler's world size (which may differ: the rest of
@@ -263,7 +292,19 @@ class PlanBatchSampler:
         continued exactly (see :mod:`padfree.core.position`).
         """
         shape = (self.world_size, self.grad_accum, self._cursor.budget, self.config.cost)
-        self._cursor.restore(from_state(state, self.fingerprint, *shape))
+        budgets: dict[int, tuple] = {}
+
+        def allowed(world: int) -> tuple:  # the budgets a segment at ``world`` can have been planned at
+            if world not in budgets:
+                budgets[world] = segment_budgets(self.config, self._lengths, world, self._headroom)
+            return budgets[world]
+
+        steps = self._cursor.plan_steps  # the state's epoch planned (and kept) before it is believed
+        pos = from_state(
+            state, self.fingerprint, *shape, budgets=allowed, identity=self.identity, steps=steps
+        )
+        self._cursor.restore(pos)
         self._synced = None
+        self._spent = False
         if self._dynamic is not None:
             self._dynamic.reset()

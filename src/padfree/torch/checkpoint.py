@@ -20,19 +20,22 @@ that is said in one line. Only rank 0 holds it; the other ranks learn the outcom
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import re
 import socket
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 import torch.distributed as dist
 
-from padfree.errors import StateError
+from padfree.errors import StateError, one_line
 
 LOCK_NAME = "LOCK"
 _STEP = re.compile(r"step-(\d+)\.pt")
@@ -69,35 +72,64 @@ class CheckpointDir:
         self._on_rank0(lambda: self._acquire(run))
 
     def _acquire(self, run: str) -> None:
+        lock = self.dir / LOCK_NAME
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # never through a symlink (it would truncate the file it points to), never blocking on a FIFO
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StateError(
+                    f"{_shown(lock)}: the lock file is a symbolic link; padfree only ever writes its own "
+                    "regular file there: remove the link"
+                ) from None
+            if exc.errno == errno.EISDIR:
+                raise StateError(
+                    f"{_shown(lock)}: the lock file is a folder, not a regular file; remove it"
+                ) from None
             raise StateError(
-                f"{self.dir}: cannot use as checkpoint directory ({exc.strerror or exc})"
+                f"{_shown(self.dir)}: cannot use as checkpoint directory ({exc.strerror or exc})"
             ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise StateError(
+                f"{_shown(lock)}: the lock file is not a regular file (a FIFO, socket, device or folder); "
+                "remove it"
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             owner = _describe(_read_owner(fd))
             os.close(fd)
             raise StateError(
-                f"{self.dir}: checkpoint directory in use by {owner}; wait for that run to end or use "
-                "another --checkpoint-dir"
+                f"{_shown(self.dir)}: checkpoint directory in use by {owner}; wait for that run to end or "
+                "use another --checkpoint-dir"
             ) from None
         previous = _read_owner(fd)
         me = {"host": socket.gethostname(), "pid": os.getpid(), "run": run, "since": _now()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
-        os.fsync(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+            os.fsync(fd)
+        except OSError as exc:
+            os.close(fd)
+            raise StateError(
+                f"{_shown(lock)}: cannot write the lock file ({exc.strerror or exc}); free the device or "
+                "use another --checkpoint-dir"
+            ) from None
         self._fd = fd
         if previous:
-            self.say(f"{self.dir}: took over the lock of {_describe(previous)}, which is no longer running")
+            self.say(
+                f"{_shown(self.dir)}: took over the lock of {_describe(previous)}, which is no longer running"
+            )
         stale = [p for p in self.dir.iterdir() if p.name.endswith(".tmp")]
+        removed = 0
         for p in stale:
-            p.unlink(missing_ok=True)
-        if stale:
-            self.say(f"{self.dir}: removed {len(stale)} temporary file(s) of interrupted writes")
+            with contextlib.suppress(OSError):  # a folder named *.tmp is not ours to remove
+                p.unlink(missing_ok=True)
+                removed += 1
+        if removed:
+            self.say(f"{_shown(self.dir)}: removed {removed} temporary file(s) of interrupted writes")
 
     def release(self) -> None:
         """Give the directory up (an empty ``LOCK`` means nobody owns it)."""
@@ -116,15 +148,20 @@ class CheckpointDir:
         return [p for _, p in sorted(found, reverse=True)]
 
     def newest_intact(self, map_location: str | torch.device = "cpu") -> tuple[Path | None, dict | None]:
-        """The newest checkpoint that loads and holds every required key; each damaged newer one is said."""
+        """The newest checkpoint that loads and holds every required key; each damaged newer one is said
+        (so is one that is not a regular file: a link, FIFO or folder is never opened)."""
         for path in self.files():
             try:
+                if not stat.S_ISREG(os.lstat(path).st_mode):
+                    raise ValueError("not a regular file")
                 state = torch.load(path, map_location=map_location, weights_only=True)
                 missing = [k for k in REQUIRED if not isinstance(state, dict) or k not in state]
                 if missing:
                     raise ValueError(f"missing {', '.join(missing)}")
             except Exception as exc:  # torch.load raises many types for a truncated or garbled file
-                self.say(f"{path}: damaged checkpoint ({_short(exc)}); falling back to the previous one")
+                self.say(
+                    f"{_shown(path)}: damaged checkpoint ({_short(exc)}); falling back to the previous one"
+                )
                 continue
             return path, state
         return None, None
@@ -148,47 +185,109 @@ class CheckpointDir:
             try:
                 state = torch.load(path, map_location=map_location, weights_only=True)
             except Exception as exc:
-                error = f"{path}: rank {self.rank} cannot load the checkpoint rank 0 chose ({_short(exc)})"
+                why = _short(exc)
+                error = f"{_shown(path)}: rank {self.rank} cannot load the checkpoint rank 0 chose ({why})"
         self._all_or_none(error)
         assert state is not None  # else every rank raised
         return {**state, "path": str(path)}
 
-    def check_fingerprints(self, saved: str, mine: str) -> None:
-        """Every rank resumes the same sampler state on the same data order, or all refuse (one line)."""
+    def check_fingerprints(self, saved: str, mine: str, why: str | None = None) -> None:
+        """Every rank resumes the same sampler state on the same data order, or all refuse (one line).
+
+        When the ranks agree with each other but the checkpoint was written under another configuration,
+        the line says so, with ``why`` (which field differs, e.g. from
+        :func:`padfree.core.fingerprint.explain`); a rank-disagreement line only when ranks disagree."""
         pairs: list = [(saved, mine)]
         if self.world > 1:
             pairs = [None] * self.world
             dist.all_gather_object(pairs, (saved, mine))
-        bad = [r for r, (s, m) in enumerate(pairs) if s != pairs[0][0] or m != pairs[0][1] or s != m]
+        bad = [r for r, pair in enumerate(pairs) if tuple(pair) != tuple(pairs[0])]
         if bad:
             s, m = pairs[bad[0]]
             raise StateError(
-                f"{self.dir}: rank {bad[0]} would resume sampler state {s} on data order {m}, rank 0 state "
-                f"{pairs[0][0]} on {pairs[0][1]}; every rank must resume the same state on the same data"
+                f"{_shown(self.dir)}: rank {bad[0]} would resume sampler state {s} on data order {m}, rank "
+                f"0 state {pairs[0][0]} on {pairs[0][1]}; every rank must resume the same state on the same "
+                "data"
+            )
+        if saved != mine:
+            raise StateError(
+                f"{_shown(self.dir)}: the checkpoint belongs to another configuration "
+                f"({why or f'sampler state {saved}, data order and config now {mine}'}); resume with the "
+                "config and data it was written with, or start this run in another --checkpoint-dir"
             )
 
     # ----- writing ----------------------------------------------------------------------------------------
     def save(self, step: int, state: Callable[[], dict]) -> Path:
         """Every rank calls this at the same step; rank 0 writes ``state()`` once all ranks got here.
 
-        Atomic: a temporary file is written, fsynced and renamed, and the directory fsynced, so a reader (or
-        a resume after SIGKILL) sees the old file or the new one, never half of one. Keeps the newest
-        ``keep``."""
+        Atomic: a temporary file is created (exclusively, never through a link), written, fsynced and
+        renamed, and the directory fsynced, so a reader (or a resume after SIGKILL) sees the old file or the
+        new one, never half of one. Keeps the newest ``keep`` of this run: checkpoints of a higher step (an
+        earlier, longer run in the same folder, or a damaged one skipped at resume) are removed, so that the
+        next resume continues this run, and this run's own new checkpoints are never the ones removed.
+
+        Any failure to write (a read-only folder, a full device, an I/O error) raises one
+        :class:`StateError` line on every rank, with no temporary file left and the previous checkpoints
+        intact: stop and resume from the last good one."""
         if self.world > 1:
             dist.barrier()
         final = self.dir / f"step-{step:09d}.pt"
-        if self.rank == 0:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.dir / f".{final.name}.{os.getpid()}.tmp"
-            with open(tmp, "wb") as f:
-                torch.save(state(), f)
+
+        def write() -> None:
+            try:
+                self._write(final, state)
+            except OSError as exc:
+                last = None
+                with contextlib.suppress(OSError):
+                    last = next((p.name for p in self.files() if p != final), None)
+                kept = f"the last good one, {last}, is intact" if last else "there is no earlier checkpoint"
+                raise StateError(
+                    f"{_shown(final)}: cannot write the checkpoint ({exc.strerror or _short(exc)}); {kept}: "
+                    "the run stops; free the device or fix the folder, then resume"
+                ) from None
+            with contextlib.suppress(
+                OSError
+            ):  # the new checkpoint is written: a failed clean-up is no failure
+                self._trim(step)
+
+        self._on_rank0(write)
+        return final
+
+    def _write(self, final: Path, state: Callable[[], dict]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".{final.name}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                out = _Writes(f)
+                try:
+                    torch.save(state(), out)  # type: ignore[arg-type]  # a file-like: write and flush
+                except RuntimeError:  # torch's writer turns the OSError of a failed write into this
+                    if out.error is not None:
+                        raise out.error from None
+                    raise
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)
-            _fsync_dir(self.dir)
-            for old in self.files()[self.keep :]:
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        _fsync_dir(self.dir)
+
+    def _trim(self, step: int) -> None:
+        """Keep the newest ``keep`` checkpoints up to ``step``; remove those of a higher step."""
+        files = self.files()
+        ahead = [p for p in files if _step_of(p) > step]
+        mine = [p for p in files if _step_of(p) <= step]
+        for old in ahead + mine[self.keep :]:
+            with contextlib.suppress(OSError):  # a folder of that name is not ours; a retry can remove it
                 old.unlink(missing_ok=True)
-        return final
+        if ahead:
+            self.say(
+                f"{_shown(self.dir)}: removed {len(ahead)} checkpoint(s) of higher steps than this run's "
+                f"{step} (an earlier run's, or damaged), so that a resume continues this run"
+            )
 
     # ----- rank 0 decides, every rank learns --------------------------------------------------------------
     def _on_rank0(self, fn: Callable[[], object]) -> object:
@@ -213,6 +312,35 @@ class CheckpointDir:
         first = next((e for e in errors if e is not None), None)
         if first is not None:
             raise StateError(first)
+
+
+class _Writes:
+    """A file's ``write`` that remembers the OSError it raised (torch.save reports it as a RuntimeError that
+    does not say why)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _step_of(path: Path) -> int:
+    m = _STEP.fullmatch(path.name)
+    return int(m.group(1)) if m else -1
+
+
+def _shown(path: Path | str) -> str:
+    """A path as one line: control characters (a newline in a folder name) escaped."""
+    return one_line(str(path))
 
 
 def _read_owner(fd: int) -> dict | None:

@@ -5,9 +5,11 @@ Every plan is measured with :func:`padfree.tools.analyze.measure` (epoch 1; co-b
 Modeled throughput = real tokens / sum over steps of the modeled cost of the step's most loaded rank (a
 synchronous step waits for its slowest rank), reported relative to ``sorted``.
 
-The rules a plan must meet scale with the epoch (see :func:`limits`): at a few steps per epoch, which
-micro-batch a sample shares matters little (the step gradient sums its micro-batches) and step-to-step
-statistics are noise, so the limits widen; on long epochs they tighten to 1% co-batch repeat.
+The rule (docs/lengths-and-report.md, "The decision"): a plan must not freeze its composition, must keep
+its steps' length mix within :data:`DIVERGENCE_RATIO` of a random shuffle's, and its co-batch repeat and
+adjacent-step correlation within limits that scale with its epoch but never reach a value the metric
+cannot exceed (:func:`limits`); the fastest such padded plan wins (packed, when the attention allows it).
+Random is never picked when a plan that does not freeze models :data:`SPEEDUP` times its throughput.
 """
 
 from __future__ import annotations
@@ -30,9 +32,21 @@ BUCKET_COUNTS = (2, 4, 8, 16, 32)
 MIXES = (4, 16, 64)
 """Explicit noise windows swept at the base growth, beside the automatic one."""
 REPEAT_FLOOR = 0.01
+REPEAT_CAP = 0.25
+"""The co-batch repeat limit never exceeds this, however short the epoch: a quarter of the pairs meeting
+again is a plan that trains on nearly the same micro-batches every epoch."""
+FROZEN = 0.5
+"""Co-batch repeat at or above this: the plan's composition is frozen (sorted reaches 0.8-1.0). Such a plan
+is never recommended while another exists."""
 ADJACENT_FLOOR = 0.1
-WASTE_RATIO = 2.0
-"""A rejected plan this many times faster than the pick is always named, with the rule it breaks."""
+ADJACENT_MIN_STEPS = 8
+"""Adjacent-step correlation is judged from this many steps on (its limit 2 / sqrt(steps - 1) is then at
+most 0.76, a correlation that can be exceeded); on shorter epochs it is noise and not judged."""
+DIVERGENCE_RATIO = 1.2
+"""A plan mixes its steps like a shuffle when its step divergence is at most this times random's."""
+SPEEDUP = 1.5
+"""Random is never picked when a plan that does not freeze its composition models this times its
+throughput: the best-mixing such plan is, with its mixing gap said in numbers."""
 RANK_STEPS = 200
 
 
@@ -57,39 +71,58 @@ class Point:
 def limits(steps: int, micro_per_step: int) -> dict:
     """The rules' limits for a plan whose epoch has ``steps`` steps of ``micro_per_step`` micro-batches.
 
-    - co-batch repeat <= ``max(0.01, micro_per_step / steps)``: a pair sharing a micro-batch is 1 of
-      ``micro_per_step`` micro-batch pairs among a sample's step partners, and a random order puts any pair
-      in one step with probability ~``1 / steps``; a repeat ``r`` adds ~``r / micro_per_step`` to that, so
-      this bound keeps pairs sharing a step again within twice a random order's rate;
+    - co-batch repeat <= ``min(0.25, max(0.01, micro_per_step / steps))``: a pair sharing a micro-batch is
+      1 of ``micro_per_step`` micro-batch pairs among a sample's step partners, and a random order puts any
+      pair in one step with probability ~``1 / steps``; a repeat ``r`` adds ~``r / micro_per_step`` to that,
+      so this bound keeps pairs sharing a step again within twice a random order's rate; on short epochs,
+      where that allows anything, it stops at :data:`REPEAT_CAP`;
     - adjacent-step correlation <= ``max(0.1, 2 / sqrt(steps - 1))``: two standard errors of the
-      correlation of a random order's step means (none below 3 steps, where it is undefined).
+      correlation of a random order's step means; ``None`` (not judged) below :data:`ADJACENT_MIN_STEPS`
+      steps, where it could not be exceeded.
+
+    Every limit can be exceeded: a fraction's is below 1, a correlation's below 1.
 
     >>> limits(1000, 32)["cobatch_repeat_max"], round(limits(1000, 32)["adjacent_corr_max"], 3)
     (0.032, 0.1)
-    >>> limits(4, 32)["cobatch_repeat_max"], round(limits(4, 32)["adjacent_corr_max"], 3)
-    (8.0, 1.155)
+    >>> limits(4, 32)
+    {'cobatch_repeat_max': 0.25, 'adjacent_corr_max': None}
     """
-    adj = 2.0 / math.sqrt(steps - 1) if steps > 2 else float("inf")
+    adj = max(ADJACENT_FLOOR, 2.0 / math.sqrt(steps - 1)) if steps >= ADJACENT_MIN_STEPS else None
     return {
-        "cobatch_repeat_max": max(REPEAT_FLOOR, micro_per_step / max(steps, 1)),
-        "adjacent_corr_max": max(ADJACENT_FLOOR, adj),
+        "cobatch_repeat_max": min(REPEAT_CAP, max(REPEAT_FLOOR, micro_per_step / max(steps, 1))),
+        "adjacent_corr_max": adj,
     }
 
 
 def broken(m: dict, micro_per_step: int, random_divergence: float) -> list[str]:
-    """The rules a plan's metrics break, each with its numbers."""
+    """The rules a plan's metrics break, each with its numbers (by how much it misses the limit)."""
     lim = limits(int(m["steps"]), micro_per_step)
     bad = []
-    if m["cobatch_repeat"] > lim["cobatch_repeat_max"]:
+    rep = m["cobatch_repeat"]
+    if rep >= FROZEN:
         bad.append(
-            f"co-batch repeat {m['cobatch_repeat']:.4f} > {lim['cobatch_repeat_max']:.4g} "
-            f"(= max(0.01, {micro_per_step} micro-batches per step / {m['steps']} steps))"
+            f"co-batch repeat {rep:.4f} >= {FROZEN}: frozen composition (the same micro-batches every epoch)"
         )
-    if m["adjacent_corr"] > lim["adjacent_corr_max"]:
+    elif rep > lim["cobatch_repeat_max"]:
+        bad.append(
+            f"co-batch repeat {rep:.4f} > {lim['cobatch_repeat_max']:.4g} "
+            f"(= min({REPEAT_CAP}, max({REPEAT_FLOOR}, {micro_per_step} micro-batches per step / "
+            f"{m['steps']} steps)))"
+        )
+    if lim["adjacent_corr_max"] is not None and m["adjacent_corr"] > lim["adjacent_corr_max"]:
         bad.append(f"adjacent-step correlation {m['adjacent_corr']:+.3f} > {lim['adjacent_corr_max']:.3f}")
-    if m["step_divergence"] > random_divergence + 1e-12:
-        bad.append(f"step divergence {m['step_divergence']:.3f} > random's {random_divergence:.3f}")
+    ratio = m["step_divergence"] / random_divergence if random_divergence > 0 else math.inf
+    if m["step_divergence"] > DIVERGENCE_RATIO * random_divergence + 1e-12:
+        bad.append(
+            f"step divergence {m['step_divergence']:.3f} = {ratio:.2f} x random's {random_divergence:.3f} "
+            f"(limit {DIVERGENCE_RATIO} x)"
+        )
     return bad
+
+
+def frozen(m: dict) -> bool:
+    """Whether a plan's composition is frozen (co-batch repeat >= :data:`FROZEN`)."""
+    return m["cobatch_repeat"] is not None and m["cobatch_repeat"] >= FROZEN
 
 
 def build_report(
@@ -167,44 +200,84 @@ def build_report(
 
 
 def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
-    """Choose a plan: among plans that meet every rule (:func:`broken`: co-batch repeat and adjacent-step
-    correlation within :func:`limits` of their epoch length, step divergence no worse than random's),
-    packed when the model's attention can keep packed documents apart (``packing``), else the padded plan
-    with the highest modeled throughput. A rejected plan more than :data:`WASTE_RATIO` times faster than
-    the pick is named with the rule it breaks."""
-    rand = _by(points, "random").metrics["step_divergence"]
+    """Choose a plan (the rule of docs/lengths-and-report.md, "The decision").
+
+    1. Eligible: plans that break no rule of :func:`broken` (composition not frozen, co-batch repeat and
+       adjacent-step correlation within :func:`limits` of their epoch, step divergence at most
+       :data:`DIVERGENCE_RATIO` x random's).
+    2. Pick packed when the model's attention keeps packed documents apart (``packing``) and it is eligible,
+       else the eligible padded plan with the highest modeled throughput.
+    3. If padded plans that do not freeze their composition (co-batch repeat < :data:`FROZEN`) model >=
+       :data:`SPEEDUP` x the throughput of that padded pick (and of random: random is never picked while
+       one does), pick the one of them that breaks the fewest other rules and whose steps mix best (lowest
+       step divergence): a mixing gap that buys 1.5x the throughput is worth it, and the gap is said in
+       numbers, as the price of few micro-batches per step.
+    4. Otherwise the plan that breaks the fewest rules, never a frozen one while another exists.
+
+    The fastest rejected plan that beats the padded pick is named with the rules it breaks (by how much),
+    and what rejecting it costs (its throughput over the pick's).
+    """
+    rand_p = _by(points, "random")
+    rand = rand_p.metrics["step_divergence"]
     sorted_m = _by(points, "sorted").metrics
     failing = {p.label: broken(p.metrics, micro_per_step, rand) for p in points}
     eligible = [p for p in points if not failing[p.label]]
     padded = [p for p in eligible if not p.config.packed]
     packed = [p for p in eligible if p.config.packed]
     best_padded = max(padded, key=_speed, default=None)
+    # a plan that trades some mixing for >= SPEEDUP x the throughput of the pick so far (random's at least)
+    floor = SPEEDUP * max(_speed(rand_p), -1.0 if best_padded is None else _speed(best_padded))
+    fast = [
+        p
+        for p in points
+        if not p.config.packed and p is not rand_p and not frozen(p.metrics) and _speed(p) >= floor
+    ]
+    traded = None
+    if fast:
+
+        def other_rules(p: Point) -> int:
+            return sum(not r.startswith("step divergence") for r in failing[p.label])
+
+        traded = min(fast, key=lambda p: (other_rules(p), p.metrics["step_divergence"], -_speed(p)))
+        best_padded = traded
     if packing and packed:
         chosen = packed[0]
     elif best_padded is not None:
         chosen = best_padded
     else:  # random meets every rule by construction, so only a custom point set gets here
-        chosen = min(points, key=lambda p: (len(failing[p.label]), -_speed(p)))
+        pool = [p for p in points if not frozen(p.metrics)] or points
+        chosen = min(pool, key=lambda p: (len(failing[p.label]), -_speed(p)))
     m = chosen.metrics
     lim = limits(int(m["steps"]), micro_per_step)
+    rm = rand_p.metrics
     reasons = [
-        f"padding efficiency {m['padding_efficiency']:.4f} (random: "
-        f"{_by(points, 'random').metrics['padding_efficiency']:.4f}, "
+        f"padding efficiency {m['padding_efficiency']:.4f} (random: {rm['padding_efficiency']:.4f}, "
         f"sorted: {sorted_m['padding_efficiency']:.4f})",
         f"modeled throughput {m['relative_throughput']:.3f} x sorted "
-        f"({m['relative_throughput'] / _by(points, 'random').metrics['relative_throughput']:.2f} x random)",
+        f"({m['relative_throughput'] / rm['relative_throughput']:.2f} x random)",
         f"co-batch repeat between epochs {m['cobatch_repeat']:.4f} (limit {lim['cobatch_repeat_max']:.4g} at "
         f"{m['steps']} steps of {micro_per_step} micro-batches; sorted: {sorted_m['cobatch_repeat']:.3f})",
-        f"step divergence {m['step_divergence']:.3f} (random: {rand:.3f}, "
-        f"sorted: {sorted_m['step_divergence']:.3f})",
+        f"step divergence {m['step_divergence']:.3f} = {_ratio(m['step_divergence'], rand):.2f} x random's "
+        f"{rand:.3f} (limit {DIVERGENCE_RATIO} x; sorted: {sorted_m['step_divergence']:.3f})",
         f"adjacent-step correlation {m['adjacent_corr']:+.3f} ("
-        + (f"limit {lim['adjacent_corr_max']:.3g}" if m["steps"] > 2 else "no limit below 3 steps")
+        + (
+            f"limit {lim['adjacent_corr_max']:.3g}"
+            if lim["adjacent_corr_max"] is not None
+            else f"not judged below {ADJACENT_MIN_STEPS} steps"
+        )
         + f"), rank imbalance {m['imbalance']:.4f}",
     ]
+    gap = _gap(chosen, rand, micro_per_step)
     if chosen.config.packed:
         why = (
             "it meets every rule and the model's attention can keep packed documents apart (assumed; pass "
             "--no-packing if it cannot), so bins of whole documents carry no padding and mix lengths freely"
+        )
+    elif chosen is traded:
+        why = (
+            f"it models {_speed(chosen) / _speed(rand_p):.2f} x random's throughput, >= {SPEEDUP} x that of "
+            "every plan that meets every rule, without freezing its composition, and its steps mix best of "
+            f"such plans" + (f": {gap}" if gap else "")
         )
     elif failing[chosen.label]:
         why = "no plan meets every rule; this one breaks the fewest: " + "; ".join(failing[chosen.label])
@@ -212,6 +285,8 @@ def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
         why = f"the highest modeled throughput among the {len(padded)} padded plans that meet every rule"
         if not packing:
             why += " (packing is off: the model's attention cannot keep packed documents apart)"
+        if gap:
+            why += f"; {gap}"
     alt = None
     if chosen.config.packed and best_padded is not None:
         bm = best_padded.metrics
@@ -220,7 +295,8 @@ def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
             "params": best_padded.to_json()["params"],
             "text": f"If the attention cannot keep packed documents apart: {best_padded.label} "
             f"(padding efficiency {bm['padding_efficiency']:.4f}, throughput "
-            f"{bm['relative_throughput']:.3f} x sorted, co-batch repeat {bm['cobatch_repeat']:.4f}).",
+            f"{bm['relative_throughput']:.3f} x sorted, co-batch repeat {bm['cobatch_repeat']:.4f}, step "
+            f"divergence {_ratio(bm['step_divergence'], rand):.2f} x random's).",
         }
     padded_pick = best_padded if chosen.config.packed else chosen
     near_miss = _near_miss(points, failing, padded_pick, packing)
@@ -239,43 +315,68 @@ def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
         "text": text,
         "alternative": alt,
         "near_miss": near_miss,
+        "mixing_gap": gap,
         "eligible": [p.label for p in eligible],
         "rejected": {k: v for k, v in failing.items() if v},
         "criteria": {
             "cobatch_repeat_max": lim["cobatch_repeat_max"],
             "adjacent_corr_max": lim["adjacent_corr_max"],
-            "step_divergence_max": rand,
-            "rule": "co-batch repeat <= max(0.01, micro-batches per step / steps); adjacent-step correlation "
-            "<= max(0.1, 2 / sqrt(steps - 1)); step divergence <= random's",
+            "step_divergence_max": DIVERGENCE_RATIO * rand,
+            "frozen_repeat": FROZEN,
+            "speedup": SPEEDUP,
+            "rule": f"co-batch repeat < {FROZEN} (else frozen) and <= min({REPEAT_CAP}, max({REPEAT_FLOOR}, "
+            "micro-batches per step / steps)); adjacent-step correlation <= max(0.1, 2 / sqrt(steps - 1)) "
+            f"from {ADJACENT_MIN_STEPS} steps; step divergence <= {DIVERGENCE_RATIO} x random's; a plan that "
+            f"does not freeze and models >= {SPEEDUP} x the throughput of the best plan meeting every rule "
+            "(random's at least) is picked in its place",
         },
     }
 
 
+def _ratio(x: float, ref: float) -> float:
+    return x / ref if ref > 0 else math.inf
+
+
+def _gap(p: Point, rand: float, micro_per_step: int) -> str | None:
+    """The sentence on a padded plan whose steps mix worse than a random shuffle's, or None."""
+    if p.config.packed or p.metrics["step_divergence"] <= rand:  # random's own is rand
+        return None
+    return (
+        f"its steps mix {_ratio(p.metrics['step_divergence'], rand):.2f} x worse than a random shuffle's "
+        f"(step divergence {p.metrics['step_divergence']:.3f} vs {rand:.3f}), the price of {micro_per_step} "
+        "micro-batches per step: each padded micro-batch holds one narrow band of lengths, so a step samples "
+        "the length distribution at only that many points; more micro-batches per step (--grad-accum) "
+        "narrow the gap"
+    )
+
+
 def _near_miss(points: list[Point], failing: dict, pick: Point | None, packing: bool) -> str | None:
-    """The fastest rejected plan that beats the padded pick (any strategy when it is over
-    :data:`WASTE_RATIO` times faster), with the rules it breaks and the knob that fixes them."""
+    """The fastest rejected plan that beats the padded pick (packed only when packing is allowed), with the
+    rules it breaks and by how much, what rejecting it costs, and the knob that fixes them."""
     floor = -1.0 if pick is None else _speed(pick)
     misses = [
-        p
-        for p in points
-        if failing[p.label]
-        and _speed(p) > floor
-        and (REGISTRY[p.config.strategy].bucketed or _speed(p) > WASTE_RATIO * floor)
-        and (packing or not p.config.packed)
+        p for p in points if failing[p.label] and _speed(p) > floor and (packing or not p.config.packed)
     ]
     if not misses:
         return None
     nm = max(misses, key=_speed)
     fixes = []
-    if any(r.startswith("co-batch") for r in failing[nm.label]) and REGISTRY[nm.config.strategy].bucketed:
-        fixes.append("a wider noise window (a larger --mix) lowers co-batch repeat")
-    if any(not r.startswith("co-batch") for r in failing[nm.label]) and REGISTRY[nm.config.strategy].bucketed:
-        fixes.append("fewer, wider buckets (a larger --growth) mix lengths more within a step")
-    ratio = "" if pick is None else f" ({_speed(nm) / _speed(pick):.2f} x the pick's throughput)"
+    rules = failing[nm.label]
+    if REGISTRY[nm.config.strategy].bucketed:
+        if any(r.startswith("co-batch") for r in rules):
+            fixes.append("a wider noise window (a larger --mix) lowers co-batch repeat")
+        if any(r.startswith("step divergence") for r in rules):
+            fixes.append("more micro-batches per step (--grad-accum) lower step divergence")
+    cost = (
+        ""
+        if pick is None
+        else f" ({_speed(nm) / _speed(pick):.2f} x the pick's throughput: rejecting it costs "
+        f"{1 - _speed(pick) / _speed(nm):.0%} of the modeled throughput)"
+    )
     return (
-        f"{nm.label} would reach {nm.metrics['relative_throughput']:.3f} x sorted{ratio}, padding efficiency "
+        f"{nm.label} would reach {nm.metrics['relative_throughput']:.3f} x sorted{cost}, padding efficiency "
         f"{nm.metrics['padding_efficiency']:.4f}, but breaks: "
-        + "; ".join(failing[nm.label])
+        + "; ".join(rules)
         + (f" ({'; '.join(fixes)})" if fixes else "")
         + "."
     )

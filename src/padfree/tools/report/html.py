@@ -69,8 +69,13 @@ def render_html(numbers: dict, figures: dict[str, tuple[str, str]]) -> str:
     crit = rec["criteria"]
     parts.append(
         f"<p class='note'>Rules, scaled to each plan's epoch: {e(crit['rule'])} (for the pick: co-batch "
-        f"repeat &le; {crit['cobatch_repeat_max']:.4g}, adjacent-step correlation &le; "
-        f"{crit['adjacent_corr_max']:.3g}, step divergence &le; {crit['step_divergence_max']:.3f}). "
+        f"repeat &le; {crit['cobatch_repeat_max']:.4g}, adjacent-step correlation "
+        + (
+            "not judged on so short an epoch"
+            if crit["adjacent_corr_max"] is None
+            else f"&le; {crit['adjacent_corr_max']:.3g}"
+        )
+        + f", step divergence &le; {crit['step_divergence_max']:.3f}). "
         f"{len(rec['eligible'])} of {len(numbers['frontier'])} plans pass. Packing supported: "
         f"{'yes' if numbers['packing_supported'] else 'no'}.</p></div>"
     )

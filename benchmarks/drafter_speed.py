@@ -1,0 +1,175 @@
+"""Drafter training speed by batching, in one run on this CPU: supervised draft positions per second and
+anchor coverage (DFlash and EAGLE-3, tiny frozen target + one-layer drafter), and modeled rank imbalance at 8
+ranks on the seed_mix.
+
+    PYTHONPATH=src python benchmarks/drafter_speed.py --quick --out benchmarks/results
+    PYTHONPATH=src python benchmarks/drafter_speed.py --out benchmarks/results
+
+Arms and protocol: :mod:`padfree.bench.drafter` and benchmarks/README.md. Data: real chat, math and code
+samples (/work/shared/data/samples, or ``--data``) tokenized with the 32K SentencePiece tokenizer, loss on
+assistant turns, cut to the budget; token ids folded modulo ``--vocab`` (a speed knob: the tiny models'
+LM heads). Writes ``NAME.json`` ({"method": {"dflash": {ARM: {"draft_pos_per_s", "anchor_coverage",
+"imbalance"}}, "eagle3": ...}, ...}) and ``NAME.md`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from padfree.bench.drafter import (
+    ARMS,
+    METHODS,
+    build_models,
+    coverage,
+    make_arms,
+    modeled_imbalance,
+    sample_anchors,
+    speed,
+)
+from padfree.bench.machine import machine_info
+from padfree.core.anchors import AnchorPolicy, anchor_quota
+from padfree.core.config import CostModel
+
+SHARED = Path("/work/shared")
+CHAT = ["self_instruct_t0", "hh_rlhf_harmless_test", "gsm8k", "gpteacher_codegen",
+        "gpteacher_roleplay_toolformer", "humaneval", "python_stdlib_code"]  # fmt: skip
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer samples and micro-batches (~5 min)")
+    p.add_argument("--out", type=Path, required=True, help="directory for NAME.json and NAME.md")
+    p.add_argument("--name", default=None, help="file stem (default drafter_speed[_quick])")
+    p.add_argument("--data", nargs="*", default=None, help="sample files (default: shared chat/code sets)")
+    p.add_argument("--tokenizer", default=str(SHARED / "tokenizers/llama_sp32k.model"))
+    p.add_argument("--per-file", type=int, default=None, help="samples per file (quick 150, full 400)")
+    p.add_argument("--budget", type=int, default=1024, help="tokens per micro-batch")
+    p.add_argument("--micro", type=int, default=None, help="timed micro-batches per arm (quick 8, full 24)")
+    p.add_argument("--vocab", type=int, default=2048)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=16, help="target layers (the drafter has one)")
+    p.add_argument("--ttt", type=int, default=7)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lengths", type=Path, default=SHARED / "data/lengths/seed_mix.cl100k.npy",
+                   help="lengths for the modeled imbalance (default: the seed_mix)")  # fmt: skip
+    p.add_argument("--world", type=int, default=8)
+    p.add_argument("--imbalance-budget", type=int, default=16384)
+    args = p.parse_args(argv)
+    args.per_file = args.per_file or (150 if args.quick else 400)
+    args.micro = args.micro or (8 if args.quick else 24)
+    args.name = args.name or ("drafter_speed_quick" if args.quick else "drafter_speed")
+    return args
+
+
+def load(args: argparse.Namespace) -> list[dict]:
+    from padfree.data.samples import load_samples
+
+    files = args.data or [str(SHARED / f"data/samples/{n}.jsonl.gz") for n in CHAT]
+    samples = load_samples(files, args.tokenizer, None, "assistant", args.budget, per_file=args.per_file)
+    out = []
+    for s in samples:
+        ids = np.asarray(s["input_ids"]) % args.vocab
+        if ids.shape[0] >= 2:
+            out.append({"input_ids": ids, "loss_mask": np.asarray(s["loss_mask"], bool)})
+    return out
+
+
+def seed_mix_imbalance(args: argparse.Namespace, method: str, cost: CostModel) -> dict[str, float]:
+    """Modeled imbalance of every arm at ``args.world`` ranks on the seed_mix lengths; anchors from the
+    default policy with every token but the first supervised (the seed_mix has no loss masks)."""
+    lengths = np.minimum(np.load(args.lengths).astype(np.int64), args.imbalance_budget)
+    anchors = anchor_quota(lengths - 1, AnchorPolicy()) if method == "dflash" else np.zeros_like(lengths)
+    arms = make_arms(lengths, anchors, args.imbalance_budget, args.seed, cost, world_size=args.world)
+    return {n: modeled_imbalance(a, lengths, anchors, args.world, cost) for n, a in arms.items()}
+
+
+def table(result: dict) -> str:
+    lines = []
+    for method in METHODS:
+        rows = result["method"][method]
+        base = rows["padfree_packed"]["draft_pos_per_s"]
+        lines += [
+            f"\n### {method}\n",
+            "| arm | draft positions/s | packed is x faster | anchor coverage | same as alone | "
+            f"imbalance ({result['config']['world']} ranks, seed_mix) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for arm in ARMS:
+            r = rows[arm]
+            ratio = base / r["draft_pos_per_s"] if r["draft_pos_per_s"] else float("nan")
+            lines.append(
+                f"| {arm} | {r['draft_pos_per_s']:.0f} | {ratio:.2f} | {r['anchor_coverage']:.3f} | "
+                f"{r['same_as_alone']} | {r['imbalance']:.3f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def targets(result: dict) -> dict:
+    out = {}
+    for method in METHODS:
+        rows = result["method"][method]
+        p = rows["padfree_packed"]
+        out[method] = {
+            "vs_random_2.5x": p["draft_pos_per_s"] / rows["specforge_random"]["draft_pos_per_s"],
+            "vs_sorted_1.2x": p["draft_pos_per_s"] / rows["sorted_padded"]["draft_pos_per_s"],
+            "coverage_same_as_alone": bool(p["same_as_alone"]),
+            "imbalance_le_1.05": p["imbalance"],
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    import torch
+
+    torch.set_num_threads(1)  # CPU seconds of one thread are the compute time on a shared machine
+    t0 = time.perf_counter()
+    samples = load(args)
+    lengths = np.array([len(s["input_ids"]) for s in samples], np.int64)
+    policy = AnchorPolicy()
+    anchors = sample_anchors(samples, policy)
+    result: dict = {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "samples": len(samples),
+        "tokens": int(lengths.sum()),
+        "supervised_tokens": int(sum(int(s["loss_mask"][1:].sum()) for s in samples)),
+        "machine": machine_info(),
+        "method": {},
+    }
+    for method in METHODS:
+        shape = {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab, "ttt": args.ttt}
+        cost = CostModel.for_drafter(method, **shape)
+        arms = make_arms(lengths, anchors, args.budget, args.seed, cost)
+        models = build_models(method, vocab=args.vocab, hidden=args.hidden, layers=args.layers,
+                              intermediate=4 * args.hidden, ttt=args.ttt, seed=args.seed)  # fmt: skip
+        print(f"{method}: timing {len(arms)} arms x {args.micro} micro-batches", file=sys.stderr, flush=True)
+        rows = speed(method, arms, samples, models, policy, micro=args.micro, seed=args.seed, ttt=args.ttt)
+        print(f"{method}: coverage", file=sys.stderr, flush=True)
+        for name, arm in arms.items():
+            rows[name].update(coverage(method, arm, samples, policy, seed=args.seed, ttt=args.ttt))
+        big = CostModel.for_drafter(method, hidden=4096, layers=32, vocab=128256, ttt=args.ttt)
+        for name, imb in seed_mix_imbalance(args, method, big).items():
+            rows[name]["imbalance"] = imb
+        result["method"][method] = rows
+        print(json.dumps({k: round(v["draft_pos_per_s"]) for k, v in rows.items()}), file=sys.stderr)
+    result["targets"] = targets(result)
+    result["seconds"] = time.perf_counter() - t0
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    md = (
+        f"# {args.name}\n\n{len(samples)} samples, budget {args.budget}, {args.micro} micro-batches per arm\n"
+    )
+    md += table(result) + "\ntargets: " + json.dumps(result["targets"]) + "\n"
+    (args.out / f"{args.name}.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,383 @@
+"""Drafter training speed by batching (``benchmarks/drafter_speed.py``): supervised draft positions per second
+of a frozen target plus a DFlash or EAGLE-3 drafter, anchor coverage per epoch, and modeled rank imbalance.
+
+Arms (each one a way to batch the same samples; the models, kernels and loss are the same in every arm):
+
+- ``padfree_packed``: padfree's packed plan; one row of documents, per-document attention, anchors chosen
+  per document (:mod:`padfree.core.anchors`).
+- ``padfree_bucketed``: padfree's bucketed plan; padded rows, anchors per document.
+- ``specforge_random``: SpecForge's batching: a fixed count of samples per micro-batch
+  (``budget // mean length``) in random order, padded to the longest; anchors per sample (= per row).
+
+In every padded arm (``padfree_bucketed`` too) the DFlash block tensor is padded as SpecForge's is
+(``[rows, most anchors of a row, block_size]``, the extra blocks computed and not supervised:
+:func:`pad_blocks`), which is what the planner's cost model counts for padded rows (``count x most``);
+the LM head runs on supervised positions only, in every arm.
+- ``sorted_padded``: length-sorted micro-batches (``count x longest <= budget``) in random order, padded.
+- ``multipack_row_anchors``: vllm speculators' batching, rebuilt here (their package is not installed in this
+  environment): rows packed by first-fit decreasing on tokens over a shuffled window, ranks given rows by
+  tokens, and DFlash anchors chosen per *row* (one quota for the row, blocks running across document ends:
+  the collator's ``leaky`` fields) or, for EAGLE-3, the test-time-training shift across the row. Only
+  draft positions whose label is in the query's own document count as supervised positions here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from padfree.bench.measure import Batching
+from padfree.core import _kernels
+from padfree.core.anchors import AnchorPolicy, anchor_counts
+from padfree.core.config import CostModel, PlanConfig
+from padfree.core.cost import imbalance, micro_costs, micro_shapes, rank_costs
+from padfree.core.planner import make_plan
+from padfree.core.steps import assign_ranks
+
+ARMS = ("padfree_packed", "padfree_bucketed", "specforge_random", "sorted_padded", "multipack_row_anchors")
+METHODS = ("dflash", "eagle3")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One batching of the samples: micro-batches, the row layout, and whether the row-level (leaky) fields
+    of the field's packers are used."""
+
+    name: str
+    batching: Batching
+    layout: str
+    leaky: bool = False
+
+
+def sample_anchors(samples: list[dict], policy: AnchorPolicy) -> np.ndarray:
+    """DFlash anchors per sample from the loss masks (what the planner is given)."""
+    mask = np.concatenate([np.asarray(s["loss_mask"], bool) for s in samples])
+    lens = np.array([len(s["input_ids"]) for s in samples], np.int64)
+    return anchor_counts(mask, np.concatenate(([0], np.cumsum(lens))), policy)
+
+
+def multipack(lengths: np.ndarray, budget: int, rng: np.random.Generator, window: int = 4096) -> Batching:
+    """First-fit-decreasing-like packing (best fit on lengths sorted longest first) over shuffled windows of
+    samples, bins in random order: the multipack idea (speculators, axolotl)."""
+    perm = rng.permutation(lengths.shape[0])
+    orders, sizes = [], []
+    for a in range(0, perm.shape[0], window):
+        chunk = perm[a : a + window]
+        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
+        bin_of, n_bins = _kernels.best_fit(lengths[chunk].astype(np.int64), int(budget))
+        orders.append(chunk[_kernels.counting_argsort(bin_of, int(n_bins))])
+        sizes.append(np.bincount(bin_of, minlength=n_bins))
+    order = np.concatenate(orders)
+    count = np.concatenate(sizes)
+    offsets = np.concatenate(([0], np.cumsum(count))).astype(np.int64)
+    order, offsets = _kernels.gather_segments(order, offsets, rng.permutation(count.shape[0]))
+    return Batching(order, offsets, packed=True)
+
+
+def fixed_count(lengths: np.ndarray, budget: int, rng: np.random.Generator) -> Batching:
+    """SpecForge's batches: ``budget // mean length`` samples each, random order (padded to the longest)."""
+    n = lengths.shape[0]
+    count = max(1, int(budget // float(lengths.mean())))
+    return Batching(rng.permutation(n), np.append(np.arange(0, n, count), n).astype(np.int64), packed=False)
+
+
+def make_arms(
+    lengths: np.ndarray, anchors: np.ndarray, budget: int, seed: int, cost: CostModel, world_size: int = 1
+) -> dict[str, Arm]:
+    """The five arms over ``lengths`` (see the module docstring); padfree's plans balance ``world_size``
+    ranks by ``cost``, the baselines deal micro-batches to ranks in their order."""
+    rng = np.random.default_rng(seed)
+    cfg = PlanConfig(budget=budget, world_size=world_size, seed=seed, cost=cost)
+    out = {}
+    for name, strategy in (("padfree_packed", "packed"), ("padfree_bucketed", "bucketed")):
+        plan = make_plan(lengths, cfg.with_(strategy=strategy), 0, anchors=anchors)
+        out[name] = Arm(name, Batching(plan.indices, plan.offsets, cfg.with_(strategy=strategy).packed), "")
+    out["specforge_random"] = Arm("specforge_random", fixed_count(lengths, budget, rng), "padded")
+    srt = make_plan(lengths, cfg.with_(strategy="sorted", world_size=1), 0)
+    out["sorted_padded"] = Arm("sorted_padded", Batching(srt.indices, srt.offsets, False), "padded")
+    mp = multipack(lengths, budget, rng)
+    if world_size > 1:  # ranks given rows by tokens, as speculators' distributed multipack does
+        m = (mp.n_micro // world_size) * world_size
+        lens = lengths[mp.order]
+        tokens = micro_shapes(lens, mp.offsets[: m + 1], True).real
+        perm = assign_ranks(tokens, world_size, 1)
+        order, offsets = _kernels.gather_segments(mp.order, mp.offsets[: m + 1], perm)
+        mp = Batching(order, offsets, True)
+    out["multipack_row_anchors"] = Arm("multipack_row_anchors", mp, "packed", leaky=True)
+    return {
+        k: Arm(a.name, a.batching, a.layout or ("packed" if a.batching.packed else "padded"), a.leaky)
+        for k, a in out.items()
+    }
+
+
+def modeled_imbalance(
+    arm: Arm, lengths: np.ndarray, anchors: np.ndarray, world_size: int, cost: CostModel
+) -> float:
+    """Mean over steps of (most loaded rank / mean rank) under the drafter cost model, micro-batches dealt to
+    ranks in the arm's order (a trailing partial step left out)."""
+    b = arm.batching
+    m = (b.n_micro // world_size) * world_size
+    if m == 0:
+        return 1.0
+    offs = b.offsets[: m + 1]
+    order = b.order[: int(offs[-1])]
+    sh = micro_shapes(lengths[order], offs, b.packed, anchors[order])
+    return imbalance(rank_costs(micro_costs(sh, cost), world_size, 1))
+
+
+# ----- running the models ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Models:
+    """A frozen target, its chosen layers and a drafter with its optimizer."""
+
+    method: str
+    target: Any
+    layers: tuple[int, ...]
+    drafter: Any
+    optimizer: Any
+    head: Any
+
+
+def build_models(method: str, *, vocab: int, hidden: int, layers: int, intermediate: int, ttt: int = 7,
+                 block_size: int = 16, seed: int = 0) -> Models:  # fmt: skip
+    """The tiny target (random weights, forward only) and a one-layer drafter of the same width."""
+    import torch
+
+    from padfree.drafter.dflash import DFlashConfig, DFlashDrafter
+    from padfree.drafter.eagle3 import Eagle3Config, Eagle3Drafter
+    from padfree.drafter.target import build_target, dflash_layers, eagle3_layers, lm_head
+
+    heads = max(1, hidden // 32)
+    target = build_target(
+        seed=seed,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=intermediate,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+    )
+    embed, head = target.get_input_embeddings(), lm_head(target)
+    drafter: Any
+    torch.manual_seed(seed)
+    common = {"hidden_size": hidden, "num_heads": heads, "num_kv_heads": max(1, heads // 2)}
+    if method == "dflash":
+        chosen = dflash_layers(layers, 2)
+        cfg = DFlashConfig(**common, intermediate_size=intermediate, block_size=block_size,
+                           n_target_layers=len(chosen))  # fmt: skip
+        drafter = DFlashDrafter(cfg, weight_of(embed), weight_of(head))
+    else:
+        chosen = eagle3_layers(layers)
+        e3 = Eagle3Config(**common, intermediate_size=intermediate, ttt=ttt)
+        drafter = Eagle3Drafter(e3, weight_of(embed), weight_of(head))
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    return Models(method, target, chosen, drafter, torch.optim.AdamW(params, lr=1e-4), head)
+
+
+def weight_of(module: Any) -> Any:
+    """A module's weight tensor (what the reference drafters copy from the target)."""
+    return module.weight
+
+
+def train_micro(models: Models, batch) -> int:
+    """One micro-batch: the target forward (no grad), the drafter's loss over the supervised draft positions,
+    backward and an optimizer step; returns the supervised draft positions."""
+    from padfree.drafter.target import run_target
+
+    out = run_target(models.target, batch.contract, models.layers)
+    num, den = models.drafter.loss(out, models.head, batch)
+    total = den.sum()
+    (num.sum() / total.clamp(min=1.0)).backward()
+    models.optimizer.step()
+    models.optimizer.zero_grad(set_to_none=True)
+    return int(total.item())
+
+
+def collator(method: str, arm: Arm, policy: AnchorPolicy, seed: int, ttt: int):
+    from padfree.drafter.collate import DrafterCollator
+
+    return DrafterCollator(method, policy, seed=seed, layout=arm.layout, ttt=ttt, leaky=arm.leaky,
+                           mask_token_id=1)  # fmt: skip
+
+
+def items_of(samples: list[dict], ids: np.ndarray) -> list[dict]:
+    return [{**samples[int(i)], "sample_id": int(i)} for i in ids]
+
+
+def own_document_supervised(method: str, batch) -> None:
+    """For row-level (leaky) fields: keep as supervised only the positions whose label lies in the query's
+    own document (a label from the next document is not a draft position of this one)."""
+    import torch
+
+    doc = batch.contract.flat("document_ids")[0]
+    f = batch.dflash if method == "dflash" else batch.eagle3
+    label = f.label_index
+    same = (label >= 0) & (doc[label.clamp(min=0)] == (f.query_doc if method == "dflash" else doc[None, :]))
+    object.__setattr__(f, "supervised", f.supervised & same.to(torch.bool))
+
+
+def pad_blocks(batch):
+    """A padded DFlash batch with every row's blocks padded to the row with the most (SpecForge's
+    ``[B, N_max]`` anchor tensor with ``block_keep_mask``): the extra blocks sit at their row's first
+    position, are computed by the drafter and never supervised. Returns a new batch."""
+    import dataclasses
+
+    import torch
+
+    f, c = batch.dflash, batch.contract
+    per_row = [len(a) for a in f.anchors_by_doc]
+    most = max(per_row, default=0)
+    if most == 0 or all(n == most for n in per_row):
+        return batch
+    bs = f.block_size
+    parts: dict[str, list] = {k: [] for k in ("a", "doc", "ids", "pos", "label", "target", "sup")}
+    q = 0
+    for d, n in enumerate(per_row):
+        extra = most - n
+        start = int(c.doc_starts[d])
+        if extra:
+            k = torch.arange(bs).repeat(extra)
+            parts["a"].append(torch.full((extra,), start, dtype=torch.int64))
+            parts["doc"].append(torch.full((extra * bs,), d, dtype=f.query_doc.dtype))
+            ids = torch.full((extra * bs,), 1, dtype=f.block_input_ids.dtype)
+            ids[k == 0] = c.flat("input_ids")[0][start]
+            parts["ids"].append(ids)
+            parts["pos"].append(k.to(f.block_position_ids.dtype))
+            parts["label"].append(torch.full((extra * bs,), -1, dtype=torch.int64))
+            parts["target"].append(torch.full((extra * bs,), start, dtype=torch.int64))
+            parts["sup"].append(torch.zeros(extra * bs, dtype=torch.bool))
+        sl = slice(q * bs, (q + n) * bs)
+        parts["a"].append(f.anchors[q : q + n])
+        parts["doc"].append(f.query_doc[sl])
+        parts["ids"].append(f.block_input_ids[sl])
+        parts["pos"].append(f.block_position_ids[sl])
+        parts["label"].append(f.label_index[sl])
+        parts["target"].append(f.target_index[sl])
+        parts["sup"].append(f.supervised[sl])
+        q += n
+    cat = {k: torch.cat(v) for k, v in parts.items()}
+    g = dataclasses.replace(
+        f,
+        anchors=cat["a"],
+        query_doc=cat["doc"],
+        block_input_ids=cat["ids"],
+        block_position_ids=cat["pos"],
+        label_index=cat["label"],
+        target_index=cat["target"],
+        supervised=cat["sup"],
+    )
+    return dataclasses.replace(batch, dflash=g)
+
+
+def speed(
+    method: str,
+    arms: dict[str, Arm],
+    samples: list[dict],
+    models: Models,
+    policy: AnchorPolicy,
+    *,
+    micro: int,
+    seed: int,
+    ttt: int,
+    rounds_warmup: int = 1,
+) -> dict[str, dict]:
+    """Supervised draft positions per second of each arm over ``micro`` micro-batches spread evenly over its
+    epoch, timed in rounds (every arm one micro-batch per round, so a slow spell of a shared machine spreads
+    over the arms). Seconds are this process's CPU seconds (``time.process_time``; run torch on one thread,
+    then they are the compute time, whatever else the shared machine runs); wall seconds are kept too."""
+    import torch
+
+    picks = {}
+    for name, arm in arms.items():
+        n = arm.batching.n_micro
+        picks[name] = np.unique(np.linspace(0, n - 1, min(micro, n)).round().astype(int))
+    cols = {name: collator(method, arm, policy, seed, ttt) for name, arm in arms.items()}
+    seconds = dict.fromkeys(arms, 0.0)
+    wall = dict.fromkeys(arms, 0.0)
+    positions = dict.fromkeys(arms, 0)
+    slots = dict.fromkeys(arms, 0)
+    real = dict.fromkeys(arms, 0)
+    torch.manual_seed(seed)
+    for r in range(-rounds_warmup, max(len(p) for p in picks.values())):
+        for name, arm in arms.items():
+            j = int(picks[name][max(r, 0) % len(picks[name])])
+            b = arm.batching
+            batch = cols[name](items_of(samples, b.order[b.offsets[j] : b.offsets[j + 1]]))
+            if arm.leaky:
+                own_document_supervised(method, batch)
+            if method == "dflash" and arm.layout == "padded":
+                batch = pad_blocks(batch)
+            t0, w0 = time.process_time(), time.perf_counter()
+            got = train_micro(models, batch)
+            dt, dw = time.process_time() - t0, time.perf_counter() - w0
+            if r >= 0:
+                seconds[name] += dt
+                wall[name] += dw
+                positions[name] += got
+                slots[name] += int(batch.contract.input_ids.numel())
+                real[name] += int(sum(batch.contract.doc_lengths))
+    return {
+        name: {
+            "draft_pos_per_s": positions[name] / seconds[name] if seconds[name] else 0.0,
+            "draft_positions": positions[name],
+            "cpu_seconds": seconds[name],
+            "wall_seconds": wall[name],
+            "micro_batches": int(len(picks[name])),
+            "slots": slots[name],
+            "padding_efficiency": real[name] / max(slots[name], 1),
+        }
+        for name in arms
+    }
+
+
+def coverage(method: str, arm: Arm, samples: list[dict], policy: AnchorPolicy, *, seed: int, ttt: int,
+             check_alone: int = 64) -> dict:  # fmt: skip
+    """Over the arm's whole epoch: the share of supervised tokens (loss mask, not a document's first token)
+    that some supervised draft position of the token's own document predicts; and, for up to
+    ``check_alone`` micro-batches, whether every document's covered tokens (and DFlash anchors) are the
+    same as when the document is collated alone."""
+    col = collator(method, arm, policy, seed, ttt)
+    alone = collator(method, Arm("alone", arm.batching, "packed"), policy, seed, ttt)
+    b = arm.batching
+    covered = total = 0
+    same = True
+    for j in range(b.n_micro):
+        ids = b.order[b.offsets[j] : b.offsets[j + 1]]
+        if ids.size == 0:
+            continue
+        batch = col(items_of(samples, ids))
+        if arm.leaky:
+            own_document_supervised(method, batch)
+        per_doc = _covered(method, batch)
+        for d, sid in enumerate(ids):
+            mask = np.asarray(samples[int(sid)]["loss_mask"], bool)
+            total += int(mask[1:].sum())
+            covered += len(per_doc[d])
+        if j < check_alone:
+            for d, sid in enumerate(ids):
+                one = alone(items_of(samples, np.array([sid])))
+                if _covered(method, one)[0] != per_doc[d]:
+                    same = False
+                if method == "dflash" and one.dflash.anchors_by_doc[0] != batch.dflash.anchors_by_doc[d]:
+                    same = False
+    return {"anchor_coverage": covered / max(total, 1), "same_as_alone": same, "supervised_tokens": total}
+
+
+def _covered(method: str, batch) -> list[frozenset]:
+    """Per document: positions inside it (relative to its start) that a supervised draft position predicts."""
+    c = batch.contract
+    f = batch.dflash if method == "dflash" else batch.eagle3
+    labels = f.label_index[f.supervised].numpy()
+    doc = c.flat("document_ids")[0].numpy()
+    out = []
+    for d in range(c.n_docs):
+        s = c.doc_slice(d)
+        mine = labels[(labels >= s.start) & (labels < s.stop)]
+        mine = mine[doc[mine] == d]
+        out.append(frozenset((mine - s.start).tolist()))
+    return out

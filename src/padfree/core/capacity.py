@@ -1,0 +1,89 @@
+"""A micro-batch's capacities beyond tokens (a drafter's anchor budget, eager EAGLE-3's attention memory),
+folded into one size per item so that every strategy, tail re-cut and rank re-cut obeys them all.
+
+A drafter micro-batch must fit three bounds (see :class:`~padfree.core.config.PlanConfig`): tokens
+(``budget``), draft blocks (``anchor_budget``: anchors, the DFlash queries are ``anchors x block_size``) and,
+for eager EAGLE-3, the attention weights it materialises (``attn_budget``: ``L x (L + attn_extra)`` per
+row). Each item gets a *size* in budget tokens::
+
+    size_i = max(l_i, ceil(anchors_i * budget / anchor_budget), ceil(l_i (l_i + k) * budget / attn_budget))
+
+(the last term for padded rows only; a packed row's attention bound is a token cap, :func:`token_cap`).
+
+- Padded rows (``count x max(size) <= budget``): exact. ``count x max(size)`` is the largest of
+  ``count x longest``, ``count x most anchors x budget / anchor_budget`` and the attention term, so the cut
+  obeys every bound and is not tighter than any of them (up to the rounding of one token).
+- A packed row (``sum(size) <= budget``): safe, and tight when one bound dominates every item; an item
+  rich in anchors and one rich in tokens count their larger share each.
+
+Without any of these bounds, sizes are the lengths and nothing changes.
+
+>>> from padfree.core.config import PlanConfig
+>>> cfg = PlanConfig(strategy="packed", budget=100, anchor_budget=10)
+>>> sizes(np.array([50, 20, 30]), np.array([2, 5, 1]), cfg).tolist()
+[50, 50, 30]
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from padfree.core.config import PlanConfig
+from padfree.errors import ConfigError
+
+
+def token_cap(config: PlanConfig) -> int:
+    """The tokens a micro-batch may hold: the budget, lowered for a packed row under an attention bound to
+    the largest ``T`` with ``T x (T + attn_extra) <= attn_budget``.
+
+    >>> token_cap(PlanConfig(strategy="packed", budget=100, attn_budget=1000, attn_extra=6))
+    28
+    """
+    if config.attn_budget is None or not config.packed:
+        return config.budget
+    k, m = config.attn_extra, config.attn_budget
+    t = int((-k + math.sqrt(k * k + 4.0 * m)) / 2)
+    while t * (t + k) > m:
+        t -= 1
+    while (t + 1) * (t + 1 + k) <= m:
+        t += 1
+    return max(1, min(config.budget, t))
+
+
+def bounded(config: PlanConfig) -> bool:
+    """Whether the config has a capacity beyond tokens."""
+    return config.anchor_budget is not None or config.attn_budget is not None
+
+
+def sizes(length: np.ndarray, anchors: np.ndarray | None, config: PlanConfig) -> np.ndarray:
+    """Each item's size in tokens of :func:`token_cap` under every capacity in force (see the module).
+    Raises a one-line :class:`ConfigError` for an item that no micro-batch can hold."""
+    if not bounded(config):
+        return length
+    cap = token_cap(config)
+    size = length.astype(np.int64)
+    if config.anchor_budget is not None and anchors is not None:
+        a = anchors.astype(np.int64)
+        over = a > config.anchor_budget
+        if over.any():
+            i = int(np.argmax(over))
+            raise ConfigError(
+                f"item {i} has {int(a[i])} anchors, more than the anchor budget of {config.anchor_budget} "
+                "per micro-batch; raise anchor_budget or lower the anchor policy's cap"
+            )
+        size = np.maximum(size, -((-a * cap) // config.anchor_budget))
+    if config.attn_budget is not None and not config.packed:
+        lf = length.astype(np.float64)
+        weights = lf * (lf + config.attn_extra)
+        over = weights > config.attn_budget
+        if over.any():
+            i = int(np.argmax(over))
+            raise ConfigError(
+                f"item {i} of {int(length[i])} tokens needs {int(weights[i])} attention weights, more than "
+                f"attn_budget {config.attn_budget}; raise attn_budget or choose overlong='split' at a "
+                "smaller budget"
+            )
+        size = np.maximum(size, np.ceil(weights * cap / config.attn_budget).astype(np.int64))
+    return size

@@ -1,0 +1,136 @@
+"""PlanBatchSampler with a drafter's anchors: every micro-batch within both budgets, exact and elastic
+resume keep every sample exactly once, and the state refuses other anchors."""
+
+import itertools
+import json
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from padfree import CostModel, PlanConfig, StateError
+from padfree.torch import PlanBatchSampler
+
+COST = CostModel(a=1.0, b=1e-4, c=20.0, d=8.0, e=0.01)
+
+
+def data(n=300, seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(2, 700, n)
+    anchors = np.minimum(lengths - 1, rng.integers(0, 40, n))
+    return lengths, anchors
+
+
+class Board:
+    """An all-gather for ranks that are threads of one process (dynamic balancing)."""
+
+    def __init__(self, world):
+        self.slots, self.barrier = [None] * world, threading.Barrier(world, timeout=30)
+
+    def exchange(self, rank):
+        def gather(payload):
+            self.slots[rank] = payload.copy()
+            self.barrier.wait()
+            out = np.stack(self.slots)
+            self.barrier.wait()
+            return out
+
+        return gather
+
+
+def samplers(lengths, anchors, cfg, world, **kw):
+    board = Board(world)
+    return [
+        PlanBatchSampler(
+            lengths, cfg, rank=r, world_size=world, anchors=anchors, balance_exchange=board.exchange(r), **kw
+        )
+        for r in range(world)
+    ]
+
+
+def run(group, limit=None):
+    """Every rank in a thread takes ``limit`` micro-batches (None: to the end) and reports a time that
+    grows with its tokens and anchors (rank 1 is slower)."""
+    out, errors = [[] for _ in group], []
+
+    def work(r):
+        try:
+            for mb in itertools.islice(iter(group[r]), limit):
+                t = 1e-4 * sum(mb.info.lengths) + 1e-3 * sum(mb.info.anchors or ()) + 1e-3
+                group[r].record_time(t * (1.5 if r == 1 else 1.0))
+                out[r].append(mb)
+        except Exception as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(group))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [mb for mbs in out for mb in mbs]
+
+
+def check_budgets(mbs, lengths, anchors, cfg):
+    for mb in mbs:
+        if not mb:
+            continue
+        lens, anc = lengths[list(mb)], anchors[list(mb)]
+        assert list(mb.info.anchors) == anc.tolist()
+        if cfg.packed:
+            assert lens.sum() <= cfg.budget and anc.sum() <= cfg.anchor_budget
+        else:
+            assert len(lens) * lens.max() <= cfg.budget and len(anc) * anc.max() <= cfg.anchor_budget
+
+
+@pytest.mark.parametrize("strategy", ["packed", "bucketed"])
+@pytest.mark.parametrize("balance", ["static", "dynamic"])
+def test_resume_exact_and_elastic_with_anchors(strategy, balance):
+    lengths, anchors = data()
+    everything = Counter(range(lengths.shape[0]))
+    cfg = PlanConfig(strategy=strategy, budget=1024, grad_accum=2, anchor_budget=64, cost=COST, seed=4)
+    kw = {"balance": balance, "balance_every": 1}
+    first = samplers(lengths, anchors, cfg, 2, **kw)
+    taken = run(first, limit=7)  # three steps and one micro-batch of the fourth, past two exchanges
+    state = json.loads(json.dumps(first[0].state_dict()))
+    assert json.loads(json.dumps(first[1].state_dict())) == state
+    # exact: same shape, continues mid-step
+    same = samplers(lengths, anchors, cfg, 2, **kw)
+    for s in same:
+        s.load_state_dict(state)
+    rest = run(same)
+    check_budgets(taken + rest, lengths, anchors, cfg)
+    assert Counter(i for mb in taken + rest for i in mb) == everything
+    # elastic: at a step boundary, to three ranks
+    fresh = samplers(lengths, anchors, cfg, 2, **kw)
+    done = run(fresh, limit=6)
+    boundary = json.loads(json.dumps(fresh[0].state_dict()))
+    three = samplers(lengths, anchors, cfg, 3, **kw)
+    for s in three:
+        s.load_state_dict(boundary)
+    rest3 = run(three)
+    check_budgets(done + rest3, lengths, anchors, cfg)
+    assert Counter(i for mb in done + rest3 for i in mb) == everything
+
+
+def test_state_refuses_other_anchors():
+    lengths, anchors = data()
+    cfg = PlanConfig(strategy="packed", budget=1024, anchor_budget=64)
+    state = PlanBatchSampler(lengths, cfg, rank=0, world_size=1, anchors=anchors).state_dict()
+    other = anchors.copy()
+    other[0] = (other[0] + 1) % 5
+    with pytest.raises(StateError, match="the anchor counts differ"):
+        PlanBatchSampler(lengths, cfg, rank=0, world_size=1, anchors=other).load_state_dict(state)
+
+
+def test_drafter_weights_survive_the_state():
+    lengths, anchors = data()
+    cfg = PlanConfig(strategy="packed", budget=1024, anchor_budget=64, cost=COST)
+    s = PlanBatchSampler(lengths, cfg, rank=0, world_size=2, anchors=anchors)
+    state = s.state_dict()
+    assert state["balance"]["drafter"] == [COST.d, COST.e]
+    t = PlanBatchSampler(lengths, cfg.with_(cost=CostModel()), rank=0, world_size=2, anchors=anchors)
+    t.load_state_dict(json.loads(json.dumps(state)))
+    assert t.state_dict()["balance"] == state["balance"]
