@@ -76,8 +76,9 @@ def test_custom_data_and_tokenizer(sp_model, fixtures_dir, capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--docs", "1"], "--docs must be >= 2"),
-        (["--block-size", "1"], "--block-size must be >= 2"),
+        (["--docs", "1"], "--docs: must be an integer from 2 to 4096"),
+        (["--block-size", "1"], "--block-size: must be an integer from 2 to 1024"),
+        (["--docs", "300", "--max-tokens", "200"], "at most 32768"),
         (["--data", "x.jsonl"], "--data and --tokenizer go together"),
         (["--method", "medusa"], "invalid choice"),
     ],
