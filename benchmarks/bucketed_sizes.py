@@ -73,8 +73,8 @@ def one_case(name: str, lengths: np.ndarray, budget: int, world: int, accum: int
     if int(lengths.shape[0]) < world * accum:
         return None
     t = time.perf_counter()
-    bm, _ = measure(lengths, cfg)
-    pm, _ = measure(lengths, cfg.with_(strategy="packed"))
+    bm = measure(lengths, cfg)
+    pm = measure(lengths, cfg.with_(strategy="packed"))
     row = {
         "set": name,
         "samples": int(lengths.shape[0]),

@@ -56,7 +56,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from padfree.core.fingerprint import explain
-from padfree.errors import PadfreeError
+from padfree.errors import PadfreeError, StateError, one_line
 from padfree.models import build_model
 from padfree.testing import seenlog
 from padfree.torch import (
@@ -187,8 +187,15 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     if state is not None:
         why = explain(state["sampler"].get("identity"), sampler.identity)  # which field differs, if any
         ckpt.check_fingerprints(state["sampler"].get("fingerprint"), sampler.fingerprint, why)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        try:  # every rank loads the same file: all fail alike, rank 0 says it
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
+            raise StateError(
+                f"{one_line(state['path'])}: the checkpoint's model or optimizer does not fit this run "
+                f"({type(exc).__name__}: {one_line(str(exc))[:200]}); resume with the model options it was "
+                "written with, or start this run in another --checkpoint-dir"
+            ) from None
         sampler.load_state_dict(state["sampler"])
         step = int(state["step"])
         log(f"resumed from {state['path']} at step {step}, epoch {sampler.epoch}, world size {world}")

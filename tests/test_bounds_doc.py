@@ -17,6 +17,7 @@ CONSTANTS = {
                            "MIN_SHARE"),
     "padfree.tools.simulate": ("SPEED_FACTORS",),
     "padfree.data.tokenizer": ("PIECE_CHARS", "MAX_UNCUT_CHARS"),
+    "padfree.data.formats": ("MAX_MESSAGES",),
 }  # fmt: skip
 
 

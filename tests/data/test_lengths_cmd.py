@@ -274,3 +274,37 @@ def test_bad_inputs_are_one_line_errors(
         assert rc == 2 and msg in err and len(err.splitlines()) == 1, (argv, err)
     rc = main(["lengths", str(data), "--tokenizer", str(sp_model), "--out", str(tmp_path / "o.txt")])
     assert rc == 2 and ".npy" in capsys.readouterr().err
+
+
+def test_an_unwritable_cache_named_with_a_newline_is_one_warning_line(
+    chats: list[dict], sp_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = _write_jsonl(tmp_path / "d.jsonl", chats[:5])
+    blocked = tmp_path / "ca\nche"
+    blocked.write_text("a file where the cache folder would go")
+    out = tmp_path / "o.npy"
+    args = ["lengths", str(data), "--tokenizer", str(sp_model), "--out", str(out), "--quiet"]
+    assert main([*args, "--workers", "1", "--cache-dir", str(blocked)]) == 0
+    err = capsys.readouterr().err
+    warning = [line for line in err.splitlines() if "cannot write the cache" in line]
+    assert len(warning) == 1 and "ca\\nche" in warning[0] and "(Not a directory)" in warning[0], err
+    assert np.load(out).shape == (5,)
+
+
+def test_a_record_of_too_many_messages_is_one_line_naming_file_and_record(
+    tmp_path: Path, sp_model: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from padfree.data.formats import MAX_MESSAGES
+
+    turns = [{"role": "user" if j % 2 == 0 else "assistant", "content": "a"} for j in range(MAX_MESSAGES + 1)]
+    data = _write_jsonl(tmp_path / "d.jsonl", [{"messages": turns[:2]}, {"messages": turns}])
+    out = tmp_path / "o.npy"
+    args = ["lengths", str(data), "--tokenizer", str(sp_model), "--out", str(out), "--quiet"]
+    assert main([*args, "--workers", "1", "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "d.jsonl: sample 1: line 2" in err, err
+    assert f"holds {MAX_MESSAGES + 1:,} messages, over {MAX_MESSAGES:,}" in err and not out.exists()
+    _write_jsonl(data, [{"messages": turns[:2]}, {"messages": turns[:MAX_MESSAGES]}])  # at the bound: counted
+    assert main([*args, "--workers", "1", "--no-cache"]) == 0
+    pair, whole = np.load(out).tolist()
+    assert whole == pair * MAX_MESSAGES // 2

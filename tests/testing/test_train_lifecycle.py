@@ -87,3 +87,23 @@ def test_main_in_process_leaves_no_signal_handler_and_refuses_an_owned_directory
     assert info.value.code == 2 and len(err) == 1 and "in use by run the-owner" in err[0], err
     assert signal.getsignal(signal.SIGTERM) == before
     owner.release()
+
+
+def test_a_checkpoint_of_another_model_is_one_line_exit_2(tmp_path, fixtures_dir, capsys):
+    """The model options are not part of the sampler's identity: a resume with another model shape reaches
+    ``load_state_dict``, whose RuntimeError (a size mismatch) is one line naming the checkpoint."""
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    spec = importlib.util.spec_from_file_location("train_example", TRAIN)
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    args = [*_args(tmp_path, fixtures_dir, 30), "--max-steps", "1"]
+    assert train.main(args) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        train.run_example(lambda: train.main([*args, "--model-set", "hidden_size=48"]))
+    err = capsys.readouterr().err.splitlines()
+    assert info.value.code == 2 and len(err) == 1, err
+    assert "step-000000001.pt: the checkpoint's model or optimizer does not fit this run" in err[0], err

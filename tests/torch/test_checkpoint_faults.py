@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import errno
 import os
+import stat
 from collections import Counter
 from pathlib import Path
 
@@ -60,6 +61,27 @@ def test_a_lock_that_is_a_link_fifo_or_folder_is_refused_and_its_target_untouche
         )
         assert outside.read_text() == "keep me\n"
     assert not (tmp_path / "nowhere").exists()  # O_CREAT never followed the dangling link
+
+
+def test_a_lock_that_is_a_hard_link_or_a_socket_is_refused_and_the_other_file_untouched(tmp_path: Path):
+    """A hard link passes O_NOFOLLOW and the regular-file check, yet is the outside file itself: taking the
+    lock (truncate, write the owner) would overwrite it."""
+    import socket
+
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me\n")
+    d = tmp_path / "ck"
+    d.mkdir()
+    os.link(outside, d / LOCK_NAME)
+    with pytest.raises(StateError, match="2 hard links") as exc:
+        CheckpointDir(d).acquire("run")
+    assert "\n" not in str(exc.value) and outside.read_text() == "keep me\n"
+    s = tmp_path / "sock"
+    s.mkdir()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(s / LOCK_NAME))
+        with pytest.raises(StateError, match=f"{LOCK_NAME}: the lock file is not a regular file"):
+            CheckpointDir(s).acquire("run")
 
 
 def test_checkpoint_files_that_are_not_regular_are_skipped_and_a_planted_temporary_is_not_followed(
@@ -128,9 +150,18 @@ def _fail(monkeypatch, how: str) -> None:
             raise OSError(errno.EIO, "Input/output error")
 
         monkeypatch.setattr(os, how, eio)
+    elif how in ("dir-fsync", "dir-fsync-unsupported"):  # the rename done, then the folder's fsync fails
+        real_fsync, code = os.fsync, errno.EIO if how == "dir-fsync" else errno.EINVAL
+
+        def dir_fails(fd):
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                raise OSError(code, os.strerror(code))
+            return real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", dir_fails)
 
 
-@pytest.mark.parametrize("how", ["ENOSPC", "EIO", "read-only", "fsync", "replace"])
+@pytest.mark.parametrize("how", ["ENOSPC", "EIO", "read-only", "fsync", "replace", "dir-fsync"])
 def test_a_failed_write_is_one_line_leaves_no_temporary_and_the_last_good_checkpoint(
     tmp_path, monkeypatch, how
 ):
@@ -150,6 +181,17 @@ def test_a_failed_write_is_one_line_leaves_no_temporary_and_the_last_good_checkp
     assert _names(d) == [LOCK_NAME, "step-000000001.pt", "step-000000002.pt"]  # no .tmp, nothing removed
     path, state = ck.newest_intact()
     assert path.name == "step-000000002.pt" and state["step"] == 2
+    ck.release()
+
+
+def test_a_folder_that_cannot_be_fsynced_is_no_failure(tmp_path, monkeypatch):
+    """EINVAL from a directory's fsync (file systems that do not support it) is not an I/O error."""
+    ck = CheckpointDir(tmp_path / "ck", say=lambda *a: None)
+    ck.acquire("run")
+    with monkeypatch.context() as m:
+        _fail(m, "dir-fsync-unsupported")
+        ck.save(1, lambda: _state(1))
+    assert ck.newest_intact()[0].name == "step-000000001.pt"
     ck.release()
 
 
@@ -266,3 +308,33 @@ def test_a_folder_name_with_a_newline_stays_one_line(tmp_path: Path):
     with pytest.raises(StateError) as exc:
         CheckpointDir(d).acquire("run")
     assert "\n" not in str(exc.value) and "a\\nb" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"step": "abc"},
+        {"step": -5},
+        {"step": None},
+        {"step": [1]},
+        {"step": 1.5},
+        {"step": True},
+        {"step": 10**30},
+        {"sampler": "x"},
+        {"sampler": None},
+        {"model": [1]},
+    ],
+)
+def test_a_checkpoint_whose_step_or_parts_are_edited_is_damaged_and_skipped(tmp_path: Path, edit: dict):
+    """``int(state["step"])`` and ``state["sampler"].get`` in a training loop raised tracebacks on these."""
+    d = tmp_path / "ck"
+    lines: list[str] = []
+    ck = CheckpointDir(d, say=lines.append)
+    ck.acquire("run")
+    ck.save(1, lambda: _state(1))
+    torch.save(_state(2) | edit, d / "step-000000002.pt")
+    path, state = ck.newest_intact()
+    assert path.name == "step-000000001.pt" and state["step"] == 1
+    assert len(lines) == 1 and "step-000000002.pt: damaged checkpoint (ValueError: " in lines[0], lines
+    assert "\n" not in lines[0]
+    ck.release()

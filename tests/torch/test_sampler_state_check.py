@@ -18,6 +18,7 @@ from padfree import PlanConfig, StateError, make_plan
 from padfree.core import refit
 from padfree.core.balance import Balance
 from padfree.core.state_check import seal
+from padfree.errors import ConfigError
 from padfree.torch import PlanBatchSampler
 
 LENGTHS = np.random.default_rng(3).integers(1, 400, 500)
@@ -177,33 +178,46 @@ def test_a_plausible_edit_is_refused_by_the_digest(edit, mid_state):
     assert "\n" not in str(exc.value)
 
 
-def test_a_mid_step_balance_edit_would_lose_samples_which_is_why_the_digest_refuses_it():
-    """The reason for the digest: a balance within every bound, changed in the middle of a step, gives the
-    step's remaining micro-batches to ranks differently (the red team's 1-13 lost samples)."""
+def test_a_mid_step_balance_edit_is_refused_even_when_resealed():
+    """A balance within every bound, changed in the middle of a step, would give the step's remaining
+    micro-batches to ranks differently (the red team's 1-13 lost samples). The digest alone is no defence
+    (anyone can re-seal it): the state records which micro-batches of the step were handed out (``taken``)
+    and a load checks that its balance gives those same ones."""
     world = 3
     first = [PlanBatchSampler(LENGTHS, CFG, rank=r, world_size=world) for r in range(world)]
     its = [iter(s) for s in first]
     head = [[next(it) for _ in range(7)] for it in its]  # 3 steps and 1 micro-batch of the 4th
     state = first[0].state_dict()
-    assert state["partial"] == 1
-    lost = []
+    assert state["partial"] == 1 and isinstance(state["taken"], str)
     for cost, speeds in (([1.0, 0.0, 0.0], [2.5, 0.25, 0.25]), ([0.0, 1.0, 0.0], [0.25, 0.25, 2.5])):
 
         def edit(s, c=cost, v=speeds):
             s["balance"].update(cost=c, speeds=v, recut=True)
 
-        with pytest.raises(StateError, match="digest"):
-            PlanBatchSampler(LENGTHS, CFG, rank=0, world_size=world).load_state_dict(_edited(state, edit))
-        forged = resealed(state, edit)
-        second = [PlanBatchSampler(LENGTHS, CFG, rank=r, world_size=world) for r in range(world)]
-        for s in second:
-            s.load_state_dict(forged)
-        lost.append(every_sample_once(head, [list(s) for s in second]))
-    assert any(x != (0, 0) for x in lost), lost
+        for forged in (_edited(state, edit), resealed(state, edit)):
+            s = PlanBatchSampler(LENGTHS, CFG, rank=0, world_size=world)
+            before = s.state_dict()
+            with pytest.raises(StateError, match="digest|taken") as exc:
+                s.load_state_dict(forged)
+            assert "\n" not in str(exc.value) and s.state_dict() == before
+        with pytest.raises(StateError, match="taken .* does not match the micro-batches"):
+            PlanBatchSampler(LENGTHS, CFG, rank=0, world_size=world).load_state_dict(resealed(state, edit))
+    for drop in ("taken",):
+        with pytest.raises(StateError, match="taken 'None'"):
+            PlanBatchSampler(LENGTHS, CFG, rank=0, world_size=world).load_state_dict(
+                resealed(state, lambda s, k=drop: s.pop(k))
+            )
     genuine = [PlanBatchSampler(LENGTHS, CFG, rank=r, world_size=world) for r in range(world)]
     for s in genuine:
         s.load_state_dict(state)
     assert every_sample_once(head, [list(s) for s in genuine]) == (0, 0)
+
+
+def test_a_history_segment_that_ran_no_step_can_only_be_the_last(mid_state):
+    for edit in (lambda s: s["history"].insert(0, [2, 2, 0]), lambda s: s["history"].insert(0, [3, 1, 0])):
+        with pytest.raises(StateError, match=r"history\[0\] steps must be at least 1") as exc:
+            load(resealed(mid_state, edit))
+        assert "\n" not in str(exc.value)
 
 
 def test_a_state_of_another_world_size_budget_is_refused_unless_its_headroom_is_given():
@@ -309,3 +323,42 @@ def test_refit_ignores_records_no_rank_should_have_sent():
         [[0, 10.0, 100.0, 0.5], [1, 10.0, 100.0, np.inf], [1, -1.0, 1.0, 0.5], [0, 1.0, 1.0, 1e160]]
     )
     assert refit.valid_records(rec).tolist() == [[0, 10.0, 100.0, 0.5]]
+
+
+def test_numpy_times_are_numbers_and_a_bool_is_not():
+    samplers = group(2)
+    kinds = [np.float32(0.01), np.int64(1), np.float64(0.02), 0.01]
+    out = run(samplers, lambda r, i, info: kinds[i % len(kinds)], limit=8)
+    assert samplers[0].balance_stats()["records"] > 0
+    state = samplers[0].state_dict()
+    again = group(2)
+    for s in again:
+        s.load_state_dict(state)
+    assert every_sample_once(out, run(again, lambda r, i, info: 0.01)) == (0, 0)
+    one = group(2)[0]
+    next(iter(one))
+    with pytest.raises(ConfigError, match="record_time needs seconds as a number"):
+        one.record_time(np.bool_(True))
+
+
+def test_a_long_forged_history_is_refused_fast_naming_the_segment():
+    """65,535 segments alternating 2 and 3 ranks, one step each, re-sealed: the replay stops at the first
+    segment whose plan is used up, naming it, without planning the rest."""
+    _, _, state = saved_mid_epoch(2, 6)
+    b2, b3 = state["history"][0][3], group(3)[0].state_dict()["history"][0][3]
+    hist = [[2, 2, 1, b2] if i % 2 == 0 else [3, 2, 1, b3] for i in range(65_535)]
+    with pytest.raises(
+        StateError, match=r"history\[\d+\] says 1 steps were run, but that segment's plan"
+    ) as e:
+        load(resealed(state, lambda s: s.__setitem__("history", hist)))
+    assert "\n" not in str(e.value)
+
+
+def test_a_state_nested_thousands_deep_is_one_line(mid_state):
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    for state in ({**mid_state, "extra": deep}, {**mid_state, "identity": {"budget": deep}}):
+        with pytest.raises(StateError, match="not plain JSON data") as exc:
+            load(state)
+        assert "\n" not in str(exc.value)

@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
             "anchors_identical",
             "cross_pairs",
         )
-        print(json.dumps({**{k: getattr(r, k) for k in keys}, "cross_labels": r.cross_labels, "docs": docs}))
+        more = ("cross_inputs", "cross_labels", "cross_supervised", "docs_differ", "reason")
+        print(json.dumps({**{k: getattr(r, k) for k in keys + more}, "docs": docs}))
         return 0 if r.ok else 1
     how = "row-level (leaky)" if r.leaky else "per document"
     print(
@@ -123,18 +124,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"anchor sets identical:            {'yes' if r.anchors_identical else 'NO'}")
     print(f"losses identical per document:    {'yes' if r.losses_match else 'NO'}")
     print(f"cross-document (query, key) pairs: {r.cross_pairs}")
+    if r.method == "eagle3":
+        print(f"shifted inputs from another document: {r.cross_inputs}")
     print(f"labels crossing a document end:    {r.cross_labels}")
+    print(f"  of inputs/labels crossing, supervised on this data: {r.cross_supervised}")
     if r.ok:
         print("OK: every document trains as if it were alone")
-        if r.leaky:
-            print(
-                "note: the row-level construction did not change anything on these documents: a row-wide "
-                "shift or block only reaches the first tokens of the next document, which carry no loss here "
-                "(chats start with a user turn); documents whose first tokens carry loss show the leak"
-            )
         return 0
-    print(
-        "LEAK: packed documents change each other's anchors, labels or losses; packed drafter training "
-        "with this batch construction is wrong"
-    )
+    print(f"LEAK: {r.reason}")
     return 1

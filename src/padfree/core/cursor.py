@@ -24,6 +24,7 @@ written by :mod:`padfree.core.position` continues it exactly.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -283,6 +284,25 @@ class Cursor:
         """Micro-batches this rank has left in the current epoch."""
         plan = self._plan().plan
         return (plan.n_steps - self.history[-1].steps) * self.config.grad_accum - self.partial
+
+    def taken(self) -> str | None:
+        """Digest of the micro-batches of the unfinished step already handed out (every rank's first
+        ``partial``), ``None`` at a step boundary. Stored in a mid-step state: a state whose balance would
+        give that step to ranks differently (the rest of the step would lose and repeat samples) is refused
+        when it is loaded, however it was sealed."""
+        if self.partial == 0:
+            return None
+        cache = self._plan()
+        plan, g = cache.plan, self.config.grad_accum
+        lay = self._layout(plan, self.history[-1].steps)
+        h = hashlib.sha256()
+        for r in range(self.config.world_size):
+            for j in range(self.partial):
+                k = r * g + j
+                ids = plan.indices[lay.first + lay.order[int(lay.offsets[k]) : int(lay.offsets[k + 1])]]
+                h.update(np.int64(ids.shape[0]).tobytes())
+                h.update(np.ascontiguousarray(ids, dtype="<i8").tobytes())
+        return h.hexdigest()[:32]
 
     # ----- moving ----------------------------------------------------------------------------------------
     def peek(self) -> tuple[int, int] | None:

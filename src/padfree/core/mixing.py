@@ -14,8 +14,10 @@ micro-batches hold. Co-batch pairs concentrate where micro-batches hold many (sh
 pairs each, while padding is spread evenly over micro-batches; so a window proportional to ``m_b`` buys
 freshness where the pairs are and saves padding where micro-batches hold a few long samples. ``scale`` is
 the largest whose :func:`estimate`\\d padding efficiency is >= :data:`TARGET_EFFICIENCY`, raised when
-needed until the estimated co-batch repeat is <= :data:`TARGET_REPEAT`. Both estimates come from the
-length histogram alone (no plan is made) and do not depend on the epoch, so every epoch uses one rule.
+needed until the estimated co-batch repeat is <= :func:`repeat_target`: :data:`TARGET_REPEAT`, or on a
+short epoch (few steps of many micro-batches) a share of the repeat a step can afford there
+(:func:`repeat_limit`, the limit ``padfree report`` judges by). Both estimates come from the length
+histogram alone (no plan is made) and do not depend on the epoch, so every epoch uses one rule.
 """
 
 from __future__ import annotations
@@ -31,7 +33,21 @@ MIX_MAX = 128
 TARGET_EFFICIENCY = 0.96
 """The automatic rule widens windows while the estimated padding efficiency stays at or above this."""
 TARGET_REPEAT = 0.10
-"""... and, when padding alone would allow less, widens them until the estimated co-batch repeat is this."""
+"""... and, when padding alone would allow less, widens them until the estimated co-batch repeat is this
+(or :func:`repeat_target`'s higher value on a short epoch)."""
+REPEAT_FLOOR = 0.01
+REPEAT_CAP = 0.25
+"""The co-batch repeat limit (:func:`repeat_limit`) never exceeds this, however short the epoch: a quarter
+of the pairs meeting again is a plan that trains on nearly the same micro-batches every epoch."""
+SHORT_EPOCH_STEPS = 20
+"""An epoch of fewer steps is short: its epoch-to-epoch numbers are noisy (``padfree analyze`` warns) and the
+automatic window may aim above :data:`TARGET_REPEAT` (:func:`repeat_target`)."""
+SLOT_FILL = 0.9
+"""The share of the budget a bucketed micro-batch's padded slots fill (0.90-0.95 measured on the real sets:
+the cut leaves room), so an epoch has about ``tokens / (budget x efficiency x SLOT_FILL)`` micro-batches."""
+SHORT_EPOCH_SHARE = 0.8
+"""On a short epoch the automatic window aims at this share of :func:`repeat_limit` (the estimate runs
+above the measured repeat there, and the epoch's steps are estimated, so the plan stays under the limit)."""
 _SCALES = 2.0 ** (np.arange(-28, 29) / 4.0)  # 1/128 .. 128 in quarter octaves
 _POINTS = 4096
 
@@ -62,6 +78,37 @@ class Mix:
     def describe(self) -> str:
         """``"16"`` or ``"auto (scale 0.21)"``."""
         return str(self.uniform) if self.uniform is not None else f"auto (scale {self.scale:.3g})"
+
+
+def repeat_limit(steps: float, micro_per_step: int) -> float:
+    """The most co-batch repeat an epoch of ``steps`` steps of ``micro_per_step`` micro-batches affords:
+    ``min(0.25, max(0.01, micro_per_step / steps))``. A pair sharing a micro-batch is 1 of
+    ``micro_per_step`` micro-batch pairs among a sample's step partners, and a random order puts any pair in
+    one step with probability ~``1 / steps``; a repeat ``r`` adds ~``r / micro_per_step`` to that, so this
+    keeps pairs sharing a step again within twice a random order's rate, and stops at :data:`REPEAT_CAP`
+    on short epochs where that would allow anything. ``padfree report`` judges plans by it.
+
+    >>> repeat_limit(1000, 32), repeat_limit(4, 32), repeat_limit(10_000, 4)
+    (0.032, 0.25, 0.01)
+    """
+    return min(REPEAT_CAP, max(REPEAT_FLOOR, micro_per_step / max(steps, 1.0)))
+
+
+def repeat_target(tokens: float, budget: int, efficiency: float, micro_per_step: int) -> float:
+    """The co-batch repeat the automatic window aims at: :data:`TARGET_REPEAT`, raised on a short epoch
+    (fewer than :data:`SHORT_EPOCH_STEPS` estimated steps: ``tokens / (budget x efficiency x SLOT_FILL)``
+    micro-batches, ``micro_per_step`` a step) to :data:`SHORT_EPOCH_SHARE` x its :func:`repeat_limit`.
+    Where an epoch has a few steps of many micro-batches, random steps already share many pairs, so a
+    narrower window buys padding efficiency within the limit ``padfree report`` judges by (2.3K samples at
+    budget 4096, 8 x 4: 0.91 -> 0.94 at co-batch repeat 0.13, limit 0.25).
+
+    >>> repeat_target(2e8, 16384, 0.96, 32), repeat_target(2e6, 16384, 0.96, 32)
+    (0.1, 0.2)
+    """
+    steps = tokens / (budget * max(efficiency, 1e-6) * SLOT_FILL) / max(micro_per_step, 1)
+    if steps >= SHORT_EPOCH_STEPS:
+        return TARGET_REPEAT
+    return max(TARGET_REPEAT, SHORT_EPOCH_SHARE * repeat_limit(steps, micro_per_step))
 
 
 def merge_buckets(tokens: np.ndarray, longest: np.ndarray, budget: int, mix: Mix) -> np.ndarray:
@@ -151,10 +198,11 @@ def estimate(length: np.ndarray, budget: int, edges: np.ndarray, mix: Mix) -> tu
     return efficiency, repeat
 
 
-def choose(length: np.ndarray, budget: int, edges: np.ndarray) -> Mix:
+def choose(length: np.ndarray, budget: int, edges: np.ndarray, micro_per_step: int = 1) -> Mix:
     """The automatic rule: the largest ``scale`` (quarter octaves from 1/128 to 128) whose estimated padding
     efficiency is >= :data:`TARGET_EFFICIENCY`; if its estimated co-batch repeat is above
-    :data:`TARGET_REPEAT`, the smallest larger scale that brings it there (or the largest scale).
+    :func:`repeat_target` (:data:`TARGET_REPEAT` unless the epoch is short for ``micro_per_step``
+    micro-batches a step), the smallest larger scale that brings it there (or the largest scale).
 
     ``edges`` should be the unjittered edges, so that every epoch of a dataset gets the same rule.
     """
@@ -176,8 +224,14 @@ def choose(length: np.ndarray, budget: int, edges: np.ndarray) -> Mix:
             cache[i] = estimate(length, budget, edges, Mix(scale=float(_SCALES[i])))
         return cache[i]
 
+    tokens = float(np.asarray(length, np.float64).sum())
+
+    def too_stale(j: int) -> bool:  # the estimated repeat at scale j is above its target
+        eff, rep = est(j)
+        return rep > repeat_target(tokens, budget, eff, micro_per_step)
+
     i = max(0, first_failing(lambda j: est(j)[0] >= TARGET_EFFICIENCY) - 1)
-    if est(i)[1] > TARGET_REPEAT:
-        rest = first_failing(lambda j: j < i or est(j)[1] > TARGET_REPEAT)
+    if too_stale(i):
+        rest = first_failing(lambda j: j < i or too_stale(j))
         i = min(rest, len(_SCALES) - 1)
     return Mix(scale=float(_SCALES[i]))

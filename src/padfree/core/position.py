@@ -36,10 +36,18 @@ class Position:
     balance: Balance
 
 
-def to_state(fingerprint: str, position: Position, mode: str, identity: dict | None = None) -> dict:
+def to_state(
+    fingerprint: str,
+    position: Position,
+    mode: str,
+    identity: dict | None = None,
+    taken: str | None = None,
+) -> dict:
     """The JSON-serializable state (O(resumes), never O(samples)), sealed with a digest of its content
     (:func:`padfree.core.state_check.seal`). ``identity`` (the fields the fingerprint hashes) lets a resume
-    under another config say which field differs."""
+    under another config say which field differs; ``taken`` (mid-step: the digest of the step's micro-batches
+    already handed out, :meth:`padfree.core.cursor.Cursor.taken`) lets a load check that the state's balance
+    gives the rest of the step to ranks as before (:func:`check_taken`)."""
     state = {
         "format": STATE_FORMAT,
         "fingerprint": fingerprint,
@@ -51,7 +59,22 @@ def to_state(fingerprint: str, position: Position, mode: str, identity: dict | N
     }
     if identity is not None:
         state["identity"] = identity
+    if taken is not None:
+        state["taken"] = taken
     return seal(state)
+
+
+def check_taken(state: dict, taken: str | None) -> None:
+    """A mid-step state's ``taken`` equals ``taken``, what its balance gives the step's first ``partial``
+    micro-batches of every rank now: else the rest of the step would go to ranks differently, and samples
+    would be lost and repeated (a balance edited, even within its bounds and re-sealed)."""
+    if taken is not None and state.get("taken") != taken:
+        raise StateError(
+            f"malformed sampler state: taken {str(state.get('taken'))[:12]!r} does not match the "
+            f"micro-batches its balance gives the first {state.get('partial')} of the unfinished step "
+            f"({taken[:12]}): the "
+            "balance or the position was edited mid-step; resume from a checkpoint at a step boundary"
+        )
 
 
 def from_state(
@@ -102,6 +125,12 @@ def from_state(
     if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_SEGMENTS:
         raise StateError(f"malformed sampler state: history must be a list of 1 to {MAX_SEGMENTS} segments")
     history = [_segment(h, i) for i, h in enumerate(raw)]
+    idle = next((i for i, seg in enumerate(history[:-1]) if seg.steps == 0), None)
+    if idle is not None:  # a resume drops a last segment that ran no step before it appends the next
+        raise StateError(
+            f"malformed sampler state: history[{idle}] steps must be at least 1 (only the last segment can "
+            "have run no step)"
+        )
     if state.get("mode", "static") not in ("static", "dynamic"):
         raise StateError(
             f"malformed sampler state: mode must be 'static' or 'dynamic' (got {state['mode']!r:.40})"

@@ -144,6 +144,11 @@ def replay(
     before = 0
     for i in range(1, len(history)):
         prev, seg = history[i - 1], history[i]
+        if prev.steps > plan.n_steps:  # named by its place in the state's history
+            raise StateError(
+                f"malformed sampler state: history[{i - 1}] says {prev.steps} steps were run, but that "
+                f"segment's plan has {plan.n_steps}"
+            )
         rest = rest_items(plan, prev.steps, plan.n_samples)
         del plan  # the rest is a view; the consumed part goes when the rest is planned
         before += prev.steps

@@ -40,8 +40,8 @@ def digest(state: dict) -> str:
     body = {k: v for k, v in state.items() if k != DIGEST}
     try:
         text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False, default=_plain)
-    except (TypeError, ValueError) as exc:
-        raise StateError(f"malformed sampler state: not plain JSON data ({exc})") from None
+    except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: nested thousands deep
+        raise StateError(f"malformed sampler state: not plain JSON data ({str(exc)[:80]})") from None
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

@@ -81,10 +81,12 @@ def _bucketed(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> 
 
 def resolved_mix(length: np.ndarray, cfg: PlanConfig) -> mixing.Mix:
     """The bucketed noise windows: ``cfg.mix`` for every bucket, or when it is None the rule chosen from
-    these item lengths (:func:`padfree.core.mixing.choose` on the unjittered bucket edges)."""
+    these item lengths and the step's micro-batch count (:func:`padfree.core.mixing.choose` on the
+    unjittered bucket edges)."""
     if cfg.mix is not None:
         return mixing.Mix(uniform=cfg.mix)
-    return mixing.choose(length, cfg.budget, batching.bucket_edges(length, cfg.growth, cfg.buckets, None))
+    edges = batching.bucket_edges(length, cfg.growth, cfg.buckets, None)
+    return mixing.choose(length, cfg.budget, edges, cfg.micro_per_step)
 
 
 def _packed(length: np.ndarray, cfg: PlanConfig, rng: np.random.Generator) -> Formed:

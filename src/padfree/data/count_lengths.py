@@ -15,6 +15,7 @@ Example (library)::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing as mp
@@ -37,7 +38,7 @@ from padfree.data.tokenization import (
     raise_record_error,
     tokenizer_kind,
 )
-from padfree.errors import ConfigError, InputError
+from padfree.errors import ConfigError, InputError, one_line
 
 __all__ = ["MODES", "LengthsResult", "count_lengths", "default_cache_dir", "default_workers"]
 
@@ -145,13 +146,16 @@ def _read_cache(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[int, str]] | 
 
 
 def _write_cache(path: Path, totals: np.ndarray, loss: np.ndarray, replaced: tuple[int, str]) -> None:
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
         np.savez(tmp, lengths=totals, loss_tokens=loss, replaced=replaced[0], replaced_at=replaced[1])
         os.replace(tmp, path)
-    except OSError as exc:  # a read-only cache must not fail the command
-        print(f"padfree: warning: cannot write the cache {path} ({exc.strerror or exc})", file=sys.stderr)
+    except OSError as exc:  # a read-only or full cache must not fail the command (nor leave half a file)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        where = one_line(f"{path} ({exc.strerror or exc})")  # a newline in the folder name stays one line
+        print(f"padfree: warning: cannot write the cache {where}", file=sys.stderr)
 
 
 # --- counting: one tokenizer per worker process --------------------------------------------------------

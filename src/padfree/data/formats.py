@@ -53,6 +53,9 @@ from collections.abc import Iterable, Mapping
 
 from padfree.errors import ConfigError
 
+MAX_MESSAGES = 1 << 16
+"""The most messages one record may hold (65,536): each costs a few hundred bytes of Python objects whatever
+its length, so a record of millions of tiny messages is refused (one line) instead of taking gigabytes."""
 FORMATS = ("messages", "sharegpt", "alpaca", "prompt_completion", "text")
 DETECT = (
     ("messages", "messages"),
@@ -262,6 +265,11 @@ def _list_of_dicts(v: object, name: str, empty_ok: bool = False) -> list[dict]:
         raise RecordError(f"field {name!r} must be a list of messages (got {_type(v)})")
     if not v and not empty_ok:
         raise RecordError(f"field {name!r} holds no messages")
+    if len(v) > MAX_MESSAGES:
+        raise RecordError(
+            f"field {name!r} holds {len(v):,} messages, over {MAX_MESSAGES:,} (bounded memory per record); "
+            "split the record"
+        )
     for j, m in enumerate(v):
         if not isinstance(m, dict):
             raise RecordError(f"{name}[{j}] must be an object (got {_type(m)})")

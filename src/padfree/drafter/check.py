@@ -3,9 +3,12 @@ target's hidden states, each document's anchors and drafter loss, and the attent
 cross a document boundary (the logic of ``padfree check-drafter``).
 
 A correct setup gives, for every document, the same target hidden states (to float noise), the same anchor
-set, the same loss numerator and denominator, and no (query, key) pair or label joining two documents.
-``leaky=True`` builds the batch the way row-level packers do (DFlash anchors chosen over the row with one
-quota, block labels and the EAGLE-3 shift running across the row), which the check must catch.
+set, the same loss numerator and denominator, and no (query, key) pair, shifted input or label joining two
+documents. The last two are counted structurally (from the fields' ``labelled`` gate and ``input_index``),
+not only where they change a loss: a label taken from the next document is a leak even when that token
+carries no loss on this data. ``leaky=True`` builds the batch the way row-level packers do (DFlash anchors
+chosen over the row with one quota, block labels and the EAGLE-3 shift running across the row), which the
+check must catch.
 """
 
 from __future__ import annotations
@@ -49,7 +52,21 @@ class DocResult:
 
 @dataclass(frozen=True)
 class DrafterCheck:
-    """What :func:`check_drafter` measured (``ok``: everything matches; else a leak)."""
+    """What :func:`check_drafter` measured (``ok``: everything matches; else a leak, said by ``reason``).
+
+    A leak is judged structurally as well as by the losses: a (query, key) pair joining two documents, or a
+    shifted input or label taken from another document (``j >= doc_remaining[t]``), is a leak even where it
+    happens to change no loss on this data (the next document's first tokens carry no loss).
+
+    Attributes:
+        cross_pairs: attended (query, key) pairs joining two documents.
+        cross_inputs: draft inputs read from another document (EAGLE-3's shifted tokens; DFlash blocks feed
+            only the anchor's token and mask tokens).
+        cross_labels: draft positions whose label (the token they are trained to predict) lies in another
+            document, counted whether or not that token carries loss here.
+        cross_supervised: of ``cross_inputs + cross_labels``, those that reach a supervised draft position on
+            this data (the rest is latent: it leaks as soon as a document starts with supervised tokens).
+    """
 
     method: str
     leaky: bool
@@ -58,7 +75,9 @@ class DrafterCheck:
     docs: tuple[DocResult, ...]
     max_hidden_diff: float
     cross_pairs: int
+    cross_inputs: int
     cross_labels: int
+    cross_supervised: int
     block_size: int
     ttt: int
 
@@ -71,14 +90,34 @@ class DrafterCheck:
         return all(d.loss_matches for d in self.docs)
 
     @property
+    def docs_differ(self) -> int:
+        """Documents whose anchor set or loss differs packed vs alone."""
+        return sum(d.anchors_packed != d.anchors_alone or not d.loss_matches for d in self.docs)
+
+    @property
     def ok(self) -> bool:
-        return (
-            self.max_hidden_diff <= HIDDEN_TOL
-            and self.anchors_identical
-            and self.losses_match
-            and self.cross_pairs == 0
-            and self.cross_labels == 0
-        )
+        return self.reason == ""
+
+    @property
+    def reason(self) -> str:
+        """One line saying what leaks (empty when nothing does)."""
+        parts = []
+        if self.max_hidden_diff > HIDDEN_TOL:
+            parts.append(f"target hidden states differ packed vs alone by {self.max_hidden_diff:.3g}")
+        if self.docs_differ:
+            what = "anchors or losses" if self.method == "dflash" else "losses"
+            parts.append(f"{self.docs_differ} of {len(self.docs)} documents get other {what} than alone")
+        if self.cross_pairs:
+            parts.append(f"{self.cross_pairs} attended (query, key) pairs join two documents")
+        crossing = self.cross_inputs + self.cross_labels
+        if crossing:
+            what = "shifted inputs/labels" if self.method == "eagle3" else "block labels"
+            latent = ": the leak is latent here" if self.cross_supervised == 0 else ""
+            parts.append(
+                f"{crossing} {what} cross a document end ({self.cross_supervised} supervised on this data"
+                f"{latent})"
+            )
+        return "; ".join(parts)
 
 
 def fixture_documents(n_docs: int = 6, max_tokens: int = 160) -> list[dict]:
@@ -179,14 +218,23 @@ def check_drafter(
         m = dflash_dense_mask(doc, f.anchors, f.block_size)
         pairs = cross_document_pairs(m, f.query_doc, torch.cat([doc, f.query_doc]))
         lab = f.label_index
-        crossing = f.supervised & ((lab < 0) | (doc[lab.clamp(min=0)] != f.query_doc))
+        cross_lab = f.labelled & ((lab < 0) | (doc[lab.clamp(min=0)] != f.query_doc))
+        cross_in = torch.zeros_like(cross_lab)  # a block feeds its anchor's token, then mask tokens
+        sup = reaches = f.supervised
     else:
         e = batch.eagle3
         assert e is not None
         m = eagle3_dense_mask(doc, ttt - 1)
         pairs = cross_document_pairs(m, doc, doc.repeat(ttt))
         lab = e.label_index
-        crossing = e.supervised & ((lab < 0) | (doc[lab.clamp(min=0)] != doc[None, :]))
+        cross_lab = e.labelled & ((lab < 0) | (doc[lab.clamp(min=0)] != doc[None, :]))
+        fed = e.input_index
+        cross_in = (fed >= 0) & (doc[fed.clamp(min=0)] != doc[None, :])
+        # an input fed at step k reaches the losses of steps >= k at that position (the drafter's own
+        # hidden state is fed forward)
+        sup = e.supervised
+        reaches = sup.int().flip(0).cummax(0).values.flip(0).bool()
+    supervised_crossing = int((cross_lab & sup).sum() + (cross_in & reaches).sum())
     results = []
     max_diff = 0.0
     for d in range(c.n_docs):
@@ -211,5 +259,16 @@ def check_drafter(
             "--max-tokens tokens): nothing to compare; raise --max-tokens or use data with assistant turns"
         )
     return DrafterCheck(
-        method, leaky, path, layout, tuple(results), max_diff, pairs, int(crossing.sum()), block_size, ttt
+        method,
+        leaky,
+        path,
+        layout,
+        tuple(results),
+        max_diff,
+        pairs,
+        int(cross_in.sum()),
+        int(cross_lab.sum()),
+        supervised_crossing,
+        block_size,
+        ttt,
     )

@@ -50,6 +50,10 @@ class DFlashFields:
         block_position_ids: ``(n * B,)`` ``position_ids[a] + k`` (position inside the document).
         label_index: ``(n * B,)`` ``a + k``, the predicted token's flat position (may leave the row: -1).
         target_index: ``(n * B,)`` ``a + k - 1``: where the target's prediction of that token is.
+        labelled: ``(n * B,)`` bool, the construction's structural gate: the slot takes ``label_index`` as
+            its label whenever that token carries loss (``supervised == labelled & loss_mask[label]``).
+            What ``check-drafter`` reads to find labels that cross a document end even where the next
+            document's first tokens carry no loss.
         supervised: ``(n * B,)`` bool, the rule in the module docstring.
     """
 
@@ -61,6 +65,7 @@ class DFlashFields:
     block_position_ids: torch.Tensor
     label_index: torch.Tensor
     target_index: torch.Tensor
+    labelled: torch.Tensor
     supervised: torch.Tensor
 
 
@@ -71,15 +76,19 @@ class Eagle3Fields:
     Attributes:
         ttt: steps.
         step_input_ids: ``(ttt, T)`` token fed at each step (padding past the document end).
+        input_index: ``(ttt, T)`` the flat position whose token ``step_input_ids`` holds (-1: padding).
         label_index: ``(ttt, T)`` ``t + 2 + k`` (the predicted token; -1 off the row).
         target_index: ``(ttt, T)`` ``t + 1 + k`` (the target's prediction of it; clamped into the row).
+        labelled: ``(ttt, T)`` bool, the structural gate (as :class:`DFlashFields`).
         supervised: ``(ttt, T)`` bool.
     """
 
     ttt: int
     step_input_ids: torch.Tensor
+    input_index: torch.Tensor
     label_index: torch.Tensor
     target_index: torch.Tensor
+    labelled: torch.Tensor
     supervised: torch.Tensor
 
 
@@ -148,10 +157,10 @@ def _block_fields(contract, flat, block, mask_token_id, per_doc, per_document) -
     inside_row = label < width
     safe = label.clamp(max=max(width - 1, 0))
     if per_document:
-        supervised = (k >= 1) & (k < rem[a]) & lmask[safe]
-    else:  # row-wide: any loss token of the row, whichever document it belongs to
+        labelled = (k >= 1) & (k < rem[a])
+    else:  # row-wide: any token of the row, whichever document it belongs to
         row = contract.input_ids.shape[1]
-        supervised = (k >= 1) & inside_row & (label // row == a // row) & lmask[safe]
+        labelled = (k >= 1) & inside_row & (label // row == a // row)
     block_ids = torch.full_like(a, mask_token_id)
     block_ids[k == 0] = ids[anchors]
     return DFlashFields(
@@ -163,7 +172,8 @@ def _block_fields(contract, flat, block, mask_token_id, per_doc, per_document) -
         block_position_ids=pos[a] + k,
         label_index=torch.where(inside_row, label, -1),
         target_index=(label - 1).clamp(min=0, max=max(width - 1, 0)),
-        supervised=supervised,
+        labelled=labelled,
+        supervised=labelled & lmask[safe],
     )
 
 
@@ -188,16 +198,18 @@ def eagle3_fields(
         row = contract.input_ids.shape[1]  # a row-wide shift stays inside its row (padded: one document)
         fed_ok = (fed < width) & (fed // row == t // row)
         real = contract.flat("document_ids")[0] >= 0
-        supervised = (label < width) & (label // row == t // row) & lmask[label_safe] & real
+        labelled = (label < width) & (label // row == t // row) & real
     else:
         fed_ok = (k + 1) < rem
-        supervised = ((k + 2) < rem) & lmask[label_safe]
+        labelled = (k + 2) < rem
     return Eagle3Fields(
         ttt=ttt,
         step_input_ids=torch.where(fed_ok, ids[fed_safe], pad_token_id),
+        input_index=torch.where(fed_ok, fed, -1),
         label_index=torch.where(label < width, label, -1),
         target_index=fed_safe,
-        supervised=supervised,
+        labelled=labelled,
+        supervised=labelled & lmask[label_safe],
     )
 
 

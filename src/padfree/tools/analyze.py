@@ -10,6 +10,7 @@ import numpy as np
 from padfree.core.config import PlanConfig
 from padfree.core.items import validate_lengths
 from padfree.core.metrics import CoBatchMap, EpochMeter, dataset_summary, item_counts
+from padfree.core.mixing import SHORT_EPOCH_STEPS
 from padfree.core.plan import Plan
 from padfree.core.planner import plan_pieces
 
@@ -114,7 +115,7 @@ def measure(
     return out
 
 
-MIN_STEPS = 20
+MIN_STEPS = SHORT_EPOCH_STEPS
 """Below this many steps an epoch is short: epoch-to-epoch and step-to-step statistics are noisy and
 bucketed must trade padding for fresh partners (see :func:`short_epoch`)."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import time
 from collections import deque
 from collections.abc import Callable
@@ -160,11 +161,11 @@ class DynamicBalancer:
         if not self.pending:
             return
         if isinstance(seconds, bool) or not (
-            isinstance(seconds, (int, float)) or hasattr(seconds, "seconds")
-        ):
+            isinstance(seconds, numbers.Real) or hasattr(seconds, "seconds")
+        ):  # numbers.Real: numpy's floats and ints too (a float32 from a timer is a number)
             raise ConfigError(f"record_time needs seconds as a number (got {seconds!r:.40})")
         _, slots, attn = self.pending.popleft()
-        if isinstance(seconds, (int, float)):
+        if isinstance(seconds, numbers.Real):
             seconds = float(seconds)  # screened when read (non-finite, <= 0, absurd, outliers are dropped)
         self.timed.append([slots, attn, seconds])
 

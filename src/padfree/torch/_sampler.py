@@ -26,7 +26,7 @@ from padfree.core.config import PlanConfig
 from padfree.core.cursor import Cursor, EpochSource, MicroInfo
 from padfree.core.fingerprint import fingerprint_and_identity
 from padfree.core.planner import planning_window
-from padfree.core.position import from_state, to_state
+from padfree.core.position import check_taken, from_state, to_state
 from padfree.core.state_check import segment_budgets
 from padfree.errors import ConfigError, StateError
 from padfree.torch import _dataset
@@ -278,7 +278,8 @@ class PlanBatchSampler:
     def state_dict(self) -> dict:
         """The position and everything that decides the rest of the epoch: epoch, fingerprint, the short
         resume history, and the balance in force (cost model, rank speeds). JSON-serializable, O(resumes)."""
-        return to_state(self.fingerprint, self._cursor.position, self.balance, self.identity)
+        cur = self._cursor
+        return to_state(self.fingerprint, cur.position, self.balance, self.identity, cur.taken())
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at the exact next micro-batch, at this sampler's world size (which may differ: the rest of
@@ -303,7 +304,13 @@ class PlanBatchSampler:
         pos = from_state(
             state, self.fingerprint, *shape, budgets=allowed, identity=self.identity, steps=steps
         )
+        before = self._cursor.position
         self._cursor.restore(pos)
+        try:
+            check_taken(state, self._cursor.taken())  # mid-step: the step's handed-out part is unchanged
+        except StateError:
+            self._cursor.restore(before)
+            raise
         self._synced = None
         self._spent = False
         if self._dynamic is not None:

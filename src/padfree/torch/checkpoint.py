@@ -87,14 +87,25 @@ class CheckpointDir:
                 raise StateError(
                     f"{_shown(lock)}: the lock file is a folder, not a regular file; remove it"
                 ) from None
+            if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):  # a socket (or a device without a driver)
+                raise StateError(
+                    f"{_shown(lock)}: the lock file is not a regular file (a socket or device); remove it"
+                ) from None
             raise StateError(
                 f"{_shown(self.dir)}: cannot use as checkpoint directory ({exc.strerror or exc})"
             ) from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             os.close(fd)
             raise StateError(
                 f"{_shown(lock)}: the lock file is not a regular file (a FIFO, socket, device or folder); "
                 "remove it"
+            )
+        if info.st_nlink != 1:  # a hard link: truncating it would truncate a file elsewhere too
+            os.close(fd)
+            raise StateError(
+                f"{_shown(lock)}: the lock file has {info.st_nlink} hard links (it is also a file elsewhere, "
+                "which taking the lock would overwrite); remove it"
             )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -158,6 +169,7 @@ class CheckpointDir:
                 missing = [k for k in REQUIRED if not isinstance(state, dict) or k not in state]
                 if missing:
                     raise ValueError(f"missing {', '.join(missing)}")
+                _check_fields(state)
             except Exception as exc:  # torch.load raises many types for a truncated or garbled file
                 self.say(
                     f"{_shown(path)}: damaged checkpoint ({_short(exc)}); falling back to the previous one"
@@ -273,7 +285,12 @@ class CheckpointDir:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise
-        _fsync_dir(self.dir)
+        try:
+            _fsync_dir(self.dir)
+        except OSError:  # the rename may not survive a crash: the new checkpoint is not one to resume from
+            with contextlib.suppress(OSError):
+                final.unlink()
+            raise
 
     def _trim(self, step: int) -> None:
         """Keep the newest ``keep`` checkpoints up to ``step``; remove those of a higher step."""
@@ -333,6 +350,17 @@ class _Writes:
         self.f.flush()
 
 
+def _check_fields(state: dict) -> None:
+    """The fields a resume reads before anything else: ``step`` an integer from 0 to 2^63 - 1 (not a bool,
+    not a float), ``model``, ``optimizer`` and ``sampler`` objects; else ``ValueError`` (a damaged file)."""
+    step = state["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
+        raise ValueError(f"step must be an integer from 0 to 2^63 - 1 (got {step!r:.40})")
+    bad = [k for k in ("model", "optimizer", "sampler") if not isinstance(state[k], dict)]
+    if bad:
+        raise ValueError(f"{', '.join(bad)} must be an object (got {type(state[bad[0]]).__name__})")
+
+
 def _step_of(path: Path) -> int:
     m = _STEP.fullmatch(path.name)
     return int(m.group(1)) if m else -1
@@ -367,13 +395,26 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
+_NO_DIR_FSYNC = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF, errno.EACCES, errno.EPERM)
+"""What a file system that cannot open or fsync a directory answers (not an I/O failure)."""
+
+
 def _fsync_dir(d: Path) -> None:
-    with contextlib.suppress(OSError):
+    """Make a rename in ``d`` durable; an I/O error (EIO, ENOSPC...) is raised, a file system that cannot
+    fsync a directory is not an error."""
+    try:
         fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    except OSError as exc:
+        if exc.errno in _NO_DIR_FSYNC:
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in _NO_DIR_FSYNC:
+            raise
+    finally:
+        os.close(fd)
 
 
 def _short(exc: BaseException) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 
 from padfree.core.config import STRATEGIES, PlanConfig
 from padfree.core.items import validate_lengths
+from padfree.core.mixing import REPEAT_CAP, REPEAT_FLOOR, repeat_limit
 from padfree.core.plan import Plan
 from padfree.core.planner import plan_pieces
 from padfree.core.strategies import REGISTRY
@@ -31,10 +32,6 @@ GROWTHS = (1.1, 1.25, 1.5, 2.0)
 BUCKET_COUNTS = (2, 4, 8, 16, 32)
 MIXES = (4, 16, 64)
 """Explicit noise windows swept at the base growth, beside the automatic one."""
-REPEAT_FLOOR = 0.01
-REPEAT_CAP = 0.25
-"""The co-batch repeat limit never exceeds this, however short the epoch: a quarter of the pairs meeting
-again is a plan that trains on nearly the same micro-batches every epoch."""
 FROZEN = 0.5
 """Co-batch repeat at or above this: the plan's composition is frozen (sorted reaches 0.8-1.0). Such a plan
 is never recommended while another exists."""
@@ -71,11 +68,13 @@ class Point:
 def limits(steps: int, micro_per_step: int) -> dict:
     """The rules' limits for a plan whose epoch has ``steps`` steps of ``micro_per_step`` micro-batches.
 
-    - co-batch repeat <= ``min(0.25, max(0.01, micro_per_step / steps))``: a pair sharing a micro-batch is
-      1 of ``micro_per_step`` micro-batch pairs among a sample's step partners, and a random order puts any
-      pair in one step with probability ~``1 / steps``; a repeat ``r`` adds ~``r / micro_per_step`` to that,
-      so this bound keeps pairs sharing a step again within twice a random order's rate; on short epochs,
-      where that allows anything, it stops at :data:`REPEAT_CAP`;
+    - co-batch repeat <= ``min(0.25, max(0.01, micro_per_step / steps))``
+      (:func:`padfree.core.mixing.repeat_limit`, the limit bucketed's automatic window also aims under): a
+      pair sharing a micro-batch is 1 of ``micro_per_step`` micro-batch pairs among a sample's step
+      partners, and a random order puts any pair in one step with probability ~``1 / steps``; a repeat
+      ``r`` adds ~``r / micro_per_step`` to that, so this bound keeps pairs sharing a step again within
+      twice a random order's rate; on short epochs, where that allows anything, it stops at
+      :data:`~padfree.core.mixing.REPEAT_CAP`;
     - adjacent-step correlation <= ``max(0.1, 2 / sqrt(steps - 1))``: two standard errors of the
       correlation of a random order's step means; ``None`` (not judged) below :data:`ADJACENT_MIN_STEPS`
       steps, where it could not be exceeded.
@@ -89,7 +88,7 @@ def limits(steps: int, micro_per_step: int) -> dict:
     """
     adj = max(ADJACENT_FLOOR, 2.0 / math.sqrt(steps - 1)) if steps >= ADJACENT_MIN_STEPS else None
     return {
-        "cobatch_repeat_max": min(REPEAT_CAP, max(REPEAT_FLOOR, micro_per_step / max(steps, 1))),
+        "cobatch_repeat_max": repeat_limit(steps, micro_per_step),
         "adjacent_corr_max": adj,
     }
 
@@ -352,14 +351,23 @@ def _gap(p: Point, rand: float, micro_per_step: int) -> str | None:
 
 def _near_miss(points: list[Point], failing: dict, pick: Point | None, packing: bool) -> str | None:
     """The fastest rejected plan that beats the padded pick (packed only when packing is allowed), with the
-    rules it breaks and by how much, what rejecting it costs, and the knob that fixes them."""
+    rules it breaks and by how much, what rejecting it costs, and the knob that fixes them. A plan that does
+    not freeze its composition is named before a faster frozen one (a knob can fix the first, not the
+    second), which is then named in one clause."""
     floor = -1.0 if pick is None else _speed(pick)
     misses = [
         p for p in points if failing[p.label] and _speed(p) > floor and (packing or not p.config.packed)
     ]
     if not misses:
         return None
-    nm = max(misses, key=_speed)
+    nm = max([p for p in misses if not frozen(p.metrics)] or misses, key=_speed)
+    fastest = max(misses, key=_speed)
+    also = (
+        ""
+        if fastest is nm or pick is None
+        else f" {fastest.label} would reach {_speed(fastest) / _speed(pick):.2f} x the pick's throughput but "
+        "freezes its composition."
+    )
     fixes = []
     rules = failing[nm.label]
     if REGISTRY[nm.config.strategy].bucketed:
@@ -379,6 +387,7 @@ def _near_miss(points: list[Point], failing: dict, pick: Point | None, packing: 
         + "; ".join(rules)
         + (f" ({'; '.join(fixes)})" if fixes else "")
         + "."
+        + also
     )
 
 

@@ -1,0 +1,91 @@
+"""``padfree check-drafter`` over every real sample file and tokenizer in ../shared (both methods; per
+document packed and padded, and ``--leaky``): a markdown table and JSON of what each run reports.
+
+Runs the check in one process (``padfree.drafter.check.check_drafter``, what the CLI calls) to pay the
+imports once; each row states the equivalent CLI command. A file that cannot be read is a row with the
+reason.
+
+    python benchmarks/check_drafter_sweep.py --out benchmarks/results/check_drafter_sweep
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "samples"
+TOKENIZERS = Path(__file__).resolve().parents[1] / ".." / "shared" / "tokenizers"
+RUNS = (("packed", False), ("padded", False), ("packed", True), ("padded", True))
+
+
+def main() -> None:
+    from padfree.data.samples import load_samples
+    from padfree.drafter.check import check_drafter
+    from padfree.errors import PadfreeError
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, default=DATA)
+    p.add_argument("--tokenizers", type=Path, default=TOKENIZERS)
+    p.add_argument("--docs", type=int, default=6)
+    p.add_argument("--max-tokens", type=int, default=160)
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args()
+    toks = sorted(t for t in a.tokenizers.iterdir() if t.suffix in (".model", ".json"))
+    rows = []
+    for f in sorted(a.data.glob("*.jsonl*")):
+        for tok in toks:
+            try:
+                samples = list(load_samples([f], tok, limit=a.docs, max_len=a.max_tokens))
+            except PadfreeError as e:
+                rows.append({"file": f.name, "tokenizer": tok.name, "error": str(e)})
+                print(f.name, tok.name, "unreadable:", e, flush=True)
+                continue
+            for method in ("dflash", "eagle3"):
+                for layout, leaky in RUNS:
+                    cmd = (
+                        f"padfree check-drafter --method {method} --data {f.name} --tokenizer {tok.name}"
+                        f" --docs {a.docs} --max-tokens {a.max_tokens} --layout {layout}"
+                        + (" --leaky" if leaky else "")
+                    )
+                    row: dict = {"file": f.name, "tokenizer": tok.name, "method": method, "layout": layout}
+                    row |= {"leaky": leaky, "command": cmd}
+                    try:
+                        r = check_drafter(method, samples, leaky=leaky, layout=layout)
+                    except PadfreeError as e:  # what the CLI prints on one line with exit 2
+                        row |= {"exit": 2, "verdict": "refused", "reason": str(e)}
+                    else:
+                        row |= {
+                            "exit": 0 if r.ok else 1,
+                            "verdict": "OK" if r.ok else "LEAK",
+                            "reason": r.reason,
+                            "max_hidden_diff": r.max_hidden_diff,
+                            "docs_differ": r.docs_differ,
+                            "cross_pairs": r.cross_pairs,
+                            "cross_inputs": r.cross_inputs,
+                            "cross_labels": r.cross_labels,
+                            "cross_supervised": r.cross_supervised,
+                        }
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+    lines = [
+        "| file | tokenizer | method | layout | leaky | exit | docs differ | cross pairs | cross inputs"
+        " | cross labels | of which supervised | reason |",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for x in rows:
+        head = f"| {x['file']} | {x['tokenizer']} | "
+        if "error" in x:
+            lines.append(head + f"- | - | - | - | | | | | | unreadable: {x['error']} |")
+            continue
+        keys = ("docs_differ", "cross_pairs", "cross_inputs", "cross_labels", "cross_supervised")
+        counts = " | ".join(str(x.get(k, "")) for k in keys)
+        run = f"{x['method']} | {x['layout']} | {'yes' if x['leaky'] else 'no'} | {x['exit']}"
+        lines.append(head + f"{run} | {counts} | {x['reason'] or 'OK'} |")
+    (a.out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
