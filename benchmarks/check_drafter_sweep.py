@@ -20,6 +20,7 @@ RUNS = (("packed", False), ("padded", False), ("packed", True), ("padded", True)
 
 
 def main() -> None:
+    from padfree.commands.check_drafter import supervised_window
     from padfree.data.samples import load_samples
     from padfree.drafter.check import check_drafter
     from padfree.errors import PadfreeError
@@ -36,7 +37,7 @@ def main() -> None:
     for f in sorted(a.data.glob("*.jsonl*")):
         for tok in toks:
             try:
-                samples = list(load_samples([f], tok, limit=a.docs, max_len=a.max_tokens))
+                samples = [supervised_window(d, a.max_tokens) for d in load_samples([f], tok, limit=a.docs)]
             except PadfreeError as e:
                 rows.append({"file": f.name, "tokenizer": tok.name, "error": str(e)})
                 print(f.name, tok.name, "unreadable:", e, flush=True)

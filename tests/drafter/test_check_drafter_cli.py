@@ -55,8 +55,9 @@ def test_custom_data_and_tokenizer(sp_model, fixtures_dir, capsys):
         "--max-tokens",
         "90",
     ]
-    assert main(args) == 2  # the prompts fill the first 90 tokens: no loss token, nothing to compare
-    assert "no document has a supervised draft position" in capsys.readouterr().err
+    # the prompts fill the first 90 tokens; the checked window starts just before the first loss token
+    assert main(args) == 0
+    assert "OK: every document trains as if it were alone" in capsys.readouterr().out
     data = str(fixtures_dir / "samples" / "gsm8k.jsonl.gz")
     args = [
         "check-drafter",
@@ -156,3 +157,15 @@ def test_dflash_row_level_blocks_on_chats_cross_document_ends(sp_model, fixtures
     r = json.loads(capsys.readouterr().out)
     assert r["cross_labels"] > 0 and r["cross_inputs"] == 0
     assert f"{r['cross_labels']} block labels cross a document end" in r["reason"]
+
+
+def test_data_without_loss_tokens_is_one_line_exit_2(tmp_path, sp_model, capsys):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(
+        "\n".join(
+            json.dumps({"messages": [{"role": "user", "content": f"say {i} things"}]}) for i in range(3)
+        )
+    )
+    assert main(["check-drafter", "--data", str(path), "--tokenizer", str(sp_model), "--docs", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "no document has a supervised draft position" in err and len(err.strip().splitlines()) == 1

@@ -35,7 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--docs", type=DOCS, default=6, help="documents in the packed row (default 6, at least 2)")
     p.add_argument(
-        "--max-tokens", type=MAX_TOKENS, default=160, help="cut each document to this many tokens (160)"
+        "--max-tokens",
+        type=MAX_TOKENS,
+        default=160,
+        help="tokens kept of each document, around its first loss-bearing ones (160)",
     )
     p.add_argument("--block-size", type=BLOCK, default=8, help="DFlash block size (default 8)")
     p.add_argument("--ttt", type=TTT, default=4, help="EAGLE-3 test-time-training steps (default 4)")
@@ -55,6 +58,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=SEED, default=0, help="seed for weights and anchors (default 0)")
 
 
+def supervised_window(doc: dict, size: int) -> dict:
+    """``size`` consecutive tokens of a document that hold its first loss-bearing tokens (a quarter of the
+    window before them as context), so a long unsupervised prompt does not leave the check nothing to compare.
+
+    >>> import numpy as np
+    >>> d = {"input_ids": np.arange(10), "loss_mask": np.array([0] * 7 + [1] * 3, dtype=np.int8)}
+    >>> supervised_window(d, 4)["input_ids"].tolist(), supervised_window(d, 20)["input_ids"].tolist()[:2]
+    ([6, 7, 8, 9], [0, 1])
+    """
+    import numpy as np
+
+    n = len(doc["input_ids"])
+    if n <= size:
+        return doc
+    first = int(np.argmax(np.asarray(doc["loss_mask"]) > 0)) if np.any(doc["loss_mask"]) else 0
+    start = max(0, min(first - size // 4, n - size))
+    return {k: v[start : start + size] for k, v in doc.items()}
+
+
 def run(args: argparse.Namespace) -> int:
     from padfree.drafter.check import check_drafter, fixture_documents
     from padfree.errors import ConfigError
@@ -72,7 +94,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         from padfree.data.samples import load_samples
 
-        samples = list(load_samples(args.data, args.tokenizer, limit=args.docs, max_len=args.max_tokens))
+        samples = [
+            supervised_window(d, args.max_tokens)
+            for d in load_samples(args.data, args.tokenizer, limit=args.docs)
+        ]
         source = ", ".join(args.data)
     r = check_drafter(
         args.method,

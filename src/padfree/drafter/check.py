@@ -255,8 +255,8 @@ def check_drafter(
         results.append(DocResult(d, int(c.doc_lengths[d]), int(lm.sum()), a_p, a_1, *loss))
     if not any(r.den_alone for r in results):
         raise ConfigError(
-            "check-drafter: no document has a supervised draft position (no loss tokens within the first "
-            "--max-tokens tokens): nothing to compare; raise --max-tokens or use data with assistant turns"
+            "check-drafter: no document has a supervised draft position (no loss tokens in any "
+            "document): nothing to compare; raise --max-tokens or use data with assistant turns"
         )
     return DrafterCheck(
         method,
