@@ -4,8 +4,27 @@ loss summed per document."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
+
+
+@dataclass(frozen=True)
+class DrafterSizes:
+    """The sizes every reference drafter has (``hidden_size`` is the target's); each method's config adds
+    its own (DFlash: layers, block size, target layers; EAGLE-3: test-time-training steps)."""
+
+    hidden_size: int = 64
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
+    rope_theta: float = 10000.0
+    eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
 
 
 class RMSNorm(nn.Module):

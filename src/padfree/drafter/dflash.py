@@ -22,29 +22,19 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from padfree.drafter._blocks import MLP, RMSNorm, attend, kl_per_document, rope
+from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, kl_per_document, rope
 from padfree.drafter.collate import DrafterBatch
 from padfree.drafter.masks import dflash_block_mask, dflash_dense_mask
 from padfree.drafter.target import TargetOutput
 
 
 @dataclass(frozen=True)
-class DFlashConfig:
-    """Sizes of a DFlash drafter (``hidden_size`` is the target's)."""
+class DFlashConfig(DrafterSizes):
+    """Sizes of a DFlash drafter: the shared ones, its layers, block size and target layers fused."""
 
-    hidden_size: int = 64
     num_layers: int = 1
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 128
     block_size: int = 16
     n_target_layers: int = 2
-    rope_theta: float = 10000.0
-    eps: float = 1e-6
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
 
 
 class DFlashLayer(nn.Module):

@@ -19,27 +19,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from padfree.drafter._blocks import MLP, RMSNorm, attend, kl_per_document, rope
+from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, kl_per_document, rope
 from padfree.drafter.collate import DrafterBatch
 from padfree.drafter.masks import eagle3_block_mask, eagle3_dense_mask
 from padfree.drafter.target import TargetOutput
 
 
 @dataclass(frozen=True)
-class Eagle3Config:
-    """Sizes of an EAGLE-3 drafter (``hidden_size`` is the target's)."""
+class Eagle3Config(DrafterSizes):
+    """Sizes of an EAGLE-3 drafter: the shared ones and its test-time-training steps."""
 
-    hidden_size: int = 64
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 128
     ttt: int = 7
-    rope_theta: float = 10000.0
-    eps: float = 1e-6
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
 
 
 def ttt_attention(q: torch.Tensor, keys: list, values: list, step0: torch.Tensor) -> torch.Tensor:
