@@ -14,11 +14,8 @@ import numpy as np
 from padfree.commands.common import (
     BUDGET,
     COUNT,
-    RANKS,
-    SEED,
-    THREADS,
-    WARM,
     Bounded,
+    add_number,
     check_input,
     check_output,
     writing,
@@ -26,7 +23,6 @@ from padfree.commands.common import (
 from padfree.errors import ConfigError
 
 TOKENS = Bounded(int, 1, 2**40)
-VOCAB = Bounded(int, 2, 2**24)
 POOL = Bounded(int, 1, 2**31 - 1)
 LR = Bounded(float, 0, 10, above=True)
 FRACTION = Bounded(float, 0, 1)
@@ -54,28 +50,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model-set", action="append", default=[], metavar="KEY=VALUE", help="override a config field"
     )
-    p.add_argument(
+    add_number(
+        p,
         "--vocab-size",
-        type=VOCAB,
-        default=None,
-        help="model vocabulary (token ids of --data are folded modulo it; random ids are drawn under it)",
+        None,
+        "model vocabulary (token ids of --data are folded modulo it; random ids are drawn under it)",
     )
-    p.add_argument(
-        "--budget",
-        type=BUDGET,
-        default=None,
-        help="tokens per micro-batch (default 16384, the motivating case's; --converge: 2048)",
+    add_number(
+        p, "--budget", None, "tokens per micro-batch (default 16384, the motivating case's; --converge: 2048)"
     )
-    p.add_argument(
-        "--steps", type=COUNT, default=10, help="about this many full micro-batches per strategy (default 10)"
-    )
-    p.add_argument("--warmup", type=WARM, default=2, help="untimed steps per strategy first (default 2)")
-    p.add_argument(
-        "--repeats",
-        type=COUNT,
-        default=1,
-        help="passes over the measured rounds, fastest time per step kept (default 1)",
-    )
+    add_number(p, "--steps", 10, "about this many full micro-batches per strategy (default 10)")
+    add_number(p, "--warmup", 2, "untimed steps per strategy first (default 2)")
+    add_number(p, "--repeats", 1, "passes over the measured rounds, fastest time per step kept (default 1)")
     p.add_argument(
         "--pool",
         type=POOL,
@@ -99,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="train every micro-batch of an epoch of about --steps x --budget tokens (exactly the same work "
         "for every strategy) instead of --steps stratified micro-batches of a --pool epoch",
     )
-    p.add_argument("--seed", type=SEED, default=0)
+    add_number(p, "--seed", 0)
     p.add_argument(
         "--max-len",
         type=BUDGET,
@@ -109,7 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overlong", default="truncate", choices=["truncate", "drop"], help="samples over budget")
     p.add_argument("--strategies", default=None, help="comma-separated subset (default: all, peers too)")
     p.add_argument("--lr", type=LR, default=None, help="peak learning rate (default 1e-4; converge 2e-3)")
-    p.add_argument("--threads", type=THREADS, default=2, help="torch CPU threads (default 2)")
+    add_number(p, "--threads", 2, "torch CPU threads (default 2)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument(
         "--dtype",
@@ -144,7 +130,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--eval-every", type=TOKENS, default=None, help="tokens between evals (default 1/12 of them)"
     )
     g.add_argument("--eval-samples", type=COUNT, default=200, help="held-out samples (default 200)")
-    g.add_argument("--grad-accum", type=RANKS, default=4, help="micro-batches per optimizer step (default 4)")
+    add_number(g, "--grad-accum", 4, "micro-batches per optimizer step (default 4)")
     g.add_argument("--warmup-frac", type=FRACTION, default=0.05, help="LR warm-up share of the tokens")
     g.add_argument(
         "--unmatched-steps",

@@ -11,10 +11,7 @@ from typing import Any
 
 from padfree.commands.common import (
     BUDGET,
-    COUNT,
-    SEED,
-    THREADS,
-    WARM,
+    add_number,
     bounded_list,
     check_output,
     writing,
@@ -41,21 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--attn", default="sdpa", help="attention implementation (default sdpa)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument(
-        "--budget",
-        type=BUDGET,
-        default=None,
-        help="slots of the largest shape (default 1024 on cpu, 16384 on cuda)",
-    )
+    add_number(p, "--budget", None, "slots of the largest shape (default 1024 on cpu, 16384 on cuda)")
     p.add_argument(
         "--lengths", default=None, help="comma-separated row lengths (default: 64, 128, ... <= 4096)"
     )
-    p.add_argument("--repeats", type=COUNT, default=3, help="timed steps per shape, median kept (default 3)")
-    p.add_argument("--warmup", type=WARM, default=1, help="untimed steps per shape first (default 1)")
-    p.add_argument("--seed", type=SEED, default=0, help="weights and token ids seed (default 0)")
-    p.add_argument(
-        "--threads", type=THREADS, default=None, help="torch CPU threads (default: torch's choice)"
-    )
+    add_number(p, "--repeats", 3, "timed steps per shape, median kept (default 3)")
+    add_number(p, "--warmup", 1, "untimed steps per shape first (default 1)")
+    add_number(p, "--seed", 0, "weights and token ids seed (default 0)")
+    add_number(p, "--threads", None, "torch CPU threads (default: torch's choice)")
     p.add_argument(
         "--quick",
         action="store_true",

@@ -7,12 +7,10 @@ import argparse
 import dataclasses
 import json
 
-from padfree.commands.common import SEED, Bounded
+from padfree.commands.common import Bounded, add_number, add_output_options
 
 DOCS = Bounded(int, 2, 4096)
 MAX_TOKENS = Bounded(int, 2, 65536)
-BLOCK = Bounded(int, 2, 1024)
-TTT = Bounded(int, 1, 64)
 MAX_ROW = 32768
 """Most tokens in the checked row: its dense masks hold row x row entries."""
 
@@ -40,8 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=160,
         help="tokens kept of each document, around its first loss-bearing ones (160)",
     )
-    p.add_argument("--block-size", type=BLOCK, default=8, help="DFlash block size (default 8)")
-    p.add_argument("--ttt", type=TTT, default=4, help="EAGLE-3 test-time-training steps (default 4)")
+    add_number(p, "--block-size", 8, "DFlash block size (default 8)")
+    add_number(p, "--ttt", 4, "EAGLE-3 test-time-training steps (default 4)")
     p.add_argument(
         "--layout",
         choices=["packed", "padded"],
@@ -54,8 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="build the batch as row-level packers do (anchors chosen per row, labels and the EAGLE-3 shift "
         "across the row): deliberately wrong, to see the leak caught",
     )
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.add_argument("--seed", type=SEED, default=0, help="seed for weights and anchors (default 0)")
+    add_output_options(p, "print the result as one JSON object", "seed for weights and anchors (default 0)")
 
 
 def supervised_window(doc: dict, size: int) -> dict:

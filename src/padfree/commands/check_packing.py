@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import json
 
-from padfree.commands.common import SEED, Bounded
+from padfree.commands.common import Bounded, add_output_options
 
 TOLERANCE = Bounded(float, 0, 1e6)
 
@@ -51,8 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "document alone (matmuls of other shapes): on the tiny models correct attention differs by <= 8e-3 "
         "and a leak by >= 0.78, hence the 5e-2 default tolerance",
     )
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.add_argument("--seed", type=SEED, default=0, help="seed for weights and tokens (default 0)")
+    add_output_options(p, "print the result as one JSON object", "seed for weights and tokens (default 0)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -85,6 +85,60 @@ SEED = Bounded(int, 0, MAX_SEED)
 THREADS = Bounded(int, 1, 1024)
 COUNT = Bounded(int, 1, 10**6)  # timed steps, repeats, samples
 WARM = Bounded(int, 0, 10**6)  # untimed steps
+VOCAB = Bounded(int, 2, 2**24)
+BLOCK = Bounded(int, 2, 1024)  # DFlash block size
+TTT = Bounded(int, 1, 64)  # EAGLE-3 test-time-training steps
+ANCHORS = Bounded(int, 1, 2**31 - 1)
+WIDTH = Bounded(int, 1, 2**20)
+LAYERS = Bounded(int, 1, 4096)
+BYTES = Bounded(int, 1, 16)
+
+NUMERIC: dict[str, Bounded] = {
+    "--budget": BUDGET,
+    "--world-size": RANKS,
+    "--grad-accum": RANKS,
+    "--gpus": RANKS,
+    "--growth": GROWTH,
+    "--buckets": BUCKETS,
+    "--mix": MIX,
+    "--seed": SEED,
+    "--epoch": SEED,
+    "--threads": THREADS,
+    "--repeats": COUNT,
+    "--steps": COUNT,
+    "--warmup": WARM,
+    "--vocab": VOCAB,
+    "--vocab-size": VOCAB,
+    "--block-size": BLOCK,
+    "--ttt": TTT,
+    "--max-anchors": ANCHORS,
+    "--anchor-budget": ANCHORS,
+    "--target-hidden": WIDTH,
+    "--target-layers": LAYERS,
+    "--cache-layers": LAYERS,
+    "--cache-bytes": BYTES,
+}
+"""The range of each numeric option that more than one command defines, or that a command shares with the
+plan options: one name, one range, in every command (docs/errors.md lists them)."""
+
+
+def add_number(
+    p: argparse._ActionsContainer, flag: str, default: int | float | None, help_: str | None = None
+) -> None:
+    """Add the numeric option ``flag`` with its range from :data:`NUMERIC`.
+
+    >>> p = argparse.ArgumentParser()
+    >>> add_number(p, "--seed", 0, "seed (default 0)")
+    >>> p.parse_args(["--seed", "7"]).seed
+    7
+    """
+    p.add_argument(flag, type=NUMERIC[flag], default=default, help=help_)
+
+
+def add_output_options(p: argparse._ActionsContainer, json_help: str, seed_help: str) -> None:
+    """``--json`` then ``--seed`` (default 0), as the checking commands end their options."""
+    p.add_argument("--json", action="store_true", help=json_help)
+    add_number(p, "--seed", 0, seed_help)
 
 
 # ----- inputs and outputs ----------------------------------------------------------------------------------
@@ -142,23 +196,27 @@ def add_lengths_argument(p: argparse.ArgumentParser, required: bool) -> None:
 
 
 def add_plan_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--budget", type=BUDGET, default=16384, help="tokens per micro-batch (default 16384)")
-    p.add_argument("--world-size", type=RANKS, default=8, help="ranks / GPUs (default 8)")
-    p.add_argument("--grad-accum", type=RANKS, default=4, help="micro-batches per rank per step (default 4)")
-    p.add_argument("--growth", type=GROWTH, default=1.25, help="bucketed: bucket width growth (default 1.25)")
-    p.add_argument(
-        "--buckets", type=BUCKETS, default=None, help="bucketed: N padding-optimal buckets instead"
-    )
-    p.add_argument(
+    add_number(p, "--budget", 16384, "tokens per micro-batch (default 16384)")
+    add_number(p, "--world-size", 8, "ranks / GPUs (default 8)")
+    add_number(p, "--grad-accum", 4, "micro-batches per rank per step (default 4)")
+    add_number(p, "--growth", 1.25, "bucketed: bucket width growth (default 1.25)")
+    add_number(p, "--buckets", None, "bucketed: N padding-optimal buckets instead")
+    add_number(
+        p,
         "--mix",
-        type=MIX,
-        default=None,
-        help="bucketed: noise window in micro-batches, every bucket (default: chosen from the data, "
+        None,
+        "bucketed: noise window in micro-batches, every bucket (default: chosen from the data, "
         "see docs/planning.md)",
     )
-    p.add_argument("--seed", type=SEED, default=0, help="seed (default 0)")
+    add_number(p, "--seed", 0, "seed (default 0)")
     p.add_argument("--overlong", default="error", help=f"samples over the budget: {', '.join(OVERLONG)}")
     p.add_argument("--cost", type=Path, default=None, help="cost model JSON from `padfree calibrate`")
+
+
+def add_plan_inputs(p: argparse.ArgumentParser, required: bool) -> None:
+    """The lengths file and the planning options: what ``plan``, ``simulate`` and ``report`` read first."""
+    add_lengths_argument(p, required)
+    add_plan_options(p)
 
 
 def load_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str | None, str]:

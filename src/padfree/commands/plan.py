@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 from padfree.commands.common import (
-    SEED,
-    add_lengths_argument,
-    add_plan_options,
+    add_number,
+    add_plan_inputs,
     check_output,
     config_from_args,
     load_lengths,
@@ -25,12 +24,11 @@ HELP = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_lengths_argument(p, required=True)
-    add_plan_options(p)
+    add_plan_inputs(p, required=True)
     p.add_argument(
         "--strategy", default="bucketed", help="sorted, random, bucketed or packed (default bucketed)"
     )
-    p.add_argument("--epoch", type=SEED, default=0, help="epoch to plan (default 0)")
+    add_number(p, "--epoch", 0, "epoch to plan (default 0)")
     p.add_argument("--out", type=Path, default=Path("-"), help="output .jsonl ('-' for stdout, the default)")
 
 

@@ -12,8 +12,7 @@ from padfree.commands.common import (
     BUCKETS,
     GROWTH,
     MIX,
-    add_lengths_argument,
-    add_plan_options,
+    add_plan_inputs,
     bounded_list,
     check_output,
     config_from_args,
@@ -30,8 +29,7 @@ HELP = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_lengths_argument(p, required=False)
-    add_plan_options(p)
+    add_plan_inputs(p, required=False)
     p.add_argument("--out", type=Path, required=True, help="output folder for index.html and report.json")
     p.add_argument(
         "--growths",

@@ -7,32 +7,22 @@ import json
 import sys
 from pathlib import Path
 
-from padfree.commands.bench import VOCAB
-from padfree.commands.check_drafter import BLOCK, TTT
 from padfree.commands.common import (
-    RANKS,
-    Bounded,
-    add_lengths_argument,
-    add_plan_options,
+    add_number,
+    add_plan_inputs,
     config_from_args,
     load_lengths,
 )
 from padfree.core.config import STRATEGIES
 from padfree.errors import ConfigError
 
-ANCHORS = Bounded(int, 1, 2**31 - 1)
-WIDTH = Bounded(int, 1, 2**20)
-LAYERS = Bounded(int, 1, 4096)
-BYTES = Bounded(int, 1, 16)
-
 NAME = "simulate"
 HELP = "predict each strategy's training throughput on N GPUs (ranks wait for the slowest every step)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_lengths_argument(p, required=False)
-    add_plan_options(p)
-    p.add_argument("--gpus", type=RANKS, default=None, help="GPUs (ranks); overrides --world-size")
+    add_plan_inputs(p, required=False)
+    add_number(p, "--gpus", None, "GPUs (ranks); overrides --world-size")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated strategies")
     p.add_argument("--no-naive", action="store_true", help="leave out the naive bucketing baseline")
     p.add_argument(
@@ -64,23 +54,21 @@ def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
         help="loss-bearing tokens per sample (.npy, e.g. NAME.assistant.npy; default: beside --lengths when "
         "present, else every token but the first)",
     )
-    d.add_argument("--block-size", type=BLOCK, default=16, help="DFlash block size (default 16)")
-    d.add_argument("--max-anchors", type=ANCHORS, default=512, help="DFlash anchors per sample (default 512)")
-    d.add_argument(
-        "--anchor-budget", type=ANCHORS, default=None, help="DFlash blocks per micro-batch at most"
-    )
-    d.add_argument("--ttt", type=TTT, default=7, help="EAGLE-3 test-time-training steps (default 7)")
-    d.add_argument("--target-hidden", type=WIDTH, default=4096, help="target hidden size (default 4096)")
-    d.add_argument("--target-layers", type=LAYERS, default=32, help="target layers (default 32)")
-    d.add_argument("--vocab", type=VOCAB, default=128256, help="vocabulary (default 128256)")
-    d.add_argument(
+    add_number(d, "--block-size", 16, "DFlash block size (default 16)")
+    add_number(d, "--max-anchors", 512, "DFlash anchors per sample (default 512)")
+    add_number(d, "--anchor-budget", None, "DFlash blocks per micro-batch at most")
+    add_number(d, "--ttt", 7, "EAGLE-3 test-time-training steps (default 7)")
+    add_number(d, "--target-hidden", 4096, "target hidden size (default 4096)")
+    add_number(d, "--target-layers", 32, "target layers (default 32)")
+    add_number(d, "--vocab", 128256, "vocabulary (default 128256)")
+    add_number(
+        d,
         "--cache-layers",
-        type=LAYERS,
-        default=None,
-        help="target layers an offline hidden-state cache keeps per token (default: DFlash 5, EAGLE-3 3, "
+        None,
+        "target layers an offline hidden-state cache keeps per token (default: DFlash 5, EAGLE-3 3, "
         "plus the last layer for the targets' logits)",
     )
-    d.add_argument("--cache-bytes", type=BYTES, default=2, help="bytes per cached value (default 2: bf16)")
+    add_number(d, "--cache-bytes", 2, "bytes per cached value (default 2: bf16)")
 
 
 def run(args: argparse.Namespace) -> int:
