@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from padfree import CostModel, PlanConfig, StateError
+from padfree.testing.threadranks import Board
 from padfree.torch import PlanBatchSampler
 
 COST = CostModel(a=1.0, b=1e-4, c=20.0, d=8.0, e=0.01)
@@ -20,23 +21,6 @@ def data(n=300, seed=0):
     lengths = rng.integers(2, 700, n)
     anchors = np.minimum(lengths - 1, rng.integers(0, 40, n))
     return lengths, anchors
-
-
-class Board:
-    """An all-gather for ranks that are threads of one process (dynamic balancing)."""
-
-    def __init__(self, world):
-        self.slots, self.barrier = [None] * world, threading.Barrier(world, timeout=30)
-
-    def exchange(self, rank):
-        def gather(payload):
-            self.slots[rank] = payload.copy()
-            self.barrier.wait()
-            out = np.stack(self.slots)
-            self.barrier.wait()
-            return out
-
-        return gather
 
 
 def samplers(lengths, anchors, cfg, world, **kw):

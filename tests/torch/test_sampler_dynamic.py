@@ -14,27 +14,11 @@ from hypothesis import strategies as st
 
 from padfree import ConfigError, PlanConfig, StateError, make_plan
 from padfree.core.state_check import seal
+from padfree.testing.threadranks import Board
 from padfree.torch import PlanBatchSampler
 
 STRATEGIES = ["sorted", "random", "bucketed", "packed"]
 TRUE = (1e-4, 2e-8, 2e-3)  # the simulated machine: seconds = (a*slots + b*attention + c) / speed
-
-
-class Board:
-    """An all-gather for ranks that are threads of one process."""
-
-    def __init__(self, world):
-        self.slots, self.barrier = [None] * world, threading.Barrier(world, timeout=30)
-
-    def exchange(self, rank):
-        def gather(payload):
-            self.slots[rank] = payload.copy()
-            self.barrier.wait()
-            out = np.stack(self.slots)
-            self.barrier.wait()
-            return out
-
-        return gather
 
 
 def group(lengths, cfg, world, board=None, **kw):

@@ -19,27 +19,11 @@ from padfree.core import refit
 from padfree.core.balance import Balance
 from padfree.core.state_check import seal
 from padfree.errors import ConfigError
+from padfree.testing.threadranks import Board
 from padfree.torch import PlanBatchSampler
 
 LENGTHS = np.random.default_rng(3).integers(1, 400, 500)
 CFG = PlanConfig(strategy="packed", budget=512, grad_accum=2, seed=4)
-
-
-class Board:
-    """An all-gather for ranks that are threads of one process."""
-
-    def __init__(self, world):
-        self.slots, self.barrier = [None] * world, threading.Barrier(world, timeout=60)
-
-    def exchange(self, rank):
-        def gather(payload):
-            self.slots[rank] = payload.copy()
-            self.barrier.wait()
-            out = np.stack(self.slots)
-            self.barrier.wait()
-            return out
-
-        return gather
 
 
 def group(world, cfg=CFG, **kw):

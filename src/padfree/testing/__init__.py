@@ -1,2 +1,3 @@
-"""Helpers a user's own tests can import: the kill-and-resume harness (``killresume``) and the exactly-once
-check of a seen-log (``seenlog``). Tiny random-weight models are public: :mod:`padfree.models`."""
+"""Helpers a user's own tests can import: the kill-and-resume harness (``killresume``), the exactly-once
+check of a seen-log (``seenlog``) and ranks as threads (``threadranks``). Tiny random-weight models are
+public: :mod:`padfree.models`."""
