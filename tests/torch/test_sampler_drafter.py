@@ -1,16 +1,14 @@
 """PlanBatchSampler with a drafter's anchors: every micro-batch within both budgets, exact and elastic
 resume keep every sample exactly once, and the state refuses other anchors."""
 
-import itertools
 import json
-import threading
 from collections import Counter
 
 import numpy as np
 import pytest
 
 from padfree import CostModel, PlanConfig, StateError
-from padfree.testing.threadranks import Board
+from padfree.testing.threadranks import Board, run_ranks
 from padfree.torch import PlanBatchSampler
 
 COST = CostModel(a=1.0, b=1e-4, c=20.0, d=8.0, e=0.01)
@@ -36,25 +34,12 @@ def samplers(lengths, anchors, cfg, world, **kw):
 def run(group, limit=None):
     """Every rank in a thread takes ``limit`` micro-batches (None: to the end) and reports a time that
     grows with its tokens and anchors (rank 1 is slower)."""
-    out, errors = [[] for _ in group], []
 
-    def work(r):
-        try:
-            for mb in itertools.islice(iter(group[r]), limit):
-                t = 1e-4 * sum(mb.info.lengths) + 1e-3 * sum(mb.info.anchors or ()) + 1e-3
-                group[r].record_time(t * (1.5 if r == 1 else 1.0))
-                out[r].append(mb)
-        except Exception as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
+    def seconds(r, i, mb):
+        t = 1e-4 * sum(mb.info.lengths) + 1e-3 * sum(mb.info.anchors or ()) + 1e-3
+        return t * (1.5 if r == 1 else 1.0)
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(group))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return [mb for mbs in out for mb in mbs]
+    return [mb for mbs in run_ranks(group, seconds, limit) for mb in mbs]
 
 
 def check_budgets(mbs, lengths, anchors, cfg):

@@ -2,9 +2,7 @@
 is learned and given less, every sample is consumed once per epoch, and a state saved at any point (mid-step
 included) resumes exactly, at the same or another world size, into a dynamic or a static sampler."""
 
-import itertools
 import json
-import threading
 from collections import Counter
 
 import numpy as np
@@ -14,7 +12,7 @@ from hypothesis import strategies as st
 
 from padfree import ConfigError, PlanConfig, StateError, make_plan
 from padfree.core.state_check import seal
-from padfree.testing.threadranks import Board
+from padfree.testing.threadranks import Board, run_ranks
 from padfree.torch import PlanBatchSampler
 
 STRATEGIES = ["sorted", "random", "bucketed", "packed"]
@@ -41,25 +39,7 @@ def seconds(info, packed, speed):
 
 def run(samplers, speeds, limit=None):
     """Every rank in a thread: take ``limit`` micro-batches (None: to the end), report simulated times."""
-    out, errors = [[] for _ in samplers], []
-
-    def work(r):
-        try:
-            it = iter(samplers[r])
-            for mb in itertools.islice(it, limit):
-                samplers[r].record_time(seconds(mb.info, samplers[r].config.packed, speeds[r]))
-                out[r].append(mb)
-        except Exception as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(samplers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out
+    return run_ranks(samplers, lambda r, i, mb: seconds(mb.info, samplers[r].config.packed, speeds[r]), limit)
 
 
 def pieces(per_rank):

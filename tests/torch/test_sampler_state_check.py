@@ -3,10 +3,8 @@ it is loaded under (one line naming the field), the content against its digest; 
 writes, after any recorded times (absurd ones included), loads back and runs every sample exactly once."""
 
 import copy
-import itertools
 import json
 import math
-import threading
 from collections import Counter
 
 import numpy as np
@@ -19,7 +17,7 @@ from padfree.core import refit
 from padfree.core.balance import Balance
 from padfree.core.state_check import seal
 from padfree.errors import ConfigError
-from padfree.testing.threadranks import Board
+from padfree.testing.threadranks import Board, run_ranks
 from padfree.torch import PlanBatchSampler
 
 LENGTHS = np.random.default_rng(3).integers(1, 400, 500)
@@ -44,25 +42,8 @@ def group(world, cfg=CFG, **kw):
 
 
 def run(samplers, times, limit=None):
-    """Every rank in a thread takes ``limit`` micro-batches (None: all), recording ``times[r](i, info)``."""
-    out, errors = [[] for _ in samplers], []
-
-    def work(r):
-        try:
-            for i, mb in enumerate(itertools.islice(samplers[r], limit)):
-                samplers[r].record_time(times(r, i, mb.info))
-                out[r].append(mb)
-        except Exception as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(samplers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out
+    """Every rank in a thread takes ``limit`` micro-batches (None: all), recording ``times(r, i, info)``."""
+    return run_ranks(samplers, lambda r, i, mb: times(r, i, mb.info), limit)
 
 
 def consumed(*runs):

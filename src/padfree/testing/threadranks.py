@@ -3,8 +3,10 @@ without a process group."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -37,3 +39,28 @@ class Board:
             return out
 
         return gather
+
+
+def run_ranks(samplers: list, seconds: Callable[[int, int, Any], float], limit: int | None = None) -> list:
+    """Every rank's sampler in its own thread takes ``limit`` micro-batches (None: to the end) and records
+    ``seconds(rank, i, micro_batch)`` for its ``i``-th one; returns each rank's micro-batches. An exception in
+    any rank is raised here after all threads end."""
+    out: list[list] = [[] for _ in samplers]
+    errors: list[BaseException] = []
+
+    def work(r: int) -> None:
+        try:
+            for i, mb in enumerate(itertools.islice(iter(samplers[r]), limit)):
+                samplers[r].record_time(seconds(r, i, mb))
+                out[r].append(mb)
+        except Exception as exc:  # noqa: BLE001 - reported by the calling thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(samplers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out
