@@ -13,6 +13,7 @@ from padfree.bench.drafter import (  # noqa: E402
     build_models,
     collator,
     coverage,
+    epoch_rate,
     items_of,
     make_arms,
     modeled_imbalance,
@@ -128,3 +129,24 @@ def test_speed_counts_supervised_positions(samples):
         assert r["draft_positions"] > 0 and r["cpu_seconds"] > 0 and r["draft_pos_per_s"] > 0
     assert rows["padfree_packed"]["padding_efficiency"] == 1.0
     assert rows["specforge_random"]["padding_efficiency"] < 1.0
+
+
+def test_speed_with_cost_times_the_stratified_micro_batches(samples):
+    lengths = np.array([len(s["input_ids"]) for s in samples])
+    anchors = sample_anchors(samples, POLICY)
+    arms = make_arms(lengths, anchors, 512, 0, CostModel())
+    arms = {k: arms[k] for k in ("sorted_fixed",)}
+    models = build_models("dflash", vocab=256, hidden=32, layers=2, intermediate=64, block_size=4)
+    rows = speed("dflash", arms, samples, models, POLICY, micro=3, seed=0, ttt=2, rounds_warmup=0,
+                 cost=CostModel(), anchors=anchors)  # fmt: skip
+    b = arms["sorted_fixed"].batching
+    row = rows["sorted_fixed"]
+    assert row["micro_batches"] == min(3, b.n_micro) < b.n_micro
+    assert row["draft_positions"] > 0 and row["epoch_cpu_seconds"] > row["cpu_seconds"]
+    assert 0 < row["epoch_padding_efficiency"] < 1
+    cov = coverage("dflash", arms["sorted_fixed"], samples, POLICY, seed=0, ttt=2)
+    assert cov["epoch_draft_positions"] > row["draft_positions"]
+    both = epoch_rate({**row, **cov})
+    assert both["sampled_pos_per_s"] == row["draft_pos_per_s"]
+    assert both["draft_pos_per_s"] == cov["epoch_draft_positions"] / row["epoch_cpu_seconds"]
+    assert epoch_rate({"draft_pos_per_s": 1.0}) == {"draft_pos_per_s": 1.0}  # no estimate: unchanged

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from padfree.bench.measure import Batching
+from padfree.bench.sampling import epoch_seconds, stratified
 from padfree.core import _kernels
 from padfree.core.anchors import AnchorPolicy, anchor_counts
 from padfree.core.config import CostModel, PlanConfig
@@ -321,27 +322,48 @@ def speed(
     seed: int,
     ttt: int,
     rounds_warmup: int = 1,
+    cost: CostModel | None = None,
+    anchors: np.ndarray | None = None,
 ) -> dict[str, dict]:
-    """Supervised draft positions per second of each arm over ``micro`` micro-batches spread evenly over its
-    epoch, timed in rounds (every arm one micro-batch per round, so a slow spell of a shared machine spreads
-    over the arms). Seconds are this process's CPU seconds (``time.process_time``; run torch on one thread,
-    then they are the compute time, whatever else the shared machine runs); wall seconds are kept too."""
+    """Supervised draft positions per second of each arm over ``micro`` micro-batches of its epoch, timed in
+    rounds (every arm one micro-batch per round, so a slow spell of a shared machine spreads over the arms).
+    Seconds are this process's CPU seconds (``time.process_time``; run torch on one thread, then they are
+    the compute time, whatever else the shared machine runs); wall seconds are kept too.
+
+    With ``cost`` (the drafter cost model; ``anchors`` per sample for DFlash) the micro-batches are those
+    ``padfree bench`` takes (:func:`padfree.bench.sampling.stratified`: one from each of ``micro`` equal
+    strata of the epoch ordered by modeled cost per real token), and ``epoch_cpu_seconds`` is the epoch's
+    seconds estimated from them (:func:`padfree.bench.sampling.epoch_seconds`): a length-sorted arm's
+    micro-batches differ many-fold in cost per position, so a few picks alone misstate its epoch. Without
+    ``cost``, micro-batches evenly spaced over the epoch and no estimate."""
     import torch
 
-    picks = {}
+    lengths = np.array([len(s["input_ids"]) for s in samples], np.int64)
+    picks: dict[str, np.ndarray] = {}
+    strata: dict[str, tuple[np.ndarray, np.ndarray, float]] = {}
     for name, arm in arms.items():
-        n = arm.batching.n_micro
-        picks[name] = np.unique(np.linspace(0, n - 1, min(micro, n)).round().astype(int))
+        b = arm.batching
+        if cost is None:
+            n = b.n_micro
+            picks[name] = np.unique(np.linspace(0, n - 1, min(micro, n)).round().astype(int))
+        else:
+            a = None if anchors is None else anchors[b.order]
+            sh = micro_shapes(lengths[b.order], b.offsets, b.packed, a)
+            costs = micro_costs(sh, cost)
+            picks[name], stratum = stratified(costs / np.maximum(sh.real, 1.0), micro)
+            strata[name] = (stratum, costs, float(sh.real.sum() / max(sh.slots.sum(), 1.0)))
     cols = {name: collator(method, arm, policy, seed, ttt) for name, arm in arms.items()}
     seconds = dict.fromkeys(arms, 0.0)
     wall = dict.fromkeys(arms, 0.0)
     positions = dict.fromkeys(arms, 0)
     slots = dict.fromkeys(arms, 0)
     real = dict.fromkeys(arms, 0)
+    per_pick = {name: np.zeros(len(p)) for name, p in picks.items()}
     torch.manual_seed(seed)
     for r in range(-rounds_warmup, max(len(p) for p in picks.values())):
         for name, arm in arms.items():
-            j = int(picks[name][max(r, 0) % len(picks[name])])
+            i = max(r, 0) % len(picks[name])
+            j = int(picks[name][i])
             b = arm.batching
             batch = cols[name](items_of(samples, b.order[b.offsets[j] : b.offsets[j + 1]]))
             if arm.leaky:
@@ -352,13 +374,22 @@ def speed(
             got = train_micro(models, batch)
             dt, dw = time.process_time() - t0, time.perf_counter() - w0
             if r >= 0:
+                per_pick[name][i] += dt
                 seconds[name] += dt
                 wall[name] += dw
                 positions[name] += got
                 slots[name] += int(batch.contract.input_ids.numel())
                 real[name] += int(sum(batch.contract.doc_lengths))
+    estimates = {
+        name: {
+            "epoch_cpu_seconds": epoch_seconds(per_pick[name], picks[name], stratum, costs),
+            "epoch_padding_efficiency": eff,
+        }
+        for name, (stratum, costs, eff) in strata.items()
+    }
     return {
         name: {
+            **estimates.get(name, {}),
             "draft_pos_per_s": positions[name] / seconds[name] if seconds[name] else 0.0,
             "draft_positions": positions[name],
             "cpu_seconds": seconds[name],
@@ -376,11 +407,12 @@ def coverage(method: str, arm: Arm, samples: list[dict], policy: AnchorPolicy, *
     """Over the arm's whole epoch: the share of supervised tokens (loss mask, not a document's first token)
     that some supervised draft position of the token's own document predicts; and, for up to
     ``check_alone`` micro-batches, whether every document's covered tokens (and DFlash anchors) are the
-    same as when the document is collated alone."""
+    same as when the document is collated alone; and the epoch's supervised draft positions
+    (``epoch_draft_positions``, what :func:`speed`'s ``epoch_cpu_seconds`` trains)."""
     col = collator(method, arm, policy, seed, ttt)
     alone = collator(method, Arm("alone", arm.batching, "packed"), policy, seed, ttt)
     b = arm.batching
-    covered = total = 0
+    covered = total = positions = 0
     same = True
     for j in range(b.n_micro):
         ids = b.order[b.offsets[j] : b.offsets[j + 1]]
@@ -390,6 +422,7 @@ def coverage(method: str, arm: Arm, samples: list[dict], policy: AnchorPolicy, *
         if arm.leaky:
             own_document_supervised(method, batch)
         per_doc = _covered(method, batch)
+        positions += int((batch.dflash if method == "dflash" else batch.eagle3).supervised.sum())
         for d, sid in enumerate(ids):
             mask = np.asarray(samples[int(sid)]["loss_mask"], bool)
             total += int(mask[1:].sum())
@@ -401,7 +434,22 @@ def coverage(method: str, arm: Arm, samples: list[dict], policy: AnchorPolicy, *
                     same = False
                 if method == "dflash" and one.dflash.anchors_by_doc[0] != batch.dflash.anchors_by_doc[d]:
                     same = False
-    return {"anchor_coverage": covered / max(total, 1), "same_as_alone": same, "supervised_tokens": total}
+    return {
+        "anchor_coverage": covered / max(total, 1),
+        "same_as_alone": same,
+        "supervised_tokens": total,
+        "epoch_draft_positions": positions,
+    }
+
+
+def epoch_rate(row: dict) -> dict:
+    """``row`` (one arm's :func:`speed` and :func:`coverage` results) with ``draft_pos_per_s`` over the whole
+    epoch (its draft positions / its estimated CPU seconds) where the estimate exists; the rate over the
+    timed micro-batches alone is kept as ``sampled_pos_per_s``."""
+    if "epoch_cpu_seconds" not in row or "epoch_draft_positions" not in row:
+        return row
+    rate = row["epoch_draft_positions"] / row["epoch_cpu_seconds"] if row["epoch_cpu_seconds"] else 0.0
+    return {**row, "sampled_pos_per_s": row["draft_pos_per_s"], "draft_pos_per_s": rate}
 
 
 def _covered(method: str, batch) -> list[frozenset]:
