@@ -42,36 +42,15 @@ def test_json_lists_each_documents_loss(capsys):
         assert d["anchors_packed"] == d["anchors_alone"] and d["den_packed"] == d["den_alone"] > 0
 
 
-def test_custom_data_and_tokenizer(sp_model, fixtures_dir, capsys):
-    data = str(fixtures_dir / "samples" / "humaneval.jsonl.gz")
-    args = [
-        "check-drafter",
-        "--data",
-        data,
-        "--tokenizer",
-        str(sp_model),
-        "--docs",
-        "3",
-        "--max-tokens",
-        "90",
-    ]
-    # the prompts fill the first 90 tokens; the checked window starts just before the first loss token
+@pytest.mark.parametrize("name", ["humaneval", "gsm8k"])
+def test_custom_data_and_tokenizer(sp_model, fixtures_dir, capsys, name):
+    data = str(fixtures_dir / "samples" / f"{name}.jsonl.gz")
+    args = ["check-drafter", "--data", data, "--tokenizer", str(sp_model)]
+    args += ["--docs", "3", "--max-tokens", "90"]
+    # humaneval's prompts fill the first 90 tokens: the checked window starts just before the first loss token
     assert main(args) == 0
-    assert "OK: every document trains as if it were alone" in capsys.readouterr().out
-    data = str(fixtures_dir / "samples" / "gsm8k.jsonl.gz")
-    args = [
-        "check-drafter",
-        "--data",
-        data,
-        "--tokenizer",
-        str(sp_model),
-        "--docs",
-        "3",
-        "--max-tokens",
-        "90",
-    ]
-    assert main(args) == 0
-    assert "gsm8k.jsonl.gz" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "OK: every document trains as if it were alone" in out and f"{name}.jsonl.gz" in out
 
 
 @pytest.mark.parametrize(
