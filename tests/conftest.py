@@ -16,6 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
 """Real data vendored in the repository (see fixtures/README.md): tests need nothing outside it."""
 
+TINY_MODEL = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "num_key_value_heads": 2}  # fmt: skip
+"""The smallest model sizes the training tests build (``build_model(name, **TINY_MODEL)``); tests import it
+with ``from conftest import TINY_MODEL`` and override what they need."""
+
 
 @pytest.fixture(scope="session")
 def seed_mix() -> np.ndarray:

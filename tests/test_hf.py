@@ -22,6 +22,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
+from conftest import TINY_MODEL  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
 
@@ -42,10 +43,8 @@ from padfree.torch.attention import attention_implementation  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))  # the examples import examples/common.py
 FIXTURES = ROOT / "fixtures"
-TINY = ["hidden_size=32", "intermediate_size=64", "num_hidden_layers=1", "num_attention_heads=2",
-        "num_key_value_heads=2"]  # fmt: skip
-TINY_KW = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-           "num_key_value_heads": 2, "vocab_size": 64}  # fmt: skip
+TINY = [f"{k}={v}" for k, v in TINY_MODEL.items() if k != "vocab_size"]
+TINY_KW = {**TINY_MODEL, "vocab_size": 64}
 
 
 def _example():

@@ -6,20 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import TINY_MODEL
 
 from padfree.bench import isolation
 from padfree.bench import train_speed as ts
 from padfree.bench.samples import random_samples
 from padfree.bench.trainer import Trainer
-
-TINY = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "vocab_size": 128,
-}
 
 
 def _samples() -> object:
@@ -28,7 +20,7 @@ def _samples() -> object:
 
 
 def _cfg(**kw) -> ts.BenchConfig:
-    return ts.BenchConfig(budget=64, steps=2, warmup=1, model_overrides=TINY, threads=1,
+    return ts.BenchConfig(budget=64, steps=2, warmup=1, model_overrides=TINY_MODEL, threads=1,
                           strategies=("sorted", "random", "packed"), **kw)  # fmt: skip
 
 

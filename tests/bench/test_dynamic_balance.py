@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import TINY_MODEL
 
 from padfree.bench.dynamic_balance import Run, has_dynamic, run_one, summarize
-
-TINY = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "num_key_value_heads": 2}  # fmt: skip
 
 
 @pytest.mark.parametrize("strategy", ["packed", "bucketed"])
@@ -18,7 +16,7 @@ def test_worker_times_steps_and_inflates_the_slow_rank(tmp_path, gloo, strategy)
     lengths = np.random.default_rng(0).integers(2, 60, 400)
     np.save(tmp_path / "l.npy", lengths)
     run = Run("slow_rank", strategy, str(tmp_path / "l.npy"), budget=128, grad_accum=2, steps=2, warmup=1,
-              slow_rank=0, slow_factor=1.5, model_overrides=TINY)  # fmt: skip
+              slow_rank=0, slow_factor=1.5, model_overrides=TINY_MODEL)  # fmt: skip
     modes = ("static", "dynamic") if has_dynamic() else ("static",)
     res = run_one(run, rank=0, world=1, modes=modes)
     from padfree import PlanConfig, make_plan

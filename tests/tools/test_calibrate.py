@@ -2,6 +2,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import TINY_MODEL
 
 from padfree.cli import main
 from padfree.core.config import CostModel
@@ -19,15 +20,7 @@ from padfree.tools.calibrate import (
     torch_train_step,
 )
 
-TINY = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "vocab_size": 128,
-    "max_position_embeddings": 256,
-}
+TINY = {**TINY_MODEL, "max_position_embeddings": 256}
 
 
 class FakeMachine:

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_MODEL
 
 import padfree.torch.attention as pa
 from padfree.bench.samples import random_samples
@@ -17,18 +18,14 @@ from padfree.bench.train_speed import BenchConfig, run_bench
 from padfree.bench.trainer import Trainer
 from padfree.cli import main
 
-TINY = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "num_key_value_heads": 2}  # fmt: skip
-
-
 # ----- bench: bf16 autocast and the attention path -------------------------------------------------------
 
 
 def test_bf16_bench_records_dtype_and_attention_path() -> None:
     lengths = np.random.default_rng(0).integers(2, 30, 40)
     samples = random_samples(lengths, 128, 0, "test")
-    cfg = BenchConfig(budget=64, steps=2, warmup=1, model_overrides=TINY, strategies=("sorted", "packed"),
-                      threads=1, dtype="bfloat16")  # fmt: skip
+    cfg = BenchConfig(budget=64, steps=2, warmup=1, model_overrides=TINY_MODEL,
+                      strategies=("sorted", "packed"), threads=1, dtype="bfloat16")  # fmt: skip
     res = run_bench(samples, cfg)
     assert res["machine"]["dtype"] == "bfloat16" and "autocast" in res["machine"]["precision"]
     s, p = res["strategies"]["sorted"], res["strategies"]["packed"]
@@ -43,7 +40,7 @@ def test_bf16_bench_records_dtype_and_attention_path() -> None:
 def test_trainer_step_runs_the_forward_in_its_dtype_and_keeps_float32_weights(
     packed: bool, dtype: str
 ) -> None:
-    tr = Trainer("tiny-llama", TINY, 0, "cpu", 1e-3, 1.0, packed, dtype=dtype)
+    tr = Trainer("tiny-llama", TINY_MODEL, 0, "cpu", 1e-3, 1.0, packed, dtype=dtype)
     seen = []
     tr.model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     batch = tr.collate([{"input_ids": np.arange(1, 9)}, {"input_ids": np.arange(3, 8)}])
@@ -57,11 +54,11 @@ def test_trainer_step_runs_the_forward_in_its_dtype_and_keeps_float32_weights(
 
 
 def test_trainer_reports_every_path_when_they_differ() -> None:
-    tr = Trainer("tiny-llama", TINY, 0, "cpu", 1e-3, 1.0, True)
+    tr = Trainer("tiny-llama", TINY_MODEL, 0, "cpu", 1e-3, 1.0, True)
     tr.attention_paths = {"torch varlen_attn (GPU)": 3, "per-document SDPA (GPU; x)": 1}
     assert tr.attention_path == "torch varlen_attn (GPU) (x3); per-document SDPA (GPU; x) (x1)"
     with pytest.raises(Exception, match="dtype"):
-        Trainer("tiny-llama", TINY, 0, "cpu", 1e-3, 1.0, True, dtype="float16")
+        Trainer("tiny-llama", TINY_MODEL, 0, "cpu", 1e-3, 1.0, True, dtype="float16")
 
 
 def test_bench_cli_rejects_bf16_converge(capsys) -> None:
@@ -184,8 +181,8 @@ def test_autocast_hands_the_kernel_one_low_precision_dtype(monkeypatch) -> None:
         return kernel(q, k, v, *args)
 
     monkeypatch.setattr(pa, "_per_document", spy)
-    check_packing("tiny-llama", dtype="bfloat16", overrides=TINY)
+    check_packing("tiny-llama", dtype="bfloat16", overrides=TINY_MODEL)
     assert seen and set(seen) == {(torch.bfloat16,) * 3}
     seen.clear()
-    check_packing("tiny-llama", dtype="float32", overrides=TINY)
+    check_packing("tiny-llama", dtype="float32", overrides=TINY_MODEL)
     assert set(seen) == {(torch.float32,) * 3}

@@ -65,23 +65,20 @@ def test_resume_exact_and_elastic_with_anchors(strategy, balance):
     taken = run(first, limit=7)  # three steps and one micro-batch of the fourth, past two exchanges
     state = json.loads(json.dumps(first[0].state_dict()))
     assert json.loads(json.dumps(first[1].state_dict())) == state
-    # exact: same shape, continues mid-step
-    same = samplers(lengths, anchors, cfg, 2, **kw)
-    for s in same:
-        s.load_state_dict(state)
-    rest = run(same)
-    check_budgets(taken + rest, lengths, anchors, cfg)
-    assert Counter(i for mb in taken + rest for i in mb) == everything
-    # elastic: at a step boundary, to three ranks
+
+    def resume_covers_the_rest(before: list, saved: dict, world: int) -> None:
+        resumed = samplers(lengths, anchors, cfg, world, **kw)
+        for s in resumed:
+            s.load_state_dict(saved)
+        after = run(resumed)
+        check_budgets(before + after, lengths, anchors, cfg)
+        assert Counter(i for mb in before + after for i in mb) == everything
+
+    resume_covers_the_rest(taken, state, 2)  # exact: same shape, continues mid-step
     fresh = samplers(lengths, anchors, cfg, 2, **kw)
     done = run(fresh, limit=6)
     boundary = json.loads(json.dumps(fresh[0].state_dict()))
-    three = samplers(lengths, anchors, cfg, 3, **kw)
-    for s in three:
-        s.load_state_dict(boundary)
-    rest3 = run(three)
-    check_budgets(done + rest3, lengths, anchors, cfg)
-    assert Counter(i for mb in done + rest3 for i in mb) == everything
+    resume_covers_the_rest(done, boundary, 3)  # elastic: at a step boundary, to three ranks
 
 
 def test_state_refuses_other_anchors():
