@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # what the README's quick start uses without torch: report (matplotlib), io (parquet), hf (the tokenizers
 # `padfree lengths` reads). The torch parts of the quick start say their one command next to them.
 EXTRAS_DEMO := report,io,hf
-EXTRAS_DEV  := dev,torch,hf,io,report,bench
+EXTRAS_DEV  := dev,torch,hf,io,report,bench,peers
 
 .PHONY: demo test lint format setup setup-dev browser bench-plan clean
 
@@ -22,8 +22,15 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS_DEV)]"
 	touch $@
 
+# the drafter trainers' own packages, for the tests and benchmarks that run their code beside padfree's: their
+# pins are not ours, so their wheels go in without dependencies (padfree.testing.peers says what imports)
+PEERS := dflash==0.1.0 speculators==0.9.0 specforge==0.2.0
+$(VENV)/.peers-installed: Makefile | $(VENV)/.dev-installed
+	$(BIN)/python -m pip install -q --no-deps $(PEERS)
+	touch $@
+
 setup: $(VENV)/.demo-installed
-setup-dev: $(VENV)/.dev-installed browser
+setup-dev: $(VENV)/.dev-installed $(VENV)/.peers-installed browser
 
 # tests/test_report.py renders the HTML report in headless Chromium (Debian's `chromium` package)
 browser:
