@@ -35,7 +35,7 @@ def anchors_seen(ds, cfg, world, epoch=0, layout="packed"):
         sampler = PlanBatchSampler(lengths, cfg, rank=rank, world_size=world, epoch=epoch)
         for mb in sampler:
             b = col(PlannedDataset(ds).__getitems__(mb))
-            for sid, a in zip(b.contract.sample_ids, b.dflash.anchors_by_doc, strict=True):
+            for sid, a in zip(b.contract.sample_ids, b.fields.anchors_by_doc, strict=True):
                 assert sid not in seen
                 seen[sid] = a
     return seen
@@ -69,19 +69,19 @@ def test_anchor_sets_survive_a_resume():
     full = {}
     for mb in PlanBatchSampler(lengths, cfg, rank=0, world_size=1, epoch=1):
         b = col(PlannedDataset(ds).__getitems__(mb))
-        full.update(zip(b.contract.sample_ids, b.dflash.anchors_by_doc, strict=True))
+        full.update(zip(b.contract.sample_ids, b.fields.anchors_by_doc, strict=True))
     sampler = PlanBatchSampler(lengths, cfg, rank=0, world_size=1, epoch=1)
     it = iter(sampler)
     resumed = {}
     for _ in range(2):
         b = col(PlannedDataset(ds).__getitems__(next(it)))
-        resumed.update(zip(b.contract.sample_ids, b.dflash.anchors_by_doc, strict=True))
+        resumed.update(zip(b.contract.sample_ids, b.fields.anchors_by_doc, strict=True))
     state = sampler.state_dict()
     again = PlanBatchSampler(lengths, cfg, rank=0, world_size=1, epoch=1)
     again.load_state_dict(state)
     for mb in again:
         b = col(PlannedDataset(ds).__getitems__(mb))
-        for sid, a in zip(b.contract.sample_ids, b.dflash.anchors_by_doc, strict=True):
+        for sid, a in zip(b.contract.sample_ids, b.fields.anchors_by_doc, strict=True):
             assert sid not in resumed
             resumed[sid] = a
     assert resumed == full
@@ -92,7 +92,7 @@ def test_dflash_supervision_rule_stays_inside_each_document():
     for i, d in enumerate(docs):
         d["sample_id"] = i
     b = DrafterCollator("dflash", AnchorPolicy(block_size=8, density=1.0), mask_token_id=V - 1)(docs)
-    f, c = b.dflash, b.contract
+    f, c = b.fields, b.contract
     doc = c.flat("document_ids")[0]
     mask = c.flat("loss_mask")[0]
     sup = f.supervised.nonzero().reshape(-1)
@@ -105,7 +105,7 @@ def test_dflash_supervision_rule_stays_inside_each_document():
     leaky = DrafterCollator(
         "dflash", AnchorPolicy(block_size=8, density=1.0), mask_token_id=V - 1, leaky=True
     )
-    lf = leaky(docs).dflash
+    lf = leaky(docs).fields
     lsup = lf.supervised.nonzero().reshape(-1)
     assert (doc[lf.label_index[lsup]] != lf.query_doc[lsup]).any()  # the field's packers: labels cross
 

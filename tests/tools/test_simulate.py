@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from padfree.bench.baselines import naive_bucketed
+from padfree.baselines import naive_bucketed
 from padfree.cli import main
 from padfree.core.buckets import bucket_of, growth_edges
 from padfree.core.config import CostModel, PlanConfig

@@ -9,8 +9,10 @@ import contextlib
 import math
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -25,7 +27,16 @@ from padfree.core.config import (
     CostModel,
     PlanConfig,
 )
-from padfree.errors import ConfigError, InputError, OutputError
+from padfree.errors import ConfigError, InputError, OutputError, one_line
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr (no usage block) and exit code 2, as
+    every padfree error is: the CLI and the examples parse with it."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {one_line(message)}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 class Bounded:

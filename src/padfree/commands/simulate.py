@@ -14,6 +14,7 @@ from padfree.commands.common import (
     load_lengths,
 )
 from padfree.core.config import STRATEGIES
+from padfree.drafter.methods import METHODS
 from padfree.errors import ConfigError
 
 NAME = "simulate"
@@ -46,7 +47,7 @@ def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
     """The drafter-setup options (``--drafter`` and its shape, anchors and cache), shared by ``simulate``
     and ``report``; :func:`drafter_setup` reads them."""
     d = p.add_argument_group("drafter setup (a frozen target + a DFlash or EAGLE-3 drafter)")
-    d.add_argument("--drafter", choices=["dflash", "eagle3"], default=None, help=what)
+    d.add_argument("--drafter", choices=list(METHODS), default=None, help=what)
     d.add_argument(
         "--assistant",
         type=Path,
@@ -125,8 +126,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _render(result, seed_mix and drafter is None)
     if drafter is not None:
+        blocks = (
+            f"{drafter['draft_blocks']:,} {drafter['title']} blocks per epoch; "
+            if drafter["uses_anchors"]
+            else ""
+        )
         print(
-            f"drafter {drafter['method']}: {drafter['draft_blocks']:,} DFlash blocks per epoch; offline "
+            f"drafter {drafter['method']}: {blocks}offline "
             f"hidden-state cache {drafter['cache_bytes'] / 2**30:,.1f} GiB ({drafter['tokens']:,} tokens x "
             f"{drafter['cache_layers']} layers x {drafter['hidden']} x "
             f"{drafter['cache_bytes_per_value']} bytes)"
@@ -135,36 +141,44 @@ def run(args: argparse.Namespace) -> int:
 
 
 def drafter_setup(args: argparse.Namespace, cfg, lengths):
-    """The plan config, per-sample anchors and the report of a drafter setup (``--drafter``)."""
+    """The plan config, per-sample anchors (``None`` for a method without anchors) and the report of a
+    drafter setup (``--drafter``)."""
     import numpy as np
 
     from padfree.commands.lengths import assistant_path
     from padfree.core.anchors import AnchorPolicy, anchor_quota
-    from padfree.core.config import CostModel
+    from padfree.data.length_files import read_loss_counts
+    from padfree.drafter.methods import DrafterShape
+    from padfree.drafter.methods import get as get_method
     from padfree.tools.simulate import offline_cache_bytes
 
+    spec = get_method(args.drafter)
     aux = args.assistant
     if aux is None and args.lengths is not None and assistant_path(Path(args.lengths)).exists():
         aux = assistant_path(Path(args.lengths))
     lengths = np.asarray(lengths, dtype=np.int64)
-    loss = np.maximum(lengths - 1, 0) if aux is None else np.load(aux, allow_pickle=False).astype(np.int64)
-    if loss.shape != lengths.shape:
-        raise ConfigError(f"{aux}: {loss.shape[0]} loss counts for {lengths.shape[0]} samples")
-    policy = AnchorPolicy(block_size=args.block_size, max_anchors=args.max_anchors)
-    # valid anchors: a supervised token followed by one (about the supervised tokens, within a sample)
-    valid = np.minimum(np.maximum(loss, 0), np.maximum(np.minimum(lengths, cfg.budget) - 1, 0))
-    anchors = anchor_quota(valid, policy) if args.drafter == "dflash" else None
-    shape = {"hidden": args.target_hidden, "layers": args.target_layers, "vocab": args.vocab}
+    loss = np.maximum(lengths - 1, 0) if aux is None else read_loss_counts(aux, lengths)
+    if args.cache_layers is not None and args.cache_layers > args.target_layers:
+        raise ConfigError(
+            f"--cache-layers {args.cache_layers}: the target has {args.target_layers} layers "
+            "(--target-layers); a hidden-state cache keeps at most one per layer"
+        )
+    anchors = None
+    if spec.uses_anchors:
+        policy = AnchorPolicy(block_size=args.block_size, max_anchors=args.max_anchors)
+        # valid anchors: a supervised token followed by one (about the supervised tokens, within a sample)
+        valid = np.minimum(loss, np.maximum(np.minimum(lengths, cfg.budget) - 1, 0))
+        anchors = anchor_quota(valid, policy)
+    shape = DrafterShape(hidden=args.target_hidden, layers=args.target_layers, vocab=args.vocab)
     if args.cost is None:
-        extra = {"block_size": args.block_size} if args.drafter == "dflash" else {"ttt": args.ttt}
-        cfg = cfg.with_(cost=CostModel.for_drafter(args.drafter, **shape, **extra))
-    cfg = cfg.with_(anchor_budget=args.anchor_budget if args.drafter == "dflash" else None)
-    layers = (
-        args.cache_layers if args.cache_layers is not None else (5 if args.drafter == "dflash" else 3) + 1
-    )
+        cfg = cfg.with_(cost=spec.cost(shape, args.block_size, args.ttt))
+    cfg = cfg.with_(anchor_budget=args.anchor_budget if spec.uses_anchors else None)
+    layers = args.cache_layers if args.cache_layers is not None else spec.fused_layers + 1
     tokens = int(np.minimum(lengths, cfg.budget).sum())
     report = {
-        "method": args.drafter,
+        "method": spec.name,
+        "title": spec.title,
+        "uses_anchors": spec.uses_anchors,
         "tokens": tokens,
         "draft_blocks": int(anchors.sum()) if anchors is not None else 0,
         "cache_layers": layers,

@@ -17,15 +17,199 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
+from padfree.core.anchors import AnchorPolicy, anchor_quota, choose_anchors
 from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, kl_per_document, rope
-from padfree.drafter.collate import DrafterBatch
-from padfree.drafter.masks import dflash_block_mask, dflash_dense_mask
+from padfree.drafter.collate import DrafterBatch, FieldOptions
+from padfree.drafter.contract import Contract
+from padfree.drafter.masks import cross_document_pairs, dflash_block_mask, dflash_dense_mask
 from padfree.drafter.target import TargetOutput
+from padfree.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Fields:
+    """DFlash draft queries of a micro-batch (flat positions of the contract).
+
+    Attributes:
+        block_size: ``B``.
+        anchors: ``(n,)`` anchor positions, grouped by document, sorted.
+        anchors_by_doc: each document's anchors relative to its start (what must not depend on packing).
+        query_doc: ``(n * B,)`` the document of each draft query (its anchor's).
+        block_input_ids: ``(n * B,)`` the anchor's token at slot 0, ``mask_token_id`` elsewhere.
+        block_position_ids: ``(n * B,)`` ``position_ids[a] + k`` (position inside the document).
+        label_index: ``(n * B,)`` ``a + k``, the predicted token's flat position (may leave the row: -1).
+        target_index: ``(n * B,)`` ``a + k - 1``: where the target's prediction of that token is.
+        labelled: ``(n * B,)`` bool, the construction's structural gate: the slot takes ``label_index`` as
+            its label whenever that token carries loss (``supervised == labelled & loss_mask[label]``).
+            What ``check-drafter`` reads to find labels that cross a document end even where the next
+            document's first tokens carry no loss.
+        supervised: ``(n * B,)`` bool, the rule in :mod:`padfree.drafter.collate`.
+    """
+
+    block_size: int
+    anchors: torch.Tensor
+    anchors_by_doc: tuple[tuple[int, ...], ...]
+    query_doc: torch.Tensor
+    block_input_ids: torch.Tensor
+    block_position_ids: torch.Tensor
+    label_index: torch.Tensor
+    target_index: torch.Tensor
+    labelled: torch.Tensor
+    supervised: torch.Tensor
+
+
+def fields(contract: Contract, options: FieldOptions, *, epoch: int, leaky: bool = False) -> Fields:
+    """The micro-batch's blocks: anchors chosen per document (``leaky``: the field's row-level choice)."""
+    make = leaky_dflash_fields if leaky else dflash_fields
+    return make(contract, options.policy, seed=options.seed, epoch=epoch, mask_token_id=options.mask_token_id)
+
+
+def dflash_fields(
+    contract: Contract, policy: AnchorPolicy, *, seed: int, epoch: int, mask_token_id: int
+) -> Fields:
+    """DFlash fields with anchors chosen per document (the correct way)."""
+    mask = contract.flat("loss_mask")[0].numpy()
+    per_doc = []
+    for d in range(contract.n_docs):
+        s = contract.doc_slice(d)
+        sid = contract.sample_ids[d]
+        if sid < 0:
+            raise ConfigError(
+                f"document {d} has no sample id: DFlash anchors are keyed by it (pass sample_ids, items "
+                "from a padfree PlannedDataset, or a 'sample_id' key per item)"
+            )
+        a = choose_anchors(mask[s], policy, seed=seed, epoch=epoch, sample_id=sid, start=contract.starts[d])
+        per_doc.append(a)
+    flat = np.concatenate([a + contract.doc_starts[d] for d, a in enumerate(per_doc)] or [np.zeros(0)])
+    return _block_fields(contract, flat.astype(np.int64), policy.block_size, mask_token_id, per_doc, True)
+
+
+def leaky_dflash_fields(
+    contract: Contract, policy: AnchorPolicy, *, seed: int, epoch: int, mask_token_id: int
+) -> Fields:
+    """What a row-level packer does (speculators' ``select_anchors``): valid anchors over the whole row
+    (only the row's last block excluded), one quota for the row, and block labels running into the next
+    document. Deliberately WRONG; for ``check-drafter --leaky`` and tests."""
+    mask = contract.flat("loss_mask")[0].numpy().astype(bool)
+    n = mask.shape[0]
+    ok = np.zeros(n, bool)
+    ok[:-1] = mask[:-1] & mask[1:]
+    ok[max(0, n - policy.block_size) :] = False
+    valid = np.flatnonzero(ok)
+    q = int(anchor_quota(np.array([valid.shape[0]]), policy)[0])
+    rng = np.random.Generator(np.random.Philox(np.random.SeedSequence([seed, epoch, *contract.sample_ids])))
+    flat = np.sort(valid[np.argsort(rng.random(valid.shape[0]), kind="stable")[:q]])
+    doc = contract.flat("document_ids")[0].numpy()
+    per_doc = [flat[doc[flat] == d] - contract.doc_starts[d] for d in range(contract.n_docs)]
+    return _block_fields(contract, flat, policy.block_size, mask_token_id, per_doc, False)
+
+
+def _block_fields(contract, flat, block, mask_token_id, per_doc, per_document) -> Fields:
+    ids = contract.flat("input_ids")[0]
+    doc = contract.flat("document_ids")[0]
+    pos = contract.flat("position_ids")[0]
+    rem = contract.flat("doc_remaining")[0]
+    lmask = contract.flat("loss_mask")[0]
+    width = ids.shape[0]
+    anchors = torch.from_numpy(np.asarray(flat, np.int64))
+    a = anchors.repeat_interleave(block)
+    k = torch.arange(block).repeat(anchors.shape[0])
+    label = a + k
+    inside_row = label < width
+    safe = label.clamp(max=max(width - 1, 0))
+    if per_document:
+        labelled = (k >= 1) & (k < rem[a])
+    else:  # row-wide: any token of the row, whichever document it belongs to
+        row = contract.input_ids.shape[1]
+        labelled = (k >= 1) & inside_row & (label // row == a // row)
+    block_ids = torch.full_like(a, mask_token_id)
+    block_ids[k == 0] = ids[anchors]
+    return Fields(
+        block_size=block,
+        anchors=anchors,
+        anchors_by_doc=tuple(tuple(int(x) for x in d) for d in per_doc),
+        query_doc=doc[a],
+        block_input_ids=block_ids,
+        block_position_ids=pos[a] + k,
+        label_index=torch.where(inside_row, label, -1),
+        target_index=(label - 1).clamp(min=0, max=max(width - 1, 0)),
+        labelled=labelled,
+        supervised=labelled & lmask[safe],
+    )
+
+
+def crossings(batch: DrafterBatch) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """For ``check-drafter``: ``(attended (query, key) pairs joining two documents, inputs fed from another
+    document per query, which queries' losses an input reaches)``. A block feeds its anchor's token and mask
+    tokens only, so no input crosses; a query's input reaches only its own loss."""
+    f, c = batch.fields, batch.contract
+    assert c is not None
+    doc = c.flat("document_ids")[0]
+    m = dflash_dense_mask(doc, f.anchors, f.block_size)
+    pairs = cross_document_pairs(m, f.query_doc, torch.cat([doc, f.query_doc]))
+    return pairs, torch.zeros_like(f.supervised), f.supervised
+
+
+def pad_anchor_slots(batch: DrafterBatch, mask_token_id: int = 1) -> DrafterBatch:
+    """A padded batch with every row's blocks padded to the row with the most, as SpecForge's ``[B, N_max]``
+    anchor tensor with ``block_keep_mask`` does: the extra blocks sit at their row's first position, are
+    computed by the drafter and never supervised (what the planner's cost model counts for padded rows:
+    ``rows x most``). A new batch; packed batches and rows already even are returned as they are."""
+    f, c = batch.fields, batch.contract
+    if c is None or c.layout != "padded":
+        return batch
+    per_row = [len(a) for a in f.anchors_by_doc]
+    most = max(per_row, default=0)
+    if most == 0 or all(n == most for n in per_row):
+        return batch
+    bs = f.block_size
+    parts: dict[str, list] = {k: [] for k in ("a", "doc", "ids", "pos", "label", "target", "lab", "sup")}
+    q = 0
+    for d, n in enumerate(per_row):
+        extra = most - n
+        start = int(c.doc_starts[d])
+        if extra:
+            k = torch.arange(bs).repeat(extra)
+            parts["a"].append(torch.full((extra,), start, dtype=torch.int64))
+            parts["doc"].append(torch.full((extra * bs,), d, dtype=f.query_doc.dtype))
+            ids = torch.full((extra * bs,), mask_token_id, dtype=f.block_input_ids.dtype)
+            ids[k == 0] = c.flat("input_ids")[0][start]
+            parts["ids"].append(ids)
+            parts["pos"].append(k.to(f.block_position_ids.dtype))
+            parts["label"].append(torch.full((extra * bs,), -1, dtype=torch.int64))
+            parts["target"].append(torch.full((extra * bs,), start, dtype=torch.int64))
+            parts["lab"].append(torch.zeros(extra * bs, dtype=torch.bool))
+            parts["sup"].append(torch.zeros(extra * bs, dtype=torch.bool))
+        sl = slice(q * bs, (q + n) * bs)
+        parts["a"].append(f.anchors[q : q + n])
+        parts["doc"].append(f.query_doc[sl])
+        parts["ids"].append(f.block_input_ids[sl])
+        parts["pos"].append(f.block_position_ids[sl])
+        parts["label"].append(f.label_index[sl])
+        parts["target"].append(f.target_index[sl])
+        parts["lab"].append(f.labelled[sl])
+        parts["sup"].append(f.supervised[sl])
+        q += n
+    cat = {k: torch.cat(v) for k, v in parts.items()}
+    g = dataclasses.replace(
+        f,
+        anchors=cat["a"],
+        query_doc=cat["doc"],
+        block_input_ids=cat["ids"],
+        block_position_ids=cat["pos"],
+        label_index=cat["label"],
+        target_index=cat["target"],
+        labelled=cat["lab"],
+        supervised=cat["sup"],
+    )
+    return dataclasses.replace(batch, fields=g)
 
 
 @dataclass(frozen=True)
@@ -105,8 +289,9 @@ class DFlashDrafter(nn.Module):
         through SDPA, segment by segment: each document of a packed row, each padded row; CPU training),
         ``"mask"`` (one dense mask over the whole flat row) or ``"flex"`` (a flex-attention BlockMask,
         GPU)."""
-        f = batch.dflash
-        assert f is not None, "a DFlash batch (DrafterCollator('dflash'))"
+        f = batch.fields
+        assert isinstance(f, Fields), "a DFlash batch (DrafterCollator('dflash'))"
+        assert batch.contract is not None
         doc = batch.contract.flat("document_ids")[0].to(target_hidden.device)
         pos = batch.contract.flat("position_ids")[0].to(target_hidden.device)
         anchors = f.anchors.to(doc.device)
@@ -137,11 +322,16 @@ class DFlashDrafter(nn.Module):
         self, target: TargetOutput, target_head: nn.Module, batch: DrafterBatch, attention: str = "dense"
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-document ``(numerator, denominator)`` of the distillation loss over supervised block slots."""
-        f = batch.dflash
-        assert f is not None
+        f = batch.fields
+        assert isinstance(f, Fields) and batch.contract is not None
         h = self(target.hidden, batch, attention)
         sup = f.supervised.to(h.device)
         logits = self.lm_head(h[sup])
         with torch.no_grad():
             tgt = target_head(target.last[0, f.target_index.to(h.device)[sup]])
         return kl_per_document(logits, tgt, f.query_doc.to(h.device)[sup], batch.contract.n_docs)
+
+
+Config = DFlashConfig
+Drafter = DFlashDrafter
+field_padding = pad_anchor_slots

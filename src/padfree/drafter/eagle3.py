@@ -20,9 +20,91 @@ import torch
 from torch import nn
 
 from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, kl_per_document, rope
-from padfree.drafter.collate import DrafterBatch
-from padfree.drafter.masks import eagle3_block_mask, eagle3_dense_mask
+from padfree.drafter.collate import DrafterBatch, FieldOptions
+from padfree.drafter.contract import Contract
+from padfree.drafter.masks import cross_document_pairs, eagle3_block_mask, eagle3_dense_mask
 from padfree.drafter.target import TargetOutput
+from padfree.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Fields:
+    """EAGLE-3 draft queries: one per flat position and test-time-training step.
+
+    Attributes:
+        ttt: steps.
+        step_input_ids: ``(ttt, T)`` token fed at each step (padding past the document end).
+        input_index: ``(ttt, T)`` the flat position whose token ``step_input_ids`` holds (-1: padding).
+        label_index: ``(ttt, T)`` ``t + 2 + k`` (the predicted token; -1 off the row).
+        target_index: ``(ttt, T)`` ``t + 1 + k`` (the target's prediction of it; clamped into the row).
+        labelled: ``(ttt, T)`` bool, the structural gate (as the DFlash fields').
+        supervised: ``(ttt, T)`` bool.
+        query_doc: ``(ttt, T)`` the document of each query (its position's).
+    """
+
+    ttt: int
+    step_input_ids: torch.Tensor
+    input_index: torch.Tensor
+    label_index: torch.Tensor
+    target_index: torch.Tensor
+    labelled: torch.Tensor
+    supervised: torch.Tensor
+    query_doc: torch.Tensor
+
+
+def fields(contract: Contract, options: FieldOptions, *, epoch: int, leaky: bool = False) -> Fields:
+    """The micro-batch's test-time-training queries (``leaky``: the field's row-wide shift)."""
+    return eagle3_fields(contract, options.ttt, pad_token_id=options.pad_token_id, leaky=leaky)
+
+
+def eagle3_fields(contract: Contract, ttt: int, *, pad_token_id: int = 0, leaky: bool = False) -> Fields:
+    """EAGLE-3 fields; ``leaky=True`` shifts across the whole row, as packers that shift the packed row do
+    (deliberately WRONG; for ``check-drafter --leaky``)."""
+    if isinstance(ttt, bool) or not isinstance(ttt, int) or ttt < 1:
+        raise ConfigError(f"ttt must be an integer >= 1 (got {ttt!r})")
+    ids = contract.flat("input_ids")[0]
+    rem = contract.flat("doc_remaining")[0]
+    lmask = contract.flat("loss_mask")[0]
+    doc = contract.flat("document_ids")[0]
+    width = ids.shape[0]
+    t = torch.arange(width)
+    k = torch.arange(ttt)[:, None]
+    fed = t + 1 + k
+    label = t + 2 + k
+    fed_safe = fed.clamp(max=width - 1)
+    label_safe = label.clamp(max=width - 1)
+    if leaky:
+        row = contract.input_ids.shape[1]  # a row-wide shift stays inside its row (padded: one document)
+        fed_ok = (fed < width) & (fed // row == t // row)
+        labelled = (label < width) & (label // row == t // row) & (doc >= 0)
+    else:
+        fed_ok = (k + 1) < rem
+        labelled = (k + 2) < rem
+    return Fields(
+        ttt=ttt,
+        step_input_ids=torch.where(fed_ok, ids[fed_safe], pad_token_id),
+        input_index=torch.where(fed_ok, fed, -1),
+        label_index=torch.where(label < width, label, -1),
+        target_index=fed_safe,
+        labelled=labelled,
+        supervised=labelled & lmask[label_safe],
+        query_doc=doc.expand(ttt, width),
+    )
+
+
+def crossings(batch: DrafterBatch) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """For ``check-drafter``: ``(attended (query, key) pairs joining two documents, shifted inputs fed from
+    another document, which (step, position) losses an input reaches)``: an input fed at step ``k`` reaches
+    the losses of steps ``>= k`` at that position (the drafter's own hidden state is fed forward)."""
+    f, c = batch.fields, batch.contract
+    assert c is not None
+    doc = c.flat("document_ids")[0]
+    m = eagle3_dense_mask(doc, f.ttt - 1)
+    pairs = cross_document_pairs(m, doc, doc.repeat(f.ttt))
+    fed = f.input_index
+    cross_in = (fed >= 0) & (doc[fed.clamp(min=0)] != doc[None, :])
+    reaches = f.supervised.int().flip(0).cummax(0).values.flip(0).bool()
+    return pairs, cross_in, reaches
 
 
 @dataclass(frozen=True)
@@ -79,8 +161,8 @@ class Eagle3Drafter(nn.Module):
         per segment of ``L`` positions, the step-0 block and one diagonal score per earlier step; trains on
         CPU), ``"mask"`` (SDPA over all ``(k + 1) T`` keys with the dense boolean mask) or ``"flex"`` (a
         flex-attention BlockMask, GPU)."""
-        f = batch.eagle3
-        assert f is not None, "an EAGLE-3 batch (DrafterCollator('eagle3'))"
+        f = batch.fields
+        assert isinstance(f, Fields) and batch.contract is not None, "an EAGLE-3 batch"
         c, d = self.cfg, self.cfg.head_dim
         dev = target_hidden.device
         doc = batch.contract.flat("document_ids")[0].to(dev)
@@ -118,8 +200,8 @@ class Eagle3Drafter(nn.Module):
         self, target: TargetOutput, target_head: nn.Module, batch: DrafterBatch, attention: str = "dense"
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-document ``(numerator, denominator)`` over every supervised (step, position)."""
-        f = batch.eagle3
-        assert f is not None
+        f = batch.fields
+        assert isinstance(f, Fields) and batch.contract is not None
         outs = self(target.hidden, batch, attention)
         doc = batch.contract.flat("document_ids")[0].to(target.hidden.device)
         n_docs = batch.contract.n_docs
@@ -132,3 +214,12 @@ class Eagle3Drafter(nn.Module):
             n, m = kl_per_document(self.lm_head(hk[sup]), tgt, doc[sup], n_docs)
             num, den = num + n, den + m
         return num, den
+
+
+def field_padding(batch: DrafterBatch, mask_token_id: int = 1) -> DrafterBatch:
+    """What the field's padded EAGLE-3 batches add to padded rows: nothing (every position drafts)."""
+    return batch
+
+
+Config = Eagle3Config
+Drafter = Eagle3Drafter

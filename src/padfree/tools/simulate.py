@@ -215,7 +215,7 @@ def simulate(
 ) -> dict:
     """Plan one epoch per strategy (``config`` gives budget, world size, grad accum and cost model) and
     predict each one's throughput; ``naive`` adds the motivating case's naive bucketing
-    (:func:`padfree.bench.baselines.naive_bucketed`). Ratios are to ``sorted`` (the padding-free ceiling of
+    (:func:`padfree.baselines.naive_bucketed`). Ratios are to ``sorted`` (the padding-free ceiling of
     length grouping) when it is among the strategies. With ``speeds`` (per-rank time factors) or
     ``true_cost`` (what micro-batches really cost, default ``config.cost``), every strategy's row is its
     static plan under them, and ``dynamic`` / ``dynamic_over_static`` what dynamic balancing predicts.
@@ -249,7 +249,7 @@ def simulate(
                 rows[s]["step_cost_total"] / dyn["step_cost_total"] * (dyn["tokens"] / rows[s]["tokens"])
             )
     if naive:
-        from padfree.bench.baselines import naive_bucketed
+        from padfree.baselines import naive_bucketed
         from padfree.core.items import make_items, validate_lengths
 
         items = make_items(validate_lengths(lengths, path), config.budget, config.overlong, path)

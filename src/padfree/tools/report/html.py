@@ -127,7 +127,8 @@ def _drafter(d: dict) -> str:
     e = html.escape
     secs = any("tokens_per_second" in r for r in d["strategies"].values())
     cols = ["strategy", "throughput vs sorted", "tokens / cost unit", "padding eff.", "rank imbalance"]
-    cols += ["draft-block eff."] if d["method"] == "dflash" else []
+    anchored = d.get("uses_anchors", False)
+    cols += ["draft-block eff."] if anchored else []
     cols += ["tokens/s"] if secs else []
     body = []
     for name, r in d["strategies"].items():
@@ -137,14 +138,14 @@ def _drafter(d: dict) -> str:
             f"{r['padding_efficiency']:.4f}",
             f"{r['imbalance']:.4f}",
         ]
-        if d["method"] == "dflash":
+        if anchored:
             cells.append(f"{r.get('draft_block_efficiency', 1.0):.4f}")
         if secs:
             cells.append(f"{r['tokens_per_second']:,.0f}" if "tokens_per_second" in r else "-")
         body.append(f"<tr><td>{e(name)}</td>{''.join(f'<td>{c}</td>' for c in cells)}</tr>")
     head = "".join(f"<th>{c}</th>" for c in cols)
     c = d["cost"]
-    blocks = f", {d['draft_blocks']:,} DFlash blocks per epoch" if d["method"] == "dflash" else ""
+    blocks = f", {d['draft_blocks']:,} {e(d.get('title', ''))} blocks per epoch" if anchored else ""
     return (
         f"<h2 id='drafter'>Drafter setup: {e(d['method'])}</h2>"
         f"<p>Predicted throughput of a frozen target + {e(d['method'])} drafter step per strategy (the "
