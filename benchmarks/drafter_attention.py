@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from padfree.core.anchors import AnchorPolicy
     from padfree.drafter.methods import METHODS, cost_model
     from padfree.drafter.target import run_target
+    from padfree.drafter.train import loss_sums
 
     torch.set_num_threads(1)
     bargs = ds.parse(["--out", str(args.out), "--per-file", str(args.per_file)])
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode in sec:
                 for x, o in zip(batches, outs, strict=True):
                     t = time.process_time()
-                    num, den = models.drafter.loss(o, models.head, x, attention=mode)
+                    num, den = loss_sums(models, x, attention=mode, out=o)
                     (num.sum() / den.sum()).backward()
                     dt = time.process_time() - t
                     models.drafter.zero_grad(set_to_none=True)
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 t = time.process_time()
                 o = run_target(models.target, x.contract, models.layers)
                 t1 = time.process_time()
-                num, den = models.drafter.loss(o, models.head, x)
+                num, den = loss_sums(models, x, out=o)
                 (num.sum() / den.sum().clamp(min=1.0)).backward()
                 models.optimizer.step()
                 models.optimizer.zero_grad(set_to_none=True)

@@ -31,6 +31,7 @@ What it does (the data, plan, checkpoint, resume, seen-log and SIGTERM machinery
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -42,18 +43,19 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from train import add_run_args, resume_from, setup_distributed, shared_run_id, train_loop
 
-from padfree.commands.common import NUMERIC
-from padfree.core.anchors import AnchorPolicy, anchor_counts
+from padfree.commands.common import NUMERIC, add_recipe_arguments, recipe_from_args
+from padfree.core.anchors import anchor_counts
 from padfree.drafter.collate import DrafterCollator
 from padfree.drafter.methods import METHODS, cost_model
-from padfree.drafter.train import TINY_TARGET, build_models, loss_sums
+from padfree.drafter.train import TINY_TARGET, build_models, loss_sums, token_counts
 from padfree.errors import PadfreeError
 from padfree.torch import PlanBatchSampler, PlannedDataset, all_reduce_sum, step_loss, sync_unless
 from padfree.torch.checkpoint import CheckpointDir
 from padfree.torch.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
 
-IDENTITY = ("method", "block_size", "max_anchors", "ttt", "draft_layers", "vocab_size")
-"""The options a drafter checkpoint is bound to (a resume under others is refused, naming them)."""
+IDENTITY = ("method", "draft_layers", "vocab_size")
+"""The options a drafter checkpoint is bound to besides its recipe's fields (a resume under others is refused,
+naming them)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,14 +63,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_data_and_model_args(p)
     add_run_args(p)
     p.add_argument("--method", default="dflash", choices=list(METHODS))
-    p.add_argument("--block-size", type=NUMERIC["--block-size"], default=16, help="DFlash block size")
-    p.add_argument(
-        "--max-anchors", type=NUMERIC["--max-anchors"], default=512, help="anchors per document at most"
-    )
+    add_recipe_arguments(p)
     p.add_argument(
         "--anchor-budget", type=NUMERIC["--anchor-budget"], default=None, help="blocks per micro-batch"
     )
-    p.add_argument("--ttt", type=NUMERIC["--ttt"], default=7, help="EAGLE-3 test-time-training steps")
     p.add_argument("--draft-layers", type=NUMERIC["--target-layers"], default=1, help="DFlash draft layers")
     p.add_argument("--anchor-log", default=None, help="append each trained sample's anchors (DFlash)")
     p.set_defaults(vocab_size=2048, budget=1024, overlong="truncate")  # tiny defaults that run as they are
@@ -116,22 +114,21 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     samples, lengths, loss_tokens = load_training_data(args)
     for s in samples:
         s["input_ids"] = s["input_ids"] % args.vocab_size
-    policy = AnchorPolicy(block_size=args.block_size, max_anchors=args.max_anchors)
+    recipe = recipe_from_args(args, args.method)
     shape = {"hidden": TINY_TARGET["hidden_size"], "layers": TINY_TARGET["num_hidden_layers"]}
     models = build_models(
         args.method,
         vocab=args.vocab_size,
         seed=args.seed,
-        block_size=args.block_size,
-        ttt=args.ttt,
+        recipe=recipe,
         draft_layers=args.draft_layers,
-        fused_layers=max(2, args.draft_layers) if METHODS[args.method].uses_anchors else None,
+        counts=token_counts(samples, args.vocab_size),
     )
     spec = models.method
     mask = np.concatenate([np.asarray(s["loss_mask"], bool) for s in samples])
     offsets = np.concatenate(([0], np.cumsum(lengths)))
-    anchors = anchor_counts(mask, offsets, policy) if spec.uses_anchors else None
-    cost = cost_model(spec.name, **shape, vocab=args.vocab_size, block_size=args.block_size, ttt=args.ttt)
+    anchors = anchor_counts(mask, offsets, recipe.anchor_policy()) if spec.uses_anchors else None
+    cost = cost_model(spec.name, **shape, vocab=args.vocab_size, block_size=recipe.block_size, ttt=recipe.ttt)
     config = plan_config(args).with_(
         cost=cost, anchor_budget=args.anchor_budget if spec.uses_anchors else None
     )
@@ -144,9 +141,7 @@ def train(args, rank, world, device, ckpt, stop) -> int:
         balance_every=args.balance_every,
     )
     layout = "packed" if config.packed else "padded"
-    collate = DrafterCollator(
-        args.method, policy, seed=args.seed, layout=layout, ttt=args.ttt, mask_token_id=1
-    )
+    collate = DrafterCollator(args.method, recipe=recipe, seed=args.seed, layout=layout, mask_token_id=1)
     loader = DataLoader(PlannedDataset(samples), batch_sampler=sampler, collate_fn=collate)
     lost = unsupervised_after_cut(mask, offsets, args.budget) if args.overlong == "truncate" else 0
     if lost:
@@ -159,7 +154,8 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     drafter = models.drafter.to(device)
     params = models.trainable()
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-    identity = {k: getattr(args, k) for k in IDENTITY}
+    identity = {**{k: getattr(args, k) for k in IDENTITY}, **dataclasses.asdict(recipe)}
+    identity.pop("source")
     step = 0
     state = ckpt.resume(device) if ckpt is not None and args.resume else None
     if state is not None:
@@ -169,22 +165,23 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     step_loss_module = DraftLoss(models)
     ddp = DistributedDataParallel(step_loss_module) if world > 1 else step_loss_module
     log(
-        f"run {run}: {args.method}, {len(samples)} samples, {int(lengths.sum())} tokens, "
-        f"{sum(p.numel() for p in params) / 1e6:.2f}M drafter params, {args.strategy} budget {args.budget}, "
-        f"world {world} x grad_accum {args.grad_accum}"
+        f"run {run}: {args.method}, {recipe.describe()}, {len(samples)} samples, "
+        f"{int(lengths.sum())} tokens, {sum(p.numel() for p in params) / 1e6:.2f}M drafter params, "
+        f"{args.strategy} budget {args.budget}, world {world} x grad_accum {args.grad_accum}"
     )
 
-    def count(micro_batches) -> int:
-        """Supervised draft positions of the whole step on all ranks (every rank calls it once per step)."""
-        return int(all_reduce_sum(sum(mb.positions for mb in micro_batches), device).item())
+    def count(micro_batches) -> float:
+        """The step's loss denominator on all ranks, as the recipe counts it (every rank calls it once per
+        step, before any forward)."""
+        return float(all_reduce_sum(sum(mb.denominator for mb in micro_batches), device).item())
 
-    def micro_step(micro_batches, positions):
+    def micro_step(micro_batches, denominator):
         loss_sum = torch.zeros((), device=device)
         for mb in micro_batches:
             with sync_unless(ddp, mb.info.last), sampler.timed(ddp):
                 num, _ = ddp(mb)
                 total = num.sum()
-                step_loss(total, positions, world).backward()
+                step_loss(total, denominator, world).backward()
             loss_sum += total.detach()
         return loss_sum, sum(mb.positions for mb in micro_batches)
 

@@ -39,8 +39,9 @@ def test_a_short_run_trains_and_logs_its_samples(tmp_path, fixtures_dir, method,
 
 
 def test_sigkill_and_resume_at_two_ranks_trains_each_sample_once_with_its_anchors(tmp_path, fixtures_dir):
-    from padfree.core.anchors import AnchorPolicy, choose_anchors
+    from padfree.core.anchors import choose_anchors
     from padfree.data.samples import load_samples
+    from padfree.drafter import recipes
 
     n = 48
     seen, anchor_log = tmp_path / "seen.jsonl", tmp_path / "anchors.jsonl"
@@ -63,7 +64,7 @@ def test_sigkill_and_resume_at_two_ranks_trains_each_sample_once_with_its_anchor
         [str(fixtures_dir / "samples/*.jsonl.gz")], str(fixtures_dir / "tokenizers/llama_sp32k.model"), n,
         "assistant", 256,
     )  # fmt: skip
-    policy = AnchorPolicy(block_size=4)
+    policy = recipes.override(recipes.get("specforge", "dflash"), block_size=4).anchor_policy()  # as trained
     logged = [json.loads(line) for line in anchor_log.read_text().splitlines() if line.strip()]
     assert {r["run"] for r in logged} == set(runs)
     trained = {(r["epoch"], r["index"]) for r in logged}

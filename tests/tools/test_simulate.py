@@ -174,13 +174,16 @@ def test_simulate_cli_drafter_setup_and_cache_size(tmp_path, capsys):
     np.save(tmp_path / "l.npy", lengths)
     np.save(tmp_path / "l.assistant.npy", lengths // 2)
     args = ["simulate", str(tmp_path / "l.npy"), "--budget", "4096", "--world-size", "4",
-            "--grad-accum", "1", "--drafter", "dflash", "--anchor-budget", "80", "--json"]  # fmt: skip
+            "--grad-accum", "1", "--drafter", "dflash", "--anchor-budget", "1024", "--json"]  # fmt: skip
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     d = out["drafter"]
     assert d["cache_bytes"] == offline_cache_bytes(int(lengths.sum()), 6, 4096, 2)
-    assert d["loss_counts"].endswith("l.assistant.npy") and d["draft_blocks"] > 0
-    assert out["config"]["anchor_budget"] == 80 and out["config"]["cost"]["d"] > 0
+    # SpecForge's rule: every position whose token and next carry loss, at most 512 a sample
+    assert d["loss_counts"].endswith("l.assistant.npy") and d["recipe"] == "specforge"
+    assert d["draft_blocks"] == int(np.minimum(lengths // 2 - 1, 512).sum())
+    assert d["anchors_per_sample"] == pytest.approx(np.minimum(lengths // 2 - 1, 512).mean())
+    assert out["config"]["anchor_budget"] == 1024 and out["config"]["cost"]["d"] > 0
     packed = out["strategies"]["packed"]
     assert packed["draft_block_efficiency"] == 1.0 and packed["imbalance"] < 1.05
     assert out["strategies"]["random"]["draft_block_efficiency"] < 1.0

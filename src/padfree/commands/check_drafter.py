@@ -7,7 +7,12 @@ import argparse
 import dataclasses
 import json
 
-from padfree.commands.common import Bounded, add_number, add_output_options
+from padfree.commands.common import (
+    Bounded,
+    add_output_options,
+    add_recipe_arguments,
+    recipe_from_args,
+)
 from padfree.drafter.methods import METHODS
 
 DOCS = Bounded(int, 2, 4096)
@@ -37,8 +42,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=160,
         help="tokens kept of each document, around its first loss-bearing ones (160)",
     )
-    add_number(p, "--block-size", 8, "DFlash block size (default 8)")
-    add_number(p, "--ttt", 4, "EAGLE-3 test-time-training steps (default 4)")
     p.add_argument(
         "--layout",
         choices=["packed", "padded"],
@@ -52,6 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "across the row): deliberately wrong, to see the leak caught",
     )
     add_output_options(p, "print the result as one JSON object", "seed for weights and anchors (default 0)")
+    add_recipe_arguments(p)
 
 
 def supervised_window(doc: dict, size: int) -> dict:
@@ -98,9 +102,8 @@ def run(args: argparse.Namespace) -> int:
     r = check_drafter(
         args.method,
         samples,
+        recipe=recipe_from_args(args, args.method),
         leaky=args.leaky,
-        block_size=args.block_size,
-        ttt=args.ttt,
         seed=args.seed,
         layout=args.layout,
     )
@@ -108,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         docs = [dataclasses.asdict(d) for d in r.docs]
         keys = (
             "method",
+            "recipe",
             "leaky",
             "layout",
             "ok",
@@ -121,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         return 0 if r.ok else 1
     how = "row-level (leaky)" if r.leaky else "per document"
     spec = METHODS[r.method]
-    print(f"method:          {spec.describe(r.block_size, r.ttt)}")
+    print(f"method:          {spec.describe(r.block_size, r.ttt)}, recipe {r.recipe}")
     rows = "one packed row" if r.layout == "packed" else "padded rows"
     print(f"data:            {source}; {len(r.docs)} documents in {rows}, batch built {how}")
     print(f"target path:     {r.path}")

@@ -10,8 +10,10 @@ from pathlib import Path
 from padfree.commands.common import (
     add_number,
     add_plan_inputs,
+    add_recipe_arguments,
     config_from_args,
     load_lengths,
+    recipe_from_args,
 )
 from padfree.core.config import STRATEGIES
 from padfree.drafter.methods import METHODS
@@ -55,10 +57,7 @@ def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
         help="loss-bearing tokens per sample (.npy, e.g. NAME.assistant.npy; default: beside --lengths when "
         "present, else every token but the first)",
     )
-    add_number(d, "--block-size", 16, "DFlash block size (default 16)")
-    add_number(d, "--max-anchors", 512, "DFlash anchors per sample (default 512)")
     add_number(d, "--anchor-budget", None, "DFlash blocks per micro-batch at most")
-    add_number(d, "--ttt", 7, "EAGLE-3 test-time-training steps (default 7)")
     add_number(d, "--target-hidden", 4096, "target hidden size (default 4096)")
     add_number(d, "--target-layers", 32, "target layers (default 32)")
     add_number(d, "--vocab", 128256, "vocabulary (default 128256)")
@@ -70,6 +69,7 @@ def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
         "plus the last layer for the targets' logits)",
     )
     add_number(d, "--cache-bytes", 2, "bytes per cached value (default 2: bf16)")
+    add_recipe_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -146,13 +146,14 @@ def drafter_setup(args: argparse.Namespace, cfg, lengths):
     import numpy as np
 
     from padfree.commands.lengths import assistant_path
-    from padfree.core.anchors import AnchorPolicy, anchor_quota
+    from padfree.core.anchors import anchor_quota
     from padfree.data.length_files import read_loss_counts
     from padfree.drafter.methods import DrafterShape
     from padfree.drafter.methods import get as get_method
     from padfree.tools.simulate import offline_cache_bytes
 
     spec = get_method(args.drafter)
+    recipe = recipe_from_args(args, spec.name)
     aux = args.assistant
     if aux is None and args.lengths is not None and assistant_path(Path(args.lengths)).exists():
         aux = assistant_path(Path(args.lengths))
@@ -165,22 +166,26 @@ def drafter_setup(args: argparse.Namespace, cfg, lengths):
         )
     anchors = None
     if spec.uses_anchors:
-        policy = AnchorPolicy(block_size=args.block_size, max_anchors=args.max_anchors)
-        # valid anchors: a supervised token followed by one (about the supervised tokens, within a sample)
-        valid = np.minimum(loss, np.maximum(np.minimum(lengths, cfg.budget) - 1, 0))
-        anchors = anchor_quota(valid, policy)
-    shape = DrafterShape(hidden=args.target_hidden, layers=args.target_layers, vocab=args.vocab)
+        anchors = anchor_quota(
+            estimated_valid(loss, np.minimum(lengths, cfg.budget), recipe), recipe.anchor_policy()
+        )
+    shape = DrafterShape(
+        hidden=args.target_hidden, layers=args.target_layers, vocab=args.vocab, draft_vocab=recipe.draft_vocab
+    )
     if args.cost is None:
-        cfg = cfg.with_(cost=spec.cost(shape, args.block_size, args.ttt))
+        cfg = cfg.with_(cost=spec.cost(shape, recipe.block_size, recipe.ttt))
     cfg = cfg.with_(anchor_budget=args.anchor_budget if spec.uses_anchors else None)
-    layers = args.cache_layers if args.cache_layers is not None else spec.fused_layers + 1
+    layers = args.cache_layers if args.cache_layers is not None else recipe.fused_layers + 1
     tokens = int(np.minimum(lengths, cfg.budget).sum())
     report = {
         "method": spec.name,
+        "recipe": recipe.name,
+        "recipe_line": recipe.describe(),
         "title": spec.title,
         "uses_anchors": spec.uses_anchors,
         "tokens": tokens,
         "draft_blocks": int(anchors.sum()) if anchors is not None else 0,
+        "anchors_per_sample": float(anchors.mean()) if anchors is not None else 0.0,
         "cache_layers": layers,
         "hidden": args.target_hidden,
         "cache_bytes_per_value": args.cache_bytes,
@@ -188,6 +193,17 @@ def drafter_setup(args: argparse.Namespace, cfg, lengths):
         "loss_counts": str(aux) if aux is not None else "every token but the first",
     }
     return cfg, anchors, report
+
+
+def estimated_valid(loss, tokens, recipe):
+    """Valid anchor positions per sample from counts alone (no masks): its supervised tokens, less the one a
+    ``pair`` rule needs after the anchor (a supervised run's last token), within the tokens the plan keeps and
+    the recipe's end margin. Exact for one supervised run per sample (an answer after its prompt); each
+    further run costs one more position."""
+    import numpy as np
+
+    tail = np.minimum(loss, np.maximum(tokens - recipe.anchor_margin, 0))
+    return np.maximum(tail - (1 if recipe.anchor_eligibility == "pair" else 0), 0)
 
 
 def _render(result: dict, seed_mix: bool) -> None:

@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from padfree.core.anchors import AnchorPolicy
 from padfree.drafter import methods
 from padfree.errors import ConfigError
 
@@ -81,6 +80,7 @@ class DrafterCheck:
     cross_supervised: int
     block_size: int
     ttt: int
+    recipe: str = ""
 
     @property
     def anchors_identical(self) -> bool:
@@ -146,20 +146,23 @@ def check_drafter(
     samples: list[dict] | None = None,
     *,
     leaky: bool = False,
-    block_size: int = 8,
-    max_anchors: int = 512,
-    ttt: int = 4,
+    recipe=None,
+    block_size: int | None = None,
+    ttt: int | None = None,
     seed: int = 0,
     epoch: int = 0,
     layout: str = "packed",
 ) -> DrafterCheck:
     """Pack ``samples`` (``{"input_ids", "loss_mask"}``; default :func:`fixture_documents`) into one row
     (``layout="padded"``: a padded batch, a row each), run the tiny target and a reference drafter (random
-    weights, float32, CPU, dense masks) on it and on each document alone, and compare."""
+    weights, float32, CPU, dense masks) under ``recipe`` (default: the ``specforge`` preset; ``block_size``
+    and ``ttt`` override it) on it and on each document alone, and compare each document's loss numerator and
+    denominator. Under a per-document normalisation (speculators: a row's mean, one document per row) "alone"
+    is the document's own mean; the packed row's numerator for it must equal that, and its denominator 1."""
     import padfree.torch.attention as pa
     from padfree.drafter.collate import DrafterCollator
     from padfree.drafter.target import run_target
-    from padfree.drafter.train import build_models, loss_sums
+    from padfree.drafter.train import build_models, loss_sums, token_counts
 
     spec = methods.get(method)
     samples = fixture_documents() if samples is None else samples
@@ -174,12 +177,15 @@ def check_drafter(
     items = [{**s, "sample_id": i} for i, s in enumerate(samples)]
     vocab = int(max(int(np.max(s["input_ids"])) for s in samples)) + 2
     mask_id = vocab - 1
-    models = build_models(method, vocab=vocab, seed=seed, block_size=block_size, ttt=ttt)
-    policy = AnchorPolicy(block_size=block_size, max_anchors=max_anchors)
-    packed = DrafterCollator(
-        method, policy, seed=seed, mask_token_id=mask_id, ttt=ttt, leaky=leaky, layout=layout
+    counts = token_counts(samples, vocab)
+    models = build_models(
+        method, vocab=vocab, seed=seed, recipe=recipe, block_size=block_size, ttt=ttt, counts=counts
     )
-    alone = DrafterCollator(method, policy, seed=seed, mask_token_id=mask_id, ttt=ttt)
+    recipe = models.recipe
+    packed = DrafterCollator(
+        method, recipe=recipe, seed=seed, mask_token_id=mask_id, leaky=leaky, layout=layout
+    )
+    alone = DrafterCollator(method, recipe=recipe, seed=seed, mask_token_id=mask_id)
     packed.set_epoch(epoch)
     alone.set_epoch(epoch)
 
@@ -231,6 +237,7 @@ def check_drafter(
         int(cross_in.sum()),
         int(cross_lab.sum()),
         supervised_crossing,
-        block_size,
-        ttt,
+        recipe.block_size,
+        recipe.ttt,
+        recipe.name,
     )

@@ -19,31 +19,39 @@ collates to an empty batch (``batch.empty``) that still belongs to its step.
 >>> b.fields.anchors.tolist(), b.fields.supervised.int().tolist()[:4], b.fields.block_input_ids.tolist()[:4]
 ([0, 1, 2, 3], [0, 1, 1, 1], [5, 1, 1, 1])
 >>> b.positions, col([]).empty
-(10, True)
+(9, True)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from padfree.core.anchors import AnchorPolicy
-from padfree.drafter import methods
+from padfree.drafter import methods, recipes
 from padfree.drafter.contract import Contract, build_contract
+from padfree.drafter.objective import loss_scale
+from padfree.drafter.recipes import Recipe
 from padfree.errors import ConfigError
 from padfree.torch._collate import planned_pieces
 
 
 @dataclass(frozen=True)
 class FieldOptions:
-    """What a method's fields builder reads besides the contract: the DFlash anchor policy, EAGLE-3's
-    test-time-training steps, the anchors' seed and the special tokens."""
+    """What a method's fields builder reads besides the contract: the recipe, the DFlash anchor policy (the
+    recipe's unless given), the anchors' seed and the special tokens."""
 
-    policy: AnchorPolicy = field(default_factory=AnchorPolicy)
-    ttt: int = 7
+    recipe: Recipe
+    policy: AnchorPolicy
     seed: int = 0
     mask_token_id: int = 0
     pad_token_id: int = 0
+
+    @property
+    def ttt(self) -> int:
+        return self.recipe.ttt
 
 
 @dataclass(frozen=True)
@@ -53,9 +61,14 @@ class DrafterBatch:
     Attributes:
         contract: where each document sits in the rows (``None`` for an empty micro-batch).
         method: the drafter method's name. fields: its draft queries (the method module's ``Fields``; every
-            method's have ``label_index``, ``target_index``, ``labelled``, ``supervised`` and ``query_doc``).
+            method's have ``label_index``, ``target_index``, ``labelled``, ``supervised``, ``query_doc``,
+            ``weight`` (the recipe's static weight) and ``group`` (what per-document means are taken over)).
         positions: supervised draft positions (the drafter's loss terms), as ``loss_tokens`` of a plain batch.
         info: the plan's ``MicroInfo`` (``None`` outside a plan). epoch: the epoch the anchors were drawn for.
+        recipe: the recipe the fields and the loss follow. seed: the anchors' (and the noise's) seed.
+        scale: each draft position's static loss scale (:func:`padfree.drafter.objective.loss_scale`).
+        den: per document, what the recipe divides the step's loss by; ``denominator`` is their sum, what a
+            training loop all-reduces over the step before any forward.
     """
 
     contract: Contract | None
@@ -64,6 +77,15 @@ class DrafterBatch:
     positions: int = 0
     info: object = None
     epoch: int = 0
+    recipe: Recipe | None = None
+    seed: int = 0
+    scale: torch.Tensor | None = None
+    den: torch.Tensor | None = None
+
+    @property
+    def denominator(self) -> float:
+        """This micro-batch's share of its step's loss denominator (0 for an empty one)."""
+        return 0.0 if self.den is None else float(self.den.sum())
 
     @property
     def empty(self) -> bool:
@@ -81,7 +103,9 @@ class DrafterBatch:
         label = f.label_index
         same = (label >= 0) & (doc[label.clamp(min=0)] == f.query_doc)
         g = dataclasses.replace(f, supervised=f.supervised & same)
-        return dataclasses.replace(self, fields=g, positions=int(g.supervised.sum()))
+        assert self.recipe is not None
+        scale, den = scale_of(g, self.contract, self.recipe)
+        return dataclasses.replace(self, fields=g, positions=int(g.supervised.sum()), scale=scale, den=den)
 
     def covered(self) -> list[frozenset]:
         """Per document: the positions inside it (relative to its start) that a supervised draft position
@@ -116,9 +140,10 @@ class DrafterCollator:
 
     Args:
         method: a registered method (:mod:`padfree.drafter.methods`).
-        policy: DFlash anchor policy. seed: the anchors' seed (use the plan's).
+        policy: DFlash anchor policy (default: the recipe's). seed: the anchors' seed (use the plan's).
+        recipe: a :class:`~padfree.drafter.recipes.Recipe` for ``method`` (default: the ``specforge`` preset).
         layout: ``"packed"`` (one row, per-document attention) or ``"padded"`` (a row per sample).
-        mask_token_id: DFlash's mask token. ttt: EAGLE-3 test-time-training steps.
+        mask_token_id: DFlash's mask token. ttt: EAGLE-3 test-time-training steps (overrides the recipe's).
         leaky: build the field's row-level fields instead (for checks only).
     """
 
@@ -127,17 +152,23 @@ class DrafterCollator:
         method: str = "dflash",
         policy: AnchorPolicy | None = None,
         *,
+        recipe: Recipe | None = None,
         seed: int = 0,
         layout: str = "packed",
         pad_token_id: int = 0,
         mask_token_id: int = 0,
-        ttt: int = 7,
+        ttt: int | None = None,
         leaky: bool = False,
     ) -> None:
         self.method = methods.get(method)
-        if isinstance(ttt, bool) or not isinstance(ttt, int) or ttt < 1:
+        if ttt is not None and (isinstance(ttt, bool) or not isinstance(ttt, int) or ttt < 1):
             raise ConfigError(f"ttt must be an integer >= 1 (got {ttt!r})")
-        self.options = FieldOptions(policy or AnchorPolicy(), ttt, seed, mask_token_id, pad_token_id)
+        recipe = recipe or recipes.get(recipes.DEFAULT, self.method.name)
+        if recipe.method != self.method.name:
+            raise ConfigError(f"recipe {recipe.name} is for {recipe.method}, not {self.method.name}")
+        recipe = recipes.override(recipe, ttt=ttt)
+        policy = policy or recipe.anchor_policy()
+        self.options = FieldOptions(recipe, policy, seed, mask_token_id, pad_token_id)
         self.layout = layout
         self.leaky = leaky
         self.epoch = 0
@@ -150,8 +181,11 @@ class DrafterCollator:
         info = getattr(items, "info", None)
         epoch = int(info.epoch) if info is not None else self.epoch
         ps = planned_pieces(items)
+        opts = self.options
         if not ps:
-            return DrafterBatch(None, self.method.name, info=info, epoch=epoch)
+            return DrafterBatch(
+                None, self.method.name, info=info, epoch=epoch, recipe=opts.recipe, seed=opts.seed
+            )
         c = build_contract(
             [(p.input_ids, p.loss_mask) for p in ps],
             layout=self.layout,
@@ -159,5 +193,20 @@ class DrafterCollator:
             sample_ids=[p.sample_id for p in ps],
             starts=[p.start for p in ps],
         )
-        f = self._module.fields(c, self.options, epoch=epoch, leaky=self.leaky)
-        return DrafterBatch(c, self.method.name, f, int(f.supervised.sum()), info, epoch)
+        f = self._module.fields(c, opts, epoch=epoch, leaky=self.leaky)
+        scale, den = scale_of(f, c, opts.recipe)
+        return DrafterBatch(
+            c, self.method.name, f, int(f.supervised.sum()), info, epoch, opts.recipe, opts.seed, scale, den
+        )
+
+
+def scale_of(fields: Any, contract: Contract, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor]:
+    """The static loss scale of every draft position and each document's denominator (the recipe's)."""
+    return loss_scale(
+        fields.supervised.reshape(-1),
+        fields.weight.reshape(-1),
+        fields.query_doc.reshape(-1),
+        fields.group.reshape(-1),
+        torch.tensor(contract.doc_lengths, dtype=torch.int64),
+        recipe.normalization,
+    )

@@ -3,7 +3,8 @@ know of each method, in one place (no torch here; the method's model and fields 
 
 A method is described once, by a :class:`Method`: its name and title, the module that holds its torch side
 (fields builder, config, drafter, leak counts), whether its draft work is opened at *anchors* that the planner
-counts (DFlash blocks), which target layers it fuses, and its FLOP cost terms. Everything outside this module
+counts (DFlash blocks) and its FLOP cost terms. Which target layers a drafter fuses is a recipe's choice
+(:mod:`padfree.drafter.recipes`), by one of the :data:`LAYER_RULES` here. Everything outside this module
 and the methods' own modules asks the registry instead of comparing names, so a third method (MTP fine-tuning,
 DSpark) is one more entry here plus its own module.
 
@@ -11,7 +12,7 @@ DSpark) is one more entry here plus its own module.
 ['dflash', 'eagle3']
 >>> get("dflash").uses_anchors, get("eagle3").uses_anchors
 (True, False)
->>> get("dflash").target_layers(36, 5), get("eagle3").target_layers(36, 3)
+>>> LAYER_RULES["spread"](36, 5), LAYER_RULES["low_mid_high"](36, 3)
 ((1, 9, 17, 25, 33), (1, 17, 32))
 >>> get("medusa")
 Traceback (most recent call last):
@@ -75,8 +76,6 @@ class Method:
     uses_anchors: bool
     unit: str
     knob: str
-    fused_layers: int
-    target_layers: Callable[[int, int], tuple[int, ...]]
     cost: Callable[[DrafterShape, int, int], CostModel]
 
     def load(self) -> ModuleType:
@@ -96,12 +95,17 @@ def spread_layers(n_layers: int, n_fused: int) -> tuple[int, ...]:
 
     >>> spread_layers(36, 5), spread_layers(6, 2), spread_layers(8, 1)
     ((1, 9, 17, 25, 33), (1, 3), (4,))
+    >>> spread_layers(6, 5)  # layers 1 .. 3 are all a 6-layer target has between 1 and n - 3
+    (1, 2, 3)
     """
     if n_fused < 1 or n_layers < 1:
         raise ConfigError(f"target layers: need >= 1 layer and >= 1 fused layer (got {n_layers}, {n_fused})")
     if n_fused == 1:
         return (n_layers // 2,)
     end = max(1, n_layers - 3)
+    n_fused = min(n_fused, end)  # a small target fuses the distinct layers it has
+    if n_fused == 1:
+        return (1,)
     return tuple(round(1 + i * (end - 1) / (n_fused - 1)) for i in range(n_fused))
 
 
@@ -169,6 +173,14 @@ def unrolled_cost(shape: DrafterShape, block_size: int, ttt: int) -> CostModel:
     )
 
 
+LAYER_RULES: dict[str, Callable[[int, int], tuple[int, ...]]] = {
+    "spread": spread_layers,
+    "low_mid_high": low_mid_high,
+}
+"""Target-layer rules by name: ``(target layers, fused layers) -> layer ids`` (decoder layer outputs, from
+0)."""
+
+
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
@@ -179,8 +191,6 @@ METHODS: dict[str, Method] = {
             uses_anchors=True,
             unit="draft blocks",
             knob="block_size",
-            fused_layers=5,
-            target_layers=spread_layers,
             cost=block_cost,
         ),
         Method(
@@ -190,8 +200,6 @@ METHODS: dict[str, Method] = {
             uses_anchors=False,
             unit="draft positions",
             knob="ttt",
-            fused_layers=3,
-            target_layers=low_mid_high,
             cost=unrolled_cost,
         ),
     )
