@@ -5,8 +5,11 @@ seconds (target forward vs drafter forward + backward + update).
 
     PYTHONPATH=src python benchmarks/drafter_attention.py --out benchmarks/results
 
-Same data, models and budget as ``drafter_speed.py`` (fewer samples); one torch thread; CPU seconds of this
-process. Writes ``drafter_attention.json`` and ``.md`` under ``--out``.
+Same data, models, recipe (``--recipe``, default specforge) and anchor budget as ``drafter_speed.py`` (fewer
+samples); the attention comparison packs rows of ``--mask-budget`` tokens (at the recipes' density one masked
+call over a row of the speed budget's 2048 tokens and its ~8K DFlash block queries would score a
+``(queries) x (2048 + queries)`` matrix per head); one torch thread; CPU seconds of this process. Writes
+``drafter_attention.json`` and ``.md`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -26,34 +29,45 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-file", type=int, default=60)
     p.add_argument("--rows", type=int, default=6, help="packed micro-batches timed")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--mask-budget", type=int, default=1024, help="tokens per packed row of the comparison")
+    p.add_argument("--recipe", default="specforge")
     args = p.parse_args(argv)
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import drafter_speed as ds
 
-    from padfree.bench.drafter import bench_models, collator, items_of, make_arms, sample_anchors
-    from padfree.core.anchors import AnchorPolicy
-    from padfree.drafter.methods import METHODS, cost_model
+    from padfree.bench.drafter import as_trained, bench_models, collator, items_of, make_arms, sample_anchors
+    from padfree.drafter.methods import METHODS
     from padfree.drafter.target import run_target
-    from padfree.drafter.train import loss_sums
+    from padfree.drafter.train import loss_sums, token_counts
 
     torch.set_num_threads(1)
-    bargs = ds.parse(["--out", str(args.out), "--per-file", str(args.per_file)])
+    bargs = ds.parse(["--out", str(args.out), "--per-file", str(args.per_file), "--recipe", args.recipe])
     samples = ds.load(bargs)
     lengths = np.array([len(s["input_ids"]) for s in samples], np.int64)
-    policy = AnchorPolicy()
-    anchors = sample_anchors(samples, policy)
-    shape = {"hidden": bargs.hidden, "layers": bargs.layers, "vocab": bargs.vocab, "ttt": bargs.ttt}
-    result: dict = {"samples": len(samples), "budget": bargs.budget, "method": {}}
+    counts = token_counts(samples, bargs.vocab)
+    result: dict = {"recipe": args.recipe, "samples": len(samples), "budget": bargs.budget,
+                    "mask_budget": args.mask_budget, "method": {}}  # fmt: skip
     for method in METHODS:
-        arms = make_arms(lengths, anchors, bargs.budget, bargs.seed, cost_model(method, **shape))
+        recipe = ds.recipe_of(bargs, method)
+        uses = METHODS[method].uses_anchors
+        anchors = sample_anchors(samples, recipe.anchor_policy()) if uses else np.zeros_like(lengths)
+        cost = ds.method_cost(recipe, hidden=bargs.hidden, layers=bargs.layers, vocab=bargs.vocab)
+
+        def arms_at(budget, anchors=anchors, cost=cost, recipe=recipe):
+            ab = ds.anchor_budget(bargs, recipe, budget)
+            return make_arms(lengths, anchors, budget, bargs.seed, cost, anchor_budget=ab)
+
+        arms = arms_at(bargs.budget)
         models = bench_models(method, vocab=bargs.vocab, hidden=bargs.hidden, layers=bargs.layers,
-                              intermediate=4 * bargs.hidden, ttt=bargs.ttt, seed=bargs.seed)  # fmt: skip
+                              intermediate=4 * bargs.hidden, recipe=recipe, seed=bargs.seed,
+                              counts=counts)  # fmt: skip
         row: dict = {}
         # 1. the packed row's drafter attention: per document vs one masked call over the row
-        b = arms["padfree_packed"].batching
-        col = collator(method, arms["padfree_packed"], policy, bargs.seed, bargs.ttt)
+        small = arms_at(args.mask_budget)["padfree_packed"]
+        b = small.batching
+        col = collator(method, small, recipe, bargs.seed)
         picks = np.linspace(0, b.n_micro - 1, args.rows).round().astype(int)
         batches = [col(items_of(samples, b.order[b.offsets[j] : b.offsets[j + 1]])) for j in picks]
         with torch.no_grad():
@@ -85,13 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("padfree_packed", "sorted_fixed"):
             arm = arms[name]
             b = arm.batching
-            c = collator(method, arm, policy, bargs.seed, bargs.ttt)
+            c = collator(method, arm, recipe, bargs.seed)
             tgt = drf = 0.0
             pos = 0
             for j in np.linspace(0, b.n_micro - 1, args.rows).round().astype(int):
-                x = c(items_of(samples, b.order[b.offsets[j] : b.offsets[j + 1]]))
-                if arm.layout == "padded":
-                    x = models.method.load().field_padding(x)
+                x = as_trained(c(items_of(samples, b.order[b.offsets[j] : b.offsets[j + 1]])), arm)
                 t = time.process_time()
                 o = run_target(models.target, x.contract, models.layers)
                 t1 = time.process_time()
@@ -101,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 models.optimizer.zero_grad(set_to_none=True)
                 drf += time.process_time() - t1
                 tgt += t1 - t
-                pos += int(den.sum().item())
+                pos += x.positions
             split[name] = {"target_cpu_s": tgt, "drafter_cpu_s": drf, "draft_positions": pos,
                            "target_share": tgt / (tgt + drf)}  # fmt: skip
         row["cpu_split"] = split
@@ -111,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "drafter_attention.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [
         "# drafter_attention\n",
-        f"{len(samples)} samples, budget {bargs.budget}, CPU seconds, one thread\n",
+        f"recipe {args.recipe}; {len(samples)} samples; attention compared on packed rows of "
+        f"{args.mask_budget} tokens, CPU split at budget {bargs.budget}; CPU seconds, one thread\n",
         "| method | docs per packed row | per-document attention (s) | one masked call (s) | masked / "
         "per-document | same losses |",
         "|---|---|---|---|---|---|",

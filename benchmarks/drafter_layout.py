@@ -1,6 +1,6 @@
 """The same documents trained packed and padded: what the row layout alone costs a drafter step on this CPU
-(DFlash and EAGLE-3, the tiny models of ``drafter_speed.py``), free of which micro-batches an arm's epoch
-happens to hold.
+(DFlash and EAGLE-3, the tiny models of ``drafter_speed.py``, trained under its recipe: ``--recipe``, default
+specforge), free of which micro-batches an arm's epoch happens to hold.
 
     PYTHONPATH=src python benchmarks/drafter_layout.py --out benchmarks/results
 
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.bench.drafter import Arm, bench_models, collator, items_of
+from padfree.bench.drafter import Arm, as_trained, bench_models, collator, items_of
 from padfree.bench.measure import Batching
-from padfree.core.anchors import AnchorPolicy
+from padfree.drafter import recipes
 from padfree.drafter.methods import METHODS
-from padfree.drafter.train import train_micro
+from padfree.drafter.train import token_counts, train_micro
 
 BANDS = ((100, 200, 13), (300, 400, 5), (900, 1100, 2))  # (shortest, longest + 1, documents): ~2K tokens
 
@@ -36,28 +36,28 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--recipe", choices=recipes.NAMES, default=recipes.DEFAULT)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     spec = importlib.util.spec_from_file_location("ds", Path(__file__).with_name("drafter_speed.py"))
     assert spec is not None and spec.loader is not None
     ds = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ds)
-    opts = ds.parse(["--quick", "--out", str(args.out)])
+    opts = ds.parse(["--quick", "--out", str(args.out), "--recipe", args.recipe])
     samples = ds.load(opts)
     lengths = np.array([len(s["input_ids"]) for s in samples])
-    policy = AnchorPolicy()
+    counts = token_counts(samples, opts.vocab)
     rows = []
     for method in METHODS:
+        recipe = ds.recipe_of(opts, method)
         models = bench_models(method, vocab=opts.vocab, hidden=opts.hidden, layers=opts.layers,
-                              intermediate=4 * opts.hidden, ttt=opts.ttt)  # fmt: skip
+                              intermediate=4 * opts.hidden, recipe=recipe, counts=counts)  # fmt: skip
         for lo, hi, count in BANDS:
             ids = np.flatnonzero((lengths >= lo) & (lengths < hi))[:count]
             best = {}
             for layout in ("packed", "padded"):
                 arm = Arm(layout, Batching(ids, np.array([0, ids.shape[0]]), layout == "packed"), layout)
-                batch = collator(method, arm, policy, opts.seed, opts.ttt)(items_of(samples, ids))
-                if layout == "padded":
-                    batch = models.method.load().field_padding(batch)
+                batch = as_trained(collator(method, arm, recipe, opts.seed)(items_of(samples, ids)), arm)
                 train_micro(models, batch)
                 times = []
                 for _ in range(args.repeats):
@@ -78,9 +78,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(json.dumps(rows[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "drafter_layout.json").write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    result = {"recipe": args.recipe, "rows": rows}
+    (args.out / "drafter_layout.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [
         "# drafter_layout\n",
+        f"recipe {args.recipe}; CPU seconds of one train step (best of {args.repeats}), one thread\n",
         "| method | lengths | documents | tokens | packed s | padded s | padded / packed |",
         "|---|---|---|---|---|---|---|",
     ]

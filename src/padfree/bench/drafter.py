@@ -1,38 +1,42 @@
 """Drafter training speed by batching (``benchmarks/drafter_speed.py``): supervised draft positions per second
-of a frozen target plus a DFlash or EAGLE-3 drafter, anchor coverage per epoch, and modeled rank imbalance.
+of a frozen target plus a DFlash or EAGLE-3 drafter trained under a recipe (:mod:`padfree.drafter.recipes`:
+its anchors, objective, weights and normalisation), anchor coverage and anchor-slot efficiency per epoch, and
+modeled rank imbalance.
 
 Arms (each one a way to batch the same samples; the models, kernels and loss are the same in every arm):
 
 - ``padfree_packed``: padfree's packed plan; one row of documents, per-document attention, anchors chosen
-  per document (:mod:`padfree.core.anchors`).
+  per document by the recipe's rule (:mod:`padfree.core.anchors`).
 - ``padfree_bucketed``: padfree's bucketed plan; padded rows, anchors per document.
 - ``specforge_random``: SpecForge's batching: a fixed count of samples per micro-batch
   (``budget // mean length``) in random order, padded to the longest; anchors per sample (= per row).
-
-In every padded arm (``padfree_bucketed`` too) the DFlash block tensor is padded as SpecForge's is
-(``[rows, most anchors of a row, block_size]``, the extra blocks computed and not supervised:
-:func:`padfree.drafter.dflash.pad_anchor_slots`), which is what the planner's cost model counts for padded
-rows (``count x most``); the LM head runs on supervised positions only, in every arm.
 - ``sorted_fixed``: the field's length-sorted padded batching (HF ``group_by_length``, the "globally
   length-sorted" batches of the team this project was born from): samples sorted by length over the whole
   epoch, cut into micro-batches of a **fixed sample count**, the same count as ``specforge_random``
   (``budget // mean length``, so the mean real tokens per micro-batch is the budget, rounded down), in
-  random order, each padded to its longest and, for DFlash, its blocks to the row with the most.
-  (HF's ``LengthGroupedSampler`` sorts within random mega-batches of 50 batches, which leaves more padding
-  than a global sort: this arm is the tighter of the two.)
+  random order, each padded to its longest. (HF's ``LengthGroupedSampler`` sorts within random mega-batches
+  of 50 batches, which leaves more padding than a global sort: this arm is the tighter of the two.)
 - ``sorted_budget``: padfree's ``sorted`` strategy: length-sorted micro-batches cut by the token budget
   (``count x longest <= budget``, so the count varies) in random order, padded.
-- ``multipack_row_anchors``: vllm speculators' batching, rebuilt here (their package is not installed in this
-  environment): rows packed by first-fit decreasing on tokens over a shuffled window, ranks given rows by
-  tokens, and DFlash anchors chosen per *row* (one quota for the row, blocks running across document ends:
-  the collator's ``leaky`` fields) or, for EAGLE-3, the test-time-training shift across the row. Only
-  draft positions whose label is in the query's own document count as supervised positions here.
+- ``speculators_rows``: vllm speculators' batching and anchors, rebuilt here: rows packed by best fit over
+  lengths sorted longest first in shuffled windows (their multipack), ranks given rows by tokens; DFlash
+  anchors chosen per *row* by their ``select_anchors`` (``mask[a]``, the row's last block excluded, one quota
+  of ``min(valid, max_anchors)`` for the row: the collator's ``leaky`` fields under
+  :func:`row_policy`), their anchor tensor always ``max_anchors`` wide (``anchor_valid`` masks the rest);
+  for EAGLE-3 the test-time-training shift across the row. Only draft positions whose label is in the
+  query's own document count as supervised positions here (and carry loss).
+
+In every padded arm (``padfree_bucketed`` too) the DFlash block tensor is padded as SpecForge's is
+(``[rows, width, block_size]``, ``width`` the most anchors of a row of the batch: the extra blocks computed
+and not supervised, :func:`padfree.drafter.dflash.pad_anchor_slots`), which is what the planner's cost model
+counts for padded rows (``count x most``); ``speculators_rows`` pads its row to ``max_anchors`` blocks. The
+LM head runs on supervised positions only, in every arm.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -41,13 +45,15 @@ from padfree.baselines import fixed_count, multipack, sorted_fixed_count
 from padfree.bench.measure import Batching
 from padfree.bench.sampling import epoch_seconds, stratified
 from padfree.core import _kernels
-from padfree.core.anchors import AnchorPolicy, anchor_counts
+from padfree.core.anchors import AnchorPolicy, anchor_counts, anchor_quota
 from padfree.core.config import CostModel, PlanConfig
-from padfree.core.cost import imbalance, micro_costs, micro_shapes, rank_costs
+from padfree.core.cost import Shapes, imbalance, micro_costs, micro_shapes, rank_costs
 from padfree.core.planner import make_plan
 from padfree.core.steps import assign_ranks
 
 if TYPE_CHECKING:
+    from padfree.drafter.collate import DrafterBatch
+    from padfree.drafter.recipes import Recipe
     from padfree.drafter.train import DrafterModels
 
 ARMS = (
@@ -56,14 +62,14 @@ ARMS = (
     "specforge_random",
     "sorted_fixed",
     "sorted_budget",
-    "multipack_row_anchors",
+    "speculators_rows",
 )
 
 
 @dataclass(frozen=True)
 class Arm:
-    """One batching of the samples: micro-batches, the row layout, and whether the row-level (leaky) fields
-    of the field's packers are used."""
+    """One batching of the samples: micro-batches, the row layout, and whether speculators' row-level (leaky)
+    fields are used (``leaky``: anchors per row, shift across the row, a fixed anchor tensor)."""
 
     name: str
     batching: Batching
@@ -78,13 +84,44 @@ def sample_anchors(samples: list[dict], policy: AnchorPolicy) -> np.ndarray:
     return anchor_counts(mask, np.concatenate(([0], np.cumsum(lens))), policy)
 
 
+def supervised_after_first(lengths: np.ndarray, policy: AnchorPolicy) -> np.ndarray:
+    """DFlash anchors per sample of ``lengths`` when every token but the first is supervised (length files
+    such as the seed_mix carry no loss mask): the policy's quota of its valid positions.
+
+    >>> supervised_after_first(np.array([1, 2, 3, 40, 2000]), AnchorPolicy(density=1.0)).tolist()
+    [0, 0, 1, 38, 512]
+    """
+    n = np.asarray(lengths, np.int64)
+    last = n - 1 if policy.eligibility == "pair" else n  # a + 1 < n, as the rule in padfree.core.anchors
+    last = np.minimum(last, n - policy.margin)
+    if not policy.partial:
+        last = np.minimum(last, n - policy.block_size + 1)
+    return anchor_quota(np.maximum(last - 1, 0), policy)  # position 0 carries no loss
+
+
+def row_policy(recipe: Recipe) -> AnchorPolicy:
+    """speculators' ``select_anchors`` (``models/dflash/utils.py``) as an anchor policy for the collator's
+    row-level fields: ``mask[a]`` alone, every valid position up to ``max_anchors`` for the whole row (the
+    row's last block is excluded by the row-level fields themselves)."""
+    return AnchorPolicy(
+        block_size=recipe.block_size, max_anchors=recipe.max_anchors, density=1.0, eligibility="self"
+    )
+
+
 def make_arms(
-    lengths: np.ndarray, anchors: np.ndarray, budget: int, seed: int, cost: CostModel, world_size: int = 1
+    lengths: np.ndarray,
+    anchors: np.ndarray,
+    budget: int,
+    seed: int,
+    cost: CostModel,
+    world_size: int = 1,
+    anchor_budget: int | None = None,
 ) -> dict[str, Arm]:
-    """The six arms over ``lengths`` (see the module docstring); padfree's plans balance ``world_size``
-    ranks by ``cost``, the baselines deal micro-batches to ranks in their order."""
+    """The six arms over ``lengths`` (see the module docstring); padfree's plans are given the ``anchors``
+    per sample, hold at most ``anchor_budget`` of them a micro-batch (when given) and balance ``world_size``
+    ranks by ``cost``; the baselines deal micro-batches to ranks in their order."""
     rng = np.random.default_rng(seed)
-    cfg = PlanConfig(budget=budget, world_size=world_size, seed=seed, cost=cost)
+    cfg = PlanConfig(budget=budget, world_size=world_size, seed=seed, cost=cost, anchor_budget=anchor_budget)
     out = {}
     for name, strategy in (("padfree_packed", "packed"), ("padfree_bucketed", "bucketed")):
         plan = make_plan(lengths, cfg.with_(strategy=strategy), 0, anchors=anchors)
@@ -94,7 +131,7 @@ def make_arms(
     )
     srt_fixed = sorted_fixed_count(lengths, budget, np.random.default_rng([seed, 1]))
     out["sorted_fixed"] = Arm("sorted_fixed", Batching(*srt_fixed, False), "padded")
-    srt = make_plan(lengths, cfg.with_(strategy="sorted", world_size=1), 0)
+    srt = make_plan(lengths, cfg.with_(strategy="sorted", world_size=1), 0, anchors=anchors)
     out["sorted_budget"] = Arm("sorted_budget", Batching(srt.indices, srt.offsets, False), "padded")
     mp = Batching(*multipack(lengths, budget, rng), True)
     if world_size > 1:  # ranks given rows by tokens, as speculators' distributed multipack does
@@ -104,15 +141,40 @@ def make_arms(
         perm = assign_ranks(tokens, world_size, 1)
         order, offsets = _kernels.gather_segments(mp.order, mp.offsets[: m + 1], perm)
         mp = Batching(order, offsets, True)
-    out["multipack_row_anchors"] = Arm("multipack_row_anchors", mp, "packed", leaky=True)
+    out["speculators_rows"] = Arm("speculators_rows", mp, "packed", leaky=True)
     return {
         k: Arm(a.name, a.batching, a.layout or ("packed" if a.batching.packed else "padded"), a.leaky)
         for k, a in out.items()
     }
 
 
+def arm_shapes(arm: Arm, lengths: np.ndarray, anchors: np.ndarray | None, max_anchors: int = 512) -> Shapes:
+    """What each of the arm's micro-batches computes (:func:`padfree.core.cost.micro_shapes`), with
+    ``anchors`` per sample for DFlash. A row-level arm computes ``max_anchors`` blocks a row whatever its
+    documents hold (speculators' fixed anchor tensor), each reading on average half of the document its anchor
+    falls in (``sum l^2 / 2 T`` a block for a row of ``T`` tokens).
+
+    >>> b = Batching(np.array([0, 1, 2]), np.array([0, 2, 3]), True)
+    >>> sh = arm_shapes(Arm("r", b, "packed", leaky=True), np.array([4, 2, 6]), np.array([3, 1, 5]), 8)
+    >>> sh.anchors.tolist(), sh.blocks.tolist(), [round(x, 3) for x in sh.reach.tolist()]
+    ([4.0, 5.0], [8.0, 8.0], [13.333, 24.0])
+    """
+    b = arm.batching
+    sh = micro_shapes(lengths[b.order], b.offsets, b.packed, None if anchors is None else anchors[b.order])
+    if not arm.leaky or sh.blocks is None:
+        return sh
+    blocks = np.where(sh.count > 0, float(max_anchors), 0.0)
+    reach = blocks * sh.real_attn / np.maximum(2.0 * sh.real, 1.0)
+    return replace(sh, blocks=blocks, reach=reach)
+
+
 def modeled_imbalance(
-    arm: Arm, lengths: np.ndarray, anchors: np.ndarray, world_size: int, cost: CostModel
+    arm: Arm,
+    lengths: np.ndarray,
+    anchors: np.ndarray | None,
+    world_size: int,
+    cost: CostModel,
+    max_anchors: int = 512,
 ) -> float:
     """Mean over steps of (most loaded rank / mean rank) under the drafter cost model, micro-batches dealt to
     ranks in the arm's order (a trailing partial step left out)."""
@@ -121,31 +183,74 @@ def modeled_imbalance(
     if m == 0:
         return 1.0
     offs = b.offsets[: m + 1]
-    order = b.order[: int(offs[-1])]
-    sh = micro_shapes(lengths[order], offs, b.packed, anchors[order])
-    return imbalance(rank_costs(micro_costs(sh, cost), world_size, 1))
+    cut = Arm(arm.name, Batching(b.order[: int(offs[-1])], offs, b.packed), arm.layout, arm.leaky)
+    costs = micro_costs(arm_shapes(cut, lengths, anchors, max_anchors), cost)
+    return imbalance(rank_costs(costs, world_size, 1))
+
+
+def cost_folded_imbalance(
+    lengths: np.ndarray, anchors: np.ndarray, budget: int, world_size: int, cost: CostModel, seed: int = 0
+) -> tuple[float, int]:
+    """What-if, not a padfree feature: ``(modeled imbalance, micro-batches)`` of a packed plan whose items are
+    sized by their modeled cost in target-token units (``a l + b l^2 + d anchors + e anchors l / 2``, at least
+    ``l``) instead of by ``max(tokens, anchors x budget / anchor_budget)``, so every packed micro-batch holds
+    about the same modeled work: what a cost-folded capacity in :mod:`padfree.core.capacity` would give."""
+    lf, af = lengths.astype(np.float64), anchors.astype(np.float64)
+    work = cost.a * lf + cost.b * lf * lf + cost.d * af + cost.e * af * lf / 2.0
+    sizes = np.maximum(lengths, np.ceil(work / max(cost.a, 1e-12))).astype(np.int64)
+    if sizes.max() > budget:
+        return float("nan"), 0
+    plan = make_plan(sizes, PlanConfig(strategy="packed", budget=budget, world_size=world_size, seed=seed), 0)
+    arm = Arm("cost_folded", Batching(plan.indices, plan.offsets, True), "packed")
+    return modeled_imbalance(arm, lengths, anchors, world_size, cost), int(plan.offsets.shape[0] - 1)
 
 
 # ----- running the models ----------------------------------------------------------------------------------
 
 
-def bench_models(method: str, *, vocab: int, hidden: int, layers: int, intermediate: int, ttt: int = 7,
-                 block_size: int = 16, seed: int = 0) -> DrafterModels:  # fmt: skip
+def bench_models(method: str, *, vocab: int, hidden: int, layers: int, intermediate: int,
+                 recipe: Recipe | None = None, seed: int = 0, counts: np.ndarray | None = None,
+                 **changes: object) -> DrafterModels:  # fmt: skip
     """The benchmarks' target (random weights, ``hidden // 32`` heads, half as many key-value heads) and a
-    one-layer drafter of its width, with AdamW (:func:`padfree.drafter.train.build_models`)."""
+    one-layer drafter of its width under ``recipe`` (default: the ``specforge`` preset; ``changes``: its
+    fields overridden, e.g. ``block_size=4``), with AdamW (:func:`padfree.drafter.train.build_models`;
+    ``counts``: the data's token counts, for a draft vocabulary smaller than ``vocab``)."""
+    from padfree.drafter import recipes
     from padfree.drafter.train import build_models
 
+    recipe = recipes.override(recipe or recipes.get(recipes.DEFAULT, method), **changes)
     heads = max(1, hidden // 32)
-    return build_models(method, vocab=vocab, seed=seed, ttt=ttt, block_size=block_size, lr=1e-4,
+    return build_models(method, vocab=vocab, seed=seed, recipe=recipe, counts=counts, lr=1e-4,
                         hidden_size=hidden, num_hidden_layers=layers, intermediate_size=intermediate,
                         num_attention_heads=heads, num_key_value_heads=max(1, heads // 2))  # fmt: skip
 
 
-def collator(method: str, arm: Arm, policy: AnchorPolicy, seed: int, ttt: int):
+def collator(method: str, arm: Arm, recipe: Recipe, seed: int):
+    """The arm's collator under ``recipe``: per-document anchors (the recipe's rule), or speculators'
+    row-level ones (:func:`row_policy`) for a ``leaky`` arm."""
     from padfree.drafter.collate import DrafterCollator
 
-    return DrafterCollator(method, policy, seed=seed, layout=arm.layout, ttt=ttt, leaky=arm.leaky,
+    policy = row_policy(recipe) if arm.leaky and method == "dflash" else None
+    return DrafterCollator(method, policy, recipe=recipe, seed=seed, layout=arm.layout, leaky=arm.leaky,
                            mask_token_id=1)  # fmt: skip
+
+
+def as_trained(batch: DrafterBatch, arm: Arm) -> DrafterBatch:
+    """The batch as the arm's trainer computes it: a row-level arm keeps only the positions whose label lies
+    in the query's own document and pads its blocks to ``max_anchors`` (speculators' anchor tensor); a padded
+    arm pads every row's blocks to the batch's most (SpecForge's). EAGLE-3 batches get no block padding."""
+    from padfree.drafter import dflash
+
+    if batch.empty:
+        return batch
+    if arm.leaky:
+        batch = batch.keep_own_document()
+    if not isinstance(batch.fields, dflash.Fields):
+        return batch
+    assert batch.recipe is not None
+    if arm.leaky:
+        return dflash.pad_anchor_slots(batch, width=batch.recipe.max_anchors)
+    return dflash.pad_anchor_slots(batch) if arm.layout == "padded" else batch
 
 
 def items_of(samples: list[dict], ids: np.ndarray) -> list[dict]:
@@ -157,19 +262,18 @@ def speed(
     arms: dict[str, Arm],
     samples: list[dict],
     models: DrafterModels,
-    policy: AnchorPolicy,
     *,
     micro: int,
     seed: int,
-    ttt: int,
     rounds_warmup: int = 1,
     cost: CostModel | None = None,
     anchors: np.ndarray | None = None,
 ) -> dict[str, dict]:
-    """Supervised draft positions per second of each arm over ``micro`` micro-batches of its epoch, timed in
-    rounds (every arm one micro-batch per round, so a slow spell of a shared machine spreads over the arms).
-    Seconds are this process's CPU seconds (``time.process_time``; run torch on one thread, then they are
-    the compute time, whatever else the shared machine runs); wall seconds are kept too.
+    """Supervised draft positions per second of each arm over ``micro`` micro-batches of its epoch, trained
+    under ``models.recipe``, timed in rounds (every arm one micro-batch per round, so a slow spell of a
+    shared machine spreads over the arms). Seconds are this process's CPU seconds (``time.process_time``; run
+    torch on one thread, then they are the compute time, whatever else the shared machine runs); wall seconds
+    are kept too.
 
     With ``cost`` (the drafter cost model; ``anchors`` per sample for DFlash) the micro-batches are those
     ``padfree bench`` takes (:func:`padfree.bench.sampling.stratified`: one from each of ``micro`` equal
@@ -181,7 +285,7 @@ def speed(
 
     from padfree.drafter.train import train_micro
 
-    field_padding = models.method.load().field_padding
+    recipe = models.recipe
     lengths = np.array([len(s["input_ids"]) for s in samples], np.int64)
     picks: dict[str, np.ndarray] = {}
     strata: dict[str, tuple[np.ndarray, np.ndarray, float]] = {}
@@ -191,12 +295,11 @@ def speed(
             n = b.n_micro
             picks[name] = np.unique(np.linspace(0, n - 1, min(micro, n)).round().astype(int))
         else:
-            a = None if anchors is None else anchors[b.order]
-            sh = micro_shapes(lengths[b.order], b.offsets, b.packed, a)
+            sh = arm_shapes(arm, lengths, anchors, recipe.max_anchors)
             costs = micro_costs(sh, cost)
             picks[name], stratum = stratified(costs / np.maximum(sh.real, 1.0), micro)
             strata[name] = (stratum, costs, float(sh.real.sum() / max(sh.slots.sum(), 1.0)))
-    cols = {name: collator(method, arm, policy, seed, ttt) for name, arm in arms.items()}
+    cols = {name: collator(method, arm, recipe, seed) for name, arm in arms.items()}
     seconds = dict.fromkeys(arms, 0.0)
     wall = dict.fromkeys(arms, 0.0)
     positions = dict.fromkeys(arms, 0)
@@ -209,11 +312,7 @@ def speed(
             i = max(r, 0) % len(picks[name])
             j = int(picks[name][i])
             b = arm.batching
-            batch = cols[name](items_of(samples, b.order[b.offsets[j] : b.offsets[j + 1]]))
-            if arm.leaky:
-                batch = batch.keep_own_document()
-            if arm.layout == "padded":
-                batch = field_padding(batch)
+            batch = as_trained(cols[name](items_of(samples, b.order[b.offsets[j] : b.offsets[j + 1]])), arm)
             t0, w0 = time.process_time(), time.perf_counter()
             got = train_micro(models, batch)
             dt, dw = time.process_time() - t0, time.perf_counter() - w0
@@ -246,25 +345,37 @@ def speed(
     }
 
 
-def coverage(method: str, arm: Arm, samples: list[dict], policy: AnchorPolicy, *, seed: int, ttt: int,
+def coverage(method: str, arm: Arm, samples: list[dict], recipe: Recipe, *, seed: int,
              check_alone: int = 64) -> dict:  # fmt: skip
-    """Over the arm's whole epoch: the share of supervised tokens (loss mask, not a document's first token)
-    that some supervised draft position of the token's own document predicts; and, for up to
-    ``check_alone`` micro-batches, whether every document's covered tokens (and DFlash anchors) are the
-    same as when the document is collated alone; and the epoch's supervised draft positions
-    (``epoch_draft_positions``, what :func:`speed`'s ``epoch_cpu_seconds`` trains)."""
-    col = collator(method, arm, policy, seed, ttt)
-    alone = collator(method, Arm("alone", arm.batching, "packed"), policy, seed, ttt)
+    """Over the arm's whole epoch under ``recipe``: the share of supervised tokens (loss mask, not a
+    document's first token) that some supervised draft position of the token's own document predicts
+    (``anchor_coverage``); ``anchor_slot_efficiency``: DFlash: real anchors over the anchor slots the
+    arm's trainer computes (:func:`as_trained`: 1.0 packed, SpecForge's per-batch width padded, speculators'
+    ``max_anchors`` a row); EAGLE-3, which has no anchors: the per-position analogue, real (step, position)
+    query slots over computed ones (``ttt x`` real tokens over ``ttt x`` slots, the token padding
+    efficiency); for up to ``check_alone`` micro-batches, whether every document's covered tokens (and
+    DFlash anchors) are the same as when the document is collated alone (``same_as_alone``); and the
+    epoch's supervised draft positions (``epoch_draft_positions``, what :func:`speed`'s
+    ``epoch_cpu_seconds`` trains)."""
+    col = collator(method, arm, recipe, seed)
+    alone = collator(method, Arm("alone", arm.batching, "packed"), recipe, seed)
     b = arm.batching
     covered = total = positions = 0
+    real_slots = computed_slots = 0
     same = True
     for j in range(b.n_micro):
         ids = b.order[b.offsets[j] : b.offsets[j + 1]]
         if ids.size == 0:
             continue
-        batch = col(items_of(samples, ids))
-        if arm.leaky:
-            batch = batch.keep_own_document()
+        collated = col(items_of(samples, ids))
+        batch = as_trained(collated, arm)
+        assert batch.contract is not None
+        if hasattr(batch.fields, "anchors"):
+            real_slots += int(collated.fields.anchors.shape[0])
+            computed_slots += int(batch.fields.anchors.shape[0])
+        else:
+            real_slots += int(sum(batch.contract.doc_lengths))
+            computed_slots += int(batch.contract.input_ids.numel())
         per_doc = batch.covered()
         positions += batch.positions
         for d, sid in enumerate(ids):
@@ -278,6 +389,7 @@ def coverage(method: str, arm: Arm, samples: list[dict], policy: AnchorPolicy, *
                     same = False
     return {
         "anchor_coverage": covered / max(total, 1),
+        "anchor_slot_efficiency": real_slots / max(computed_slots, 1),
         "same_as_alone": same,
         "supervised_tokens": total,
         "epoch_draft_positions": positions,

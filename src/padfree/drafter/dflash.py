@@ -109,12 +109,15 @@ def leaky_dflash_fields(
     contract: Contract, policy: AnchorPolicy, *, seed: int, epoch: int, mask_token_id: int
 ) -> Fields:
     """What a row-level packer does (speculators' ``select_anchors``): valid anchors over the whole row
-    (only the row's last block excluded), one quota for the row, and block labels running into the next
-    document. Deliberately WRONG; for ``check-drafter --leaky`` and tests."""
+    (the policy's eligibility, ``mask[a]`` for speculators' own rule; only the row's last block excluded),
+    one quota for the row, and block labels running into the next document. Deliberately WRONG; for
+    ``check-drafter --leaky``, tests and the benchmarks' ``speculators_rows`` arm."""
     mask = contract.flat("loss_mask")[0].numpy().astype(bool)
     n = mask.shape[0]
-    ok = np.zeros(n, bool)
-    ok[:-1] = mask[:-1] & mask[1:]
+    ok = mask.copy()
+    if policy.eligibility == "pair":
+        ok[:-1] &= mask[1:]
+        ok[-1:] = False
     ok[max(0, n - policy.block_size) :] = False
     valid = np.flatnonzero(ok)
     q = int(anchor_quota(np.array([valid.shape[0]]), policy)[0])
@@ -176,17 +179,23 @@ def crossings(batch: DrafterBatch) -> tuple[int, torch.Tensor, torch.Tensor]:
     return pairs, torch.zeros_like(f.supervised), f.supervised
 
 
-def pad_anchor_slots(batch: DrafterBatch, mask_token_id: int = 1) -> DrafterBatch:
-    """A padded batch with every row's blocks padded to the row with the most, as SpecForge's ``[B, N_max]``
-    anchor tensor with ``block_keep_mask`` does: the extra blocks sit at their row's first position, are
-    computed by the drafter and never supervised (what the planner's cost model counts for padded rows:
-    ``rows x most``). A new batch; packed batches and rows already even are returned as they are."""
+def pad_anchor_slots(batch: DrafterBatch, mask_token_id: int = 1, width: int | None = None) -> DrafterBatch:
+    """A batch with every row's blocks padded to ``width`` (default: the row with the most), as SpecForge's
+    ``[B, N_max]`` anchor tensor with ``block_keep_mask`` does for padded rows, and speculators' fixed
+    ``max_anchors`` anchor tensor (``anchor_valid``) for its one packed row: the extra blocks sit at their
+    row's first position, are computed by the drafter and never supervised (what the planner's cost model
+    counts for padded rows: ``rows x most``). A padded batch's rows are its documents; a packed batch is one
+    row, padded only when ``width`` is given. A new batch; rows already at the width are returned as they
+    are."""
     f, c = batch.fields, batch.contract
-    if c is None or c.layout != "padded":
+    if c is None or (c.layout != "padded" and width is None):
         return batch
-    per_row = [len(a) for a in f.anchors_by_doc]
-    most = max(per_row, default=0)
-    if most == 0 or all(n == most for n in per_row):
+    if c.layout == "padded":
+        per_row = [len(a) for a in f.anchors_by_doc]
+    else:
+        per_row = [int(f.anchors.shape[0])] + [0] * (c.n_docs - 1)  # the row's blocks, all at document 0
+    most = max(max(per_row, default=0), width or 0)
+    if most == 0 or all(n == most for n in per_row[: 1 if c.layout != "padded" else None]):
         return batch
     bs = f.block_size
     parts: dict[str, list] = {
@@ -194,7 +203,7 @@ def pad_anchor_slots(batch: DrafterBatch, mask_token_id: int = 1) -> DrafterBatc
     }
     q = 0
     for d, n in enumerate(per_row):
-        extra = most - n
+        extra = most - n if (c.layout == "padded" or d == 0) else 0
         start = int(c.doc_starts[d])
         if extra:
             k = torch.arange(bs).repeat(extra)
