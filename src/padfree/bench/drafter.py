@@ -316,7 +316,7 @@ def speed(
             t0, w0 = time.process_time(), time.perf_counter()
             got = train_micro(models, batch)
             dt, dw = time.process_time() - t0, time.perf_counter() - w0
-            if r >= 0:
+            if r >= 0 and batch.contract is not None:
                 per_pick[name][i] += dt
                 seconds[name] += dt
                 wall[name] += dw
