@@ -6,10 +6,10 @@ seconds (target forward vs drafter forward + backward + update).
     PYTHONPATH=src python benchmarks/drafter_attention.py --out benchmarks/results
 
 Same data, models, recipe (``--recipe``, default specforge) and anchor budget as ``drafter_speed.py`` (fewer
-samples); the attention comparison packs rows of ``--mask-budget`` tokens (at the recipes' density one masked
-call over a row of the speed budget's 2048 tokens and its ~8K DFlash block queries would score a
-``(queries) x (2048 + queries)`` matrix per head); one torch thread; CPU seconds of this process. Writes
-``drafter_attention.json`` and ``.md`` under ``--out``.
+samples). The attention comparison packs rows of ``--mask-budget`` tokens from the samples that fit in one: at
+the recipes' density one masked call over a row of the speed budget's 2048 tokens and its ~8K DFlash block
+queries would score a ``queries x (2048 + queries)`` matrix per head. One torch thread; CPU seconds of this
+process. Writes ``drafter_attention.json`` and ``.md`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -55,21 +55,21 @@ def main(argv: list[str] | None = None) -> int:
         anchors = sample_anchors(samples, recipe.anchor_policy()) if uses else np.zeros_like(lengths)
         cost = ds.method_cost(recipe, hidden=bargs.hidden, layers=bargs.layers, vocab=bargs.vocab)
 
-        def arms_at(budget, anchors=anchors, cost=cost, recipe=recipe):
-            ab = ds.anchor_budget(bargs, recipe, budget)
-            return make_arms(lengths, anchors, budget, bargs.seed, cost, anchor_budget=ab)
-
-        arms = arms_at(bargs.budget)
+        arms = make_arms(lengths, anchors, bargs.budget, bargs.seed, cost,
+                         anchor_budget=ds.anchor_budget(bargs, recipe, bargs.budget))  # fmt: skip
         models = bench_models(method, vocab=bargs.vocab, hidden=bargs.hidden, layers=bargs.layers,
                               intermediate=4 * bargs.hidden, recipe=recipe, seed=bargs.seed,
                               counts=counts)  # fmt: skip
         row: dict = {}
         # 1. the packed row's drafter attention: per document vs one masked call over the row
-        small = arms_at(args.mask_budget)["padfree_packed"]
+        fit = np.flatnonzero(lengths <= args.mask_budget)  # the samples a row of --mask-budget holds
+        ab = ds.anchor_budget(bargs, recipe, args.mask_budget)
+        small = make_arms(lengths[fit], anchors[fit], args.mask_budget, bargs.seed, cost, anchor_budget=ab)
+        small = small["padfree_packed"]
         b = small.batching
         col = collator(method, small, recipe, bargs.seed)
         picks = np.linspace(0, b.n_micro - 1, args.rows).round().astype(int)
-        batches = [col(items_of(samples, b.order[b.offsets[j] : b.offsets[j + 1]])) for j in picks]
+        batches = [col(items_of(samples, fit[b.order[b.offsets[j] : b.offsets[j + 1]]])) for j in picks]
         with torch.no_grad():
             outs = [run_target(models.target, x.contract, models.layers) for x in batches]
         sec = {"dense": 0.0, "mask": 0.0}
