@@ -51,7 +51,7 @@ CHAT = ["self_instruct_t0", "hh_rlhf_harmless_test", "gsm8k", "gpteacher_codegen
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="fewer samples and micro-batches (~5 min)")
+    p.add_argument("--quick", action="store_true", help="fewer samples and micro-batches (~9 CPU minutes)")
     p.add_argument("--out", type=Path, required=True, help="directory for NAME.json and NAME.md")
     p.add_argument("--name", default=None, help="file stem (default drafter_speed[_quick])")
     p.add_argument("--data", nargs="*", default=None, help="sample files (default: shared chat/code sets)")
