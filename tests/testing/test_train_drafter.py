@@ -101,7 +101,8 @@ def test_two_ranks_train_through_micro_batches_without_anchors_or_supervision(
     data = unsupervised_heavy_data(tmp_path / "long_prompts.jsonl")
     args = [
         "--method", method, "--data", str(data),
-        "--tokenizer", str(fixtures_dir / "tokenizers/llama_sp32k.model"), "--strategy", "packed", "--budget", "256", "--vocab-size", "256", "--block-size", "4", "--ttt", "2",
+        "--tokenizer", str(fixtures_dir / "tokenizers/llama_sp32k.model"), "--strategy", "packed",
+        "--budget", "256", "--vocab-size", "256", "--block-size", "4", "--ttt", "2",
         "--log-every", "1000", "--seen-log", str(tmp_path / "seen.jsonl"), "--overlong", "truncate",
         "--balance", balance, "--balance-every", "1", "--epochs", "2",
     ]  # fmt: skip
