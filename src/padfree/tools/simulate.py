@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.core.config import MAX_COST, CostModel, PlanConfig, read_cost_file
+from padfree.core.config import MAX_COST, STRATEGIES, CostModel, PlanConfig, read_cost_file
 from padfree.core.cost import imbalance, micro_costs, micro_shapes, rank_costs, step_costs
 from padfree.core.plan import epoch_rng
 from padfree.core.planner import make_plan
@@ -204,7 +204,7 @@ def simulate_dynamic(
 def simulate(
     lengths: np.ndarray,
     config: PlanConfig,
-    strategies: tuple[str, ...] = ("sorted", "random", "bucketed", "packed"),
+    strategies: tuple[str, ...] = STRATEGIES,
     seconds_per_unit: float | None = None,
     naive: bool = True,
     epoch: int = 0,
