@@ -32,7 +32,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from padfree.core.balance import Balance, micro_features, step_layout
-from padfree.core.capacity import bounded, token_cap
+from padfree.core.budget import Budget
+from padfree.core.capacity import bounded
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, make_items, validate_lengths
 from padfree.core.plan import Plan, validate_anchors
@@ -116,7 +117,7 @@ class EpochSource:
         counts = None if anchors is None else validate_anchors(anchors, arr)
         items = None
         if window is None:
-            items = make_items(arr, token_cap(config), config.overlong, anchors=counts)
+            items = make_items(arr, Budget.of(config).item, config.overlong, anchors=counts)
         loss = None
         if loss_tokens is not None:
             loss = np.asarray(loss_tokens)
@@ -134,6 +135,7 @@ class EpochSource:
 class _PlanCache(NamedTuple):
     key: tuple
     plan: Plan
+    budget: Budget  # the segment's
     before: int  # steps of the epoch before the plan's segment
     step_tokens: np.ndarray  # loss tokens of each step of the plan (-1: unknown)
 
@@ -215,7 +217,7 @@ class Cursor:
             self._plan_cache = self._step_cache = None
             plan, before = self._replay(int(epoch), history)
             tokens = step_loss_tokens(plan, self.source.lengths, self.source.loss)
-            self._plan_cache = _PlanCache(key, plan, before, tokens)
+            self._plan_cache = _PlanCache(key, plan, Budget.of(self.config, last.budget), before, tokens)
         return self._plan_cache.plan.n_steps
 
     def set_epoch(self, epoch: int) -> None:
@@ -242,21 +244,23 @@ class Cursor:
             self._plan_cache = self._step_cache = None  # free the old plan before making the next
             plan, before = self._replay(self.epoch, self.history)
             tokens = step_loss_tokens(plan, self.source.lengths, self.source.loss)
-            self._plan_cache = _PlanCache(key, plan, before, tokens)
+            budget = Budget.of(self.config, self.history[-1].budget)  # once per segment
+            self._plan_cache = _PlanCache(key, plan, budget, before, tokens)
         return self._plan_cache
 
-    def _layout(self, plan: Plan, s: int) -> _StepCache:
-        """Step ``s`` of ``plan`` given to ranks under the balance in force (see
+    def _layout(self, cache: _PlanCache, s: int) -> _StepCache:
+        """Step ``s`` of the segment's plan given to ranks under the balance in force (see
         :func:`padfree.core.balance.step_layout`)."""
         key = (self._key(), s, self.balance)
         if self._step_cache is None or self._step_cache.key != key:
+            plan = cache.plan
             k = self.config.micro_per_step
             offs = plan.offsets[s * k : (s + 1) * k + 1]
             first = int(offs[0])
             lens = plan.lengths[first : int(offs[-1])]
             anchors = None if plan.anchors is None else plan.anchors[first : int(offs[-1])]
             bal = self.balance
-            order, offsets = step_layout(lens, offs - first, plan.config, bal, self.config.budget, anchors)
+            order, offsets = step_layout(lens, offs - first, plan.config, bal, cache.budget, anchors)
             features = None
             if self.features:
                 a_order = None if anchors is None else anchors[order]
@@ -294,7 +298,7 @@ class Cursor:
             return None
         cache = self._plan()
         plan, g = cache.plan, self.config.grad_accum
-        lay = self._layout(plan, self.history[-1].steps)
+        lay = self._layout(cache, self.history[-1].steps)
         h = hashlib.sha256()
         for r in range(self.config.world_size):
             for j in range(self.partial):
@@ -318,7 +322,7 @@ class Cursor:
         if s >= plan.n_steps:
             return None
         g, w, r = self.config.grad_accum, self.config.world_size, self.rank
-        lay = self._layout(plan, s)
+        lay = self._layout(cache, s)
         k = r * g + j
         pos = lay.first + lay.order[int(lay.offsets[k]) : int(lay.offsets[k + 1])]
         ids = plan.indices[pos].tolist()

@@ -28,9 +28,10 @@ from numpy.typing import ArrayLike
 
 from padfree.core import _kernels
 from padfree.core._kernels import njit
+from padfree.core.budget import Budget
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, Report, check_overlong, make_items, validate_lengths
-from padfree.core.plan import Plan, check_epoch, check_fills_step, epoch_rng, plan_in_memory, plan_items
+from padfree.core.plan import Plan, check_epoch, check_fills_step, epoch_rng, plan_items
 from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 
@@ -69,9 +70,8 @@ class Windows:
         order: sample ids grouped by window, ascending inside a window (int32 when ``n < 2**31``).
         starts: window ``j`` holds ``order[starts[j]:starts[j+1]]``.
         items: planned items per window (after the overlong policy).
-        n_over: samples longer than the budget.
-        budget: the budget the overlong policy cut the items at (the config's, unless a plan with headroom
-            packs below it: see ``item_budget``).
+        n_over: samples longer than ``budget.item``.
+        budget: the segment's :class:`~padfree.core.budget.Budget`; the overlong policy cuts at its ``item``.
     """
 
     lengths: np.ndarray
@@ -79,7 +79,7 @@ class Windows:
     starts: np.ndarray
     items: np.ndarray
     n_over: int = 0
-    budget: int | None = None
+    budget: Budget | None = None
 
     @property
     def n_windows(self) -> int:
@@ -95,12 +95,12 @@ def deal_windows(
     epoch: int,
     window: int = DEFAULT_WINDOW,
     path: str | None = None,
-    item_budget: int | None = None,
+    budget: Budget | None = None,
 ) -> Windows:
     """Validate the lengths, apply the overlong checks globally and deal the samples to windows.
 
-    ``item_budget`` (default ``config.budget``) is where the overlong policy cuts; a plan that leaves
-    headroom packs to a smaller ``config.budget`` than its items may reach.
+    The overlong policy cuts at ``budget.item`` (default ``Budget.of(config)``); a plan that leaves headroom
+    packs to a smaller ``budget.plan`` than its items may reach.
 
     A window that would hold fewer items than one step (``world_size * grad_accum``) is merged into its
     neighbour.
@@ -113,7 +113,8 @@ def deal_windows(
         raise ConfigError(f"window must be an integer >= 1 (got {window!r})")
     lengths = validate_lengths(lengths, path, compact=True)
     n = int(lengths.shape[0])
-    budget = config.budget if item_budget is None else int(item_budget)
+    budget = Budget.of(config) if budget is None else budget
+    cut = budget.item
     k = config.micro_per_step
     n_windows = max(1, math.ceil(n / int(window)))
     label_epoch = 0 if REGISTRY[config.strategy].fixed_batches else epoch
@@ -125,7 +126,7 @@ def deal_windows(
     for a in range(0, n, _CHUNK):
         chunk = lengths[a : a + _CHUNK]
         lab = labels[a : a + _CHUNK]
-        over = chunk > budget
+        over = chunk > cut
         c_over = int(np.count_nonzero(over))
         longest = max(longest, int(chunk.max()))
         if c_over and first_over < 0:
@@ -134,11 +135,11 @@ def deal_windows(
         if config.overlong == "drop":
             items += np.bincount(lab[~over], minlength=n_windows)
         elif config.overlong == "split" and c_over:
-            pieces = (chunk.astype(np.int64) + (budget - 1)) // budget
+            pieces = (chunk.astype(np.int64) + (cut - 1)) // cut
             items += np.bincount(lab, weights=pieces, minlength=n_windows).astype(np.int64)
         else:
             items += np.bincount(lab, minlength=n_windows)
-    check_overlong(n_over, n, first_over, longest, budget, config.overlong, path)
+    check_overlong(n_over, n, first_over, longest, cut, config.overlong, path)
     total = int(items.sum())
     check_fills_step(total, config)
 
@@ -188,6 +189,7 @@ def _window_plans(
     epoch: int,
     tag: int,
     assign: bool,
+    budget: Budget | None = None,
 ) -> Iterator[tuple[int, int, int, Plan]]:
     """The one windowed planner: ``(j, lo, hi, plan)`` for the windows in order, window ``j`` (entries
     ``lo:hi`` of the window order) planned on its own stream ``(tag, j)``; one window in memory at a time. A
@@ -199,7 +201,7 @@ def _window_plans(
         hi = int(starts[j + 1])
         rng = epoch_rng(config.seed, epoch, config.strategy, tag, j)
         try:
-            plan = plan_items(items_of(lo, hi), config, epoch, rng=rng, assign=assign)
+            plan = plan_items(items_of(lo, hi), config, epoch, budget=budget, rng=rng, assign=assign)
         except ConfigError:
             if j == n_windows - 1:
                 raise
@@ -217,29 +219,27 @@ def window_pieces(
     *,
     t0: float | None = None,
     assign: bool = True,
-    item_budget: int | None = None,
 ) -> Iterator[Plan]:
     """The epoch dealt to ``windows`` as consecutive plans of whole steps (global sample ids), one window in
     memory at a time; a single window is the in-memory plan. ``progress(done, total)`` after each window
-    (``assign``: see :func:`padfree.core.plan.plan_items`; ``item_budget``: see :func:`deal_windows`)."""
+    (``assign``: see :func:`padfree.core.plan.plan_items`)."""
+    budget = Budget.of(config) if windows.budget is None else windows.budget
     if windows.n_windows == 1:
-        yield plan_in_memory(
-            windows.lengths, config, epoch, path=path, t0=t0, assign=assign, item_budget=item_budget
-        )
+        whole = make_items(windows.lengths.astype(np.int64), budget.item, config.overlong, path)
+        yield plan_items(whole, config, epoch, budget=budget, t0=t0, assign=assign)
         if progress is not None:
             progress(1, 1)
         return
-    budget = config.budget if windows.budget is None else windows.budget
     n = int(windows.lengths.shape[0])
 
     def items_of(lo: int, hi: int) -> Items:
         ids = windows.order[lo:hi]
-        it = make_items(windows.lengths[ids].astype(np.int64), budget, config.overlong, path)
+        it = make_items(windows.lengths[ids].astype(np.int64), budget.item, config.overlong, path)
         gids = ids.astype(np.int64)
         sample = gids if it.sample is None else gids[it.sample]
         return Items(it.length, sample, it.start, n, it.truncated, it.split, it.dropped)
 
-    for j, _, _, plan in _window_plans(windows.starts, items_of, config, epoch, 1, assign):
+    for j, _, _, plan in _window_plans(windows.starts, items_of, config, epoch, 1, assign, budget):
         yield plan
         if progress is not None:
             progress(j + 1, windows.n_windows)
@@ -255,10 +255,10 @@ def plan_stream(
     progress: Callable[[int, int], None] | None = None,
     t0: float | None = None,
     assign: bool = True,
-    item_budget: int | None = None,
+    budget: Budget | None = None,
 ) -> Plan:
     """Plan one epoch window by window and return one compact :class:`Plan` (``assign=False``: steps not
-    yet given to ranks, see :func:`padfree.core.plan.plan_items`; ``item_budget``: see
+    yet given to ranks, see :func:`padfree.core.plan.plan_items`; ``budget``: the segment's, see
     :func:`deal_windows`).
 
     ``indices`` are int32 (when there are fewer than 2**31 samples), ``lengths`` and ``starts`` int32,
@@ -273,10 +273,8 @@ def plan_stream(
     """
     t0 = time.perf_counter() if t0 is None else t0
     epoch = check_epoch(epoch)
-    windows = deal_windows(lengths, config, epoch, window, path, item_budget)
-    pieces = window_pieces(
-        windows, config, epoch, path, progress, t0=t0, assign=assign, item_budget=item_budget
-    )
+    windows = deal_windows(lengths, config, epoch, window, path, budget)
+    pieces = window_pieces(windows, config, epoch, path, progress, t0=t0, assign=assign)
     if windows.n_windows == 1:
         [plan] = pieces
         return plan

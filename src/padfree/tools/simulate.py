@@ -177,13 +177,13 @@ def simulate_dynamic(
     >>> round(row["dynamic_over_static"], 3)  # 1.25 needs the fast rank at 1.2x the mean bin; room: 1.18x
     1.214
     """
-    from padfree.core.balance import Balance, default_headroom, plan_budget, step_layout
+    from padfree.core.balance import Balance, default_headroom, dynamic_budget, step_layout
     from padfree.core.items import make_items, validate_lengths
     from padfree.core.replay import Segment, replay
 
     w, g = config.world_size, config.grad_accum
     items = make_items(validate_lengths(lengths, path), config.budget, config.overlong, path)
-    budget = plan_budget(config, default_headroom(w))  # the sampler's own plan: unassigned steps
+    budget = dynamic_budget(config, headroom=default_headroom(w))  # the sampler's own plan: unassigned steps
     plan, _ = replay(items, config, epoch, [Segment(w, g, 0, budget)])
     rel = 1.0 / speeds
     balance = Balance(true_cost.coefficients, tuple(rel / rel.mean()), fitted=True, recut=True)
