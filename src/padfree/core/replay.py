@@ -29,7 +29,7 @@ from padfree.core.budget import Budget
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items
 from padfree.core.plan import Plan, plan_items
-from padfree.core.stream import plan_items_windowed, plan_stream
+from padfree.core.stream import plan_stream
 from padfree.errors import ConfigError, StateError
 
 
@@ -95,13 +95,15 @@ def plan_rest(
     items: Items, config: PlanConfig, epoch: int, window: int | None = None, budget: Budget | None = None
 ) -> Plan:
     """``plan_items`` on what is left of an epoch (window by window when more than ``window`` items are
-    left), or :func:`one_per_micro` when too little is left. ``config`` is the segment's and ``budget`` its
-    :class:`~padfree.core.budget.Budget`."""
+    left, over the items' own arrays), or :func:`one_per_micro` when too little is left. ``config`` is the
+    segment's and ``budget`` its :class:`~padfree.core.budget.Budget`."""
     if len(items) == 0:
         return one_per_micro(items, config, epoch)
     try:
         if window is not None and len(items) > window:
-            return plan_items_windowed(items, config, epoch, window, in_place=True)
+            return plan_stream(
+                items, config, epoch, window=window, assign=False, budget=budget, in_place=True
+            )
         return plan_items(items, config, epoch, budget=budget, assign=False)
     except ConfigError:
         return one_per_micro(items, config, epoch)
