@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.core.config import MAX_COST, CostModel, PlanConfig, read_cost_file
+from padfree.core.config import MAX_COST, STRATEGIES, CostModel, PlanConfig, read_cost_file
 from padfree.core.cost import imbalance, micro_costs, micro_shapes, rank_costs, step_costs
 from padfree.core.plan import epoch_rng
 from padfree.core.planner import make_plan
@@ -182,13 +182,13 @@ def simulate_dynamic(
     >>> round(row["dynamic_over_static"], 3)  # 1.25 needs the fast rank at 1.2x the mean bin; room: 1.18x
     1.214
     """
-    from padfree.core.balance import Balance, default_headroom, plan_budget, step_layout
+    from padfree.core.balance import Balance, default_headroom, dynamic_budget, step_layout
     from padfree.core.items import make_items, validate_lengths
     from padfree.core.replay import Segment, replay
 
     w, g = config.world_size, config.grad_accum
     items = make_items(validate_lengths(lengths, path), config.budget, config.overlong, path)
-    budget = plan_budget(config, default_headroom(w))  # the sampler's own plan: unassigned steps
+    budget = dynamic_budget(config, headroom=default_headroom(w))  # the sampler's own plan: unassigned steps
     plan, _ = replay(items, config, epoch, [Segment(w, g, 0, budget)])
     rel = 1.0 / speeds
     balance = Balance(true_cost.coefficients, tuple(rel / rel.mean()), fitted=True, recut=True)
@@ -209,7 +209,7 @@ def simulate_dynamic(
 def simulate(
     lengths: np.ndarray,
     config: PlanConfig,
-    strategies: tuple[str, ...] = ("sorted", "random", "bucketed", "packed"),
+    strategies: tuple[str, ...] = STRATEGIES,
     seconds_per_unit: float | None = None,
     naive: bool = True,
     epoch: int = 0,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.core.config import PlanConfig
+from padfree.core.config import STRATEGIES, PlanConfig
 from padfree.core.items import validate_lengths
 from padfree.tools.report.decision import (
     BUCKET_COUNTS,
@@ -51,9 +51,6 @@ __all__ = [
 ]
 
 
-DRAFTER_STRATEGIES = ("sorted", "random", "bucketed", "packed")
-
-
 def drafter_numbers(
     lengths: np.ndarray,
     config: PlanConfig,
@@ -77,9 +74,8 @@ def drafter_numbers(
 
     memory = MemoryModel(**setup["memory_model"])
     sim = simulate(
-        lengths, config, DRAFTER_STRATEGIES, seconds_per_unit, naive=False, path=path, anchors=anchors,
-        memory=memory,
-    )  # fmt: skip
+        lengths, config, STRATEGIES, seconds_per_unit, naive=False, path=path, anchors=anchors, memory=memory
+    )
     keep = ("tokens_per_unit", "ratio_to_sorted", "padding_efficiency", "imbalance", "steps", "draft_blocks",
             "draft_block_efficiency", "tokens_per_second", "epoch_seconds", "peak_bytes")  # fmt: skip
     rows = {s: {k: r[k] for k in keep if k in r} for s, r in sim["strategies"].items()}
