@@ -241,6 +241,7 @@ def memory_model(uses_anchors: bool, shape, recipe):
         block_size=recipe.block_size,
         ttt=recipe.ttt,
         vocab=shape.draft_vocab or shape.vocab,
+        objective=recipe.objective,
     )
 
 

@@ -41,7 +41,18 @@ COPIES_ATTENTION = 3.5
 their gradient), fitted to peaks measured on this CPU (torch 2.13): 3.4 for DFlash's context scores."""
 
 COPIES_ACTIVATION = 1.5
-"""Hidden-sized tensors held per projection at the peak, fitted likewise."""
+"""Hidden-sized tensors held per projection at the peak, fitted likewise (DFlash block queries)."""
+
+COPIES_STEP = 0.6
+"""EAGLE-3: hidden-sized tensors held per projection and test-time-training step, fitted likewise (its steps
+reuse one layer, so autograd keeps less than a layer's worth each)."""
+
+COPIES_STEP_ATTENTION = 1.0
+"""EAGLE-3: ``l x l`` score tensors held per step (the probabilities), fitted likewise."""
+
+LOGIT_COPIES = {"data_ce": 4.0, "argmax_ce": 4.0, "kl": 12.0}
+"""Chunk-of-logits-sized tensors the loss holds by objective (drafter logits, log-softmax, gradient; KL adds
+the target's logits, their restriction, log-softmax and probabilities), fitted likewise."""
 
 
 @dataclass(frozen=True)
@@ -99,14 +110,16 @@ def analytic(
     block_size: int = 16,
     ttt: int = 7,
     vocab: int = 32000,
+    objective: str = "data_ce",
     chunk_bytes: int = 256 * 2**20,
 ) -> MemoryModel:
     """Coefficients from the sizes of a reference drafter (float32): what it keeps per token, per DFlash block
-    and per unit of reach, per EAGLE-3 ``l x l`` score and test-time-training step; one LM-head chunk
-    fixed."""
+    and per unit of reach, per EAGLE-3 ``l x l`` score and test-time-training step; one LM-head chunk of
+    :func:`padfree.drafter.objective.chunk_positions` fixed (its copies by ``objective``)."""
     d = hidden // heads
     act = COPIES_ACTIVATION * FLOAT
-    fixed = float(min(chunk_bytes, 16 * vocab * 4096))  # a chunk's logits, softmax, target and gradient
+    chunk = max(1, chunk_bytes // (16 * max(vocab, 1))) * vocab * FLOAT  # one chunk's float32 logits
+    fixed = float(LOGIT_COPIES.get(objective, 12.0) * chunk)
     # every token: the target's fused layers and final states (kept), the fused context and its keys/values
     token = FLOAT * (2 * fused_layers + 3) * hidden + act * draft_layers * (hidden + 2 * kv_heads * d)
     if uses_anchors:
@@ -114,13 +127,13 @@ def analytic(
         block = block_size * (per_query + COPIES_ATTENTION * FLOAT * draft_layers * heads * block_size)
         reach = 2 * block_size * COPIES_ATTENTION * FLOAT * draft_layers * heads
         return MemoryModel(fixed, token, block, reach, 0.0, f"analytic dflash h{hidden} B{block_size}")
-    per_step = act * (8 * hidden + 3 * intermediate + 2 * kv_heads * d)
+    per_step = COPIES_STEP * FLOAT * (8 * hidden + 3 * intermediate + 2 * kv_heads * d)
     return MemoryModel(
         fixed,
         token + ttt * per_step,
         0.0,
         0.0,
-        COPIES_ATTENTION * FLOAT * heads * ttt,
+        COPIES_STEP_ATTENTION * FLOAT * heads * ttt,
         f"analytic eagle3 h{hidden} ttt{ttt}",
     )
 
@@ -171,3 +184,33 @@ def attention_budget(model: MemoryModel, memory: float, budget: int) -> int | No
             f"({model.source}); raise it or lower --budget"
         )
     return int(spare // model.per_attention)
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux ``/proc``; 0 elsewhere)."""
+    return _status("VmRSS")
+
+
+def peak_resident_bytes() -> int:
+    """This process's resident high-water mark (Linux ``/proc``; 0 elsewhere)."""
+    return _status("VmHWM")
+
+
+def reset_peak() -> None:
+    """Restart the high-water mark at the current resident memory (Linux ``/proc/self/clear_refs``)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _status(key: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
