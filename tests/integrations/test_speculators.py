@@ -4,11 +4,9 @@ backward; documents train as alone; at 2 gloo ranks under their Trainer's own ep
 resumed through their fast-resume hooks, every sample trains exactly once per epoch."""
 
 import json
-import multiprocessing
 import os
 import pickle
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -220,7 +218,7 @@ def cpu_trainer(trainer_mod):
     return CPUTrainer
 
 
-def rank_main(rank, world, store, tmp_path, samples, target, seen, run):
+def rank_main(rank, world, store, tmp_path, samples, target, seen, run):  # noqa: PLR0913
     """One rank: gloo, their Trainer on padfree's sampler and collate, a seen-log line per trained sample."""
     import torch.distributed as dist
 
@@ -258,53 +256,18 @@ def rank_main(rank, world, store, tmp_path, samples, target, seen, run):
     dist.destroy_process_group()
 
 
-def launch(tmp_path, samples, target, seen, run, kill_at=None, world=2, timeout=240):
-    """Fork ``world`` ranks (the test process has imported everything they need); SIGKILL them all once the
-    seen-log shows ``kill_at``, else wait for them to finish."""
-    ctx = multiprocessing.get_context("fork")
-    store = tmp_path / f"store-{run}"
-
-    def child(rank):
-        code = 0
-        try:
-            rank_main(rank, world, store, tmp_path, samples, target, seen, run)
-        except BaseException as err:  # noqa: BLE001 - reported through the file the parent reads
-            (tmp_path / f"error-{run}-{rank}").write_text(repr(err))
-            code = 1
-        os._exit(code)
-
-    procs = [ctx.Process(target=child, args=(r,)) for r in range(world)]
-    for p in procs:
-        p.start()
-    t0 = time.perf_counter()
-    while any(p.is_alive() for p in procs) and time.perf_counter() - t0 < timeout:
-        if kill_at is not None and seen.exists():
-            from padfree.testing import seenlog
-
-            if any(r["run"] == run and r["step"] >= kill_at for r in seenlog.read(seen)):
-                for p in procs:
-                    os.kill(p.pid, signal.SIGKILL)
-                break
-        time.sleep(0.05)
-    for p in procs:
-        p.join(timeout=30)
-        if p.is_alive():
-            p.kill()
-    errors = [f.read_text() for f in tmp_path.glob(f"error-{run}-*")]
-    assert not errors, errors
-    return [p.exitcode for p in procs]
-
-
 @pytest.mark.slow
 def test_two_ranks_killed_and_resumed_train_every_sample_once(tmp_path, samples, target):
-    from padfree.testing import seenlog
+    from padfree.testing import forkranks, seenlog
 
     seen = tmp_path / "seen.jsonl"
     setup(tmp_path, samples, target, "dflash")  # writes their dataset once, before the ranks read it
-    codes = launch(tmp_path, samples, target, seen, "a", kill_at=5)
-    assert codes == [-signal.SIGKILL] * 2
-    codes = launch(tmp_path, samples, target, seen, "b")
-    assert codes == [0, 0]
+
+    def main(run):
+        return lambda rank, world, store: rank_main(rank, world, store, tmp_path, samples, target, seen, run)
+
+    assert forkranks.launch(main("a"), 2, seen, run="a", kill_at=5) == [-signal.SIGKILL] * 2
+    assert forkranks.launch(main("b"), 2, seen, run="b") == [0, 0]
     records = seenlog.read(seen)
     report = seenlog.check_exactly_once(records, N, epochs=2)
     assert report["ok"] and report["runs"] == 2, report

@@ -192,3 +192,25 @@ def speculators_dataset(folder: Any, samples: list[dict], *, max_len: int, trans
     return arrow.ArrowDataset(
         max_len=max_len, datapath=str(folder), transfer=transfer, hidden_states_dtype=torch.float32
     )
+
+
+def specforge_features(folder: Any, samples: list[dict], target: Any, layers: tuple[int, ...]) -> list[str]:
+    """Write ``samples`` as SpecForge offline DFlash feature files (``input_ids``, ``loss_mask``,
+    ``hidden_states`` ``[1, L, len(layers) * H]`` from ``target`` run on each sample alone), one
+    ``data_{i}.ckpt`` each, named so their sorted listing keeps the samples' order. Returns the paths."""
+    from pathlib import Path
+
+    from padfree.drafter.contract import build_contract
+    from padfree.drafter.target import run_target
+
+    root = Path(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, s in enumerate(samples):
+        ids = torch.as_tensor(np.asarray(s["input_ids"]), dtype=torch.long)
+        mask = torch.as_tensor(np.asarray(s["loss_mask"]), dtype=torch.long)
+        out = run_target(target, build_contract([(ids.numpy(), mask.numpy())]), layers)
+        path = root / f"data_{i:06d}.ckpt"
+        torch.save({"input_ids": ids, "loss_mask": mask, "hidden_states": out.hidden}, path)
+        paths.append(str(path))
+    return paths
