@@ -1,6 +1,5 @@
 """padfree.drafter.feed against speculators' own DFlashDraftModel and Eagle3DraftModel (their 0.9.0 wheel):
-fed a
-packed padfree batch with their own target_layer_ids and their trainer's keywords, every document's loss
+fed a packed padfree batch with their own target_layer_ids and their trainer's keywords, every document's loss
 equals the document alone, and the packed row's gradient is the alone gradients weighted as their row mean
 weighs them."""
 

@@ -1,9 +1,9 @@
 """padfree.integrations.specforge in SpecForge's own offline data plane and trainer (their 0.2.0 wheel):
-feature
-files in their format read through their manifest reader, store, normalizer, collator and FeatureDataLoader;
-their OnlineDFlashModel through their DFlashTrainStrategy, padded rows unmodified and packed rows patched,
-every document's loss equal to it alone; at 2 gloo ranks under their TrainerController, CheckpointManager and
-DDP backend, SIGKILLed and resumed through seek(), every sample trains exactly once per epoch."""
+feature files in their format read through their manifest reader, store, normalizer, collator and
+FeatureDataLoader; their OnlineDFlashModel through their DFlashTrainStrategy, padded rows unmodified and
+packed rows patched, every document's loss equal to it alone; at 2 gloo ranks under their TrainerController,
+CheckpointManager and DDP backend, SIGKILLed and resumed through seek(), every sample trains exactly once per
+epoch."""
 
 import os
 import signal
@@ -262,3 +262,36 @@ def test_two_ranks_killed_and_resumed_train_every_sample_once(tmp_path, features
     assert report["ok"] and report["runs"] == 2, report
     first = min(r["step"] for r in records if r["run"] == "b")
     assert first > 0  # resumed from their checkpoint, through seek()
+
+
+def test_packed_document_term_is_the_same_for_their_dense_and_flex_masks():
+    from padfree.integrations.specforge import _same_document
+    from padfree.testing.peers import import_peer
+
+    family = import_peer("specforge", "algorithms.common.dflash_family_model")
+    doc = torch.tensor([[0, 0, 0, 0, -1, -1, 1, 1, 1, -1, -1, 2, 2, 2, 2, 2]])
+    pos = torch.tensor([[0, 1, 2, 3, 0, 0, 0, 1, 2, 0, 0, 0, 1, 2, 3, 4]])
+    anchors, keep = torch.tensor([[1, 7, 12, 0]]), torch.tensor([[True, True, True, False]])
+    s, block = doc.shape[1], 3
+    args = {
+        "anchor_positions": anchors,
+        "block_keep_mask": keep,
+        "S": s,
+        "block_size": block,
+        "device": "cpu",
+    }
+    fields = {"document_ids": doc, "position_ids": pos, "padfree_anchors": anchors}
+    kwargs = {"position_ids": torch.zeros(1, s + 4 * block, dtype=torch.long)}
+    dense = _same_document(
+        {**kwargs, "attention_mask": family.create_dflash_sdpa_mask(**args)}, fields, block
+    )
+    flex = _same_document(
+        {**kwargs, "attention_mask": family.create_dflash_block_mask(**args)}, fields, block
+    )
+    q, kv = torch.meshgrid(torch.arange(4 * block), torch.arange(s + 4 * block), indexing="ij")
+    zero = torch.zeros_like(q)
+    grid = flex["attention_mask"].mask_mod(zero, zero, q, kv)
+    assert torch.equal(grid, dense["attention_mask"][0, 0])
+    # a block sees context of its own document only: anchor 7 (document 1) sees 6, not 0..3
+    assert dense["attention_mask"][0, 0, block, :s].nonzero().reshape(-1).tolist() == [6]
+    assert dense["position_ids"][0, s:].tolist() == [1, 2, 3, 1, 2, 3, 1, 2, 3, 0, 1, 2]

@@ -102,8 +102,7 @@ def _smallest(allowed: tuple[int, ...], n: int, what: str) -> int:
 @dataclass(frozen=True)
 class ShapeSet:
     """The row lengths and DFlash anchor slots a fed model may see, so that a compiled model meets a handful
-    of
-    shapes instead of one per batch.
+    of shapes instead of one per batch.
 
     Attributes:
         lengths: allowed row lengths, ascending; a row is padded to the smallest one that holds it.

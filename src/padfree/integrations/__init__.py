@@ -4,5 +4,4 @@ SpecForge's offline runs (:mod:`padfree.integrations.specforge`).
 
 Neither trainer is a padfree dependency: these modules import their packages only when a function that needs
 them runs, so ``import padfree.integrations.speculators`` works without speculators installed. Guide:
-docs/integrations.md.
-"""
+docs/integrations.md."""

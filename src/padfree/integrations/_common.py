@@ -18,8 +18,7 @@ from padfree.errors import ConfigError
 @dataclass(frozen=True)
 class BatchInfo:
     """Where a planned micro-batch comes from: its epoch, its step (this rank's micro-batch number in the
-    epoch)
-    and its sample ids (``indices``), which :class:`padfree.torch.PlannedDataset` hands to the collate
+    epoch) and its sample ids (``indices``), which :class:`padfree.torch.PlannedDataset` hands to the collate
     function beside the items."""
 
     epoch: int

@@ -1,6 +1,5 @@
 """padfree in a SpecForge offline run: a cached length and anchor index of the feature files, and a loader
-with
-``FeatureDataLoader``'s interface that yields padfree's plan for this rank in their batch keys.
+with ``FeatureDataLoader``'s interface that yields padfree's plan for this rank in their batch keys.
 
 Their offline data plane: ``OfflineManifestReader(...).read()`` lists the feature files as ``SampleRef``s (it
 opens none: ``num_tokens`` stays 0), ``_shard_offline_refs`` deals them to ranks like ``DistributedSampler``,
@@ -64,9 +63,8 @@ _FORMAT = 1
 @dataclass(frozen=True)
 class LengthIndex:
     """Per sample of a manifest (in its order): tokens as their normalizer keeps them (``min(n, max_len)``)
-    and
-    DFlash anchors under ``policy`` on those tokens (0: no valid anchor; their DFlash normalizer refuses such
-    a sample). ``key`` names the files and rule it was built from."""
+    and DFlash anchors under ``policy`` on those tokens (0: no valid anchor; their DFlash normalizer refuses
+    such a sample). ``key`` names the files and rule it was built from."""
 
     lengths: np.ndarray
     anchors: np.ndarray
@@ -202,8 +200,7 @@ def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
 
 class PlanFeatureLoader:
     """A drop-in for SpecForge's offline ``FeatureDataLoader`` (refs mode) that yields this rank's
-    micro-batches
-    of one padfree plan of the whole manifest.
+    micro-batches of one padfree plan of the whole manifest.
 
     Args:
         store: their ``LocalFeatureStore`` (``file://`` refs are read in place).
@@ -443,11 +440,10 @@ def install(
     model: Any, loader: PlanFeatureLoader, *, on_batch: Callable[[np.ndarray, int], None] | None = None
 ) -> Installed:
     """Patch SpecForge's ``OnlineDFlashModel`` ``model`` for batches of ``loader``: each forward (their
-    strategy
-    calls ``model(input_ids=..., hidden_states=..., loss_mask=...)``) must be of the batch ``loader`` yielded
-    last (checked); its anchors are that batch's ``padfree_anchors``, and on packed rows the draft model sees
-    only each block's own document at restarting positions. ``on_batch(sample_ids, epoch)`` is called before
-    each forward."""
+    strategy calls ``model(input_ids=..., hidden_states=..., loss_mask=...)``) must be of the batch
+    ``loader`` yielded last (checked); its anchors are that batch's ``padfree_anchors``, and on packed rows
+    the draft model sees only each block's own document at restarting positions. ``on_batch(sample_ids,
+    epoch)`` is called before each forward."""
     block = int(model.block_size)
 
     def anchors(seq_len: int, loss_mask: torch.Tensor, device: Any) -> tuple[torch.Tensor, torch.Tensor]:

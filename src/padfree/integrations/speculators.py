@@ -1,7 +1,6 @@
 """padfree in a vllm ``speculators`` run: a batch sampler, a collate wrapper and a model hook that drop into
-their
-data plane (``ArrowDataset`` -> ``MultipackDistributedBatchSamplerV2`` -> ``CollateFn`` -> one packed row per
-rank per step -> ``model(**batch, **train_call_kwargs)``).
+their data plane (``ArrowDataset`` -> ``MultipackDistributedBatchSamplerV2`` -> ``CollateFn`` -> one packed
+row per rank per step -> ``model(**batch, **train_call_kwargs)``).
 
 * :class:`PadfreeMultipackSampler` takes ``MultipackDistributedBatchSamplerV2``'s arguments
   (``batch_max_length, lengths, num_replicas, rank, truncate_long_samples, seed, max_batches``) plus a

@@ -32,8 +32,7 @@ def launch(
     timeout: float = 300.0,
 ) -> list[int | None]:
     """Fork ``world`` ranks running ``main(rank, world, store_file)``; SIGKILL every rank once ``seen_log``
-    holds a
-    line of ``run`` at step ``>= kill_at`` (``None``: wait for them to finish)."""
+    holds a line of ``run`` at step ``>= kill_at`` (``None``: wait for them to finish)."""
     ctx = multiprocessing.get_context("fork")
     scratch = Path(tempfile.mkdtemp(prefix=f"forkranks-{run}-"))
     store = str(scratch / "store")
