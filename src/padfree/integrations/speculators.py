@@ -92,7 +92,7 @@ def count_anchors(loss_masks: Any, recipe: Recipe | None = None, *, max_len: int
     rec = _recipe("dflash", recipe)
     if isinstance(loss_masks, tuple) and len(loss_masks) == 2:
         flat, offsets = (np.asarray(x) for x in loss_masks)
-    elif hasattr(loss_masks, "data") or hasattr(loss_masks, "with_format"):
+    elif hasattr(loss_masks, "with_format") or hasattr(getattr(loss_masks, "data", None), "with_format"):
         flat, offsets = dataset_loss_masks(loss_masks)
     else:
         parts = [np.asarray(m).reshape(-1).astype(bool) for m in loss_masks]
