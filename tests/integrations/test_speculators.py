@@ -17,7 +17,7 @@ from padfree.testing.peers import peer_missing
 REASON = peer_missing("speculators")
 pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON)
 
-VOCAB, BLOCK, BUDGET, N = 256, 4, 512, 24
+VOCAB, BLOCK, BUDGET, WIDTH, N = 256, 4, 512, 256, 24
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1):
     transfer = drafters.TargetTransfer(target, samples, feed.target_layers(model))
     ds = drafters.speculators_dataset(tmp_path / f"data-{method}", samples, max_len=BUDGET, transfer=transfer)
     anchors = sp.count_anchors(ds, rec, max_len=BUDGET) if method == "dflash" else None
-    config = PlanConfig(strategy="packed", anchor_budget=BUDGET if method == "dflash" else None)
+    config = PlanConfig(strategy="packed", anchor_budget=WIDTH if method == "dflash" else None)
     sampler = sp.PadfreeMultipackSampler(
         BUDGET, ds.approx_lengths, world, rank, seed=seed, config=config, anchors=anchors, recipe=rec
     )
@@ -76,7 +76,7 @@ def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1):
     their = data.CollateFn(BUDGET, 64, len(model.target_layer_ids), torch.float32, preprocess=shift)
     collate = sp.PadfreeCollate(their, method=method, recipe=rec, seed=seed, shapes=sampler.shapes)
     loader = DataLoader(PlannedDataset(ds), batch_sampler=sampler, collate_fn=collate)
-    kwargs = sp.trainer_kwargs(model, rec, loss_implementation="eager", max_anchors=BUDGET)
+    kwargs = sp.trainer_kwargs(model, rec, loss_implementation="eager", max_anchors=WIDTH)
     return model, ds, sampler, collate, loader, kwargs, transfer
 
 
@@ -99,7 +99,7 @@ def test_their_pipeline_trains_each_document_as_alone(tmp_path, samples, target,
     assert sorted(int(i) for b in batches for i in b["padfree_sample_ids"]) == list(range(N))
     assert {b["input_ids"].shape[1] for b in batches} <= set(sampler.shapes.lengths)  # a few shapes only
     if method == "dflash":
-        assert {b["padfree_anchors"].shape[0] for b in batches} == {BUDGET}  # one anchor width
+        assert {b["padfree_anchors"].shape[0] for b in batches} == {WIDTH}  # one anchor width
     batch = max(batches, key=lambda b: len(b["padfree_sample_ids"]))
     ids = batch["padfree_sample_ids"].tolist()
     assert len(ids) >= 2 and int(batch["padfree_epoch"]) == 1
@@ -118,7 +118,7 @@ def test_their_pipeline_trains_each_document_as_alone(tmp_path, samples, target,
     assert torch.isfinite(loss) and any(
         p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters()
     )
-    for d, sid in enumerate(ids):
+    for d, sid in enumerate(ids[:3]):
         with torch.no_grad():
             one = dict(batch)
             one["loss_mask"] = batch["loss_mask"] * (batch["document_ids"] == d)
