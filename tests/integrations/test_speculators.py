@@ -277,3 +277,29 @@ def test_two_ranks_killed_and_resumed_train_every_sample_once(tmp_path, samples,
     # their fast resume sliced padfree's batch list: the resumed run fetched only the samples it trained
     fetched = sum((json.loads((tmp_path / f"fetched-b-{r}.json").read_text()) for r in range(2)), [])
     assert sorted(fetched) == sorted(r["index"] for r in resumed)
+
+
+def test_their_select_anchors_is_answered_in_both_signatures_and_restored():
+    from padfree.drafter.feed import AnchorChoice
+    from padfree.integrations import speculators as sp
+    from padfree.testing.peers import import_peer
+
+    core = import_peer("speculators", "models.dflash.core")
+    theirs = core.select_anchors
+    handle = sp.install(torch.nn.Linear(1, 1))
+    assert core.select_anchors is not theirs
+    mask = torch.ones(1, 20, dtype=torch.long)
+    torch.manual_seed(0)
+    a, v = core.select_anchors(mask, 5, 4)  # no padfree batch in flight: theirs
+    torch.manual_seed(0)
+    assert [t.tolist() for t in (a, v)] == [t.tolist() for t in theirs(mask, 5, 4)]
+    sp._local.choice = AnchorChoice(torch.tensor([3, 9]), 4, 8)
+    try:
+        a, v = core.select_anchors(mask, 5, 4)  # today's: num_anchors slots
+        assert a.tolist() == [3, 9, 0, 0, 0] and v.tolist() == [True, True, False, False, False]
+        a, v = core.select_anchors(mask, 512, 4, torch.zeros(1, 20, dtype=torch.long))  # PR #1071's
+        assert a.shape == (8,) and a[v].tolist() == [3, 9]
+    finally:
+        sp._local.choice = None
+    handle.remove()
+    assert core.select_anchors is theirs

@@ -174,9 +174,9 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
 
     @property
     def shapes(self) -> ShapeSet:
-        """The row lengths and the anchor width :class:`PadfreeCollate` should pad to (four lengths up to the
-        budget; the plan's anchor budget)."""
-        return ShapeSet.spread(self.batch_max_length, 4, anchors=self.config.anchor_budget)
+        """The row lengths and the anchor width :class:`PadfreeCollate` should pad to: eight lengths up to the
+        budget (a packed row is cut to the smallest that holds it), the plan's anchor budget."""
+        return ShapeSet.spread(self.batch_max_length, 8, anchors=self.config.anchor_budget)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
