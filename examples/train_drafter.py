@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--anchor-budget", type=NUMERIC["--anchor-budget"], default=None, help="blocks per micro-batch"
     )
-    p.add_argument("--draft-layers", type=NUMERIC["--target-layers"], default=1, help="DFlash draft layers")
+    p.add_argument("--draft-layers", type=NUMERIC["--draft-layers"], default=1, help="DFlash draft layers")
     p.add_argument("--anchor-log", default=None, help="append each trained sample's anchors (DFlash)")
     p.set_defaults(vocab_size=2048, budget=1024, overlong="truncate")  # tiny defaults that run as they are
     return p.parse_args(argv)

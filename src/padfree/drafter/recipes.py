@@ -3,7 +3,7 @@ user runs their DFlash or EAGLE-3 configs, field by field, so padfree trains (an
 same workload. No torch here: the planner and the CLI read recipes too.
 
 Every value comes from the recipes' source; docs/drafters.md ("Recipes") gives the file and line of each, read
-at SpecForge a6b6b023 and speculators c05b95b3 (``../shared/notes/drafter-recipes.md``). A recipe is a frozen
+at SpecForge a6b6b023 and speculators c05b95b3. A recipe is a frozen
 dataclass; :func:`get` returns a preset for a method, :func:`override` changes fields one by one (the CLI's
 ``--recipe speculators --block-size 8``), checking every value.
 
