@@ -230,7 +230,7 @@ def trainer_kwargs(
     ``dpace_alpha`` and ``max_anchors`` (the fixed anchor width; default the recipe's cap); EAGLE-3
     ``ttt_steps`` and ``ttt_step_loss_decay``. ``loss_implementation="eager"`` runs without Triton (CPU)."""
     cls = type(model)
-    if recipe.method == "dflash":
+    if methods.get(recipe.method).uses_anchors:
         if recipe.objective not in _LOSS_FN or recipe.slot_weights not in _SLOT_WEIGHTS:
             raise ConfigError(
                 f"recipe {recipe.name}: speculators' DFlash trains {' or '.join(_LOSS_FN)} with "

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 from padfree.core.anchors import AnchorPolicy
+from padfree.drafter import methods
 from padfree.errors import ConfigError
 
 OBJECTIVES = ("data_ce", "argmax_ce", "kl")
@@ -122,7 +123,7 @@ class Recipe:
 
     def describe(self) -> str:
         """One line: the recipe and the values that set the drafter's work and its loss."""
-        if self.method == "dflash":
+        if methods.get(self.method).uses_anchors:
             w = {"exp": f"exp(-(k-1)/{self.gamma:g})", "dpace": f"D-PACE a={self.dpace_alpha:g}"}.get(
                 self.slot_weights, "uniform"
             )

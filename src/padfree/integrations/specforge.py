@@ -49,7 +49,7 @@ from padfree.core.anchors import AnchorPolicy, anchor_counts
 from padfree.core.config import PlanConfig
 from padfree.core.plan import Plan
 from padfree.core.planner import make_plan
-from padfree.drafter import recipes
+from padfree.drafter import methods, recipes
 from padfree.drafter.feed import ShapeSet
 from padfree.drafter.recipes import Recipe
 from padfree.errors import ConfigError, InputError
@@ -237,11 +237,10 @@ class PlanFeatureLoader:
         device: Any = "cpu",
         num_workers: int = 0,
     ) -> None:
-        if strategy not in ("dflash", "eagle3"):
-            raise ConfigError(f"strategy must be dflash or eagle3 (got {strategy!r})")
+        spec = methods.get(strategy)
         if layout not in ("padded", "packed"):
             raise ConfigError(f"layout must be padded or packed (got {layout!r})")
-        if layout == "packed" and strategy != "dflash":
+        if layout == "packed" and not spec.uses_anchors:
             raise ConfigError("packed rows need a patched model: only SpecForge's DFlash has one (install)")
         if config.packed != (layout == "packed"):
             raise ConfigError(
@@ -264,7 +263,7 @@ class PlanFeatureLoader:
         self.layout, self.shapes, self.index = layout, shapes, index
         self.gap = self.recipe.block_size - 1 if layout == "packed" else 0
         self._plan_lengths = index.lengths + self.gap
-        self._anchors = index.anchors if strategy == "dflash" else None
+        self._anchors = index.anchors if spec.uses_anchors else None
         fdl: Any = importlib.import_module("specforge.runtime.data_plane.feature_dataloader")
         self._inner = fdl.FeatureDataLoader(
             store,

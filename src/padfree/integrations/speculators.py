@@ -37,7 +37,7 @@ from padfree.core.anchors import AnchorPolicy, anchor_counts
 from padfree.core.config import PlanConfig
 from padfree.core.plan import Plan
 from padfree.core.planner import make_plan
-from padfree.drafter import recipes
+from padfree.drafter import methods, recipes
 from padfree.drafter.feed import AnchorChoice, ShapeSet, trainer_kwargs
 from padfree.drafter.recipes import Recipe
 from padfree.errors import ConfigError, InputError
@@ -144,7 +144,8 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
         self.batch_max_length = int(batch_max_length)
         self.max_batches = max_batches
         self.lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
-        self.recipe = _recipe("eagle3" if anchors is None else "dflash", recipe)
+        anchored = [m.name for m in methods.METHODS.values() if m.uses_anchors == (anchors is not None)]
+        self.recipe = _recipe(anchored[0], recipe)
         base = config or PlanConfig(strategy="packed", cost=drafter_cost(self.recipe))
         if not base.packed:
             raise ConfigError(
@@ -225,8 +226,7 @@ class PadfreeCollate:
         seed: int = 0,
         shapes: ShapeSet | None = None,
     ) -> None:
-        if method not in ("dflash", "eagle3"):
-            raise ConfigError(f"method must be dflash or eagle3 (got {method!r})")
+        methods.get(method)  # a registered method, else one line
         self.collate_fn = collate_fn
         self.method = method
         self.recipe = _recipe(method, recipe)
@@ -258,7 +258,7 @@ class PadfreeCollate:
         starts = (
             np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64) if lens else np.zeros(0, np.int64)
         )
-        if self.method == "eagle3":
+        if not methods.get(self.method).uses_anchors:
             pos = (
                 torch.arange(width)
                 - torch.as_tensor(starts, dtype=torch.long)[out["document_ids"][0].clamp(min=0)]
