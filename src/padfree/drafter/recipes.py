@@ -201,6 +201,15 @@ def _check(r: Recipe) -> None:
         )
 
 
+_EAGLE3: dict = {
+    "method": "eagle3",
+    "objective": "kl",
+    "fused_layers": 3,
+    "layer_rule": "low_mid_high",
+    "draft_vocab": 32000,
+}
+"""What both EAGLE-3 recipes share: KL to the target over a 32K draft vocabulary, three fused layers."""
+
 PRESETS: dict[tuple[str, str], Recipe] = {
     (r.name, r.method): r
     for r in (
@@ -235,16 +244,12 @@ PRESETS: dict[tuple[str, str], Recipe] = {
         ),
         Recipe(
             name="specforge",
-            method="eagle3",
             source="SpecForge a6b6b023: specforge/algorithms/eagle3/{model,data}.py; specforge/core/loss.py",
-            objective="kl",
+            **_EAGLE3,
             normalization="positions",
-            fused_layers=3,
-            layer_rule="low_mid_high",
             ttt=7,
             step_decay=0.8,
             loss_gate=0,
-            draft_vocab=32000,
             out_of_vocab="drop",
             head_init="random",
             head_trainable=True,
@@ -252,18 +257,14 @@ PRESETS: dict[tuple[str, str], Recipe] = {
         ),
         Recipe(
             name="speculators",
-            method="eagle3",
             source="vllm speculators c05b95b3: models/eagle3/core.py; train/config/schema.py; "
             "losses/utils.py; train/dataloader.py",
-            objective="kl",
+            **_EAGLE3,
             normalization="document",
-            fused_layers=3,
-            layer_rule="low_mid_high",
             noise=0.05,
             ttt=3,
             step_decay=1.0,
             loss_gate=1,
-            draft_vocab=32000,
             out_of_vocab="keep",
             head_init="target",
             head_trainable=False,

@@ -53,27 +53,37 @@ def _share(model: Any, target: Any) -> Any:
     return model
 
 
+def _speculators_model(
+    kind: str, target: Any, layer_config: Any, speculative: int, seed: int, **extra
+) -> Any:
+    """speculators' draft model ``kind`` (SDPA attention) with ``layer_config``'s class for its layers."""
+    package = import_peer("speculators", f"models.{kind}")
+    core = import_peer("speculators", f"models.{kind}.core")
+    vocab = int(target.config.vocab_size)
+    tl = layer_config(**DRAFT_SIZES, vocab_size=vocab)
+    tl._attn_implementation = "sdpa"
+    config = {"dflash": "DFlashSpeculatorConfig", "eagle3": "Eagle3SpeculatorConfig"}[kind]
+    model = {"dflash": "DFlashDraftModel", "eagle3": "Eagle3DraftModel"}[kind]
+    cfg = getattr(package, config)(
+        transformer_layer_config=tl,
+        speculators_config=_speculators_config(kind, target, speculative),
+        draft_vocab_size=vocab,
+        **extra,
+    )
+    torch.manual_seed(seed)
+    return _share(getattr(core, model)(cfg), target)
+
+
 def speculators_dflash(
     target: Any, layers: tuple[int, ...], *, block_size: int, mask_token_id: int, seed: int = 0
 ) -> Any:
     """speculators' ``DFlashDraftModel`` (SDPA attention) fusing padfree ``layers`` of ``target``."""
     from transformers import Qwen3Config
 
-    core = import_peer("speculators", "models.dflash.core")
-    dflash = import_peer("speculators", "models.dflash")
-    vocab = int(target.config.vocab_size)
-    tl = Qwen3Config(**DRAFT_SIZES, vocab_size=vocab)
-    tl._attn_implementation = "sdpa"
-    cfg = dflash.DFlashSpeculatorConfig(
-        transformer_layer_config=tl,
-        speculators_config=_speculators_config("dflash", target, block_size - 1),
-        draft_vocab_size=vocab,
-        block_size=block_size,
-        aux_hidden_state_layer_ids=their_layer_ids(layers),
-        mask_token_id=mask_token_id,
-    )
-    torch.manual_seed(seed)
-    return _share(core.DFlashDraftModel(cfg), target)
+    return _speculators_model(
+        "dflash", target, Qwen3Config, block_size - 1, seed, block_size=block_size,
+        aux_hidden_state_layer_ids=their_layer_ids(layers), mask_token_id=mask_token_id,
+    )  # fmt: skip
 
 
 def speculators_eagle3(target: Any, layers: tuple[int, ...], *, ttt: int, seed: int = 0) -> Any:
@@ -81,22 +91,10 @@ def speculators_eagle3(target: Any, layers: tuple[int, ...], *, ttt: int, seed: 
     their CLI defaults for EAGLE-3) fusing padfree ``layers`` of ``target``."""
     from transformers import LlamaConfig
 
-    core = import_peer("speculators", "models.eagle3.core")
-    eagle3 = import_peer("speculators", "models.eagle3")
-    vocab = int(target.config.vocab_size)
-    tl = LlamaConfig(**DRAFT_SIZES, vocab_size=vocab)
-    tl._attn_implementation = "sdpa"
-    cfg = eagle3.Eagle3SpeculatorConfig(
-        transformer_layer_config=tl,
-        speculators_config=_speculators_config("eagle3", target, ttt),
-        draft_vocab_size=vocab,
-        norm_before_residual=False,
-        norm_before_fc=True,
-        norm_output=True,
-        eagle_aux_hidden_state_layer_ids=their_layer_ids(layers),
-    )
-    torch.manual_seed(seed)
-    return _share(core.Eagle3DraftModel(cfg), target)
+    return _speculators_model(
+        "eagle3", target, LlamaConfig, ttt, seed, norm_before_residual=False, norm_before_fc=True,
+        norm_output=True, eagle_aux_hidden_state_layer_ids=their_layer_ids(layers),
+    )  # fmt: skip
 
 
 def specforge_dflash(
