@@ -1,5 +1,5 @@
-"""``padfree check-drafter`` over every real sample file and tokenizer in ../shared (both methods; per
-document packed and padded, and ``--leaky``): a markdown table and JSON of what each run reports.
+"""``padfree check-drafter`` over every real sample file and tokenizer in ../shared (both methods, every
+recipe; per document packed and padded, and ``--leaky``): a markdown table and JSON of what each run reports.
 
 Runs the check in one process (``padfree.drafter.check.check_drafter``, what the CLI calls) to pay the
 imports once; each row states the equivalent CLI command. A file that cannot be read is a row with the
@@ -22,6 +22,7 @@ RUNS = (("packed", False), ("padded", False), ("packed", True), ("padded", True)
 def main() -> None:
     from padfree.commands.check_drafter import supervised_window
     from padfree.data.samples import load_samples
+    from padfree.drafter import recipes
     from padfree.drafter.check import check_drafter
     from padfree.drafter.methods import METHODS
     from padfree.errors import PadfreeError
@@ -32,6 +33,7 @@ def main() -> None:
     p.add_argument("--docs", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--recipes", default=",".join(recipes.NAMES), help="comma-separated recipe presets")
     a = p.parse_args()
     toks = sorted(t for t in a.tokenizers.iterdir() if t.suffix in (".model", ".json"))
     rows = []
@@ -43,48 +45,50 @@ def main() -> None:
                 rows.append({"file": f.name, "tokenizer": tok.name, "error": str(e)})
                 print(f.name, tok.name, "unreadable:", e, flush=True)
                 continue
-            for method in METHODS:
-                for layout, leaky in RUNS:
-                    cmd = (
-                        f"padfree check-drafter --method {method} --data {f.name} --tokenizer {tok.name}"
-                        f" --docs {a.docs} --max-tokens {a.max_tokens} --layout {layout}"
-                        + (" --leaky" if leaky else "")
-                    )
-                    row: dict = {"file": f.name, "tokenizer": tok.name, "method": method, "layout": layout}
-                    row |= {"leaky": leaky, "command": cmd}
-                    try:
-                        r = check_drafter(method, samples, leaky=leaky, layout=layout)
-                    except PadfreeError as e:  # what the CLI prints on one line with exit 2
-                        row |= {"exit": 2, "verdict": "refused", "reason": str(e)}
-                    else:
-                        row |= {
-                            "exit": 0 if r.ok else 1,
-                            "verdict": "OK" if r.ok else "LEAK",
-                            "reason": r.reason,
-                            "max_hidden_diff": r.max_hidden_diff,
-                            "docs_differ": r.docs_differ,
-                            "cross_pairs": r.cross_pairs,
-                            "cross_inputs": r.cross_inputs,
-                            "cross_labels": r.cross_labels,
-                            "cross_supervised": r.cross_supervised,
-                        }
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+            for method, name, layout, leaky in (
+                (m, n, lay, lk) for m in METHODS for n in a.recipes.split(",") for lay, lk in RUNS
+            ):
+                cmd = (
+                    f"padfree check-drafter --method {method} --recipe {name} --data {f.name} --tokenizer "
+                    f"{tok.name} --docs {a.docs} --max-tokens {a.max_tokens} --layout {layout}"
+                    + (" --leaky" if leaky else "")
+                )
+                row: dict = {"file": f.name, "tokenizer": tok.name, "method": method, "recipe": name}
+                row |= {"layout": layout, "leaky": leaky, "command": cmd}
+                try:
+                    recipe = recipes.get(name, method)
+                    r = check_drafter(method, samples, recipe=recipe, leaky=leaky, layout=layout)
+                except PadfreeError as e:  # what the CLI prints on one line with exit 2
+                    row |= {"exit": 2, "verdict": "refused", "reason": str(e)}
+                else:
+                    row |= {
+                        "exit": 0 if r.ok else 1,
+                        "verdict": "OK" if r.ok else "LEAK",
+                        "reason": r.reason,
+                        "max_hidden_diff": r.max_hidden_diff,
+                        "docs_differ": r.docs_differ,
+                        "cross_pairs": r.cross_pairs,
+                        "cross_inputs": r.cross_inputs,
+                        "cross_labels": r.cross_labels,
+                        "cross_supervised": r.cross_supervised,
+                    }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = [
-        "| file | tokenizer | method | layout | leaky | exit | docs differ | cross pairs | cross inputs"
-        " | cross labels | of which supervised | reason |",
-        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| file | tokenizer | method | recipe | layout | leaky | exit | docs differ | cross pairs"
+        " | cross inputs | cross labels | of which supervised | reason |",
+        "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for x in rows:
         head = f"| {x['file']} | {x['tokenizer']} | "
         if "error" in x:
-            lines.append(head + f"- | - | - | - | | | | | | unreadable: {x['error']} |")
+            lines.append(head + f"- | - | - | - | - | | | | | | unreadable: {x['error']} |")
             continue
         keys = ("docs_differ", "cross_pairs", "cross_inputs", "cross_labels", "cross_supervised")
         counts = " | ".join(str(x.get(k, "")) for k in keys)
-        run = f"{x['method']} | {x['layout']} | {'yes' if x['leaky'] else 'no'} | {x['exit']}"
+        run = f"{x['method']} | {x['recipe']} | {x['layout']} | {'yes' if x['leaky'] else 'no'} | {x['exit']}"
         lines.append(head + f"{run} | {counts} | {x['reason'] or 'OK'} |")
     (a.out / "results.md").write_text("\n".join(lines) + "\n")
 

@@ -93,7 +93,7 @@ def dflash(dcore, target, items, vocab, block):
     def run(batch, padfree_anchors):
         kw, fn = dflash_inputs(batch, run_target(target, batch.contract, (1, 3)))
         dcore.select_anchors = fn if padfree_anchors else theirs
-        n = kw.pop("max_anchors") if padfree_anchors else (kw.pop("max_anchors"), 512)[1]
+        n = max(1, len(batch.fields.anchors)) if padfree_anchors else 512
         torch.manual_seed(1)
         with torch.no_grad():
             _, logits, _, amask, idx = model._backbone_forward(**kw, max_anchors=n)

@@ -43,11 +43,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from train import add_run_args, resume_from, setup_distributed, shared_run_id, train_loop
 
-from padfree.commands.common import NUMERIC, add_recipe_arguments, recipe_from_args
+from padfree.commands.common import NUMERIC, Bounded, add_recipe_arguments, recipe_from_args
 from padfree.core.anchors import anchor_counts
+from padfree.core.cost import micro_shapes
+from padfree.core.planner import make_plan
+from padfree.drafter import memory as drafter_memory
 from padfree.drafter.collate import DrafterCollator
 from padfree.drafter.methods import METHODS, cost_model
-from padfree.drafter.train import TINY_TARGET, build_models, loss_sums, token_counts
+from padfree.drafter.train import TINY_TARGET, build_models, loss_sums, memory_model, token_counts
 from padfree.errors import PadfreeError
 from padfree.torch import PlanBatchSampler, PlannedDataset, all_reduce_sum, step_loss, sync_unless
 from padfree.torch.checkpoint import CheckpointDir
@@ -67,8 +70,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--anchor-budget", type=NUMERIC["--anchor-budget"], default=None, help="blocks per micro-batch"
     )
-    p.add_argument("--draft-layers", type=NUMERIC["--target-layers"], default=1, help="DFlash draft layers")
+    p.add_argument("--draft-layers", type=NUMERIC["--draft-layers"], default=1, help="DFlash draft layers")
     p.add_argument("--anchor-log", default=None, help="append each trained sample's anchors (DFlash)")
+    p.add_argument(
+        "--memory-gb",
+        type=Bounded(float, 0, 2**20, above=True),
+        default=None,
+        help="activation memory a micro-batch may take (GiB): bounds its draft blocks / attention",
+    )
     p.set_defaults(vocab_size=2048, budget=1024, overlong="truncate")  # tiny defaults that run as they are
     return p.parse_args(argv)
 
@@ -132,6 +141,9 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     config = plan_config(args).with_(
         cost=cost, anchor_budget=args.anchor_budget if spec.uses_anchors else None
     )
+    memory = memory_model(models)
+    if args.memory_gb is not None:
+        config = memory_bound(config, memory, args.memory_gb * 2**30, spec.uses_anchors, recipe.ttt)
     sampler = PlanBatchSampler(
         lengths,
         config,
@@ -150,6 +162,10 @@ def train(args, rank, world, device, ckpt, stop) -> int:
             f"budget {args.budget}: they are planned and trained with no loss"
         )
 
+    plan = make_plan(lengths, config.with_(world_size=world), sampler.epoch, anchors=anchors)
+    heaviest = float(
+        memory.micro_bytes(micro_shapes(plan.lengths, plan.offsets, plan.config.packed, plan.anchors)).max()
+    )
     models.target.to(device)
     drafter = models.drafter.to(device)
     params = models.trainable()
@@ -162,6 +178,12 @@ def train(args, rank, world, device, ckpt, stop) -> int:
         step = resume_from(state, ckpt, drafter, optimizer, sampler, state.get("drafter", {}), identity)
         log(f"resumed from {state['path']} at step {step}, epoch {sampler.epoch}, world size {world}")
         del state
+    if rank == 0:
+        base = drafter_memory.resident_bytes()
+        log(
+            f"expected peak memory {(base + heaviest) / 2**30:.2f} GiB: this process {base / 2**30:.2f} GiB "
+            f"+ its heaviest micro-batch {heaviest / 2**30:.2f} GiB ({memory.source})"
+        )
     step_loss_module = DraftLoss(models)
     ddp = DistributedDataParallel(step_loss_module) if world > 1 else step_loss_module
     log(
@@ -210,7 +232,7 @@ def train(args, rank, world, device, ckpt, stop) -> int:
 
     try:
         parts = (sampler, loader, drafter, optimizer)
-        return train_loop(
+        code = train_loop(
             args,
             rank,
             device,
@@ -224,9 +246,23 @@ def train(args, rank, world, device, ckpt, stop) -> int:
             after_step=log_anchors,
             extra={"drafter": identity},
         )
+        peak = drafter_memory.peak_resident_bytes()
+        log(f"peak memory {peak / 2**30:.2f} GiB (this process's high-water mark)")
+        return code
     finally:
         if anchor_fd is not None:
             os.close(anchor_fd)
+
+
+def memory_bound(config, memory, limit: float, uses_anchors: bool, ttt: int):
+    """``config`` with its micro-batches' draft blocks (or EAGLE-3 attention) bounded so the heaviest takes at
+    most ``limit`` bytes of activations by ``memory``."""
+    if uses_anchors:
+        by_memory = drafter_memory.anchor_budget(memory, limit, config.budget)
+        return config.with_(anchor_budget=min(config.anchor_budget or by_memory, by_memory))
+    return config.with_(
+        attn_budget=drafter_memory.attention_budget(memory, limit, config.budget), attn_extra=ttt - 1
+    )
 
 
 def unsupervised_after_cut(mask: np.ndarray, offsets: np.ndarray, budget: int) -> int:

@@ -306,7 +306,15 @@ def test_report_drafter_section_matches_simulate(fixtures_dir: Path, tmp_path: P
     page = (tmp_path / "site" / "index.html").read_text()
     gib = f"{d['cache_bytes'] / 2**30:,.1f} GiB"
     assert f"Drafter setup: {method}" in page and gib in page
-    assert page.count("<tr><td>packed</td>") == 1
+    # the drafter's advice leads, SpecForge-style random padded batches beside it, the plain-LM advice after
+    assert page.index("id='drafter'") < page.index("id='recommendation'")
+    assert page.count("<td>SpecForge random padded</td>") == 1
+    base, rec = d["specforge_random"], d["recommendation"]
+    assert rec["strategy"] in ("packed", "bucketed") and rec["over_specforge_random"] > 1
+    assert base["padding_efficiency"] < d["strategies"]["packed"]["padding_efficiency"]
+    assert all(r["peak_bytes"] > 0 for r in [*d["strategies"].values(), base])
+    if method == "dflash":
+        assert base["draft_block_efficiency"] < 1.0
 
 
 def test_report_without_drafter_has_no_drafter_section(page: Path) -> None:

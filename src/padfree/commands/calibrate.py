@@ -12,8 +12,10 @@ from typing import Any
 from padfree.commands.common import (
     BUDGET,
     add_number,
+    add_recipe_arguments,
     bounded_list,
     check_output,
+    recipe_from_args,
     writing,
 )
 from padfree.drafter.methods import METHODS
@@ -66,6 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "d*blocks + e*reach",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    add_recipe_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,8 +107,11 @@ def run(args: argparse.Namespace) -> int:
 
         if device != "cpu":
             raise ConfigError("calibrate --drafter times the reference drafters on the CPU: use --device cpu")
-        step = torch_drafter_step(args.drafter, seed=args.seed)
-        anchors_per_token = (1 / 32, 1 / 16, 1 / 8) if get_method(args.drafter).uses_anchors else None
+        recipe = recipe_from_args(args, args.drafter)
+        step = torch_drafter_step(args.drafter, seed=args.seed, recipe=recipe)
+        # anchors per token around the recipe's density (every valid position: about one per token)
+        rate = recipe.anchor_density
+        anchors_per_token = (rate / 4, rate / 2, rate) if get_method(args.drafter).uses_anchors else None
     else:
         step = torch_train_step(args.model, attn=args.attn, device=device, seed=args.seed)
     progress = None

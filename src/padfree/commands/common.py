@@ -129,6 +129,7 @@ NUMERIC: dict[str, Bounded] = {
     "--target-layers": LAYERS,
     "--cache-layers": LAYERS,
     "--cache-bytes": BYTES,
+    "--draft-layers": LAYERS,
 }
 """The range of each numeric option that more than one command defines, or that a command shares with the
 plan options: one name, one range, in every command (docs/errors.md lists them)."""

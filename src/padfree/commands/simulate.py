@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 from padfree.commands.common import (
+    Bounded,
     add_number,
     add_plan_inputs,
     add_recipe_arguments,
@@ -69,6 +71,14 @@ def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
         "plus the last layer for the targets' logits)",
     )
     add_number(d, "--cache-bytes", 2, "bytes per cached value (default 2: bf16)")
+    add_number(d, "--draft-layers", 5, "drafter layers (default 5, speculators' DFlash default)")
+    d.add_argument(
+        "--memory-gb",
+        type=Bounded(float, 0, 2**20, above=True),
+        default=None,
+        help="activation memory a micro-batch may take (GiB): bounds each micro-batch's draft blocks "
+        "(DFlash) or attention (EAGLE-3) by padfree.drafter.memory's model; the report says each plan's peak",
+    )
     add_recipe_arguments(p)
 
 
@@ -148,6 +158,7 @@ def drafter_setup(args: argparse.Namespace, cfg, lengths):
     from padfree.commands.lengths import assistant_path
     from padfree.core.anchors import anchor_quota
     from padfree.data.length_files import read_loss_counts
+    from padfree.drafter import memory as drafter_memory
     from padfree.drafter.methods import DrafterShape
     from padfree.drafter.methods import get as get_method
     from padfree.tools.simulate import offline_cache_bytes
@@ -169,12 +180,27 @@ def drafter_setup(args: argparse.Namespace, cfg, lengths):
         anchors = anchor_quota(
             estimated_valid(loss, np.minimum(lengths, cfg.budget), recipe), recipe.anchor_policy()
         )
+    dvocab = recipe.draft_vocab if not spec.uses_anchors and recipe.draft_vocab else None
     shape = DrafterShape(
-        hidden=args.target_hidden, layers=args.target_layers, vocab=args.vocab, draft_vocab=recipe.draft_vocab
+        hidden=args.target_hidden,
+        layers=args.target_layers,
+        vocab=args.vocab,
+        draft_layers=args.draft_layers if spec.uses_anchors else 1,
+        draft_vocab=dvocab,
     )
     if args.cost is None:
         cfg = cfg.with_(cost=spec.cost(shape, recipe.block_size, recipe.ttt))
-    cfg = cfg.with_(anchor_budget=args.anchor_budget if spec.uses_anchors else None)
+    memory = memory_model(spec.uses_anchors, shape, recipe)
+    anchor_budget = args.anchor_budget if spec.uses_anchors else None
+    if args.memory_gb is not None:
+        mem = args.memory_gb * 2**30
+        if spec.uses_anchors:
+            by_memory = drafter_memory.anchor_budget(memory, mem, cfg.budget)
+            anchor_budget = min(anchor_budget or by_memory, by_memory)
+        else:
+            attn = drafter_memory.attention_budget(memory, mem, cfg.budget)
+            cfg = cfg.with_(attn_budget=attn, attn_extra=recipe.ttt - 1)
+    cfg = cfg.with_(anchor_budget=anchor_budget)
     layers = args.cache_layers if args.cache_layers is not None else recipe.fused_layers + 1
     tokens = int(np.minimum(lengths, cfg.budget).sum())
     report = {
@@ -191,8 +217,32 @@ def drafter_setup(args: argparse.Namespace, cfg, lengths):
         "cache_bytes_per_value": args.cache_bytes,
         "cache_bytes": offline_cache_bytes(tokens, layers, args.target_hidden, args.cache_bytes),
         "loss_counts": str(aux) if aux is not None else "every token but the first",
+        "memory_model": dataclasses.asdict(memory),
+        "memory_gb": args.memory_gb,
     }
     return cfg, anchors, report
+
+
+def memory_model(uses_anchors: bool, shape, recipe):
+    """The drafter's activation memory model for a target of ``shape`` (heads of 128 dimensions, a quarter as
+    many key-value heads, an intermediate 3x the hidden size: the common shapes; the chunked LM head over the
+    draft vocabulary)."""
+    from padfree.drafter import memory as drafter_memory
+
+    heads = max(1, shape.hidden // 128)
+    return drafter_memory.analytic(
+        uses_anchors,
+        hidden=shape.hidden,
+        heads=heads,
+        kv_heads=max(1, heads // 4),
+        intermediate=3 * shape.hidden,
+        draft_layers=shape.draft_layers,
+        fused_layers=recipe.fused_layers,
+        block_size=recipe.block_size,
+        ttt=recipe.ttt,
+        vocab=shape.draft_vocab or shape.vocab,
+        objective=recipe.objective,
+    )
 
 
 def estimated_valid(loss, tokens, recipe):

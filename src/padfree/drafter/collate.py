@@ -39,6 +39,34 @@ from padfree.torch._collate import planned_pieces
 
 
 @dataclass(frozen=True)
+class QueryFields:
+    """What every method's draft queries carry, one entry per query (flat positions of the contract); each
+    method's ``Fields`` adds how its queries are laid out.
+
+    Attributes:
+        query_doc: the document of each query.
+        label_index: the flat position of the token it predicts (-1: off the row).
+        target_index: where the target's prediction of that token is.
+        labelled: the construction's structural gate: the query takes ``label_index`` as its label whenever
+        that
+            token carries loss (``supervised == labelled & gate``); what ``check-drafter`` reads to find
+            labels that cross a document end even where the next document's first tokens carry no loss.
+        supervised: the rule in the module docstring (and the recipe's gate).
+        slot: the query's slot (DFlash: ``k`` in its block; EAGLE-3: the step). weight: the recipe's static
+            weight of it. group: what a per-document mean is taken over (DFlash: 0; EAGLE-3: the step).
+    """
+
+    query_doc: torch.Tensor
+    label_index: torch.Tensor
+    target_index: torch.Tensor
+    labelled: torch.Tensor
+    supervised: torch.Tensor
+    slot: torch.Tensor
+    weight: torch.Tensor
+    group: torch.Tensor
+
+
+@dataclass(frozen=True)
 class FieldOptions:
     """What a method's fields builder reads besides the contract: the recipe, the DFlash anchor policy (the
     recipe's unless given), the anchors' seed and the special tokens."""

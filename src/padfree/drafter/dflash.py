@@ -26,7 +26,7 @@ from torch import nn
 
 from padfree.core.anchors import AnchorPolicy, anchor_quota, choose_anchors
 from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, rope
-from padfree.drafter.collate import DrafterBatch, FieldOptions, scale_of
+from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields, scale_of
 from padfree.drafter.contract import Contract
 from padfree.drafter.masks import (
     cross_document_pairs,
@@ -40,40 +40,24 @@ from padfree.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class Fields:
-    """DFlash draft queries of a micro-batch (flat positions of the contract).
+class Fields(QueryFields):
+    """DFlash draft queries of a micro-batch: ``n`` blocks of ``B`` queries (every :class:`QueryFields` entry
+    is ``(n * B,)``: slot ``k`` of anchor ``a`` predicts ``a + k``, its target's prediction is at ``a + k -
+    1``).
 
     Attributes:
         block_size: ``B``.
         anchors: ``(n,)`` anchor positions, grouped by document, sorted.
         anchors_by_doc: each document's anchors relative to its start (what must not depend on packing).
-        query_doc: ``(n * B,)`` the document of each draft query (its anchor's).
         block_input_ids: ``(n * B,)`` the anchor's token at slot 0, ``mask_token_id`` elsewhere.
         block_position_ids: ``(n * B,)`` ``position_ids[a] + k`` (position inside the document).
-        label_index: ``(n * B,)`` ``a + k``, the predicted token's flat position (may leave the row: -1).
-        target_index: ``(n * B,)`` ``a + k - 1``: where the target's prediction of that token is.
-        labelled: ``(n * B,)`` bool, the construction's structural gate: the slot takes ``label_index`` as
-            its label whenever that token carries loss (``supervised == labelled & loss_mask[label]``).
-            What ``check-drafter`` reads to find labels that cross a document end even where the next
-            document's first tokens carry no loss.
-        supervised: ``(n * B,)`` bool, the rule in :mod:`padfree.drafter.collate`.
-        slot: ``(n * B,)`` ``k``, the slot in its block. weight: ``(n * B,)`` the recipe's static slot weight.
-        group: ``(n * B,)`` zeros (a DFlash document's mean is over all its slots).
     """
 
     block_size: int
     anchors: torch.Tensor
     anchors_by_doc: tuple[tuple[int, ...], ...]
-    query_doc: torch.Tensor
     block_input_ids: torch.Tensor
     block_position_ids: torch.Tensor
-    label_index: torch.Tensor
-    target_index: torch.Tensor
-    labelled: torch.Tensor
-    supervised: torch.Tensor
-    slot: torch.Tensor
-    weight: torch.Tensor
-    group: torch.Tensor
 
 
 def fields(contract: Contract, options: FieldOptions, *, epoch: int, leaky: bool = False) -> Fields:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, rope
-from padfree.drafter.collate import DrafterBatch, FieldOptions
+from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields
 from padfree.drafter.contract import Contract
 from padfree.drafter.masks import cross_document_pairs, eagle3_block_mask, eagle3_dense_mask
 from padfree.drafter.objective import VocabMap
@@ -29,33 +29,20 @@ from padfree.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class Fields:
-    """EAGLE-3 draft queries: one per flat position and test-time-training step.
+class Fields(QueryFields):
+    """EAGLE-3 draft queries: one per flat position ``t`` and test-time-training step ``k`` (every
+    :class:`QueryFields` entry is ``(ttt, T)``: it predicts ``t + 2 + k``, the target's prediction of it is at
+    ``t + 1 + k``, clamped into the row).
 
     Attributes:
         ttt: steps.
         step_input_ids: ``(ttt, T)`` token fed at each step (padding past the document end).
         input_index: ``(ttt, T)`` the flat position whose token ``step_input_ids`` holds (-1: padding).
-        label_index: ``(ttt, T)`` ``t + 2 + k`` (the predicted token; -1 off the row).
-        target_index: ``(ttt, T)`` ``t + 1 + k`` (the target's prediction of it; clamped into the row).
-        labelled: ``(ttt, T)`` bool, the structural gate (as the DFlash fields').
-        supervised: ``(ttt, T)`` bool.
-        query_doc: ``(ttt, T)`` the document of each query (its position's).
-        slot: ``(ttt, T)`` the step ``k``. weight: ``(ttt, T)`` the recipe's step weight ``step_decay ** k``.
-        group: ``(ttt, T)`` the step (a per-document mean is taken per step, as speculators does).
     """
 
     ttt: int
     step_input_ids: torch.Tensor
     input_index: torch.Tensor
-    label_index: torch.Tensor
-    target_index: torch.Tensor
-    labelled: torch.Tensor
-    supervised: torch.Tensor
-    query_doc: torch.Tensor
-    slot: torch.Tensor
-    weight: torch.Tensor
-    group: torch.Tensor
 
 
 def fields(contract: Contract, options: FieldOptions, *, epoch: int, leaky: bool = False) -> Fields:

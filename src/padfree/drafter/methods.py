@@ -184,24 +184,8 @@ LAYER_RULES: dict[str, Callable[[int, int], tuple[int, ...]]] = {
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
-        Method(
-            name="dflash",
-            title="DFlash",
-            module="padfree.drafter.dflash",
-            uses_anchors=True,
-            unit="draft blocks",
-            knob="block_size",
-            cost=block_cost,
-        ),
-        Method(
-            name="eagle3",
-            title="EAGLE-3",
-            module="padfree.drafter.eagle3",
-            uses_anchors=False,
-            unit="draft positions",
-            knob="ttt",
-            cost=unrolled_cost,
-        ),
+        Method("dflash", "DFlash", "padfree.drafter.dflash", True, "draft blocks", "block_size", block_cost),
+        Method("eagle3", "EAGLE-3", "padfree.drafter.eagle3", False, "draft positions", "ttt", unrolled_cost),
     )
 }
 """Every drafter method by name (the CLI's ``--method`` / ``--drafter`` choices are its keys)."""

@@ -3,7 +3,7 @@ user runs their DFlash or EAGLE-3 configs, field by field, so padfree trains (an
 same workload. No torch here: the planner and the CLI read recipes too.
 
 Every value comes from the recipes' source; docs/drafters.md ("Recipes") gives the file and line of each, read
-at SpecForge a6b6b023 and speculators c05b95b3 (``../shared/notes/drafter-recipes.md``). A recipe is a frozen
+at SpecForge a6b6b023 and speculators c05b95b3. A recipe is a frozen
 dataclass; :func:`get` returns a preset for a method, :func:`override` changes fields one by one (the CLI's
 ``--recipe speculators --block-size 8``), checking every value.
 
@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 from padfree.core.anchors import AnchorPolicy
+from padfree.drafter import methods
 from padfree.errors import ConfigError
 
 OBJECTIVES = ("data_ce", "argmax_ce", "kl")
@@ -122,7 +123,7 @@ class Recipe:
 
     def describe(self) -> str:
         """One line: the recipe and the values that set the drafter's work and its loss."""
-        if self.method == "dflash":
+        if methods.get(self.method).uses_anchors:
             w = {"exp": f"exp(-(k-1)/{self.gamma:g})", "dpace": f"D-PACE a={self.dpace_alpha:g}"}.get(
                 self.slot_weights, "uniform"
             )
@@ -200,6 +201,15 @@ def _check(r: Recipe) -> None:
         )
 
 
+_EAGLE3: dict = {
+    "method": "eagle3",
+    "objective": "kl",
+    "fused_layers": 3,
+    "layer_rule": "low_mid_high",
+    "draft_vocab": 32000,
+}
+"""What both EAGLE-3 recipes share: KL to the target over a 32K draft vocabulary, three fused layers."""
+
 PRESETS: dict[tuple[str, str], Recipe] = {
     (r.name, r.method): r
     for r in (
@@ -234,16 +244,12 @@ PRESETS: dict[tuple[str, str], Recipe] = {
         ),
         Recipe(
             name="specforge",
-            method="eagle3",
             source="SpecForge a6b6b023: specforge/algorithms/eagle3/{model,data}.py; specforge/core/loss.py",
-            objective="kl",
+            **_EAGLE3,
             normalization="positions",
-            fused_layers=3,
-            layer_rule="low_mid_high",
             ttt=7,
             step_decay=0.8,
             loss_gate=0,
-            draft_vocab=32000,
             out_of_vocab="drop",
             head_init="random",
             head_trainable=True,
@@ -251,18 +257,14 @@ PRESETS: dict[tuple[str, str], Recipe] = {
         ),
         Recipe(
             name="speculators",
-            method="eagle3",
             source="vllm speculators c05b95b3: models/eagle3/core.py; train/config/schema.py; "
             "losses/utils.py; train/dataloader.py",
-            objective="kl",
+            **_EAGLE3,
             normalization="document",
-            fused_layers=3,
-            layer_rule="low_mid_high",
             noise=0.05,
             ttt=3,
             step_decay=1.0,
             loss_gate=1,
-            draft_vocab=32000,
             out_of_vocab="keep",
             head_init="target",
             head_trainable=False,

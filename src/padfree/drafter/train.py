@@ -23,6 +23,7 @@ from torch import nn
 
 from padfree.drafter import methods, recipes
 from padfree.drafter.collate import DrafterBatch
+from padfree.drafter.memory import MemoryModel, analytic
 from padfree.drafter.objective import Queries, VocabMap, document_losses, noise_like
 from padfree.drafter.recipes import Recipe
 from padfree.drafter.target import (
@@ -160,6 +161,25 @@ def build_models(
     return models
 
 
+def memory_model(models: DrafterModels) -> MemoryModel:
+    """The activation memory model (:func:`padfree.drafter.memory.analytic`) of these models' sizes."""
+    cfg = models.target.config
+    dcfg = models.drafter.cfg
+    return analytic(
+        models.method.uses_anchors,
+        hidden=cfg.hidden_size,
+        heads=dcfg.num_heads,
+        kv_heads=dcfg.num_kv_heads,
+        intermediate=dcfg.intermediate_size,
+        draft_layers=getattr(dcfg, "num_layers", 1),
+        fused_layers=len(models.layers),
+        block_size=models.recipe.block_size,
+        ttt=models.recipe.ttt,
+        vocab=int(models.drafter.lm_head.weight.shape[0]),
+        objective=models.recipe.objective,
+    )
+
+
 def zero_loss(params: list[nn.Parameter]) -> torch.Tensor:
     """A zero that depends on every parameter: a micro-batch with no document, no anchor or no supervised
     position still gives each of them a (zero) gradient, so DDP's all-reduces stay the same on every rank."""
@@ -231,6 +251,7 @@ __all__ = [
     "build_models",
     "draft_vocab",
     "loss_sums",
+    "memory_model",
     "target_layers",
     "token_counts",
     "train_micro",

@@ -387,18 +387,19 @@ CALIBRATION_TARGET = {
 drafter's terms stand out of the timing noise."""
 
 
-def torch_drafter_step(method: str, seed: int = 0, **sizes) -> Callable[..., None]:
-    """A ``step(count, length[, anchors])`` of a drafter setup: ``count`` synthetic documents of ``length``
-    tokens (every token supervised) packed in one row, the frozen target's forward, the drafter's loss
-    (DFlash with exactly ``anchors`` blocks per document), backward and an AdamW step
-    (:func:`padfree.drafter.train.train_micro`), on the CPU. ``sizes``: ``vocab`` and the target's
-    transformers sizes (:func:`padfree.drafter.train.build_models`)."""
+def torch_drafter_step(method: str, seed: int = 0, recipe=None, **sizes) -> Callable[..., None]:
+    """A ``step(count, length[, anchors])`` of a drafter setup under ``recipe`` (default: the ``specforge``
+    preset): ``count`` synthetic documents of ``length`` tokens (every token supervised) packed in one row,
+    the frozen target's forward, the drafter's loss (DFlash with exactly ``anchors`` blocks per document),
+    backward and an AdamW step (:func:`padfree.drafter.train.train_micro`), on the CPU. ``sizes``: ``vocab``
+    and the target's transformers sizes (:func:`padfree.drafter.train.build_models`)."""
     from padfree.core.anchors import AnchorPolicy
     from padfree.drafter.collate import DrafterCollator
     from padfree.drafter.train import build_models, train_micro
 
     sizes = {"vocab": 2048, **CALIBRATION_TARGET, **sizes}
-    models = build_models(method, seed=seed, lr=1e-4, **sizes)
+    models = build_models(method, seed=seed, lr=1e-4, recipe=recipe, **sizes)
+    block = models.recipe.block_size
     batches: dict[tuple, Any] = {}
 
     def step(count: int, length: int, anchors: int = 1) -> None:
@@ -411,8 +412,9 @@ def torch_drafter_step(method: str, seed: int = 0, **sizes) -> Callable[..., Non
                  "sample_id": i}
                 for i in range(count)
             ]  # fmt: skip
-            policy = AnchorPolicy(block_size=16, max_anchors=max(1, anchors), density=1.0)
-            batch = batches[key] = DrafterCollator(method, policy, seed=seed, mask_token_id=1)(docs)
+            policy = AnchorPolicy(block_size=block, max_anchors=max(1, anchors), density=1.0)
+            col = DrafterCollator(method, policy, recipe=models.recipe, seed=seed, mask_token_id=1)
+            batch = batches[key] = col(docs)
         train_micro(models, batch)
 
     return step

@@ -1,0 +1,358 @@
+"""padfree in a vllm ``speculators`` run: a batch sampler, a collate wrapper and a model hook that drop into
+their data plane (``ArrowDataset`` -> ``MultipackDistributedBatchSamplerV2`` -> ``CollateFn`` -> one packed
+row per rank per step -> ``model(**batch, **train_call_kwargs)``).
+
+* :class:`PadfreeMultipackSampler` takes ``MultipackDistributedBatchSamplerV2``'s arguments
+  (``batch_max_length, lengths, num_replicas, rank, truncate_long_samples, seed, max_batches``) plus a
+  :class:`~padfree.PlanConfig` and per-sample DFlash ``anchors`` (:func:`count_anchors`), and plans every
+  epoch with padfree: packed rows of at most ``batch_max_length`` tokens and ``anchor_budget`` anchors, steps
+  that mix lengths like a shuffle, ranks balanced by the drafter cost model. It offers the hooks their
+  trainer's fast resume looks for (``_generate_batches(epoch)``, ``_cached_generated_batches``), so a resumed
+  run skips without replaying.
+* :class:`PadfreeCollate` wraps their ``CollateFn``: their batch keys unchanged, rows cut to one of a few
+  lengths, plus ``padfree_sample_ids``, ``padfree_epoch`` and (DFlash) ``padfree_anchors`` /
+  ``padfree_anchor_valid``: each document's anchors chosen from its own loss mask and (seed, epoch, sample
+  id), at a fixed anchor width. EAGLE-3 rows lose the loss on each document's first ``ttt - 1`` positions,
+  where their row-wide ``align_for_step`` would pair two documents.
+* :func:`install` hooks their model: it takes the ``padfree_*`` keys out of the call and puts padfree's
+  anchors in place of their ``select_anchors`` (today's signature and the one their PR #1071 proposes) while
+  that forward runs.
+
+Their dataset must come wrapped in :class:`padfree.torch.PlannedDataset` (it hands the batch's sample ids and
+epoch to the collate function). Nothing here imports speculators at module level. Guide: docs/integrations.md
+("padfree in a speculators run").
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from padfree.core.anchors import AnchorPolicy, anchor_counts
+from padfree.core.config import PlanConfig
+from padfree.core.plan import Plan
+from padfree.core.planner import make_plan
+from padfree.drafter import methods, recipes
+from padfree.drafter.feed import AnchorChoice, ShapeSet, trainer_kwargs
+from padfree.drafter.recipes import Recipe
+from padfree.errors import ConfigError, InputError
+from padfree.integrations._common import BatchInfo, PlannedBatch, check_rank, doc_anchors, drafter_cost
+
+__all__ = [
+    "PadfreeCollate",
+    "PadfreeMultipackSampler",
+    "ShapeSet",
+    "count_anchors",
+    "dataset_loss_masks",
+    "install",
+    "trainer_kwargs",
+]
+
+KEYS = ("padfree_sample_ids", "padfree_epoch", "padfree_anchors", "padfree_anchor_valid")
+"""The keys :class:`PadfreeCollate` adds to their batch (and :func:`install` takes out of the model call)."""
+
+
+def _recipe(method: str, recipe: Recipe | None) -> Recipe:
+    r = recipe or recipes.get("speculators", method)
+    if r.method != method:
+        raise ConfigError(f"recipe {r.name} is for {r.method}, not {method}")
+    return r
+
+
+def _policy(recipe: Recipe) -> AnchorPolicy:
+    """The recipe's anchor rule with whole blocks inside their document: speculators labels a block slot by
+    the row's ``loss_mask[a + k]``, which must not read the next document."""
+    return recipe.anchor_policy(partial=False)
+
+
+def dataset_loss_masks(dataset: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(flat loss mask, offsets)`` of every sample of their ``ArrowDataset`` (its ``data``, a Hugging Face
+    dataset with a ``loss_mask`` column; a plain one works too), read column-wise from Arrow, no Python loop
+    over samples."""
+    data = getattr(dataset, "data", dataset)
+    try:
+        column = data.with_format("arrow")[:]["loss_mask"].combine_chunks()
+    except (AttributeError, KeyError) as err:
+        raise InputError(f"the dataset has no Arrow loss_mask column ({err})") from None
+    offsets = np.asarray(column.offsets, dtype=np.int64)
+    flat = np.asarray(column.flatten().to_numpy(zero_copy_only=False)).astype(bool)
+    return flat, offsets - offsets[0]
+
+
+def count_anchors(loss_masks: Any, recipe: Recipe | None = None, *, max_len: int | None = None) -> np.ndarray:
+    """DFlash anchors per sample as :class:`PadfreeCollate` will choose them (the recipe's rule, blocks inside
+    their document), for the sampler's ``anchors``. ``loss_masks``: their dataset (see
+    :func:`dataset_loss_masks`), ``(flat, offsets)``, or one mask per sample. ``max_len``: count on each
+    sample's first ``max_len`` tokens (their ``CollateFn`` truncates there)."""
+    rec = _recipe("dflash", recipe)
+    if isinstance(loss_masks, tuple) and len(loss_masks) == 2:
+        flat, offsets = (np.asarray(x) for x in loss_masks)
+    elif hasattr(loss_masks, "with_format") or hasattr(getattr(loss_masks, "data", None), "with_format"):
+        flat, offsets = dataset_loss_masks(loss_masks)
+    else:
+        parts = [np.asarray(m).reshape(-1).astype(bool) for m in loss_masks]
+        offsets = np.concatenate([[0], np.cumsum([p.shape[0] for p in parts])]).astype(np.int64)
+        flat = np.concatenate(parts) if parts else np.zeros(0, bool)
+    offsets = offsets.astype(np.int64)
+    if max_len is not None:
+        n = np.minimum(np.diff(offsets), int(max_len))
+        flat = flat[np.repeat(offsets[:-1], n) + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)]
+        offsets = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
+    return anchor_counts(flat.astype(bool), offsets, _policy(rec))
+
+
+class PadfreeMultipackSampler(torch.utils.data.Sampler):
+    """A drop-in for speculators' ``MultipackDistributedBatchSamplerV2`` that plans with padfree.
+
+    Args:
+        batch_max_length, lengths, num_replicas, rank, truncate_long_samples, seed, max_batches: theirs
+            (``lengths``: their dataset's ``approx_lengths``; long samples are truncated to the budget or
+            dropped, as theirs are).
+        config: a packed :class:`~padfree.PlanConfig` for everything else (``anchor_budget``: the fixed anchor
+            width; ``cost``: the rank balancing model). Its budget, world size, seed and overlong policy are
+            set from the arguments above; one micro-batch per rank per step (their trainer has no gradient
+            accumulation). Default: packed, balanced by the recipe's drafter cost model.
+        anchors: DFlash anchors per sample (:func:`count_anchors`); ``None`` for EAGLE-3.
+        recipe: the recipe the anchors and the default cost model follow (default: speculators' DFlash, or
+            EAGLE-3 without anchors).
+
+    Every rank gets the same number of micro-batches per epoch (some may be empty near an epoch's end; their
+    ``CollateFn`` turns an empty one into a row of padding that trains nothing).
+    """
+
+    def __init__(
+        self,
+        batch_max_length: int,
+        lengths: Any,
+        num_replicas: int,
+        rank: int,
+        truncate_long_samples: bool = True,
+        seed: int = 0,
+        max_batches: int | None = None,
+        *,
+        config: PlanConfig | None = None,
+        anchors: Any = None,
+        recipe: Recipe | None = None,
+    ) -> None:
+        check_rank(rank, num_replicas)
+        self.num_replicas, self.rank, self.seed, self.epoch = int(num_replicas), int(rank), int(seed), 0
+        self.batch_max_length = int(batch_max_length)
+        self.max_batches = max_batches
+        self.lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        anchored = [m.name for m in methods.METHODS.values() if m.uses_anchors == (anchors is not None)]
+        self.recipe = _recipe(anchored[0], recipe)
+        base = config or PlanConfig(strategy="packed", cost=drafter_cost(self.recipe))
+        if not base.packed:
+            raise ConfigError(
+                f"speculators trains one packed row per rank: use strategy packed (got {base.strategy})"
+            )
+        self.config = base.with_(
+            budget=self.batch_max_length,
+            world_size=self.num_replicas,
+            grad_accum=1,
+            seed=self.seed,
+            overlong="truncate" if truncate_long_samples else "drop",
+        )
+        self.anchors = None
+        if anchors is not None:
+            self.anchors = np.asarray(anchors, dtype=np.int64).reshape(-1)
+            if self.anchors.shape != self.lengths.shape:
+                raise ConfigError(
+                    f"{self.anchors.shape[0]} anchor counts for {self.lengths.shape[0]} samples"
+                )
+            if self.config.anchor_budget is None:
+                raise ConfigError(
+                    "DFlash rows need a fixed anchor width: give config=PlanConfig(strategy='packed', "
+                    "anchor_budget=W) and pass max_anchors=W to the model (trainer_kwargs)"
+                )
+        self._cached_generated_batches: tuple[int, list] = (-1, [])
+        self.last_plan: Plan | None = None
+
+    @property
+    def shapes(self) -> ShapeSet:
+        """The row lengths and the anchor width :class:`PadfreeCollate` should pad to: eight lengths up to the
+        budget (a packed row is cut to the smallest that holds it), the plan's anchor budget."""
+        return ShapeSet.spread(self.batch_max_length, 8, anchors=self.config.anchor_budget)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self):
+        return iter(self._generate_batches(self.epoch))
+
+    def __len__(self) -> int:
+        return len(self._generate_batches(self.epoch))
+
+    def _generate_batches(self, epoch: int) -> list:
+        """This rank's micro-batches of ``epoch``, each a :class:`PlannedBatch` of sample ids (cached per
+        epoch; their trainer's fast resume slices this list)."""
+        if self._cached_generated_batches[0] == epoch:
+            return self._cached_generated_batches[1]
+        plan = make_plan(self.lengths, self.config, epoch, anchors=self.anchors)
+        batches: list = [
+            PlannedBatch(plan.micro(int(k)), BatchInfo(int(epoch), j, plan.micro(int(k))))
+            for j, k in enumerate(plan.micro_ids(self.rank))
+        ]
+        if self.max_batches is not None:
+            batches = batches[: self.max_batches]
+        self.last_plan = plan
+        self._cached_generated_batches = (epoch, batches)
+        return batches
+
+
+class PadfreeCollate:
+    """Their ``CollateFn`` plus what padfree needs (picklable, for their spawn workers).
+
+    Args:
+        collate_fn: their ``CollateFn`` (its ``max_len`` the sampler's ``batch_max_length``).
+        method: ``dflash`` (anchors) or ``eagle3`` (per-document gate).
+        recipe: the anchors' rule / EAGLE-3's ttt (default: speculators' preset for ``method``).
+        seed: the anchors' seed (use the sampler's).
+        shapes: row lengths and the anchor width (``sampler.shapes``); ``None``: rows stay ``max_len`` long
+            and the anchor slots are the row's count.
+    """
+
+    def __init__(
+        self,
+        collate_fn: Callable[[list], dict],
+        *,
+        method: str = "dflash",
+        recipe: Recipe | None = None,
+        seed: int = 0,
+        shapes: ShapeSet | None = None,
+    ) -> None:
+        methods.get(method)  # a registered method, else one line
+        self.collate_fn = collate_fn
+        self.method = method
+        self.recipe = _recipe(method, recipe)
+        self.seed = int(seed)
+        self.shapes = shapes
+
+    def __call__(self, items: list) -> dict:
+        info = getattr(items, "info", None)
+        if not isinstance(info, BatchInfo):
+            raise ConfigError(
+                "PadfreeCollate needs the batch's sample ids: DataLoader(PlannedDataset(dataset), "
+                "batch_sampler=PadfreeMultipackSampler(...), collate_fn=PadfreeCollate(...))"
+            )
+        kept = [int(i) for i, it in zip(info.indices, items, strict=True) if isinstance(it, Mapping)]
+        out = self.collate_fn(list(items))
+        doc = out["document_ids"][0]
+        lens = torch.bincount(doc[doc >= 0], minlength=len(kept)).tolist() if len(kept) else []
+        if len(lens) != len(kept):
+            raise ConfigError(
+                f"their collate kept {len(lens)} of {len(kept)} planned samples: give CollateFn max_len "
+                "= the sampler's batch_max_length"
+            )
+        full = int(doc.shape[0])
+        width = full if self.shapes is None else self.shapes.width(int(sum(lens)))
+        if width < full:
+            for k, v in out.items():
+                if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == full:
+                    out[k] = v[:, :width]
+        starts = (
+            np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64) if lens else np.zeros(0, np.int64)
+        )
+        if not methods.get(self.method).uses_anchors:
+            pos = (
+                torch.arange(width)
+                - torch.as_tensor(starts, dtype=torch.long)[out["document_ids"][0].clamp(min=0)]
+            )
+            head = (pos < self.recipe.ttt - 1) & (out["document_ids"][0] >= 0)
+            out["loss_mask"] = out["loss_mask"] * ~head[None].to(out["loss_mask"].device)
+        else:
+            mask = out["loss_mask"][0].numpy().astype(bool)
+            a = doc_anchors(
+                mask, starts, lens, kept, policy=_policy(self.recipe), seed=self.seed, epoch=info.epoch
+            )
+            slots = self.shapes.anchor_width(len(a)) if self.shapes is not None else max(1, len(a))
+            if len(a) > slots:
+                raise ConfigError(f"a row holds {len(a)} anchors, more than {slots} anchor slots")
+            anchors = torch.zeros(slots, dtype=torch.long)
+            anchors[: len(a)] = torch.from_numpy(a)
+            out["padfree_anchors"] = anchors
+            out["padfree_anchor_valid"] = torch.arange(slots) < len(a)
+        out["padfree_sample_ids"] = torch.tensor(kept, dtype=torch.long)
+        out["padfree_epoch"] = torch.tensor(info.epoch, dtype=torch.long)
+        return out
+
+
+_local = threading.local()
+_installed: dict[str, Any] = {"count": 0, "theirs": None}
+_lock = threading.Lock()
+
+
+def _select_anchors(loss_mask: torch.Tensor, num_anchors: int, block_size: int, *args: Any, **kwargs: Any):
+    """In place of their ``select_anchors`` while :func:`install` holds: padfree's anchors of the row being
+    forwarded (set by the model hook), else theirs (a model that was not installed)."""
+    choice = getattr(_local, "choice", None)
+    if choice is None:
+        return _installed["theirs"](loss_mask, num_anchors, block_size, *args, **kwargs)
+    if args:  # PR #1071 passes document_ids positionally
+        kwargs.setdefault("document_ids", args[0])
+    return choice(loss_mask, num_anchors, block_size, **kwargs)
+
+
+class Installed:
+    """The hooks :func:`install` put on a model; :meth:`remove` takes them off (and their ``select_anchors``
+    back once no installed model remains)."""
+
+    def __init__(self, handles: list) -> None:
+        self._handles = handles
+
+    def remove(self) -> None:
+        if not self._handles:
+            return
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        with _lock:
+            _installed["count"] -= 1
+            if _installed["count"] == 0:
+                core: Any = importlib.import_module("speculators.models.dflash.core")
+                core.select_anchors = _installed["theirs"]
+
+
+def install(
+    model: torch.nn.Module, *, on_batch: Callable[[np.ndarray, int], None] | None = None
+) -> Installed:
+    """Hook speculators' ``model`` (a ``DFlashDraftModel`` or ``Eagle3DraftModel``, before DDP/FSDP wraps it)
+    for batches from :class:`PadfreeCollate`: each forward takes the ``padfree_*`` keys out of its keywords
+    and, for DFlash, draws padfree's anchors instead of their ``select_anchors``. ``on_batch(sample_ids,
+    epoch)`` is called before each forward (for a log of what trained)."""
+    core: Any = importlib.import_module("speculators.models.dflash.core")
+    block = getattr(model, "block_size", None)
+
+    def before(_module, args, kwargs):
+        taken = {k: kwargs.pop(k) for k in KEYS if k in kwargs}
+        if "padfree_sample_ids" in taken and on_batch is not None:
+            on_batch(taken["padfree_sample_ids"].cpu().numpy(), int(taken["padfree_epoch"]))
+        if "padfree_anchors" in taken:
+            if block is None:
+                raise ConfigError(
+                    "the batch carries DFlash anchors but the model has no block_size (not DFlash)"
+                )
+            valid = taken["padfree_anchor_valid"]
+            width = int(valid.shape[0])
+            _local.choice = AnchorChoice(taken["padfree_anchors"][valid], int(block), width)
+        return args, kwargs
+
+    def after(_module, _args, _kwargs, _output):
+        _local.choice = None
+
+    with _lock:
+        if _installed["count"] == 0:
+            _installed["theirs"] = core.select_anchors
+            core.select_anchors = _select_anchors
+        _installed["count"] += 1
+    return Installed(
+        [
+            model.register_forward_pre_hook(before, with_kwargs=True),
+            model.register_forward_hook(after, with_kwargs=True, always_call=True),
+        ]
+    )

@@ -1,0 +1,82 @@
+"""The drafter memory model: its fit recovers known coefficients, a memory budget bounds every micro-batch a
+plan makes, and the analytic model tracks the peak a real micro-batch takes on this CPU (the loss is chunked,
+so the vocabulary's logits never exist for every draft position at once)."""
+
+import ctypes
+import gc
+import sys
+
+import numpy as np
+import pytest
+
+from padfree import PlanConfig, make_plan
+from padfree.core.cost import micro_shapes
+from padfree.drafter import memory
+
+
+def test_fit_recovers_known_coefficients():
+    truth = memory.MemoryModel(fixed=5e6, per_token=2e3, per_block=7e4, per_reach=9e2)
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(12):
+        slots, blocks = rng.integers(100, 4000), rng.integers(1, 600)
+        reach = blocks * rng.integers(50, 2000)
+        rows.append({"slots": slots, "blocks": blocks, "reach": reach, "attention": 0, "bytes": 0.0})
+        rows[-1]["bytes"] = float(truth.peak_of(slots=slots, blocks=blocks, reach=reach))
+    got = memory.fit(rows)
+    for name in ("fixed", "per_token", "per_block", "per_reach"):
+        assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=1e-6)
+
+
+def test_a_memory_budget_bounds_every_micro_batch_of_a_plan():
+    model = memory.analytic(True, hidden=256, heads=4, kv_heads=1, intermediate=768, vocab=32000)
+    lengths = np.random.default_rng(1).integers(20, 2000, 3000)
+    anchors = np.minimum(lengths - 1, 512)
+    limit = 3 * 2**30
+    budget = memory.anchor_budget(model, limit, 4096)
+    for strategy in ("packed", "bucketed", "sorted"):
+        cfg = PlanConfig(strategy=strategy, budget=4096, anchor_budget=budget, world_size=2)
+        plan = make_plan(lengths, cfg, 0, anchors=anchors)
+        shapes = micro_shapes(plan.lengths, plan.offsets, plan.config.packed, plan.anchors)
+        assert model.micro_bytes(shapes).max() <= limit, strategy
+    unbounded = make_plan(lengths, PlanConfig(strategy="packed", budget=4096), 0, anchors=anchors)
+    shapes = micro_shapes(unbounded.lengths, unbounded.offsets, True, unbounded.anchors)
+    assert model.micro_bytes(shapes).max() > limit  # the bound is what kept the plan under it
+    with pytest.raises(Exception, match="cannot hold one micro-batch"):
+        memory.anchor_budget(model, 0.1 * 2**30, 4096)
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads the resident high-water mark in /proc"
+)
+@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+def test_analytic_model_tracks_a_measured_micro_batch_peak(method):
+    """One packed micro-batch at the recipe's density with a 16K vocabulary: the peak it adds to the process
+    (``VmHWM`` reset before it, freed heap returned first) is within the analytic model's reach."""
+    torch = pytest.importorskip("torch")
+    from padfree.drafter.collate import DrafterCollator
+    from padfree.drafter.train import build_models, loss_sums, memory_model
+
+    torch.set_num_threads(1)
+    vocab = 16000
+    models = build_models(method, vocab=vocab, seed=0, ttt=3)
+    col = DrafterCollator(method, recipe=models.recipe, mask_token_id=1)
+    g = np.random.default_rng(0)
+    n, length = 2, 768
+    items = [{"input_ids": g.integers(2, vocab, length), "loss_mask": np.ones(length, bool), "sample_id": i}
+             for i in range(n)]  # fmt: skip
+    batch = col(items)
+    for _ in range(2):  # the first pass allocates what stays (autograd's buffers, the allocator's arenas)
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        base = memory.resident_bytes()
+        memory.reset_peak()
+        num, den = loss_sums(models, batch)
+        (num.sum() / den.sum()).backward()
+        models.drafter.zero_grad(set_to_none=True)
+        del num, den
+        peak = memory.peak_resident_bytes() - base
+    anchors = np.array([len(a) for a in batch.anchors_by_doc()]) if models.method.uses_anchors else None
+    shapes = micro_shapes(np.full(n, length), np.array([0, n]), True, anchors)
+    predicted = float(memory_model(models).micro_bytes(shapes)[0])
+    assert 0.6 < predicted / peak < 1.7, (predicted / 2**20, peak / 2**20)

@@ -1,0 +1,305 @@
+"""padfree.integrations.speculators in speculators' own data plane (their 0.9.0 wheel): their ArrowDataset and
+CollateFn, padfree's sampler, collate wrapper and model hook, their DFlash and EAGLE-3 models forward and
+backward; documents train as alone; at 2 gloo ranks under their Trainer's own epoch loop, SIGKILLed and
+resumed through their fast-resume hooks, every sample trains exactly once per epoch."""
+
+import json
+import os
+import pickle
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from padfree.testing.peers import peer_missing
+
+REASON = peer_missing("speculators")
+pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON)
+
+VOCAB, BLOCK, BUDGET, WIDTH, N = 256, 4, 512, 256, 24
+
+
+@pytest.fixture(scope="module")
+def samples(fixtures_dir):
+    from padfree.data.samples import load_samples
+    from padfree.testing.drafters import fold_tokens
+
+    raw = load_samples(
+        [str(fixtures_dir / "samples/*.jsonl.gz")], str(fixtures_dir / "tokenizers/llama_sp32k.model"), N,
+        "assistant", 200,
+    )  # fmt: skip
+    return fold_tokens(raw, VOCAB)
+
+
+@pytest.fixture(scope="module")
+def target():
+    from padfree.drafter.target import build_target
+
+    return build_target(vocab_size=VOCAB)
+
+
+def recipe(method):
+    from padfree.drafter import recipes
+
+    r = recipes.get("speculators", method)
+    return recipes.override(r, block_size=BLOCK) if method == "dflash" else r
+
+
+def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1):
+    """Their dataset and collate function, padfree's sampler and wrapper, their model: as the guide wires
+    them."""
+    from torch.utils.data import DataLoader
+
+    from padfree.core.config import PlanConfig
+    from padfree.drafter import feed
+    from padfree.drafter.methods import low_mid_high
+    from padfree.integrations import speculators as sp
+    from padfree.testing import drafters
+    from padfree.testing.peers import import_peer
+    from padfree.torch import PlannedDataset
+
+    rec = recipe(method)
+    if method == "dflash":
+        model = drafters.speculators_dflash(target, (1, 3), block_size=BLOCK, mask_token_id=VOCAB - 1)
+    else:
+        model = drafters.speculators_eagle3(target, low_mid_high(6), ttt=rec.ttt)
+    transfer = drafters.TargetTransfer(target, samples, feed.target_layers(model))
+    ds = drafters.speculators_dataset(tmp_path / f"data-{method}", samples, max_len=BUDGET, transfer=transfer)
+    anchors = sp.count_anchors(ds, rec, max_len=BUDGET) if method == "dflash" else None
+    config = PlanConfig(strategy="packed", anchor_budget=WIDTH if method == "dflash" else None)
+    sampler = sp.PadfreeMultipackSampler(
+        BUDGET, ds.approx_lengths, world, rank, seed=seed, config=config, anchors=anchors, recipe=rec
+    )
+    data = import_peer("speculators", "train.data")
+    shift = import_peer("speculators", "models.eagle3.data").shift_batch if method == "eagle3" else None
+    their = data.CollateFn(BUDGET, 64, len(model.target_layer_ids), torch.float32, preprocess=shift)
+    collate = sp.PadfreeCollate(their, method=method, recipe=rec, seed=seed, shapes=sampler.shapes)
+    loader = DataLoader(PlannedDataset(ds), batch_sampler=sampler, collate_fn=collate)
+    kwargs = sp.trainer_kwargs(model, rec, loss_implementation="eager", max_anchors=WIDTH)
+    return model, ds, sampler, collate, loader, kwargs, transfer
+
+
+def alone(ds, collate, sid, epoch):
+    from padfree.integrations._common import BatchInfo, PlannedBatch
+    from padfree.torch import PlannedDataset
+
+    return collate(PlannedDataset(ds).__getitems__(PlannedBatch([sid], BatchInfo(epoch, 0, np.array([sid])))))
+
+
+@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+def test_their_pipeline_trains_each_document_as_alone(tmp_path, samples, target, method):
+    from padfree.core.anchors import choose_anchors
+    from padfree.integrations import speculators as sp
+
+    model, ds, sampler, collate, loader, kwargs, _ = setup(tmp_path, samples, target, method)
+    handle = sp.install(model)
+    sampler.set_epoch(1)
+    batches = list(loader)
+    assert sorted(int(i) for b in batches for i in b["padfree_sample_ids"]) == list(range(N))
+    assert {b["input_ids"].shape[1] for b in batches} <= set(sampler.shapes.lengths)  # a few shapes only
+    if method == "dflash":
+        assert {b["padfree_anchors"].shape[0] for b in batches} == {WIDTH}  # one anchor width
+    batch = max(batches, key=lambda b: len(b["padfree_sample_ids"]))
+    ids = batch["padfree_sample_ids"].tolist()
+    assert len(ids) >= 2 and int(batch["padfree_epoch"]) == 1
+    if method == "dflash":  # each document's anchors: its own, from (seed, epoch, sample id)
+        doc = batch["document_ids"][0]
+        got = batch["padfree_anchors"][batch["padfree_anchor_valid"]]
+        policy = recipe("dflash").anchor_policy(partial=False)
+        for d, sid in enumerate(ids):
+            start = int((doc == d).nonzero()[0])
+            mine = (got[doc[got] == d] - start).tolist()
+            mask = np.asarray(samples[sid]["loss_mask"], bool)
+            assert mine == choose_anchors(mask, policy, seed=1, epoch=1, sample_id=sid).tolist()
+    model.zero_grad()
+    _, loss, _ = model(**dict(batch), **kwargs)
+    loss.backward()
+    assert torch.isfinite(loss) and any(
+        p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters()
+    )
+    for d, sid in enumerate(ids[:3]):
+        with torch.no_grad():
+            one = dict(batch)
+            one["loss_mask"] = batch["loss_mask"] * (batch["document_ids"] == d)
+            in_row = float(model(**one, **kwargs)[1])
+            by_itself = float(model(**alone(ds, collate, sid, 1), **kwargs)[1])
+        assert abs(in_row - by_itself) < 1e-5 * max(1.0, abs(by_itself)), (method, d, in_row, by_itself)
+    if method == "eagle3":  # the first ttt - 1 positions of every document carry no loss
+        doc, mask = batch["document_ids"][0], batch["loss_mask"][0]
+        for d in range(len(ids)):
+            assert not mask[doc == d][: recipe("eagle3").ttt - 1].any()
+    handle.remove()
+
+
+def test_sampler_keeps_their_constructor_and_fast_resume_hooks(tmp_path, samples, target):
+    from padfree.integrations._common import PlannedBatch
+    from padfree.testing.peers import import_peer
+
+    _, ds, sampler, _, _, _, _ = setup(tmp_path, samples, target, "dflash")
+    theirs = import_peer("speculators", "train.distributed_batch_sampler").MultipackDistributedBatchSamplerV2
+    ref = theirs(BUDGET, ds.approx_lengths, 1, 0, seed=1)
+    assert sampler._cached_generated_batches == ref._cached_generated_batches == (-1, [])
+    batches = sampler._generate_batches(0)
+    assert sampler._cached_generated_batches[0] == 0 and len(sampler) == len(batches)
+    sampler._cached_generated_batches = (0, batches[2:])  # what their trainer's fast resume does
+    assert list(iter(sampler)) == batches[2:]
+    b = pickle.loads(pickle.dumps(batches[0]))  # through spawn workers' index queue
+    assert isinstance(b, PlannedBatch) and b == batches[0] and b.info.epoch == 0
+
+
+# --- 2 gloo ranks under their Trainer, SIGKILLed and resumed
+# --------------------------------------------------
+
+
+def cpu_trainer(trainer_mod):
+    """Their ``Trainer`` with what a CPU lacks replaced: it puts the model and each batch on
+    ``cuda:<local_rank>``, loads checkpoints onto ``cuda:0`` (``get_current_device``) and its step timer calls
+    ``torch.accelerator.synchronize()`` (a no-op here), so device placement and the weight/optimizer files are
+    ours; resume bookkeeping (``setup_trainer``, ``training_state.json``),
+    the fast-resume skip (``_prepare_resume_skip``), the epoch loop (``train_epoch``: their
+    ``model(**batch, **train_call_kwargs)``, backward, clipping, optimizer step) and ``run_training`` are
+    theirs."""
+    import shutil
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from padfree.testing.peers import import_peer
+
+    checkpointer = import_peer("speculators", "train.checkpointer")
+    build_optimizers = import_peer("speculators", "train.optimizers").build_optimizers
+
+    class CPUTrainer(trainer_mod.Trainer):
+        def __init__(self, model, config, train_loader):
+            self.model, self.config, self.train_loader, self.val_loader = model, config, train_loader, None
+            self.local_rank, self.device_type = "cpu", "cpu"
+            self.rank, self.is_distributed = dist.get_rank(), True
+            self.resume_from_checkpoint = config.resume_from_checkpoint
+            self.checkpointer = checkpointer.SingleGPUCheckpointer(config.save_path)
+            self.setup_trainer()
+            self.setup_model()
+            self.setup_optimizer()
+
+        def _state(self):
+            prev = self.checkpointer.prev_path
+            return torch.load(prev / "padfree.pt") if self.resume_from_checkpoint and prev else None
+
+        def setup_model(self):
+            state = self._state()
+            if state is not None:
+                self.model.load_state_dict(state["model"])
+            self.model = DistributedDataParallel(self.model)
+
+        def setup_optimizer(self):
+            self.optimizers, self.schedulers = build_optimizers(self.model, self.config), []
+            state = self._state()
+            if state is not None:
+                self.optimizers[0].load_state_dict(state["optimizer"])
+
+        def maybe_save_checkpoint(self, epoch, local_step=0):
+            if dist.get_rank() == 0:
+                root = self.checkpointer.path
+                tmp, old, final = root / f"tmp-{epoch}", root / f"old-{epoch}", root / str(epoch)
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                weights = self.model.module.state_dict()
+                torch.save(
+                    {"model": weights, "optimizer": self.optimizers[0].state_dict()}, tmp / "padfree.pt"
+                )
+                state = {"epoch": epoch, "local_step": local_step, "global_step": self.global_step}
+                (tmp / "training_state.json").write_text(json.dumps(state))
+                if final.exists():
+                    final.rename(old)
+                tmp.rename(final)
+                shutil.rmtree(old, ignore_errors=True)
+            dist.barrier()
+
+    return CPUTrainer
+
+
+def rank_main(rank, world, store, tmp_path, samples, target, seen, run):  # noqa: PLR0913
+    """One rank: gloo, their Trainer on padfree's sampler and collate, a seen-log line per trained sample."""
+    import torch.distributed as dist
+
+    from padfree.integrations import speculators as sp
+    from padfree.testing import seenlog
+    from padfree.testing.peers import import_peer
+
+    torch.set_num_threads(1)
+    if not torch.accelerator.is_available():  # their step timer synchronizes an accelerator (this is a fork)
+        torch.accelerator.synchronize = lambda *a: None
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    spd = import_peer("speculators", "train.distributed")
+    spd._is_distributed, spd._rank, spd._local_rank, spd._world_size = True, rank, 0, world
+    trainer_mod = import_peer("speculators", "train.trainer")
+    model, _, _, _, loader, kwargs, transfer = setup(tmp_path, samples, target, "dflash", rank, world, seed=3)
+    config = trainer_mod.TrainerConfig(
+        lr=1e-3, num_epochs=2, save_path=str(tmp_path / "ckpt"), resume_from_checkpoint=True,
+        train_call_kwargs=kwargs, scheduler_type="none", checkpoint_freq=0.25,
+        hidden_states_dtype=torch.float32, log_freq=1000,
+    )  # fmt: skip
+    fetched = []
+    inner = transfer.get_cached
+    transfer.get_cached = lambda i: fetched.append(int(i)) or inner(i)
+    fd = os.open(seen, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    trainer = None
+
+    def log(ids, epoch):
+        seenlog.append(fd, run, epoch, trainer.global_step, rank, ids.tolist())
+
+    sp.install(model, on_batch=log)
+    trainer = cpu_trainer(trainer_mod)(model, config, loader)
+    trainer.run_training()
+    with open(tmp_path / f"fetched-{run}-{rank}.json", "w") as f:
+        json.dump(fetched, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_ranks_killed_and_resumed_train_every_sample_once(tmp_path, samples, target):
+    from padfree.testing import forkranks, seenlog
+
+    seen = tmp_path / "seen.jsonl"
+    setup(tmp_path, samples, target, "dflash")  # writes their dataset once, before the ranks read it
+
+    def main(run):
+        return lambda rank, world, store: rank_main(rank, world, store, tmp_path, samples, target, seen, run)
+
+    assert forkranks.launch(main("a"), 2, seen, run="a", kill_at=5) == [-signal.SIGKILL] * 2
+    assert forkranks.launch(main("b"), 2, seen, run="b") == [0, 0]
+    records = seenlog.read(seen)
+    report = seenlog.check_exactly_once(records, N, epochs=2)
+    assert report["ok"] and report["runs"] == 2, report
+    resumed = [r for r in records if r["run"] == "b"]
+    first = min(r["step"] for r in resumed)
+    assert first > 4  # resumed inside epoch 1 from a mid-epoch checkpoint of their trainer
+    # their fast resume sliced padfree's batch list: the resumed run fetched only the samples it trained
+    fetched = sum((json.loads((tmp_path / f"fetched-b-{r}.json").read_text()) for r in range(2)), [])
+    assert sorted(fetched) == sorted(r["index"] for r in resumed)
+
+
+def test_their_select_anchors_is_answered_in_both_signatures_and_restored():
+    from padfree.drafter.feed import AnchorChoice
+    from padfree.integrations import speculators as sp
+    from padfree.testing.peers import import_peer
+
+    core = import_peer("speculators", "models.dflash.core")
+    theirs = core.select_anchors
+    handle = sp.install(torch.nn.Linear(1, 1))
+    assert core.select_anchors is not theirs
+    mask = torch.ones(1, 20, dtype=torch.long)
+    torch.manual_seed(0)
+    a, v = core.select_anchors(mask, 5, 4)  # no padfree batch in flight: theirs
+    torch.manual_seed(0)
+    assert [t.tolist() for t in (a, v)] == [t.tolist() for t in theirs(mask, 5, 4)]
+    sp._local.choice = AnchorChoice(torch.tensor([3, 9]), 4, 8)
+    try:
+        a, v = core.select_anchors(mask, 5, 4)  # today's: num_anchors slots
+        assert a.tolist() == [3, 9, 0, 0, 0] and v.tolist() == [True, True, False, False, False]
+        a, v = core.select_anchors(mask, 512, 4, torch.zeros(1, 20, dtype=torch.long))  # PR #1071's
+        assert a.shape == (8,) and a[v].tolist() == [3, 9]
+    finally:
+        sp._local.choice = None
+    handle.remove()
+    assert core.select_anchors is theirs
