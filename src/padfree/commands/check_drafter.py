@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from pathlib import Path
 
-from padfree.commands.common import Bounded, add_number, add_output_options
+from padfree.commands.common import Bounded, add_number, add_output_options, check_input
 
 DOCS = Bounded(int, 2, 4096)
 MAX_TOKENS = Bounded(int, 2, 65536)
@@ -85,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if (args.data is None) != (args.tokenizer is None):
         raise ConfigError("check-drafter: --data and --tokenizer go together")
+    if args.tokenizer is not None:  # as `padfree lengths`: a FIFO or device would block its reader
+        check_input(Path(args.tokenizer), "tokenizer")
     if args.data is None:
         samples = fixture_documents(args.docs, args.max_tokens)
         source = "bundled fixtures (chats and documents, llama_sp32k)"
