@@ -32,7 +32,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import add_data_and_model_args, load_training_data, plan_config, run_example
+from common import (
+    add_data_and_model_args,
+    dropped_samples,
+    load_training_data,
+    plan_config,
+    run_example,
+)
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from train import add_run_args, setup_distributed, shared_run_id, train_loop
@@ -248,9 +254,11 @@ def train(args, rank, world, device, ckpt, stop) -> int:
 
     try:
         parts = (sampler, loader, drafter, optimizer)
+        dropped = dropped_samples(lengths, args.budget, args.overlong)
         return train_loop(
-            args, rank, device, ckpt, stop, run, parts, count, micro_step, step=step, after_step=log_anchors
-        )
+            args, rank, device, ckpt, stop, run, parts, count, micro_step,
+            step=step, after_step=log_anchors, dropped=dropped,
+        )  # fmt: skip
     finally:
         if anchor_fd is not None:
             os.close(anchor_fd)
