@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from padfree.core import _kernels
-from padfree.core.buckets import growth_edges, optimal_edges, padding_of_edges
+from padfree.core.buckets import bucket_of, growth_edges, optimal_edges, padding_of_edges
 from padfree.core.steps import quantile_steps, spread_tail, stratified_order
 
 
@@ -141,3 +141,34 @@ def test_quantile_steps_give_every_step_one_micro_batch_per_quantile(m):
     if m % k:
         tail = length[order[offs[body * k] :]]
         assert tail.max() - tail.min() >= 10 * (m - m // 4)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 6)), min_size=0, max_size=300),
+    st.sampled_from(["grouped", "scattered", "not finite"]),
+)
+def test_argsort_in_groups_is_the_stable_argsort(pairs, case):
+    """Keys that follow their groups (the bucketed sort key: bucket * span + position), with many ties, or
+    keys that do not (then the whole array is merge-sorted): the order is ``np.argsort(kind="stable")``."""
+    group = np.array([g for g, _ in pairs], dtype=np.int64)
+    inner = np.array([v for _, v in pairs], dtype=np.float64) / 3.0
+    key = group * 10.0 + inner
+    if case == "scattered":
+        key = inner - group
+    elif case == "not finite" and key.size:
+        key[key.size // 2] = np.inf
+    got = _kernels.argsort_in_groups(key, group, 6)
+    assert np.array_equal(got, np.argsort(key, kind="stable"))
+
+
+def test_argsort_in_groups_on_a_crowded_group_and_bucket_of_through_its_table():
+    rng = np.random.default_rng(4)
+    group = np.sort(rng.integers(0, 3, 20_000))
+    key = group * 1e6 + np.where(group == 1, rng.integers(0, 3, group.size), rng.random(group.size) * 1e5)
+    assert np.array_equal(_kernels.argsort_in_groups(key, group, 3), np.argsort(key, kind="stable"))
+    lengths = rng.integers(1, 5000, 30_000)
+    edges = growth_edges(lengths, 1.25, 0.3)
+    assert np.array_equal(bucket_of(lengths, edges), np.searchsorted(edges, lengths, side="left"))
+    few = np.array([7, 90_000])  # a table as long as the longest would outgrow the lengths: searchsorted
+    assert bucket_of(few, np.array([10, 100_000])).tolist() == [0, 1]
+

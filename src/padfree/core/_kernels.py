@@ -197,6 +197,103 @@ def counting_argsort(keys: np.ndarray, n_keys: int) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
+def bucket_keys(
+    length: np.ndarray,
+    b: np.ndarray,
+    u: np.ndarray,
+    tok_less: np.ndarray,
+    per_len: np.ndarray,
+    bucket_start: np.ndarray,
+    w_b: np.ndarray,
+    span: float,
+) -> np.ndarray:
+    """The bucketed sort key of every item, in one pass: ``b * span + x + w_b[b] * u[1]`` with ``x =
+    tok_less[length] - bucket_start[b] + u[0] * (per_len[length] * length)`` (``padfree.core.batching.
+    bucketed_batches`` says what they are), each operation as numpy does it on whole arrays."""
+    n = length.shape[0]
+    key = np.empty(n)
+    for i in range(n):
+        ln = length[i]
+        g = b[i]
+        x = (float(tok_less[ln]) - bucket_start[g]) + u[0, i] * float(per_len[ln] * ln)
+        key[i] = (float(g) * span + x) + w_b[g] * u[1, i]
+    return key
+
+
+@njit(cache=True, nogil=True)
+def argsort_in_groups(key: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
+    """``np.argsort(key, kind="stable")`` in expected O(n) when the keys follow their groups (every key of
+    group ``g`` below every key of group ``g + 1``; ``group`` in ``0 .. n_groups - 1``): items are dealt to
+    bins, each group's own bins spanning its keys (a monotone map of the key, so bins are in key order,
+    about 8 items a bin), then each bin is sorted stably (insertion sort, merge sort when large). Keys that
+    do not follow their groups, or are not finite, get the merge sort of the whole array."""
+    n = key.shape[0]
+    first = np.zeros(n_groups + 1, np.int64)  # bins of group g: first[g] .. first[g+1]-1
+    lo = np.full(n_groups, np.inf)
+    hi = np.full(n_groups, -np.inf)
+    for i in range(n):
+        g = group[i]
+        first[g + 1] += 1
+        k = key[i]
+        if not (k > -np.inf and k < np.inf):
+            return np.argsort(key, kind="mergesort")
+        if k < lo[g]:
+            lo[g] = k
+        if k > hi[g]:
+            hi[g] = k
+    prev = -np.inf
+    scale = np.zeros(n_groups)
+    for g in range(n_groups):
+        size = first[g + 1]
+        if size > 0:
+            if not lo[g] > prev:
+                return np.argsort(key, kind="mergesort")
+            prev = hi[g]
+        n_bins = (size + 7) // 8
+        if hi[g] > lo[g]:
+            scale[g] = n_bins / (hi[g] - lo[g])
+        first[g + 1] = first[g] + n_bins
+    total = first[n_groups]
+    bin_of = np.empty(n, np.int64)
+    ends = np.zeros(total + 1, np.int64)
+    for i in range(n):
+        g = group[i]
+        j = first[g] + min(int((key[i] - lo[g]) * scale[g]), first[g + 1] - first[g] - 1)
+        bin_of[i] = j
+        ends[j + 1] += 1
+    for j in range(total):
+        ends[j + 1] += ends[j]
+    out = np.empty(n, np.int64)
+    sorted_key = np.empty(n, key.dtype)
+    fill = ends[:total].copy()
+    for i in range(n):
+        j = bin_of[i]
+        out[fill[j]] = i
+        sorted_key[fill[j]] = key[i]
+        fill[j] += 1
+    for j in range(total):
+        a, e = ends[j], ends[j + 1]
+        if e - a > 64:
+            inner = np.argsort(sorted_key[a:e], kind="mergesort")
+            part = out[a:e][inner]
+            keys = sorted_key[a:e][inner]
+            out[a:e] = part
+            sorted_key[a:e] = keys
+        else:
+            for t in range(a + 1, e):  # insertion sort: stable, the deal kept index order
+                x = out[t]
+                kx = sorted_key[t]
+                u = t
+                while u > a and sorted_key[u - 1] > kx:
+                    out[u] = out[u - 1]
+                    sorted_key[u] = sorted_key[u - 1]
+                    u -= 1
+                out[u] = x
+                sorted_key[u] = kx
+    return out
+
+
+@njit(cache=True, nogil=True)
 def gather_segments(values: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tuple:
     """Concatenate segments ``values[offsets[j]:offsets[j+1]]`` for ``j`` in ``order``.
 
@@ -560,9 +657,16 @@ def _even_segment(
     larger of the two costs (the greedy cut leaves its slack at the end). Writes piece ends to ``out[k:]``
     and returns the new ``k``; the caller checks that the greedy cut under ``budget`` fits ``max_pieces``."""
     lo = 1
+    total = 0
     for i in range(a, e):
+        total += lens[i]
         if lens[i] > lo:
             lo = lens[i]
+    # a piece costs at least the sum of its lengths: no limit below total / max_pieces fits (same answer,
+    # fewer rounds)
+    least = (total + max_pieces - 1) // max_pieces
+    if least > lo:
+        lo = least if least < budget else budget
     hi = budget
     while lo < hi:
         mid = (lo + hi) // 2
