@@ -172,3 +172,37 @@ def test_argsort_in_groups_on_a_crowded_group_and_bucket_of_through_its_table():
     few = np.array([7, 90_000])  # a table as long as the longest would outgrow the lengths: searchsorted
     assert bucket_of(few, np.array([10, 100_000])).tolist() == [0, 1]
 
+
+def test_even_padded_steps_is_recut_padded_at_equal_speeds_kept_when_faster():
+    """Each step re-cut as ``recut_padded`` re-cuts it for equal speeds, and kept only where the slowest rank
+    gets cheaper (its shortcut, no room for the slowest rank's shortest movable row, gives the same)."""
+    rng = np.random.default_rng(0)
+    cost = np.array([1.0, 2e-5, 3.0])
+    recut = 0
+    for _ in range(400):
+        w, g = int(rng.integers(2, 5)), int(rng.integers(1, 4))
+        k, budget = w * g, int(rng.choice([64, 256, 1024]))
+        counts = rng.integers(0, 6, k)
+        tops = [int(rng.integers(1, budget // max(1, c) + 1)) for c in counts]
+        lens = np.concatenate(
+            [rng.integers(max(1, t // 2), t + 1, c) for t, c in zip(tops, counts, strict=True)]
+        )
+        offs = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        perm, new = _kernels.even_padded_steps(lens, offs, w, g, budget, cost, 0.0)
+
+        def rank_loads(bin_of, lens=lens, g=g, k=k):
+            longest = np.zeros(k, np.int64)
+            np.maximum.at(longest, bin_of, lens)
+            per = np.bincount(bin_of, minlength=k) * (cost[0] * longest + cost[1] * longest**2) + cost[2]
+            return per.reshape(-1, g).sum(axis=1)
+
+        bins = np.repeat(np.arange(k), counts)
+        moved = _kernels.recut_padded(lens, offs, np.ones(w), g, budget, cost)
+        before = rank_loads(bins)
+        if lens.size >= 2 and before.max() > before.mean() and rank_loads(moved).max() < before.max():
+            recut += 1
+            assert np.array_equal(perm, np.argsort(moved, kind="stable"))
+            assert np.array_equal(new, np.concatenate(([0], np.cumsum(np.bincount(moved, minlength=k)))))
+        else:
+            assert np.array_equal(perm, np.arange(lens.size)) and np.array_equal(new, offs)
+    assert recut > 50

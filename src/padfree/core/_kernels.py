@@ -602,6 +602,98 @@ def recut_padded(
 
 
 @njit(cache=True, nogil=True)
+def even_padded_steps(
+    lens: np.ndarray, offsets: np.ndarray, world: int, accum: int, budget: int, cost: np.ndarray, tol: float
+) -> tuple:
+    """Even out the ranks of every assigned padded step of equal-speed ranks by moving whole rows.
+
+    Step ``s`` is micro-batches ``s*world*accum ..`` of ``offsets`` (rank ``r`` owns its ``r``-th ``accum``
+    of them), a micro-batch costing ``count * (a*L + b*L*L) + c`` (``cost = (a, b, c)``, ``L`` its longest).
+    A step whose slowest rank costs more than ``1 + tol`` times the mean is re-cut by :func:`recut_padded`
+    at equal speeds (every micro-batch within ``count * longest <= budget``), and the re-cut kept only when
+    it lowers the slowest rank's cost. The step keeps its rows (only their micro-batches change), each
+    micro-batch its rows' order. Returns ``(perm, new_offsets)``: the rows in their new order (indices into
+    ``lens``) and the new micro-batch boundaries.
+    """
+    a, b, c = cost[0], cost[1], cost[2]
+    k = world * accum
+    n_steps = (offsets.shape[0] - 1) // k
+    perm = np.arange(lens.shape[0])
+    new_off = offsets.copy()
+    ones = np.ones(world)
+    load = np.empty(world)
+    local = np.empty(k + 1, np.int64)
+    longest_q = np.empty(k, np.int64)
+    shortest_q = np.empty(k, np.int64)
+    for s in range(n_steps):
+        base = offsets[s * k]
+        end = offsets[(s + 1) * k]
+        if end - base < 2:
+            continue
+        load[:] = 0.0
+        for q in range(k):
+            s0, e0 = offsets[s * k + q], offsets[s * k + q + 1]
+            longest = 0
+            shortest = budget + 1
+            for i in range(s0, e0):
+                if lens[i] > longest:
+                    longest = lens[i]
+                if lens[i] < shortest:
+                    shortest = lens[i]
+            longest_q[q] = longest
+            shortest_q[q] = shortest
+            load[q // accum] += (e0 - s0) * (a * longest + b * longest * longest) + c
+        before = load.max()
+        if not before > (1.0 + tol) * load.mean():
+            continue
+        # the re-cut's first move takes a shortest row of one of the slowest rank's micro-batches (one that
+        # keeps another row); where no micro-batch of another rank has room for the shortest of them, it
+        # makes none (the same answer, without the re-cut's set-up)
+        slow = int(np.argmax(load))
+        movable = budget + 1
+        for q in range(slow * accum, (slow + 1) * accum):
+            if offsets[s * k + q + 1] - offsets[s * k + q] >= 2 and shortest_q[q] < movable:
+                movable = shortest_q[q]
+        room = False
+        for q in range(k):
+            if q // accum != slow:
+                ld = longest_q[q] if longest_q[q] > movable else movable
+                if (offsets[s * k + q + 1] - offsets[s * k + q] + 1) * ld <= budget:
+                    room = True
+                    break
+        if not room:
+            continue
+        for q in range(k + 1):
+            local[q] = offsets[s * k + q] - base
+        part = lens[base:end]
+        bin_of = recut_padded(part, local, ones, accum, budget, cost)
+        count = np.zeros(k, np.int64)
+        longest_b = np.zeros(k, np.int64)
+        for i in range(end - base):
+            q = bin_of[i]
+            count[q] += 1
+            if part[i] > longest_b[q]:
+                longest_b[q] = part[i]
+        load[:] = 0.0
+        for q in range(k):
+            ln = longest_b[q]
+            load[q // accum] += count[q] * (a * ln + b * ln * ln) + c
+        if not load.max() < before:
+            continue
+        fill = np.empty(k, np.int64)
+        fill[0] = base
+        for q in range(1, k):
+            fill[q] = fill[q - 1] + count[q - 1]
+        for q in range(k):
+            new_off[s * k + q + 1] = fill[q] + count[q]
+        for i in range(end - base):  # stable: each micro-batch keeps its rows' order
+            q = bin_of[i]
+            perm[fill[q]] = base + i
+            fill[q] += 1
+    return perm, new_off
+
+
+@njit(cache=True, nogil=True)
 def permute_in_place(values: np.ndarray, order: np.ndarray, seen: np.ndarray) -> None:
     """``values[i] = values[order[i]]`` (the values before) for every ``i``, in place, cycle by cycle.
 
