@@ -23,6 +23,7 @@ def main() -> None:
     from padfree.commands.check_drafter import supervised_window
     from padfree.data.samples import load_samples
     from padfree.drafter.check import check_drafter
+    from padfree.drafter.methods import METHODS
     from padfree.errors import PadfreeError
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -42,7 +43,7 @@ def main() -> None:
                 rows.append({"file": f.name, "tokenizer": tok.name, "error": str(e)})
                 print(f.name, tok.name, "unreadable:", e, flush=True)
                 continue
-            for method in ("dflash", "eagle3"):
+            for method in METHODS:
                 for layout, leaky in RUNS:
                     cmd = (
                         f"padfree check-drafter --method {method} --data {f.name} --tokenizer {tok.name}"

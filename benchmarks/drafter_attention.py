@@ -32,10 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import drafter_speed as ds
 
-    from padfree.bench.drafter import build_models, collator, items_of, make_arms, pad_blocks, sample_anchors
+    from padfree.bench.drafter import bench_models, collator, items_of, make_arms, sample_anchors
     from padfree.core.anchors import AnchorPolicy
-    from padfree.core.config import CostModel
+    from padfree.drafter.methods import METHODS, cost_model
     from padfree.drafter.target import run_target
+    from padfree.drafter.train import loss_sums
 
     torch.set_num_threads(1)
     bargs = ds.parse(["--out", str(args.out), "--per-file", str(args.per_file)])
@@ -45,9 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     anchors = sample_anchors(samples, policy)
     shape = {"hidden": bargs.hidden, "layers": bargs.layers, "vocab": bargs.vocab, "ttt": bargs.ttt}
     result: dict = {"samples": len(samples), "budget": bargs.budget, "method": {}}
-    for method in ("dflash", "eagle3"):
-        arms = make_arms(lengths, anchors, bargs.budget, bargs.seed, CostModel.for_drafter(method, **shape))
-        models = build_models(method, vocab=bargs.vocab, hidden=bargs.hidden, layers=bargs.layers,
+    for method in METHODS:
+        arms = make_arms(lengths, anchors, bargs.budget, bargs.seed, cost_model(method, **shape))
+        models = bench_models(method, vocab=bargs.vocab, hidden=bargs.hidden, layers=bargs.layers,
                               intermediate=4 * bargs.hidden, ttt=bargs.ttt, seed=bargs.seed)  # fmt: skip
         row: dict = {}
         # 1. the packed row's drafter attention: per document vs one masked call over the row
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode in sec:
                 for x, o in zip(batches, outs, strict=True):
                     t = time.process_time()
-                    num, den = models.drafter.loss(o, models.head, x, attention=mode)
+                    num, den = loss_sums(models, x, attention=mode, out=o)
                     (num.sum() / den.sum()).backward()
                     dt = time.process_time() - t
                     models.drafter.zero_grad(set_to_none=True)
@@ -89,12 +90,12 @@ def main(argv: list[str] | None = None) -> int:
             pos = 0
             for j in np.linspace(0, b.n_micro - 1, args.rows).round().astype(int):
                 x = c(items_of(samples, b.order[b.offsets[j] : b.offsets[j + 1]]))
-                if method == "dflash" and arm.layout == "padded":
-                    x = pad_blocks(x)
+                if arm.layout == "padded":
+                    x = models.method.load().field_padding(x)
                 t = time.process_time()
                 o = run_target(models.target, x.contract, models.layers)
                 t1 = time.process_time()
-                num, den = models.drafter.loss(o, models.head, x)
+                num, den = loss_sums(models, x, out=o)
                 (num.sum() / den.sum().clamp(min=1.0)).backward()
                 models.optimizer.step()
                 models.optimizer.zero_grad(set_to_none=True)

@@ -19,9 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.bench.drafter import METHODS, Arm, build_models, collator, items_of, pad_blocks, train_micro
+from padfree.bench.drafter import Arm, bench_models, collator, items_of
 from padfree.bench.measure import Batching
 from padfree.core.anchors import AnchorPolicy
+from padfree.drafter.methods import METHODS
+from padfree.drafter.train import train_micro
 
 BANDS = ((100, 200, 13), (300, 400, 5), (900, 1100, 2))  # (shortest, longest + 1, documents): ~2K tokens
 
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     policy = AnchorPolicy()
     rows = []
     for method in METHODS:
-        models = build_models(method, vocab=opts.vocab, hidden=opts.hidden, layers=opts.layers,
+        models = bench_models(method, vocab=opts.vocab, hidden=opts.hidden, layers=opts.layers,
                               intermediate=4 * opts.hidden, ttt=opts.ttt)  # fmt: skip
         for lo, hi, count in BANDS:
             ids = np.flatnonzero((lengths >= lo) & (lengths < hi))[:count]
@@ -54,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
             for layout in ("packed", "padded"):
                 arm = Arm(layout, Batching(ids, np.array([0, ids.shape[0]]), layout == "packed"), layout)
                 batch = collator(method, arm, policy, opts.seed, opts.ttt)(items_of(samples, ids))
-                if method == "dflash" and layout == "padded":
-                    batch = pad_blocks(batch)
+                if layout == "padded":
+                    batch = models.method.load().field_padding(batch)
                 train_micro(models, batch)
                 times = []
                 for _ in range(args.repeats):

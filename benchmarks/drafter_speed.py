@@ -24,8 +24,7 @@ import numpy as np
 
 from padfree.bench.drafter import (
     ARMS,
-    METHODS,
-    build_models,
+    bench_models,
     coverage,
     epoch_rate,
     make_arms,
@@ -36,6 +35,7 @@ from padfree.bench.drafter import (
 from padfree.bench.machine import machine_info
 from padfree.core.anchors import AnchorPolicy, anchor_quota
 from padfree.core.config import CostModel
+from padfree.drafter.methods import METHODS, cost_model
 
 SHARED = Path("/work/shared")
 CHAT = ["self_instruct_t0", "hh_rlhf_harmless_test", "gsm8k", "gpteacher_codegen",
@@ -87,7 +87,8 @@ def seed_mix_imbalance(args: argparse.Namespace, method: str, cost: CostModel) -
     """Modeled imbalance of every arm at ``args.world`` ranks on the seed_mix lengths; anchors from the
     default policy with every token but the first supervised (the seed_mix has no loss masks)."""
     lengths = np.minimum(np.load(args.lengths).astype(np.int64), args.imbalance_budget)
-    anchors = anchor_quota(lengths - 1, AnchorPolicy()) if method == "dflash" else np.zeros_like(lengths)
+    uses = METHODS[method].uses_anchors
+    anchors = anchor_quota(lengths - 1, AnchorPolicy()) if uses else np.zeros_like(lengths)
     arms = make_arms(lengths, anchors, args.imbalance_budget, args.seed, cost, world_size=args.world)
     return {n: modeled_imbalance(a, lengths, anchors, args.world, cost) for n, a in arms.items()}
 
@@ -152,18 +153,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     for method in METHODS:
         shape = {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab, "ttt": args.ttt}
-        cost = CostModel.for_drafter(method, **shape)
+        cost = cost_model(method, **shape)
         arms = make_arms(lengths, anchors, args.budget, args.seed, cost)
-        models = build_models(method, vocab=args.vocab, hidden=args.hidden, layers=args.layers,
+        models = bench_models(method, vocab=args.vocab, hidden=args.hidden, layers=args.layers,
                               intermediate=4 * args.hidden, ttt=args.ttt, seed=args.seed)  # fmt: skip
         print(f"{method}: timing {len(arms)} arms x {args.micro} micro-batches", file=sys.stderr, flush=True)
         rows = speed(method, arms, samples, models, policy, micro=args.micro, seed=args.seed, ttt=args.ttt,
-                     cost=cost, anchors=anchors if method == "dflash" else None)  # fmt: skip
+                     cost=cost, anchors=anchors if METHODS[method].uses_anchors else None)  # fmt: skip
         print(f"{method}: coverage", file=sys.stderr, flush=True)
         for name, arm in arms.items():
             rows[name].update(coverage(method, arm, samples, policy, seed=args.seed, ttt=args.ttt))
             rows[name] = epoch_rate(rows[name])
-        big = CostModel.for_drafter(method, hidden=4096, layers=32, vocab=128256, ttt=args.ttt)
+        big = cost_model(method, hidden=4096, layers=32, vocab=128256, ttt=args.ttt)
         for name, imb in seed_mix_imbalance(args, method, big).items():
             rows[name]["imbalance"] = imb
         result["method"][method] = rows

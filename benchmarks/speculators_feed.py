@@ -102,7 +102,7 @@ def dflash(dcore, target, items, vocab, block):
 
     def anchors(batch, pf):
         if pf:
-            return batch.dflash.anchors
+            return batch.fields.anchors
         torch.manual_seed(1)  # as run() seeds their torch.randperm
         a, v = theirs(batch.contract.flat("loss_mask").long(), 512, block)
         return a[v]
@@ -141,11 +141,12 @@ def eagle3(ecore, target, items, vocab, ttt):
 
     from padfree.drafter.collate import DrafterCollator
     from padfree.drafter.feed import eagle3_inputs
-    from padfree.drafter.target import eagle3_layers, run_target
+    from padfree.drafter.methods import low_mid_high
+    from padfree.drafter.target import run_target
 
     tl = LlamaConfig(**SIZES, vocab_size=vocab)
     tl._attn_implementation = "sdpa"
-    layers = list(eagle3_layers(target.config.num_hidden_layers))
+    layers = list(low_mid_high(target.config.num_hidden_layers))
     extra = {"draft_vocab_size": vocab, "norm_before_residual": False, "_tokens": ttt}
     extra["eagle_aux_hidden_state_layer_ids"] = layers
     torch.manual_seed(0)

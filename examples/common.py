@@ -10,12 +10,18 @@ from pathlib import Path
 import numpy as np
 
 from padfree import STRATEGIES, PlanConfig
+from padfree.commands.common import COUNT, NUMERIC, Bounded, OneLineParser
 from padfree.commands.lengths import add_data_arguments, assistant_path, format_options
 from padfree.core.config import OVERLONG
 from padfree.errors import PadfreeError, one_line
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 """Real chat, math, code and document samples and a 32K SentencePiece tokenizer, vendored in the repo."""
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The examples' argument parser: a bad option is one line and exit code 2, as in the ``padfree`` CLI."""
+    return OneLineParser(description=doc.splitlines()[0])
 
 
 def add_data_and_model_args(p: argparse.ArgumentParser) -> None:
@@ -40,17 +46,19 @@ def add_data_and_model_args(p: argparse.ArgumentParser) -> None:
         "any sample whose tokens differ from it stops the run",
     )
     p.add_argument("--strategy", default="packed", choices=STRATEGIES)
-    p.add_argument("--budget", type=int, default=2048, help="tokens per micro-batch")
+    p.add_argument("--budget", type=NUMERIC["--budget"], default=2048, help="tokens per micro-batch")
     p.add_argument(
         "--overlong",
         default="error",
         choices=OVERLONG,
         help="samples longer than the budget, as in `padfree plan`: error (default), truncate, split, drop",
     )
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per rank per optimizer step")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit-samples", type=int, default=None, help="use the first N samples")
+    p.add_argument(
+        "--grad-accum", type=NUMERIC["--grad-accum"], default=1, help="micro-batches per rank per step"
+    )
+    p.add_argument("--epochs", type=COUNT, default=1)
+    p.add_argument("--seed", type=NUMERIC["--seed"], default=0)
+    p.add_argument("--limit-samples", type=COUNT, default=None, help="use the first N samples")
     p.add_argument("--loss-on", default="assistant", choices=["assistant", "all"])
     p.add_argument("--model", default="tiny-llama", help="padfree.models name or a config directory")
     p.add_argument(
@@ -62,12 +70,12 @@ def add_data_and_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--vocab-size",
-        type=int,
+        type=NUMERIC["--vocab-size"],
         default=None,
         help="model vocabulary smaller than the tokenizer's: token ids are folded modulo it "
         "(a speed knob for CPU smoke tests; leave unset for real training)",
     )
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=Bounded(float, 0, 1e3, above=True), default=1e-3)
 
 
 def load_training_data(args: argparse.Namespace) -> tuple[list[dict], np.ndarray, np.ndarray]:

@@ -51,6 +51,7 @@ from common import (
     load_training_data,
     model_overrides,
     overlong_line,
+    parser,
     plan_config,
     planned_tokens,
     run_example,
@@ -58,6 +59,7 @@ from common import (
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from padfree.commands.common import COUNT, WARM, Bounded
 from padfree.core.fingerprint import explain
 from padfree.errors import PadfreeError, StateError, one_line
 from padfree.models import build_model
@@ -79,7 +81,7 @@ from padfree.torch.lifecycle import EXIT_STOPPED, StopOnSignal, die_with_parent,
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     add_data_and_model_args(p)
     add_run_args(p)
     return p.parse_args(argv)
@@ -87,20 +89,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     """Steps, clipping, checkpoints, resume, the seen-log, the log and rank balancing (``train_loop``'s)."""
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps in all")
-    p.add_argument("--clip", type=float, default=1.0, help="gradient norm clip (0: off)")
+    p.add_argument(
+        "--max-steps", type=COUNT, default=None, help="stop after this many optimizer steps in all"
+    )
+    p.add_argument("--clip", type=Bounded(float, 0, 1e9), default=1.0, help="gradient norm clip (0: off)")
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument(
-        "--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: only at the end)"
+        "--checkpoint-every", type=WARM, default=0, help="steps between checkpoints (0: only at the end)"
     )
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if any")
     p.add_argument("--seen-log", default=None, help="append one JSON line per consumed sample")
-    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--log-every", type=COUNT, default=10)
     p.add_argument(
         "--balance", default="static", choices=["static", "dynamic"],
         help="dynamic: balance ranks from measured micro-batch times (PlanBatchSampler(balance=...))",
     )  # fmt: skip
-    p.add_argument("--balance-every", type=int, default=4, help="steps between timing exchanges (dynamic)")
+    p.add_argument("--balance-every", type=COUNT, default=4, help="steps between timing exchanges (dynamic)")
 
 
 # ----- distributed and checkpoints ------------------------------------------------------------------------
@@ -188,19 +192,7 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     step = 0
     state = ckpt.resume(device) if ckpt is not None and args.resume else None
     if state is not None:
-        why = explain(state["sampler"].get("identity"), sampler.identity)  # which field differs, if any
-        ckpt.check_fingerprints(state["sampler"].get("fingerprint"), sampler.fingerprint, why)
-        try:  # every rank loads the same file: all fail alike, rank 0 says it
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
-            raise StateError(
-                f"{one_line(state['path'])}: the checkpoint's model or optimizer does not fit this run "
-                f"({type(exc).__name__}: {one_line(str(exc))[:200]}); resume with the model options it was "
-                "written with, or start this run in another --checkpoint-dir"
-            ) from None
-        sampler.load_state_dict(state["sampler"])
-        step = int(state["step"])
+        step = resume_from(state, ckpt, model, optimizer, sampler)
         log(f"resumed from {state['path']} at step {step}, epoch {sampler.epoch}, world size {world}")
         del state
     ddp = DistributedDataParallel(model) if world > 1 else model
@@ -242,15 +234,54 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     )
 
 
+def resume_from(state: dict, ckpt: CheckpointDir, model, optimizer, sampler, saved=None, now=None) -> int:
+    """Load a checkpoint into the model, optimizer and sampler; returns its step. A checkpoint written under
+    another configuration is one line naming what differs: the plan's fields, and ``saved`` vs ``now`` (a
+    model's own options, e.g. the drafter's) where given."""
+    why = explain(saved, now or {}) if saved is not None else None
+    why = why or explain(state["sampler"].get("identity"), sampler.identity)  # which field differs, if any
+    if saved is not None and explain(saved, now or {}):
+        raise StateError(
+            f"{one_line(state['path'])}: the checkpoint belongs to another configuration ({why}); "
+            "resume with the options it was written with, or start this run in another --checkpoint-dir"
+        )
+    ckpt.check_fingerprints(state["sampler"].get("fingerprint"), sampler.fingerprint, why)
+    try:  # every rank loads the same file: all fail alike, rank 0 says it
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
+        raise StateError(
+            f"{one_line(state['path'])}: the checkpoint's model or optimizer does not fit this run "
+            f"({type(exc).__name__}: {one_line(str(exc))[:200]}); resume with the model options it was "
+            "written with, or start this run in another --checkpoint-dir"
+        ) from None
+    sampler.load_state_dict(state["sampler"])
+    return int(state["step"])
+
+
 def train_loop(
-    args, rank, device, ckpt, stop, run, parts, count, micro_step, *, step=0, after_step=None, dropped=()
+    args,
+    rank,
+    device,
+    ckpt,
+    stop,
+    run,
+    parts,
+    count,
+    micro_step,
+    *,
+    step=0,
+    after_step=None,
+    extra=None,
+    dropped=(),
 ) -> int:
     """The epochs: optimizer steps of ``micro_step(micro_batches, step_count) -> (loss_sum, tokens)`` with the
     loss normalized by ``count(micro_batches)`` (the step's loss-bearing positions on all ranks), gradient
     clipping, the seen-log, SIGTERM, checkpoints and the log; shared with ``train_drafter.py``.
     ``parts`` are ``(sampler, loader, model, optimizer)``; ``after_step(micro_batches, run, epoch, step)``
-    runs after each optimizer step (before any checkpoint of it); ``dropped``: the samples the plan leaves
-    out on purpose (``--overlong drop``), said once in the seen-log so its check does not count them lost."""
+    runs after each optimizer step (before any checkpoint of it); ``extra`` goes into every checkpoint;
+    ``dropped``: the samples the plan leaves out on purpose (``--overlong drop``), said once in the seen-log
+    so its check does not count them lost."""
     log = print if rank == 0 else (lambda *a, **k: None)
     sampler, loader, model, optimizer = parts
     if args.seen_log:
@@ -279,11 +310,11 @@ def train_loop(
                 after_step(micro_batches, run, epoch, step - 1)
             if stop.agreed(device):
                 if ckpt is not None:
-                    save(ckpt, step, model, optimizer, sampler)
+                    save(ckpt, step, model, optimizer, sampler, extra)
                 log(f"stopped by {stop.received or 'a signal on another rank'} after step {step}")
                 return EXIT_STOPPED
             if ckpt is not None and args.checkpoint_every and step % args.checkpoint_every == 0:
-                save(ckpt, step, model, optimizer, sampler)
+                save(ckpt, step, model, optimizer, sampler, extra)
             if step % args.log_every == 0:
                 totals = all_reduce_sum(
                     torch.stack([loss_sum.double().cpu(), torch.tensor(float(tokens_since))]), device
@@ -300,7 +331,7 @@ def train_loop(
         if done:
             break
     if ckpt is not None:
-        save(ckpt, step, model, optimizer, sampler)
+        save(ckpt, step, model, optimizer, sampler, extra)
     log(f"finished at step {step}, epoch {sampler.epoch} ({sampler.step}/{sampler.steps_in_epoch} steps)")
     log(f"sampler after {time.perf_counter() - t_train:.1f} s of training: {sampler.balance_stats()}")
     if seen is not None:
@@ -308,7 +339,7 @@ def train_loop(
     return 0
 
 
-def save(ckpt: CheckpointDir, step, model, optimizer, sampler) -> None:
+def save(ckpt: CheckpointDir, step, model, optimizer, sampler, extra=None) -> None:
     """Rank 0 saves once every rank has logged the step (the seen-log never lags a checkpoint)."""
     ckpt.save(
         step,
@@ -317,6 +348,7 @@ def save(ckpt: CheckpointDir, step, model, optimizer, sampler) -> None:
             "optimizer": optimizer.state_dict(),
             "sampler": sampler.state_dict(),
             "step": step,
+            **(extra or {}),
         },
     )
 

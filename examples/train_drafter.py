@@ -5,27 +5,33 @@ Several ranks:    torchrun --nproc_per_node 2 examples/train_drafter.py --method
 Kill and resume:  add --checkpoint-dir ckpt --checkpoint-every 5, then rerun with --resume (any world size)
 
 What it does (the data, plan, checkpoint, resume, seen-log and SIGTERM machinery is ``train.py``'s own:
-``train_loop``, ``add_run_args``, ``save``):
+``train_loop``, ``add_run_args``, ``resume_from``, ``save``):
 - tokenizes ``--data`` as ``train.py`` does (loss on assistant turns by default); token ids are folded
   modulo ``--vocab-size`` (default 2048: a tiny LM head, so the example trains in minutes on a CPU).
-- DFlash: counts each sample's anchors (:func:`padfree.core.anchors.anchor_counts`: the policy's quota from
-  the loss mask alone) and gives them to :class:`padfree.torch.PlanBatchSampler` (``anchors=``), which keeps
-  every micro-batch within ``--anchor-budget`` draft blocks (if set) and balances ranks by the drafter cost
-  model (:meth:`padfree.core.config.CostModel.for_drafter`). Anchors themselves are chosen per document
-  from ``(seed, epoch, sample id)`` by the collator, the same whatever the packing, rank or resume.
-- every micro-batch: the frozen target runs forward under ``no_grad`` on the micro-batch's rows (packed rows
-  with per-document attention), its chosen layers' hidden states feed the drafter (DDP), whose loss is
-  ``KL(target || drafter)`` summed over supervised draft positions. The step's loss is normalized over all
-  supervised draft positions of the step on all ranks (counted from the collated fields, all-reduced once
-  per step, before any forward), so the gradient is exactly the mean over the step's draft positions.
-- ``--anchor-log FILE`` (DFlash): every rank appends one JSON line per trained sample and step,
+- a method with anchors (DFlash) counts each sample's anchors (:func:`padfree.core.anchors.anchor_counts`:
+  the policy's quota from the loss mask alone) and gives them to :class:`padfree.torch.PlanBatchSampler`
+  (``anchors=``), which keeps every micro-batch within ``--anchor-budget`` draft blocks (if set) and balances
+  ranks by the method's cost model (:func:`padfree.drafter.methods.cost_model`). Anchors themselves are chosen
+  per document from ``(seed, epoch, sample id)`` by the collator, the same whatever the packing, rank or
+  resume. Samples that keep no supervised token after ``--overlong truncate`` are counted and said.
+- target and drafter come from :func:`padfree.drafter.train.build_models`; every micro-batch the frozen target
+  runs forward under ``no_grad`` on the micro-batch's rows (packed rows with per-document attention), its
+  chosen layers' hidden states feed the drafter (DDP), whose loss is ``KL(target || drafter)`` summed over
+  supervised draft positions. The step's loss is normalized over all supervised draft positions of the step on
+  all ranks (``batch.positions``, all-reduced once per step, before any forward), so the gradient is exactly
+  the mean over the step's draft positions. A micro-batch with no document, no anchor or no supervised
+  position trains on with a zero loss that still reaches every parameter, so the ranks' all-reduces stay in
+  step (:func:`padfree.drafter.train.loss_sums`).
+- ``--anchor-log FILE`` (methods with anchors): every rank appends one JSON line per trained sample and step,
   ``{"run", "epoch", "step", "rank", "index", "anchors"}``, for the kill/resume check that every sample
-  trains with the same anchors (``tests/examples/test_train_drafter.py``).
+  trains with the same anchors (``tests/testing/test_train_drafter.py``).
+- a checkpoint records the drafter's options; resuming under others is one line naming them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -36,42 +42,39 @@ from common import (
     add_data_and_model_args,
     dropped_samples,
     load_training_data,
+    parser,
     plan_config,
     run_example,
 )
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
-from train import add_run_args, setup_distributed, shared_run_id, train_loop
+from train import add_run_args, resume_from, setup_distributed, shared_run_id, train_loop
 
-from padfree.core.anchors import AnchorPolicy, anchor_counts
-from padfree.core.config import CostModel
+from padfree.commands.common import NUMERIC, add_recipe_arguments, recipe_from_args
+from padfree.core.anchors import anchor_counts
 from padfree.drafter.collate import DrafterCollator
-from padfree.drafter.dflash import DFlashConfig, DFlashDrafter
-from padfree.drafter.eagle3 import Eagle3Config, Eagle3Drafter
-from padfree.drafter.target import (
-    TINY_TARGET,
-    build_target,
-    dflash_layers,
-    eagle3_layers,
-    lm_head,
-    run_target,
-)
+from padfree.drafter.methods import METHODS, cost_model
+from padfree.drafter.train import TINY_TARGET, build_models, loss_sums, token_counts
 from padfree.errors import PadfreeError
 from padfree.torch import PlanBatchSampler, PlannedDataset, all_reduce_sum, step_loss, sync_unless
 from padfree.torch.checkpoint import CheckpointDir
 from padfree.torch.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
 
+IDENTITY = ("method", "draft_layers", "vocab_size")
+"""The options a drafter checkpoint is bound to besides its recipe's fields (a resume under others is refused,
+naming them)."""
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     add_data_and_model_args(p)
     add_run_args(p)
-    p.add_argument("--method", default="dflash", choices=["dflash", "eagle3"])
-    p.add_argument("--block-size", type=int, default=16, help="DFlash block size")
-    p.add_argument("--max-anchors", type=int, default=512, help="DFlash anchors per document at most")
-    p.add_argument("--anchor-budget", type=int, default=None, help="DFlash blocks per micro-batch at most")
-    p.add_argument("--ttt", type=int, default=7, help="EAGLE-3 test-time-training steps")
-    p.add_argument("--draft-layers", type=int, default=1, help="DFlash draft layers")
+    p.add_argument("--method", default="dflash", choices=list(METHODS))
+    add_recipe_arguments(p)
+    p.add_argument(
+        "--anchor-budget", type=NUMERIC["--anchor-budget"], default=None, help="blocks per micro-batch"
+    )
+    p.add_argument("--draft-layers", type=NUMERIC["--draft-layers"], default=1, help="DFlash draft layers")
     p.add_argument("--anchor-log", default=None, help="append each trained sample's anchors (DFlash)")
     p.set_defaults(vocab_size=2048, budget=1024, overlong="truncate")  # tiny defaults that run as they are
     return p.parse_args(argv)
@@ -80,37 +83,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 class DraftLoss(torch.nn.Module):
     """The drafter's loss as a module's forward, so that DDP sees the forward it synchronizes."""
 
-    def __init__(self, drafter: torch.nn.Module) -> None:
+    def __init__(self, models) -> None:
         super().__init__()
-        self.drafter = drafter
+        self.models = models
+        self.drafter = models.drafter
 
-    def forward(self, target_out, head, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.drafter.loss(target_out, head, batch)
-
-
-def supervised_positions(batch) -> int:
-    """Supervised draft positions of a collated micro-batch (0 for an empty one)."""
-    if isinstance(batch, Empty):
-        return 0
-    f = batch.dflash if batch.dflash is not None else batch.eagle3
-    return int(f.supervised.sum())
-
-
-class Empty:
-    """An empty micro-batch (an epoch's tail after an elastic resume): no rows, still a step's member."""
-
-    def __init__(self, info) -> None:
-        self.info = info
-
-
-class Collate:
-    """The drafter collator; an empty micro-batch becomes :class:`Empty` (with its ``info``)."""
-
-    def __init__(self, inner: DrafterCollator) -> None:
-        self.inner = inner
-
-    def __call__(self, items):
-        return self.inner(items) if len(items) else Empty(items.info)
+    def forward(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return loss_sums(self.models, batch)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,17 +121,24 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     samples, lengths, loss_tokens = load_training_data(args)
     for s in samples:
         s["input_ids"] = s["input_ids"] % args.vocab_size
-    policy = AnchorPolicy(block_size=args.block_size, max_anchors=args.max_anchors)
-    hidden, layers = TINY_TARGET["hidden_size"], TINY_TARGET["num_hidden_layers"]
-    shape = {"hidden": hidden, "layers": layers, "vocab": args.vocab_size}
-    if args.method == "dflash":
-        mask = np.concatenate([np.asarray(s["loss_mask"], bool) for s in samples])
-        anchors = anchor_counts(mask, np.concatenate(([0], np.cumsum(lengths))), policy)
-        cost = CostModel.for_drafter("dflash", **shape, block_size=args.block_size)
-    else:
-        anchors = None
-        cost = CostModel.for_drafter("eagle3", **shape, ttt=args.ttt)
-    config = plan_config(args).with_(cost=cost, anchor_budget=args.anchor_budget)
+    recipe = recipe_from_args(args, args.method)
+    shape = {"hidden": TINY_TARGET["hidden_size"], "layers": TINY_TARGET["num_hidden_layers"]}
+    models = build_models(
+        args.method,
+        vocab=args.vocab_size,
+        seed=args.seed,
+        recipe=recipe,
+        draft_layers=args.draft_layers,
+        counts=token_counts(samples, args.vocab_size),
+    )
+    spec = models.method
+    mask = np.concatenate([np.asarray(s["loss_mask"], bool) for s in samples])
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    anchors = anchor_counts(mask, offsets, recipe.anchor_policy()) if spec.uses_anchors else None
+    cost = cost_model(spec.name, **shape, vocab=args.vocab_size, block_size=recipe.block_size, ttt=recipe.ttt)
+    config = plan_config(args).with_(
+        cost=cost, anchor_budget=args.anchor_budget if spec.uses_anchors else None
+    )
     sampler = PlanBatchSampler(
         lengths,
         config,
@@ -162,73 +148,52 @@ def train(args, rank, world, device, ckpt, stop) -> int:
         balance_every=args.balance_every,
     )
     layout = "packed" if config.packed else "padded"
-    inner = DrafterCollator(args.method, policy, seed=args.seed, layout=layout, ttt=args.ttt, mask_token_id=1)
-    loader = DataLoader(PlannedDataset(samples), batch_sampler=sampler, collate_fn=Collate(inner))
-
-    target = build_target(seed=args.seed, vocab_size=args.vocab_size).to(device)
-    head = lm_head(target)
-    torch.manual_seed(args.seed + 1)
-    heads, kv_heads = TINY_TARGET["num_attention_heads"], TINY_TARGET["num_key_value_heads"]
-    common = {
-        "hidden_size": hidden,
-        "num_heads": heads,
-        "num_kv_heads": kv_heads,
-        "intermediate_size": 2 * hidden,
-    }
-    if args.method == "dflash":
-        chosen = dflash_layers(layers, max(2, args.draft_layers))
-        dcfg = DFlashConfig(**common, num_layers=args.draft_layers, block_size=args.block_size,
-                            n_target_layers=len(chosen))  # fmt: skip
-        drafter = DFlashDrafter(dcfg, target.get_input_embeddings().weight, head.weight)
-    else:
-        chosen = eagle3_layers(layers)
-        drafter = Eagle3Drafter(
-            Eagle3Config(**common, ttt=args.ttt), target.get_input_embeddings().weight, head.weight
+    collate = DrafterCollator(args.method, recipe=recipe, seed=args.seed, layout=layout, mask_token_id=1)
+    loader = DataLoader(PlannedDataset(samples), batch_sampler=sampler, collate_fn=collate)
+    lost = unsupervised_after_cut(mask, offsets, args.budget) if args.overlong == "truncate" else 0
+    if lost:
+        log(
+            f"{lost} of {len(samples)} samples keep no supervised token after --overlong {args.overlong} at "
+            f"budget {args.budget}: they are planned and trained with no loss"
         )
-    drafter = drafter.to(device)
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
 
+    models.target.to(device)
+    drafter = models.drafter.to(device)
+    params = models.trainable()
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    identity = {**{k: getattr(args, k) for k in IDENTITY}, **dataclasses.asdict(recipe)}
+    identity.pop("source")
     step = 0
     state = ckpt.resume(device) if ckpt is not None and args.resume else None
     if state is not None:
-        ckpt.check_fingerprints(state["sampler"].get("fingerprint"), sampler.fingerprint)
-        drafter.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        sampler.load_state_dict(state["sampler"])
-        step = int(state["step"])
+        step = resume_from(state, ckpt, drafter, optimizer, sampler, state.get("drafter", {}), identity)
         log(f"resumed from {state['path']} at step {step}, epoch {sampler.epoch}, world size {world}")
         del state
-    step_loss_module = DraftLoss(drafter)
+    step_loss_module = DraftLoss(models)
     ddp = DistributedDataParallel(step_loss_module) if world > 1 else step_loss_module
     log(
-        f"run {run}: {args.method}, {len(samples)} samples, {int(lengths.sum())} tokens, "
-        f"{sum(p.numel() for p in params) / 1e6:.2f}M drafter params, {args.strategy} budget {args.budget}, "
-        f"world {world} x grad_accum {args.grad_accum}"
+        f"run {run}: {args.method}, {recipe.describe()}, {len(samples)} samples, "
+        f"{int(lengths.sum())} tokens, {sum(p.numel() for p in params) / 1e6:.2f}M drafter params, "
+        f"{args.strategy} budget {args.budget}, world {world} x grad_accum {args.grad_accum}"
     )
 
-    def count(micro_batches) -> int:
-        """Supervised draft positions of the whole step on all ranks (every rank calls it once per step)."""
-        local = sum(supervised_positions(mb) for mb in micro_batches)
-        return int(all_reduce_sum(local, device).item())
+    def count(micro_batches) -> float:
+        """The step's loss denominator on all ranks, as the recipe counts it (every rank calls it once per
+        step, before any forward)."""
+        return float(all_reduce_sum(sum(mb.denominator for mb in micro_batches), device).item())
 
-    def micro_step(micro_batches, positions):
+    def micro_step(micro_batches, denominator):
         loss_sum = torch.zeros((), device=device)
         for mb in micro_batches:
             with sync_unless(ddp, mb.info.last), sampler.timed(ddp):
-                if isinstance(mb, Empty):  # no rows: a zero loss that still joins the gradient all-reduce
-                    (sum(p.sum() for p in params) * 0.0).backward()
-                    continue
-                with torch.no_grad():
-                    out = run_target(target, mb.contract, chosen)
-                num, _ = ddp(out, head, mb)
+                num, _ = ddp(mb)
                 total = num.sum()
-                step_loss(total, positions, world).backward()
+                step_loss(total, denominator, world).backward()
             loss_sum += total.detach()
-        return loss_sum, sum(supervised_positions(mb) for mb in micro_batches)
+        return loss_sum, sum(mb.positions for mb in micro_batches)
 
     anchor_fd = None
-    if args.anchor_log and args.method == "dflash":
+    if args.anchor_log and spec.uses_anchors:
         Path(args.anchor_log).parent.mkdir(parents=True, exist_ok=True)
         anchor_fd = os.open(args.anchor_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
@@ -237,9 +202,7 @@ def train(args, rank, world, device, ckpt, stop) -> int:
             return
         lines = []
         for mb in micro_batches:
-            if isinstance(mb, Empty):
-                continue
-            for sid, a in zip(mb.info.indices, mb.dflash.anchors_by_doc, strict=True):
+            for sid, a in zip(mb.info.indices, mb.anchors_by_doc(), strict=True):
                 rec = {
                     "run": run_id,
                     "epoch": epoch,
@@ -256,12 +219,36 @@ def train(args, rank, world, device, ckpt, stop) -> int:
         parts = (sampler, loader, drafter, optimizer)
         dropped = dropped_samples(lengths, args.budget, args.overlong)
         return train_loop(
-            args, rank, device, ckpt, stop, run, parts, count, micro_step,
-            step=step, after_step=log_anchors, dropped=dropped,
-        )  # fmt: skip
+            args,
+            rank,
+            device,
+            ckpt,
+            stop,
+            run,
+            parts,
+            count,
+            micro_step,
+            step=step,
+            after_step=log_anchors,
+            extra={"drafter": identity},
+            dropped=dropped,
+        )
     finally:
         if anchor_fd is not None:
             os.close(anchor_fd)
+
+
+def unsupervised_after_cut(mask: np.ndarray, offsets: np.ndarray, budget: int) -> int:
+    """Samples (``mask[offsets[i]:offsets[i + 1]]`` their loss masks) with supervised tokens that keep none in
+    their first ``budget`` tokens, what ``--overlong truncate`` trains.
+
+    >>> unsupervised_after_cut(np.array([0, 0, 1, 1, 0, 0, 0]), np.array([0, 3, 4, 7]), 2)
+    1
+    """
+    cs = np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))
+    start, end = offsets[:-1], offsets[1:]
+    head = cs[np.minimum(start + budget, end)] - cs[start]
+    return int(((cs[end] - cs[start] > 0) & (head == 0)).sum())
 
 
 if __name__ == "__main__":

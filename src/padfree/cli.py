@@ -14,8 +14,8 @@ import contextlib
 import importlib
 import os
 import sys
-from typing import NoReturn
 
+from padfree.commands.common import OneLineParser
 from padfree.errors import OutputError, PadfreeError, one_line
 
 COMMANDS = (
@@ -31,16 +31,12 @@ COMMANDS = (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, exit 2, no usage block
-        print(f"{self.prog}: error: {one_line(message)}", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="padfree", description="Padding-free, well-mixed batching plans for LLM training.")
+    parser = OneLineParser(
+        prog="padfree", description="Padding-free, well-mixed batching plans for LLM training."
+    )
     parser.add_argument("--version", action="version", version=f"padfree {_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name in COMMANDS:
         mod = importlib.import_module(f"padfree.commands.{name.replace('-', '_')}")
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)

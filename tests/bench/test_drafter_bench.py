@@ -8,24 +8,25 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from padfree.baselines import samples_per_batch  # noqa: E402
 from padfree.bench.drafter import (  # noqa: E402
     ARMS,
-    build_models,
+    bench_models,
     collator,
     coverage,
     epoch_rate,
     items_of,
     make_arms,
     modeled_imbalance,
-    pad_blocks,
     sample_anchors,
-    samples_per_batch,
     speed,
 )
 from padfree.bench.measure import covers_each_once  # noqa: E402
 from padfree.core.anchors import AnchorPolicy  # noqa: E402
 from padfree.core.config import CostModel  # noqa: E402
 from padfree.core.cost import micro_shapes  # noqa: E402
+from padfree.drafter.dflash import pad_anchor_slots  # noqa: E402
+from padfree.drafter.methods import cost_model  # noqa: E402
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures"
 POLICY = AnchorPolicy(block_size=4)
@@ -51,7 +52,7 @@ def samples():
 def test_arms_cover_every_sample_once_within_budget(samples):
     lengths = np.array([len(s["input_ids"]) for s in samples])
     anchors = sample_anchors(samples, POLICY)
-    cost = CostModel.for_drafter("dflash", hidden=32, layers=2, vocab=256, block_size=4)
+    cost = cost_model("dflash", hidden=32, layers=2, vocab=256, block_size=4)
     arms = make_arms(lengths, anchors, 512, 0, cost, world_size=2)
     assert set(arms) == set(ARMS)
     for name, arm in arms.items():
@@ -87,8 +88,9 @@ def test_sorted_fixed_is_length_sorted_with_a_fixed_count(samples):
 
 def test_padding_blocks_changes_no_loss(samples):
     from padfree.drafter.target import run_target
+    from padfree.drafter.train import loss_sums
 
-    models = build_models("dflash", vocab=256, hidden=32, layers=2, intermediate=64, block_size=4)
+    models = bench_models("dflash", vocab=256, hidden=32, layers=2, intermediate=64, block_size=4)
     lengths = np.array([len(s["input_ids"]) for s in samples])
     arms = make_arms(lengths, sample_anchors(samples, POLICY), 512, 0, CostModel())
     arm = arms["sorted_budget"]
@@ -96,13 +98,13 @@ def test_padding_blocks_changes_no_loss(samples):
     b = arm.batching
     j = int(np.argmax(np.diff(b.offsets)))  # the micro-batch with the most rows
     batch = col(items_of(samples, b.order[b.offsets[j] : b.offsets[j + 1]]))
-    padded = pad_blocks(batch)
-    n_rows, most = len(batch.dflash.anchors_by_doc), max(len(a) for a in batch.dflash.anchors_by_doc)
-    assert padded.dflash.anchors.shape[0] == n_rows * most > batch.dflash.anchors.shape[0]
+    padded = pad_anchor_slots(batch)
+    n_rows, most = len(batch.fields.anchors_by_doc), max(len(a) for a in batch.fields.anchors_by_doc)
+    assert padded.fields.anchors.shape[0] == n_rows * most > batch.fields.anchors.shape[0]
     with torch.no_grad():
         out = run_target(models.target, batch.contract, models.layers)
-        num, den = models.drafter.loss(out, models.head, batch)
-        num2, den2 = models.drafter.loss(out, models.head, padded)
+        num, den = loss_sums(models, batch, out=out)
+        num2, den2 = loss_sums(models, padded, out=out)
     assert torch.equal(den, den2)
     torch.testing.assert_close(num, num2, rtol=1e-5, atol=1e-6)
 
@@ -123,7 +125,7 @@ def test_speed_counts_supervised_positions(samples):
     lengths = np.array([len(s["input_ids"]) for s in samples])
     arms = make_arms(lengths, sample_anchors(samples, POLICY), 512, 0, CostModel())
     arms = {k: arms[k] for k in ("padfree_packed", "specforge_random")}
-    models = build_models("eagle3", vocab=256, hidden=32, layers=2, intermediate=64, ttt=2)
+    models = bench_models("eagle3", vocab=256, hidden=32, layers=2, intermediate=64, ttt=2)
     rows = speed("eagle3", arms, samples, models, POLICY, micro=2, seed=0, ttt=2, rounds_warmup=0)
     for r in rows.values():
         assert r["draft_positions"] > 0 and r["cpu_seconds"] > 0 and r["draft_pos_per_s"] > 0
@@ -136,7 +138,7 @@ def test_speed_with_cost_times_the_stratified_micro_batches(samples):
     anchors = sample_anchors(samples, POLICY)
     arms = make_arms(lengths, anchors, 512, 0, CostModel())
     arms = {k: arms[k] for k in ("sorted_fixed",)}
-    models = build_models("dflash", vocab=256, hidden=32, layers=2, intermediate=64, block_size=4)
+    models = bench_models("dflash", vocab=256, hidden=32, layers=2, intermediate=64, block_size=4)
     rows = speed("dflash", arms, samples, models, POLICY, micro=3, seed=0, ttt=2, rounds_warmup=0,
                  cost=CostModel(), anchors=anchors)  # fmt: skip
     b = arms["sorted_fixed"].batching

@@ -11,7 +11,8 @@ import pytest
 
 from padfree import PlanConfig, make_plan
 from padfree.core import _kernels
-from padfree.core.balance import Balance, plan_budget, step_layout
+from padfree.core.balance import Balance, dynamic_budget, step_layout
+from padfree.core.budget import Budget
 from padfree.core.config import DEFAULT_COST
 from padfree.core.cost import Coefficients, micro_costs, micro_shapes
 from padfree.core.refit import fit, nnls3, rank_stats, relative_error
@@ -110,6 +111,7 @@ def test_packed_recut_keeps_every_item_within_the_budget_and_follows_speeds(seed
     rng = np.random.default_rng(seed)
     world, accum, budget = 2, 4, 4096
     cfg = PlanConfig(strategy="packed", budget=int(budget * 0.85), world_size=world, grad_accum=accum)
+    seg = Budget.of(cfg.with_(budget=budget), cfg.budget)  # planned at 85%, re-cut up to the budget
     lens = rng.integers(20, 1500, 60)
     # bins as the plan would fill them (to 85% of the budget)
     cur, offsets = 0, [0]
@@ -122,13 +124,13 @@ def test_packed_recut_keeps_every_item_within_the_budget_and_follows_speeds(seed
     lens, offsets = lens[: offsets[accum * world]], np.array(offsets[: accum * world + 1])
     assert offsets.shape[0] == accum * world + 1  # 60 items of 20-1500 tokens fill the step's 8 bins
     balance = Balance((1e-4, 1e-8, 1e-3), speeds=(1.2, 0.8), fitted=True, recut=True)
-    order, offs = step_layout(lens, offsets, cfg, balance, budget=budget)
+    order, offs = step_layout(lens, offsets, cfg, balance, budget=seg)
     assert sorted(order.tolist()) == list(range(len(lens)))  # the step's items, each once
     per_bin = np.add.reduceat(np.append(lens[order], 0), offs[:-1])[: world * accum] * (np.diff(offs) > 0)
     assert per_bin.max() <= budget
     weights = 1e-4 * lens[order] + 1e-8 * lens[order] ** 2.0
     rank_load = np.add.reduceat(np.append(weights, 0), offs[:-1:accum])[:world]
-    static = step_layout(lens, offsets, cfg, Balance((1e-4, 1e-8, 1e-3)), budget=budget)
+    static = step_layout(lens, offsets, cfg, Balance((1e-4, 1e-8, 1e-3)), budget=seg)
     static_load = np.add.reduceat(np.append(weights[np.argsort(order)][static[0]], 0), static[1][:-1:accum])
     assert (rank_load / (1.2, 0.8)).max() < (static_load[:world] / (1.2, 0.8)).max()
 
@@ -141,10 +143,10 @@ def test_micro_costs_of_empty_micro_batches_are_the_constant():
 
 
 def test_headroom_is_validated_and_for_every_strategy():
-    assert plan_budget(PlanConfig(strategy="packed", budget=100), 1.0) is None
-    assert plan_budget(PlanConfig(strategy="bucketed", budget=100), 0.85) == 85
+    assert dynamic_budget(PlanConfig(strategy="packed", budget=100), headroom=1.0) is None
+    assert dynamic_budget(PlanConfig(strategy="bucketed", budget=100), headroom=0.85) == 85
     with pytest.raises(ConfigError, match="headroom"):
-        plan_budget(PlanConfig(strategy="packed", budget=100), 0.2)
+        dynamic_budget(PlanConfig(strategy="packed", budget=100), headroom=0.2)
 
 
 def test_permute_in_place_is_a_gather():
@@ -182,20 +184,21 @@ def test_padded_recut_keeps_every_item_once_within_the_budget_and_never_slower(s
     world, accum, budget = int(rng.integers(2, 5)), int(rng.integers(1, 5)), 4096
     lens, offsets = _padded_step(rng, world, accum, budget)
     cfg = PlanConfig(strategy=strategy, budget=int(budget * 0.85), world_size=world, grad_accum=accum)
+    seg = Budget.of(cfg.with_(budget=budget), cfg.budget)  # planned at 85%, re-cut up to the budget
     speeds = rng.uniform(0.5, 1.5, world)
     model = (float(rng.uniform(1e-5, 1e-4)), float(rng.choice([0.0, rng.uniform(1e-9, 1e-7)])), 1e-3)
     balance = Balance(model, speeds=tuple(speeds), fitted=True, recut=True)
-    order, offs = step_layout(lens, offsets, cfg, balance, budget=budget)
+    order, offs = step_layout(lens, offsets, cfg, balance, budget=seg)
     assert sorted(order.tolist()) == list(range(len(lens)))  # the step's items, each once
     assert offs.shape[0] == world * accum + 1 and offs[0] == 0 and offs[-1] == len(lens)
     counts = np.diff(offs)
     assert (counts > 0).all()  # a micro-batch keeps a row of its own
     longest = np.maximum.reduceat(lens[order], offs[:-1])
     assert (counts * longest).max() <= budget  # the real budget, never above
-    plain = step_layout(lens, offsets, cfg, replace(balance, recut=False), budget=budget)
+    plain = step_layout(lens, offsets, cfg, replace(balance, recut=False), budget=seg)
     got, assigned = (_rank_times(lens, *x, model, speeds, accum).max() for x in ((order, offs), plain))
     assert got <= assigned
-    again = step_layout(lens.copy(), offsets.copy(), cfg, balance, budget=budget)
+    again = step_layout(lens.copy(), offsets.copy(), cfg, balance, budget=seg)
     assert all(np.array_equal(x, y) for x, y in zip(again, (order, offs), strict=True))  # a pure function
 
 
@@ -208,6 +211,7 @@ def test_padded_recut_follows_the_speeds():
     lengths = np.minimum(np.random.default_rng(0).lognormal(5.5, 1.2, 3000).astype(np.int64) + 2, 4096)
     cfg = PlanConfig(strategy="bucketed", budget=4096, world_size=2, grad_accum=4, overlong="truncate")
     plan, _ = replay(make_items(lengths, 4096, "truncate"), cfg, 0, [Segment(2, 4, 0, 3481)])
+    seg = Budget.of(cfg, 3481)
     speeds, model = np.array([1.2, 0.8]), (1e-4, 2e-8, 2e-3)
     balance = Balance(model, speeds=tuple(speeds), fitted=True, recut=True)
     ratios = {True: [], False: []}
@@ -215,7 +219,7 @@ def test_padded_recut_follows_the_speeds():
         offs = plan.offsets[s * 8 : (s + 1) * 8 + 1]
         lens = plan.lengths[offs[0] : offs[-1]]
         for recut in (True, False):
-            layout = step_layout(lens, offs - offs[0], plan.config, replace(balance, recut=recut), 4096)
+            layout = step_layout(lens, offs - offs[0], plan.config, replace(balance, recut=recut), seg)
             t = _rank_times(lens, *layout, model, speeds, 4)
             ratios[recut].append(t.max() / t.mean())
     # measured (deterministic): 1.022 re-cut, 1.044 assigned (1.031 / 1.062 before steps were composed by

@@ -2,13 +2,16 @@
 their facts are right, a resumed cursor continues exactly, and an unassigned plan refuses to say which rank
 runs what."""
 
+import json
+
 import numpy as np
 import pytest
 
 from padfree import STRATEGIES, PlanConfig, make_plan
 from padfree.core.cursor import Cursor, EpochSource
 from padfree.core.replay import Segment, replay
-from padfree.errors import ConfigError
+from padfree.core.state_check import seal
+from padfree.errors import ConfigError, StateError
 
 
 def _drain(cursor: Cursor) -> list:
@@ -50,6 +53,33 @@ def test_a_cursor_restored_mid_step_continues_exactly():
     again = Cursor(source, cfg, 1)
     again.restore(first.position)
     assert head + [n.ids for n in _drain(again)] == whole
+
+
+def test_a_cursor_saves_and_loads_itself_and_a_refused_state_leaves_it_where_it_was():
+    lengths = np.random.default_rng(4).integers(1, 300, 200)
+    cfg = PlanConfig(strategy="packed", budget=600, world_size=2, grad_accum=3, seed=1)
+    source = EpochSource.of(lengths, cfg)
+    whole = [n.ids for n in _drain(Cursor(source, cfg, 1, dynamic=True))]
+    first = Cursor(source, cfg, 1, dynamic=True)
+    head = [first.take().ids for _ in range(4)]  # one step and one micro-batch into the next
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["history"][0][3] == first.budget and state["taken"]  # planned with headroom; mid-step
+    again = Cursor(source, cfg, 1, dynamic=True)
+    again.load_state_dict(state)
+    assert head + [n.ids for n in _drain(again)] == whole and again.spent
+    again.set_epoch(0)  # the same epoch: nothing left, but no longer spent
+    assert not again.spent and again.peek() is None
+    edited = seal({k: v for k, v in state.items() if k != "digest"} | {"taken": "0" * 32})
+    stays = Cursor(source, cfg, 1, dynamic=True)
+    stays.take()
+    before = stays.position
+    with pytest.raises(StateError, match="taken"):
+        stays.load_state_dict(edited)
+    assert stays.position == before
+    other_budget = seal({k: v for k, v in state.items() if k != "digest"} | {"history": [[2, 3, 1, 123]]})
+    with pytest.raises(StateError, match="not one this sampler plans at"):
+        stays.load_state_dict(other_budget)
+    assert stays.position == before
 
 
 def test_an_unassigned_plan_refuses_to_name_ranks_and_the_loss_counts_are_checked():

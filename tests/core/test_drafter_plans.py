@@ -9,6 +9,7 @@ import pytest
 from padfree import ConfigError, CostModel, PlanConfig, make_plan
 from padfree.core import capacity, cost
 from padfree.core.balance import Balance, step_layout
+from padfree.drafter.methods import cost_model
 
 STRATEGIES = ["sorted", "random", "bucketed", "packed"]
 
@@ -148,9 +149,9 @@ def test_drafter_cost_terms_against_brute_force(packed):
 
 
 def test_drafter_cost_model_defaults_and_file(tmp_path):
-    d = CostModel.for_drafter("dflash", hidden=256, layers=4, vocab=32000, block_size=16)
+    d = cost_model("dflash", hidden=256, layers=4, vocab=32000, block_size=16)
     assert d.a == 1.0 and d.d > 0 and d.e > 0
-    e3 = CostModel.for_drafter("eagle3", hidden=256, layers=4, vocab=32000)
+    e3 = cost_model("eagle3", hidden=256, layers=4, vocab=32000)
     assert e3.d == e3.e == 0 and e3.b > 0  # EAGLE-3 steps scale with tokens and attention: a and b
     d.save(tmp_path / "c.json")
     back = CostModel.load(tmp_path / "c.json")
@@ -158,7 +159,7 @@ def test_drafter_cost_model_defaults_and_file(tmp_path):
     with pytest.raises(ConfigError, match="need a > 0"):
         CostModel(a=0.0, b=1.0, d=1.0)
     with pytest.raises(ConfigError, match="unknown drafter method"):
-        CostModel.for_drafter("medusa")
+        cost_model("medusa")
 
 
 def test_rank_balance_uses_the_drafter_terms():

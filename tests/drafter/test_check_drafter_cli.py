@@ -92,9 +92,10 @@ def _chat_args(method, sp_model, fixtures_dir, *extra):
 
 def test_eagle3_row_wide_shift_on_chats_is_a_latent_leak(sp_model, fixtures_dir, capsys):
     """Chat-only documents start with a user turn: the row-wide shift feeds and labels the next document's
-    first tokens, which carry no loss, so every loss matches; the construction still crosses document ends
-    and the check says LEAK, with how many crossings and that none is supervised here."""
-    opts = ("--docs", "3", "--max-tokens", "96", "--ttt", "4")
+    first tokens, which carry no loss, so where the loss is gated by the predicted token (``--loss-gate 2``)
+    every loss matches; the construction still crosses document ends and the check says LEAK, with how many
+    crossings and that none is supervised here."""
+    opts = ("--docs", "3", "--max-tokens", "96", "--ttt", "4", "--loss-gate", "2")
     assert main(_chat_args("eagle3", sp_model, fixtures_dir, *opts)) == 0
     out = capsys.readouterr().out
     assert "OK: every document trains as if it were alone" in out
@@ -112,6 +113,21 @@ def test_eagle3_row_wide_shift_on_chats_is_a_latent_leak(sp_model, fixtures_dir,
         f"LEAK: {inputs + labels} shifted inputs/labels cross a document end "
         "(0 supervised on this data: the leak is latent here)"
     ]
+
+
+def test_eagle3_row_wide_shift_under_specforge_gating_is_supervised(sp_model, fixtures_dir, capsys):
+    """SpecForge gates the prediction of ``x[t + 2 + k]`` by ``loss_mask[t + k]``: at the end of an assistant
+    turn the gate holds while the label is the next document's first token, so the row-wide shift's crossings
+    reach the loss on the same chats where the predicted-token gate hid them; padfree's per-document fields do
+    not cross at all."""
+    opts = ("--docs", "3", "--max-tokens", "96", "--ttt", "4", "--recipe", "specforge")
+    assert main(_chat_args("eagle3", sp_model, fixtures_dir, *opts)) == 0
+    assert "OK: every document trains as if it were alone" in capsys.readouterr().out
+    assert main(_chat_args("eagle3", sp_model, fixtures_dir, *opts, "--leaky")) == 1
+    out = capsys.readouterr().out
+    assert "losses identical per document:    NO" in out
+    leak = [line for line in out.splitlines() if line.startswith("LEAK")][0]
+    assert "latent" not in leak and "supervised on this data)" in leak
 
 
 def test_leaks_that_reach_the_loss_are_counted_as_supervised(capsys):

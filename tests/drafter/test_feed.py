@@ -33,7 +33,7 @@ def test_dflash_inputs_keep_speculators_labels_inside_documents():
     )
     kw, anchor_fn = dflash_inputs(b, fake_target(b.contract))
     anchors, valid = anchor_fn(kw["loss_mask"], kw["max_anchors"] + 3, 4)
-    assert valid.sum() == len(b.dflash.anchors) and torch.equal(anchors[valid], b.dflash.anchors)
+    assert valid.sum() == len(b.fields.anchors) and torch.equal(anchors[valid], b.fields.anchors)
     doc, mask = kw["document_ids"][0], kw["loss_mask"][0]
     a = anchors[valid].repeat_interleave(4) + torch.arange(4).repeat(int(valid.sum()))
     labelled = (torch.arange(len(a)) % 4 != 0) & mask[a].bool()  # their aligned_loss_mask, slot 0 dropped

@@ -39,8 +39,9 @@ def test_a_short_run_trains_and_logs_its_samples(tmp_path, fixtures_dir, method,
 
 
 def test_sigkill_and_resume_at_two_ranks_trains_each_sample_once_with_its_anchors(tmp_path, fixtures_dir):
-    from padfree.core.anchors import AnchorPolicy, choose_anchors
+    from padfree.core.anchors import choose_anchors
     from padfree.data.samples import load_samples
+    from padfree.drafter import recipes
 
     n = 48
     seen, anchor_log = tmp_path / "seen.jsonl", tmp_path / "anchors.jsonl"
@@ -63,7 +64,7 @@ def test_sigkill_and_resume_at_two_ranks_trains_each_sample_once_with_its_anchor
         [str(fixtures_dir / "samples/*.jsonl.gz")], str(fixtures_dir / "tokenizers/llama_sp32k.model"), n,
         "assistant", 256,
     )  # fmt: skip
-    policy = AnchorPolicy(block_size=4)
+    policy = recipes.override(recipes.get("specforge", "dflash"), block_size=4).anchor_policy()  # as trained
     logged = [json.loads(line) for line in anchor_log.read_text().splitlines() if line.strip()]
     assert {r["run"] for r in logged} == set(runs)
     trained = {(r["epoch"], r["index"]) for r in logged}
@@ -72,3 +73,92 @@ def test_sigkill_and_resume_at_two_ranks_trains_each_sample_once_with_its_anchor
         mask = np.asarray(samples[r["index"]]["loss_mask"])
         alone = choose_anchors(mask, policy, seed=3, epoch=r["epoch"], sample_id=r["index"])
         assert list(r["anchors"]) == alone.tolist(), r
+
+
+def unsupervised_heavy_data(path: Path, n: int = 12) -> Path:
+    """Chats whose long prompts leave nothing supervised once truncated to 256 tokens (every other sample),
+    mixed with short ones: packed micro-batches then hold no anchor and no supervised position."""
+    rng = random.Random(5)
+    words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
+    rows = []
+    for i in range(n):
+        prompt = " ".join(rng.choice(words) for _ in range(400 if i % 2 == 0 else 12))
+        rows.append(
+            {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": "ok fine"}]}
+        )
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(("method", "balance"), [("dflash", "static"), ("eagle3", "dynamic")])
+def test_two_ranks_train_through_micro_batches_without_anchors_or_supervision(
+    tmp_path, fixtures_dir, method, balance
+):
+    """Issue 28 item 1: under torchrun at 2 ranks, micro-batches with no anchor and no supervised position
+    (long prompts truncated away) train on with a zero loss that keeps every rank's all-reduces in step (gloo
+    raised "collective mismatch" before); every sample exactly once; the samples that lost every supervised
+    token are counted and said."""
+    data = unsupervised_heavy_data(tmp_path / "long_prompts.jsonl")
+    args = [
+        "--method", method, "--data", str(data),
+        "--tokenizer", str(fixtures_dir / "tokenizers/llama_sp32k.model"), "--strategy", "packed",
+        "--budget", "256", "--vocab-size", "256", "--block-size", "4", "--ttt", "2",
+        "--log-every", "1000", "--seen-log", str(tmp_path / "seen.jsonl"), "--overlong", "truncate",
+        "--balance", balance, "--balance-every", "1", "--epochs", "2",
+    ]  # fmt: skip
+    out = tmp_path / "run.out"
+    res = killresume.run(SCRIPT, 2, args, tmp_path / "seen.jsonl", output=out, timeout=300)
+    text = out.read_text()
+    assert res.returncode == 0 and "finished at step" in text, text[-3000:]
+    assert "6 of 12 samples keep no supervised token after --overlong truncate" in text
+    report = seenlog.check_exactly_once(seenlog.read(tmp_path / "seen.jsonl"), 12, epochs=2)
+    assert report["ok"] and report["counted"] == 24, report
+
+
+def test_resume_under_another_drafter_configuration_names_the_field(tmp_path, fixtures_dir):
+    """Issue 28 item 2: a changed --draft-layers (or recipe field) is one line naming it, not a RuntimeError
+    from load_state_dict."""
+    import subprocess
+    import sys
+
+    ckpt = tmp_path / "ckpt"
+    args = base_args(fixtures_dir, tmp_path, 8, "dflash") + [
+        "--max-steps",
+        "1",
+        "--checkpoint-dir",
+        str(ckpt),
+    ]
+    first = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    for extra, said in ((["--draft-layers", "2"], "draft_layers 1 in the checkpoint, 2 now"),
+                        (["--gamma", "3"], "gamma 7.0 in the checkpoint, 3.0 now")):  # fmt: skip
+        again = subprocess.run(
+            [sys.executable, str(SCRIPT), *args, "--resume", *extra],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        err = again.stderr.strip().splitlines()
+        assert again.returncode == 2 and len(err) == 1 and said in err[0], again.stderr[-2000:]
+        assert "Traceback" not in again.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--vocab-size", "1"), ("--draft-layers", "0"), ("--checkpoint-every", "-1"), ("--ttt", "0"),
+     ("--ttt", "-2"), ("--block-size", "nan")],
+)  # fmt: skip
+def test_example_options_are_bounded_and_named(option, value, capsys):
+    """Issue 28 item 3: an out-of-range option is one line naming it, exit 2 (not an IndexError, a 0-layer
+    drafter, an accepted -1 or 24 lines of usage)."""
+    import sys
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import train_drafter
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    with pytest.raises(SystemExit) as exc:
+        train_drafter.parse_args([option, value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and f"argument {option}" in err[0], err

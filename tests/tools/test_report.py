@@ -281,7 +281,7 @@ def test_report_drafter_section_matches_simulate(fixtures_dir: Path, tmp_path: P
     setup = ["--budget", "2048", "--world-size", "2", "--grad-accum", "1", "--drafter", method,
              "--target-hidden", "1024", "--target-layers", "8", "--vocab", "32000"]  # fmt: skip
     if method == "dflash":
-        setup += ["--anchor-budget", "96"]
+        setup += ["--anchor-budget", "1024"]
     rc = main(["report", str(lengths), "--out", str(tmp_path / "site"), "--growths", "1.5",
                "--bucket-counts", "4", "--mixes", "16", *setup])  # fmt: skip
     assert rc == 0
@@ -300,13 +300,21 @@ def test_report_drafter_section_matches_simulate(fixtures_dir: Path, tmp_path: P
     assert d["strategies"]["packed"]["ratio_to_sorted"] > d["strategies"]["random"]["ratio_to_sorted"]
     assert d["cost"]["source"] == sim["config"]["cost"]["source"]
     if method == "dflash":
-        assert d["draft_blocks"] == sim["drafter"]["draft_blocks"] > 0 and d["anchor_budget"] == 96
+        assert d["draft_blocks"] == sim["drafter"]["draft_blocks"] > 0 and d["anchor_budget"] == 1024
         assert 0 < d["strategies"]["random"]["draft_block_efficiency"] < 1.0
         assert (d["cost"]["d"], d["cost"]["e"]) != (0.0, 0.0)
     page = (tmp_path / "site" / "index.html").read_text()
     gib = f"{d['cache_bytes'] / 2**30:,.1f} GiB"
     assert f"Drafter setup: {method}" in page and gib in page
-    assert page.count("<tr><td>packed</td>") == 1
+    # the drafter's advice leads, SpecForge-style random padded batches beside it, the plain-LM advice after
+    assert page.index("id='drafter'") < page.index("id='recommendation'")
+    assert page.count("<td>SpecForge random padded</td>") == 1
+    base, rec = d["specforge_random"], d["recommendation"]
+    assert rec["strategy"] in ("packed", "bucketed") and rec["over_specforge_random"] > 1
+    assert base["padding_efficiency"] < d["strategies"]["packed"]["padding_efficiency"]
+    assert all(r["peak_bytes"] > 0 for r in [*d["strategies"].values(), base])
+    if method == "dflash":
+        assert base["draft_block_efficiency"] < 1.0
 
 
 def test_report_without_drafter_has_no_drafter_section(page: Path) -> None:

@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from padfree.bench.baselines import naive_bucketed
+from padfree.baselines import naive_bucketed
 from padfree.cli import main
 from padfree.core.buckets import bucket_of, growth_edges
 from padfree.core.config import CostModel, PlanConfig
@@ -174,16 +174,66 @@ def test_simulate_cli_drafter_setup_and_cache_size(tmp_path, capsys):
     np.save(tmp_path / "l.npy", lengths)
     np.save(tmp_path / "l.assistant.npy", lengths // 2)
     args = ["simulate", str(tmp_path / "l.npy"), "--budget", "4096", "--world-size", "4",
-            "--grad-accum", "1", "--drafter", "dflash", "--anchor-budget", "80", "--json"]  # fmt: skip
+            "--grad-accum", "1", "--drafter", "dflash", "--anchor-budget", "1024", "--json"]  # fmt: skip
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     d = out["drafter"]
     assert d["cache_bytes"] == offline_cache_bytes(int(lengths.sum()), 6, 4096, 2)
-    assert d["loss_counts"].endswith("l.assistant.npy") and d["draft_blocks"] > 0
-    assert out["config"]["anchor_budget"] == 80 and out["config"]["cost"]["d"] > 0
+    # SpecForge's rule: every position whose token and next carry loss, at most 512 a sample
+    assert d["loss_counts"].endswith("l.assistant.npy") and d["recipe"] == "specforge"
+    assert d["draft_blocks"] == int(np.minimum(lengths // 2 - 1, 512).sum())
+    assert d["anchors_per_sample"] == pytest.approx(np.minimum(lengths // 2 - 1, 512).mean())
+    assert out["config"]["anchor_budget"] == 1024 and out["config"]["cost"]["d"] > 0
     packed = out["strategies"]["packed"]
     assert packed["draft_block_efficiency"] == 1.0 and packed["imbalance"] < 1.05
     assert out["strategies"]["random"]["draft_block_efficiency"] < 1.0
     assert main(args[:-1] + ["--drafter", "eagle3", "--json"]) == 0
     e3 = json.loads(capsys.readouterr().out)
     assert e3["drafter"]["cache_layers"] == 4 and "draft_blocks" not in e3["strategies"]["packed"]
+
+
+@pytest.mark.parametrize(
+    ("counts", "rule"),
+    [
+        (lambda n: n + 1, "from 0 to the sample's length"),
+        (lambda n: -n, "from 0 to the sample's length"),
+        (lambda n: n / 2.5, "from 0 to the sample's length"),
+        (lambda n: np.where(n > 0, np.nan, 0.0), "from 0 to the sample's length"),
+        (lambda n: n[:-1], "loss counts for"),
+    ],
+)
+def test_simulate_drafter_refuses_loss_counts_that_do_not_fit_the_lengths(tmp_path, capsys, counts, rule):
+    """Issue 28 item 4: --assistant counts above a sample's length, negative, fractional or NaN (or of another
+    sample count) are one line naming the file and the sample, exit 2 (not 20,065 or 0 draft blocks)."""
+    lengths = np.array([40, 90, 300, 12])
+    np.save(tmp_path / "l.npy", lengths)
+    np.save(tmp_path / "bad.npy", counts(lengths))
+    args = [
+        "simulate",
+        str(tmp_path / "l.npy"),
+        "--drafter",
+        "dflash",
+        "--assistant",
+        str(tmp_path / "bad.npy"),
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.npy" in err[0] and rule in err[0], err
+
+
+def test_simulate_drafter_refuses_more_cache_layers_than_the_target_has(tmp_path, capsys):
+    np.save(tmp_path / "l.npy", np.random.default_rng(0).integers(20, 900, 400))
+    args = ["simulate", str(tmp_path / "l.npy"), "--drafter", "eagle3", "--target-layers", "8", "--json"]
+    assert main([*args, "--cache-layers", "9"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--cache-layers 9" in err[0] and "8 layers" in err[0], err
+    assert main([*args, "--cache-layers", "8"]) == 0
+
+
+def test_simulate_eagle3_says_nothing_of_dflash_blocks(tmp_path, capsys):
+    np.save(tmp_path / "l.npy", np.random.default_rng(0).integers(20, 900, 400))
+    assert main(["simulate", str(tmp_path / "l.npy"), "--drafter", "eagle3"]) == 0
+    out = capsys.readouterr().out
+    assert "drafter eagle3:" in out and "blocks" not in out.split("drafter eagle3:")[1]
+    assert main(["simulate", str(tmp_path / "l.npy"), "--drafter", "dflash"]) == 0
+    assert "DFlash blocks per epoch" in capsys.readouterr().out

@@ -11,8 +11,8 @@ Arms (each one a way to batch the same samples; the models, kernels and loss are
 
 In every padded arm (``padfree_bucketed`` too) the DFlash block tensor is padded as SpecForge's is
 (``[rows, most anchors of a row, block_size]``, the extra blocks computed and not supervised:
-:func:`pad_blocks`), which is what the planner's cost model counts for padded rows (``count x most``);
-the LM head runs on supervised positions only, in every arm.
+:func:`padfree.drafter.dflash.pad_anchor_slots`), which is what the planner's cost model counts for padded
+rows (``count x most``); the LM head runs on supervised positions only, in every arm.
 - ``sorted_fixed``: the field's length-sorted padded batching (HF ``group_by_length``, the "globally
   length-sorted" batches of the team this project was born from): samples sorted by length over the whole
   epoch, cut into micro-batches of a **fixed sample count**, the same count as ``specforge_random``
@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from padfree.baselines import fixed_count, multipack, sorted_fixed_count
 from padfree.bench.measure import Batching
 from padfree.bench.sampling import epoch_seconds, stratified
 from padfree.core import _kernels
@@ -46,6 +47,9 @@ from padfree.core.cost import imbalance, micro_costs, micro_shapes, rank_costs
 from padfree.core.planner import make_plan
 from padfree.core.steps import assign_ranks
 
+if TYPE_CHECKING:
+    from padfree.drafter.train import DrafterModels
+
 ARMS = (
     "padfree_packed",
     "padfree_bucketed",
@@ -54,7 +58,6 @@ ARMS = (
     "sorted_budget",
     "multipack_row_anchors",
 )
-METHODS = ("dflash", "eagle3")
 
 
 @dataclass(frozen=True)
@@ -75,49 +78,6 @@ def sample_anchors(samples: list[dict], policy: AnchorPolicy) -> np.ndarray:
     return anchor_counts(mask, np.concatenate(([0], np.cumsum(lens))), policy)
 
 
-def multipack(lengths: np.ndarray, budget: int, rng: np.random.Generator, window: int = 4096) -> Batching:
-    """First-fit-decreasing-like packing (best fit on lengths sorted longest first) over shuffled windows of
-    samples, bins in random order: the multipack idea (speculators, axolotl)."""
-    perm = rng.permutation(lengths.shape[0])
-    orders, sizes = [], []
-    for a in range(0, perm.shape[0], window):
-        chunk = perm[a : a + window]
-        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
-        bin_of, n_bins = _kernels.best_fit(lengths[chunk].astype(np.int64), int(budget))
-        orders.append(chunk[_kernels.counting_argsort(bin_of, int(n_bins))])
-        sizes.append(np.bincount(bin_of, minlength=n_bins))
-    order = np.concatenate(orders)
-    count = np.concatenate(sizes)
-    offsets = np.concatenate(([0], np.cumsum(count))).astype(np.int64)
-    order, offsets = _kernels.gather_segments(order, offsets, rng.permutation(count.shape[0]))
-    return Batching(order, offsets, packed=True)
-
-
-def samples_per_batch(lengths: np.ndarray, budget: int) -> int:
-    """The fixed sample count of the field's batchings: ``budget // mean length`` (at least 1), so that a
-    micro-batch holds on average the budget's real tokens (rounded down)."""
-    return max(1, int(budget // float(lengths.mean())))
-
-
-def fixed_count(lengths: np.ndarray, budget: int, rng: np.random.Generator) -> Batching:
-    """SpecForge's batches: :func:`samples_per_batch` samples each, random order (padded to the longest)."""
-    n = lengths.shape[0]
-    count = samples_per_batch(lengths, budget)
-    return Batching(rng.permutation(n), np.append(np.arange(0, n, count), n).astype(np.int64), packed=False)
-
-
-def sorted_fixed_count(lengths: np.ndarray, budget: int, rng: np.random.Generator) -> Batching:
-    """Globally length-sorted batches of :func:`samples_per_batch` samples each (ties in random order), the
-    micro-batches in random order (padded to their longest)."""
-    n = lengths.shape[0]
-    count = samples_per_batch(lengths, budget)
-    order = rng.permutation(n)
-    order = order[np.argsort(lengths[order], kind="stable")]
-    offsets = np.append(np.arange(0, n, count), n).astype(np.int64)
-    order, offsets = _kernels.gather_segments(order, offsets, rng.permutation(offsets.shape[0] - 1))
-    return Batching(order, offsets, packed=False)
-
-
 def make_arms(
     lengths: np.ndarray, anchors: np.ndarray, budget: int, seed: int, cost: CostModel, world_size: int = 1
 ) -> dict[str, Arm]:
@@ -129,13 +89,14 @@ def make_arms(
     for name, strategy in (("padfree_packed", "packed"), ("padfree_bucketed", "bucketed")):
         plan = make_plan(lengths, cfg.with_(strategy=strategy), 0, anchors=anchors)
         out[name] = Arm(name, Batching(plan.indices, plan.offsets, cfg.with_(strategy=strategy).packed), "")
-    out["specforge_random"] = Arm("specforge_random", fixed_count(lengths, budget, rng), "padded")
-    out["sorted_fixed"] = Arm(
-        "sorted_fixed", sorted_fixed_count(lengths, budget, np.random.default_rng([seed, 1])), "padded"
+    out["specforge_random"] = Arm(
+        "specforge_random", Batching(*fixed_count(lengths, budget, rng), False), "padded"
     )
+    srt_fixed = sorted_fixed_count(lengths, budget, np.random.default_rng([seed, 1]))
+    out["sorted_fixed"] = Arm("sorted_fixed", Batching(*srt_fixed, False), "padded")
     srt = make_plan(lengths, cfg.with_(strategy="sorted", world_size=1), 0)
     out["sorted_budget"] = Arm("sorted_budget", Batching(srt.indices, srt.offsets, False), "padded")
-    mp = multipack(lengths, budget, rng)
+    mp = Batching(*multipack(lengths, budget, rng), True)
     if world_size > 1:  # ranks given rows by tokens, as speculators' distributed multipack does
         m = (mp.n_micro // world_size) * world_size
         lens = lengths[mp.order]
@@ -168,71 +129,16 @@ def modeled_imbalance(
 # ----- running the models ----------------------------------------------------------------------------------
 
 
-@dataclass
-class Models:
-    """A frozen target, its chosen layers and a drafter with its optimizer."""
-
-    method: str
-    target: Any
-    layers: tuple[int, ...]
-    drafter: Any
-    optimizer: Any
-    head: Any
-
-
-def build_models(method: str, *, vocab: int, hidden: int, layers: int, intermediate: int, ttt: int = 7,
-                 block_size: int = 16, seed: int = 0) -> Models:  # fmt: skip
-    """The tiny target (random weights, forward only) and a one-layer drafter of the same width."""
-    import torch
-
-    from padfree.drafter.dflash import DFlashConfig, DFlashDrafter
-    from padfree.drafter.eagle3 import Eagle3Config, Eagle3Drafter
-    from padfree.drafter.target import build_target, dflash_layers, eagle3_layers, lm_head
+def bench_models(method: str, *, vocab: int, hidden: int, layers: int, intermediate: int, ttt: int = 7,
+                 block_size: int = 16, seed: int = 0) -> DrafterModels:  # fmt: skip
+    """The benchmarks' target (random weights, ``hidden // 32`` heads, half as many key-value heads) and a
+    one-layer drafter of its width, with AdamW (:func:`padfree.drafter.train.build_models`)."""
+    from padfree.drafter.train import build_models
 
     heads = max(1, hidden // 32)
-    target = build_target(
-        seed=seed,
-        vocab_size=vocab,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        intermediate_size=intermediate,
-        num_attention_heads=heads,
-        num_key_value_heads=max(1, heads // 2),
-    )
-    embed, head = target.get_input_embeddings(), lm_head(target)
-    drafter: Any
-    torch.manual_seed(seed)
-    common = {"hidden_size": hidden, "num_heads": heads, "num_kv_heads": max(1, heads // 2)}
-    if method == "dflash":
-        chosen = dflash_layers(layers, 2)
-        cfg = DFlashConfig(**common, intermediate_size=intermediate, block_size=block_size,
-                           n_target_layers=len(chosen))  # fmt: skip
-        drafter = DFlashDrafter(cfg, weight_of(embed), weight_of(head))
-    else:
-        chosen = eagle3_layers(layers)
-        e3 = Eagle3Config(**common, intermediate_size=intermediate, ttt=ttt)
-        drafter = Eagle3Drafter(e3, weight_of(embed), weight_of(head))
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    return Models(method, target, chosen, drafter, torch.optim.AdamW(params, lr=1e-4), head)
-
-
-def weight_of(module: Any) -> Any:
-    """A module's weight tensor (what the reference drafters copy from the target)."""
-    return module.weight
-
-
-def train_micro(models: Models, batch) -> int:
-    """One micro-batch: the target forward (no grad), the drafter's loss over the supervised draft positions,
-    backward and an optimizer step; returns the supervised draft positions."""
-    from padfree.drafter.target import run_target
-
-    out = run_target(models.target, batch.contract, models.layers)
-    num, den = models.drafter.loss(out, models.head, batch)
-    total = den.sum()
-    (num.sum() / total.clamp(min=1.0)).backward()
-    models.optimizer.step()
-    models.optimizer.zero_grad(set_to_none=True)
-    return int(total.item())
+    return build_models(method, vocab=vocab, seed=seed, ttt=ttt, block_size=block_size, lr=1e-4,
+                        hidden_size=hidden, num_hidden_layers=layers, intermediate_size=intermediate,
+                        num_attention_heads=heads, num_key_value_heads=max(1, heads // 2))  # fmt: skip
 
 
 def collator(method: str, arm: Arm, policy: AnchorPolicy, seed: int, ttt: int):
@@ -246,76 +152,11 @@ def items_of(samples: list[dict], ids: np.ndarray) -> list[dict]:
     return [{**samples[int(i)], "sample_id": int(i)} for i in ids]
 
 
-def own_document_supervised(method: str, batch) -> None:
-    """For row-level (leaky) fields: keep as supervised only the positions whose label lies in the query's
-    own document (a label from the next document is not a draft position of this one)."""
-    import torch
-
-    doc = batch.contract.flat("document_ids")[0]
-    f = batch.dflash if method == "dflash" else batch.eagle3
-    label = f.label_index
-    same = (label >= 0) & (doc[label.clamp(min=0)] == (f.query_doc if method == "dflash" else doc[None, :]))
-    object.__setattr__(f, "supervised", f.supervised & same.to(torch.bool))
-
-
-def pad_blocks(batch):
-    """A padded DFlash batch with every row's blocks padded to the row with the most (SpecForge's
-    ``[B, N_max]`` anchor tensor with ``block_keep_mask``): the extra blocks sit at their row's first
-    position, are computed by the drafter and never supervised. Returns a new batch."""
-    import dataclasses
-
-    import torch
-
-    f, c = batch.dflash, batch.contract
-    per_row = [len(a) for a in f.anchors_by_doc]
-    most = max(per_row, default=0)
-    if most == 0 or all(n == most for n in per_row):
-        return batch
-    bs = f.block_size
-    parts: dict[str, list] = {k: [] for k in ("a", "doc", "ids", "pos", "label", "target", "sup")}
-    q = 0
-    for d, n in enumerate(per_row):
-        extra = most - n
-        start = int(c.doc_starts[d])
-        if extra:
-            k = torch.arange(bs).repeat(extra)
-            parts["a"].append(torch.full((extra,), start, dtype=torch.int64))
-            parts["doc"].append(torch.full((extra * bs,), d, dtype=f.query_doc.dtype))
-            ids = torch.full((extra * bs,), 1, dtype=f.block_input_ids.dtype)
-            ids[k == 0] = c.flat("input_ids")[0][start]
-            parts["ids"].append(ids)
-            parts["pos"].append(k.to(f.block_position_ids.dtype))
-            parts["label"].append(torch.full((extra * bs,), -1, dtype=torch.int64))
-            parts["target"].append(torch.full((extra * bs,), start, dtype=torch.int64))
-            parts["sup"].append(torch.zeros(extra * bs, dtype=torch.bool))
-        sl = slice(q * bs, (q + n) * bs)
-        parts["a"].append(f.anchors[q : q + n])
-        parts["doc"].append(f.query_doc[sl])
-        parts["ids"].append(f.block_input_ids[sl])
-        parts["pos"].append(f.block_position_ids[sl])
-        parts["label"].append(f.label_index[sl])
-        parts["target"].append(f.target_index[sl])
-        parts["sup"].append(f.supervised[sl])
-        q += n
-    cat = {k: torch.cat(v) for k, v in parts.items()}
-    g = dataclasses.replace(
-        f,
-        anchors=cat["a"],
-        query_doc=cat["doc"],
-        block_input_ids=cat["ids"],
-        block_position_ids=cat["pos"],
-        label_index=cat["label"],
-        target_index=cat["target"],
-        supervised=cat["sup"],
-    )
-    return dataclasses.replace(batch, dflash=g)
-
-
 def speed(
     method: str,
     arms: dict[str, Arm],
     samples: list[dict],
-    models: Models,
+    models: DrafterModels,
     policy: AnchorPolicy,
     *,
     micro: int,
@@ -338,6 +179,9 @@ def speed(
     ``cost``, micro-batches evenly spaced over the epoch and no estimate."""
     import torch
 
+    from padfree.drafter.train import train_micro
+
+    field_padding = models.method.load().field_padding
     lengths = np.array([len(s["input_ids"]) for s in samples], np.int64)
     picks: dict[str, np.ndarray] = {}
     strata: dict[str, tuple[np.ndarray, np.ndarray, float]] = {}
@@ -367,9 +211,9 @@ def speed(
             b = arm.batching
             batch = cols[name](items_of(samples, b.order[b.offsets[j] : b.offsets[j + 1]]))
             if arm.leaky:
-                own_document_supervised(method, batch)
-            if method == "dflash" and arm.layout == "padded":
-                batch = pad_blocks(batch)
+                batch = batch.keep_own_document()
+            if arm.layout == "padded":
+                batch = field_padding(batch)
             t0, w0 = time.process_time(), time.perf_counter()
             got = train_micro(models, batch)
             dt, dw = time.process_time() - t0, time.perf_counter() - w0
@@ -420,9 +264,9 @@ def coverage(method: str, arm: Arm, samples: list[dict], policy: AnchorPolicy, *
             continue
         batch = col(items_of(samples, ids))
         if arm.leaky:
-            own_document_supervised(method, batch)
-        per_doc = _covered(method, batch)
-        positions += int((batch.dflash if method == "dflash" else batch.eagle3).supervised.sum())
+            batch = batch.keep_own_document()
+        per_doc = batch.covered()
+        positions += batch.positions
         for d, sid in enumerate(ids):
             mask = np.asarray(samples[int(sid)]["loss_mask"], bool)
             total += int(mask[1:].sum())
@@ -430,9 +274,7 @@ def coverage(method: str, arm: Arm, samples: list[dict], policy: AnchorPolicy, *
         if j < check_alone:
             for d, sid in enumerate(ids):
                 one = alone(items_of(samples, np.array([sid])))
-                if _covered(method, one)[0] != per_doc[d]:
-                    same = False
-                if method == "dflash" and one.dflash.anchors_by_doc[0] != batch.dflash.anchors_by_doc[d]:
+                if one.covered()[0] != per_doc[d] or one.anchors_by_doc()[0] != batch.anchors_by_doc()[d]:
                     same = False
     return {
         "anchor_coverage": covered / max(total, 1),
@@ -450,18 +292,3 @@ def epoch_rate(row: dict) -> dict:
         return row
     rate = row["epoch_draft_positions"] / row["epoch_cpu_seconds"] if row["epoch_cpu_seconds"] else 0.0
     return {**row, "sampled_pos_per_s": row["draft_pos_per_s"], "draft_pos_per_s": rate}
-
-
-def _covered(method: str, batch) -> list[frozenset]:
-    """Per document: positions inside it (relative to its start) that a supervised draft position predicts."""
-    c = batch.contract
-    f = batch.dflash if method == "dflash" else batch.eagle3
-    labels = f.label_index[f.supervised].numpy()
-    doc = c.flat("document_ids")[0].numpy()
-    out = []
-    for d in range(c.n_docs):
-        s = c.doc_slice(d)
-        mine = labels[(labels >= s.start) & (labels < s.stop)]
-        mine = mine[doc[mine] == d]
-        out.append(frozenset((mine - s.start).tolist()))
-    return out

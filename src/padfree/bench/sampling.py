@@ -8,11 +8,11 @@ import numpy as np
 
 from padfree.bench.measure import Batching
 from padfree.bench.peers import PEER_NAMES, plan_with_peer
+from padfree.core.config import STRATEGIES as PADFREE  # padfree's own, by name
 from padfree.core.config import PlanConfig
 from padfree.core.cost import micro_shapes
 from padfree.core.planner import make_plan
 
-PADFREE = ("sorted", "random", "bucketed", "packed")
 STRATEGIES = PADFREE + PEER_NAMES
 PACKED = ("packed", "hf_flattening", "trl_bfd")
 

@@ -16,6 +16,8 @@ from padfree.commands.common import (
     check_output,
     writing,
 )
+from padfree.drafter.methods import METHODS
+from padfree.drafter.methods import get as get_method
 from padfree.errors import ConfigError
 
 NAME = "calibrate"
@@ -60,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--drafter",
-        choices=["dflash", "eagle3"],
+        choices=list(METHODS),
         default=None,
         help="time a drafter step instead (a frozen tiny target's forward + a one-layer drafter's loss, "
         "backward and update, on the CPU): DFlash shapes also vary the anchors and the fit adds "
@@ -114,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         if device != "cpu":
             raise ConfigError("calibrate --drafter times the reference drafters on the CPU: use --device cpu")
         step = torch_drafter_step(args.drafter, seed=args.seed)
-        anchors_per_token = (1 / 32, 1 / 16, 1 / 8) if args.drafter == "dflash" else None
+        anchors_per_token = (1 / 32, 1 / 16, 1 / 8) if get_method(args.drafter).uses_anchors else None
     else:
         step = torch_train_step(args.model, attn=args.attn, device=device, seed=args.seed)
     progress = None
@@ -160,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"seconds per slot: {cal.seconds_per_slot:.4g} ({1 / cal.seconds_per_slot:,.0f} slots/s at b = c = 0)"
     )
-    if args.drafter == "dflash":
+    if anchors_per_token is not None:
         print(f"drafter terms: d = {cal.cost.d:.4g} per draft block, e = {cal.cost.e:.4g} per unit of reach")
     print(f"fit on {f['n']} shapes: relative RMS {f['rel_rms']:.3f}, max {f['max_rel']:.3f}")
     if h["n"]:

@@ -8,7 +8,14 @@ import dataclasses
 import json
 from pathlib import Path
 
-from padfree.commands.common import Bounded, add_number, add_output_options, check_input
+from padfree.commands.common import (
+    Bounded,
+    add_output_options,
+    add_recipe_arguments,
+    check_input,
+    recipe_from_args,
+)
+from padfree.drafter.methods import METHODS
 
 DOCS = Bounded(int, 2, 4096)
 MAX_TOKENS = Bounded(int, 2, 65536)
@@ -25,9 +32,7 @@ HELP = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--method", choices=["dflash", "eagle3"], default="dflash", help="drafter (default dflash)"
-    )
+    p.add_argument("--method", choices=list(METHODS), default="dflash", help="drafter (default dflash)")
     p.add_argument("--data", nargs="+", default=None, help="data files (default: the bundled fixtures)")
     p.add_argument(
         "--tokenizer", default=None, help="tokenizer for --data (SentencePiece, tokenizer.json, folder)"
@@ -39,8 +44,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=160,
         help="tokens kept of each document, around its first loss-bearing ones (160)",
     )
-    add_number(p, "--block-size", 8, "DFlash block size (default 8)")
-    add_number(p, "--ttt", 4, "EAGLE-3 test-time-training steps (default 4)")
     p.add_argument(
         "--layout",
         choices=["packed", "padded"],
@@ -54,6 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "across the row): deliberately wrong, to see the leak caught",
     )
     add_output_options(p, "print the result as one JSON object", "seed for weights and anchors (default 0)")
+    add_recipe_arguments(p)
 
 
 def supervised_window(doc: dict, size: int) -> dict:
@@ -102,9 +106,8 @@ def run(args: argparse.Namespace) -> int:
     r = check_drafter(
         args.method,
         samples,
+        recipe=recipe_from_args(args, args.method),
         leaky=args.leaky,
-        block_size=args.block_size,
-        ttt=args.ttt,
         seed=args.seed,
         layout=args.layout,
     )
@@ -112,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         docs = [dataclasses.asdict(d) for d in r.docs]
         keys = (
             "method",
+            "recipe",
             "leaky",
             "layout",
             "ok",
@@ -124,10 +128,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**{k: getattr(r, k) for k in keys + more}, "docs": docs}))
         return 0 if r.ok else 1
     how = "row-level (leaky)" if r.leaky else "per document"
-    print(
-        f"method:          {r.method}"
-        + (f" (block {r.block_size})" if r.method == "dflash" else f" (ttt {r.ttt})")
-    )
+    spec = METHODS[r.method]
+    print(f"method:          {spec.describe(r.block_size, r.ttt)}, recipe {r.recipe}")
     rows = "one packed row" if r.layout == "packed" else "padded rows"
     print(f"data:            {source}; {len(r.docs)} documents in {rows}, batch built {how}")
     print(f"target path:     {r.path}")
@@ -136,20 +138,20 @@ def run(args: argparse.Namespace) -> int:
         "doc  tokens  loss-tok  anchors(packed/alone)  same  loss num packed / alone      den packed / alone"
     )
     for d in r.docs:
-        if r.method == "dflash":
+        if spec.uses_anchors:
             same = "yes" if d.anchors_packed == d.anchors_alone else "NO"
             anchors = f"{len(d.anchors_packed):>9} / {len(d.anchors_alone):<9}  {same:>4}"
-        else:  # EAGLE-3 has no anchors: every position drafts
+        else:  # no anchors: every position drafts
             anchors = f"{'-':>9} / {'-':<9}  {'-':>4}"
         print(
             f"{d.sample_id:>3}  {d.tokens:>6}  {d.loss_tokens:>8}  {anchors}"
             f"  {d.num_packed:>10.6g} / {d.num_alone:<10.6g}  {d.den_packed:>6g} / {d.den_alone:g}"
         )
-    if r.method == "dflash":
+    if spec.uses_anchors:
         print(f"anchor sets identical:            {'yes' if r.anchors_identical else 'NO'}")
     print(f"losses identical per document:    {'yes' if r.losses_match else 'NO'}")
     print(f"cross-document (query, key) pairs: {r.cross_pairs}")
-    if r.method == "eagle3":
+    if not spec.uses_anchors:
         print(f"shifted inputs from another document: {r.cross_inputs}")
     print(f"labels crossing a document end:    {r.cross_labels}")
     print(f"  of inputs/labels crossing, supervised on this data: {r.cross_supervised}")

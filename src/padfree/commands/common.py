@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -25,7 +28,16 @@ from padfree.core.config import (
     CostModel,
     PlanConfig,
 )
-from padfree.errors import ConfigError, InputError, OutputError
+from padfree.errors import ConfigError, InputError, OutputError, one_line
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr (no usage block) and exit code 2, as
+    every padfree error is: the CLI and the examples parse with it."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {one_line(message)}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 class Bounded:
@@ -117,6 +129,7 @@ NUMERIC: dict[str, Bounded] = {
     "--target-layers": LAYERS,
     "--cache-layers": LAYERS,
     "--cache-bytes": BYTES,
+    "--draft-layers": LAYERS,
 }
 """The range of each numeric option that more than one command defines, or that a command shares with the
 plan options: one name, one range, in every command (docs/errors.md lists them)."""
@@ -246,3 +259,95 @@ def config_from_args(args: argparse.Namespace, strategy: str) -> PlanConfig:
         overlong=args.overlong,
         cost=cost,
     )
+
+
+# ----- drafter recipes -------------------------------------------------------------------------------------
+def _optional_int(kind: Bounded):
+    """An argparse type: ``kind``, or ``none`` for no value (a recipe field that may be off)."""
+
+    def parse(text: str) -> int | float | str:
+        return "none" if text.strip().lower() == "none" else kind(text)
+
+    parse.__name__ = f"{kind.range} or none"
+    return parse
+
+
+def _yes_no(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("yes", "true", "on", "1"):
+        return True
+    if t in ("no", "false", "off", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"must be yes or no (got {text[:40]!r})")
+
+
+def add_recipe_arguments(p: argparse.ArgumentParser) -> None:
+    """``--recipe`` and one option per recipe field (:class:`padfree.drafter.recipes.Recipe`), each left unset
+    (``None``: the recipe's own value) unless given: ``--recipe speculators --block-size 8``."""
+    from padfree.drafter import recipes
+
+    g = p.add_argument_group("drafter recipe (default: the recipe's own value for every field)")
+    g.add_argument(
+        "--recipe",
+        choices=list(recipes.NAMES),
+        default=recipes.DEFAULT,
+        help=f"the published recipe to train as (default {recipes.DEFAULT}; docs/drafters.md)",
+    )
+    add_number(g, "--block-size", None, "DFlash block size")
+    add_number(g, "--max-anchors", None, "DFlash anchors per document at most")
+    add_number(g, "--ttt", None, "EAGLE-3 test-time-training steps")
+    g.add_argument("--anchor-density", type=Bounded(float, 0, 1, above=True), default=None,
+                   help="anchors per valid position before the cap")  # fmt: skip
+    g.add_argument("--anchor-eligibility", choices=["pair", "self"], default=None)
+    g.add_argument("--anchor-margin", type=Bounded(int, 0, 1024), default=None)
+    for name, choices in (
+        ("objective", recipes.OBJECTIVES),
+        ("slot-weights", recipes.SLOT_WEIGHTS),
+        ("normalization", recipes.NORMALIZATIONS),
+        ("layer-rule", ("spread", "low_mid_high")),
+        ("out-of-vocab", ("drop", "keep")),
+        ("head-init", ("random", "target")),
+        ("fed-state", ("prenorm", "postnorm")),
+    ):
+        g.add_argument(f"--{name}", choices=list(choices), default=None)
+    g.add_argument(
+        "--gamma", type=Bounded(float, 0, 1e9, above=True), default=None, help="DFlash exp slot decay"
+    )
+    g.add_argument("--dpace-alpha", type=Bounded(float, 0, 1, above=True), default=None)
+    g.add_argument(
+        "--step-decay", type=Bounded(float, 0, 1, above=True), default=None, help="EAGLE-3 step weight"
+    )
+    g.add_argument(
+        "--loss-gate", type=Bounded(int, 0, 2), default=None, help="EAGLE-3 gate loss_mask[t+k+GATE]"
+    )
+    g.add_argument("--fused-layers", type=LAYERS, default=None, help="target layers the drafter fuses")
+    g.add_argument("--sliding-window", type=_optional_int(WIDTH), default=None, help="DFlash context window")
+    g.add_argument("--causal-in-block", type=_yes_no, default=None, metavar="yes|no")
+    g.add_argument(
+        "--noise", type=Bounded(float, 0, 1e3), default=None, help="uniform noise on target states"
+    )
+    g.add_argument("--draft-vocab", type=_optional_int(VOCAB), default=None, help="EAGLE-3 draft vocabulary")
+    g.add_argument("--head-trainable", type=_yes_no, default=None, metavar="yes|no")
+    g.add_argument("--norm-before-fc", type=_yes_no, default=None, metavar="yes|no")
+
+
+RECIPE_FIELDS = (
+    "block_size", "max_anchors", "ttt", "anchor_density", "anchor_eligibility", "anchor_margin", "objective",
+    "slot_weights", "normalization", "layer_rule", "out_of_vocab", "head_init", "fed_state", "gamma",
+    "dpace_alpha", "step_decay", "loss_gate", "fused_layers", "sliding_window", "causal_in_block", "noise",
+    "draft_vocab", "head_trainable", "norm_before_fc",
+)  # fmt: skip
+"""The recipe fields :func:`add_recipe_arguments` adds an option for (``--block-size`` sets
+``block_size``)."""
+
+
+def recipe_from_args(args: argparse.Namespace, method: str):
+    """The recipe ``--recipe`` names for ``method`` with every given field option applied (``none`` turns an
+    optional field off)."""
+    from padfree.drafter import recipes
+
+    changes = {k: getattr(args, k, None) for k in RECIPE_FIELDS}
+    base = recipes.get(args.recipe, method)
+    off = {k: None for k, v in changes.items() if v == "none"}
+    changed = recipes.override(base, **{k: v for k, v in changes.items() if v != "none"})
+    return dataclasses.replace(changed, **off) if off else changed  # type: ignore[arg-type]

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 from padfree.commands.common import (
+    Bounded,
     add_number,
     add_plan_inputs,
+    add_recipe_arguments,
     config_from_args,
     load_lengths,
+    recipe_from_args,
 )
 from padfree.core.config import STRATEGIES
+from padfree.drafter.methods import METHODS
 from padfree.errors import ConfigError
 
 NAME = "simulate"
@@ -46,7 +51,7 @@ def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
     """The drafter-setup options (``--drafter`` and its shape, anchors and cache), shared by ``simulate``
     and ``report``; :func:`drafter_setup` reads them."""
     d = p.add_argument_group("drafter setup (a frozen target + a DFlash or EAGLE-3 drafter)")
-    d.add_argument("--drafter", choices=["dflash", "eagle3"], default=None, help=what)
+    d.add_argument("--drafter", choices=list(METHODS), default=None, help=what)
     d.add_argument(
         "--assistant",
         type=Path,
@@ -54,10 +59,7 @@ def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
         help="loss-bearing tokens per sample (.npy, e.g. NAME.assistant.npy; default: beside --lengths when "
         "present, else every token but the first)",
     )
-    add_number(d, "--block-size", 16, "DFlash block size (default 16)")
-    add_number(d, "--max-anchors", 512, "DFlash anchors per sample (default 512)")
     add_number(d, "--anchor-budget", None, "DFlash blocks per micro-batch at most")
-    add_number(d, "--ttt", 7, "EAGLE-3 test-time-training steps (default 7)")
     add_number(d, "--target-hidden", 4096, "target hidden size (default 4096)")
     add_number(d, "--target-layers", 32, "target layers (default 32)")
     add_number(d, "--vocab", 128256, "vocabulary (default 128256)")
@@ -69,6 +71,15 @@ def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
         "plus the last layer for the targets' logits)",
     )
     add_number(d, "--cache-bytes", 2, "bytes per cached value (default 2: bf16)")
+    add_number(d, "--draft-layers", 5, "drafter layers (default 5, speculators' DFlash default)")
+    d.add_argument(
+        "--memory-gb",
+        type=Bounded(float, 0, 2**20, above=True),
+        default=None,
+        help="activation memory a micro-batch may take (GiB): bounds each micro-batch's draft blocks "
+        "(DFlash) or attention (EAGLE-3) by padfree.drafter.memory's model; the report says each plan's peak",
+    )
+    add_recipe_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,8 +136,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _render(result, seed_mix and drafter is None)
     if drafter is not None:
+        blocks = (
+            f"{drafter['draft_blocks']:,} {drafter['title']} blocks per epoch; "
+            if drafter["uses_anchors"]
+            else ""
+        )
         print(
-            f"drafter {drafter['method']}: {drafter['draft_blocks']:,} DFlash blocks per epoch; offline "
+            f"drafter {drafter['method']}: {blocks}offline "
             f"hidden-state cache {drafter['cache_bytes'] / 2**30:,.1f} GiB ({drafter['tokens']:,} tokens x "
             f"{drafter['cache_layers']} layers x {drafter['hidden']} x "
             f"{drafter['cache_bytes_per_value']} bytes)"
@@ -135,45 +151,108 @@ def run(args: argparse.Namespace) -> int:
 
 
 def drafter_setup(args: argparse.Namespace, cfg, lengths):
-    """The plan config, per-sample anchors and the report of a drafter setup (``--drafter``)."""
+    """The plan config, per-sample anchors (``None`` for a method without anchors) and the report of a
+    drafter setup (``--drafter``)."""
     import numpy as np
 
     from padfree.commands.lengths import assistant_path
-    from padfree.core.anchors import AnchorPolicy, anchor_quota
-    from padfree.core.config import CostModel
+    from padfree.core.anchors import anchor_quota
+    from padfree.data.length_files import read_loss_counts
+    from padfree.drafter import memory as drafter_memory
+    from padfree.drafter.methods import DrafterShape
+    from padfree.drafter.methods import get as get_method
     from padfree.tools.simulate import offline_cache_bytes
 
+    spec = get_method(args.drafter)
+    recipe = recipe_from_args(args, spec.name)
     aux = args.assistant
     if aux is None and args.lengths is not None and assistant_path(Path(args.lengths)).exists():
         aux = assistant_path(Path(args.lengths))
     lengths = np.asarray(lengths, dtype=np.int64)
-    loss = np.maximum(lengths - 1, 0) if aux is None else np.load(aux, allow_pickle=False).astype(np.int64)
-    if loss.shape != lengths.shape:
-        raise ConfigError(f"{aux}: {loss.shape[0]} loss counts for {lengths.shape[0]} samples")
-    policy = AnchorPolicy(block_size=args.block_size, max_anchors=args.max_anchors)
-    # valid anchors: a supervised token followed by one (about the supervised tokens, within a sample)
-    valid = np.minimum(np.maximum(loss, 0), np.maximum(np.minimum(lengths, cfg.budget) - 1, 0))
-    anchors = anchor_quota(valid, policy) if args.drafter == "dflash" else None
-    shape = {"hidden": args.target_hidden, "layers": args.target_layers, "vocab": args.vocab}
-    if args.cost is None:
-        extra = {"block_size": args.block_size} if args.drafter == "dflash" else {"ttt": args.ttt}
-        cfg = cfg.with_(cost=CostModel.for_drafter(args.drafter, **shape, **extra))
-    cfg = cfg.with_(anchor_budget=args.anchor_budget if args.drafter == "dflash" else None)
-    layers = (
-        args.cache_layers if args.cache_layers is not None else (5 if args.drafter == "dflash" else 3) + 1
+    loss = np.maximum(lengths - 1, 0) if aux is None else read_loss_counts(aux, lengths)
+    if args.cache_layers is not None and args.cache_layers > args.target_layers:
+        raise ConfigError(
+            f"--cache-layers {args.cache_layers}: the target has {args.target_layers} layers "
+            "(--target-layers); a hidden-state cache keeps at most one per layer"
+        )
+    anchors = None
+    if spec.uses_anchors:
+        anchors = anchor_quota(
+            estimated_valid(loss, np.minimum(lengths, cfg.budget), recipe), recipe.anchor_policy()
+        )
+    dvocab = recipe.draft_vocab if not spec.uses_anchors and recipe.draft_vocab else None
+    shape = DrafterShape(
+        hidden=args.target_hidden,
+        layers=args.target_layers,
+        vocab=args.vocab,
+        draft_layers=args.draft_layers if spec.uses_anchors else 1,
+        draft_vocab=dvocab,
     )
+    if args.cost is None:
+        cfg = cfg.with_(cost=spec.cost(shape, recipe.block_size, recipe.ttt))
+    memory = memory_model(spec.uses_anchors, shape, recipe)
+    anchor_budget = args.anchor_budget if spec.uses_anchors else None
+    if args.memory_gb is not None:
+        mem = args.memory_gb * 2**30
+        if spec.uses_anchors:
+            by_memory = drafter_memory.anchor_budget(memory, mem, cfg.budget)
+            anchor_budget = min(anchor_budget or by_memory, by_memory)
+        else:
+            attn = drafter_memory.attention_budget(memory, mem, cfg.budget)
+            cfg = cfg.with_(attn_budget=attn, attn_extra=recipe.ttt - 1)
+    cfg = cfg.with_(anchor_budget=anchor_budget)
+    layers = args.cache_layers if args.cache_layers is not None else recipe.fused_layers + 1
     tokens = int(np.minimum(lengths, cfg.budget).sum())
     report = {
-        "method": args.drafter,
+        "method": spec.name,
+        "recipe": recipe.name,
+        "recipe_line": recipe.describe(),
+        "title": spec.title,
+        "uses_anchors": spec.uses_anchors,
         "tokens": tokens,
         "draft_blocks": int(anchors.sum()) if anchors is not None else 0,
+        "anchors_per_sample": float(anchors.mean()) if anchors is not None else 0.0,
         "cache_layers": layers,
         "hidden": args.target_hidden,
         "cache_bytes_per_value": args.cache_bytes,
         "cache_bytes": offline_cache_bytes(tokens, layers, args.target_hidden, args.cache_bytes),
         "loss_counts": str(aux) if aux is not None else "every token but the first",
+        "memory_model": dataclasses.asdict(memory),
+        "memory_gb": args.memory_gb,
     }
     return cfg, anchors, report
+
+
+def memory_model(uses_anchors: bool, shape, recipe):
+    """The drafter's activation memory model for a target of ``shape`` (heads of 128 dimensions, a quarter as
+    many key-value heads, an intermediate 3x the hidden size: the common shapes; the chunked LM head over the
+    draft vocabulary)."""
+    from padfree.drafter import memory as drafter_memory
+
+    heads = max(1, shape.hidden // 128)
+    return drafter_memory.analytic(
+        uses_anchors,
+        hidden=shape.hidden,
+        heads=heads,
+        kv_heads=max(1, heads // 4),
+        intermediate=3 * shape.hidden,
+        draft_layers=shape.draft_layers,
+        fused_layers=recipe.fused_layers,
+        block_size=recipe.block_size,
+        ttt=recipe.ttt,
+        vocab=shape.draft_vocab or shape.vocab,
+    )
+
+
+def estimated_valid(loss, tokens, recipe):
+    """Valid anchor positions per sample from counts alone (no masks): its supervised tokens, less the one a
+    ``pair`` rule needs after the anchor (a supervised run's last token), within the tokens the plan keeps and
+    the recipe's end margin. Exact for one supervised run per sample (an answer after its prompt); each
+    further run costs one more position."""
+    import numpy as np
+
+    tail = np.minimum(loss, np.maximum(tokens - recipe.anchor_margin, 0))
+    return np.maximum(tail - (1 if recipe.anchor_eligibility == "pair" else 0), 0)
 
 
 def _render(result: dict, seed_mix: bool) -> None:

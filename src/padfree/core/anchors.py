@@ -7,16 +7,18 @@ document's loss mask alone, so that a document gets the same anchors whatever it
 rank, at any world size, after any resume. Pure numpy (no torch): the planner counts anchors with it.
 
 **Valid anchors.** ``a`` is valid when the loss mask holds at ``a`` and at ``a + 1`` (the block's first
-prediction is supervised) and, under ``partial=False``, the whole block fits in the document
-(``a + block_size <= len``). Under ``partial=True`` (the default) a block may run past the document's end:
-its positions past the end carry no label and no loss, and never read or predict another document. That is
-the **short-document rule**: a document shorter than a block still gets (partial) blocks, never a silent
-zero. With ``partial=False`` such documents get no anchor, and :func:`anchor_counts` lets a caller count
-and report them (``n == 0``).
+prediction is supervised; ``eligibility="self"``: at ``a`` alone, as speculators does), ``a + margin < len``
+(speculators keeps ``margin = block_size`` positions at the end free) and, under ``partial=False``, the whole
+block fits in the document (``a + block_size <= len``). Under ``partial=True`` (the default) a block may run
+past the document's end: its positions past the end carry no label and no loss, and never read or predict
+another document. That is the **short-document rule**: a document shorter than a block still gets (partial)
+blocks, never a silent zero. With ``partial=False`` such documents get no anchor, and :func:`anchor_counts`
+lets a caller count and report them (``n == 0``).
 
 **Quota.** A document with ``n`` valid positions gets
-``min(n, max_anchors, ceil(density * n))`` anchors: proportional to its supervised tokens, capped (the
-published recipes cap at 512 per sample), at least one when it has any valid position.
+``min(n, max_anchors, ceil(density * n))`` anchors: the published recipes take every valid position
+(``density=1``) up to 512 per sample (:mod:`padfree.drafter.recipes`); a lower density draws proportionally,
+at least one when the document has any valid position.
 
 **Choice.** The anchors are the ``quota`` valid positions with the smallest keys of a Philox stream seeded
 by ``(seed, epoch, sample_id, start)`` (``start``: the offset of a split sample's piece), returned sorted.
@@ -69,15 +71,21 @@ class AnchorPolicy:
         partial: ``True``: a block may run past the document's end (those positions carry no loss), so
             documents shorter than a block get partial blocks. ``False``: the whole block must fit in the
             document; shorter documents get no anchor (count them with :func:`anchor_counts`).
+        eligibility: ``"pair"``: ``mask[a] and mask[a + 1]`` (SpecForge); ``"self"``: ``mask[a]``
+        (speculators). margin: positions after an anchor that must lie in the document (``a + margin < len``).
     """
 
     block_size: int = 16
     max_anchors: int = 512
     density: float | None = None
     partial: bool = True
+    eligibility: str = "pair"
+    margin: int = 0
 
     def __post_init__(self) -> None:
-        for name, low in (("block_size", 2), ("max_anchors", 1)):
+        if self.eligibility not in ("pair", "self"):
+            raise ConfigError(f"anchor policy: eligibility must be pair or self (got {self.eligibility!r})")
+        for name, low in (("block_size", 2), ("max_anchors", 1), ("margin", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ConfigError(f"anchor policy: {name} must be an integer >= {low} (got {v!r})")
@@ -98,36 +106,54 @@ def _mask(loss_mask) -> np.ndarray:
     return m.astype(bool, copy=False)
 
 
-def valid_anchor_positions(loss_mask, block_size: int, *, partial: bool = True) -> np.ndarray:
-    """Positions ``a`` of one document where a block may open: ``mask[a] and mask[a + 1]`` and, when
-    ``partial`` is off, ``a + block_size <= len(mask)``. Sorted int64."""
+def _last(n: int, block_size: int, partial: bool, eligibility: str, margin: int) -> int:
+    """How many leading positions of a document of ``n`` tokens may hold an anchor at all."""
+    last = n - 1 if eligibility == "pair" else n  # a + 1 < n
+    last = min(last, n - margin)  # a + margin < n
+    if not partial:
+        last = min(last, n - block_size + 1)  # a + block_size <= n
+    return max(0, last)
+
+
+def valid_anchor_positions(
+    loss_mask, block_size: int, *, partial: bool = True, eligibility: str = "pair", margin: int = 0
+) -> np.ndarray:
+    """Positions ``a`` of one document where a block may open (the rule in the module docstring). Sorted
+    int64."""
     m = _mask(loss_mask)
     n = m.shape[0]
-    ok = m[:-1] & m[1:] if n > 1 else np.zeros(0, bool)
-    if not partial:
-        ok = ok[: max(0, n - block_size + 1)]
-    return np.flatnonzero(ok).astype(np.int64)
+    ok = m.copy()
+    if eligibility == "pair":
+        ok[:-1] &= m[1:]
+    return np.flatnonzero(ok[: _last(n, block_size, partial, eligibility, margin)]).astype(np.int64)
 
 
-def valid_counts(loss_mask, offsets, block_size: int, *, partial: bool = True) -> np.ndarray:
+def valid_counts(
+    loss_mask, offsets, block_size: int, *, partial: bool = True, eligibility: str = "pair", margin: int = 0
+) -> np.ndarray:
     """How many valid anchor positions each document of a flat dataset has (vectorized): document ``i`` is
     ``loss_mask[offsets[i]:offsets[i + 1]]``. Equal to ``len(valid_anchor_positions(doc))`` per document.
 
     >>> valid_counts(np.array([1, 1, 1, 0, 1, 1]), np.array([0, 2, 6]), 4).tolist()
     [1, 1]
+    >>> m, off = np.array([1, 1, 1, 0, 1, 1]), np.array([0, 2, 6])
+    >>> valid_counts(m, off, 4, eligibility="self", margin=1).tolist()
+    [1, 2]
     """
     m = _mask(loss_mask)
     off = np.asarray(offsets, dtype=np.int64)
     if off.ndim != 1 or off.shape[0] < 1 or off[0] != 0 or off[-1] != m.shape[0] or (np.diff(off) < 0).any():
         raise InputError("offsets must rise from 0 to the mask's length")
     n = m.shape[0]
-    ok = np.zeros(n, bool)
-    if n > 1:
-        ok[:-1] = m[:-1] & m[1:]
+    ok = m.copy()
+    if eligibility == "pair" and n > 1:
+        ok[:-1] &= m[1:]
     doc = np.repeat(np.arange(off.shape[0] - 1), np.diff(off))
     end = off[1:][doc] if n else np.zeros(0, np.int64)
     pos = np.arange(n, dtype=np.int64)
-    ok &= pos + 1 < end  # a + 1 inside the same document
+    if eligibility == "pair":
+        ok &= pos + 1 < end  # a + 1 inside the same document
+    ok &= pos + margin < end
     if not partial:
         ok &= pos + block_size <= end
     return np.bincount(doc[ok], minlength=off.shape[0] - 1).astype(np.int64)
@@ -150,7 +176,15 @@ def anchor_counts(loss_mask, offsets, policy: AnchorPolicy) -> np.ndarray:
     ``offsets[i]:offsets[i + 1]``, e.g. :class:`padfree.data.tokenization.Encoded`'s ``mask`` and
     ``offsets``); zero marks a document that gets no block (no two consecutive supervised tokens, or shorter
     than a block under ``partial=False``). Vectorized; equals ``len(choose_anchors(...))`` per sample."""
-    return anchor_quota(valid_counts(loss_mask, offsets, policy.block_size, partial=policy.partial), policy)
+    valid = valid_counts(
+        loss_mask,
+        offsets,
+        policy.block_size,
+        partial=policy.partial,
+        eligibility=policy.eligibility,
+        margin=policy.margin,
+    )
+    return anchor_quota(valid, policy)
 
 
 def _check_id(name: str, v) -> int:
@@ -167,7 +201,13 @@ def choose_anchors(
     piece in its sample (0 for a whole sample), so two pieces of one sample draw independently."""
     named = (("seed", seed), ("epoch", epoch), ("sample_id", sample_id), ("start", start))
     key = [_check_id(n, v) for n, v in named]
-    valid = valid_anchor_positions(loss_mask, policy.block_size, partial=policy.partial)
+    valid = valid_anchor_positions(
+        loss_mask,
+        policy.block_size,
+        partial=policy.partial,
+        eligibility=policy.eligibility,
+        margin=policy.margin,
+    )
     q = int(anchor_quota(np.array([valid.shape[0]]), policy)[0])
     if q == 0:
         return valid[:0]

@@ -15,7 +15,7 @@ Two ways to give a step to ranks of different speeds:
   (``_kernels.recut_padded``).
   Equal-cost micro-batches cannot be balanced by assignment, and a re-cut can only give a fast rank more
   than the average if the average leaves room: a dynamic plan fills its micro-batches to ``headroom *
-  budget`` (:func:`plan_budget`).
+  budget`` (:func:`dynamic_budget`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from padfree.core import _kernels, capacity, cost, refit, steps
+from padfree.core.budget import Budget
 from padfree.core.config import MAX_COST, CostModel, PlanConfig
 from padfree.core.cost import Coefficients
 from padfree.errors import ConfigError, StateError
@@ -135,34 +136,27 @@ def _show(value: object) -> str:
     return f"{value!r:.80}"
 
 
-def plan_budget(config: PlanConfig, headroom: float) -> int | None:
-    """The token budget a dynamic plan fills its micro-batches to (``None``: the config's): packed bins to
-    ``sum <= headroom * budget``, padded micro-batches to ``count * longest <= headroom * budget``.
+def dynamic_budget(
+    config: PlanConfig, lengths: np.ndarray | None = None, headroom: float | None = None
+) -> int | None:
+    """The planning budget a dynamically balanced segment records (``None``: the config's): packed bins
+    filled to ``sum <= headroom * budget``, padded micro-batches to ``count * longest <= headroom * budget``
+    (``headroom`` default :func:`default_headroom` for these lengths at the config's world size).
 
-    >>> plan_budget(PlanConfig(strategy="packed", budget=1000), 0.85)
+    >>> dynamic_budget(PlanConfig(strategy="packed", budget=1000, world_size=2), np.array([10, 20]))
     850
-    >>> plan_budget(PlanConfig(strategy="bucketed", budget=1000), 0.85)
+    >>> dynamic_budget(PlanConfig(strategy="bucketed", budget=1000), headroom=0.85)
     850
-    >>> plan_budget(PlanConfig(strategy="bucketed", budget=1000), 1.0) is None
+    >>> dynamic_budget(PlanConfig(strategy="bucketed", budget=1000), headroom=1.0) is None
     True
     """
+    if headroom is None:
+        headroom = default_headroom(config.world_size, config, lengths)
     if not (isinstance(headroom, (int, float)) and 0.5 <= headroom <= 1.0):
         raise ConfigError(f"balance headroom must be a number in 0.5 .. 1 (got {headroom!r})")
     if headroom == 1.0:
         return None
     return max(1, int(config.budget * headroom))
-
-
-def dynamic_budget(config: PlanConfig, lengths: np.ndarray, headroom: float | None = None) -> int | None:
-    """The planning budget of a dynamically balanced plan: :func:`plan_budget` at ``headroom`` (default
-    :func:`default_headroom` for these lengths at the config's world size).
-
-    >>> dynamic_budget(PlanConfig(strategy="packed", budget=1000, world_size=2), np.array([10, 20]))
-    850
-    """
-    if headroom is None:
-        headroom = default_headroom(config.world_size, config, lengths)
-    return plan_budget(config, headroom)
 
 
 def default_headroom(
@@ -214,14 +208,16 @@ def step_layout(
     offsets: np.ndarray,
     config: PlanConfig,
     balance: Balance,
-    budget: int | None = None,
+    budget: Budget | None = None,
     anchors: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One step given to ranks: ``(order, offsets)`` over the step's items, rank after rank, ``grad_accum``
     micro-batches each (rank ``r`` owns micro-batches ``r*grad_accum .. (r+1)*grad_accum-1``).
 
     ``lens`` are the step's item lengths in plan order and ``offsets`` its ``world_size*grad_accum``
-    micro-batches (starting at 0). ``budget`` caps a re-cut bin (default ``config.budget``). With the plan's
+    micro-batches (starting at 0); ``config`` is the segment's and ``budget`` its
+    :class:`~padfree.core.budget.Budget` (default ``Budget.of(config)``): a re-cut bin holds up to its
+    ``item`` (a drafter plan's, up to its ``cap``, the tokens its item sizes are counted in). With the plan's
     cost model, no speeds and no re-cut this is exactly what :func:`padfree.core.plan.plan_items` gives the
     step: assigned, and, bucketed, its ranks evened out (:func:`padfree.core.steps.even_ranks`).
     ``anchors`` (a drafter plan's, in the order of ``lens``) enter the costs, and a packed re-cut keeps
@@ -242,14 +238,15 @@ def step_layout(
     perm = steps.assign_ranks(costs, w, g, speeds=None if balance.speeds is None else speeds)
     ids = np.arange(lens.shape[0], dtype=np.int64)
     order, new_offsets = _kernels.gather_segments(ids, offsets.astype(np.int64), perm)
-    cap = int(config.budget if budget is None else budget)
+    budget = Budget.of(config) if budget is None else budget
     drafting = anchors is not None or capacity.bounded(config)
     if not balance.recut and balance.speeds is None and steps.evens_ranks(config, drafting) and lens.size:
-        rows, even_offsets = steps.even_ranks(lens[order], new_offsets, config, tuple(balance.cost), cap)
-        return order[rows], even_offsets  # what plan_items gives a bucketed step of equal ranks
+        evened = steps.even_ranks(lens[order], new_offsets, config, tuple(balance.cost), budget.cap)
+        return order[evened[0]], evened[1]  # what plan_items gives a bucketed step of equal ranks
     if not (balance.recut and w > 1 and lens.size):
         return order, new_offsets
     assigned = (costs[perm].reshape(w, g).sum(axis=1) / speeds).max()
+    cap = budget.cap if drafting else budget.item
     if not config.packed:
         if drafting:
             return order, new_offsets
@@ -260,8 +257,7 @@ def step_layout(
     weight = cost.micro_costs(alone, balance.cost._replace(c=0.0), balance.drafter)
     room = lens.astype(np.int64)
     if drafting:
-        cap = min(cap, capacity.token_cap(config))
-        room = capacity.sizes(room, anchors, config.with_(budget=cap)).astype(np.int64)
+        room = capacity.sizes(room, anchors, config, cap).astype(np.int64)
     bin_of = _kernels.recut_packed(room, weight, float(c), speeds, g, cap)
     if bin_of.size == 0:
         return order, new_offsets

@@ -57,12 +57,15 @@ def bounded(config: PlanConfig) -> bool:
     return config.anchor_budget is not None or config.attn_budget is not None
 
 
-def sizes(length: np.ndarray, anchors: np.ndarray | None, config: PlanConfig) -> np.ndarray:
-    """Each item's size in tokens of :func:`token_cap` under every capacity in force (see the module).
-    Raises a one-line :class:`ConfigError` for an item that no micro-batch can hold."""
+def sizes(
+    length: np.ndarray, anchors: np.ndarray | None, config: PlanConfig, cap: int | None = None
+) -> np.ndarray:
+    """Each item's size in tokens of ``cap`` (a :class:`~padfree.core.budget.Budget`'s; default
+    :func:`token_cap`) under every capacity in force (see the module). Raises a one-line
+    :class:`ConfigError` for an item that no micro-batch can hold."""
     if not bounded(config):
         return length
-    cap = token_cap(config)
+    cap = token_cap(config) if cap is None else cap
     size = length.astype(np.int64)
     if config.anchor_budget is not None and anchors is not None:
         a = anchors.astype(np.int64)

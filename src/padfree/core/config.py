@@ -42,8 +42,8 @@ class CostModel:
     docs/drafters.md) adds two terms: ``blocks`` are the computed draft blocks (DFlash anchors: each runs
     ``block_size`` query tokens through the drafter and its LM head), ``reach`` the context those blocks
     read (each block of a row reads on average half of its row's length). For a drafter setup ``a`` and
-    ``b`` are the target's forward-only costs; EAGLE-3's unrolled steps scale with tokens and attention and
-    fold into ``a`` and ``b`` (see :meth:`for_drafter`).
+    ``b`` are the target's forward-only costs; each drafter method's FLOP-derived terms are its ``cost`` in
+    :mod:`padfree.drafter.methods`.
 
     >>> CostModel.from_shape(hidden=4096, layers=32, vocab=32000).b > 0
     True
@@ -79,56 +79,6 @@ class CostModel:
         if not (self.d or self.e):
             return (0.0, 0.0)
         return (self.d / self.a, self.e / self.a)
-
-    @classmethod
-    def for_drafter(
-        cls,
-        method: str,
-        *,
-        hidden: int = 4096,
-        layers: int = 32,
-        vocab: int = 32000,
-        draft_hidden: int | None = None,
-        draft_layers: int = 1,
-        draft_vocab: int | None = None,
-        block_size: int = 16,
-        ttt: int = 7,
-    ) -> CostModel:
-        """FLOP-derived defaults for a drafter step, in target forward token units (``a == 1``).
-
-        The target runs forward only (2*N FLOPs a token, attention 2*layers*hidden per l^2). DFlash: each
-        block runs ``block_size`` queries through the drafter forward and backward (6*Nd FLOPs a query,
-        Nd = 12*draft_layers*dh^2 + draft_vocab*dh, the LM head included) and reads its context (keys and
-        values of the target's hidden states: 6*draft_layers*dh per query and key). EAGLE-3: every token
-        runs ``ttt`` drafter steps forward and backward, its causal attention each step.
-
-        >>> m = CostModel.for_drafter("dflash", hidden=64, layers=2, vocab=100)
-        >>> m.a, m.d > 0, m.e > 0
-        (1.0, True, True)
-        """
-        if method not in ("dflash", "eagle3"):
-            raise ConfigError(f"unknown drafter method {method!r}: choose dflash or eagle3")
-        dh = hidden if draft_hidden is None else draft_hidden
-        dv = vocab if draft_vocab is None else draft_vocab
-        if min(hidden, layers, dh, draft_layers, block_size, ttt) < 1 or min(vocab, dv) < 0:
-            raise ConfigError("drafter shape: sizes must be >= 1 and vocabularies >= 0")
-        target = 2.0 * (12 * layers * hidden * hidden + vocab * hidden)
-        t_attn = 2.0 * layers * hidden
-        draft = 6.0 * (12 * draft_layers * dh * dh + dv * dh)
-        d_attn = 6.0 * draft_layers * dh
-        src = f"drafter {method} h{hidden} l{layers} dh{dh}"
-        if method == "eagle3":
-            # per token: fuse 3 hidden states (3h -> dh), then ttt drafter steps
-            per_token = target + 6.0 * 3 * hidden * dh + ttt * draft
-            return cls(a=1.0, b=(t_attn + ttt * d_attn) / per_token, c=0.0, source=src)
-        return cls(
-            a=1.0,
-            b=t_attn / target,
-            c=0.0,
-            source=src,
-            d=block_size * (draft + d_attn * block_size) / target,
-            e=block_size * d_attn / target,
-        )
 
     @property
     def coefficients(self) -> Coefficients:

@@ -10,9 +10,10 @@ it yields, and the Hugging Face Trainer runs on that sampler.
                   |                                                                  |
     position (epoch, history, partial, balance) <---------- advance ----------------+
 
-A :class:`Cursor` keeps one plan (the current segment's) and one step's layout in memory; everything it
-yields is a pure function of its :class:`~padfree.core.position.Position` and the source, so the state
-written by :mod:`padfree.core.position` continues it exactly.
+A :class:`Cursor` keeps one plan (the current segment's, with its :class:`~padfree.core.budget.Budget`) and
+one step's layout in memory; everything it yields is a pure function of its
+:class:`~padfree.core.position.Position` and the source, so the state it saves (:meth:`Cursor.state_dict`,
+:mod:`padfree.core.position`) continues it exactly when loaded (:meth:`Cursor.load_state_dict`).
 
 >>> import numpy as np
 >>> cfg = PlanConfig(strategy="packed", budget=64, world_size=2, grad_accum=2)
@@ -31,14 +32,18 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from padfree.core.balance import Balance, micro_features, step_layout
-from padfree.core.capacity import bounded, token_cap
+from padfree.core.balance import Balance, dynamic_budget, micro_features, step_layout
+from padfree.core.budget import Budget
+from padfree.core.capacity import bounded
 from padfree.core.config import PlanConfig
+from padfree.core.fingerprint import fingerprint_and_identity
 from padfree.core.items import Items, make_items, validate_lengths
 from padfree.core.plan import Plan, validate_anchors
-from padfree.core.position import Position, step_loss_tokens
+from padfree.core.planner import planning_window
+from padfree.core.position import Position, check_taken, from_state, step_loss_tokens, to_state
 from padfree.core.replay import Segment, replay
-from padfree.errors import ConfigError
+from padfree.core.state_check import segment_budgets
+from padfree.errors import ConfigError, StateError
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,18 @@ class MicroInfo:
     anchors: tuple[int, ...] | None = None
 
 
+class MicroBatch(list):
+    """A list of sample ids (plain ints, so any map-style dataset can index them) with its :class:`MicroInfo`
+    in ``.info``: what a sampler yields for one micro-batch the cursor takes."""
+
+    def __init__(self, ids: list[int], info: MicroInfo) -> None:
+        super().__init__(ids)
+        self.info = info
+
+    def __reduce__(self):  # keep .info when sent to DataLoader workers
+        return (MicroBatch, (list(self), self.info))
+
+
 class Next(NamedTuple):
     """One micro-batch as the cursor yields it: sample ids, facts, and ``(slots, attention)`` when the
     cursor measures features for a dynamic balancer (else ``None``)."""
@@ -104,8 +121,9 @@ class EpochSource:
         anchors: ArrayLike | None = None,
     ) -> EpochSource:
         """Validate ``lengths`` and ``loss_tokens`` (one count per sample, each in ``0 .. length-1``) for
-        planning in memory (``window=None``) or window by window (see
-        :func:`padfree.core.planner.planning_window`)."""
+        planning window by window, ``window`` samples each, or when it is ``None`` as
+        :func:`padfree.core.planner.planning_window` decides by size (in memory up to its threshold)."""
+        window = planning_window(lengths, True if window is not None else None, window)
         arr = validate_lengths(lengths, compact=window is not None)
         if window is not None:  # lengths are validated <= 2**31 - 1
             arr = arr.astype(np.int32, copy=False)
@@ -116,7 +134,7 @@ class EpochSource:
         counts = None if anchors is None else validate_anchors(anchors, arr)
         items = None
         if window is None:
-            items = make_items(arr, token_cap(config), config.overlong, anchors=counts)
+            items = make_items(arr, Budget.of(config).item, config.overlong, anchors=counts)
         loss = None
         if loss_tokens is not None:
             loss = np.asarray(loss_tokens)
@@ -134,6 +152,7 @@ class EpochSource:
 class _PlanCache(NamedTuple):
     key: tuple
     plan: Plan
+    budget: Budget  # the segment's
     before: int  # steps of the epoch before the plan's segment
     step_tokens: np.ndarray  # loss tokens of each step of the plan (-1: unknown)
 
@@ -147,16 +166,19 @@ class _StepCache(NamedTuple):
 
 
 class Cursor:
-    """This rank's position in an epoch and the micro-batches that follow it.
+    """This rank's position in an epoch and the micro-batches that follow it; it saves and loads itself
+    (:meth:`state_dict`, :meth:`load_state_dict`).
 
     Args:
         source: the lengths (see :meth:`EpochSource.of`).
         config: the plan config at the running world size.
         rank: this rank.
         epoch: the first epoch.
-        budget: the planning budget of new segments (``None``: the config's; a dynamic plan's headroom).
         dynamic: the balance is learned at run time: steps are re-cut among ranks, a new epoch keeps the
             learned balance, and each micro-batch comes with its ``(slots, attention)`` (several ranks).
+            New segments are planned with headroom for the re-cuts
+            (:func:`padfree.core.balance.dynamic_budget` at ``headroom``, default the rule for these lengths).
+        headroom: see ``dynamic``; a loaded state's segments may also have been planned at it.
     """
 
     def __init__(
@@ -166,21 +188,25 @@ class Cursor:
         rank: int,
         *,
         epoch: int = 0,
-        budget: int | None = None,
         dynamic: bool = False,
+        headroom: float | None = None,
     ) -> None:
         if not 0 <= rank < config.world_size:
             raise ConfigError(f"rank {rank} outside world size {config.world_size}")
         self.source = source
         self.config = config
         self.rank = rank
-        self.budget = budget
         self.dynamic = dynamic
+        self.headroom = headroom
+        # the planning budget new segments record (None: the config's)
+        self.budget = dynamic_budget(config, source.lengths, headroom) if dynamic else None
         self.features = dynamic and config.world_size > 1
+        self.fingerprint, self.identity = fingerprint_and_identity(source.lengths, config, source.anchors)
         self.epoch = int(epoch)
         self.history = [self._fresh()]
         self.partial = 0  # micro-batches of the current (unfinished) step already taken
         self.balance = self._new_balance(None)  # decides how each coming step is given to ranks
+        self.spent = False  # the epoch's last micro-batch was taken, no set_epoch or load since
         self._plan_cache: _PlanCache | None = None
         self._step_cache: _StepCache | None = None
 
@@ -193,7 +219,7 @@ class Cursor:
             return Balance.of(self.config.cost, recut=self.dynamic)
         return replace(current, recut=True)
 
-    # ----- position --------------------------------------------------------------------------------------
+    # ----- position and state ----------------------------------------------------------------------------
     @property
     def position(self) -> Position:
         return Position(self.epoch, list(self.history), self.partial, self.balance)
@@ -203,23 +229,53 @@ class Cursor:
         self.epoch, self.history = position.epoch, list(position.history)
         self.partial, self.balance = position.partial, position.balance
         self._step_cache = None
-        if self._plan_cache is not None and self._plan_cache.key != self._key():
+        if self._plan_cache is not None and self._plan_cache.key != _key(self.epoch, self.history):
             self._plan_cache = None  # kept when plan_steps just planned this very position
+
+    def state_dict(self) -> dict:
+        """The position and everything that decides the rest of the epoch
+        (:func:`padfree.core.position.to_state`): epoch, fingerprint, the short resume history, the balance
+        in force and, mid-step, the digest of the step's micro-batches already handed out.
+        JSON-serializable, O(resumes)."""
+        mode = "dynamic" if self.dynamic else "static"
+        return to_state(self.fingerprint, self.position, mode, self.identity, self.taken())
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` at this cursor's shape (at another world size the rest of the epoch is
+        re-planned over the new ranks). Every field is checked (:func:`padfree.core.position.from_state`):
+        segment budgets against the ones this config plans at, the position against the state's own plan,
+        and a mid-step state's handed-out micro-batches against what its balance gives them now
+        (:func:`padfree.core.position.check_taken`). A refused state raises :class:`StateError` (one line)
+        and leaves the cursor where it was."""
+        budgets: dict[int, tuple[int | None, ...]] = {}
+
+        def allowed(world: int) -> tuple[int | None, ...]:  # the budgets a segment at ``world`` may record
+            if world not in budgets:
+                budgets[world] = segment_budgets(self.config, self.source.lengths, world, self.headroom)
+            return budgets[world]
+
+        c = self.config
+        pos = from_state(
+            state, self.fingerprint, c.world_size, c.grad_accum, self.budget, c.cost, budgets=allowed,
+            identity=self.identity, steps=self.plan_steps,  # the state's epoch planned (and kept) first
+        )  # fmt: skip
+        before = self.position
+        self.restore(pos)
+        try:
+            check_taken(state, self.taken())  # mid-step: the step's handed-out part is unchanged
+        except StateError:
+            self.restore(before)
+            raise
+        self.spent = False
 
     def plan_steps(self, epoch: int, history: list[Segment]) -> int:
         """Steps of the plan the last segment of ``history`` runs in ``epoch`` (a state being checked before
         it is restored; the plan is kept for it)."""
-        last = history[-1]
-        key = (int(epoch), tuple(history[:-1]), last.world_size, last.grad_accum, last.budget)
-        if self._plan_cache is None or self._plan_cache.key != key:
-            self._plan_cache = self._step_cache = None
-            plan, before = self._replay(int(epoch), history)
-            tokens = step_loss_tokens(plan, self.source.lengths, self.source.loss)
-            self._plan_cache = _PlanCache(key, plan, before, tokens)
-        return self._plan_cache.plan.n_steps
+        return self._plan(int(epoch), history).plan.n_steps
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning; the current epoch keeps its position."""
+        self.spent = False
         if int(epoch) != self.epoch:
             self.epoch = int(epoch)
             self.history = [self._fresh()]
@@ -227,36 +283,37 @@ class Cursor:
             self.balance = self._new_balance(self.balance)
 
     # ----- the plan of the current segment ---------------------------------------------------------------
-    def _key(self) -> tuple:
-        last = self.history[-1]
-        return (self.epoch, tuple(self.history[:-1]), last.world_size, last.grad_accum, last.budget)
-
     def _replay(self, epoch: int, history: list[Segment]) -> tuple[Plan, int]:
         src = self.source
         return replay(src.items, self.config, epoch, history, lengths=src.lengths, window=src.window)
 
-    def _plan(self) -> _PlanCache:
-        """The current segment's unassigned plan, the steps before it and the loss tokens of each step."""
-        key = self._key()
+    def _plan(self, epoch: int | None = None, history: list[Segment] | None = None) -> _PlanCache:
+        """The unassigned plan of the last segment of ``history`` in ``epoch`` (default: the current
+        segment), with the segment's budget, the steps before it and the loss tokens of each step."""
+        if epoch is None or history is None:
+            epoch, history = self.epoch, self.history
+        key = _key(epoch, history)
         if self._plan_cache is None or self._plan_cache.key != key:
             self._plan_cache = self._step_cache = None  # free the old plan before making the next
-            plan, before = self._replay(self.epoch, self.history)
+            plan, before = self._replay(epoch, history)
             tokens = step_loss_tokens(plan, self.source.lengths, self.source.loss)
-            self._plan_cache = _PlanCache(key, plan, before, tokens)
+            budget = Budget.of(self.config, history[-1].budget)
+            self._plan_cache = _PlanCache(key, plan, budget, before, tokens)
         return self._plan_cache
 
-    def _layout(self, plan: Plan, s: int) -> _StepCache:
-        """Step ``s`` of ``plan`` given to ranks under the balance in force (see
+    def _layout(self, cache: _PlanCache, s: int) -> _StepCache:
+        """Step ``s`` of the segment's plan given to ranks under the balance in force (see
         :func:`padfree.core.balance.step_layout`)."""
-        key = (self._key(), s, self.balance)
+        key = (_key(self.epoch, self.history), s, self.balance)
         if self._step_cache is None or self._step_cache.key != key:
+            plan = cache.plan
             k = self.config.micro_per_step
             offs = plan.offsets[s * k : (s + 1) * k + 1]
             first = int(offs[0])
             lens = plan.lengths[first : int(offs[-1])]
             anchors = None if plan.anchors is None else plan.anchors[first : int(offs[-1])]
             bal = self.balance
-            order, offsets = step_layout(lens, offs - first, plan.config, bal, self.config.budget, anchors)
+            order, offsets = step_layout(lens, offs - first, plan.config, bal, cache.budget, anchors)
             features = None
             if self.features:
                 a_order = None if anchors is None else anchors[order]
@@ -294,7 +351,7 @@ class Cursor:
             return None
         cache = self._plan()
         plan, g = cache.plan, self.config.grad_accum
-        lay = self._layout(plan, self.history[-1].steps)
+        lay = self._layout(cache, self.history[-1].steps)
         h = hashlib.sha256()
         for r in range(self.config.world_size):
             for j in range(self.partial):
@@ -318,7 +375,7 @@ class Cursor:
         if s >= plan.n_steps:
             return None
         g, w, r = self.config.grad_accum, self.config.world_size, self.rank
-        lay = self._layout(plan, s)
+        lay = self._layout(cache, s)
         k = r * g + j
         pos = lay.first + lay.order[int(lay.offsets[k]) : int(lay.offsets[k + 1])]
         ids = plan.indices[pos].tolist()
@@ -342,5 +399,12 @@ class Cursor:
             self.partial = 0
         else:
             self.partial = j + 1
+        self.spent = j == g - 1 and s + 1 == plan.n_steps
         feats = None if lay.features is None else (float(lay.features[k, 0]), float(lay.features[k, 1]))
         return Next(ids, info, feats)
+
+
+def _key(epoch: int, history: list[Segment]) -> tuple:
+    """What decides the plan of the last segment of ``history`` (its steps run so far do not)."""
+    last = history[-1]
+    return (epoch, tuple(history[:-1]), last.world_size, last.grad_accum, last.budget)

@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from padfree.core import _kernels, capacity, cost, steps
+from padfree.core.budget import Budget
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, Report, make_items, validate_lengths
 from padfree.core.strategies import REGISTRY
@@ -220,18 +221,17 @@ def plan_in_memory(
     path: str | None = None,
     t0: float | None = None,
     assign: bool = True,
-    item_budget: int | None = None,
     anchors: ArrayLike | None = None,
 ) -> Plan:
-    """Plan one epoch with every sample in memory: validate, apply the overlong policy (at ``item_budget``,
-    default :func:`padfree.core.capacity.token_cap`), plan the items (``assign``: see :func:`plan_items`;
+    """Plan one epoch with every sample in memory: validate, apply the overlong policy (at the budget's
+    ``item``, :class:`~padfree.core.budget.Budget`), plan the items (``assign``: see :func:`plan_items`;
     ``anchors``: per-sample draft blocks of a drafter plan, see :func:`validate_anchors`)."""
     t0 = time.perf_counter() if t0 is None else t0
     lengths = validate_lengths(lengths, path)
-    budget = capacity.token_cap(config) if item_budget is None else item_budget
+    budget = Budget.of(config)
     counts = None if anchors is None else validate_anchors(anchors, lengths, path)
-    items = make_items(lengths, budget, config.overlong, path, anchors=counts)
-    return plan_items(items, config, epoch, t0=t0, assign=assign)
+    items = make_items(lengths, budget.item, config.overlong, path, anchors=counts)
+    return plan_items(items, config, epoch, budget=budget, t0=t0, assign=assign)
 
 
 def validate_anchors(anchors: object, lengths: np.ndarray, path: str | None = None) -> np.ndarray:
@@ -258,13 +258,16 @@ def plan_items(
     config: PlanConfig,
     epoch: int,
     *,
+    budget: Budget | None = None,
     t0: float | None = None,
     rng: np.random.Generator | None = None,
     assign: bool = True,
 ) -> Plan:
     """Plan one epoch of already prepared items (see :func:`padfree.core.items.make_items`).
 
-    ``rng`` replaces the epoch's generator (:func:`epoch_rng`); the stream planner gives each window its own.
+    ``config`` is the segment's (its budget is what micro-batches are filled to) and ``budget`` its
+    :class:`~padfree.core.budget.Budget` (default: ``Budget.of(config)``). ``rng`` replaces the epoch's
+    generator (:func:`epoch_rng`); the stream planner gives each window its own.
     ``assign=False`` leaves each step's micro-batches in their stratified order, not yet given to ranks: the
     same steps (the same micro-batches in each) whatever the cost model, which the sampler then assigns one
     step at a time (:func:`padfree.core.steps.assign_ranks` on one step gives what ``assign=True`` gives).
@@ -274,11 +277,13 @@ def plan_items(
     check_fills_step(len(items), config)
     rng = epoch_rng(config.seed, epoch, config.strategy) if rng is None else rng
     length = items.length
-    # every capacity folded into one size per item (the lengths themselves without drafter bounds)
-    size = capacity.sizes(length, items.anchors, config)
-    cap = capacity.token_cap(config)
-    form_config = config if cap == config.budget else config.with_(budget=cap)
-    order, offsets, strata, edges = REGISTRY[config.strategy].form(size, form_config, rng)
+    budget = Budget.of(config) if budget is None else budget
+    cap = budget.cap
+    # every capacity folded into one size per item (the lengths themselves without drafter bounds), and
+    # micro-batches formed within cap
+    size = capacity.sizes(length, items.anchors, config, cap)
+    at_cap = config if cap == config.budget else config.with_(budget=cap)
+    order, offsets, strata, edges = REGISTRY[config.strategy].form(size, at_cap, rng)
     if strata is not None:
         composed = steps.quantile_steps(order, offsets, size, k, cap, rng)
         if composed is None:  # the tail cannot be cut into whole steps: strata spread by token mass

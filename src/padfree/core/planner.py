@@ -4,6 +4,9 @@
 
     lengths --make_plan--+-- n <= STREAM_THRESHOLD --> plan.plan_in_memory --> plan_items --> Plan
                          +-- larger (or stream=True) --> stream.plan_stream --> plan_items per window --> Plan
+
+:func:`plan_pieces` makes the same epoch piece by piece; window by window it is the stream planner's dealer
+and loop without its join (:mod:`padfree.core.stream`), which a replay's windowed segments use too.
 """
 
 from __future__ import annotations

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from padfree.core.budget import Budget
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items
 from padfree.core.plan import Plan, plan_items
-from padfree.core.stream import plan_items_windowed, plan_stream
+from padfree.core.stream import plan_stream
 from padfree.errors import ConfigError, StateError
 
 
@@ -90,15 +91,20 @@ def one_per_micro(items: Items, config: PlanConfig, epoch: int) -> Plan:
     )  # fmt: skip
 
 
-def plan_rest(items: Items, config: PlanConfig, epoch: int, window: int | None = None) -> Plan:
+def plan_rest(
+    items: Items, config: PlanConfig, epoch: int, window: int | None = None, budget: Budget | None = None
+) -> Plan:
     """``plan_items`` on what is left of an epoch (window by window when more than ``window`` items are
-    left), or :func:`one_per_micro` when too little is left."""
+    left, over the items' own arrays), or :func:`one_per_micro` when too little is left. ``config`` is the
+    segment's and ``budget`` its :class:`~padfree.core.budget.Budget`."""
     if len(items) == 0:
         return one_per_micro(items, config, epoch)
     try:
         if window is not None and len(items) > window:
-            return plan_items_windowed(items, config, epoch, window, in_place=True)
-        return plan_items(items, config, epoch, assign=False)
+            return plan_stream(
+                items, config, epoch, window=window, assign=False, budget=budget, in_place=True
+            )
+        return plan_items(items, config, epoch, budget=budget, assign=False)
     except ConfigError:
         return one_per_micro(items, config, epoch)
 
@@ -114,10 +120,11 @@ def replay(
 ) -> tuple[Plan, int]:
     """The unassigned plan the last segment of ``history`` runs, and how many steps of the epoch came before.
 
-    ``config``'s world size and grad-accum are ignored: each segment brings its own (and its budget, when
-    set). With ``window`` the epoch is planned window by window from ``lengths``
-    (:func:`padfree.core.stream.plan_stream`, the plan ``make_plan`` makes of a huge epoch) and so is a
-    re-planned rest of more than ``window`` items; else the ``items`` are planned in memory.
+    ``config`` is the run's: each segment brings its own world size and grad-accum, and its planning budget
+    when set (its :class:`~padfree.core.budget.Budget`, made once per segment). With ``window`` the epoch is
+    planned window by window from ``lengths`` (:func:`padfree.core.stream.plan_stream`, the plan
+    ``make_plan`` makes of a huge epoch) and so is a re-planned rest of more than ``window`` items; else the
+    ``items`` are planned in memory.
 
     >>> import numpy as np
     >>> from padfree.core.items import make_items
@@ -131,16 +138,15 @@ def replay(
     """
     if not history:
         raise StateError("empty resume history")
-    seg = history[0]
+    cfg, budget = _segment(config, history[0])
     if window is not None:
         if lengths is None:
             raise StateError("a windowed replay needs the lengths")
-        cfg = _shape(config, seg)
-        plan = plan_stream(lengths, cfg, epoch, window=window, assign=False, item_budget=config.budget)
+        plan = plan_stream(lengths, cfg, epoch, window=window, assign=False, budget=budget)
     else:
         if items is None:
             raise StateError("an in-memory replay needs the items")
-        plan = plan_items(items, _shape(config, seg), epoch, assign=False)
+        plan = plan_items(items, cfg, epoch, budget=budget, assign=False)
     before = 0
     for i in range(1, len(history)):
         prev, seg = history[i - 1], history[i]
@@ -153,10 +159,12 @@ def replay(
         del plan  # the rest is a view; the consumed part goes when the rest is planned
         before += prev.steps
         seed = derived_seed(config.seed, epoch, i, seg.world_size, seg.grad_accum, before, seg.budget)
-        plan = plan_rest(rest, _shape(config, seg).with_(seed=seed), epoch, window)
+        cfg, budget = _segment(config, seg)
+        plan = plan_rest(rest, cfg.with_(seed=seed), epoch, window, budget)
     return plan, before
 
 
-def _shape(config: PlanConfig, seg: Segment) -> PlanConfig:
-    budget = config.budget if seg.budget is None else seg.budget
-    return config.with_(world_size=seg.world_size, grad_accum=seg.grad_accum, budget=budget)
+def _segment(config: PlanConfig, seg: Segment) -> tuple[PlanConfig, Budget]:
+    """The segment's config (``config`` at its world size, grad-accum and planning budget) and budget."""
+    budget = Budget.of(config, seg.budget)
+    return config.with_(world_size=seg.world_size, grad_accum=seg.grad_accum, budget=budget.plan), budget

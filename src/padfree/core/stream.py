@@ -1,4 +1,4 @@
-"""Planning a huge epoch window by window, in bounded memory.
+"""Planning a huge epoch window by window, in bounded memory: one dealer, one loop, one join.
 
 The samples are dealt to ``ceil(n / window)`` windows at random (a window id per sample, drawn from the
 seed and the epoch), each window is planned on its own with :func:`padfree.core.plan.plan_items` (the same
@@ -7,6 +7,16 @@ Every window's micro-batch count is a multiple of ``world_size * grad_accum`` (t
 tail), so steps never straddle windows: every rank still gets ``grad_accum`` micro-batches per step and
 every sample appears exactly once. Because windows are random subsets, each window holds the dataset's
 length mix, and so does every step.
+
+::
+
+    samples (make_plan, plan_pieces, a replay's first segment) --+
+                                                                 +-- deal_windows --> window_pieces --> join
+    prepared items (the rest of a resumed epoch, replay) --------+     (dealer)         (the loop)
+
+:func:`plan_pieces <padfree.core.planner.plan_pieces>` stops before the join (one window in memory at a time);
+:func:`plan_stream` is all three. Prepared items are dealt on their own random streams and the plan is
+written back over their own arrays, so the rest of an epoch is re-planned without a second copy of it.
 
 Memory: the window ids (1 byte a sample while there are < 128 windows), their grouping (int32 sample ids),
 the output plan (int32 ``indices`` and ``lengths``) and one window's working arrays; nothing of size ``n``
@@ -20,7 +30,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,9 +38,10 @@ from numpy.typing import ArrayLike
 
 from padfree.core import _kernels
 from padfree.core._kernels import njit
+from padfree.core.budget import Budget
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, Report, check_overlong, make_items, validate_lengths
-from padfree.core.plan import Plan, check_epoch, check_fills_step, epoch_rng, plan_in_memory, plan_items
+from padfree.core.plan import Plan, check_epoch, check_fills_step, epoch_rng, plan_items
 from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 
@@ -38,6 +49,7 @@ DEFAULT_WINDOW = 4_000_000
 """Samples per window: about 0.3-0.5 GB of working memory per window (see docs/scale.md)."""
 
 _CHUNK = 8_000_000  # samples per pass when counting over the whole array
+_SAMPLES, _PREPARED = 0, 2  # random sub-streams: window ids (this tag) and window plans (tag + 1)
 
 
 @njit(cache=True, nogil=True)
@@ -62,24 +74,33 @@ def _index_dtype(n: int) -> type:
 
 @dataclass(frozen=True)
 class Windows:
-    """How one epoch's samples are dealt to windows.
+    """One epoch dealt to windows (:func:`deal_windows`): window ``j`` holds entries ``starts[j]:starts[j+1]``
+    of the window order.
 
     Attributes:
-        lengths: the validated lengths (int32 when they came as int32).
-        order: sample ids grouped by window, ascending inside a window (int32 when ``n < 2**31``).
-        starts: window ``j`` holds ``order[starts[j]:starts[j+1]]``.
-        items: planned items per window (after the overlong policy).
-        n_over: samples longer than the budget.
-        budget: the budget the overlong policy cut the items at (the config's, unless a plan with headroom
-            packs below it: see ``item_budget``).
+        order: the sample id of each entry, grouped by window (ascending inside a window when the entries are
+            samples; int32 when ``n < 2**31``).
+        starts: the window boundaries.
+        items: items per window (after the overlong policy).
+        budget: the segment's :class:`~padfree.core.budget.Budget`; samples are cut into items at its
+            ``item``.
+        n_samples: samples of the epoch.
+        n_over: samples longer than ``budget.item``.
+        lengths: the validated sample lengths (int32 when they came as int32), when samples are dealt.
+        prepared: the items dealt instead (the rest of a resumed epoch), in window order, in their own
+            arrays: :func:`join` writes the plan over them.
+        single: one window, planned as the in-memory path plans it (the epoch's own random stream).
     """
 
-    lengths: np.ndarray
     order: np.ndarray
     starts: np.ndarray
     items: np.ndarray
+    budget: Budget
+    n_samples: int
     n_over: int = 0
-    budget: int | None = None
+    lengths: np.ndarray | None = None
+    prepared: Items | None = None
+    single: bool = False
 
     @property
     def n_windows(self) -> int:
@@ -88,22 +109,43 @@ class Windows:
     def samples(self, j: int) -> np.ndarray:
         return self.order[self.starts[j] : self.starts[j + 1]]
 
+    def items_at(self, lo: int, hi: int, overlong: str, path: str | None = None) -> Items:
+        """Entries ``lo:hi`` of the window order as plannable items (global sample ids)."""
+        if self.prepared is not None:
+            p = self.prepared
+            if self.single:
+                return p
+            return Items(
+                p.length[lo:hi],
+                p.sample_ids()[lo:hi],
+                None if p.start is None else p.start[lo:hi],
+                p.n_samples,
+            )
+        assert self.lengths is not None
+        ids = self.order[lo:hi]
+        it = make_items(self.lengths[ids].astype(np.int64), self.budget.item, overlong, path)
+        gids = ids.astype(np.int64)
+        sample = gids if it.sample is None else gids[it.sample]
+        return Items(it.length, sample, it.start, self.n_samples, it.truncated, it.split, it.dropped)
+
 
 def deal_windows(
-    lengths: ArrayLike,
+    source: ArrayLike | Items,
     config: PlanConfig,
     epoch: int,
     window: int = DEFAULT_WINDOW,
     path: str | None = None,
-    item_budget: int | None = None,
+    budget: Budget | None = None,
+    *,
+    in_place: bool = False,
 ) -> Windows:
-    """Validate the lengths, apply the overlong checks globally and deal the samples to windows.
+    """The one dealer: ``source`` (per-sample lengths, or prepared :class:`Items`) dealt to windows of about
+    ``window`` entries at random; a window that would hold fewer items than one step
+    (``world_size * grad_accum``) is merged into its neighbour.
 
-    ``item_budget`` (default ``config.budget``) is where the overlong policy cuts; a plan that leaves
-    headroom packs to a smaller ``config.budget`` than its items may reach.
-
-    A window that would hold fewer items than one step (``world_size * grad_accum``) is merged into its
-    neighbour.
+    Lengths are validated and the overlong policy checked over the whole epoch (at ``budget.item``, default
+    ``Budget.of(config)``). Prepared items are permuted into window order in copies of their arrays, or
+    with ``in_place=True`` in their own (writeable) arrays, which the plan then overwrites.
 
     >>> w = deal_windows(np.arange(1, 101), PlanConfig(budget=200), epoch=0, window=30)
     >>> w.n_windows, int(w.items.sum()), sorted(w.order.tolist()) == list(range(100))
@@ -111,13 +153,15 @@ def deal_windows(
     """
     if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
         raise ConfigError(f"window must be an integer >= 1 (got {window!r})")
-    lengths = validate_lengths(lengths, path, compact=True)
+    budget = Budget.of(config) if budget is None else budget
+    if isinstance(source, Items):
+        return _deal_prepared(source, config, epoch, int(window), budget, in_place)
+    lengths = validate_lengths(source, path, compact=True)
     n = int(lengths.shape[0])
-    budget = config.budget if item_budget is None else int(item_budget)
-    k = config.micro_per_step
+    cut = budget.item
     n_windows = max(1, math.ceil(n / int(window)))
     label_epoch = 0 if REGISTRY[config.strategy].fixed_batches else epoch
-    labels = _labels(epoch_rng(config.seed, label_epoch, config.strategy, 0), n, n_windows)
+    labels = _labels(epoch_rng(config.seed, label_epoch, config.strategy, _SAMPLES), n, n_windows)
 
     # one pass in chunks: items per window, and the overlong report
     items = np.zeros(n_windows, np.int64)
@@ -125,7 +169,7 @@ def deal_windows(
     for a in range(0, n, _CHUNK):
         chunk = lengths[a : a + _CHUNK]
         lab = labels[a : a + _CHUNK]
-        over = chunk > budget
+        over = chunk > cut
         c_over = int(np.count_nonzero(over))
         longest = max(longest, int(chunk.max()))
         if c_over and first_over < 0:
@@ -134,16 +178,48 @@ def deal_windows(
         if config.overlong == "drop":
             items += np.bincount(lab[~over], minlength=n_windows)
         elif config.overlong == "split" and c_over:
-            pieces = (chunk.astype(np.int64) + (budget - 1)) // budget
+            pieces = (chunk.astype(np.int64) + (cut - 1)) // cut
             items += np.bincount(lab, weights=pieces, minlength=n_windows).astype(np.int64)
         else:
             items += np.bincount(lab, minlength=n_windows)
-    check_overlong(n_over, n, first_over, longest, budget, config.overlong, path)
-    total = int(items.sum())
-    check_fills_step(total, config)
+    check_overlong(n_over, n, first_over, longest, cut, config.overlong, path)
+    check_fills_step(int(items.sum()), config)
 
-    order, starts, items = _group(labels, items, k)
-    return Windows(lengths=lengths, order=order, starts=starts, items=items, n_over=n_over, budget=budget)
+    order, starts, items = _group(labels, items, config.micro_per_step)
+    single = starts.shape[0] == 2
+    return Windows(order, starts, items, budget, n, n_over, lengths=lengths, single=single)
+
+
+def _deal_prepared(
+    items: Items, config: PlanConfig, epoch: int, window: int, budget: Budget, in_place: bool
+) -> Windows:
+    """:func:`deal_windows` of prepared items: window ids on their own stream, the arrays permuted into
+    window order (one window only: left as they are, planned as the in-memory path plans them)."""
+    n = len(items)
+    n_windows = max(1, math.ceil(n / window))
+    if n_windows == 1:
+        whole = np.array([0, n], np.int64)
+        return Windows(
+            items.sample_ids(), whole, whole[1:], budget, items.n_samples, prepared=items, single=True
+        )
+    labels = _labels(epoch_rng(config.seed, epoch, config.strategy, _PREPARED), n, n_windows)
+    order, starts, per_window = _group(
+        labels, np.bincount(labels, minlength=n_windows), config.micro_per_step
+    )
+    del labels
+    # the items in window order, in their own arrays: every window is then one contiguous slice, and its
+    # plan (a permutation of the slice) is written back over it
+    arrays = [items.length, items.sample_ids()] + ([] if items.start is None else [items.start])
+    seen = np.zeros(n, np.uint8)
+    for i, arr in enumerate(arrays):
+        if not in_place or not arr.flags.writeable:
+            arrays[i] = arr = arr.copy()
+        seen[:] = 0
+        _kernels.permute_in_place(arr, order, seen)
+    del order, seen
+    start = arrays[2] if items.start is not None else None
+    prepared = Items(arrays[0], arrays[1], start, items.n_samples)
+    return Windows(arrays[1], starts, per_window, budget, items.n_samples, prepared=prepared)
 
 
 def _group(labels: np.ndarray, per_window: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -181,33 +257,6 @@ def _labels(rng: np.random.Generator, n: int, n_windows: int) -> np.ndarray:
     return rng.integers(0, n_windows, n, dtype=dtype)
 
 
-def _window_plans(
-    starts: np.ndarray,
-    items_of: Callable[[int, int], Items],
-    config: PlanConfig,
-    epoch: int,
-    tag: int,
-    assign: bool,
-) -> Iterator[tuple[int, int, int, Plan]]:
-    """The one windowed planner: ``(j, lo, hi, plan)`` for the windows in order, window ``j`` (entries
-    ``lo:hi`` of the window order) planned on its own stream ``(tag, j)``; one window in memory at a time. A
-    window whose micro-batches cannot be made whole steps (nearly all of them single samples) is planned again
-    together with the next window (``lo`` stays)."""
-    n_windows = int(starts.shape[0] - 1)
-    lo = 0
-    for j in range(n_windows):
-        hi = int(starts[j + 1])
-        rng = epoch_rng(config.seed, epoch, config.strategy, tag, j)
-        try:
-            plan = plan_items(items_of(lo, hi), config, epoch, rng=rng, assign=assign)
-        except ConfigError:
-            if j == n_windows - 1:
-                raise
-            continue
-        yield j, lo, hi, plan
-        lo = hi
-
-
 def window_pieces(
     windows: Windows,
     config: PlanConfig,
@@ -217,36 +266,75 @@ def window_pieces(
     *,
     t0: float | None = None,
     assign: bool = True,
-    item_budget: int | None = None,
 ) -> Iterator[Plan]:
-    """The epoch dealt to ``windows`` as consecutive plans of whole steps (global sample ids), one window in
-    memory at a time; a single window is the in-memory plan. ``progress(done, total)`` after each window
-    (``assign``: see :func:`padfree.core.plan.plan_items`; ``item_budget``: see :func:`deal_windows`)."""
-    if windows.n_windows == 1:
-        yield plan_in_memory(
-            windows.lengths, config, epoch, path=path, t0=t0, assign=assign, item_budget=item_budget
-        )
-        if progress is not None:
-            progress(1, 1)
-        return
-    budget = config.budget if windows.budget is None else windows.budget
-    n = int(windows.lengths.shape[0])
-
-    def items_of(lo: int, hi: int) -> Items:
-        ids = windows.order[lo:hi]
-        it = make_items(windows.lengths[ids].astype(np.int64), budget, config.overlong, path)
-        gids = ids.astype(np.int64)
-        sample = gids if it.sample is None else gids[it.sample]
-        return Items(it.length, sample, it.start, n, it.truncated, it.split, it.dropped)
-
-    for j, _, _, plan in _window_plans(windows.starts, items_of, config, epoch, 1, assign):
+    """The one loop: the epoch dealt to ``windows`` as consecutive plans of whole steps (global sample ids),
+    one window in memory at a time, each planned on its own random stream (``assign``: see
+    :func:`padfree.core.plan.plan_items`); a single window is the in-memory plan. A window whose
+    micro-batches cannot be made whole steps (nearly all of them single samples) is planned again together
+    with the next window. ``progress(done, total)`` after each plan."""
+    n_windows = windows.n_windows
+    tag = _SAMPLES if windows.prepared is None else _PREPARED
+    lo = 0
+    for j in range(n_windows):
+        hi = int(windows.starts[j + 1])
+        rng = None if windows.single else epoch_rng(config.seed, epoch, config.strategy, tag + 1, j)
+        items = windows.items_at(lo, hi, config.overlong, path)
+        try:
+            plan = plan_items(
+                items, config, epoch, budget=windows.budget, t0=t0 if windows.single else None, rng=rng,
+                assign=assign,
+            )  # fmt: skip
+        except ConfigError:
+            if j == n_windows - 1:
+                raise
+            continue
+        del items
         yield plan
+        lo = hi
         if progress is not None:
-            progress(j + 1, windows.n_windows)
+            progress(j + 1, n_windows)
+
+
+def join(
+    windows: Windows, pieces: Iterable[Plan], config: PlanConfig, epoch: int, t0: float, assign: bool
+) -> Plan:
+    """The one join: the window plans written one after the other (each one's offsets shifted) into compact
+    arrays (int32 lengths and starts), or for prepared items back over their own arrays."""
+    total = int(windows.items.sum())
+    if windows.prepared is None:
+        indices: np.ndarray = np.empty(total, _index_dtype(windows.n_samples))
+        lens = np.empty(total, np.int32)
+        # as in the in-memory path: starts only when some sample was split
+        split = config.overlong == "split" and windows.n_over > 0
+        starts = np.empty(total, np.int32) if split else None
+    else:
+        indices, lens, starts = windows.prepared.sample_ids(), windows.prepared.length, windows.prepared.start
+    offsets = [np.zeros(1, np.int64)]
+    edges: np.ndarray | None = None
+    counts = [0, 0, 0]  # truncated, split, dropped
+    pos = 0
+    for i, p in enumerate(pieces):
+        m = int(p.indices.shape[0])
+        indices[pos : pos + m] = p.indices
+        lens[pos : pos + m] = p.lengths
+        if starts is not None:
+            starts[pos : pos + m] = 0 if p.starts is None else p.starts
+        offsets.append(p.offsets[1:] + pos)
+        if i == 0:
+            edges = p.edges
+        pos += m
+        for c, v in enumerate((p.truncated, p.split, p.dropped)):
+            counts[c] += v
+    assert pos == total, (pos, total)
+    report = Report(windows.n_samples, *counts)
+    return Plan.of(
+        config, epoch, indices, np.concatenate(offsets), lens, report, starts=starts, edges=edges, t0=t0,
+        assigned=assign,
+    )  # fmt: skip
 
 
 def plan_stream(
-    lengths: ArrayLike,
+    source: ArrayLike | Items,
     config: PlanConfig,
     epoch: int = 0,
     *,
@@ -255,125 +343,32 @@ def plan_stream(
     progress: Callable[[int, int], None] | None = None,
     t0: float | None = None,
     assign: bool = True,
-    item_budget: int | None = None,
+    budget: Budget | None = None,
+    in_place: bool = False,
 ) -> Plan:
-    """Plan one epoch window by window and return one compact :class:`Plan` (``assign=False``: steps not
-    yet given to ranks, see :func:`padfree.core.plan.plan_items`; ``item_budget``: see
-    :func:`deal_windows`).
+    """Plan one epoch window by window and return one compact :class:`Plan`: :func:`deal_windows`,
+    :func:`window_pieces`, :func:`join` (``assign=False``: steps not yet given to ranks, see
+    :func:`padfree.core.plan.plan_items`; ``budget``, ``in_place``: see :func:`deal_windows`).
 
     ``indices`` are int32 (when there are fewer than 2**31 samples), ``lengths`` and ``starts`` int32,
     ``offsets`` int64. ``edges`` are window 0's (every window draws its own bucket phase). With a single
     window (``window >= n``) the result is exactly the in-memory plan
-    (:func:`padfree.core.plan.plan_in_memory`).
+    (:func:`padfree.core.plan.plan_in_memory`). Prepared items (the rest of a resumed epoch,
+    :mod:`padfree.core.replay`) keep their arrays' types.
 
     >>> cfg = PlanConfig(strategy="packed", budget=64, world_size=2, grad_accum=2, seed=3)
     >>> p = plan_stream(np.arange(1, 201) % 60 + 1, cfg, epoch=0, window=50)
     >>> p.n_micro % 4, np.array_equal(np.sort(p.indices), np.arange(200))
     (0, True)
+    >>> q = plan_stream(make_items(np.arange(1, 201) % 60 + 1, 64, "error"), cfg, 0, window=50, assign=False)
+    >>> q.n_micro % 4, np.array_equal(np.sort(q.indices), np.arange(200))
+    (0, True)
     """
     t0 = time.perf_counter() if t0 is None else t0
     epoch = check_epoch(epoch)
-    windows = deal_windows(lengths, config, epoch, window, path, item_budget)
-    pieces = window_pieces(
-        windows, config, epoch, path, progress, t0=t0, assign=assign, item_budget=item_budget
-    )
-    if windows.n_windows == 1:
+    windows = deal_windows(source, config, epoch, window, path, budget, in_place=in_place)
+    pieces = window_pieces(windows, config, epoch, path, progress, t0=t0, assign=assign)
+    if windows.single:
         [plan] = pieces
         return plan
-    n = int(windows.lengths.shape[0])
-    # as in the in-memory path: starts only when some sample was split
-    out = _Concat(int(windows.items.sum()), n, config.overlong == "split" and windows.n_over > 0, assign)
-    for p in pieces:
-        out.add(p)
-    return out.plan(config, epoch, n, t0)
-
-
-class _Concat:
-    """Window plans written one after the other into compact arrays (int32 lengths and starts)."""
-
-    def __init__(self, total: int, n_samples: int, with_starts: bool, assigned: bool) -> None:
-        self.total = total
-        self.assigned = assigned
-        self.indices: np.ndarray = np.empty(total, _index_dtype(n_samples))
-        self.lens = np.empty(total, np.int32)
-        self.starts = np.empty(total, np.int32) if with_starts else None
-        self.offsets = [np.zeros(1, np.int64)]
-        self.edges: np.ndarray | None = None
-        self.pos = 0
-        self.counts = [0, 0, 0]  # truncated, split, dropped
-        self.first = True
-
-    def add(self, p: Plan) -> None:
-        a, m = self.pos, int(p.indices.shape[0])
-        self.indices[a : a + m] = p.indices
-        self.lens[a : a + m] = p.lengths
-        if self.starts is not None:
-            self.starts[a : a + m] = 0 if p.starts is None else p.starts
-        self.offsets.append(p.offsets[1:] + a)
-        if self.first:
-            self.edges, self.first = p.edges, False
-        self.pos += m
-        for i, v in enumerate((p.truncated, p.split, p.dropped)):
-            self.counts[i] += v
-
-    def plan(self, config: PlanConfig, epoch: int, n_samples: int, t0: float) -> Plan:
-        assert self.pos == self.total, (self.pos, self.total)
-        report = Report(n_samples, *self.counts)
-        offsets = np.concatenate(self.offsets)
-        return Plan.of(
-            config, epoch, self.indices, offsets, self.lens, report, starts=self.starts, edges=self.edges,
-            t0=t0, assigned=self.assigned,
-        )  # fmt: skip
-
-
-def plan_items_windowed(
-    items: Items, config: PlanConfig, epoch: int, window: int = DEFAULT_WINDOW, *, in_place: bool = False
-) -> Plan:
-    """Plan already prepared items window by window, steps not given to ranks (``assign=False``): the rest
-    of a huge epoch resumed at another shape (:mod:`padfree.core.replay`), in bounded memory.
-
-    The items are dealt to windows at random (from ``config.seed`` and the epoch), each window planned on
-    its own stream, the plans concatenated; a window too small for whole steps is planned with the next.
-    ``in_place=True`` reuses the items' own arrays for the plan (they are overwritten): the rest of an epoch
-    is re-planned without a second copy of it.
-
-    >>> from padfree.core.items import make_items
-    >>> cfg = PlanConfig(strategy="packed", budget=64, world_size=2, grad_accum=2, seed=3)
-    >>> p = plan_items_windowed(make_items(np.arange(1, 201) % 60 + 1, 64, "error"), cfg, 0, window=50)
-    >>> p.n_micro % 4, np.array_equal(np.sort(p.indices), np.arange(200))
-    (0, True)
-    """
-    t0 = time.perf_counter()
-    n = len(items)
-    n_windows = max(1, math.ceil(n / int(window)))
-    if n_windows == 1:
-        return plan_items(items, config, epoch, assign=False)
-    labels = _labels(epoch_rng(config.seed, epoch, config.strategy, 2), n, n_windows)
-    order, starts, _ = _group(labels, np.bincount(labels, minlength=n_windows), config.micro_per_step)
-    del labels
-    # the items in window order, in their own arrays: every window is then one contiguous slice, and its
-    # plan (a permutation of the slice) is written back over it
-    arrays = [items.length, items.sample_ids()] + ([] if items.start is None else [items.start])
-    seen = np.zeros(n, np.uint8)
-    for i, arr in enumerate(arrays):
-        if not in_place or not arr.flags.writeable:
-            arrays[i] = arr = arr.copy()
-        seen[:] = 0
-        _kernels.permute_in_place(arr, order, seen)
-    del order, seen
-    length, sample = arrays[0], arrays[1]
-    start = arrays[2] if items.start is not None else None
-
-    def items_of(lo: int, hi: int) -> Items:
-        return Items(length[lo:hi], sample[lo:hi], None if start is None else start[lo:hi], items.n_samples)
-
-    offsets = [np.zeros(1, np.int64)]
-    for _, lo, hi, p in _window_plans(starts, items_of, config, epoch, 3, assign=False):
-        sample[lo:hi], length[lo:hi] = p.indices, p.lengths
-        if start is not None:
-            start[lo:hi] = p.starts
-        offsets.append(p.offsets[1:] + lo)
-    report = Report(items.n_samples)
-    return Plan.of(
-        config, epoch, sample, np.concatenate(offsets), length, report, starts=start, t0=t0, assigned=False
-    )
+    return join(windows, pieces, config, epoch, t0, assign)

@@ -80,6 +80,35 @@ def read_lengths(path: str | Path, field: str = "length", column: str = "length"
     return validate_lengths(values, name)
 
 
+def read_loss_counts(path: str | Path, lengths: np.ndarray) -> np.ndarray:
+    """Loss-bearing tokens per sample (a ``.npy`` beside the lengths, e.g. ``lengths.assistant.npy``), checked
+    against ``lengths``: one integer per sample, from 0 to the sample's length. Every problem is one
+    :class:`InputError` naming the file, the sample and the rule. Returns int64."""
+    p = Path(path)
+    try:
+        if not stat.S_ISREG(p.stat().st_mode):
+            raise InputError("not a regular file (loss counts are a .npy array)", path=str(p))
+        raw = _read_npy(p)
+    except InputError as exc:
+        raise InputError(exc.rule, path=str(p)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read loss counts ({_os_reason(exc)})", path=str(p)) from None
+    if raw.shape[0] != lengths.shape[0]:
+        raise InputError(f"{raw.shape[0]} loss counts for {lengths.shape[0]} samples", path=str(p))
+    if raw.dtype.kind == "b" or raw.dtype.kind not in "iuf":
+        raise InputError(f"loss counts must be integers (got dtype {raw.dtype})", path=str(p))
+    vals = raw.astype(np.float64)
+    bad = ~np.isfinite(vals) | (vals != np.floor(vals)) | (vals < 0) | (vals > lengths)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InputError(
+            f"loss count must be an integer from 0 to the sample's length {int(lengths[i])} (got {raw[i]})",
+            path=str(p),
+            sample=i,
+        )
+    return vals.astype(np.int64)
+
+
 def _read_npy(p: Path) -> np.ndarray:
     with p.open("rb") as f:
         magic = f.read(6)

@@ -1,6 +1,5 @@
 """Building blocks the reference drafters share: RMSNorm, rotary embeddings, SwiGLU MLP, masked attention
-(dense boolean mask through SDPA on any device, or a flex-attention BlockMask on GPU) and the distillation
-loss summed per document."""
+(dense boolean mask through SDPA on any device, or a flex-attention BlockMask on GPU)."""
 
 from __future__ import annotations
 
@@ -82,17 +81,3 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Ten
             0
         ]
     return out.transpose(0, 1).reshape(q.shape[1], -1)
-
-
-def kl_per_document(
-    logits: torch.Tensor, target_logits: torch.Tensor, doc: torch.Tensor, n_docs: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Distillation loss ``KL(target || drafter)`` of each supervised draft position (rows of ``logits``),
-    summed per document: ``(numerator (n_docs,), denominator (n_docs,))``; the denominator counts the
-    positions. Sum numerators and denominators over a step (and ranks) before dividing."""
-    logp = torch.log_softmax(logits.float(), -1)
-    logq = torch.log_softmax(target_logits.float(), -1)
-    kl = (logq.exp() * (logq - logp)).sum(-1)
-    num = torch.zeros(n_docs, dtype=kl.dtype, device=kl.device).index_add(0, doc, kl)
-    den = torch.zeros(n_docs, dtype=kl.dtype, device=kl.device).index_add(0, doc, torch.ones_like(kl))
-    return num, den

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from padfree.core.anchors import AnchorPolicy
+from padfree.drafter import methods
 from padfree.errors import ConfigError
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
@@ -80,6 +80,7 @@ class DrafterCheck:
     cross_supervised: int
     block_size: int
     ttt: int
+    recipe: str = ""
 
     @property
     def anchors_identical(self) -> bool:
@@ -105,13 +106,13 @@ class DrafterCheck:
         if self.max_hidden_diff > HIDDEN_TOL:
             parts.append(f"target hidden states differ packed vs alone by {self.max_hidden_diff:.3g}")
         if self.docs_differ:
-            what = "anchors or losses" if self.method == "dflash" else "losses"
+            what = "anchors or losses" if methods.get(self.method).uses_anchors else "losses"
             parts.append(f"{self.docs_differ} of {len(self.docs)} documents get other {what} than alone")
         if self.cross_pairs:
             parts.append(f"{self.cross_pairs} attended (query, key) pairs join two documents")
         crossing = self.cross_inputs + self.cross_labels
         if crossing:
-            what = "shifted inputs/labels" if self.method == "eagle3" else "block labels"
+            what = "block labels" if methods.get(self.method).uses_anchors else "shifted inputs/labels"
             latent = ": the leak is latent here" if self.cross_supervised == 0 else ""
             parts.append(
                 f"{crossing} {what} cross a document end ({self.cross_supervised} supervised on this data"
@@ -145,32 +146,25 @@ def check_drafter(
     samples: list[dict] | None = None,
     *,
     leaky: bool = False,
-    block_size: int = 8,
-    max_anchors: int = 512,
-    ttt: int = 4,
+    recipe=None,
+    block_size: int | None = None,
+    ttt: int | None = None,
     seed: int = 0,
     epoch: int = 0,
     layout: str = "packed",
 ) -> DrafterCheck:
     """Pack ``samples`` (``{"input_ids", "loss_mask"}``; default :func:`fixture_documents`) into one row
     (``layout="padded"``: a padded batch, a row each), run the tiny target and a reference drafter (random
-    weights, float32, CPU, dense masks) on it and on each document alone, and compare."""
+    weights, float32, CPU, dense masks) under ``recipe`` (default: the ``specforge`` preset; ``block_size``
+    and ``ttt`` override it) on it and on each document alone, and compare each document's loss numerator and
+    denominator. Under a per-document normalisation (speculators: a row's mean, one document per row) "alone"
+    is the document's own mean; the packed row's numerator for it must equal that, and its denominator 1."""
     import padfree.torch.attention as pa
     from padfree.drafter.collate import DrafterCollator
-    from padfree.drafter.dflash import DFlashConfig, DFlashDrafter
-    from padfree.drafter.eagle3 import Eagle3Config, Eagle3Drafter
-    from padfree.drafter.masks import cross_document_pairs, dflash_dense_mask, eagle3_dense_mask
-    from padfree.drafter.target import (
-        build_target,
-        dflash_layers,
-        eagle3_layers,
-        lm_head,
-        run_target,
-        shared_weights,
-    )
+    from padfree.drafter.target import run_target
+    from padfree.drafter.train import build_models, loss_sums, token_counts
 
-    if method not in ("dflash", "eagle3"):
-        raise ConfigError(f"check-drafter: method must be dflash or eagle3 (got {method!r})")
+    spec = methods.get(method)
     samples = fixture_documents() if samples is None else samples
     if layout not in ("packed", "padded"):
         raise ConfigError(f"check-drafter: layout must be packed or padded (got {layout!r})")
@@ -183,73 +177,47 @@ def check_drafter(
     items = [{**s, "sample_id": i} for i, s in enumerate(samples)]
     vocab = int(max(int(np.max(s["input_ids"])) for s in samples)) + 2
     mask_id = vocab - 1
-    target = build_target(vocab_size=vocab, seed=seed)
-    n_layers = target.config.num_hidden_layers
-    layers = dflash_layers(n_layers, 2) if method == "dflash" else eagle3_layers(n_layers)
-    head = lm_head(target)
-    torch.manual_seed(seed)
-    h = target.config.hidden_size
-    if method == "dflash":
-        drafter: DFlashDrafter | Eagle3Drafter = DFlashDrafter(
-            DFlashConfig(hidden_size=h, block_size=block_size, n_target_layers=len(layers)),
-            *shared_weights(target),
-        )
-    else:
-        drafter = Eagle3Drafter(Eagle3Config(hidden_size=h, ttt=ttt), *shared_weights(target))
-    policy = AnchorPolicy(block_size=block_size, max_anchors=max_anchors)
-    packed = DrafterCollator(
-        method, policy, seed=seed, mask_token_id=mask_id, ttt=ttt, leaky=leaky, layout=layout
+    counts = token_counts(samples, vocab)
+    models = build_models(
+        method, vocab=vocab, seed=seed, recipe=recipe, block_size=block_size, ttt=ttt, counts=counts
     )
-    alone = DrafterCollator(method, policy, seed=seed, mask_token_id=mask_id, ttt=ttt)
+    recipe = models.recipe
+    packed = DrafterCollator(
+        method, recipe=recipe, seed=seed, mask_token_id=mask_id, leaky=leaky, layout=layout
+    )
+    alone = DrafterCollator(method, recipe=recipe, seed=seed, mask_token_id=mask_id)
     packed.set_epoch(epoch)
     alone.set_epoch(epoch)
 
     pa.reset_path()
     batch = packed(items)
     c = batch.contract
+    assert c is not None
     with torch.no_grad():
-        out = run_target(target, c, layers)
+        out = run_target(models.target, c, models.layers)
         path = pa.last_path() or "transformers attention"
-        num, den = drafter.loss(out, head, batch)
+        num, den = loss_sums(models, batch, out=out)
+    f = batch.fields
     doc = c.flat("document_ids")[0]
-    if method == "dflash":
-        f = batch.dflash
-        assert f is not None
-        m = dflash_dense_mask(doc, f.anchors, f.block_size)
-        pairs = cross_document_pairs(m, f.query_doc, torch.cat([doc, f.query_doc]))
-        lab = f.label_index
-        cross_lab = f.labelled & ((lab < 0) | (doc[lab.clamp(min=0)] != f.query_doc))
-        cross_in = torch.zeros_like(cross_lab)  # a block feeds its anchor's token, then mask tokens
-        sup = reaches = f.supervised
-    else:
-        e = batch.eagle3
-        assert e is not None
-        m = eagle3_dense_mask(doc, ttt - 1)
-        pairs = cross_document_pairs(m, doc, doc.repeat(ttt))
-        lab = e.label_index
-        cross_lab = e.labelled & ((lab < 0) | (doc[lab.clamp(min=0)] != doc[None, :]))
-        fed = e.input_index
-        cross_in = (fed >= 0) & (doc[fed.clamp(min=0)] != doc[None, :])
-        # an input fed at step k reaches the losses of steps >= k at that position (the drafter's own
-        # hidden state is fed forward)
-        sup = e.supervised
-        reaches = sup.int().flip(0).cummax(0).values.flip(0).bool()
-    supervised_crossing = int((cross_lab & sup).sum() + (cross_in & reaches).sum())
+    pairs, cross_in, reaches = spec.load().crossings(batch)
+    lab = f.label_index
+    cross_lab = f.labelled & ((lab < 0) | (doc[lab.clamp(min=0)] != f.query_doc))
+    supervised_crossing = int((cross_lab & f.supervised).sum() + (cross_in & reaches).sum())
     results = []
     max_diff = 0.0
     for d in range(c.n_docs):
         one = alone([items[d]])
+        assert one.contract is not None
         with torch.no_grad():
-            o1 = run_target(target, one.contract, layers)
-            n1, d1 = drafter.loss(o1, head, one)
+            o1 = run_target(models.target, one.contract, models.layers)
+            n1, d1 = loss_sums(models, one, out=o1)
         s = c.doc_slice(d)
         max_diff = max(
             max_diff,
             float((out.hidden[0, s] - o1.hidden[0]).abs().max()),
             float((out.last[0, s] - o1.last[0]).abs().max()),
         )
-        a_p = batch.dflash.anchors_by_doc[d] if batch.dflash is not None else ()
-        a_1 = one.dflash.anchors_by_doc[0] if one.dflash is not None else ()
+        a_p, a_1 = batch.anchors_by_doc()[d], one.anchors_by_doc()[0]
         lm = np.asarray(samples[d]["loss_mask"]).astype(bool)
         loss = (float(num[d]), float(den[d]), float(n1[0]), float(d1[0]))
         results.append(DocResult(d, int(c.doc_lengths[d]), int(lm.sum()), a_p, a_1, *loss))
@@ -269,6 +237,7 @@ def check_drafter(
         int(cross_in.sum()),
         int(cross_lab.sum()),
         supervised_crossing,
-        block_size,
-        ttt,
+        recipe.block_size,
+        recipe.ttt,
+        recipe.name,
     )

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from padfree.errors import ConfigError, InputError
+from padfree.torch._collate import packed_layout
 
 LAYOUTS = ("packed", "padded")
 
@@ -102,16 +103,7 @@ class Contract:
         """Keyword arguments for a transformers causal LM: packed rows carry ``cu_seq_lens_*`` (padfree's
         per-document attention and flash-attention varlen read them), padded rows an ``attention_mask``."""
         if self.layout == "packed":
-            assert self.cu_seq_lens is not None
-            longest = max(self.doc_lengths, default=1)
-            return {
-                "input_ids": self.input_ids,
-                "position_ids": self.position_ids,
-                "cu_seq_lens_q": self.cu_seq_lens,
-                "cu_seq_lens_k": self.cu_seq_lens,
-                "max_length_q": longest,
-                "max_length_k": longest,
-            }
+            return {"input_ids": self.input_ids, **packed_layout(self.doc_lengths)}
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
 
 
@@ -180,7 +172,7 @@ def build_contract(
     cu = None
     attn = None
     if layout == "packed":
-        cu = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+        cu = packed_layout(lens)["cu_seq_lens_q"]
     else:
         attn = t((doc >= 0).astype(np.int64))
     return Contract(

@@ -17,24 +17,243 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
-from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, kl_per_document, rope
-from padfree.drafter.collate import DrafterBatch
-from padfree.drafter.masks import dflash_block_mask, dflash_dense_mask
+from padfree.core.anchors import AnchorPolicy, anchor_quota, choose_anchors
+from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, rope
+from padfree.drafter.collate import DrafterBatch, FieldOptions, scale_of
+from padfree.drafter.contract import Contract
+from padfree.drafter.masks import (
+    cross_document_pairs,
+    dflash_block_mask,
+    dflash_context_mask,
+    dflash_dense_mask,
+)
+from padfree.drafter.objective import VocabMap, slot_weights_of
 from padfree.drafter.target import TargetOutput
+from padfree.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Fields:
+    """DFlash draft queries of a micro-batch (flat positions of the contract).
+
+    Attributes:
+        block_size: ``B``.
+        anchors: ``(n,)`` anchor positions, grouped by document, sorted.
+        anchors_by_doc: each document's anchors relative to its start (what must not depend on packing).
+        query_doc: ``(n * B,)`` the document of each draft query (its anchor's).
+        block_input_ids: ``(n * B,)`` the anchor's token at slot 0, ``mask_token_id`` elsewhere.
+        block_position_ids: ``(n * B,)`` ``position_ids[a] + k`` (position inside the document).
+        label_index: ``(n * B,)`` ``a + k``, the predicted token's flat position (may leave the row: -1).
+        target_index: ``(n * B,)`` ``a + k - 1``: where the target's prediction of that token is.
+        labelled: ``(n * B,)`` bool, the construction's structural gate: the slot takes ``label_index`` as
+            its label whenever that token carries loss (``supervised == labelled & loss_mask[label]``).
+            What ``check-drafter`` reads to find labels that cross a document end even where the next
+            document's first tokens carry no loss.
+        supervised: ``(n * B,)`` bool, the rule in :mod:`padfree.drafter.collate`.
+        slot: ``(n * B,)`` ``k``, the slot in its block. weight: ``(n * B,)`` the recipe's static slot weight.
+        group: ``(n * B,)`` zeros (a DFlash document's mean is over all its slots).
+    """
+
+    block_size: int
+    anchors: torch.Tensor
+    anchors_by_doc: tuple[tuple[int, ...], ...]
+    query_doc: torch.Tensor
+    block_input_ids: torch.Tensor
+    block_position_ids: torch.Tensor
+    label_index: torch.Tensor
+    target_index: torch.Tensor
+    labelled: torch.Tensor
+    supervised: torch.Tensor
+    slot: torch.Tensor
+    weight: torch.Tensor
+    group: torch.Tensor
+
+
+def fields(contract: Contract, options: FieldOptions, *, epoch: int, leaky: bool = False) -> Fields:
+    """The micro-batch's blocks: anchors chosen per document (``leaky``: the field's row-level choice), slot
+    weights as the recipe says."""
+    make = leaky_dflash_fields if leaky else dflash_fields
+    f = make(contract, options.policy, seed=options.seed, epoch=epoch, mask_token_id=options.mask_token_id)
+    r = options.recipe
+    return dataclasses.replace(f, weight=slot_weights_of(f.slot, r.slot_weights, gamma=r.gamma))
+
+
+def dflash_fields(
+    contract: Contract, policy: AnchorPolicy, *, seed: int, epoch: int, mask_token_id: int
+) -> Fields:
+    """DFlash fields with anchors chosen per document (the correct way)."""
+    mask = contract.flat("loss_mask")[0].numpy()
+    per_doc = []
+    for d in range(contract.n_docs):
+        s = contract.doc_slice(d)
+        sid = contract.sample_ids[d]
+        if sid < 0:
+            raise ConfigError(
+                f"document {d} has no sample id: DFlash anchors are keyed by it (pass sample_ids, items "
+                "from a padfree PlannedDataset, or a 'sample_id' key per item)"
+            )
+        a = choose_anchors(mask[s], policy, seed=seed, epoch=epoch, sample_id=sid, start=contract.starts[d])
+        per_doc.append(a)
+    flat = np.concatenate([a + contract.doc_starts[d] for d, a in enumerate(per_doc)] or [np.zeros(0)])
+    return _block_fields(contract, flat.astype(np.int64), policy.block_size, mask_token_id, per_doc, True)
+
+
+def leaky_dflash_fields(
+    contract: Contract, policy: AnchorPolicy, *, seed: int, epoch: int, mask_token_id: int
+) -> Fields:
+    """What a row-level packer does (speculators' ``select_anchors``): valid anchors over the whole row
+    (only the row's last block excluded), one quota for the row, and block labels running into the next
+    document. Deliberately WRONG; for ``check-drafter --leaky`` and tests."""
+    mask = contract.flat("loss_mask")[0].numpy().astype(bool)
+    n = mask.shape[0]
+    ok = np.zeros(n, bool)
+    ok[:-1] = mask[:-1] & mask[1:]
+    ok[max(0, n - policy.block_size) :] = False
+    valid = np.flatnonzero(ok)
+    q = int(anchor_quota(np.array([valid.shape[0]]), policy)[0])
+    rng = np.random.Generator(np.random.Philox(np.random.SeedSequence([seed, epoch, *contract.sample_ids])))
+    flat = np.sort(valid[np.argsort(rng.random(valid.shape[0]), kind="stable")[:q]])
+    doc = contract.flat("document_ids")[0].numpy()
+    per_doc = [flat[doc[flat] == d] - contract.doc_starts[d] for d in range(contract.n_docs)]
+    return _block_fields(contract, flat, policy.block_size, mask_token_id, per_doc, False)
+
+
+def _block_fields(contract, flat, block, mask_token_id, per_doc, per_document) -> Fields:
+    ids = contract.flat("input_ids")[0]
+    doc = contract.flat("document_ids")[0]
+    pos = contract.flat("position_ids")[0]
+    rem = contract.flat("doc_remaining")[0]
+    lmask = contract.flat("loss_mask")[0]
+    width = ids.shape[0]
+    anchors = torch.from_numpy(np.asarray(flat, np.int64))
+    a = anchors.repeat_interleave(block)
+    k = torch.arange(block).repeat(anchors.shape[0])
+    label = a + k
+    inside_row = label < width
+    safe = label.clamp(max=max(width - 1, 0))
+    if per_document:
+        labelled = (k >= 1) & (k < rem[a])
+    else:  # row-wide: any token of the row, whichever document it belongs to
+        row = contract.input_ids.shape[1]
+        labelled = (k >= 1) & inside_row & (label // row == a // row)
+    block_ids = torch.full_like(a, mask_token_id)
+    block_ids[k == 0] = ids[anchors]
+    return Fields(
+        block_size=block,
+        anchors=anchors,
+        anchors_by_doc=tuple(tuple(int(x) for x in d) for d in per_doc),
+        query_doc=doc[a],
+        block_input_ids=block_ids,
+        block_position_ids=pos[a] + k,
+        label_index=torch.where(inside_row, label, -1),
+        target_index=(label - 1).clamp(min=0, max=max(width - 1, 0)),
+        labelled=labelled,
+        supervised=labelled & lmask[safe],
+        slot=k,
+        weight=(k > 0).to(torch.float32),
+        group=torch.zeros_like(k),
+    )
+
+
+def crossings(batch: DrafterBatch) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """For ``check-drafter``: ``(attended (query, key) pairs joining two documents, inputs fed from another
+    document per query, which queries' losses an input reaches)``. A block feeds its anchor's token and mask
+    tokens only, so no input crosses; a query's input reaches only its own loss."""
+    f, c = batch.fields, batch.contract
+    assert c is not None
+    doc = c.flat("document_ids")[0]
+    r = batch.recipe
+    window, causal = (r.sliding_window, r.causal_in_block) if r is not None else (None, False)
+    m = dflash_dense_mask(doc, f.anchors, f.block_size, window, causal)
+    pairs = cross_document_pairs(m, f.query_doc, torch.cat([doc, f.query_doc]))
+    return pairs, torch.zeros_like(f.supervised), f.supervised
+
+
+def pad_anchor_slots(batch: DrafterBatch, mask_token_id: int = 1) -> DrafterBatch:
+    """A padded batch with every row's blocks padded to the row with the most, as SpecForge's ``[B, N_max]``
+    anchor tensor with ``block_keep_mask`` does: the extra blocks sit at their row's first position, are
+    computed by the drafter and never supervised (what the planner's cost model counts for padded rows:
+    ``rows x most``). A new batch; packed batches and rows already even are returned as they are."""
+    f, c = batch.fields, batch.contract
+    if c is None or c.layout != "padded":
+        return batch
+    per_row = [len(a) for a in f.anchors_by_doc]
+    most = max(per_row, default=0)
+    if most == 0 or all(n == most for n in per_row):
+        return batch
+    bs = f.block_size
+    parts: dict[str, list] = {
+        k: [] for k in ("a", "doc", "ids", "pos", "label", "target", "lab", "sup", "slot", "w", "g")
+    }
+    q = 0
+    for d, n in enumerate(per_row):
+        extra = most - n
+        start = int(c.doc_starts[d])
+        if extra:
+            k = torch.arange(bs).repeat(extra)
+            parts["a"].append(torch.full((extra,), start, dtype=torch.int64))
+            parts["doc"].append(torch.full((extra * bs,), d, dtype=f.query_doc.dtype))
+            ids = torch.full((extra * bs,), mask_token_id, dtype=f.block_input_ids.dtype)
+            ids[k == 0] = c.flat("input_ids")[0][start]
+            parts["ids"].append(ids)
+            parts["pos"].append(k.to(f.block_position_ids.dtype))
+            parts["label"].append(torch.full((extra * bs,), -1, dtype=torch.int64))
+            parts["target"].append(torch.full((extra * bs,), start, dtype=torch.int64))
+            parts["lab"].append(torch.zeros(extra * bs, dtype=torch.bool))
+            parts["sup"].append(torch.zeros(extra * bs, dtype=torch.bool))
+            parts["slot"].append(k)
+            parts["w"].append(torch.zeros(extra * bs))
+            parts["g"].append(torch.zeros(extra * bs, dtype=torch.int64))
+        sl = slice(q * bs, (q + n) * bs)
+        parts["a"].append(f.anchors[q : q + n])
+        parts["doc"].append(f.query_doc[sl])
+        parts["ids"].append(f.block_input_ids[sl])
+        parts["pos"].append(f.block_position_ids[sl])
+        parts["label"].append(f.label_index[sl])
+        parts["target"].append(f.target_index[sl])
+        parts["lab"].append(f.labelled[sl])
+        parts["sup"].append(f.supervised[sl])
+        parts["slot"].append(f.slot[sl])
+        parts["w"].append(f.weight[sl])
+        parts["g"].append(f.group[sl])
+        q += n
+    cat = {k: torch.cat(v) for k, v in parts.items()}
+    g = dataclasses.replace(
+        f,
+        anchors=cat["a"],
+        query_doc=cat["doc"],
+        block_input_ids=cat["ids"],
+        block_position_ids=cat["pos"],
+        label_index=cat["label"],
+        target_index=cat["target"],
+        labelled=cat["lab"],
+        supervised=cat["sup"],
+        slot=cat["slot"],
+        weight=cat["w"],
+        group=cat["g"],
+    )
+    assert batch.recipe is not None
+    return dataclasses.replace(batch, fields=g, scale=scale_of(g, c, batch.recipe)[0])
 
 
 @dataclass(frozen=True)
 class DFlashConfig(DrafterSizes):
-    """Sizes of a DFlash drafter: the shared ones, its layers, block size and target layers fused."""
+    """Sizes of a DFlash drafter: the shared ones, its layers, block size and target layers fused; its
+    attention over the context (``sliding_window`` positions before the anchor, None: all) and inside a block
+    (``causal_in_block``: a slot sees its block's earlier slots only)."""
 
     num_layers: int = 1
     block_size: int = 16
     n_target_layers: int = 2
+    sliding_window: int | None = None
+    causal_in_block: bool = False
 
 
 class DFlashLayer(nn.Module):
@@ -55,8 +274,10 @@ class DFlashLayer(nn.Module):
         self.mlp = MLP(h, cfg.intermediate_size)
 
     def forward(self, x, ctx, q_pos, ctx_pos, masks) -> torch.Tensor:
-        """``masks``: one mask over all keys ``[context ; blocks]``, or ``(context slice, query slice,
-        dense mask)`` per segment (attention runs segment by segment, as padfree's varlen attention does)."""
+        """``masks``: one mask over all keys ``[context ; blocks]`` (a dense boolean or a flex BlockMask), or
+        ``(context slice, query slice, context visibility per anchor)`` per segment: attention then runs
+        segment by segment over the segment's context and each query's own block only
+        (:func:`block_attend`)."""
         c, d = self.cfg, self.cfg.head_dim
         y = self.input_layernorm(x)
         q = rope(self.q_norm(self.q_proj(y).view(-1, c.num_heads, d)).transpose(0, 1), q_pos, c.rope_theta)
@@ -69,13 +290,17 @@ class DFlashLayer(nn.Module):
         k_blk, v_blk = kv(y, q_pos)
         if isinstance(masks, list):
             parts = [
-                attend(
+                block_attend(
                     q[:, qs],
-                    torch.cat([k_ctx[:, cs], k_blk[:, qs]], 1),
-                    torch.cat([v_ctx[:, cs], v_blk[:, qs]], 1),
-                    m,
-                )
-                for cs, qs, m in masks
+                    k_ctx[:, cs],
+                    v_ctx[:, cs],
+                    k_blk[:, qs],
+                    v_blk[:, qs],
+                    vis,
+                    c.block_size,
+                    c.causal_in_block,
+                )  # fmt: skip
+                for cs, qs, vis in masks
             ]
             a = torch.cat(parts, 0) if parts else q.new_zeros(0, c.num_heads * d)
         else:
@@ -84,15 +309,50 @@ class DFlashLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DFlashDrafter(nn.Module):
-    """The drafter; the embedding and LM head weights are copied from the target and frozen."""
+def block_attend(q, k_ctx, v_ctx, k_blk, v_blk, visible, block: int, causal: bool = False) -> torch.Tensor:
+    """DFlash attention without the ``n * B`` block-key axis: each query scores its segment's context under
+    ``visible`` (``(n, L)``, one row per block) and its own block's ``B`` keys (``causal``: earlier slots and
+    itself), one softmax over the ``L + B`` scores. ``q`` ``(Hq, n * B, D)``, context keys/values
+    ``(Hkv, L, D)``, block keys/values ``(Hkv, n * B, D)`` -> ``(n * B, Hq * D)``. Equal to SDPA under
+    :func:`padfree.drafter.masks.dflash_dense_mask`, with ``L x B`` instead of ``L x (L + n B)`` scores a
+    query."""
+    hq, nq, d = q.shape
+    if nq == 0:
+        return q.new_zeros(0, hq * d)
+    rep = hq // k_ctx.shape[0]
+    kc, vc = k_ctx.repeat_interleave(rep, 0), v_ctx.repeat_interleave(rep, 0)
+    kb, vb = k_blk.repeat_interleave(rep, 0), v_blk.repeat_interleave(rep, 0)
+    n, length, scale = nq // block, kc.shape[1], d**-0.5
+    s_ctx = ((q @ kc.transpose(1, 2)) * scale).view(hq, n, block, length)
+    s_ctx = s_ctx.masked_fill(~visible[None, :, None, :], float("-inf"))
+    qb, kbb, vbb = q.view(hq, n, block, d), kb.view(hq, n, block, d), vb.view(hq, n, block, d)
+    s_blk = (qb @ kbb.transpose(-1, -2)) * scale
+    if causal:
+        tril = torch.ones(block, block, dtype=torch.bool, device=q.device).tril()
+        s_blk = s_blk.masked_fill(~tril, float("-inf"))
+    p = torch.softmax(torch.cat([s_ctx, s_blk], -1), -1)
+    out = (p[..., :length].reshape(hq, nq, length) @ vc) + (p[..., length:] @ vbb).reshape(hq, nq, d)
+    return out.transpose(0, 1).reshape(nq, hq * d)
 
-    def __init__(self, cfg: DFlashConfig, embed_weight: torch.Tensor, head_weight: torch.Tensor) -> None:
+
+class DFlashDrafter(nn.Module):
+    """The drafter; the embedding and LM head weights are copied from the target and frozen (the head
+    restricted to a draft vocabulary when one is given: ``vocab``)."""
+
+    def __init__(
+        self,
+        cfg: DFlashConfig,
+        embed_weight: torch.Tensor,
+        head_weight: torch.Tensor,
+        vocab: VocabMap | None = None,
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding.from_pretrained(embed_weight.detach().clone(), freeze=True)
-        self.lm_head = nn.Linear(cfg.hidden_size, head_weight.shape[0], bias=False)
-        self.lm_head.weight = nn.Parameter(head_weight.detach().clone(), requires_grad=False)
+        rows = head_weight if vocab is None else head_weight[vocab.d2t]
+        self.lm_head = nn.Linear(cfg.hidden_size, rows.shape[0], bias=False)
+        self.lm_head.weight = nn.Parameter(rows.detach().clone(), requires_grad=False)
+        self.vocab = vocab
         self.fc = nn.Linear(cfg.n_target_layers * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.eps)
         self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_layers))
@@ -101,31 +361,33 @@ class DFlashDrafter(nn.Module):
     def forward(
         self, target_hidden: torch.Tensor, batch: DrafterBatch, attention: str = "dense"
     ) -> torch.Tensor:
-        """Hidden states ``(n * B, H)`` of every block query. ``attention``: ``"dense"`` (boolean masks
-        through SDPA, segment by segment: each document of a packed row, each padded row; CPU training),
-        ``"mask"`` (one dense mask over the whole flat row) or ``"flex"`` (a flex-attention BlockMask,
-        GPU)."""
-        f = batch.dflash
-        assert f is not None, "a DFlash batch (DrafterCollator('dflash'))"
+        """Hidden states ``(n * B, H)`` of every block query. ``attention``: ``"dense"`` (segment by segment:
+        each document of a packed row, each padded row, :func:`block_attend`; CPU training), ``"mask"`` (one
+        dense mask over the whole flat row, SDPA) or ``"flex"`` (a flex-attention BlockMask, GPU)."""
+        f = batch.fields
+        assert isinstance(f, Fields), "a DFlash batch (DrafterCollator('dflash'))"
+        assert batch.contract is not None
+        cfg = self.cfg
         doc = batch.contract.flat("document_ids")[0].to(target_hidden.device)
         pos = batch.contract.flat("position_ids")[0].to(target_hidden.device)
         anchors = f.anchors.to(doc.device)
         b = f.block_size
+        window, causal = cfg.sliding_window, cfg.causal_in_block
         masks: object
-        segmented: list[tuple[slice, slice, torch.Tensor]] = []
         if attention == "flex":
-            masks = dflash_block_mask(doc, anchors, b)
+            masks = dflash_block_mask(doc, anchors, b, window, causal)
         elif attention == "mask":
-            masks = dflash_dense_mask(doc, anchors, b)
+            masks = dflash_dense_mask(doc, anchors, b, window, causal)
         else:
-            masks = segmented
+            segmented: list[tuple[slice, slice, torch.Tensor]] = []
             segs = batch.contract.segments()
             starts = torch.tensor([s.start for s in segs] + [doc.shape[0]], device=doc.device)
             cuts = torch.searchsorted(anchors, starts).tolist()
             for seg, i0, i1 in zip(segs, cuts[:-1], cuts[1:], strict=True):
                 if i1 > i0:
-                    m = dflash_dense_mask(doc[seg], anchors[i0:i1] - seg.start, b)
-                    segmented.append((seg, slice(i0 * b, i1 * b), m))
+                    vis = dflash_context_mask(doc[seg], anchors[i0:i1] - seg.start, window)
+                    segmented.append((seg, slice(i0 * b, i1 * b), vis))
+            masks = segmented
         ctx = self.hidden_norm(self.fc(target_hidden[0]))
         x = self.embed_tokens(f.block_input_ids.to(doc.device))
         q_pos = f.block_position_ids.to(doc.device)
@@ -133,15 +395,16 @@ class DFlashDrafter(nn.Module):
             x = layer(x, ctx, q_pos, pos, masks)
         return self.norm(x)
 
-    def loss(
-        self, target: TargetOutput, target_head: nn.Module, batch: DrafterBatch, attention: str = "dense"
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-document ``(numerator, denominator)`` of the distillation loss over supervised block slots."""
-        f = batch.dflash
-        assert f is not None
-        h = self(target.hidden, batch, attention)
-        sup = f.supervised.to(h.device)
-        logits = self.lm_head(h[sup])
-        with torch.no_grad():
-            tgt = target_head(target.last[0, f.target_index.to(h.device)[sup]])
-        return kl_per_document(logits, tgt, f.query_doc.to(h.device)[sup], batch.contract.n_docs)
+    def queries(
+        self, target: TargetOutput, batch: DrafterBatch, attention: str = "dense"
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every draft query's hidden state in the fields' order (flat), and each query's block (D-PACE)."""
+        f = batch.fields
+        return self(target.hidden, batch, attention), torch.div(
+            torch.arange(f.supervised.shape[0]), f.block_size, rounding_mode="floor"
+        )
+
+
+Config = DFlashConfig
+Drafter = DFlashDrafter
+field_padding = pad_anchor_slots

@@ -19,17 +19,126 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, kl_per_document, rope
-from padfree.drafter.collate import DrafterBatch
-from padfree.drafter.masks import eagle3_block_mask, eagle3_dense_mask
+from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, rope
+from padfree.drafter.collate import DrafterBatch, FieldOptions
+from padfree.drafter.contract import Contract
+from padfree.drafter.masks import cross_document_pairs, eagle3_block_mask, eagle3_dense_mask
+from padfree.drafter.objective import VocabMap
 from padfree.drafter.target import TargetOutput
+from padfree.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Fields:
+    """EAGLE-3 draft queries: one per flat position and test-time-training step.
+
+    Attributes:
+        ttt: steps.
+        step_input_ids: ``(ttt, T)`` token fed at each step (padding past the document end).
+        input_index: ``(ttt, T)`` the flat position whose token ``step_input_ids`` holds (-1: padding).
+        label_index: ``(ttt, T)`` ``t + 2 + k`` (the predicted token; -1 off the row).
+        target_index: ``(ttt, T)`` ``t + 1 + k`` (the target's prediction of it; clamped into the row).
+        labelled: ``(ttt, T)`` bool, the structural gate (as the DFlash fields').
+        supervised: ``(ttt, T)`` bool.
+        query_doc: ``(ttt, T)`` the document of each query (its position's).
+        slot: ``(ttt, T)`` the step ``k``. weight: ``(ttt, T)`` the recipe's step weight ``step_decay ** k``.
+        group: ``(ttt, T)`` the step (a per-document mean is taken per step, as speculators does).
+    """
+
+    ttt: int
+    step_input_ids: torch.Tensor
+    input_index: torch.Tensor
+    label_index: torch.Tensor
+    target_index: torch.Tensor
+    labelled: torch.Tensor
+    supervised: torch.Tensor
+    query_doc: torch.Tensor
+    slot: torch.Tensor
+    weight: torch.Tensor
+    group: torch.Tensor
+
+
+def fields(contract: Contract, options: FieldOptions, *, epoch: int, leaky: bool = False) -> Fields:
+    """The micro-batch's test-time-training queries (``leaky``: the field's row-wide shift), gated and
+    weighted as the recipe says."""
+    r = options.recipe
+    return eagle3_fields(
+        contract, r.ttt, pad_token_id=options.pad_token_id, leaky=leaky, gate=r.loss_gate, decay=r.step_decay
+    )
+
+
+def eagle3_fields(
+    contract: Contract,
+    ttt: int,
+    *,
+    pad_token_id: int = 0,
+    leaky: bool = False,
+    gate: int = 2,
+    decay: float = 1.0,
+) -> Fields:
+    """EAGLE-3 fields; ``leaky=True`` shifts across the whole row, as packers that shift the packed row do
+    (deliberately WRONG; for ``check-drafter --leaky``). The prediction of ``x[t + 2 + k]`` is supervised
+    where ``loss_mask[t + k + gate]`` holds (SpecForge ``gate=0``, speculators 1, the predicted token itself
+    2)."""
+    if isinstance(ttt, bool) or not isinstance(ttt, int) or ttt < 1:
+        raise ConfigError(f"ttt must be an integer >= 1 (got {ttt!r})")
+    ids = contract.flat("input_ids")[0]
+    rem = contract.flat("doc_remaining")[0]
+    lmask = contract.flat("loss_mask")[0]
+    doc = contract.flat("document_ids")[0]
+    width = ids.shape[0]
+    t = torch.arange(width)
+    k = torch.arange(ttt)[:, None]
+    fed = t + 1 + k
+    label = t + 2 + k
+    fed_safe = fed.clamp(max=width - 1)
+    gated = (t + k + gate).clamp(max=width - 1)
+    if leaky:
+        row = contract.input_ids.shape[1]  # a row-wide shift stays inside its row (padded: one document)
+        fed_ok = (fed < width) & (fed // row == t // row)
+        labelled = (label < width) & (label // row == t // row) & (doc >= 0)
+    else:
+        fed_ok = (k + 1) < rem
+        labelled = (k + 2) < rem
+    return Fields(
+        ttt=ttt,
+        step_input_ids=torch.where(fed_ok, ids[fed_safe], pad_token_id),
+        input_index=torch.where(fed_ok, fed, -1),
+        label_index=torch.where(label < width, label, -1),
+        target_index=fed_safe,
+        labelled=labelled,
+        supervised=labelled & lmask[gated],
+        query_doc=doc.expand(ttt, width),
+        slot=k.expand(ttt, width),
+        weight=(decay ** k.to(torch.float32)).expand(ttt, width),
+        group=k.expand(ttt, width),
+    )
+
+
+def crossings(batch: DrafterBatch) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """For ``check-drafter``: ``(attended (query, key) pairs joining two documents, shifted inputs fed from
+    another document, which (step, position) losses an input reaches)``: an input fed at step ``k`` reaches
+    the losses of steps ``>= k`` at that position (the drafter's own hidden state is fed forward)."""
+    f, c = batch.fields, batch.contract
+    assert c is not None
+    doc = c.flat("document_ids")[0]
+    m = eagle3_dense_mask(doc, f.ttt - 1)
+    pairs = cross_document_pairs(m, doc, doc.repeat(f.ttt))
+    fed = f.input_index
+    cross_in = (fed >= 0) & (doc[fed.clamp(min=0)] != doc[None, :])
+    reaches = f.supervised.int().flip(0).cummax(0).values.flip(0).bool()
+    return pairs, cross_in, reaches
 
 
 @dataclass(frozen=True)
 class Eagle3Config(DrafterSizes):
-    """Sizes of an EAGLE-3 drafter: the shared ones and its test-time-training steps."""
+    """Sizes of an EAGLE-3 drafter: the shared ones and its test-time-training steps; whether step ``k + 1``
+    is fed step ``k``'s hidden state after the final norm (``fed_state="postnorm"``, speculators) or before it
+    (SpecForge), and whether the three target layers are normed before ``fc`` (speculators)."""
 
     ttt: int = 7
+    fed_state: str = "prenorm"
+    norm_before_fc: bool = False
 
 
 def ttt_attention(q: torch.Tensor, keys: list, values: list, step0: torch.Tensor) -> torch.Tensor:
@@ -52,13 +161,24 @@ def ttt_attention(q: torch.Tensor, keys: list, values: list, step0: torch.Tensor
 
 
 class Eagle3Drafter(nn.Module):
-    """The drafter: ``fc``, one decoder layer over ``[embedding ; hidden]``, a norm and an LM head."""
+    """The drafter: ``fc``, one decoder layer over ``[embedding ; hidden]``, a norm and an LM head over the
+    target's vocabulary or a draft vocabulary (``vocab``); the head starts from the target's rows
+    (``head_init="target"``) or random, and trains or not (``head_trainable``)."""
 
-    def __init__(self, cfg: Eagle3Config, embed_weight: torch.Tensor, head_weight: torch.Tensor) -> None:
+    def __init__(
+        self,
+        cfg: Eagle3Config,
+        embed_weight: torch.Tensor,
+        head_weight: torch.Tensor,
+        vocab: VocabMap | None = None,
+        head_init: str = "target",
+        head_trainable: bool = True,
+    ) -> None:
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
         self.cfg = cfg
         self.embed_tokens = nn.Embedding.from_pretrained(embed_weight.detach().clone(), freeze=True)
+        self.fc_norm = RMSNorm(3 * h, cfg.eps) if cfg.norm_before_fc else None
         self.fc = nn.Linear(3 * h, h, bias=False)
         self.input_layernorm = RMSNorm(h, cfg.eps)
         self.hidden_norm = RMSNorm(h, cfg.eps)
@@ -69,9 +189,13 @@ class Eagle3Drafter(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, cfg.eps)
         self.mlp = MLP(h, cfg.intermediate_size)
         self.norm = RMSNorm(h, cfg.eps)
-        self.lm_head = nn.Linear(h, head_weight.shape[0], bias=False)
-        with torch.no_grad():
-            self.lm_head.weight.copy_(head_weight)
+        rows = head_weight if vocab is None else head_weight[vocab.d2t]
+        self.lm_head = nn.Linear(h, rows.shape[0], bias=False)
+        self.vocab = vocab
+        if head_init == "target":
+            with torch.no_grad():
+                self.lm_head.weight.copy_(rows)
+        self.lm_head.weight.requires_grad_(head_trainable)
 
     def forward(self, target_hidden: torch.Tensor, batch: DrafterBatch, attention: str = "dense") -> list:
         """Normed hidden states ``(T, H)`` of every step. ``attention``: ``"dense"`` (eager, segment by
@@ -79,13 +203,14 @@ class Eagle3Drafter(nn.Module):
         per segment of ``L`` positions, the step-0 block and one diagonal score per earlier step; trains on
         CPU), ``"mask"`` (SDPA over all ``(k + 1) T`` keys with the dense boolean mask) or ``"flex"`` (a
         flex-attention BlockMask, GPU)."""
-        f = batch.eagle3
-        assert f is not None, "an EAGLE-3 batch (DrafterCollator('eagle3'))"
+        f = batch.fields
+        assert isinstance(f, Fields) and batch.contract is not None, "an EAGLE-3 batch"
         c, d = self.cfg, self.cfg.head_dim
         dev = target_hidden.device
         doc = batch.contract.flat("document_ids")[0].to(dev)
         pos = batch.contract.flat("position_ids")[0].to(dev)
-        h = self.fc(target_hidden[0])
+        fused = target_hidden[0] if self.fc_norm is None else self.fc_norm(target_hidden[0])
+        h = self.fc(fused)
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         outs = []
@@ -111,24 +236,23 @@ class Eagle3Drafter(nn.Module):
                 a = attend(q, torch.cat(keys, 1), torch.cat(values, 1), mask)
             h = h + self.o_proj(a)
             h = h + self.mlp(self.post_attention_layernorm(h))
-            outs.append(self.norm(h))
+            out = self.norm(h)
+            outs.append(out)
+            if c.fed_state == "postnorm":
+                h = out
         return outs
 
-    def loss(
-        self, target: TargetOutput, target_head: nn.Module, batch: DrafterBatch, attention: str = "dense"
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-document ``(numerator, denominator)`` over every supervised (step, position)."""
-        f = batch.eagle3
-        assert f is not None
-        outs = self(target.hidden, batch, attention)
-        doc = batch.contract.flat("document_ids")[0].to(target.hidden.device)
-        n_docs = batch.contract.n_docs
-        num = torch.zeros(n_docs, device=doc.device)
-        den = torch.zeros(n_docs, device=doc.device)
-        for k, hk in enumerate(outs):
-            sup = f.supervised[k].to(doc.device)
-            with torch.no_grad():
-                tgt = target_head(target.last[0, f.target_index[k].to(doc.device)[sup]])
-            n, m = kl_per_document(self.lm_head(hk[sup]), tgt, doc[sup], n_docs)
-            num, den = num + n, den + m
-        return num, den
+    def queries(
+        self, target: TargetOutput, batch: DrafterBatch, attention: str = "dense"
+    ) -> tuple[torch.Tensor, None]:
+        """Every (step, position) query's hidden state in the fields' order (step-major, flat)."""
+        return torch.cat(self(target.hidden, batch, attention)), None
+
+
+def field_padding(batch: DrafterBatch, mask_token_id: int = 1) -> DrafterBatch:
+    """What the field's padded EAGLE-3 batches add to padded rows: nothing (every position drafts)."""
+    return batch
+
+
+Config = Eagle3Config
+Drafter = Eagle3Drafter

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from padfree.drafter import methods
 from padfree.drafter.collate import DrafterBatch
 from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
@@ -37,9 +38,9 @@ def dflash_inputs(batch: DrafterBatch, target: TargetOutput) -> tuple[dict, obje
     capped per document). ``anchor_fn(loss_mask, num_anchors, block_size) -> (anchors, valid)`` returns
     padfree's anchors padded to ``num_anchors``; patch it over their ``select_anchors`` while this batch
     runs."""
-    f = batch.dflash
+    f = batch.fields
     c = batch.contract
-    if f is None or c.layout != "packed":
+    if c is None or not methods.get(batch.method).uses_anchors or c.layout != "packed":
         raise ConfigError("dflash_inputs: needs a packed DFlash batch (DrafterCollator('dflash'))")
     anchors = f.anchors.clone()
     if not bool((c.flat("doc_remaining")[0][anchors] >= f.block_size).all()):  # slot B-1 inside the document
@@ -86,6 +87,8 @@ def eagle3_inputs(batch: DrafterBatch, target: TargetOutput, ttt: int) -> dict:
     if isinstance(ttt, bool) or not isinstance(ttt, int) or ttt < 1:
         raise ConfigError(f"ttt must be an integer >= 1 (got {ttt!r})")
     c = batch.contract
+    if c is None:
+        raise ConfigError("eagle3_inputs: an empty micro-batch has nothing to draft")
     ids = c.flat("input_ids")[0]
     mask = c.flat("loss_mask")[0]
     pos = c.flat("position_ids")[0]

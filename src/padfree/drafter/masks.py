@@ -43,8 +43,16 @@ from __future__ import annotations
 import torch
 
 
-def dflash_predicate(document_ids: torch.Tensor, anchors: torch.Tensor, block_size: int):
-    """``visible(q, kv)`` of the DFlash mask, on index tensors of any (broadcastable) shape."""
+def dflash_predicate(
+    document_ids: torch.Tensor,
+    anchors: torch.Tensor,
+    block_size: int,
+    window: int | None = None,
+    causal: bool = False,
+):
+    """``visible(q, kv)`` of the DFlash mask, on index tensors of any (broadcastable) shape. ``window``: the
+    context is only the ``window`` positions before the anchor; ``causal``: a slot sees only its block's
+    earlier slots and itself (speculators' sliding-window layers)."""
     n_ctx = document_ids.shape[0]
     q_anchor = anchors.repeat_interleave(block_size)
     safe = max(n_ctx, 1)
@@ -55,7 +63,11 @@ def dflash_predicate(document_ids: torch.Tensor, anchors: torch.Tensor, block_si
         is_ctx = kv < n_ctx
         ctx = document_ids[torch.remainder(kv, safe)]
         sees_ctx = is_ctx & (ctx == d) & (d >= 0) & (kv < a)
+        if window is not None:
+            sees_ctx = sees_ctx & (kv >= a - window)
         sees_block = ~is_ctx & (torch.div(kv - n_ctx, block_size, rounding_mode="floor") == q // block_size)
+        if causal:
+            sees_block = sees_block & (kv - n_ctx <= q)
         return sees_ctx | sees_block
 
     return visible
@@ -75,13 +87,32 @@ def eagle3_predicate(document_ids: torch.Tensor):
     return visible
 
 
-def dflash_dense_mask(document_ids: torch.Tensor, anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+def dflash_dense_mask(
+    document_ids: torch.Tensor,
+    anchors: torch.Tensor,
+    block_size: int,
+    window: int | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
     """Dense boolean DFlash mask ``(n * B, T + n * B)`` (True: attend)."""
     n_q = anchors.shape[0] * block_size
     dev = document_ids.device
     q = torch.arange(n_q, device=dev)[:, None]
     kv = torch.arange(document_ids.shape[0] + n_q, device=dev)[None, :]
-    return dflash_predicate(document_ids, anchors.to(dev), block_size)(q, kv)
+    return dflash_predicate(document_ids, anchors.to(dev), block_size, window, causal)(q, kv)
+
+
+def dflash_context_mask(
+    document_ids: torch.Tensor, anchors: torch.Tensor, window: int | None = None
+) -> torch.Tensor:
+    """The context part of the DFlash mask per anchor, ``(n, T)``: what each block sees before its anchor (its
+    slots all see the same context). The block part is each block's own ``B x B``."""
+    dev = document_ids.device
+    a = anchors.to(dev)[:, None]
+    kv = torch.arange(document_ids.shape[0], device=dev)[None, :]
+    d = document_ids[a]
+    m = (document_ids[kv] == d) & (d >= 0) & (kv < a)
+    return m & (kv >= a - window) if window is not None else m
 
 
 def eagle3_dense_mask(document_ids: torch.Tensor, step: int) -> torch.Tensor:
@@ -102,10 +133,16 @@ def _block_mask(visible, q_len: int, kv_len: int, device):
     return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device)
 
 
-def dflash_block_mask(document_ids: torch.Tensor, anchors: torch.Tensor, block_size: int):
+def dflash_block_mask(
+    document_ids: torch.Tensor,
+    anchors: torch.Tensor,
+    block_size: int,
+    window: int | None = None,
+    causal: bool = False,
+):
     """The DFlash mask as a flex-attention ``BlockMask`` (same predicate as :func:`dflash_dense_mask`)."""
     n_q = anchors.shape[0] * block_size
-    visible = dflash_predicate(document_ids, anchors.to(document_ids.device), block_size)
+    visible = dflash_predicate(document_ids, anchors.to(document_ids.device), block_size, window, causal)
     return _block_mask(visible, n_q, document_ids.shape[0] + n_q, document_ids.device)
 
 

@@ -3,10 +3,7 @@ through padfree's per-document attention), returning the hidden states of chosen
 
 For every document the result equals the target run on that document alone (``tests/drafter``;
 ``padfree check-drafter`` prints the difference). Layer ids count decoder layers from 0 (the output of
-layer ``i``); :func:`dflash_layers` and :func:`eagle3_layers` are the published choices.
-
->>> dflash_layers(36, 5), eagle3_layers(36), eagle3_layers(6)
-((1, 9, 17, 25, 33), (1, 17, 32), (0, 2, 4))
+layer ``i``); each method's published choice is its ``target_layers`` rule in :mod:`padfree.drafter.methods`.
 """
 
 from __future__ import annotations
@@ -27,26 +24,6 @@ TINY_TARGET = {
     "max_position_embeddings": 8192,
 }
 """The tiny target of tests, ``check-drafter`` and the examples (random weights)."""
-
-
-def dflash_layers(n_layers: int, n_draft_layers: int) -> tuple[int, ...]:
-    """z-lab DFlash's choice: ``n_draft_layers`` target layers spread evenly from layer 1 to ``n - 3``
-    (one draft layer: the middle layer)."""
-    if n_draft_layers == 1:
-        return (n_layers // 2,)
-    end = max(1, n_layers - 3)
-    return tuple(round(1 + i * (end - 1) / (n_draft_layers - 1)) for i in range(n_draft_layers))
-
-
-def eagle3_layers(n_layers: int) -> tuple[int, ...]:
-    """EAGLE-3's low, middle and high layers: ``(1, n // 2 - 1, n - 4)``; below 8 layers, spread evenly
-    over ``0 .. n - 2``."""
-    if n_layers >= 8:
-        return (1, n_layers // 2 - 1, n_layers - 4)
-    if n_layers < 2:
-        raise ConfigError(f"EAGLE-3 needs a target with at least 2 layers (got {n_layers})")
-    top = n_layers - 2
-    return tuple(round(i * top / 2) for i in range(3))
 
 
 def build_target(name: str = "tiny-llama", *, seed: int = 0, attn: str = "padfree_varlen", **overrides):

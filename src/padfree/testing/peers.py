@@ -2,15 +2,15 @@
 tests and benchmarks that run their real code beside padfree's.
 
 Their releases pin other versions of padfree's dependencies (transformers, datasets, torch), so they are never
-padfree dependencies: ``make setup-dev`` installs their wheels without dependencies (``PEERS`` below, plus the two
-small libraries their model modules import, the ``peers`` extra). What imports then, on torch 2.13 / transformers
-5.24, CPU:
+padfree dependencies: ``make setup-dev`` installs their wheels without dependencies (``PEERS`` below, plus the
+two small libraries their model modules import, the ``peers`` extra). What imports then, on torch 2.13 /
+transformers 5.24, CPU:
 
 - ``dflash``: ``dflash.model`` (``DFlashDraftModel``, ``dflash_generate``) and ``dflash.benchmark``.
 - ``speculators``: the package, ``models.dflash``, ``models.eagle3``, ``train.data``,
   ``train.distributed_batch_sampler``, ``train.trainer``, ``convert``; its data-generation clients import
-  ``openai`` and ``hs_connectors`` at module level, which no model, sampler or collate function calls: they are
-  stubbed here when absent.
+  ``openai`` and ``hs_connectors`` at module level, which no model, sampler or collate function calls: they
+  are stubbed here when absent.
 - ``specforge``: the package, ``algorithms.common.dflash_family_model``, ``data``, ``training``, ``modeling``;
   ``algorithms.eagle3.model`` imports ``triton`` (GPU only) and does not import here.
 
@@ -30,7 +30,13 @@ PEERS = {"dflash": "0.1.0", "speculators": "0.9.0", "specforge": "0.2.0"}
 """Each peer package and the version padfree's tests and benchmarks are checked against."""
 
 _STUBBED = {
-    "speculators": ("openai", "openai.types", "openai.types.chat", "openai.types.completion", "hs_connectors"),
+    "speculators": (
+        "openai",
+        "openai.types",
+        "openai.types.chat",
+        "openai.types.completion",
+        "hs_connectors",
+    ),
 }
 
 
@@ -47,8 +53,8 @@ def peer_missing(name: str) -> str:
 
 
 def import_peer(name: str, module: str = "") -> ModuleType:
-    """Import peer ``name`` (or its submodule ``module``, e.g. ``models.dflash.core``), stubbing the clients it
-    imports but never calls in training code. Raises ImportError when it is not installed."""
+    """Import peer ``name`` (or its submodule ``module``, e.g. ``models.dflash.core``), stubbing the clients
+    it imports but never calls in training code. Raises ImportError when it is not installed."""
     if name not in PEERS:
         raise ImportError(f"unknown peer package {name!r} (one of {', '.join(sorted(PEERS))})")
     for stub in _STUBBED.get(name, ()):

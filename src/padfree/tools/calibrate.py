@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -375,19 +376,30 @@ def torch_train_step(
     return step
 
 
+CALIBRATION_TARGET = {
+    "hidden_size": 128,
+    "num_hidden_layers": 8,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+"""The target (and drafter width) ``calibrate --drafter`` times: small enough for a CPU, big enough that the
+drafter's terms stand out of the timing noise."""
+
+
 def torch_drafter_step(method: str, seed: int = 0, **sizes) -> Callable[..., None]:
     """A ``step(count, length[, anchors])`` of a drafter setup: ``count`` synthetic documents of ``length``
     tokens (every token supervised) packed in one row, the frozen target's forward, the drafter's loss
     (DFlash with exactly ``anchors`` blocks per document), backward and an AdamW step
-    (:func:`padfree.bench.drafter.train_micro`), on the CPU. ``sizes``:
-    :func:`padfree.bench.drafter.build_models`'s."""
-    from padfree.bench.drafter import build_models, train_micro
+    (:func:`padfree.drafter.train.train_micro`), on the CPU. ``sizes``: ``vocab`` and the target's
+    transformers sizes (:func:`padfree.drafter.train.build_models`)."""
     from padfree.core.anchors import AnchorPolicy
     from padfree.drafter.collate import DrafterCollator
+    from padfree.drafter.train import build_models, train_micro
 
-    sizes = {"vocab": 2048, "hidden": 128, "layers": 8, "intermediate": 512, **sizes}
-    models = build_models(method, seed=seed, **sizes)
-    batches: dict[tuple, object] = {}
+    sizes = {"vocab": 2048, **CALIBRATION_TARGET, **sizes}
+    models = build_models(method, seed=seed, lr=1e-4, **sizes)
+    batches: dict[tuple, Any] = {}
 
     def step(count: int, length: int, anchors: int = 1) -> None:
         key = (count, length, anchors)

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.core.config import MAX_COST, CostModel, PlanConfig, read_cost_file
+from padfree.core.config import MAX_COST, STRATEGIES, CostModel, PlanConfig, read_cost_file
 from padfree.core.cost import imbalance, micro_costs, micro_shapes, rank_costs, step_costs
 from padfree.core.plan import epoch_rng
 from padfree.core.planner import make_plan
 from padfree.core.refit import SPEED_RATIO
+from padfree.drafter.memory import MemoryModel
 from padfree.errors import ConfigError
 
 # The motivating case: measured on 8 GPUs, Ktok/s per strategy (sorted 32, bucketed 25.1, random 11.9).
@@ -122,9 +123,11 @@ def simulate_batches(
     seconds_per_unit: float | None = None,
     speeds: np.ndarray | None = None,
     anchors: np.ndarray | None = None,
+    memory: MemoryModel | None = None,
 ) -> dict:
     """Predicted time and throughput of micro-batches given in plan order (``lens`` in order, ``offsets``;
-    a drafter plan's ``anchors`` in the same order add its blocks to the costs and ``draft_blocks``).
+    a drafter plan's ``anchors`` in the same order add its blocks to the costs and ``draft_blocks``; a drafter
+    ``memory`` model adds ``peak_bytes``, the heaviest micro-batch's activations).
 
     >>> out = simulate_batches(np.array([10, 10, 20, 20]), np.array([0, 2, 4]), False, 2, 1,
     ...                        CostModel(a=1.0, b=0.0, c=0.0))
@@ -149,6 +152,8 @@ def simulate_batches(
     if shapes.anchors is not None and shapes.blocks is not None:
         out["draft_blocks"] = float(shapes.anchors.sum())
         out["draft_block_efficiency"] = float(shapes.anchors.sum() / max(float(shapes.blocks.sum()), 1.0))
+    if memory is not None:
+        out["peak_bytes"] = float(memory.micro_bytes(shapes).max())
     if seconds_per_unit is not None:
         out["epoch_seconds"] = total * seconds_per_unit
         out["tokens_per_second"] = tokens / (total * seconds_per_unit)
@@ -177,13 +182,13 @@ def simulate_dynamic(
     >>> round(row["dynamic_over_static"], 3)  # 1.25 needs the fast rank at 1.2x the mean bin; room: 1.18x
     1.214
     """
-    from padfree.core.balance import Balance, default_headroom, plan_budget, step_layout
+    from padfree.core.balance import Balance, default_headroom, dynamic_budget, step_layout
     from padfree.core.items import make_items, validate_lengths
     from padfree.core.replay import Segment, replay
 
     w, g = config.world_size, config.grad_accum
     items = make_items(validate_lengths(lengths, path), config.budget, config.overlong, path)
-    budget = plan_budget(config, default_headroom(w))  # the sampler's own plan: unassigned steps
+    budget = dynamic_budget(config, headroom=default_headroom(w))  # the sampler's own plan: unassigned steps
     plan, _ = replay(items, config, epoch, [Segment(w, g, 0, budget)])
     rel = 1.0 / speeds
     balance = Balance(true_cost.coefficients, tuple(rel / rel.mean()), fitted=True, recut=True)
@@ -204,7 +209,7 @@ def simulate_dynamic(
 def simulate(
     lengths: np.ndarray,
     config: PlanConfig,
-    strategies: tuple[str, ...] = ("sorted", "random", "bucketed", "packed"),
+    strategies: tuple[str, ...] = STRATEGIES,
     seconds_per_unit: float | None = None,
     naive: bool = True,
     epoch: int = 0,
@@ -212,10 +217,11 @@ def simulate(
     speeds: np.ndarray | None = None,
     true_cost: CostModel | None = None,
     anchors: np.ndarray | None = None,
+    memory: MemoryModel | None = None,
 ) -> dict:
     """Plan one epoch per strategy (``config`` gives budget, world size, grad accum and cost model) and
     predict each one's throughput; ``naive`` adds the motivating case's naive bucketing
-    (:func:`padfree.bench.baselines.naive_bucketed`). Ratios are to ``sorted`` (the padding-free ceiling of
+    (:func:`padfree.baselines.naive_bucketed`). Ratios are to ``sorted`` (the padding-free ceiling of
     length grouping) when it is among the strategies. With ``speeds`` (per-rank time factors) or
     ``true_cost`` (what micro-batches really cost, default ``config.cost``), every strategy's row is its
     static plan under them, and ``dynamic`` / ``dynamic_over_static`` what dynamic balancing predicts.
@@ -239,6 +245,7 @@ def simulate(
             seconds_per_unit,
             factors if dynamic else None,
             plan.anchors,
+            memory,
         )
         if dynamic:
             dyn = simulate_dynamic(
@@ -249,7 +256,7 @@ def simulate(
                 rows[s]["step_cost_total"] / dyn["step_cost_total"] * (dyn["tokens"] / rows[s]["tokens"])
             )
     if naive:
-        from padfree.bench.baselines import naive_bucketed
+        from padfree.baselines import naive_bucketed
         from padfree.core.items import make_items, validate_lengths
 
         items = make_items(validate_lengths(lengths, path), config.budget, config.overlong, path)
@@ -267,6 +274,7 @@ def simulate(
             seconds_per_unit,
             factors if dynamic else None,
             None if anchors is None else np.asarray(anchors)[items.sample_ids()[order]],
+            memory,
         )
     if "sorted" in rows:
         ref = rows["sorted"]["tokens_per_unit"]

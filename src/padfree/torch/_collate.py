@@ -14,6 +14,7 @@ samples) and the batch carries the micro-batch's ``info``.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,39 +35,103 @@ class Batch(dict):
     tokens: int = 0
 
 
-def pieces(items: list) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``(input_ids, labels)`` of every item, cut to its planned piece, first label of each set to -100."""
+@dataclass(frozen=True)
+class Piece:
+    """One item of a micro-batch cut to its planned piece: token ids, their labels (-100 where no loss,
+    unshifted; the first token not yet masked), the dataset sample it comes from (``-1`` unknown) and the
+    piece's offset in that sample (0 for a whole sample)."""
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    sample_id: int
+    start: int
+
+    @property
+    def loss_mask(self) -> np.ndarray:
+        """Which tokens carry loss (the tokenization rule's mask)."""
+        return self.labels != IGNORE
+
+
+def planned_pieces(items: list) -> list[Piece]:
+    """Every item of a micro-batch cut to its planned piece (``info.starts`` / ``info.lengths`` of a
+    :class:`~padfree.torch.PlannedDataset` micro-batch), the one place both the plain and the drafter
+    collators read items. Loss comes from ``labels`` (``!= -100``), else ``loss_mask``, else every token. A
+    sample shorter than its planned piece is one :class:`ConfigError` naming it; a micro-batch that did not
+    come through a :class:`PlannedDataset` while a plan is in use warns once."""
     warn_if_unplanned(items)
     info = getattr(items, "info", None)
     out = []
     for j, item in enumerate(items):
+        sid = int(info.indices[j]) if info is not None and len(info.indices) > j else -1
         if isinstance(item, Mapping):
-            ids = np.asarray(item["input_ids"], dtype=np.int64).reshape(-1)
+            if "input_ids" not in item:
+                raise ConfigError(f"item {j}: a mapping without input_ids (the token ids of the sample)")
+            ids = np.asarray(item["input_ids"]).reshape(-1)
             if item.get("labels") is not None:
                 labels = np.asarray(item["labels"], dtype=np.int64).reshape(-1)
             elif item.get("loss_mask") is not None:
-                labels = np.where(np.asarray(item["loss_mask"]).reshape(-1).astype(bool), ids, IGNORE)
+                mask = np.asarray(item["loss_mask"]).reshape(-1).astype(bool)
+                labels = np.where(mask, ids, IGNORE) if mask.shape == ids.shape else mask.astype(np.int64)
             else:
                 labels = ids
+            if sid < 0 and item.get("sample_id") is not None:
+                sid = int(item["sample_id"])
         else:
-            ids = labels = np.asarray(item, dtype=np.int64).reshape(-1)
+            ids = labels = np.asarray(item).reshape(-1)
+        if ids.shape[0] and not np.issubdtype(ids.dtype, np.integer):
+            raise ConfigError(f"item {j}: token ids must be integers (got {ids.dtype})")
+        ids = ids.astype(np.int64, copy=False)
+        labels = np.asarray(labels, dtype=np.int64)
         if labels.shape != ids.shape:
             raise ConfigError(f"item {j}: labels/loss_mask length {labels.shape[0]} != {ids.shape[0]} tokens")
+        start = 0
         if info is not None:
-            start = 0 if info.starts is None else info.starts[j]
-            length = info.lengths[j]
+            start = 0 if info.starts is None else int(info.starts[j])
+            length = int(info.lengths[j])
             if start + length > ids.shape[0]:
-                who = f"sample {info.indices[j]}" if len(info.indices) > j else f"item {j}"
+                who = f"sample {sid}" if sid >= 0 else f"item {j}"
                 raise ConfigError(
                     f"{who} has {ids.shape[0]} tokens but the plan expects at least {start + length}: "
                     "the lengths given to the sampler must be the dataset's token counts"
                 )
             ids, labels = ids[start : start + length], labels[start : start + length]
-        labels = labels.copy()
+        out.append(Piece(ids, labels, sid, start))
+    return out
+
+
+def pieces(items: list) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(input_ids, labels)`` of every item, cut to its planned piece, first label of each set to -100."""
+    out = []
+    for p in planned_pieces(items):
+        labels = p.labels.copy()
         if labels.shape[0]:
             labels[0] = IGNORE
-        out.append((ids, labels))
+        out.append((p.input_ids, labels))
     return out
+
+
+def packed_layout(lengths) -> dict:
+    """Where the documents of one packed row sit, as transformers' padding-free path and flash-attention
+    varlen read it: ``position_ids`` restarting at 0 per document ``(1, T)``, ``cu_seq_lens_q`` /
+    ``cu_seq_lens_k`` (int32 boundaries ``0 .. T``) and ``max_length_q`` / ``max_length_k`` (the longest
+    document). The one computation of it, for :class:`PackCollator` and the drafter contract.
+
+    >>> lay = packed_layout([3, 2])
+    >>> lay["position_ids"].tolist(), lay["cu_seq_lens_q"].tolist(), lay["max_length_q"]
+    ([[0, 1, 2, 0, 1]], [0, 3, 5], 3)
+    """
+    lens = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    cu = np.concatenate([[0], np.cumsum(lens)])
+    pos = np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1], lens)
+    cu_t = torch.from_numpy(cu.astype(np.int32))
+    longest = int(lens.max()) if lens.shape[0] else 0
+    return {
+        "position_ids": torch.from_numpy(pos)[None],
+        "cu_seq_lens_q": cu_t,
+        "cu_seq_lens_k": cu_t.clone(),
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
 
 
 def _finish(batch: Batch, items: list, labels: torch.Tensor, tokens: int) -> Batch:
@@ -153,18 +218,8 @@ class PackCollator:
             lab = np.concatenate([p[1] for p in ps])
         else:  # empty micro-batch: one placeholder token with no loss
             ids, lab, n = np.array([self.pad_token_id]), np.array([IGNORE]), [1]
-        lens = np.asarray(n, dtype=np.int64)
-        cu = np.concatenate([[0], np.cumsum(lens)])
-        pos = np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1], lens)
         labels = torch.from_numpy(lab.astype(np.int64))[None]
-        cu_t = torch.from_numpy(cu.astype(np.int32))
         batch = Batch(
-            input_ids=torch.from_numpy(ids.astype(np.int64))[None],
-            labels=labels,
-            position_ids=torch.from_numpy(pos)[None],
-            cu_seq_lens_q=cu_t,
-            cu_seq_lens_k=cu_t.clone(),
-            max_length_q=int(lens.max()),
-            max_length_k=int(lens.max()),
+            input_ids=torch.from_numpy(ids.astype(np.int64))[None], labels=labels, **packed_layout(n)
         )
         return _finish(batch, items, labels, real)

@@ -28,10 +28,12 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
-def step_loss(loss_sum: torch.Tensor, step_tokens: int, world_size: int = 1) -> torch.Tensor:
+def step_loss(loss_sum: torch.Tensor, step_tokens: float, world_size: int = 1) -> torch.Tensor:
     """The micro-batch's share of the step loss: ``loss_sum * world_size / step_tokens`` (``world_size``
-    undoes DDP's gradient averaging). A step with no loss-bearing token contributes 0."""
-    return loss_sum * (world_size / max(int(step_tokens), 1))
+    undoes DDP's gradient averaging). ``step_tokens`` is the step's denominator on all ranks: its loss-bearing
+    tokens, or what a drafter recipe divides by (a weight sum). A step with none contributes 0."""
+    den = float(step_tokens)
+    return loss_sum * (world_size / den if den > 0 else 0.0)
 
 
 def global_loss_tokens(batches: list, device: torch.device | str = "cpu") -> int:

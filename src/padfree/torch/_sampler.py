@@ -21,13 +21,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike
 
-from padfree.core.balance import dynamic_budget
 from padfree.core.config import PlanConfig
-from padfree.core.cursor import Cursor, EpochSource, MicroInfo
-from padfree.core.fingerprint import fingerprint_and_identity
-from padfree.core.planner import planning_window
-from padfree.core.position import check_taken, from_state, to_state
-from padfree.core.state_check import segment_budgets
+from padfree.core.cursor import Cursor, EpochSource, MicroBatch, MicroInfo
 from padfree.errors import ConfigError, StateError
 from padfree.torch import _dataset
 from padfree.torch._balance import DynamicBalancer
@@ -37,18 +32,6 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["MicroBatch", "MicroInfo", "PlanBatchSampler"]
-
-
-class MicroBatch(list):
-    """A list of sample ids (plain ints, so any map-style dataset can index them) with its :class:`MicroInfo`
-    in ``.info``."""
-
-    def __init__(self, ids: list[int], info: MicroInfo) -> None:
-        super().__init__(ids)
-        self.info = info
-
-    def __reduce__(self):  # keep .info when sent to DataLoader workers
-        return (MicroBatch, (list(self), self.info))
 
 
 class PlanBatchSampler:
@@ -80,21 +63,16 @@ class PlanBatchSampler:
             never change. See :meth:`balance_stats`.
         balance_every: steps between two exchanges (dynamic).
         balance_headroom: dynamic plans fill micro-batches to this share of the budget so that a re-cut can
-            give faster ranks more (default ``1 - 0.3/world_size``: room for one rank ~1.4x slower, and 1
-            for a padded plan whose tokens are mostly in items over half the budget, see
-            :func:`padfree.core.balance.default_headroom`; 1: no room, assignment only). Steps then hold
-            that much fewer tokens.
+            give faster ranks more; steps then hold that much fewer tokens (default: room for one rank ~1.4x
+            slower, :func:`padfree.core.balance.default_headroom`; 1: no room, assignment only).
         balance_exchange: replaces the ``torch.distributed`` all-gather of the timings (tests, other
             launchers): takes this rank's 1-D float64 payload, returns every rank's, stacked.
-        anchors: a drafter plan's draft blocks (anchors) per sample, e.g.
-            :func:`padfree.core.anchors.anchor_counts` of the loss masks: micro-batches hold at most
-            ``config.anchor_budget`` of them, and the cost model's drafter terms price them. They depend on
-            the data only, so resume (exact and elastic) is unchanged; the state's fingerprint covers them.
-            In memory only (not with ``window``).
+        anchors: a drafter plan's draft blocks per sample (:func:`padfree.core.anchors.anchor_counts` of the
+            loss masks): micro-batches hold at most ``config.anchor_budget`` of them and the cost model's
+            drafter terms price them; resume is unchanged, the fingerprint covers them. Not with ``window``.
         window: plan the epoch window by window, about this many samples each, in bounded memory (as
-            ``make_plan`` does; every per-sample array int32). Default: above
-            :data:`padfree.core.planner.STREAM_THRESHOLD` samples, windows of
-            :data:`padfree.core.stream.DEFAULT_WINDOW`; else in memory.
+            ``make_plan`` does). Default: above :data:`padfree.core.planner.STREAM_THRESHOLD` samples,
+            windows of :data:`padfree.core.stream.DEFAULT_WINDOW`; else in memory.
     """
 
     def __init__(
@@ -117,24 +95,16 @@ class PlanBatchSampler:
             raise ConfigError(f"balance must be 'static' or 'dynamic' (got {balance!r})")
         if isinstance(balance_every, bool) or not isinstance(balance_every, int) or balance_every < 1:
             raise ConfigError(f"balance_every must be an integer >= 1 (got {balance_every!r})")
-        window = planning_window(lengths, True if window is not None else None, window)
-        source = EpochSource.of(lengths, config, loss_tokens, window, anchors)
+        src = EpochSource.of(lengths, config, loss_tokens, window, anchors)
         rank, world_size = rank_and_world(rank, world_size, config.world_size)
         self.config = config.with_(world_size=world_size)
-        if not 0 <= rank < world_size:
-            raise ConfigError(f"rank {rank} outside world size {world_size}")
-        self.rank = rank
-        self.fingerprint, self.identity = fingerprint_and_identity(
-            source.lengths, self.config, source.anchors
-        )
-        self.balance = balance
-        self.balance_every = balance_every
+        self.world_size, self.grad_accum = world_size, config.grad_accum
+        self.rank, self.balance, self.balance_every = rank, balance, balance_every
         dynamic = balance == "dynamic"
-        # the planning budget: a dynamic plan leaves headroom for re-cuts
-        budget = dynamic_budget(self.config, source.lengths, balance_headroom) if dynamic else None
-        self._cursor = Cursor(source, self.config, rank, epoch=epoch, budget=budget, dynamic=dynamic)
-        self._lengths = source.lengths
-        self._headroom = balance_headroom
+        # the pure position in the plan this sampler hands out (saved and loaded by itself)
+        self.cursor = Cursor(src, self.config, rank, epoch=epoch, dynamic=dynamic, headroom=balance_headroom)
+        self.fingerprint, self.identity = self.cursor.fingerprint, self.cursor.identity
+        self._lengths = src.lengths
         self._dynamic = None
         if dynamic and world_size > 1:
             capacity = 2 * balance_every * config.grad_accum
@@ -143,66 +113,50 @@ class PlanBatchSampler:
         self._synced: tuple[int, int] | None = None  # (epoch, step) of the last exchange
         self._busy = 0.0  # seconds spent yielding micro-batches (planning included), for balance_stats
         self._busy_first: float | None = None  # ... until the end of the first step
-        self._spent = False  # this sampler yielded the epoch's last micro-batch; no set_epoch since
         _dataset.note_sampler()
 
     # ----- sampler API -----------------------------------------------------------------------------------
     @property
-    def cursor(self) -> Cursor:
-        """The pure position in the plan (:class:`padfree.core.cursor.Cursor`) this sampler hands out."""
-        return self._cursor
-
-    @property
     def epoch(self) -> int:
-        return self._cursor.epoch
-
-    @property
-    def grad_accum(self) -> int:
-        return self.config.grad_accum
-
-    @property
-    def world_size(self) -> int:
-        return self.config.world_size
+        return self.cursor.epoch
 
     @property
     def step(self) -> int:
         """Steps of the current epoch consumed so far (whole steps)."""
-        return self._cursor.step
+        return self.cursor.step
 
     @property
     def steps_in_epoch(self) -> int:
         """Optimizer steps of the current epoch, including steps run before a resume."""
-        return self._cursor.steps_in_epoch
+        return self.cursor.steps_in_epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning; the current epoch (e.g. just restored) keeps its position."""
-        self._spent = False
         if int(epoch) != self.epoch:
-            self._cursor.set_epoch(epoch)
             self._synced = None
+        self.cursor.set_epoch(epoch)
 
     def __len__(self) -> int:
         """Micro-batches the next iteration yields on this rank (the rest of the epoch)."""
-        return self._cursor.remaining()
+        return self.cursor.remaining()
 
     def __iter__(self) -> Iterator[MicroBatch]:
-        if self._spent:
+        if self.cursor.spent:
             raise StateError(
                 f"PlanBatchSampler: epoch {self.epoch} was already iterated to its end; call "
                 f"sampler.set_epoch({self.epoch + 1}) before the next pass (as with DistributedSampler)"
             )
-        cursor, g = self._cursor, self.grad_accum
+        cursor, g = self.cursor, self.grad_accum
         while True:
             t0 = time.perf_counter()
             at = cursor.peek()
             if at is None:
                 return
-            if at[1] == 0 and self._dynamic is not None:
+            if at[1] == 0:
                 self._maybe_sync(at[0])
             nxt = cursor.take()
             assert nxt is not None
             info = nxt.info
-            self._spent = info.last and info.step + 1 == cursor.steps_in_epoch
             if self._dynamic is not None and nxt.features is not None:
                 self._dynamic.yielded((info.epoch, info.step, info.micro), *nxt.features)
             self._busy += time.perf_counter() - t0
@@ -217,7 +171,7 @@ class PlanBatchSampler:
         if self._dynamic is None or step == 0 or step % self.balance_every or self._synced == where:
             return
         self._synced = where
-        self._cursor.balance = self._dynamic.sync(self._cursor.balance, where)
+        self.cursor.balance = self._dynamic.sync(self.cursor.balance, where)
 
     def record_time(self, seconds: float, info: MicroInfo | None = None) -> None:
         """Report the compute time of a micro-batch (dynamic balancing; ignored when static).
@@ -257,7 +211,7 @@ class PlanBatchSampler:
         ``sync_seconds`` (this rank's time in exchanges and refits) and
         ``sampler_seconds`` (all of its time yielding micro-batches: planning, layouts, exchanges), of which
         ``sampler_first_step_seconds`` until its first step was out (planning, loading compiled kernels)."""
-        b, d = self._cursor.balance, self._dynamic
+        b, d = self.cursor.balance, self._dynamic
         return {
             "mode": self.balance,
             "cost": b.cost,
@@ -271,47 +225,24 @@ class PlanBatchSampler:
             "sync_seconds": 0.0 if d is None else d.sync_seconds,
             "sampler_seconds": self._busy,
             "sampler_first_step_seconds": self._busy_first or 0.0,
-            "plan_budget": self._cursor.history[-1].budget or self.config.budget,
+            "plan_budget": self.cursor.history[-1].budget or self.config.budget,
         }
 
     # ----- state -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The position and everything that decides the rest of the epoch: epoch, fingerprint, the short
         resume history, and the balance in force (cost model, rank speeds). JSON-serializable, O(resumes)."""
-        cur = self._cursor
-        return to_state(self.fingerprint, cur.position, self.balance, self.identity, cur.taken())
+        return self.cursor.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume at the exact next micro-batch, at this sampler's world size (which may differ: the rest of
-        the epoch is then re-planned over the new ranks).
-
-        The state's balance (cost model, rank speeds) decides the rest of its epoch, whatever this sampler's
-        config says: a step half done when the state was saved continues with the same ranks' shares, and
-        the epoch ends in the order it would have without the interruption. The config's cost model applies
-        again from the next epoch. At another world size the speeds start afresh. Raises
-        :class:`StateError` (one line, saying why) on a foreign or damaged state, or on one that cannot be
-        continued exactly (see :mod:`padfree.core.position`).
-        """
-        shape = (self.world_size, self.grad_accum, self._cursor.budget, self.config.cost)
-        budgets: dict[int, tuple] = {}
-
-        def allowed(world: int) -> tuple:  # the budgets a segment at ``world`` can have been planned at
-            if world not in budgets:
-                budgets[world] = segment_budgets(self.config, self._lengths, world, self._headroom)
-            return budgets[world]
-
-        steps = self._cursor.plan_steps  # the state's epoch planned (and kept) before it is believed
-        pos = from_state(
-            state, self.fingerprint, *shape, budgets=allowed, identity=self.identity, steps=steps
-        )
-        before = self._cursor.position
-        self._cursor.restore(pos)
-        try:
-            check_taken(state, self._cursor.taken())  # mid-step: the step's handed-out part is unchanged
-        except StateError:
-            self._cursor.restore(before)
-            raise
+        """Resume at the exact next micro-batch, at this sampler's world size (at another one the rest of the
+        epoch is re-planned over the new ranks). The state's balance (cost model, rank speeds) decides the
+        rest of its epoch whatever this sampler's config says (a half-done step keeps its ranks' shares, the
+        epoch ends as it would have without the interruption); the config's cost model applies again from the
+        next epoch, and at another world size the speeds start afresh. A foreign or damaged state, or one that
+        cannot be continued exactly, raises :class:`StateError` in one line that says why (checked and
+        restored by :meth:`padfree.core.cursor.Cursor.load_state_dict`)."""
+        self.cursor.load_state_dict(state)
         self._synced = None
-        self._spent = False
         if self._dynamic is not None:
             self._dynamic.reset()

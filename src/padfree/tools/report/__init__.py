@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.core.config import PlanConfig
+from padfree.core.config import STRATEGIES, PlanConfig
 from padfree.core.items import validate_lengths
 from padfree.tools.report.decision import (
     BUCKET_COUNTS,
@@ -51,9 +51,6 @@ __all__ = [
 ]
 
 
-DRAFTER_STRATEGIES = ("sorted", "random", "bucketed", "packed")
-
-
 def drafter_numbers(
     lengths: np.ndarray,
     config: PlanConfig,
@@ -62,18 +59,49 @@ def drafter_numbers(
     seconds_per_unit: float | None = None,
     path: str | None = None,
 ) -> dict:
-    """The report's drafter section: ``setup`` (method, tokens, offline hidden-state cache size: what
-    ``padfree.commands.simulate.drafter_setup`` returns) and, per strategy, the predicted throughput of the
-    drafter setup (:func:`padfree.tools.simulate.simulate` with the drafter's anchors and cost model)."""
-    from padfree.tools.simulate import simulate
+    """The report's drafter section: ``setup`` (method, recipe, tokens, offline hidden-state cache size,
+    memory
+    model: what ``padfree.commands.simulate.drafter_setup`` returns) and, per strategy, the predicted
+    throughput of the drafter setup (:func:`padfree.tools.simulate.simulate` with the drafter's anchors and
+    cost model) and the activation peak its heaviest micro-batch takes; beside them what users run today,
+    SpecForge-style random padded batches (a fixed sample count, tokens padded to the longest, anchor slots to
+    the most anchors: :func:`padfree.baselines.fixed_count`), and the recommendation: the fastest padfree
+    plan."""
+    from padfree.baselines import fixed_count
+    from padfree.core.items import make_items
+    from padfree.drafter.memory import MemoryModel
+    from padfree.tools.simulate import simulate, simulate_batches
 
+    memory = MemoryModel(**setup["memory_model"])
     sim = simulate(
-        lengths, config, DRAFTER_STRATEGIES, seconds_per_unit, naive=False, path=path, anchors=anchors
+        lengths, config, STRATEGIES, seconds_per_unit, naive=False, path=path, anchors=anchors, memory=memory
     )
     keep = ("tokens_per_unit", "ratio_to_sorted", "padding_efficiency", "imbalance", "steps", "draft_blocks",
-            "draft_block_efficiency", "tokens_per_second", "epoch_seconds")  # fmt: skip
+            "draft_block_efficiency", "tokens_per_second", "epoch_seconds", "peak_bytes")  # fmt: skip
     rows = {s: {k: r[k] for k in keep if k in r} for s, r in sim["strategies"].items()}
-    return {**setup, "cost": sim["config"]["cost"], "anchor_budget": config.anchor_budget, "strategies": rows}
+    items = make_items(validate_lengths(lengths, path), config.budget, config.overlong, path)
+    order, offsets = fixed_count(items.length, config.budget, np.random.default_rng([config.seed, 7]))
+    whole = (offsets.shape[0] - 1) // config.micro_per_step * config.micro_per_step  # a partial last step out
+    offsets = offsets[: max(whole, 1) + 1]
+    order = order[: int(offsets[-1])]
+    base = simulate_batches(
+        items.length[order], offsets, False, config.world_size, config.grad_accum, config.cost,
+        seconds_per_unit, None, None if anchors is None else np.asarray(anchors)[items.sample_ids()[order]],
+        memory,
+    )  # fmt: skip
+    base = {k: base[k] for k in keep if k in base}
+    base["ratio_to_sorted"] = base["tokens_per_unit"] / sim["strategies"]["sorted"]["tokens_per_unit"]
+    best = max(("packed", "bucketed"), key=lambda s: rows[s]["tokens_per_unit"])
+    over = base["tokens_per_unit"] and rows[best]["tokens_per_unit"] / base["tokens_per_unit"]
+    return {
+        **setup,
+        "cost": sim["config"]["cost"],
+        "anchor_budget": config.anchor_budget,
+        "world_size": config.world_size,
+        "strategies": rows,
+        "specforge_random": base,
+        "recommendation": {"strategy": best, "over_specforge_random": over},
+    }
 
 
 def write_report(

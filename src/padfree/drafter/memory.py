@@ -1,0 +1,173 @@
+"""How much memory a drafter micro-batch takes, from its shapes, and the anchor budget a memory budget allows:
+so that no plan padfree makes (or its report recommends) runs out of memory at the recipes' density. No torch.
+
+A drafter step keeps, for its backward, activations that grow with the micro-batch's *tokens* (the target's
+fused hidden states, the drafter's context keys and values), its *blocks* (DFlash: ``block_size`` queries
+each, through every draft layer), its *reach* (DFlash: each block's attention scores over its document's
+context; ``reach`` as :mod:`padfree.core.cost` counts it, half a block's context) and, for EAGLE-3, its
+*attention* (``L x (L + k)`` scores per document and test-time-training step). The LM head's logits never
+exist for more than one chunk of draft positions (:func:`padfree.drafter.objective.chunk_positions`), a
+constant. So the peak a micro-batch adds to the process is linear in the same
+:class:`~padfree.core.cost.Shapes` the cost model reads::
+
+    bytes = fixed + per_token * slots + per_block * blocks + per_reach * reach + per_attention * attention
+
+:func:`analytic` derives the coefficients from the model's sizes (float32 activations, the tensors padfree's
+reference drafters keep, times the copies autograd and softmax hold, measured on this CPU: see
+``tests/drafter/test_memory.py``); :func:`fit` takes them from measured peaks (``padfree calibrate
+--drafter``).
+
+>>> m = MemoryModel(fixed=10.0, per_token=1.0, per_block=100.0, per_reach=0.5)
+>>> float(m.peak_of(slots=1000, blocks=20, reach=4000))
+5010.0
+>>> anchor_budget(m, memory=10_000, budget=1000)  # (10000 - 10 - 1000) // (100 + 0.5 * 1000 / 2)
+25
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from padfree.core.cost import Shapes
+from padfree.errors import ConfigError
+
+FLOAT = 4
+"""Bytes of a float32 activation."""
+
+COPIES_ATTENTION = 3.5
+"""Score-sized tensors a softmax attention holds at its peak per layer (scores, masked scores, probabilities,
+their gradient), fitted to peaks measured on this CPU (torch 2.13): 3.4 for DFlash's context scores."""
+
+COPIES_ACTIVATION = 1.5
+"""Hidden-sized tensors held per projection at the peak, fitted likewise."""
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Peak bytes a drafter micro-batch adds to the resident process, linear in its shapes (module docstring).
+
+    Attributes:
+        fixed: bytes any micro-batch adds (one chunk of LM-head logits and its softmax).
+        per_token, per_block, per_reach, per_attention: bytes per unit of each shape.
+        source: where the coefficients come from (``analytic ...`` or ``fit ...``).
+    """
+
+    fixed: float = 0.0
+    per_token: float = 0.0
+    per_block: float = 0.0
+    per_reach: float = 0.0
+    per_attention: float = 0.0
+    source: str = "manual"
+
+    def peak_of(
+        self, *, slots: float | np.ndarray, blocks=0.0, reach=0.0, attention=0.0
+    ) -> float | np.ndarray:
+        """Bytes for micro-batches of these shapes (numbers or arrays)."""
+        return (
+            self.fixed
+            + self.per_token * slots
+            + self.per_block * np.asarray(blocks)
+            + self.per_reach * np.asarray(reach)
+            + self.per_attention * np.asarray(attention)
+        )
+
+    def micro_bytes(self, shapes: Shapes) -> np.ndarray:
+        """Bytes of every micro-batch of a plan (:func:`padfree.core.cost.micro_shapes`)."""
+        zero = np.zeros_like(shapes.slots, dtype=np.float64)
+        return np.asarray(
+            self.peak_of(
+                slots=shapes.slots.astype(np.float64),
+                blocks=zero if shapes.blocks is None else shapes.blocks,
+                reach=zero if shapes.reach is None else shapes.reach,
+                attention=shapes.attn.astype(np.float64),
+            ),
+            dtype=np.float64,
+        )
+
+
+def analytic(
+    uses_anchors: bool,
+    *,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    draft_layers: int = 1,
+    fused_layers: int = 3,
+    block_size: int = 16,
+    ttt: int = 7,
+    vocab: int = 32000,
+    chunk_bytes: int = 256 * 2**20,
+) -> MemoryModel:
+    """Coefficients from the sizes of a reference drafter (float32): what it keeps per token, per DFlash block
+    and per unit of reach, per EAGLE-3 ``l x l`` score and test-time-training step; one LM-head chunk
+    fixed."""
+    d = hidden // heads
+    act = COPIES_ACTIVATION * FLOAT
+    fixed = float(min(chunk_bytes, 16 * vocab * 4096))  # a chunk's logits, softmax, target and gradient
+    # every token: the target's fused layers and final states (kept), the fused context and its keys/values
+    token = FLOAT * (2 * fused_layers + 3) * hidden + act * draft_layers * (hidden + 2 * kv_heads * d)
+    if uses_anchors:
+        per_query = act * draft_layers * (6 * hidden + 3 * intermediate + 2 * kv_heads * d)
+        block = block_size * (per_query + COPIES_ATTENTION * FLOAT * draft_layers * heads * block_size)
+        reach = 2 * block_size * COPIES_ATTENTION * FLOAT * draft_layers * heads
+        return MemoryModel(fixed, token, block, reach, 0.0, f"analytic dflash h{hidden} B{block_size}")
+    per_step = act * (8 * hidden + 3 * intermediate + 2 * kv_heads * d)
+    return MemoryModel(
+        fixed,
+        token + ttt * per_step,
+        0.0,
+        0.0,
+        COPIES_ATTENTION * FLOAT * heads * ttt,
+        f"analytic eagle3 h{hidden} ttt{ttt}",
+    )
+
+
+def fit(rows: list[dict], source: str = "fit") -> MemoryModel:
+    """Coefficients from measured peaks: ``rows`` of ``{"slots", "blocks", "reach", "attention", "bytes"}``,
+    least squares with every coefficient kept >= 0 (a negative one is dropped and the rest refitted)."""
+    names = ("fixed", "slots", "blocks", "reach", "attention")
+    x = np.array([[1.0] + [float(r.get(k, 0.0)) for k in names[1:]] for r in rows])
+    y = np.array([float(r["bytes"]) for r in rows])
+    keep = [j for j in range(x.shape[1]) if x[:, j].any()]
+    coef = np.zeros(x.shape[1])
+    while keep:
+        sol = np.linalg.lstsq(x[:, keep], y, rcond=None)[0]
+        if (sol >= 0).all():
+            coef[keep] = sol
+            break
+        keep = [k for k, s in zip(keep, sol, strict=True) if s >= 0]
+    fixed, token, block, reach, attention = (float(c) for c in coef)
+    return MemoryModel(fixed, token, block, reach, attention, source)
+
+
+def anchor_budget(model: MemoryModel, memory: float, budget: int, *, block_cap: int | None = None) -> int:
+    """The most DFlash blocks a micro-batch of ``budget`` tokens may open within ``memory`` bytes, whatever
+    the documents (each block reading up to the whole budget as context). A memory that cannot hold even the
+    tokens is a one-line :class:`ConfigError`."""
+    spare = memory - model.fixed - model.per_token * budget
+    per_block = model.per_block + model.per_reach * budget / 2.0
+    if spare <= 0 or (per_block > 0 and spare < per_block):
+        need = model.fixed + model.per_token * budget + per_block
+        raise ConfigError(
+            f"a memory budget of {memory / 2**30:.2f} GiB cannot hold one micro-batch of {budget} tokens and "
+            f"one draft block ({need / 2**30:.2f} GiB by {model.source}); raise it or lower --budget"
+        )
+    n = int(spare // per_block) if per_block > 0 else 2**31 - 1
+    return max(1, min(n, block_cap if block_cap is not None else n))
+
+
+def attention_budget(model: MemoryModel, memory: float, budget: int) -> int | None:
+    """EAGLE-3: the ``l x l`` score budget (:class:`~padfree.core.config.PlanConfig` ``attn_budget``) a memory
+    budget allows a micro-batch of ``budget`` tokens; ``None`` when attention costs nothing in the model."""
+    if model.per_attention <= 0:
+        return None
+    spare = memory - model.fixed - model.per_token * budget
+    if spare < model.per_attention:
+        raise ConfigError(
+            f"a memory budget of {memory / 2**30:.2f} GiB cannot hold one micro-batch of {budget} tokens "
+            f"({model.source}); raise it or lower --budget"
+        )
+    return int(spare // model.per_attention)

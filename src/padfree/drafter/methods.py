@@ -1,0 +1,225 @@
+"""The drafter methods padfree trains, registered by name: what the planner, the CLI and the checks need to
+know of each method, in one place (no torch here; the method's model and fields live in its own module).
+
+A method is described once, by a :class:`Method`: its name and title, the module that holds its torch side
+(fields builder, config, drafter, leak counts), whether its draft work is opened at *anchors* that the planner
+counts (DFlash blocks) and its FLOP cost terms. Which target layers a drafter fuses is a recipe's choice
+(:mod:`padfree.drafter.recipes`), by one of the :data:`LAYER_RULES` here. Everything outside this module
+and the methods' own modules asks the registry instead of comparing names, so a third method (MTP fine-tuning,
+DSpark) is one more entry here plus its own module.
+
+>>> sorted(METHODS)
+['dflash', 'eagle3']
+>>> get("dflash").uses_anchors, get("eagle3").uses_anchors
+(True, False)
+>>> LAYER_RULES["spread"](36, 5), LAYER_RULES["low_mid_high"](36, 3)
+((1, 9, 17, 25, 33), (1, 17, 32))
+>>> get("medusa")
+Traceback (most recent call last):
+...
+padfree.errors.ConfigError: unknown drafter method 'medusa': choose dflash or eagle3
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+from padfree.core.config import CostModel
+from padfree.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DrafterShape:
+    """The sizes the cost model reads: the target's, and the drafter's where they differ (``None``: the
+    target's hidden size and vocabulary)."""
+
+    hidden: int = 4096
+    layers: int = 32
+    vocab: int = 32000
+    draft_hidden: int | None = None
+    draft_layers: int = 1
+    draft_vocab: int | None = None
+
+    def __post_init__(self) -> None:
+        dh, dv = (
+            self.draft_hidden or self.hidden,
+            self.vocab if self.draft_vocab is None else self.draft_vocab,
+        )
+        if min(self.hidden, self.layers, dh, self.draft_layers) < 1 or min(self.vocab, dv) < 0:
+            raise ConfigError("drafter shape: sizes must be >= 1 and vocabularies >= 0")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One drafter method.
+
+    Attributes:
+        name: registry key and CLI choice. title: how prose names it.
+        module: the module with the method's torch side: ``Fields`` (its draft queries of a micro-batch),
+            ``fields(contract, options, *, epoch, leaky)``, ``Config``, ``Drafter`` and ``crossings(batch)``
+            (the attended pairs and fed inputs that join two documents, for ``check-drafter``).
+        uses_anchors: draft work is opened at anchors chosen per document (:mod:`padfree.core.anchors`),
+            which plans count, budget and balance.
+        unit: what one unit of the method's draft work is called in reports.
+        knob: the method's own size option (``block_size`` or ``ttt``), printed beside its name.
+        fused_layers: target layers fused by default (an offline hidden-state cache keeps these plus the
+        last). target_layers: ``(target layers, fused layers) -> layer ids`` (decoder layer outputs, from 0).
+        cost: ``(shape, block_size, ttt) -> CostModel``: FLOP-derived, in target-forward token units.
+    """
+
+    name: str
+    title: str
+    module: str
+    uses_anchors: bool
+    unit: str
+    knob: str
+    cost: Callable[[DrafterShape, int, int], CostModel]
+
+    def load(self) -> ModuleType:
+        """The method's torch module (needs torch)."""
+        return importlib.import_module(self.module)
+
+    def describe(self, block_size: int, ttt: int) -> str:
+        """The method with its own size: ``"dflash (block 16)"``, ``"eagle3 (ttt 7)"``."""
+        return (
+            f"{self.name} (block {block_size})" if self.knob == "block_size" else f"{self.name} (ttt {ttt})"
+        )
+
+
+def spread_layers(n_layers: int, n_fused: int) -> tuple[int, ...]:
+    """z-lab DFlash's choice: ``n_fused`` target layers spread evenly from layer 1 to ``n - 3`` (one fused
+    layer: the middle one).
+
+    >>> spread_layers(36, 5), spread_layers(6, 2), spread_layers(8, 1)
+    ((1, 9, 17, 25, 33), (1, 3), (4,))
+    >>> spread_layers(6, 5)  # layers 1 .. 3 are all a 6-layer target has between 1 and n - 3
+    (1, 2, 3)
+    """
+    if n_fused < 1 or n_layers < 1:
+        raise ConfigError(f"target layers: need >= 1 layer and >= 1 fused layer (got {n_layers}, {n_fused})")
+    if n_fused == 1:
+        return (n_layers // 2,)
+    end = max(1, n_layers - 3)
+    n_fused = min(n_fused, end)  # a small target fuses the distinct layers it has
+    if n_fused == 1:
+        return (1,)
+    return tuple(round(1 + i * (end - 1) / (n_fused - 1)) for i in range(n_fused))
+
+
+def low_mid_high(n_layers: int, n_fused: int = 3) -> tuple[int, ...]:
+    """EAGLE-3's low, middle and high layers: ``(1, n // 2 - 1, n - 4)``; below 8 layers, spread evenly over
+    ``0 .. n - 2``. ``n_fused`` must be 3 (the method fuses three).
+
+    >>> low_mid_high(36), low_mid_high(6)
+    ((1, 17, 32), (0, 2, 4))
+    """
+    if n_fused != 3:
+        raise ConfigError(f"EAGLE-3 fuses 3 target layers (got {n_fused})")
+    if n_layers >= 8:
+        return (1, n_layers // 2 - 1, n_layers - 4)
+    if n_layers < 2:
+        raise ConfigError(f"EAGLE-3 needs a target with at least 2 layers (got {n_layers})")
+    top = n_layers - 2
+    return tuple(round(i * top / 2) for i in range(3))
+
+
+def _flops(s: DrafterShape) -> tuple[float, float, float, float, int]:
+    """``(target per token, target attention per l^2, drafter per query, drafter attention per pair, dh)``."""
+    dh = s.draft_hidden or s.hidden
+    dv = s.vocab if s.draft_vocab is None else s.draft_vocab
+    target = 2.0 * (12 * s.layers * s.hidden * s.hidden + s.vocab * s.hidden)
+    draft = 6.0 * (12 * s.draft_layers * dh * dh + dv * dh)
+    return target, 2.0 * s.layers * s.hidden, draft, 6.0 * s.draft_layers * dh, dh
+
+
+def block_cost(shape: DrafterShape, block_size: int, ttt: int = 1) -> CostModel:
+    """DFlash: the target runs forward only (2*N FLOPs a token, attention 2*layers*hidden per l^2); each
+    block runs ``block_size`` queries through the drafter forward and backward (6*Nd FLOPs a query, Nd =
+    12*draft_layers*dh^2 + draft_vocab*dh, the LM head included) and reads its context (keys and values of the
+    target's hidden states: 6*draft_layers*dh per query and key).
+
+    >>> m = block_cost(DrafterShape(hidden=64, layers=2, vocab=100), 16)
+    >>> m.a, m.d > 0, m.e > 0
+    (1.0, True, True)
+    """
+    if block_size < 1:
+        raise ConfigError(f"drafter shape: block size must be >= 1 (got {block_size})")
+    target, t_attn, draft, d_attn, dh = _flops(shape)
+    return CostModel(
+        a=1.0,
+        b=t_attn / target,
+        c=0.0,
+        source=f"drafter dflash h{shape.hidden} l{shape.layers} dh{dh}",
+        d=block_size * (draft + d_attn * block_size) / target,
+        e=block_size * d_attn / target,
+    )
+
+
+def unrolled_cost(shape: DrafterShape, block_size: int, ttt: int) -> CostModel:
+    """EAGLE-3: per token, fuse 3 hidden states (3h -> dh), then ``ttt`` drafter steps forward and backward,
+    each with its causal attention: it scales with tokens and attention, so it folds into ``a`` and ``b``."""
+    if ttt < 1:
+        raise ConfigError(f"drafter shape: ttt must be >= 1 (got {ttt})")
+    target, t_attn, draft, d_attn, dh = _flops(shape)
+    per_token = target + 6.0 * 3 * shape.hidden * dh + ttt * draft
+    return CostModel(
+        a=1.0,
+        b=(t_attn + ttt * d_attn) / per_token,
+        c=0.0,
+        source=f"drafter eagle3 h{shape.hidden} l{shape.layers} dh{dh}",
+    )
+
+
+LAYER_RULES: dict[str, Callable[[int, int], tuple[int, ...]]] = {
+    "spread": spread_layers,
+    "low_mid_high": low_mid_high,
+}
+"""Target-layer rules by name: ``(target layers, fused layers) -> layer ids`` (decoder layer outputs, from
+0)."""
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method(
+            name="dflash",
+            title="DFlash",
+            module="padfree.drafter.dflash",
+            uses_anchors=True,
+            unit="draft blocks",
+            knob="block_size",
+            cost=block_cost,
+        ),
+        Method(
+            name="eagle3",
+            title="EAGLE-3",
+            module="padfree.drafter.eagle3",
+            uses_anchors=False,
+            unit="draft positions",
+            knob="ttt",
+            cost=unrolled_cost,
+        ),
+    )
+}
+"""Every drafter method by name (the CLI's ``--method`` / ``--drafter`` choices are its keys)."""
+
+
+def get(name: str) -> Method:
+    """The method registered as ``name``; anything else is a one-line :class:`ConfigError`."""
+    try:
+        return METHODS[name]
+    except (KeyError, TypeError):
+        raise ConfigError(f"unknown drafter method {name!r}: choose {' or '.join(METHODS)}") from None
+
+
+def cost_model(method: str, *, block_size: int = 16, ttt: int = 7, **shape: int) -> CostModel:
+    """The FLOP-derived cost model of ``method`` for a target (and drafter) ``shape``
+    (:class:`DrafterShape`'s fields).
+
+    >>> cost_model("dflash", hidden=64, layers=2, vocab=100).d > 0
+    True
+    """
+    return get(method).cost(DrafterShape(**shape), block_size, ttt)

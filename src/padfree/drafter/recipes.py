@@ -1,0 +1,301 @@
+"""The published drafter training recipes as named presets: what SpecForge and vllm speculators train when a
+user runs their DFlash or EAGLE-3 configs, field by field, so padfree trains (and counts, costs and plans) the
+same workload. No torch here: the planner and the CLI read recipes too.
+
+Every value comes from the recipes' source; docs/drafters.md ("Recipes") gives the file and line of each, read
+at SpecForge a6b6b023 and speculators c05b95b3. A recipe is a frozen
+dataclass; :func:`get` returns a preset for a method, :func:`override` changes fields one by one (the CLI's
+``--recipe speculators --block-size 8``), checking every value.
+
+>>> r = get("specforge", "dflash")
+>>> r.block_size, r.max_anchors, r.anchor_density, r.objective, r.slot_weights, r.gamma, r.normalization
+(16, 512, 1.0, 'data_ce', 'exp', 7.0, 'weighted')
+>>> s = get("speculators", "dflash")
+>>> s.objective, s.slot_weights, s.normalization, s.anchor_eligibility, s.anchor_margin, s.sliding_window
+('argmax_ce', 'dpace', 'document', 'self', 16, 2048)
+>>> override(s, block_size=8).anchor_margin  # speculators' margin is the block: it follows it
+8
+>>> e = get("specforge", "eagle3")
+>>> e.ttt, e.step_decay, e.loss_gate, e.draft_vocab, e.out_of_vocab, e.head_init, e.head_trainable
+(7, 0.8, 0, 32000, 'drop', 'random', True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from padfree.core.anchors import AnchorPolicy
+from padfree.errors import ConfigError
+
+OBJECTIVES = ("data_ce", "argmax_ce", "kl")
+"""``data_ce``: cross-entropy on the data token (SpecForge DFlash); ``argmax_ce``: cross-entropy on the
+target's argmax (speculators DFlash); ``kl``: ``KL(target || drafter)`` on the target's distribution (EAGLE-3
+in both; its soft cross-entropy is the KL plus a constant)."""
+
+SLOT_WEIGHTS = ("exp", "dpace", "uniform")
+"""DFlash block slot ``k`` (``k >= 1``): ``exp``: ``exp(-(k - 1) / gamma)``; ``dpace``: D-PACE, the suffix
+sums of the block's cumulative smoothed confidence ``(1 - alpha) q + alpha`` (``q = exp(-CE)`` of the drafter
+itself, no gradient); ``uniform``: 1."""
+
+NORMALIZATIONS = ("weighted", "positions", "supervised", "document")
+"""How a step's loss is divided: ``weighted``: ``sum(w * l) / sum(w)`` over the step's draft positions on all
+ranks (SpecForge DFlash); ``positions``: ``sum(w * l)`` over the step's real token positions (SpecForge
+EAGLE-3 divides by rows x T, its padding included; padfree has none to include); ``supervised``: over the
+step's supervised draft positions; ``document``: each document's mean ``sum(w * l) / supervised`` (per
+test-time-training step for EAGLE-3, summed over steps), documents averaged over the step (speculators'
+per-row mean with one document per row: a packed row trains each document as it would train alone)."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One recipe for one method. Fields a method does not use are carried and ignored.
+
+    Attributes:
+        name, method: the preset and the drafter method it is for. source: where its values come from.
+        block_size: DFlash query tokens per block. max_anchors: anchors per document at most.
+        anchor_density: anchors per valid position before the cap (1: every valid position).
+        anchor_eligibility: ``pair``: ``mask[a] and mask[a + 1]``; ``self``: ``mask[a]``.
+        anchor_margin: an anchor needs ``a + margin < len(document)`` (speculators: the block).
+        objective: one of :data:`OBJECTIVES`. slot_weights: one of :data:`SLOT_WEIGHTS`; gamma, dpace_alpha:
+        theirs. normalization: one of :data:`NORMALIZATIONS`.
+        fused_layers, layer_rule: target layers the drafter fuses and how they are chosen (``spread``:
+        z-lab's,
+            from layer 1 to ``n - 3``; ``low_mid_high``: ``1, n // 2 - 1, n - 4``).
+        sliding_window: DFlash draft layers see context within this many positions before the anchor (None:
+        all);
+            causal_in_block: on those layers a block slot sees only earlier slots of its block.
+        noise: uniform noise ``+-noise`` on the target's hidden states the drafter reads (0: none).
+        ttt: EAGLE-3 test-time-training steps. step_decay: step ``k`` weighs ``step_decay ** k``.
+        loss_gate: EAGLE-3's prediction of ``x[t + 2 + k]`` is gated by ``loss_mask[t + k + loss_gate]``.
+        draft_vocab: EAGLE-3 draft vocabulary (the most frequent tokens of the user's data; None: the
+        target's). out_of_vocab: ``drop`` positions whose target argmax is outside the draft vocabulary, or
+        ``keep`` them
+            (the target restricted to the draft vocabulary and renormalised either way).
+        head_init, head_trainable: the EAGLE-3 LM head starts ``random`` or from the ``target``'s rows; trains
+        or not. fed_state: EAGLE-3 step ``k + 1`` is fed step ``k``'s ``prenorm`` or ``postnorm`` hidden
+        state. norm_before_fc: an RMSNorm over the concatenated target layers before EAGLE-3's ``fc``.
+    """
+
+    name: str
+    method: str
+    source: str = ""
+    block_size: int = 16
+    max_anchors: int = 512
+    anchor_density: float = 1.0
+    anchor_eligibility: str = "pair"
+    anchor_margin: int = 0
+    objective: str = "data_ce"
+    slot_weights: str = "exp"
+    gamma: float = 7.0
+    dpace_alpha: float = 0.5
+    normalization: str = "weighted"
+    fused_layers: int = 5
+    layer_rule: str = "spread"
+    sliding_window: int | None = None
+    causal_in_block: bool = False
+    noise: float = 0.0
+    ttt: int = 7
+    step_decay: float = 1.0
+    loss_gate: int = 2
+    draft_vocab: int | None = None
+    out_of_vocab: str = "keep"
+    head_init: str = "target"
+    head_trainable: bool = False
+    fed_state: str = "prenorm"
+    norm_before_fc: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+    def anchor_policy(self, *, partial: bool = True) -> AnchorPolicy:
+        """The DFlash anchor rule of this recipe (:mod:`padfree.core.anchors`)."""
+        return AnchorPolicy(
+            block_size=self.block_size,
+            max_anchors=self.max_anchors,
+            density=self.anchor_density,
+            partial=partial,
+            eligibility=self.anchor_eligibility,
+            margin=self.anchor_margin,
+        )
+
+    def describe(self) -> str:
+        """One line: the recipe and the values that set the drafter's work and its loss."""
+        if self.method == "dflash":
+            w = {"exp": f"exp(-(k-1)/{self.gamma:g})", "dpace": f"D-PACE a={self.dpace_alpha:g}"}.get(
+                self.slot_weights, "uniform"
+            )
+            return (
+                f"recipe {self.name}: block {self.block_size}, anchors min(valid, {self.max_anchors})"
+                f"{'' if self.anchor_density == 1 else f' x{self.anchor_density:g}'}, {self.objective}, slot "
+                f"weights {w}, {self.normalization} mean"
+            )
+        vocab = "full vocabulary" if self.draft_vocab is None else f"draft vocabulary {self.draft_vocab}"
+        return (
+            f"recipe {self.name}: ttt {self.ttt}, step decay {self.step_decay:g}, gate loss_mask[t+k+"
+            f"{self.loss_gate}], {self.objective}, {vocab}, {self.normalization} mean"
+        )
+
+
+_CHOICES = {
+    "objective": OBJECTIVES,
+    "slot_weights": SLOT_WEIGHTS,
+    "normalization": NORMALIZATIONS,
+    "anchor_eligibility": ("pair", "self"),
+    "layer_rule": ("spread", "low_mid_high"),
+    "out_of_vocab": ("drop", "keep"),
+    "head_init": ("random", "target"),
+    "fed_state": ("prenorm", "postnorm"),
+}
+_INTS = {
+    "block_size": 2,
+    "max_anchors": 1,
+    "anchor_margin": 0,
+    "fused_layers": 1,
+    "ttt": 1,
+    "loss_gate": 0,
+}
+
+
+def _check(r: Recipe) -> None:
+    for name, choices in _CHOICES.items():
+        if getattr(r, name) not in choices:
+            raise ConfigError(
+                f"recipe {r.name}: {name} must be one of {', '.join(choices)} (got {getattr(r, name)!r})"
+            )
+    for name, low in _INTS.items():
+        v = getattr(r, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ConfigError(f"recipe {r.name}: {name} must be an integer >= {low} (got {v!r})")
+    if r.loss_gate > 2:
+        raise ConfigError(f"recipe {r.name}: loss_gate must be 0, 1 or 2 (got {r.loss_gate})")
+    for name, lo, hi, above in (
+        ("anchor_density", 0.0, 1.0, True),
+        ("gamma", 0.0, 1e9, True),
+        ("dpace_alpha", 0.0, 1.0, True),
+        ("noise", 0.0, 1e3, False),
+        ("step_decay", 0.0, 1.0, True),
+    ):
+        v = getattr(r, name)
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok or not (v > lo if above else v >= lo) or v > hi:
+            raise ConfigError(
+                f"recipe {r.name}: {name} must be a number in {'(' if above else '['}{lo:g}, {hi:g}] "
+                f"(got {v!r})"
+            )
+    for name in ("sliding_window", "draft_vocab"):
+        v = getattr(r, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(f"recipe {r.name}: {name} must be an integer >= 1 or none (got {v!r})")
+    if r.slot_weights == "dpace" and r.normalization in ("weighted",):
+        raise ConfigError(
+            f"recipe {r.name}: D-PACE weights depend on the drafter's own confidence, known only after the "
+            "forward; the weighted mean needs its denominator before it: use normalization document or "
+            "supervised"
+        )
+    if r.layer_rule == "low_mid_high" and r.fused_layers != 3:
+        raise ConfigError(
+            f"recipe {r.name}: the low_mid_high rule fuses 3 layers (got fused_layers {r.fused_layers})"
+        )
+
+
+PRESETS: dict[tuple[str, str], Recipe] = {
+    (r.name, r.method): r
+    for r in (
+        Recipe(
+            name="specforge",
+            method="dflash",
+            source="SpecForge a6b6b023: examples/configs/qwen3-8b-dflash-online.yaml; "
+            "specforge/algorithms/common/dflash_family_model.py",
+            objective="data_ce",
+            slot_weights="exp",
+            gamma=7.0,
+            normalization="weighted",
+            fused_layers=5,
+            layer_rule="spread",
+        ),
+        Recipe(
+            name="speculators",
+            method="dflash",
+            source="vllm speculators c05b95b3: train/config/schema.py; "
+            "models/dflash/{core,utils,attention}.py; losses/utils.py; train/dataloader.py",
+            anchor_eligibility="self",
+            anchor_margin=16,
+            objective="argmax_ce",
+            slot_weights="dpace",
+            dpace_alpha=0.5,
+            normalization="document",
+            fused_layers=3,
+            layer_rule="low_mid_high",
+            sliding_window=2048,
+            causal_in_block=True,
+            noise=0.05,
+        ),
+        Recipe(
+            name="specforge",
+            method="eagle3",
+            source="SpecForge a6b6b023: specforge/algorithms/eagle3/{model,data}.py; specforge/core/loss.py",
+            objective="kl",
+            normalization="positions",
+            fused_layers=3,
+            layer_rule="low_mid_high",
+            ttt=7,
+            step_decay=0.8,
+            loss_gate=0,
+            draft_vocab=32000,
+            out_of_vocab="drop",
+            head_init="random",
+            head_trainable=True,
+            fed_state="prenorm",
+        ),
+        Recipe(
+            name="speculators",
+            method="eagle3",
+            source="vllm speculators c05b95b3: models/eagle3/core.py; train/config/schema.py; "
+            "losses/utils.py; train/dataloader.py",
+            objective="kl",
+            normalization="document",
+            fused_layers=3,
+            layer_rule="low_mid_high",
+            noise=0.05,
+            ttt=3,
+            step_decay=1.0,
+            loss_gate=1,
+            draft_vocab=32000,
+            out_of_vocab="keep",
+            head_init="target",
+            head_trainable=False,
+            fed_state="postnorm",
+            norm_before_fc=True,
+        ),
+    )
+}
+"""Every preset by ``(name, method)``."""
+
+NAMES = tuple(dict.fromkeys(name for name, _ in PRESETS))
+"""The preset names (``specforge``, the default, first)."""
+
+DEFAULT = "specforge"
+
+
+def get(name: str, method: str) -> Recipe:
+    """The preset ``name`` for ``method``; anything else is a one-line :class:`ConfigError`."""
+    try:
+        return PRESETS[(name, method)]
+    except (KeyError, TypeError):
+        raise ConfigError(f"unknown recipe {name!r} for {method!r}: choose {' or '.join(NAMES)}") from None
+
+
+def override(recipe: Recipe, **changes: object) -> Recipe:
+    """``recipe`` with ``changes`` (fields by name; ``None`` values are left out, so unset CLI options change
+    nothing). Where the preset ties the anchor margin to the block (speculators), a new block size moves it
+    too. Unknown fields and bad values are one-line :class:`ConfigError`."""
+    known = {f.name for f in dataclasses.fields(Recipe)} - {"name", "method", "source"}
+    given = {k: v for k, v in changes.items() if v is not None}
+    bad = sorted(set(given) - known)
+    if bad:
+        raise ConfigError(f"recipe {recipe.name}: no field {bad[0]!r} (fields: {', '.join(sorted(known))})")
+    if "block_size" in given and "anchor_margin" not in given and recipe.anchor_margin == recipe.block_size:
+        given["anchor_margin"] = given["block_size"]
+    return dataclasses.replace(recipe, **given)  # type: ignore[arg-type]
