@@ -102,7 +102,7 @@ def main() -> int:
         print(json.dumps(launches[-1]), flush=True)
 
     records = seenlog.read(seen)
-    report = seenlog.check_exactly_once(records, args.samples, args.epochs)
+    report = seenlog.check_exactly_once(records, args.samples, args.epochs, seenlog.read_dropped(seen))
     worlds = [x["world_size"] for x in launches]
     second = [x["second_job"] for x in launches if x["second_job"]]
     refused = sum(1 for x in second if x["returncode"] != 0 and "in use by" in x["line"])

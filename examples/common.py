@@ -123,6 +123,17 @@ def planned_tokens(lengths: np.ndarray, budget: int, overlong: str) -> int:
     return int(lengths.sum())
 
 
+def dropped_samples(lengths: np.ndarray, budget: int, overlong: str) -> np.ndarray:
+    """The samples ``--overlong drop`` leaves out (those longer than the budget; none under other policies).
+
+    >>> dropped_samples(np.array([3, 10, 5]), 4, "drop").tolist(), dropped_samples(np.array([10]), 4, "split")
+    ([1, 2], array([], dtype=int64))
+    """
+    if overlong != "drop":
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.asarray(lengths) > budget).astype(np.int64)
+
+
 def overlong_line(lengths: np.ndarray, budget: int, overlong: str) -> str | None:
     """The one line that says what ``--overlong`` did to the samples longer than the budget (None when there
     are none; under ``error`` the plan has refused them already).

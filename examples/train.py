@@ -30,7 +30,9 @@ What it does, top to bottom:
   (the newest intact one) and every rank loads it; SIGTERM saves a checkpoint at the next step boundary and
   exits with code 143; under torchrun the workers die with their launcher (:mod:`padfree.torch.lifecycle`).
 - ``--seen-log FILE``: every rank appends one JSON line per consumed sample, flushed once per step:
-  ``{"run", "epoch", "step", "rank", "index"}`` (``step`` = optimizer steps since the start of training).
+  ``{"run", "epoch", "step", "rank", "index"}`` (``step`` = optimizer steps since the start of training);
+  under ``--overlong drop`` each run first says which samples it leaves out, one ``{"run", "dropped"}``
+  line each (:mod:`padfree.testing.seenlog` counts them as dropped, not lost).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import torch
 import torch.distributed as dist
 from common import (
     add_data_and_model_args,
+    dropped_samples,
     load_training_data,
     model_overrides,
     overlong_line,
@@ -225,7 +228,10 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
         return global_loss_tokens(micro_batches, device) if step_tokens is None else step_tokens
 
     parts = (sampler, loader, model, optimizer)
-    return train_loop(args, rank, device, ckpt, stop, run, parts, count, micro_step, step=step)
+    dropped = dropped_samples(lengths, args.budget, args.overlong)
+    return train_loop(
+        args, rank, device, ckpt, stop, run, parts, count, micro_step, step=step, dropped=dropped
+    )
 
 
 def resume_from(state: dict, ckpt: CheckpointDir, model, optimizer, sampler, saved=None, now=None) -> int:
@@ -254,18 +260,35 @@ def resume_from(state: dict, ckpt: CheckpointDir, model, optimizer, sampler, sav
 
 
 def train_loop(
-    args, rank, device, ckpt, stop, run, parts, count, micro_step, *, step=0, after_step=None, extra=None
+    args,
+    rank,
+    device,
+    ckpt,
+    stop,
+    run,
+    parts,
+    count,
+    micro_step,
+    *,
+    step=0,
+    after_step=None,
+    extra=None,
+    dropped=(),
 ) -> int:
     """The epochs: optimizer steps of ``micro_step(micro_batches, step_count) -> (loss_sum, tokens)`` with the
     loss normalized by ``count(micro_batches)`` (the step's loss-bearing positions on all ranks), gradient
     clipping, the seen-log, SIGTERM, checkpoints and the log; shared with ``train_drafter.py``.
     ``parts`` are ``(sampler, loader, model, optimizer)``; ``after_step(micro_batches, run, epoch, step)``
-    runs after each optimizer step (before any checkpoint of it); ``extra`` goes into every checkpoint."""
+    runs after each optimizer step (before any checkpoint of it); ``extra`` goes into every checkpoint;
+    ``dropped``: the samples the plan leaves out on purpose (``--overlong drop``), said once in the seen-log
+    so its check does not count them lost."""
     log = print if rank == 0 else (lambda *a, **k: None)
     sampler, loader, model, optimizer = parts
     if args.seen_log:
         Path(args.seen_log).parent.mkdir(parents=True, exist_ok=True)
     seen = os.open(args.seen_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.seen_log else None
+    if seen is not None and rank == 0:
+        seenlog.append_dropped(seen, run, dropped)
     t_last, tokens_since, done = time.perf_counter(), 0, False
     t_train = t_last
     for epoch in range(sampler.epoch, args.epochs):

@@ -38,7 +38,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import add_data_and_model_args, load_training_data, parser, plan_config, run_example
+from common import (
+    add_data_and_model_args,
+    dropped_samples,
+    load_training_data,
+    parser,
+    plan_config,
+    run_example,
+)
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from train import add_run_args, resume_from, setup_distributed, shared_run_id, train_loop
@@ -232,6 +239,7 @@ def train(args, rank, world, device, ckpt, stop) -> int:
 
     try:
         parts = (sampler, loader, drafter, optimizer)
+        dropped = dropped_samples(lengths, args.budget, args.overlong)
         code = train_loop(
             args,
             rank,
@@ -245,6 +253,7 @@ def train(args, rank, world, device, ckpt, stop) -> int:
             step=step,
             after_step=log_anchors,
             extra={"drafter": identity},
+            dropped=dropped,
         )
         peak = drafter_memory.peak_resident_bytes()
         log(f"peak memory {peak / 2**30:.2f} GiB (this process's high-water mark)")

@@ -259,7 +259,13 @@ def test_a_fifo_or_device_as_any_input_is_refused_without_blocking(lengths_txt, 
             ["lengths", lengths_txt, "--tokenizer", "/dev/zero", "--out", tmp_path / "o.npy"],
             r"tokenizer is not",
         ),
+        (["check-drafter", "--data", fifo, "--tokenizer", sp_model], r"not a regular file"),
     ]
+    # check-drafter checks its tokenizer as `padfree lengths` does (issue 28: a FIFO named like one hung it)
+    for name in ("tok.model", "tokenizer.json"):
+        os.mkfifo(tmp_path / name)
+        argv = ["check-drafter", "--data", lengths_txt, "--tokenizer", tmp_path / name]
+        cases.append((argv, r"tokenizer is not a regular file"))
     for argv, rule in cases:  # a real process each: a bug would block, and the timeout would say so
         res = _proc(argv, timeout=60)
         assert res.returncode == 2 and len(res.stderr.splitlines()) == 1, res.stderr

@@ -9,10 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from padfree import PlanConfig
+from padfree import PlanConfig, make_plan
 from padfree.core import _kernels
 from padfree.core.balance import Balance, dynamic_budget, step_layout
 from padfree.core.budget import Budget
+from padfree.core.config import DEFAULT_COST
 from padfree.core.cost import Coefficients, micro_costs, micro_shapes
 from padfree.core.refit import fit, nnls3, rank_stats, relative_error
 from padfree.errors import ConfigError
@@ -256,3 +257,54 @@ def test_padded_recut_against_brute_force_row_moves():
         assert best - 1e-9 <= got <= assigned + 1e-9
         hits.append(got / best)
     assert np.median(hits) < 1.3  # measured 1.19: tiny steps leave row moves little room
+
+
+CHAT_SETS = ("hh_rlhf_harmless_test", "gsm8k", "gpteacher_codegen", "gpteacher_roleplay_toolformer",
+             "humaneval", "self_instruct_t0")  # fmt: skip
+
+
+def test_bucketed_ranks_are_even_on_the_held_out_chat_sets_at_4x2(fixtures_dir):
+    """Issue 28: with steps composed by length quantile, a step's share of a lone long sample or of an
+    uneven cut left one rank short: at 4 ranks x 2, budget 8192, over every chat set (both tokenizers, whole
+    samples and loss-bearing lengths), seeds 0-4, epochs 0-1, the worst epoch was 1.060 (humaneval) and
+    the mean 1.0136. Evening each step's ranks (steps.even_ranks) gives 1.033 at worst (self_instruct_t0,
+    whose longest quantile holds lone samples of 4-7K tokens: composition-limited) and 1.0073 on average."""
+    from padfree.core.metrics import imbalance
+
+    got = {}
+    for name in CHAT_SETS:
+        for kind in ("cl100k", "mistral_v1", "cl100k.assistant", "mistral_v1.assistant"):
+            lengths = np.load(fixtures_dir / "lengths" / f"{name}.{kind}.npy").astype(np.int64)
+            for seed in range(5):
+                cfg = PlanConfig(strategy="bucketed", budget=8192, world_size=4, grad_accum=2, seed=seed,
+                                 cost=DEFAULT_COST)  # fmt: skip
+                for epoch in (0, 1):
+                    got[(name, kind, seed, epoch)] = imbalance(make_plan(lengths, cfg, epoch))
+    worst = max(got, key=got.__getitem__)
+    assert got[worst] < 1.04, (worst, got[worst])
+    assert np.mean(list(got.values())) < 1.01
+
+
+@pytest.mark.parametrize("name", ["hh_rlhf_harmless_test.cl100k", "humaneval.mistral_v1", "gsm8k.cl100k"])
+def test_evening_the_ranks_keeps_every_step_and_its_padding(fixtures_dir, monkeypatch, name):
+    """Rows move only between the micro-batches of their step, and only where the slowest rank gets faster:
+    each step holds the same samples as before (the step mixing is untouched), padding barely moves."""
+    from padfree.core import steps
+    from padfree.core.metrics import plan_metrics
+
+    lengths = np.load(fixtures_dir / "lengths" / f"{name}.npy").astype(np.int64)
+    cfg = PlanConfig(strategy="bucketed", budget=8192, world_size=4, grad_accum=2, seed=3, cost=DEFAULT_COST)
+    even = make_plan(lengths, cfg, 1)
+    monkeypatch.setattr(steps, "EVEN_TOLERANCE", float("inf"))
+    assigned = make_plan(lengths, cfg, 1)
+    k = cfg.micro_per_step
+    for s in range(even.n_steps):
+        a, b = int(even.offsets[s * k]), int(even.offsets[(s + 1) * k])
+        assert a == int(assigned.offsets[s * k]) and b == int(assigned.offsets[(s + 1) * k])
+        assert np.array_equal(np.sort(even.indices[a:b]), np.sort(assigned.indices[a:b]))
+    rc_even, rc_assigned = even.rank_costs(), assigned.rank_costs()
+    assert (rc_even.max(axis=1) <= rc_assigned.max(axis=1)).all()  # no step's slowest rank got slower
+    m_even, m_assigned = plan_metrics(even), plan_metrics(assigned)
+    assert m_even["step_divergence"] == m_assigned["step_divergence"]
+    assert m_even["imbalance"] < m_assigned["imbalance"]
+    assert m_even["padding_efficiency"] > m_assigned["padding_efficiency"] - 0.01

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from padfree.core import _kernels
-from padfree.core.buckets import growth_edges, optimal_edges, padding_of_edges
+from padfree.core.buckets import bucket_of, growth_edges, optimal_edges, padding_of_edges
 from padfree.core.steps import quantile_steps, spread_tail, stratified_order
 
 
@@ -141,3 +141,68 @@ def test_quantile_steps_give_every_step_one_micro_batch_per_quantile(m):
     if m % k:
         tail = length[order[offs[body * k] :]]
         assert tail.max() - tail.min() >= 10 * (m - m // 4)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 6)), min_size=0, max_size=300),
+    st.sampled_from(["grouped", "scattered", "not finite"]),
+)
+def test_argsort_in_groups_is_the_stable_argsort(pairs, case):
+    """Keys that follow their groups (the bucketed sort key: bucket * span + position), with many ties, or
+    keys that do not (then the whole array is merge-sorted): the order is ``np.argsort(kind="stable")``."""
+    group = np.array([g for g, _ in pairs], dtype=np.int64)
+    inner = np.array([v for _, v in pairs], dtype=np.float64) / 3.0
+    key = group * 10.0 + inner
+    if case == "scattered":
+        key = inner - group
+    elif case == "not finite" and key.size:
+        key[key.size // 2] = np.inf
+    got = _kernels.argsort_in_groups(key, group, 6)
+    assert np.array_equal(got, np.argsort(key, kind="stable"))
+
+
+def test_argsort_in_groups_on_a_crowded_group_and_bucket_of_through_its_table():
+    rng = np.random.default_rng(4)
+    group = np.sort(rng.integers(0, 3, 20_000))
+    key = group * 1e6 + np.where(group == 1, rng.integers(0, 3, group.size), rng.random(group.size) * 1e5)
+    assert np.array_equal(_kernels.argsort_in_groups(key, group, 3), np.argsort(key, kind="stable"))
+    lengths = rng.integers(1, 5000, 30_000)
+    edges = growth_edges(lengths, 1.25, 0.3)
+    assert np.array_equal(bucket_of(lengths, edges), np.searchsorted(edges, lengths, side="left"))
+    few = np.array([7, 90_000])  # a table as long as the longest would outgrow the lengths: searchsorted
+    assert bucket_of(few, np.array([10, 100_000])).tolist() == [0, 1]
+
+
+def test_even_padded_steps_is_recut_padded_at_equal_speeds_kept_when_faster():
+    """Each step re-cut as ``recut_padded`` re-cuts it for equal speeds, and kept only where the slowest rank
+    gets cheaper (its shortcut, no room for the slowest rank's shortest movable row, gives the same)."""
+    rng = np.random.default_rng(0)
+    cost = np.array([1.0, 2e-5, 3.0])
+    recut = 0
+    for _ in range(400):
+        w, g = int(rng.integers(2, 5)), int(rng.integers(1, 4))
+        k, budget = w * g, int(rng.choice([64, 256, 1024]))
+        counts = rng.integers(0, 6, k)
+        tops = [int(rng.integers(1, budget // max(1, c) + 1)) for c in counts]
+        lens = np.concatenate(
+            [rng.integers(max(1, t // 2), t + 1, c) for t, c in zip(tops, counts, strict=True)]
+        )
+        offs = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        perm, new = _kernels.even_padded_steps(lens, offs, w, g, budget, cost, 0.0)
+
+        def rank_loads(bin_of, lens=lens, g=g, k=k):
+            longest = np.zeros(k, np.int64)
+            np.maximum.at(longest, bin_of, lens)
+            per = np.bincount(bin_of, minlength=k) * (cost[0] * longest + cost[1] * longest**2) + cost[2]
+            return per.reshape(-1, g).sum(axis=1)
+
+        bins = np.repeat(np.arange(k), counts)
+        moved = _kernels.recut_padded(lens, offs, np.ones(w), g, budget, cost)
+        before = rank_loads(bins)
+        if lens.size >= 2 and before.max() > before.mean() and rank_loads(moved).max() < before.max():
+            recut += 1
+            assert np.array_equal(perm, np.argsort(moved, kind="stable"))
+            assert np.array_equal(new, np.concatenate(([0], np.cumsum(np.bincount(moved, minlength=k)))))
+        else:
+            assert np.array_equal(perm, np.arange(lens.size)) and np.array_equal(new, offs)
+    assert recut > 50

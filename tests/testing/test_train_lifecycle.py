@@ -18,11 +18,13 @@ TINY = ["--vocab-size", "512", "--model-set", "hidden_size=32", "--model-set", "
         "--model-set", "num_key_value_heads=2"]  # fmt: skip
 
 
-def _args(tmp_path: Path, fixtures_dir: Path, n: int, epochs: int = 1) -> list[str]:
+def _args(
+    tmp_path: Path, fixtures_dir: Path, n: int, epochs: int = 1, overlong: str = "truncate"
+) -> list[str]:
     return [
         "--data", str(fixtures_dir / "samples/*.jsonl.gz"),
         "--tokenizer", str(fixtures_dir / "tokenizers/llama_sp32k.model"),
-        "--strategy", "packed", "--budget", "256", "--overlong", "truncate", "--grad-accum", "2",
+        "--strategy", "packed", "--budget", "256", "--overlong", overlong, "--grad-accum", "2",
         "--epochs", str(epochs),
         "--limit-samples", str(n), "--seed", "5", "--checkpoint-dir", str(tmp_path / "ckpt"),
         "--checkpoint-every", "4", "--seen-log", str(tmp_path / "seen.jsonl"), "--resume",
@@ -44,6 +46,20 @@ def test_sigterm_checkpoints_at_the_next_step_and_the_resume_loses_nothing(tmp_p
     assert report["ok"] and report["records"] == report["counted"] == n, report  # nothing redone
     runs = list(dict.fromkeys(r["run"] for r in records))
     assert min(r["step"] for r in records if r["run"] == runs[1]) == stopped_at
+
+
+def test_a_run_that_drops_overlong_samples_is_exactly_once_over_the_kept_ones(tmp_path, fixtures_dir):
+    # issue 28: the seen-log reported the samples --overlong drop leaves out as lost
+    n, seen, out = 160, tmp_path / "seen.jsonl", tmp_path / "train.out"
+    args = _args(tmp_path, fixtures_dir, n, overlong="drop")
+    first = killresume.run(TRAIN, 1, args, seen, kill_at_step=3, output=out)
+    second = killresume.run(TRAIN, 2, args, seen, output=out)
+    assert first.killed and not second.killed, out.read_text()[-3000:]
+    dropped = seenlog.read_dropped(seen)
+    assert len(dropped) > 0 and f"--overlong drop: {len(dropped)} of {n} samples" in out.read_text()
+    report = seenlog.check_exactly_once(seenlog.read(seen), n, epochs=1, dropped=dropped)
+    assert report["ok"] and report["dropped"] == len(dropped), report
+    assert report["counted"] == n - len(dropped), report  # nothing redone, nothing dropped trained
 
 
 def test_killing_only_the_launcher_stops_the_workers_and_the_resume_is_exactly_once(tmp_path, fixtures_dir):

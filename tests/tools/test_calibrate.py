@@ -169,3 +169,32 @@ def test_fit_keeps_a_per_token_cost_on_pure_overhead():
     cal_pred = design(shapes) @ np.array([a, b, c])
     assert np.all(cal_pred > 0)
     assert a * 1024 > 1e-6 * 0.5  # the slots term is not a rounding-error zero
+
+
+def test_cli_lengths_are_checked_and_used_with_quick_too(tmp_path, monkeypatch, capsys):
+    # issue 28: --quick dropped --lengths unread: 70 values (the bound is 64) or one above the budget passed
+    import padfree.tools.calibrate as cal_mod
+
+    out = str(tmp_path / "c.json")
+    many = ",".join(str(v) for v in range(1, 71))
+    cases = [
+        (["--quick", "--lengths", many], "--lengths takes 1 to 64 comma-separated values (got 70)"),
+        (["--quick", "--lengths", "32,512"], "--lengths: 512 is above the budget 256"),
+        (["--lengths", "64,2048", "--budget", "1024"], "--lengths: 2048 is above the budget 1024"),
+    ]
+    monkeypatch.setattr(cal_mod, "torch_train_step", lambda *a, **k: pytest.fail("built a model"))
+    for args, message in cases:
+        assert main(["calibrate", *args, "--device", "cpu", "--out", out]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and message in err[0], err
+    seen: dict = {}
+
+    def fake_calibrate(step, budget, lengths, **kw):  # what would be timed, then stop
+        seen.update(budget=budget, lengths=list(lengths))
+        raise ConfigError("stopped before timing")
+
+    monkeypatch.setattr(cal_mod, "torch_train_step", lambda *a, **k: None)
+    monkeypatch.setattr(cal_mod, "calibrate", fake_calibrate)
+    assert main(["calibrate", "--quick", "--lengths", "32,128", "--device", "cpu", "--out", out]) == 2
+    assert "stopped before timing" in capsys.readouterr().err
+    assert seen == {"budget": 256, "lengths": [32, 128]}

@@ -239,3 +239,21 @@ def test_timed_stops_at_the_last_gradient_and_gpu_timings_wait_until_they_comple
     with pytest.raises(Exception, match="seconds as a number"):
         d.yielded(("e", 0, 3), 1.0, 1.0)
         d.record("0.5")
+
+
+def test_an_empty_micro_batch_a_loop_skipped_reports_no_time_and_is_kept():
+    """Issue 28: a training loop that skips an empty micro-batch (a slow rank's share re-cut to nothing)
+    reports 0 s. The screen, which wants times > 0, dropped it, and with nothing saying what a micro-batch
+    costs with nothing in it the refit's fixed cost ``c`` floated up on noise (0.17-0.29 s a micro-batch in
+    dynamic_balance --quick, where it had found 0, its held-out error 0.13-0.35 instead of 0.07-0.09). It is
+    kept; 0 s for a micro-batch with rows is still dropped, and no rank can send one that others keep."""
+    from padfree.core import refit
+    from padfree.torch._balance import DynamicBalancer
+
+    d = DynamicBalancer(2, 8, (1.0, 1.0), exchange=lambda p: np.stack([p, p]))
+    for i, (slots, attn, sec) in enumerate([(0.0, 0.0, 0.0), (20.0, 400.0, 0.5), (10.0, 100.0, 0.0)]):
+        d.yielded(("e", 0, i), slots, attn)
+        d.record(sec)
+    assert d._ready().tolist() == [[0.0, 0.0, 0.0], [20.0, 400.0, 0.5]] and d.dropped == 1
+    rows = np.array([[0, 0.0, 0.0, 0.0], [1, 10.0, 100.0, 0.0], [1, 0.0, 0.0, -1.0], [0, 20.0, 400.0, 0.5]])
+    assert refit.valid_records(rows).tolist() == [[0, 0.0, 0.0, 0.0], [0, 20.0, 400.0, 0.5]]

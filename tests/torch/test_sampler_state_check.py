@@ -5,7 +5,9 @@ writes, after any recorded times (absurd ones included), loads back and runs eve
 import copy
 import json
 import math
+import warnings
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from padfree import PlanConfig, StateError, make_plan
 from padfree.core import refit
 from padfree.core.balance import Balance
 from padfree.core.state_check import seal
-from padfree.errors import ConfigError
+from padfree.errors import ConfigError, StateWarning
 from padfree.testing.threadranks import Board, run_ranks
 from padfree.torch import PlanBatchSampler
 
@@ -327,3 +329,29 @@ def test_a_state_nested_thousands_deep_is_one_line(mid_state):
         with pytest.raises(StateError, match="not plain JSON data") as exc:
             load(state)
         assert "\n" not in str(exc.value)
+
+
+def test_a_state_without_a_digest_continues_at_a_step_boundary_and_is_refused_mid_step():
+    # issue 28: docs/errors.md said such a state is accepted; mid-step it was refused, as "edited mid-step"
+    # after a warning that it had been accepted. A state written before digests also lacks `taken`.
+    lengths = np.random.default_rng(5).integers(1, 300, 200)
+    cfg = PlanConfig(strategy="packed", budget=600, grad_accum=2, seed=2)
+    s = PlanBatchSampler(lengths, cfg, rank=0, world_size=2)
+    it = iter(s)
+    next(it)
+    mid = {k: v for k, v in s.state_dict().items() if k not in ("digest", "taken")}
+    next(it)
+    boundary = {k: v for k, v in s.state_dict().items() if k != "digest"}
+    t = PlanBatchSampler(lengths, cfg, rank=0, world_size=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # refused outright: no "accepted without a digest" warning first
+        with pytest.raises(StateError) as exc:
+            t.load_state_dict(mid)
+    message = str(exc.value)
+    assert "\n" not in message and "edited" not in message, message
+    assert message.startswith("a sampler state saved mid-step by an earlier padfree"), message
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "errors.md").read_text().split())
+    assert "saved mid-step (`partial` above 0) is refused" in doc and message.split(" (")[0] in doc
+    with pytest.warns(StateWarning, match="no digest"):
+        t.load_state_dict(boundary)
+    assert [list(m) for m in t] == [list(m) for m in it]

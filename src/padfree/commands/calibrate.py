@@ -44,7 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     add_number(p, "--budget", None, "slots of the largest shape (default 1024 on cpu, 16384 on cuda)")
     p.add_argument(
-        "--lengths", default=None, help="comma-separated row lengths (default: 64, 128, ... <= 4096)"
+        "--lengths",
+        default=None,
+        help="comma-separated row lengths, 1 to 64 of them, none above the budget (default: 64, 128, ... "
+        "<= 4096; --quick: 32, 64, 128, 256)",
     )
     add_number(p, "--repeats", 3, "timed steps per shape, median kept (default 3)")
     add_number(p, "--warmup", 1, "untimed steps per shape first (default 1)")
@@ -76,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     from padfree.tools.simulate import HELD_OUT_WARN
 
     check_output(args.out, "the cost model")
+    # read before anything is built, with --quick too (it used to drop them unread)
+    asked = list(bounded_list(args.lengths, BUDGET, "--lengths", most=64)) if args.lengths else None
     try:
         import torch
     except ImportError:
@@ -97,10 +102,16 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         budget = args.budget or (16384 if device.startswith("cuda") else 1024)
-        lengths = list(bounded_list(args.lengths, BUDGET, "--lengths", most=64)) if args.lengths else None
-        lengths = lengths or default_lengths(budget)
+        lengths = default_lengths(budget)
     if args.budget and args.quick:
         budget = args.budget
+    if asked is not None:
+        lengths = asked
+        over = [v for v in asked if v > budget]
+        if over:
+            raise ConfigError(
+                f"--lengths: {over[0]} is above the budget {budget} (a row must fit the budget)"
+            )
     anchors_per_token = None
     if args.drafter is not None:
         from padfree.tools.calibrate import torch_drafter_step

@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from pathlib import Path
 
 from padfree.commands.common import (
     Bounded,
     add_output_options,
     add_recipe_arguments,
+    check_input,
     recipe_from_args,
 )
 from padfree.drafter.methods import METHODS
@@ -88,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if (args.data is None) != (args.tokenizer is None):
         raise ConfigError("check-drafter: --data and --tokenizer go together")
+    if args.tokenizer is not None:  # as `padfree lengths`: a FIFO or device would block its reader
+        check_input(Path(args.tokenizer), "tokenizer")
     if args.data is None:
         samples = fixture_documents(args.docs, args.max_tokens)
         source = "bundled fixtures (chats and documents, llama_sp32k)"

@@ -197,6 +197,103 @@ def counting_argsort(keys: np.ndarray, n_keys: int) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
+def bucket_keys(
+    length: np.ndarray,
+    b: np.ndarray,
+    u: np.ndarray,
+    tok_less: np.ndarray,
+    per_len: np.ndarray,
+    bucket_start: np.ndarray,
+    w_b: np.ndarray,
+    span: float,
+) -> np.ndarray:
+    """The bucketed sort key of every item, in one pass: ``b * span + x + w_b[b] * u[1]`` with ``x =
+    tok_less[length] - bucket_start[b] + u[0] * (per_len[length] * length)`` (``padfree.core.batching.
+    bucketed_batches`` says what they are), each operation as numpy does it on whole arrays."""
+    n = length.shape[0]
+    key = np.empty(n)
+    for i in range(n):
+        ln = length[i]
+        g = b[i]
+        x = (float(tok_less[ln]) - bucket_start[g]) + u[0, i] * float(per_len[ln] * ln)
+        key[i] = (float(g) * span + x) + w_b[g] * u[1, i]
+    return key
+
+
+@njit(cache=True, nogil=True)
+def argsort_in_groups(key: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
+    """``np.argsort(key, kind="stable")`` in expected O(n) when the keys follow their groups (every key of
+    group ``g`` below every key of group ``g + 1``; ``group`` in ``0 .. n_groups - 1``): items are dealt to
+    bins, each group's own bins spanning its keys (a monotone map of the key, so bins are in key order,
+    about 8 items a bin), then each bin is sorted stably (insertion sort, merge sort when large). Keys that
+    do not follow their groups, or are not finite, get the merge sort of the whole array."""
+    n = key.shape[0]
+    first = np.zeros(n_groups + 1, np.int64)  # bins of group g: first[g] .. first[g+1]-1
+    lo = np.full(n_groups, np.inf)
+    hi = np.full(n_groups, -np.inf)
+    for i in range(n):
+        g = group[i]
+        first[g + 1] += 1
+        k = key[i]
+        if not (k > -np.inf and k < np.inf):
+            return np.argsort(key, kind="mergesort")
+        if k < lo[g]:
+            lo[g] = k
+        if k > hi[g]:
+            hi[g] = k
+    prev = -np.inf
+    scale = np.zeros(n_groups)
+    for g in range(n_groups):
+        size = first[g + 1]
+        if size > 0:
+            if not lo[g] > prev:
+                return np.argsort(key, kind="mergesort")
+            prev = hi[g]
+        n_bins = (size + 7) // 8
+        if hi[g] > lo[g]:
+            scale[g] = n_bins / (hi[g] - lo[g])
+        first[g + 1] = first[g] + n_bins
+    total = first[n_groups]
+    bin_of = np.empty(n, np.int64)
+    ends = np.zeros(total + 1, np.int64)
+    for i in range(n):
+        g = group[i]
+        j = first[g] + min(int((key[i] - lo[g]) * scale[g]), first[g + 1] - first[g] - 1)
+        bin_of[i] = j
+        ends[j + 1] += 1
+    for j in range(total):
+        ends[j + 1] += ends[j]
+    out = np.empty(n, np.int64)
+    sorted_key = np.empty(n, key.dtype)
+    fill = ends[:total].copy()
+    for i in range(n):
+        j = bin_of[i]
+        out[fill[j]] = i
+        sorted_key[fill[j]] = key[i]
+        fill[j] += 1
+    for j in range(total):
+        a, e = ends[j], ends[j + 1]
+        if e - a > 64:
+            inner = np.argsort(sorted_key[a:e], kind="mergesort")
+            part = out[a:e][inner]
+            keys = sorted_key[a:e][inner]
+            out[a:e] = part
+            sorted_key[a:e] = keys
+        else:
+            for t in range(a + 1, e):  # insertion sort: stable, the deal kept index order
+                x = out[t]
+                kx = sorted_key[t]
+                u = t
+                while u > a and sorted_key[u - 1] > kx:
+                    out[u] = out[u - 1]
+                    sorted_key[u] = sorted_key[u - 1]
+                    u -= 1
+                out[u] = x
+                sorted_key[u] = kx
+    return out
+
+
+@njit(cache=True, nogil=True)
 def gather_segments(values: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tuple:
     """Concatenate segments ``values[offsets[j]:offsets[j+1]]`` for ``j`` in ``order``.
 
@@ -505,6 +602,98 @@ def recut_padded(
 
 
 @njit(cache=True, nogil=True)
+def even_padded_steps(
+    lens: np.ndarray, offsets: np.ndarray, world: int, accum: int, budget: int, cost: np.ndarray, tol: float
+) -> tuple:
+    """Even out the ranks of every assigned padded step of equal-speed ranks by moving whole rows.
+
+    Step ``s`` is micro-batches ``s*world*accum ..`` of ``offsets`` (rank ``r`` owns its ``r``-th ``accum``
+    of them), a micro-batch costing ``count * (a*L + b*L*L) + c`` (``cost = (a, b, c)``, ``L`` its longest).
+    A step whose slowest rank costs more than ``1 + tol`` times the mean is re-cut by :func:`recut_padded`
+    at equal speeds (every micro-batch within ``count * longest <= budget``), and the re-cut kept only when
+    it lowers the slowest rank's cost. The step keeps its rows (only their micro-batches change), each
+    micro-batch its rows' order. Returns ``(perm, new_offsets)``: the rows in their new order (indices into
+    ``lens``) and the new micro-batch boundaries.
+    """
+    a, b, c = cost[0], cost[1], cost[2]
+    k = world * accum
+    n_steps = (offsets.shape[0] - 1) // k
+    perm = np.arange(lens.shape[0])
+    new_off = offsets.copy()
+    ones = np.ones(world)
+    load = np.empty(world)
+    local = np.empty(k + 1, np.int64)
+    longest_q = np.empty(k, np.int64)
+    shortest_q = np.empty(k, np.int64)
+    for s in range(n_steps):
+        base = offsets[s * k]
+        end = offsets[(s + 1) * k]
+        if end - base < 2:
+            continue
+        load[:] = 0.0
+        for q in range(k):
+            s0, e0 = offsets[s * k + q], offsets[s * k + q + 1]
+            longest = 0
+            shortest = budget + 1
+            for i in range(s0, e0):
+                if lens[i] > longest:
+                    longest = lens[i]
+                if lens[i] < shortest:
+                    shortest = lens[i]
+            longest_q[q] = longest
+            shortest_q[q] = shortest
+            load[q // accum] += (e0 - s0) * (a * longest + b * longest * longest) + c
+        before = load.max()
+        if not before > (1.0 + tol) * load.mean():
+            continue
+        # the re-cut's first move takes a shortest row of one of the slowest rank's micro-batches (one that
+        # keeps another row); where no micro-batch of another rank has room for the shortest of them, it
+        # makes none (the same answer, without the re-cut's set-up)
+        slow = int(np.argmax(load))
+        movable = budget + 1
+        for q in range(slow * accum, (slow + 1) * accum):
+            if offsets[s * k + q + 1] - offsets[s * k + q] >= 2 and shortest_q[q] < movable:
+                movable = shortest_q[q]
+        room = False
+        for q in range(k):
+            if q // accum != slow:
+                ld = longest_q[q] if longest_q[q] > movable else movable
+                if (offsets[s * k + q + 1] - offsets[s * k + q] + 1) * ld <= budget:
+                    room = True
+                    break
+        if not room:
+            continue
+        for q in range(k + 1):
+            local[q] = offsets[s * k + q] - base
+        part = lens[base:end]
+        bin_of = recut_padded(part, local, ones, accum, budget, cost)
+        count = np.zeros(k, np.int64)
+        longest_b = np.zeros(k, np.int64)
+        for i in range(end - base):
+            q = bin_of[i]
+            count[q] += 1
+            if part[i] > longest_b[q]:
+                longest_b[q] = part[i]
+        load[:] = 0.0
+        for q in range(k):
+            ln = longest_b[q]
+            load[q // accum] += count[q] * (a * ln + b * ln * ln) + c
+        if not load.max() < before:
+            continue
+        fill = np.empty(k, np.int64)
+        fill[0] = base
+        for q in range(1, k):
+            fill[q] = fill[q - 1] + count[q - 1]
+        for q in range(k):
+            new_off[s * k + q + 1] = fill[q] + count[q]
+        for i in range(end - base):  # stable: each micro-batch keeps its rows' order
+            q = bin_of[i]
+            perm[fill[q]] = base + i
+            fill[q] += 1
+    return perm, new_off
+
+
+@njit(cache=True, nogil=True)
 def permute_in_place(values: np.ndarray, order: np.ndarray, seen: np.ndarray) -> None:
     """``values[i] = values[order[i]]`` (the values before) for every ``i``, in place, cycle by cycle.
 
@@ -560,9 +749,16 @@ def _even_segment(
     larger of the two costs (the greedy cut leaves its slack at the end). Writes piece ends to ``out[k:]``
     and returns the new ``k``; the caller checks that the greedy cut under ``budget`` fits ``max_pieces``."""
     lo = 1
+    total = 0
     for i in range(a, e):
+        total += lens[i]
         if lens[i] > lo:
             lo = lens[i]
+    # a piece costs at least the sum of its lengths: no limit below total / max_pieces fits (same answer,
+    # fewer rounds)
+    least = (total + max_pieces - 1) // max_pieces
+    if least > lo:
+        lo = least if least < budget else budget
     hi = budget
     while lo < hi:
         mid = (lo + hi) // 2

@@ -218,7 +218,8 @@ def step_layout(
     micro-batches (starting at 0); ``config`` is the segment's and ``budget`` its
     :class:`~padfree.core.budget.Budget` (default ``Budget.of(config)``): a re-cut bin holds up to its
     ``item`` (a drafter plan's, up to its ``cap``, the tokens its item sizes are counted in). With the plan's
-    cost model, no speeds and no re-cut this is exactly what :func:`padfree.core.plan.plan_items` assigns.
+    cost model, no speeds and no re-cut this is exactly what :func:`padfree.core.plan.plan_items` gives the
+    step: assigned, and, bucketed, its ranks evened out (:func:`padfree.core.steps.even_ranks`).
     ``anchors`` (a drafter plan's, in the order of ``lens``) enter the costs, and a packed re-cut keeps
     every bin within the anchor budget (:mod:`padfree.core.capacity`); padded drafter steps are assigned,
     not re-cut.
@@ -237,11 +238,14 @@ def step_layout(
     perm = steps.assign_ranks(costs, w, g, speeds=None if balance.speeds is None else speeds)
     ids = np.arange(lens.shape[0], dtype=np.int64)
     order, new_offsets = _kernels.gather_segments(ids, offsets.astype(np.int64), perm)
+    budget = Budget.of(config) if budget is None else budget
+    drafting = anchors is not None or capacity.bounded(config)
+    if not balance.recut and balance.speeds is None and steps.evens_ranks(config, drafting) and lens.size:
+        evened = steps.even_ranks(lens[order], new_offsets, config, tuple(balance.cost), budget.cap)
+        return order[evened[0]], evened[1]  # what plan_items gives a bucketed step of equal ranks
     if not (balance.recut and w > 1 and lens.size):
         return order, new_offsets
-    budget = Budget.of(config) if budget is None else budget
     assigned = (costs[perm].reshape(w, g).sum(axis=1) / speeds).max()
-    drafting = anchors is not None or capacity.bounded(config)
     cap = budget.cap if drafting else budget.item
     if not config.packed:
         if drafting:

@@ -140,10 +140,10 @@ def bucketed_batches(
     bucket_tokens = np.bincount(b, weights=length, minlength=n_buckets)
     bucket_start = np.concatenate(([0.0], np.cumsum(bucket_tokens)))[:-1]
     u = rng.random((2, n))
-    x = tok_less[length] - bucket_start[b] + u[0] * (per_len[length] * length)
     span = float(bucket_tokens.max() + w_b.max()) + 1.0
-    key = b * span + x + w_b[b] * u[1]
-    order = np.argsort(key, kind="stable")
+    # b * span + x + w_b[b] * u[1], x = tok_less[length] - bucket_start[b] + u[0] * per_len[length] * length
+    key = _kernels.bucket_keys(length, b, u, tok_less, per_len, bucket_start, w_b, span)
+    order = _kernels.argsort_in_groups(key, b, n_buckets)  # np.argsort(key, kind="stable"), in O(n)
     offsets = _kernels.cut_even(length[order], b[order], int(budget), False)
     strata = b[order[offsets[:-1]]]
     return Formed(order, offsets, strata, used_edges)

@@ -79,5 +79,13 @@ def jitter_edges(edges: np.ndarray, rng: np.random.Generator, spread: float) -> 
 
 
 def bucket_of(lengths: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Bucket index of each length under upper ``edges``."""
+    """Bucket index of each length under upper ``edges`` (``np.searchsorted(edges, lengths)``; through a
+    table of every length up to the longest when that table is no larger than the lengths themselves).
+
+    >>> bucket_of(np.array([1, 4, 5, 9]), np.array([4, 8, 16])).tolist()
+    [0, 0, 1, 2]
+    """
+    top = int(lengths.max()) + 1 if lengths.size else 0
+    if 0 < top <= lengths.shape[0] and int(lengths.min()) >= 0:
+        return np.searchsorted(edges, np.arange(top), side="left").astype(np.int64)[lengths]
     return np.searchsorted(edges, lengths, side="left").astype(np.int64)

@@ -300,6 +300,9 @@ def plan_items(
         perm = steps.assign_ranks(cost.micro_costs(shapes, config.cost), config.world_size, config.grad_accum)
         order, offsets = _kernels.gather_segments(order, offsets, perm)
         lens = length[order]
+        if steps.evens_ranks(config, items.anchors is not None or capacity.bounded(config)):
+            rows, offsets = steps.even_ranks(lens, offsets, config, config.cost.coefficients, cap)
+            order, lens = order[rows], lens[rows]
         anchors = None if items.anchors is None else items.anchors[order]
         cached = None
     sample_ids = order if items.sample is None else items.sample[order]

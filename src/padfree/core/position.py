@@ -94,7 +94,8 @@ def from_state(
     Every field is checked first (one :class:`StateError` line naming the field): integers are integers in
     range, each segment's budget one of ``budgets(world_size)`` (the budgets the loading config gives, see
     :func:`padfree.core.state_check.segment_budgets`), the balance within its bounds; then the digest (a state
-    without one, written before digests, is accepted with a :class:`~padfree.errors.StateWarning`). A state of
+    without one, written before digests, is accepted at a step boundary with a
+    :class:`~padfree.errors.StateWarning`, and refused mid-step: it does not record ``taken``). A state of
     another config says which field differs when it records its ``identity`` and ``identity`` is given.
 
     At another shape (a step boundary only) a segment is appended: the rest of the epoch is re-planned over
@@ -156,7 +157,14 @@ def from_state(
         )
     if steps is not None:
         check_steps(Position(epoch, history, partial, balance), steps(epoch, history))
-    if not check_digest(state):
+    sealed = check_digest(state)
+    if partial and not sealed and "taken" not in state:  # written before digests and `taken` (issue 20)
+        raise StateError(
+            "a sampler state saved mid-step by an earlier padfree (no record of the step's micro-batches "
+            "already handed out, no digest) cannot be continued exactly: resume from a checkpoint at a step "
+            "boundary or start the epoch again"
+        )
+    if not sealed:
         warnings.warn(
             "the sampler state has no digest (it was written before sampler states carried one): its "
             "fields were checked, but an edit that keeps them plausible cannot be detected",

@@ -118,16 +118,22 @@ def rate(seconds: float, slots: float, budget: float) -> float:
     return seconds / max(slots / budget, MIN_SHARE)
 
 
-def screen(seconds: float, rate_now: float, recent: list[float]) -> str | None:
+def screen(seconds: float, rate_now: float, recent: list[float], empty: bool = False) -> str | None:
     """Why a measured time must be dropped (``None``: keep it): non-finite, <= 0, below :data:`MIN_SECONDS`
     or above :data:`MAX_SECONDS`, or its :func:`rate` ``rate_now`` more than :data:`OUTLIER` times off the
     median of ``recent`` (the rates of this rank's last accepted times, once there are :data:`MEDIAN_MIN`).
+    An ``empty`` micro-batch (no rows) that took no time at all (a loop that skips it) is kept: it says what
+    a micro-batch costs with nothing in it.
 
     >>> screen(0.5, 0.5, []), screen(float("nan"), 0.0, []), screen(1e160, 1e160, [])
     (None, 'not a finite number > 0', 'absurd')
     >>> screen(80.0, 80.0, [0.5] * 8), screen(0.01, 0.16, [0.5] * 8)  # the 2nd: a small micro-batch
     ('outlier', None)
+    >>> screen(0.0, 0.0, [0.5] * 8), screen(0.0, 0.0, [0.5] * 8, empty=True)
+    ('not a finite number > 0', None)
     """
+    if empty and seconds == 0.0:
+        return None
     if not (math.isfinite(seconds) and seconds > 0):
         return "not a finite number > 0"
     if not MIN_SECONDS <= seconds <= MAX_SECONDS:
@@ -147,7 +153,8 @@ def valid_records(records: np.ndarray) -> np.ndarray:
         return records
     feats, sec = records[:, 1:3], records[:, 3]
     ok = np.isfinite(records).all(axis=1) & (feats >= 0).all(axis=1) & (feats <= 1e30).all(axis=1)
-    ok &= (sec >= MIN_SECONDS) & (sec <= MAX_SECONDS)
+    skipped = (sec == 0) & (feats == 0).all(axis=1)  # an empty micro-batch a loop did not run (screen)
+    ok &= ((sec >= MIN_SECONDS) | skipped) & (sec <= MAX_SECONDS)
     return records[ok]
 
 

@@ -3,7 +3,8 @@
 A step is ``world_size * grad_accum`` consecutive micro-batches of the plan; inside a step, rank ``r`` owns
 slots ``r*grad_accum .. (r+1)*grad_accum - 1``. This module (1) orders micro-batches so that every step
 mixes strata in proportion to their token mass, (2) makes the micro-batch count a multiple of the step
-size without duplicating or dropping samples, and (3) assigns micro-batches to ranks by modeled cost.
+size without duplicating or dropping samples, (3) assigns micro-batches to ranks by modeled cost, and (4)
+evens out a bucketed step's ranks by moving rows between its micro-batches (:func:`even_ranks`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from padfree.core import _kernels
+from padfree.core.config import PlanConfig
 from padfree.errors import ConfigError
+
+EVEN_TOLERANCE = 0.002
+"""A bucketed step whose slowest rank costs at most this much above the mean is left as assigned."""
 
 
 def stratified_order(strata: np.ndarray, tokens: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -200,3 +205,33 @@ def assign_ranks(
     speeds = np.ones(world_size) if speeds is None else np.asarray(speeds, dtype=np.float64)
     c = costs.astype(np.float64)
     return _kernels.balance_ranks(c, int(world_size), int(grad_accum), int(max_rounds), speeds, uniform)
+
+
+def evens_ranks(config: PlanConfig, drafting: bool) -> bool:
+    """Whether :func:`even_ranks` applies: bucketed plans of several ranks (not a drafter plan, whose padded
+    micro-batches are bounded by more than tokens)."""
+    return config.strategy == "bucketed" and config.world_size > 1 and not drafting
+
+
+def even_ranks(
+    lens: np.ndarray, offsets: np.ndarray, config: PlanConfig, coefficients: tuple, budget: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Even out the ranks of assigned bucketed steps of equal-speed ranks: where a step's slowest rank costs
+    more than :data:`EVEN_TOLERANCE` above the mean, whole rows move from its micro-batches to
+    similar-length ones of other ranks of the same step (``count * longest <= budget``), kept when the
+    slowest rank's cost drops (``_kernels.even_padded_steps``). Steps are composed by length quantile, and
+    a step whose longest quantile is a lone long sample leaves its rank short; no item leaves its step, so
+    the step mixing is untouched. Returns ``(perm, offsets)``: the rows' new order (indices into ``lens``)
+    and the new micro-batch boundaries.
+
+    >>> cfg = PlanConfig(strategy="bucketed", budget=8, world_size=2, grad_accum=1)
+    >>> perm, offs = even_ranks(np.array([2, 2, 2, 2, 2]), np.array([0, 4, 5]), cfg, (1.0, 0.0, 0.0), 8)
+    >>> perm.tolist(), offs.tolist()
+    ([1, 2, 3, 0, 4], [0, 3, 5])
+    """
+    coefs = np.asarray(coefficients[:3], dtype=np.float64)
+    w, g = config.world_size, config.grad_accum
+    return _kernels.even_padded_steps(
+        lens.astype(np.int64, copy=False), offsets.astype(np.int64, copy=False), w, g, int(budget), coefs,
+        EVEN_TOLERANCE,
+    )  # fmt: skip

@@ -6,6 +6,10 @@ ranks never interleave. A killed run may leave steps it did after its last check
 from that checkpoint redoes them. So the steps that count are, for each step, those of the latest run that
 did it, where a run that resumed at step ``s`` (its first logged step) also supersedes every earlier run's
 steps ``>= s`` (it re-plans them, possibly at another world size and so with different step boundaries).
+
+A run that leaves samples out on purpose (``--overlong drop``: the samples longer than the budget) says so
+first, with one ``{"run", "dropped"}`` line per such sample: the check counts them as dropped, not lost, and
+reports any of them that trained anyway.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -23,6 +28,26 @@ def append(fd: int, run: str, epoch: int, step: int, rank: int, indices: list[in
     if indices:
         head = json.dumps({"run": run, "epoch": epoch, "step": step, "rank": rank})[:-1]
         os.write(fd, ("\n" + "".join(f'{head}, "index": {int(i)}}}\n' for i in indices)).encode())
+
+
+def append_dropped(fd: int, run: str, indices: Iterable[int]) -> None:
+    """Say, with a single write, which samples this run leaves out on purpose (every epoch)."""
+    lines = "".join(json.dumps({"run": run, "dropped": int(i)}) + "\n" for i in indices)
+    if lines:
+        os.write(fd, ("\n" + lines).encode())
+
+
+def read_dropped(path: str | Path) -> set[int]:
+    """The samples any run said it leaves out on purpose (see :func:`append_dropped`)."""
+    out = set()
+    for line in Path(path).read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("dropped"), int) and "run" in rec:
+            out.add(rec["dropped"])
+    return out
 
 
 def read(path: str | Path) -> list[dict]:
@@ -57,24 +82,40 @@ def counted(records: list[dict]) -> list[dict]:
     return [r for r in records if r["step"] < limit[r["run"]]]
 
 
-def check_exactly_once(records: list[dict], n_samples: int, epochs: int) -> dict:
-    """Count, per epoch, samples consumed 0 or >= 2 times in the steps that count. Returns a report with
-    ``ok`` true when every sample of every epoch was consumed exactly once."""
+def check_exactly_once(records: list[dict], n_samples: int, epochs: int, dropped: Iterable[int] = ()) -> dict:
+    """Count, per epoch, samples consumed 0 or >= 2 times in the steps that count. ``dropped``: the samples
+    left out on purpose (:func:`read_dropped`): each must be consumed 0 times (``dropped_trained`` counts
+    those that were) and is not missing. Returns a report with ``ok`` true when every other sample of every
+    epoch was consumed exactly once."""
     kept = counted(records)
+    left_out = set(dropped)
+    foreign_drops = sum(1 for i in left_out if not 0 <= i < n_samples)
     report: dict[str, object] = {
         "runs": len({r["run"] for r in records}),
         "records": len(records),
         "counted": len(kept),
+        "dropped": len(left_out),
     }
     per_epoch = []
-    ok = True
+    ok = foreign_drops == 0
+    if foreign_drops:
+        report["dropped_foreign"] = foreign_drops
     for e in range(epochs):
         c = Counter(r["index"] for r in kept if r["epoch"] == e)
-        missing = sum(1 for i in range(n_samples) if c[i] == 0)
+        missing = sum(1 for i in range(n_samples) if c[i] == 0 and i not in left_out)
         dup = sum(1 for v in c.values() if v > 1)
         foreign = sum(1 for i in c if not 0 <= i < n_samples)
-        per_epoch.append({"epoch": e, "missing": missing, "duplicated": dup, "foreign": foreign})
-        ok = ok and missing == dup == foreign == 0
+        trained = sum(1 for i in left_out if c[i] > 0)
+        per_epoch.append(
+            {
+                "epoch": e,
+                "missing": missing,
+                "duplicated": dup,
+                "foreign": foreign,
+                "dropped_trained": trained,
+            }
+        )
+        ok = ok and missing == dup == foreign == trained == 0
     report["epochs"] = per_epoch
     report["ok"] = ok
     return report

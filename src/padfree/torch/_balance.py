@@ -190,10 +190,12 @@ class DynamicBalancer:
                 keep.append(rec)
                 continue
             per = refit.rate(sec, rec[0], self.scale[0]) if np.isfinite(sec) else sec
-            if refit.screen(sec, per, list(self.recent)) is not None:
+            empty = rec[0] == 0 and rec[1] == 0
+            if refit.screen(sec, per, list(self.recent), empty) is not None:
                 self.dropped += 1
             else:
-                self.recent.append(per)
+                if not (empty and sec == 0.0):
+                    self.recent.append(per)
                 out.append((rec[0], rec[1], sec))
         self.timed = keep
         return np.array(out[-self.capacity :], dtype=np.float64).reshape(-1, 3)
