@@ -11,8 +11,9 @@ from torch import nn
 
 @dataclass(frozen=True)
 class DrafterSizes:
-    """The sizes every reference drafter has (``hidden_size`` is the target's); each method's config adds
-    its own (DFlash: layers, block size, target layers; EAGLE-3: test-time-training steps)."""
+    """The sizes every reference drafter has (``hidden_size`` is the target's; ``head_size`` the width of
+    one attention head, None: ``hidden_size // num_heads``); each method's config adds its own (DFlash:
+    layers, block size, target layers; EAGLE-3: test-time-training steps)."""
 
     hidden_size: int = 64
     num_heads: int = 4
@@ -20,10 +21,11 @@ class DrafterSizes:
     intermediate_size: int = 128
     rope_theta: float = 10000.0
     eps: float = 1e-6
+    head_size: int | None = None
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
 
 
 class RMSNorm(nn.Module):
