@@ -24,6 +24,7 @@ import numpy as np
 
 from padfree.bench.drafter import (
     ARMS,
+    PUBLIC_TARGETS,
     bench_models,
     coverage,
     epoch_rate,
@@ -63,7 +64,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="lengths for the modeled imbalance (default: the seed_mix)")  # fmt: skip
     p.add_argument("--world", type=int, default=8)
     p.add_argument("--imbalance-budget", type=int, default=16384)
+    p.add_argument(
+        "--target-config",
+        choices=sorted(PUBLIC_TARGETS),
+        default=None,
+        help="a public target's sizes (random weights) instead of --hidden/--layers/--vocab",
+    )
+    p.add_argument(
+        "--device", default="cpu", help="cpu, or cuda (seconds are then synchronized wall seconds)"
+    )
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="bfloat16: autocast")
+    p.add_argument("--attention", default=None, choices=["dense", "mask", "flex"],
+                   help="the drafters' attention (default dense on a CPU, flex on a GPU)")  # fmt: skip
     args = p.parse_args(argv)
+    args.attention = args.attention or ("flex" if args.device.startswith("cuda") else "dense")
+    own = {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab, "intermediate": 4 * args.hidden}
+    args.sizes = dict(PUBLIC_TARGETS[args.target_config]) if args.target_config else own
+    args.hidden, args.layers, args.vocab = args.sizes["hidden"], args.sizes["layers"], args.sizes["vocab"]
     args.per_file = args.per_file or (150 if args.quick else 400)
     args.micro = args.micro or (8 if args.quick else 24)
     args.name = args.name or ("drafter_speed_quick" if args.quick else "drafter_speed")
@@ -86,7 +103,13 @@ def load(args: argparse.Namespace) -> list[dict]:
 def seed_mix_imbalance(args: argparse.Namespace, method: str, cost: CostModel) -> dict[str, float]:
     """Modeled imbalance of every arm at ``args.world`` ranks on the seed_mix lengths; anchors from the
     default policy with every token but the first supervised (the seed_mix has no loss masks)."""
-    lengths = np.minimum(np.load(args.lengths).astype(np.int64), args.imbalance_budget)
+    if args.lengths.is_file():
+        raw = np.load(args.lengths)
+    else:  # a machine without the shared data (a GPU run): the bundled seed_mix
+        from padfree.data.length_files import bundled_seed_mix
+
+        raw = bundled_seed_mix()
+    lengths = np.minimum(raw.astype(np.int64), args.imbalance_budget)
     uses = METHODS[method].uses_anchors
     anchors = anchor_quota(lengths - 1, AnchorPolicy()) if uses else np.zeros_like(lengths)
     arms = make_arms(lengths, anchors, args.imbalance_budget, args.seed, cost, world_size=args.world)
@@ -137,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     import torch
 
-    torch.set_num_threads(1)  # CPU seconds of one thread are the compute time on a shared machine
+    if not args.device.startswith("cuda"):
+        torch.set_num_threads(1)  # CPU seconds of one thread are the compute time on a shared machine
     t0 = time.perf_counter()
     samples = load(args)
     lengths = np.array([len(s["input_ids"]) for s in samples], np.int64)
@@ -155,11 +179,15 @@ def main(argv: list[str] | None = None) -> int:
         shape = {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab, "ttt": args.ttt}
         cost = cost_model(method, **shape)
         arms = make_arms(lengths, anchors, args.budget, args.seed, cost)
+        sz = args.sizes
         models = bench_models(method, vocab=args.vocab, hidden=args.hidden, layers=args.layers,
-                              intermediate=4 * args.hidden, ttt=args.ttt, seed=args.seed)  # fmt: skip
+                              intermediate=sz["intermediate"], ttt=args.ttt, seed=args.seed,
+                              heads=sz.get("heads"), kv_heads=sz.get("kv_heads"), head_dim=sz.get("head_dim"),
+                              device=args.device)  # fmt: skip
         print(f"{method}: timing {len(arms)} arms x {args.micro} micro-batches", file=sys.stderr, flush=True)
         rows = speed(method, arms, samples, models, policy, micro=args.micro, seed=args.seed, ttt=args.ttt,
-                     cost=cost, anchors=anchors if METHODS[method].uses_anchors else None)  # fmt: skip
+                     cost=cost, anchors=anchors if METHODS[method].uses_anchors else None,
+                     attention=args.attention, dtype=args.dtype)  # fmt: skip
         print(f"{method}: coverage", file=sys.stderr, flush=True)
         for name, arm in arms.items():
             rows[name].update(coverage(method, arm, samples, policy, seed=args.seed, ttt=args.ttt))

@@ -1,6 +1,7 @@
-"""A DFlash drafter exported by padfree loads in z-lab's ``dflash`` package (``DFlashDraftModel.from_pretrained``)
-and gives the same logits as padfree's forward on the same blocks, for every block of a packed row of two
-documents; their ``dflash_generate`` decodes with it (its CUDA timer given a no-op synchronize)."""
+"""A DFlash drafter exported by padfree loads in z-lab's ``dflash`` package
+(``DFlashDraftModel.from_pretrained``) and gives the same logits as padfree's forward on the same blocks, for
+every block of a packed row of two documents; their ``dflash_generate`` decodes with it (its CUDA timer given
+a no-op synchronize)."""
 
 from unittest import mock
 

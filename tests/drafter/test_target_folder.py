@@ -1,7 +1,7 @@
-"""A user's target folder: examples/train_drafter.py --target DIR trains on a folder written by save_pretrained
-(its tokenizer reads the data, its layers follow the recipe's rule), checkpoints what export needs, and exports
-at the end of training and through ``padfree export-drafter``; a folder that is missing something is one line
-naming it."""
+"""A user's target folder: examples/train_drafter.py --target DIR trains on a folder written by
+save_pretrained (its tokenizer reads the data, its layers follow the recipe's rule), checkpoints what export
+needs, and exports at the end of training and through ``padfree export-drafter``; a folder that is missing
+something is one line naming it."""
 
 import importlib.util
 import json
@@ -39,9 +39,9 @@ def example():
 def test_train_on_a_target_folder_checkpoint_and_export(tmp_path, target_dir, fixtures_dir, example, capsys):
     ckpt, served = tmp_path / "ckpt", tmp_path / "served"
     args = [
-        "--target", str(target_dir), "--data", str(fixtures_dir / "samples/gsm8k.jsonl.gz"), "--limit-samples",
-        "6", "--budget", "256", "--block-size", "4", "--max-anchors", "4", "--max-steps", "2", "--log-every",
-        "1", "--checkpoint-dir", str(ckpt), "--export-dir", str(served),
+        "--target", str(target_dir), "--data", str(fixtures_dir / "samples/gsm8k.jsonl.gz"),
+        "--limit-samples", "6", "--budget", "256", "--block-size", "4", "--max-anchors", "4", "--max-steps",
+        "2", "--log-every", "1", "--checkpoint-dir", str(ckpt), "--export-dir", str(served),
     ]  # fmt: skip
     assert example.main(args) == 0
     out = capsys.readouterr().out

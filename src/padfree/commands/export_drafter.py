@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     layers = ", ".join(str(i) for i in meta["target_layers"])
     n = sum(v.numel() for k, v in state.items() if not k.startswith(("embed_tokens.", "lm_head.")))
     print(
-        f"wrote {out} ({fmt}: {meta['method']} drafter, {n / 1e6:.2f}M parameters besides embedding and "
-        f"head, target layers {layers} of {meta['target']['config']['num_hidden_layers']})"
+        f"wrote {out} ({fmt} format, {meta['method']} drafter, {n / 1e6:.2f}M parameters besides embedding "
+        f"and head, target layers {layers} of {meta['target']['config']['num_hidden_layers']})"
     )
     return 0

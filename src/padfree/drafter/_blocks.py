@@ -77,9 +77,21 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Ten
             q[None], k[None], v[None], attn_mask=mask[None, None], enable_gqa=q.shape[0] != k.shape[0]
         )[0]
     else:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        out = flex_attention(q[None], k[None], v[None], block_mask=mask, enable_gqa=q.shape[0] != k.shape[0])[
-            0
-        ]
+        gqa = q.shape[0] != k.shape[0]
+        out = _flex(q.device)(q[None], k[None], v[None], block_mask=mask, enable_gqa=gqa)[0]
     return out.transpose(0, 1).reshape(q.shape[1], -1)
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _flex(device: torch.device):
+    """flex attention: compiled once per process on a GPU (its fused kernel; eager flex attention there
+    materialises every score), eager elsewhere."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    if "cuda" not in _COMPILED:
+        _COMPILED["cuda"] = torch.compile(flex_attention, dynamic=True)
+    return _COMPILED["cuda"]

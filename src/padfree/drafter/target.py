@@ -148,8 +148,10 @@ def run_target(model, contract: Contract, layers: tuple[int, ...]) -> TargetOutp
             seen[i] = out[0] if isinstance(out, tuple) else out
 
         hooks.append(blocks[i].register_forward_hook(keep))
+    dev = next(model.parameters()).device
+    inputs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in contract.target_inputs().items()}
     try:
-        out = _base(model)(**contract.target_inputs(), use_cache=False)
+        out = _base(model)(**inputs, use_cache=False)
     finally:
         for h in hooks:
             h.remove()

@@ -228,11 +228,12 @@ def loss_sums(models: DrafterModels, batch: DrafterBatch, attention: str = "dens
     return num + zero_loss(params), batch.den.to(num.device)
 
 
-def train_micro(models: DrafterModels, batch: DrafterBatch) -> int:
+def train_micro(models: DrafterModels, batch: DrafterBatch, attention: str = "dense") -> int:
     """One micro-batch as one optimizer step under the batch's recipe (its numerators over its denominator),
-    backward and the optimizer's step; returns the supervised draft positions."""
+    backward and the optimizer's step; returns the supervised draft positions. ``attention``: the drafter's
+    (``dense`` on a CPU, ``flex`` on a GPU)."""
     assert models.optimizer is not None, "build_models(..., lr=...) makes the optimizer"
-    num, den = loss_sums(models, batch)
+    num, den = loss_sums(models, batch, attention)
     (num.sum() / den.sum().clamp(min=1e-6)).backward()
     models.optimizer.step()
     models.optimizer.zero_grad(set_to_none=True)
