@@ -28,6 +28,7 @@ import numpy as np
 
 from padfree.bench.drafter import (
     ARMS,
+    PUBLIC_TARGETS,
     bench_models,
     cost_folded_imbalance,
     coverage,
@@ -80,7 +81,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="lengths for the modeled imbalance (default: the bundled seed_mix)")  # fmt: skip
     p.add_argument("--world", type=int, default=8)
     p.add_argument("--imbalance-budget", type=int, default=16384)
+    p.add_argument(
+        "--target-config",
+        choices=sorted(PUBLIC_TARGETS),
+        default=None,
+        help="a public target's sizes (random weights) instead of --hidden/--layers/--vocab",
+    )
+    p.add_argument(
+        "--device", default="cpu", help="cpu, or cuda (seconds are then synchronized wall seconds)"
+    )
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="bfloat16: autocast")
+    p.add_argument("--attention", default=None, choices=["dense", "mask", "flex"],
+                   help="the drafters' attention (default dense on a CPU, flex on a GPU)")  # fmt: skip
     args = p.parse_args(argv)
+    args.attention = args.attention or ("flex" if args.device.startswith("cuda") else "dense")
+    own = {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab, "intermediate": 4 * args.hidden}
+    args.sizes = dict(PUBLIC_TARGETS[args.target_config]) if args.target_config else own
+    args.hidden, args.layers, args.vocab = args.sizes["hidden"], args.sizes["layers"], args.sizes["vocab"]
     args.per_file = args.per_file or (150 if args.quick else 400)
     args.micro = args.micro or (8 if args.quick else 24)
     args.name = args.name or ("drafter_speed_quick" if args.quick else "drafter_speed")
@@ -197,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from padfree.drafter.train import token_counts
 
-    torch.set_num_threads(1)  # CPU seconds of one thread are the compute time on a shared machine
+    if not args.device.startswith("cuda"):
+        torch.set_num_threads(1)  # CPU seconds of one thread are the compute time on a shared machine
     t0 = time.perf_counter()
     samples = load(args)
     lengths = np.array([len(s["input_ids"]) for s in samples], np.int64)
@@ -223,13 +241,15 @@ def main(argv: list[str] | None = None) -> int:
         planned = anchors if anchors is not None else np.zeros_like(lengths)
         arms = make_arms(lengths, planned, args.budget, args.seed, cost,
                          anchor_budget=anchor_budget(args, recipe, args.budget))  # fmt: skip
+        sz = args.sizes
         models = bench_models(method, vocab=args.vocab, hidden=args.hidden, layers=args.layers,
-                              intermediate=4 * args.hidden, recipe=recipe, seed=args.seed,
-                              counts=counts)  # fmt: skip
+                              intermediate=sz["intermediate"], recipe=recipe, seed=args.seed, counts=counts,
+                              heads=sz.get("heads"), kv_heads=sz.get("kv_heads"), head_dim=sz.get("head_dim"),
+                              device=args.device)  # fmt: skip
         print(f"{method}: {recipe.describe()}; timing {len(arms)} arms x {args.micro} micro-batches",
               file=sys.stderr, flush=True)  # fmt: skip
         rows = speed(method, arms, samples, models, micro=args.micro, seed=args.seed, cost=cost,
-                     anchors=anchors)  # fmt: skip
+                     anchors=anchors, attention=args.attention, dtype=args.dtype)  # fmt: skip
         print(f"{method}: coverage", file=sys.stderr, flush=True)
         for name, arm in arms.items():
             rows[name].update(coverage(method, arm, samples, recipe, seed=args.seed))

@@ -1,13 +1,18 @@
-"""Train a DFlash or EAGLE-3 drafter on a frozen tiny target, online, with a padfree plan: DDP, kill-safe.
+"""Train a DFlash or EAGLE-3 drafter on a frozen target, online, with a padfree plan: DDP, kill-safe.
 
 One process:      python examples/train_drafter.py --method dflash --strategy packed --max-steps 20
+Your target:      python examples/train_drafter.py --target my_model/ --data chats.jsonl --export-dir served/
 Several ranks:    torchrun --nproc_per_node 2 examples/train_drafter.py --method eagle3 --grad-accum 2
 Kill and resume:  add --checkpoint-dir ckpt --checkpoint-every 5, then rerun with --resume (any world size)
 
 What it does (the data, plan, checkpoint, resume, seen-log and SIGTERM machinery is ``train.py``'s own:
 ``train_loop``, ``add_run_args``, ``resume_from``, ``save``):
-- tokenizes ``--data`` as ``train.py`` does (loss on assistant turns by default); token ids are folded
-  modulo ``--vocab-size`` (default 2048: a tiny LM head, so the example trains in minutes on a CPU).
+- the target: ``--target DIR``, a local transformers causal-LM folder (config, safetensors weights,
+  tokenizer: what ``save_pretrained`` writes; nothing is downloaded), loaded in ``--dtype`` on ``--device``,
+  its tokenizer tokenizing the data; without it a tiny Llama with random weights, the data's token ids folded
+  modulo ``--vocab-size`` (default 2048: a tiny LM head, so the example trains in minutes on a CPU). The
+  drafter takes the target's sizes and fuses the target layers its recipe's rule chooses.
+- tokenizes ``--data`` as ``train.py`` does (loss on assistant turns by default).
 - a method with anchors (DFlash) counts each sample's anchors (:func:`padfree.core.anchors.anchor_counts`:
   the policy's quota from the loss mask alone) and gives them to :class:`padfree.torch.PlanBatchSampler`
   (``anchors=``), which keeps every micro-batch within ``--anchor-budget`` draft blocks (if set) and balances
@@ -25,7 +30,10 @@ What it does (the data, plan, checkpoint, resume, seen-log and SIGTERM machinery
 - ``--anchor-log FILE`` (methods with anchors): every rank appends one JSON line per trained sample and step,
   ``{"run", "epoch", "step", "rank", "index", "anchors"}``, for the kill/resume check that every sample
   trains with the same anchors (``tests/testing/test_train_drafter.py``).
-- a checkpoint records the drafter's options; resuming under others is one line naming them.
+- a checkpoint records the drafter's options (resuming under others is one line naming them) and what
+  export needs (:func:`padfree.drafter.export.export_meta`): ``padfree export-drafter CKPT --format
+  dflash|speculators --out DIR`` writes a folder a server loads; ``--export-dir DIR`` does it at the end of
+  training.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from common import (
+    FIXTURES,
     add_data_and_model_args,
     dropped_samples,
     load_training_data,
@@ -56,14 +65,23 @@ from padfree.core.cost import micro_shapes
 from padfree.core.planner import make_plan
 from padfree.drafter import memory as drafter_memory
 from padfree.drafter.collate import DrafterCollator
+from padfree.drafter.export import (
+    FORMATS,
+    META_KEY,
+    check_exportable,
+    default_format,
+    export_drafter,
+    export_meta,
+)
 from padfree.drafter.methods import METHODS, cost_model
+from padfree.drafter.target import DTYPES, check_target_folder, default_mask_token, load_target
 from padfree.drafter.train import TINY_TARGET, build_models, loss_sums, memory_model, token_counts
-from padfree.errors import PadfreeError
+from padfree.errors import ConfigError, PadfreeError
 from padfree.torch import PlanBatchSampler, PlannedDataset, all_reduce_sum, step_loss, sync_unless
 from padfree.torch.checkpoint import CheckpointDir
 from padfree.torch.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
 
-IDENTITY = ("method", "draft_layers", "vocab_size")
+IDENTITY = ("method", "draft_layers", "vocab_size", "target", "mask_token_id")
 """The options a drafter checkpoint is bound to besides its recipe's fields (a resume under others is refused,
 naming them)."""
 
@@ -85,8 +103,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="activation memory a micro-batch may take (GiB): bounds its draft blocks / attention",
     )
-    p.set_defaults(vocab_size=2048, budget=1024, overlong="truncate")  # tiny defaults that run as they are
-    return p.parse_args(argv)
+    p.add_argument(
+        "--target",
+        default=None,
+        help="a local transformers causal-LM folder (config, safetensors, tokenizer); its tokenizer reads "
+        "--data (default: a tiny Llama with random weights, token ids folded modulo --vocab-size)",
+    )
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES), help="the target's dtype")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1... (default: cuda if available)")
+    p.add_argument(
+        "--mask-token-id",
+        type=NUMERIC["--seed"],
+        default=None,
+        help="DFlash's mask token (default: the target tokenizer's mask, pad or unknown token; 1 for the "
+        "tiny target)",
+    )
+    p.add_argument(
+        "--export-format",
+        choices=list(FORMATS),
+        default=None,
+        help="--export-dir's format (default: dflash for DFlash, speculators for EAGLE-3)",
+    )
+    p.add_argument("--export-dir", default=None, help="write the trained drafter here in a served format")
+    # tiny defaults that run as they are
+    p.set_defaults(vocab_size=None, tokenizer=None, budget=1024, overlong="truncate")
+    args = p.parse_args(argv)
+    if args.target is not None:
+        if args.vocab_size is not None:
+            p.error("--vocab-size folds token ids for the tiny random target; with --target the target's "
+                    "tokenizer and vocabulary are used")  # fmt: skip
+        if args.tokenizer is not None:
+            p.error("--tokenizer: with --target the target folder's own tokenizer reads the data")
+    else:
+        args.vocab_size = args.vocab_size or 2048
+        args.tokenizer = args.tokenizer or str(FIXTURES / "tokenizers/llama_sp32k.model")
+    return args
 
 
 class DraftLoss(torch.nn.Module):
@@ -107,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         die_with_parent()
     stop = StopOnSignal()
     rank, world, device = setup_distributed()
+    if args.device is not None:
+        device = torch.device(args.device)
     ckpt = CheckpointDir(args.checkpoint_dir, rank, world, say=print) if args.checkpoint_dir else None
     try:
         return train(args, rank, world, device, ckpt, stop)
@@ -127,20 +180,49 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     run = shared_run_id(rank, world)
     if ckpt is not None:
         ckpt.acquire(run)
+    target = None
+    if args.target is not None:
+        args.tokenizer = str(check_target_folder(args.target))
+        target = load_target(args.target, dtype=args.dtype, device="cpu")
+        args.vocab_size = int(target.config.vocab_size)
+        if args.mask_token_id is None:
+            args.mask_token_id = default_mask_token(args.target)
+        args.target = str(Path(args.target).resolve())
+    elif args.mask_token_id is None:
+        args.mask_token_id = 1
+    if args.mask_token_id >= args.vocab_size:
+        raise ConfigError(
+            f"--mask-token-id {args.mask_token_id} is outside the vocabulary of {args.vocab_size}"
+        )
     samples, lengths, loss_tokens = load_training_data(args)
     for s in samples:
-        s["input_ids"] = s["input_ids"] % args.vocab_size
+        if target is None:
+            s["input_ids"] = s["input_ids"] % args.vocab_size
+        elif len(s["input_ids"]) and int(s["input_ids"].max()) >= args.vocab_size:
+            raise ConfigError(
+                f"{args.target}: its tokenizer gives token id {int(s['input_ids'].max())}, outside the "
+                f"model's vocabulary of {args.vocab_size} (a tokenizer of another model?)"
+            )
     recipe = recipe_from_args(args, args.method)
-    shape = {"hidden": TINY_TARGET["hidden_size"], "layers": TINY_TARGET["num_hidden_layers"]}
+    tcfg = target.config if target is not None else None
+    shape = {
+        "hidden": tcfg.hidden_size if tcfg is not None else TINY_TARGET["hidden_size"],
+        "layers": tcfg.num_hidden_layers if tcfg is not None else TINY_TARGET["num_hidden_layers"],
+    }
     models = build_models(
         args.method,
         vocab=args.vocab_size,
         seed=args.seed,
         recipe=recipe,
+        target=target,
         draft_layers=args.draft_layers,
         counts=token_counts(samples, args.vocab_size),
     )
     spec = models.method
+    meta = export_meta(models, mask_token_id=args.mask_token_id, target_path=args.target)
+    fmt = args.export_format or default_format(spec.name)
+    if args.export_dir:
+        check_exportable(meta, fmt)
     mask = np.concatenate([np.asarray(s["loss_mask"], bool) for s in samples])
     offsets = np.concatenate(([0], np.cumsum(lengths)))
     anchors = anchor_counts(mask, offsets, recipe.anchor_policy()) if spec.uses_anchors else None
@@ -160,7 +242,9 @@ def train(args, rank, world, device, ckpt, stop) -> int:
         balance_every=args.balance_every,
     )
     layout = "packed" if config.packed else "padded"
-    collate = DrafterCollator(args.method, recipe=recipe, seed=args.seed, layout=layout, mask_token_id=1)
+    collate = DrafterCollator(
+        args.method, recipe=recipe, seed=args.seed, layout=layout, mask_token_id=args.mask_token_id
+    )
     loader = DataLoader(PlannedDataset(samples), batch_sampler=sampler, collate_fn=collate)
     lost = unsupervised_after_cut(mask, offsets, args.budget) if args.overlong == "truncate" else 0
     if lost:
@@ -177,7 +261,8 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     drafter = models.drafter.to(device)
     params = models.trainable()
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-    identity = {**{k: getattr(args, k) for k in IDENTITY}, **dataclasses.asdict(recipe)}
+    identity = {**{k: getattr(args, k) for k in IDENTITY}, "target": args.target or "tiny"}
+    identity.update(dataclasses.asdict(recipe))
     identity.pop("source")
     step = 0
     state = ckpt.resume(device) if ckpt is not None and args.resume else None
@@ -252,15 +337,19 @@ def train(args, rank, world, device, ckpt, stop) -> int:
             micro_step,
             step=step,
             after_step=log_anchors,
-            extra={"drafter": identity},
+            extra={"drafter": identity, META_KEY: meta},
             dropped=dropped,
         )
         peak = drafter_memory.peak_resident_bytes()
         log(f"peak memory {peak / 2**30:.2f} GiB (this process's high-water mark)")
-        return code
     finally:
         if anchor_fd is not None:
             os.close(anchor_fd)
+    if code == 0 and args.export_dir and rank == 0:
+        state = {k: v.detach().cpu() for k, v in drafter.state_dict().items()}
+        out = export_drafter(state, meta, fmt, args.export_dir)
+        log(f"exported the drafter in {fmt} format to {out}")
+    return code
 
 
 def memory_bound(config, memory, limit: float, uses_anchors: bool, ttt: int):

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# padfree's GPU checks, in one call to the GPU machine (about 4-5 minutes on an H200; every step has its own
-# timeout and the optional last one is skipped when time runs short). From the repo root, after
-# `bash benchmarks/gpu/prepare.sh` here:   bash benchmarks/gpu/run.sh      (carry: .whl .devdata)
+# padfree's GPU checks, in one call to the GPU machine (every step has its own timeout and is skipped when time
+# runs short). From the repo root, after `bash benchmarks/gpu/prepare.sh` here:
+#   bash benchmarks/gpu/run.sh                 (carry: .whl .devdata) the packing checks and training speed
+#   ONLY=drafter bash benchmarks/gpu/run.sh    the drafter runs: speed and acceptance length at a real size
+#   ONLY=all bash benchmarks/gpu/run.sh        both, in order, as far as the deadline allows
 # Everything it prints goes to $OUT/log.txt too; results land in $OUT (8 files at most, the limit is 8).
 #
 # Local dry run (no GPU; the venv already has the peers, cp312 wheels do not install on 3.11):
 #   OUT=/tmp/gpuout DEVICE=cpu QUICK=1 WHEELS=0 PY=/work/main/.venv/bin/python bash benchmarks/gpu/run.sh
+#   OUT=/tmp/gpuout DEVICE=cpu QUICK=1 WHEELS=0 ONLY=drafter PY=/work/main/.venv/bin/python bash benchmarks/gpu/run.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-python3}
@@ -14,6 +17,7 @@ DEVICE=${DEVICE:-cuda}
 QUICK=${QUICK:-0}     # 1: tiny model, few steps (plumbing test on a CPU)
 WHEELS=${WHEELS:-1}   # 0: use the peers already installed
 SITE=${SITE:-/tmp/site}
+ONLY=${ONLY:-packing} # packing (the checks and training speed), drafter, or all
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
 : > "$LOG"
@@ -62,11 +66,12 @@ except Exception as exc:
     print("  varlen_attn: none", exc)
 PY
 
+tmp=$(mktemp -d)
+if [ "$ONLY" != drafter ]; then
 # (i) packing correctness on the device: packed row vs documents alone, fp32 and bf16, and the leaky control
 say "check-packing (parallel; one JSON line each in check_packing.jsonl)"
 CP="$OUT/check_packing.jsonl"
 : > "$CP"
-tmp=$(mktemp -d)
 i=0
 pids=()
 for spec in "tiny-llama float32 padfree_varlen" "tiny-llama bfloat16 padfree_varlen" \
@@ -172,6 +177,49 @@ if [ $((DEADLINE - SECONDS)) -gt 100 ]; then
 else
   say "skipped the fp32 bench (${SECONDS}s spent)"
 fi
+fi  # ONLY != drafter
+
+if [ "$ONLY" != packing ]; then
+# (vi) drafters at a real size (a public target's config, random weights for the speed run; bf16 autocast, the
+# drafters' flex attention): draft positions per second of packed plans vs random padded vs length-sorted
+# batches (benchmarks/drafter_speed.py, seconds synchronized on the device), then acceptance length per training
+# second (benchmarks/drafter_quality.py: a Qwen3-0.6B-shaped target trained briefly on the bundled chats, DFlash
+# drafters per batching, decoded by the dflash package). Both JSON go into one file, drafter_gpu.json; their
+# tables into the log.
+if [ "$QUICK" = 1 ]; then
+  DSPEED=(--quick --micro 2 --per-file 20 --hidden 64 --layers 4 --vocab 512)
+  DQUAL=(--smoke --methods dflash)
+else
+  DSPEED=(--target-config qwen3-0.6b --budget 16384 --micro 6 --per-file 150 --imbalance-budget 16384)
+  DQUAL=(--gpu --methods dflash --seconds 40 --seeds 2 --evals 4)
+fi
+LENGTHS=()  # the seed_mix lengths for the modeled imbalance (prepare.sh puts them in .devdata)
+[ -f .devdata/seed_mix.mistral_v1.npy ] && LENGTHS=(--lengths .devdata/seed_mix.mistral_v1.npy)
+step 200 "drafter speed (bf16, flex attention)" "$PY" benchmarks/drafter_speed.py --device "$DEVICE" \
+  --dtype bfloat16 --data fixtures/samples/*.jsonl.gz --tokenizer fixtures/tokenizers/llama_sp32k.model \
+  "${LENGTHS[@]}" "${DSPEED[@]}" --out "$tmp/dspeed" --name drafter_speed_gpu
+step 330 "drafter quality (acceptance length per training second)" "$PY" benchmarks/drafter_quality.py \
+  --device "$DEVICE" --dtype bfloat16 --workers 1 "${DQUAL[@]}" --out "$tmp/dqual" --name drafter_quality_gpu
+"$PY" - "$tmp" "$OUT/drafter_gpu.json" <<'PY'
+import json, pathlib, sys
+tmp, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+merged = {}
+for key, path in (("speed", tmp / "dspeed/drafter_speed_gpu"), ("quality", tmp / "dqual/drafter_quality_gpu")):
+    partial = path.parent / (path.name + ".partial.json")
+    if path.with_suffix(".json").exists():
+        merged[key] = json.loads(path.with_suffix(".json").read_text())
+        merged[key].pop("raw", None)
+        print(path.with_suffix(".md").read_text())
+    elif partial.exists():  # cut short: the arms it finished
+        merged[key] = {"partial": json.loads(partial.read_text())}
+        print(f"({key}: cut short, {len(merged[key]['partial']['raw'])} finished arms kept)")
+    else:
+        merged[key] = None
+        print(f"(no {key} result)")
+out.write_text(json.dumps(merged, indent=1) + "\n")
+PY
+[ "$ONLY" = drafter ] && cp "$tmp"/dqual/drafter_quality_gpu.png "$OUT"/ 2>/dev/null  # (8 files at most)
+fi  # ONLY != packing
 say "done in ${SECONDS}s; files in $OUT:"
 ls -la "$OUT"
 sleep 1  # let tee write the last lines of log.txt

@@ -22,6 +22,7 @@ COMMANDS = (
     "analyze",
     "check-packing",
     "check-drafter",
+    "export-drafter",
     "plan",
     "lengths",
     "report",

@@ -59,7 +59,9 @@ def _check_sizes(values: dict, where: str) -> None:
             raise ConfigError(f"{where}: {k} must be an integer from 1 to {MAX_SIZE} (got {str(v)[:40]!r})")
 
 
-def _read_config_json(path: Path) -> dict:
+def read_config_json(path: Path) -> dict:
+    """``path/config.json`` as a dict with a string ``model_type`` and sane sizes, or one-line
+    :class:`ConfigError` naming the file."""
     f = path / "config.json"
     try:
         st = f.stat()
@@ -74,6 +76,7 @@ def _read_config_json(path: Path) -> dict:
         raise ConfigError(f"{f}: not a model config (malformed JSON: {str(exc)[:120]})") from None
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise ConfigError(f"{f}: not a model config (a JSON object with a string model_type)")
+    _check_sizes(data, str(f))
     return data
 
 
@@ -108,7 +111,7 @@ def build_config(name_or_dir: str = "tiny-llama", vocab_size: int | None = None,
                 f"{name_or_dir}: not a built-in model ({', '.join(FAMILIES)}) "
                 "nor a directory with config.json"
             )
-        _check_sizes(_read_config_json(path), str(path / "config.json"))
+        read_config_json(path)
         try:
             cfg = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True, **overrides)
         except Exception as exc:  # transformers raises many types for a config it cannot build

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -64,6 +64,18 @@ ARMS = (
     "sorted_budget",
     "speculators_rows",
 )
+
+
+PUBLIC_TARGETS: dict[str, dict[str, int]] = {
+    "qwen3-0.6b": {"hidden": 1024, "layers": 28, "heads": 16, "kv_heads": 8, "head_dim": 128,
+                   "intermediate": 3072, "vocab": 151936},
+    "llama-3.2-1b": {"hidden": 2048, "layers": 16, "heads": 32, "kv_heads": 8, "head_dim": 64,
+                     "intermediate": 8192, "vocab": 128256},
+    "qwen3-8b": {"hidden": 4096, "layers": 36, "heads": 32, "kv_heads": 8, "head_dim": 128,
+                 "intermediate": 12288, "vocab": 151936},
+}  # fmt: skip
+"""Sizes of public targets (their ``config.json``: Qwen/Qwen3-0.6B, meta-llama/Llama-3.2-1B, Qwen/Qwen3-8B),
+for runs at a real size with random weights (nothing is downloaded)."""
 
 
 @dataclass(frozen=True)
@@ -210,19 +222,28 @@ def cost_folded_imbalance(
 
 def bench_models(method: str, *, vocab: int, hidden: int, layers: int, intermediate: int,
                  recipe: Recipe | None = None, seed: int = 0, counts: np.ndarray | None = None,
-                 **changes: object) -> DrafterModels:  # fmt: skip
-    """The benchmarks' target (random weights, ``hidden // 32`` heads, half as many key-value heads) and a
-    one-layer drafter of its width under ``recipe`` (default: the ``specforge`` preset; ``changes``: its
-    fields overridden, e.g. ``block_size=4``), with AdamW (:func:`padfree.drafter.train.build_models`;
-    ``counts``: the data's token counts, for a draft vocabulary smaller than ``vocab``)."""
+                 heads: int | None = None, kv_heads: int | None = None, head_dim: int | None = None,
+                 device: str = "cpu", **changes: object) -> DrafterModels:  # fmt: skip
+    """The benchmarks' target (random weights; default ``hidden // 32`` heads, half as many key-value heads)
+    and a one-layer drafter of its width under ``recipe`` (default: the ``specforge`` preset; ``changes``:
+    its fields overridden, e.g. ``block_size=4``), with AdamW (:func:`padfree.drafter.train.build_models`;
+    ``counts``: the data's token counts, for a draft vocabulary smaller than ``vocab``), on ``device``."""
+    import torch
+
     from padfree.drafter import recipes
     from padfree.drafter.train import build_models
 
     recipe = recipes.override(recipe or recipes.get(recipes.DEFAULT, method), **changes)
-    heads = max(1, hidden // 32)
-    return build_models(method, vocab=vocab, seed=seed, recipe=recipe, counts=counts, lr=1e-4,
-                        hidden_size=hidden, num_hidden_layers=layers, intermediate_size=intermediate,
-                        num_attention_heads=heads, num_key_value_heads=max(1, heads // 2))  # fmt: skip
+    heads = heads or max(1, hidden // 32)
+    extra: dict[str, Any] = {} if head_dim is None else {"head_dim": head_dim}
+    models = build_models(method, vocab=vocab, seed=seed, recipe=recipe, counts=counts,
+                          hidden_size=hidden, num_hidden_layers=layers, intermediate_size=intermediate,
+                          num_attention_heads=heads, num_key_value_heads=kv_heads or max(1, heads // 2),
+                          **extra)  # fmt: skip
+    models.target.to(device)
+    models.drafter.to(device)
+    models.optimizer = torch.optim.AdamW(models.trainable(), lr=1e-4, weight_decay=0.0)
+    return models
 
 
 def collator(method: str, arm: Arm, recipe: Recipe, seed: int):
@@ -268,12 +289,16 @@ def speed(
     rounds_warmup: int = 1,
     cost: CostModel | None = None,
     anchors: np.ndarray | None = None,
+    attention: str = "dense",
+    dtype: str = "float32",
 ) -> dict[str, dict]:
     """Supervised draft positions per second of each arm over ``micro`` micro-batches of its epoch, trained
     under ``models.recipe``, timed in rounds (every arm one micro-batch per round, so a slow spell of a
     shared machine spreads over the arms). Seconds are this process's CPU seconds (``time.process_time``; run
     torch on one thread, then they are the compute time, whatever else the shared machine runs); wall seconds
-    are kept too.
+    are kept too. On a GPU (the models on it) seconds are wall seconds with the device synchronized before
+    and after each micro-batch, the drafter's ``attention`` is usually ``flex``, and ``dtype="bfloat16"``
+    trains under bf16 autocast.
 
     With ``cost`` (the drafter cost model; ``anchors`` per sample for DFlash) the micro-batches are those
     ``padfree bench`` takes (:func:`padfree.bench.sampling.stratified`: one from each of ``micro`` equal
@@ -281,11 +306,27 @@ def speed(
     seconds estimated from them (:func:`padfree.bench.sampling.epoch_seconds`): a length-sorted arm's
     micro-batches differ many-fold in cost per position, so a few picks alone misstate its epoch. Without
     ``cost``, micro-batches evenly spaced over the epoch and no estimate."""
+    import contextlib
+
     import torch
 
     from padfree.drafter.train import train_micro
 
     recipe = models.recipe
+    dev = next(models.drafter.parameters()).device
+    gpu = dev.type == "cuda"
+
+    def clock() -> float:
+        if gpu:
+            torch.cuda.synchronize(dev)
+            return time.perf_counter()
+        return time.process_time()
+
+    def autocast():
+        if dtype == "bfloat16":
+            return torch.autocast(dev.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     lengths = np.array([len(s["input_ids"]) for s in samples], np.int64)
     picks: dict[str, np.ndarray] = {}
     strata: dict[str, tuple[np.ndarray, np.ndarray, float]] = {}
@@ -313,9 +354,10 @@ def speed(
             j = int(picks[name][i])
             b = arm.batching
             batch = as_trained(cols[name](items_of(samples, b.order[b.offsets[j] : b.offsets[j + 1]])), arm)
-            t0, w0 = time.process_time(), time.perf_counter()
-            got = train_micro(models, batch)
-            dt, dw = time.process_time() - t0, time.perf_counter() - w0
+            t0, w0 = clock(), time.perf_counter()
+            with autocast():
+                got = train_micro(models, batch, attention)
+            dt, dw = clock() - t0, time.perf_counter() - w0
             if r >= 0 and batch.contract is not None:
                 per_pick[name][i] += dt
                 seconds[name] += dt

@@ -11,8 +11,9 @@ from torch import nn
 
 @dataclass(frozen=True)
 class DrafterSizes:
-    """The sizes every reference drafter has (``hidden_size`` is the target's); each method's config adds
-    its own (DFlash: layers, block size, target layers; EAGLE-3: test-time-training steps)."""
+    """The sizes every reference drafter has (``hidden_size`` is the target's; ``head_size`` the width of
+    one attention head, None: ``hidden_size // num_heads``); each method's config adds its own (DFlash:
+    layers, block size, target layers; EAGLE-3: test-time-training steps)."""
 
     hidden_size: int = 64
     num_heads: int = 4
@@ -20,10 +21,11 @@ class DrafterSizes:
     intermediate_size: int = 128
     rope_theta: float = 10000.0
     eps: float = 1e-6
+    head_size: int | None = None
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
 
 
 class RMSNorm(nn.Module):
@@ -75,9 +77,21 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Ten
             q[None], k[None], v[None], attn_mask=mask[None, None], enable_gqa=q.shape[0] != k.shape[0]
         )[0]
     else:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        out = flex_attention(q[None], k[None], v[None], block_mask=mask, enable_gqa=q.shape[0] != k.shape[0])[
-            0
-        ]
+        gqa = q.shape[0] != k.shape[0]
+        out = _flex(q.device)(q[None], k[None], v[None], block_mask=mask, enable_gqa=gqa)[0]
     return out.transpose(0, 1).reshape(q.shape[1], -1)
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _flex(device: torch.device):
+    """flex attention: compiled once per process on a GPU (its fused kernel; eager flex attention there
+    materialises every score), eager elsewhere."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    if "cuda" not in _COMPILED:
+        _COMPILED["cuda"] = torch.compile(flex_attention, dynamic=True)
+    return _COMPILED["cuda"]

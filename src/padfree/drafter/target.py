@@ -1,5 +1,6 @@
-"""The frozen target a drafter learns from: a transformers causal LM run on a contract's rows (packed rows
-through padfree's per-document attention), returning the hidden states of chosen layers per position.
+"""The frozen target a drafter learns from: a transformers causal LM (the user's local folder,
+:func:`load_target`, or a tiny random one, :func:`build_target`) run on a contract's rows (packed rows through
+padfree's per-document attention), returning the hidden states of chosen layers per position.
 
 For every document the result equals the target run on that document alone (``tests/drafter``;
 ``padfree check-drafter`` prints the difference). Layer ids count decoder layers from 0 (the output of
@@ -8,7 +9,10 @@ layer ``i``); each method's published choice is its ``target_layers`` rule in :m
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,6 +40,80 @@ def build_target(name: str = "tiny-llama", *, seed: int = 0, attn: str = "padfre
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    return model
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The dtypes a target folder can be loaded in (``--dtype``)."""
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+"""A target folder's tokenizer: one of these (``save_pretrained`` of a fast or SentencePiece tokenizer)."""
+
+
+def check_target_folder(path: str | Path) -> Path:
+    """``path`` if it is a local transformers causal-LM folder with a config, safetensors weights and a
+    tokenizer; else a one-line :class:`ConfigError` naming what is missing (nothing is downloaded)."""
+    from padfree.models import read_config_json
+
+    p = Path(path)
+    if not p.is_dir():
+        raise ConfigError(f"{p}: target not found (give a local folder written by save_pretrained)")
+    read_config_json(p)
+    index = p / "model.safetensors.index.json"
+    if index.is_file():
+        import json
+
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise ConfigError(f"{index}: not a safetensors index (a JSON object with a weight_map)") from None
+        missing = sorted(s for s in shards if not (p / str(s)).is_file())
+        if missing:
+            raise ConfigError(f"{p}: weight shard {missing[0]} named by {index.name} is missing")
+    elif not (p / "model.safetensors").is_file():
+        raise ConfigError(
+            f"{p}: no model.safetensors (nor model.safetensors.index.json): the target's weights, as "
+            "save_pretrained writes them"
+        )
+    if not any((p / f).is_file() for f in TOKENIZER_FILES):
+        raise ConfigError(
+            f"{p}: no tokenizer ({' or '.join(TOKENIZER_FILES)}): save the target's tokenizer into the "
+            "folder (tokenizer.save_pretrained)"
+        )
+    return p
+
+
+def load_target(
+    path: str | Path,
+    *,
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+    attn: str = "padfree_varlen",
+):
+    """The causal LM of a local folder (:func:`check_target_folder`), frozen (eval, no gradients), in
+    ``dtype`` on ``device``, with ``attn`` attention (padfree's per-document attention for packed rows by
+    default). Offline: a folder transformers cannot load is one line."""
+    import transformers
+
+    p = check_target_folder(path)
+    if dtype not in DTYPES:
+        raise ConfigError(f"target dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
+    if attn.startswith("padfree_"):
+        import padfree.torch.attention  # noqa: F401  (registers padfree_varlen with transformers)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model: Any
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(p), local_files_only=True, dtype=DTYPES[dtype], attn_implementation=attn
+        )
+    except Exception as exc:  # transformers raises many types for a folder it cannot load
+        text = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ConfigError(f"{p}: transformers cannot load a causal LM from it ({text})") from None
+    model.config.use_cache = False
+    model.eval()
+    for q in model.parameters():
+        q.requires_grad_(False)
+    model.to(torch.device(device))
     return model
 
 
@@ -70,8 +148,10 @@ def run_target(model, contract: Contract, layers: tuple[int, ...]) -> TargetOutp
             seen[i] = out[0] if isinstance(out, tuple) else out
 
         hooks.append(blocks[i].register_forward_hook(keep))
+    dev = next(model.parameters()).device
+    inputs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in contract.target_inputs().items()}
     try:
-        out = _base(model)(**contract.target_inputs(), use_cache=False)
+        out = _base(model)(**inputs, use_cache=False)
     finally:
         for h in hooks:
             h.remove()
@@ -92,11 +172,53 @@ def _decoder_layers(model):
     return _base(model).layers
 
 
+class FloatHead(torch.nn.Module):
+    """A target's LM head kept in its own dtype, called on float32 hidden states, giving float32 logits (a
+    bfloat16 target beside a float32 drafter)."""
+
+    def __init__(self, head: torch.nn.Module) -> None:
+        super().__init__()
+        self.head = head
+        self.dtype: torch.dtype = next(head.parameters()).dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x.to(self.dtype)).float()
+
+
 def lm_head(model) -> torch.nn.Module:
-    """The target's output projection (hidden -> vocabulary logits)."""
-    return model.get_output_embeddings()
+    """The target's output projection (hidden -> vocabulary logits), float32 logits whatever its dtype."""
+    head = model.get_output_embeddings()
+    return head if head.weight.dtype == torch.float32 else FloatHead(head)
 
 
 def shared_weights(model) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(embedding weight, LM head weight)`` of the target, which the reference drafters start from."""
-    return model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    """``(embedding weight, LM head weight)`` of the target in float32, which the reference drafters start
+    from."""
+    return model.get_input_embeddings().weight.float(), model.get_output_embeddings().weight.float()
+
+
+def as_float(out: TargetOutput, dtype: torch.dtype = torch.float32) -> TargetOutput:
+    """``out`` in ``dtype`` (a bfloat16 target's states for a float32 drafter); ``out`` itself when it is."""
+    if out.hidden.dtype == dtype:
+        return out
+    pre = None if out.prenorm is None else out.prenorm.to(dtype)
+    return TargetOutput(out.hidden.to(dtype), out.last.to(dtype), pre)
+
+
+def default_mask_token(path: str | Path) -> int:
+    """The DFlash mask token of a target folder's tokenizer: its mask token, else its pad token, else its
+    unknown token, else its last id (z-lab's drafters use a dedicated token; any fixed id the target embeds
+    works, as long as training and serving use the same, which the export records)."""
+    import transformers
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # transformers raises many types for a folder it cannot load
+        text = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ConfigError(f"{path}: transformers cannot load its tokenizer ({text})") from None
+    for name in ("mask_token_id", "pad_token_id", "unk_token_id"):
+        value = getattr(tok, name, None)
+        if isinstance(value, int):
+            return value
+    return len(tok) - 1

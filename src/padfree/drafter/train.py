@@ -29,6 +29,7 @@ from padfree.drafter.recipes import Recipe
 from padfree.drafter.target import (
     TINY_TARGET,
     TargetOutput,
+    as_float,
     build_target,
     lm_head,
     run_target,
@@ -60,6 +61,24 @@ def target_layers(recipe: Recipe, n_layers: int, fused_layers: int | None = None
     ``n_layers`` (``fused_layers`` overrides the recipe's count; a target too small for it fuses what it
     has)."""
     return methods.LAYER_RULES[recipe.layer_rule](n_layers, fused_layers or recipe.fused_layers)
+
+
+def drafter_sizes(cfg: Any) -> dict[str, Any]:
+    """The drafter's sizes from the target's transformers config: its width, heads, key-value heads, head
+    width, MLP width, RMSNorm epsilon and rotary base (the published drafters copy them; a rotary scaling
+    of the target, if any, is not carried: the drafter's rotary embedding is the plain one)."""
+    heads = cfg.num_attention_heads
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+    return {
+        "hidden_size": cfg.hidden_size,
+        "num_heads": heads,
+        "num_kv_heads": getattr(cfg, "num_key_value_heads", None) or heads,
+        "intermediate_size": cfg.intermediate_size,
+        "head_size": getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        "eps": float(getattr(cfg, "rms_norm_eps", None) or 1e-6),
+        "rope_theta": float(theta or getattr(cfg, "rope_theta", None) or 10000.0),
+    }
 
 
 def draft_vocab(recipe: Recipe, vocab: int, token_counts: np.ndarray | None) -> VocabMap | None:
@@ -124,13 +143,7 @@ def build_models(
         target = build_target(seed=seed, vocab_size=vocab, **target_sizes)
     cfg = target.config
     layers = target_layers(recipe, cfg.num_hidden_layers, fused_layers)
-    heads = cfg.num_attention_heads
-    sizes = {
-        "hidden_size": cfg.hidden_size,
-        "num_heads": heads,
-        "num_kv_heads": getattr(cfg, "num_key_value_heads", None) or heads,
-        "intermediate_size": cfg.intermediate_size,
-    }
+    sizes = drafter_sizes(cfg)
     vmap = draft_vocab(recipe, int(cfg.vocab_size), counts)
     mod = spec.load()
     torch.manual_seed(seed)
@@ -216,6 +229,7 @@ def loss_sums(models: DrafterModels, batch: DrafterBatch, attention: str = "dens
         with torch.no_grad():
             out = run_target(models.target, c, models.layers)
     drafter = models.drafter
+    out = as_float(out, drafter.fc.weight.dtype)
     hidden, block = drafter.queries(with_noise(out, batch), batch, attention)
     sup = f.supervised.reshape(-1).to(hidden.device)
     recipe = batch.recipe
@@ -234,11 +248,12 @@ def loss_sums(models: DrafterModels, batch: DrafterBatch, attention: str = "dens
     return num + zero_loss(params), batch.den.to(num.device)
 
 
-def train_micro(models: DrafterModels, batch: DrafterBatch) -> int:
+def train_micro(models: DrafterModels, batch: DrafterBatch, attention: str = "dense") -> int:
     """One micro-batch as one optimizer step under the batch's recipe (its numerators over its denominator),
-    backward and the optimizer's step; returns the supervised draft positions."""
+    backward and the optimizer's step; returns the supervised draft positions. ``attention``: the drafter's
+    (``dense`` on a CPU, ``flex`` on a GPU)."""
     assert models.optimizer is not None, "build_models(..., lr=...) makes the optimizer"
-    num, den = loss_sums(models, batch)
+    num, den = loss_sums(models, batch, attention)
     (num.sum() / den.sum().clamp(min=1e-6)).backward()
     models.optimizer.step()
     models.optimizer.zero_grad(set_to_none=True)
@@ -250,6 +265,7 @@ __all__ = [
     "DrafterModels",
     "build_models",
     "draft_vocab",
+    "drafter_sizes",
     "loss_sums",
     "memory_model",
     "target_layers",

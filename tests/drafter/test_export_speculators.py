@@ -1,0 +1,76 @@
+"""An EAGLE-3 drafter exported by padfree loads in vllm speculators (``Eagle3DraftModel.from_pretrained``) and
+gives the same logits as padfree's forward at every test-time-training step, under both recipes (SpecForge's:
+pre-norm fed state, a trained head; speculators': post-norm fed state, a norm before ``fc``), with a draft
+vocabulary (``d2t``/``t2d``)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from padfree.drafter import recipes
+from padfree.drafter.collate import DrafterCollator
+from padfree.drafter.export import export_models
+from padfree.drafter.target import load_target, run_target
+from padfree.drafter.train import build_models, token_counts
+from padfree.testing.peers import import_peer, peer_missing
+from padfree.testing.targets import save_target_folder
+
+REASON = peer_missing("speculators")
+pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, hf_json):
+    return save_target_folder(tmp_path_factory.mktemp("target") / "llama", hf_json, family="llama", seed=2)
+
+
+@pytest.mark.parametrize("name", ["specforge", "speculators"])
+def test_speculators_loads_the_export_and_computes_the_same_logits(tmp_path, folder, name):
+    target = load_target(folder)
+    vocab = target.config.vocab_size
+    recipe = recipes.override(recipes.get(name, "eagle3"), ttt=3, draft_vocab=300)
+    n = 40
+    rng = np.random.default_rng(1)
+    ids = rng.integers(2, 3000, n)
+    mask = np.zeros(n, bool)
+    mask[10:] = True
+    doc = {"input_ids": ids, "loss_mask": mask, "sample_id": 0}
+    m = build_models("eagle3", vocab=vocab, recipe=recipe, target=target, counts=token_counts([doc], vocab))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in m.trainable():
+            p.add_(0.2 * torch.randn(p.shape, generator=g))
+    batch = DrafterCollator("eagle3", recipe=recipe, layout="packed")([doc])
+    out = run_target(m.target, batch.contract, m.layers)
+    with torch.no_grad():
+        ours = [m.drafter.lm_head(h) for h in m.drafter(out.hidden, batch)]
+    export_models(m, "speculators", tmp_path / "served", mask_token_id=0, target_path=folder)
+    config = json.loads((tmp_path / "served" / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in m.layers]
+    assert config["speculators_config"]["verifier"]["name_or_path"] == str(folder.resolve())
+
+    import_peer("speculators")
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    cfg = Eagle3SpeculatorConfig.from_pretrained(str(tmp_path / "served"))
+    cfg.transformer_layer_config._attn_implementation = "sdpa"  # their default is flex attention (GPU)
+    theirs = Eagle3DraftModel.from_pretrained(str(tmp_path / "served"), config=cfg).eval()
+    assert theirs.draft_vocab_size == 300 and bool(theirs.t2d[m.drafter.vocab.d2t].all())
+    logits: list[torch.Tensor] = []
+    hook = theirs.lm_head.register_forward_hook(lambda _m, _i, o: logits.append(o[0]))
+    t = n - 1  # their rows are shifted: hidden state t beside token t + 1 (speculators' shift_batch)
+    with torch.no_grad():
+        theirs(
+            hidden_states=out.hidden[:, :t],
+            input_ids=torch.from_numpy(ids[1:])[None],
+            document_ids=torch.zeros(1, t, dtype=torch.long),
+            position_ids=torch.arange(1, t + 1)[None],
+            ttt_steps=3,
+        )
+    hook.remove()
+    assert len(logits) == 3
+    for k in range(3):  # step k at position t is fed tokens up to t + 1 + k: compare where they exist
+        worst = (logits[k][: t - k] - ours[k][: t - k]).abs().max().item()
+        assert worst < 1e-4 * max(1.0, ours[k].abs().max().item()), (k, worst)

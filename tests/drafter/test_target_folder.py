@@ -1,0 +1,124 @@
+"""A user's target folder: examples/train_drafter.py --target DIR trains on a folder written by
+save_pretrained (its tokenizer reads the data, its layers follow the recipe's rule), checkpoints what export
+needs, and exports at the end of training and through ``padfree export-drafter``; a folder that is missing
+something is one line naming it."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from padfree.cli import main as cli
+from padfree.drafter.export import META_KEY, read_checkpoint
+from padfree.drafter.methods import spread_layers
+from padfree.drafter.target import check_target_folder, load_target
+from padfree.errors import ConfigError
+from padfree.testing.targets import save_target_folder
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "examples" / "train_drafter.py"
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory, hf_json):
+    return save_target_folder(tmp_path_factory.mktemp("target") / "tiny-llama", hf_json, family="llama")
+
+
+@pytest.fixture(scope="module")
+def example():
+    sys.path.insert(0, str(ROOT / "examples"))
+    spec = importlib.util.spec_from_file_location("train_drafter_example", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_train_on_a_target_folder_checkpoint_and_export(tmp_path, target_dir, fixtures_dir, example, capsys):
+    ckpt, served = tmp_path / "ckpt", tmp_path / "served"
+    args = [
+        "--target", str(target_dir), "--data", str(fixtures_dir / "samples/gsm8k.jsonl.gz"),
+        "--limit-samples", "6", "--budget", "256", "--block-size", "4", "--max-anchors", "4", "--max-steps",
+        "2", "--log-every", "1", "--checkpoint-dir", str(ckpt), "--export-dir", str(served),
+    ]  # fmt: skip
+    assert example.main(args) == 0
+    out = capsys.readouterr().out
+    assert "finished at step 2" in out and f"exported the drafter in dflash format to {served}" in out, out
+    state, meta = read_checkpoint(ckpt)
+    cfg = json.loads((target_dir / "config.json").read_text())
+    assert meta["target"]["path"] == str(target_dir.resolve())
+    assert tuple(meta["target_layers"]) == spread_layers(cfg["num_hidden_layers"], 5)  # the recipe's rule
+    assert meta["drafter"]["hidden_size"] == cfg["hidden_size"] and meta["drafter"]["head_size"] == 16
+    saved = torch.load(next(ckpt.glob("step-*.pt")), weights_only=True)
+    assert saved["drafter"]["vocab_size"] == cfg["vocab_size"] == 129280  # the tokenizer's ids, not folded
+    assert saved[META_KEY] == meta and state["embed_tokens.weight"].shape[0] == cfg["vocab_size"]
+    config = json.loads((served / "config.json").read_text())
+    assert config["dflash_config"] == {
+        "block_size": 4,
+        "mask_token_id": meta["mask_token_id"],
+        "target_layer_ids": meta["target_layers"],
+    }
+    assert config["num_target_layers"] == cfg["num_hidden_layers"] and config["num_hidden_layers"] == 1
+
+    again = tmp_path / "again"
+    assert cli(["export-drafter", str(ckpt), "--out", str(again)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    from safetensors.torch import load_file
+
+    a, b = load_file(served / "model.safetensors"), load_file(again / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert "layers.0.self_attn.q_proj.weight" in a and "embed_tokens.weight" not in a
+
+    assert cli(["export-drafter", str(ckpt), "--format", "speculators", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds eagle3 drafters; this drafter is dflash" in err[0], err
+
+
+def _broken(root: Path, target_dir: Path, what: str) -> Path:
+    d = root / what
+    d.mkdir()
+    for f in target_dir.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    if what == "no_config":
+        (d / "config.json").unlink()
+    elif what == "bad_config":
+        (d / "config.json").write_text("{not json")
+    elif what == "no_weights":
+        (d / "model.safetensors").unlink()
+    elif what == "bad_weights":
+        (d / "model.safetensors").write_bytes(b"garbage")
+    elif what == "no_tokenizer":
+        (d / "tokenizer.json").unlink()
+    return d
+
+
+@pytest.mark.parametrize(
+    ("what", "said"),
+    [
+        ("missing", "target not found"),
+        ("no_config", "config.json: cannot read the model config"),
+        ("bad_config", "config.json: not a model config (malformed JSON"),
+        ("no_weights", "no model.safetensors"),
+        ("bad_weights", "transformers cannot load a causal LM from it"),
+        ("no_tokenizer", "no tokenizer (tokenizer.json or tokenizer.model)"),
+    ],
+)
+def test_a_target_folder_missing_something_is_one_line(tmp_path, target_dir, what, said):
+    d = tmp_path / "nowhere" if what == "missing" else _broken(tmp_path, target_dir, what)
+    with pytest.raises(ConfigError) as info:
+        check_target_folder(d)
+        load_target(d)
+    assert said in str(info.value) and str(d) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_example_refuses_a_bad_target_and_folding_in_one_line(tmp_path, target_dir, example, capsys):
+    with pytest.raises(SystemExit) as info:
+        example.run_example(lambda: example.main(["--target", str(tmp_path / "nowhere")]))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and "nowhere: target not found" in err[0], err
+    with pytest.raises(SystemExit) as info:
+        example.main(["--target", str(target_dir), "--vocab-size", "256"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and "--vocab-size folds token ids" in err[0], err
