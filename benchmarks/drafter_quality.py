@@ -146,6 +146,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--evals", type=int, default=None, help="evaluations along the seconds (plus epoch ends)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per arm")
     p.add_argument("--workers", type=int, default=2, help="jobs run at once (one thread each)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the jobs OUT/NAME.partial.json finished (a run cut short, same options) and run the rest",
+    )
     p.add_argument("--target-dir", type=Path, default=None, help="the target folder (default OUT/target)")
     p.add_argument("--data", type=Path, default=ROOT / "fixtures" / "samples", help="folder of the chat sets")
     p.add_argument("--device", default="cpu")
@@ -241,11 +246,28 @@ def jobs_of(args: argparse.Namespace, folder: Path, data: Path) -> list[Job]:
     ]
 
 
-def run_all(jobs: list[Job], workers: int, say=print, partial: Path | None = None) -> list[dict]:
+def finished(partial: Path, key: dict) -> list[dict]:
+    """The job results a run cut short wrote to ``partial`` under the same ``key`` (mode, seconds,
+    evaluations); refuses a partial file of other options."""
+    if not partial.is_file():
+        return []
+    got = json.loads(partial.read_text())
+    if got.get("key", key) != key:
+        raise SystemExit(f"{partial}: written under {got['key']}, not {key} (--resume needs the same)")
+    return list(got["raw"])
+
+
+def run_all(jobs: list[Job], workers: int, say=print, partial: Path | None = None, key: dict | None = None,
+            done_before: list[dict] | None = None) -> list[dict]:  # fmt: skip
     """The jobs in ``workers`` spawned processes (one torch thread each; in this process when ``workers`` is
     1); CPU seconds are per process. Each finished job is said and, with ``partial``, every result so far is
-    written there (a run cut short keeps what it finished)."""
-    out: list[dict] = []
+    written there with ``key`` (a run cut short keeps what it finished). ``done_before``: results kept from
+    such a run; their (method, arm, seed) are not run again."""
+    out: list[dict] = list(done_before or [])
+    kept = {(r["method"], r["arm"], r["seed"]) for r in out}
+    jobs = [j for j in jobs if (j.method, j.arm, j.seed) not in kept]
+    if kept:
+        say(f"{len(kept)} jobs kept from {partial}, {len(jobs)} to run")
 
     def done(r: dict) -> None:
         last = r["curve"][-1]
@@ -255,7 +277,7 @@ def run_all(jobs: list[Job], workers: int, say=print, partial: Path | None = Non
         )
         out.append(r)
         if partial is not None:
-            partial.write_text(json.dumps({"raw": out}) + "\n")
+            partial.write_text(json.dumps({"key": key, "raw": out}) + "\n")
 
     if workers <= 1:
         for j in jobs:
@@ -441,8 +463,12 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.target_dir or args.out / "target"
     jobs = jobs_of(args, folder, data)
     say(f"{len(jobs)} jobs of {args.seconds:.0f} CPU s each, {args.workers} at once")
-    results = run_all(jobs, args.workers, say, partial=args.out / f"{args.name}.partial.json")
-    summaries = {m: summarize(results, m, args.seeds) for m in args.methods}
+    partial = args.out / f"{args.name}.partial.json"
+    key = {"mode": args.mode, "seconds": args.seconds, "evals": args.evals}
+    before = finished(partial, key) if args.resume else []
+    results = run_all(jobs, args.workers, say, partial=partial, key=key, done_before=before)
+    seeds = {m: 1 + max((r["seed"] for r in results if r["method"] == m), default=-1) for m in args.methods}
+    summaries = {m: summarize(results, m, seeds[m]) for m in args.methods}
     first = args.methods[0]
     out = {
         "arms": summaries[first]["arms"],
@@ -460,7 +486,9 @@ def main(argv: list[str] | None = None) -> int:
         f"# {args.name}\n\nTarget: {info['parameters'] / 1e6:.2f}M-parameter Qwen3 trained on "
         f"{info['chats']} bundled chats; {info['regenerated']} regenerated answers (mean "
         f"{info['answer_mean_tokens']:.0f} tokens, {info['answers_ended']:.0%} ended by the end marker); "
-        f"{n_prompts} held-out prompts; {args.seeds} seeds; {args.seconds:.0f} CPU s per arm (one thread).\n"
+        f"{n_prompts} held-out prompts; seeds: "
+        + ", ".join(f"{m} {n}" for m, n in seeds.items())
+        + f"; {args.seconds:.0f} CPU s per arm (one thread).\n"
     )
     md += "".join(table(summaries[m], m) for m in args.methods)
     (args.out / f"{args.name}.md").write_text(md)
