@@ -50,6 +50,7 @@ from padfree.core.config import CostModel, PlanConfig
 from padfree.core.cost import Shapes, imbalance, micro_costs, micro_shapes, rank_costs
 from padfree.core.planner import make_plan
 from padfree.core.steps import assign_ranks
+from padfree.drafter.methods import METHODS
 
 if TYPE_CHECKING:
     from padfree.drafter.collate import DrafterBatch
@@ -251,7 +252,7 @@ def collator(method: str, arm: Arm, recipe: Recipe, seed: int):
     row-level ones (:func:`row_policy`) for a ``leaky`` arm."""
     from padfree.drafter.collate import DrafterCollator
 
-    policy = row_policy(recipe) if arm.leaky and method == "dflash" else None
+    policy = row_policy(recipe) if arm.leaky and METHODS[method].uses_anchors else None
     return DrafterCollator(method, policy, recipe=recipe, seed=seed, layout=arm.layout, leaky=arm.leaky,
                            mask_token_id=1)  # fmt: skip
 

@@ -677,9 +677,9 @@ def run_job(job: Job) -> dict:
         out = work / f"{why}-{len(curve)}"
         export_models(models, fmt, out, mask_token_id=mask_token, target_path=folder)
         t0 = time.perf_counter()
-        if spec.name == "dflash":
+        if fmt == "dflash":  # z-lab's folder, decoded by their dflash_generate
             acc = dflash_acceptance(out, decoder, prompts, references, max_new=job.max_new, eos=eos)
-        else:
+        else:  # speculators' folder: their model's forward, chain-verified
             acc = eagle3_acceptance(out, decoder, prompts, references)
         curve.append(
             {

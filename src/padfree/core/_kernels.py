@@ -740,6 +740,18 @@ def _greedy(lens: np.ndarray, a: int, e: int, limit: int, packed: bool, out: np.
 
 
 @njit(cache=True, nogil=True)
+def _sum_max(lens: np.ndarray, a: int, e: int) -> tuple:
+    """The sum and the largest of ``lens[a:e]`` (0 and 0 when empty), in one pass."""
+    total = 0
+    most = 0
+    for i in range(a, e):
+        total += lens[i]
+        if lens[i] > most:
+            most = lens[i]
+    return total, most
+
+
+@njit(cache=True, nogil=True)
 def _even_segment(
     lens: np.ndarray, a: int, e: int, budget: int, max_pieces: int, packed: bool, out: np.ndarray, k: int
 ) -> int:
@@ -748,12 +760,8 @@ def _even_segment(
     search), then one backward pass that moves items from each piece into the next while that lowers the
     larger of the two costs (the greedy cut leaves its slack at the end). Writes piece ends to ``out[k:]``
     and returns the new ``k``; the caller checks that the greedy cut under ``budget`` fits ``max_pieces``."""
-    lo = 1
-    total = 0
-    for i in range(a, e):
-        total += lens[i]
-        if lens[i] > lo:
-            lo = lens[i]
+    total, lo = _sum_max(lens, a, e)
+    lo = lo if lo > 1 else 1
     # a piece costs at least the sum of its lengths: no limit below total / max_pieces fits (same answer,
     # fewer rounds)
     least = (total + max_pieces - 1) // max_pieces
@@ -773,12 +781,7 @@ def _even_segment(
         m = out[p - 1]
         s = a if p - 1 == k else out[p - 2]
         cnt_q = end - m
-        max_q = 0
-        sum_q = 0
-        for i in range(m, end):
-            sum_q += lens[i]
-            if lens[i] > max_q:
-                max_q = lens[i]
+        sum_q, max_q = _sum_max(lens, m, end)
         # prefix maxima and sums of piece p-1
         pre_max = np.empty(m - s, np.int64)
         pre_sum = np.empty(m - s, np.int64)

@@ -185,8 +185,22 @@ def export_models(
     return export_drafter(state, meta, fmt, out, dtype=dtype)
 
 
-def _rope(cfg: dict) -> dict:
-    return {"rope_type": "default", "rope_theta": float(cfg["rope_theta"])}
+def _layer_sizes(d: dict, t: dict) -> dict:
+    """The transformers config fields of the drafter's layers both formats write: its sizes (``d``, from the
+    export meta), plain rotary embeddings with the target's base, the target's (``t``) context length; no
+    biases, no tied embeddings."""
+    return {
+        "hidden_size": int(d["hidden_size"]),
+        "intermediate_size": int(d["intermediate_size"]),
+        "num_attention_heads": int(d["num_heads"]),
+        "num_key_value_heads": int(d["num_kv_heads"]),
+        "head_dim": int(d["head_size"] or d["hidden_size"] // d["num_heads"]),
+        "rms_norm_eps": float(d["eps"]),
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(d["rope_theta"])},
+        "max_position_embeddings": int(t.get("max_position_embeddings") or 32768),
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+    }
 
 
 def _take(state: dict, name: str) -> torch.Tensor:
@@ -204,17 +218,8 @@ def _dflash(state: dict, meta: dict) -> tuple[dict, dict]:
     window = d.get("sliding_window")
     qwen = transformers.Qwen3Config(
         vocab_size=int(t["vocab_size"]),
-        hidden_size=int(d["hidden_size"]),
-        intermediate_size=int(d["intermediate_size"]),
         num_hidden_layers=n,
-        num_attention_heads=int(d["num_heads"]),
-        num_key_value_heads=int(d["num_kv_heads"]),
-        head_dim=int(d["head_size"] or d["hidden_size"] // d["num_heads"]),
-        rms_norm_eps=float(d["eps"]),
-        rope_parameters=_rope(d),
-        max_position_embeddings=int(t.get("max_position_embeddings") or 32768),
-        tie_word_embeddings=False,
-        attention_bias=False,
+        **_layer_sizes(d, t),
         use_sliding_window=window is not None,
         sliding_window=window,
         layer_types=["sliding_attention" if window is not None else "full_attention"] * n,
@@ -257,17 +262,8 @@ def _speculators(state: dict, meta: dict) -> tuple[dict, dict]:
     vocab = int(t["vocab_size"])
     layer = transformers.LlamaConfig(
         vocab_size=vocab,
-        hidden_size=int(d["hidden_size"]),
-        intermediate_size=int(d["intermediate_size"]),
         num_hidden_layers=1,
-        num_attention_heads=int(d["num_heads"]),
-        num_key_value_heads=int(d["num_kv_heads"]),
-        head_dim=int(d["head_size"] or d["hidden_size"] // d["num_heads"]),
-        rms_norm_eps=float(d["eps"]),
-        rope_parameters=_rope(d),
-        max_position_embeddings=int(t.get("max_position_embeddings") or 32768),
-        tie_word_embeddings=False,
-        attention_bias=False,
+        **_layer_sizes(d, t),
         mlp_bias=False,
     ).to_diff_dict()
     layer.pop("transformers_version", None)
