@@ -442,7 +442,8 @@ def plot(summaries: dict, path: Path) -> None:
                 a["tokens"], a["acceptance_length"], color=colors[arm], lw=2, label=arm, marker="o", ms=3
             )
         row[0].set(xlabel="training CPU seconds", ylabel="acceptance length", title=f"{method}: equal time")
-        row[1].set(xlabel="tokens trained", ylabel="acceptance length", title=f"{method}: equal tokens")
+        row[1].set(xlabel="tokens trained (K)", ylabel="acceptance length", title=f"{method}: equal tokens")
+        row[1].xaxis.set_major_formatter(lambda x, _: f"{x / 1e3:.0f}")
         row[0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
