@@ -22,14 +22,9 @@ VOCAB, BLOCK, BUDGET, N, LAYERS = 256, 4, 512, 24, (1, 3)
 
 @pytest.fixture(scope="module")
 def samples(fixtures_dir):
-    from padfree.data.samples import load_samples
-    from padfree.testing.drafters import fold_tokens
+    from padfree.testing.drafters import bundled_chats
 
-    raw = load_samples(
-        [str(fixtures_dir / "samples/*.jsonl.gz")], str(fixtures_dir / "tokenizers/llama_sp32k.model"), N,
-        "assistant", 200,
-    )  # fmt: skip
-    return fold_tokens(raw, VOCAB)
+    return bundled_chats(fixtures_dir, N, VOCAB)
 
 
 @pytest.fixture(scope="module")

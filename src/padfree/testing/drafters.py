@@ -10,6 +10,7 @@ The peers are imported through :func:`padfree.testing.peers.import_peer`; caller
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -137,6 +138,18 @@ def fold_tokens(samples: list[dict], vocab: int) -> list[dict]:
     """``samples`` with token ids folded into ``2 .. vocab - 2`` (``vocab - 1`` stays free for DFlash's mask
     token), so a tiny target's LM head stays small."""
     return [{**s, "input_ids": (np.asarray(s["input_ids"]) % (vocab - 3)) + 2} for s in samples]
+
+
+def bundled_chats(fixtures: str | Path, n: int, vocab: int, max_tokens: int = 200) -> list[dict]:
+    """The first ``n`` chats of the bundled sample sets (``fixtures/samples``, the bundled 32K SentencePiece
+    tokenizer, loss on assistant turns, cut to ``max_tokens``) with token ids folded for a ``vocab``-token
+    tiny target (:func:`fold_tokens`)."""
+    from padfree.data.samples import load_samples
+
+    fixtures = Path(fixtures)
+    raw = load_samples([str(fixtures / "samples/*.jsonl.gz")], str(fixtures / "tokenizers/llama_sp32k.model"),
+                       n, "assistant", max_tokens)  # fmt: skip
+    return fold_tokens(raw, vocab)
 
 
 class TargetTransfer:
