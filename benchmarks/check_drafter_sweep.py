@@ -25,7 +25,7 @@ RUNS = (("packed", False), ("padded", False), ("packed", True), ("padded", True)
 
 
 def main() -> None:
-    from padfree.commands.check_drafter import supervised_window
+    from padfree.commands.check_drafter import SCAN, drafting_documents, supervised_window
     from padfree.data.samples import load_samples
     from padfree.drafter import recipes
     from padfree.drafter.check import check_drafter
@@ -49,7 +49,9 @@ def main() -> None:
     for f in sorted(a.data.glob("*.jsonl*"))[shard::shards]:
         for tok in toks:
             try:
-                samples = [supervised_window(d, a.max_tokens) for d in load_samples([f], tok, limit=a.docs)]
+                read = [
+                    supervised_window(d, a.max_tokens) for d in load_samples([f], tok, limit=SCAN * a.docs)
+                ]
             except PadfreeError as e:
                 rows.append({"file": f.name, "tokenizer": tok.name, "error": str(e)})
                 print(f.name, tok.name, "unreadable:", e, flush=True)
@@ -70,6 +72,7 @@ def main() -> None:
                 row |= {"layout": layout, "leaky": leaky, "command": cmd}
                 try:
                     recipe = recipes.get(name, method)
+                    samples, row["passed_over"] = drafting_documents(read, a.docs, method, recipe)
                     r = check_drafter(method, samples, recipe=recipe, leaky=leaky, layout=layout)
                 except PadfreeError as e:  # what the CLI prints on one line with exit 2
                     row |= {"exit": 2, "verdict": "refused", "reason": str(e)}

@@ -163,4 +163,29 @@ def test_data_without_loss_tokens_is_one_line_exit_2(tmp_path, sp_model, capsys)
     )
     assert main(["check-drafter", "--data", str(path), "--tokenizer", str(sp_model), "--docs", "3"]) == 2
     err = capsys.readouterr().err
-    assert "no document has a supervised draft position" in err and len(err.strip().splitlines()) == 1
+    assert "0 of the first 3 documents have a supervised draft position" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def _chats(path, answers):
+    with open(path, "w") as f:
+        for i, answer in enumerate(answers):
+            chat = [{"role": "user", "content": f"question {i}: " + "tell me more " * 12},
+                    {"role": "assistant", "content": answer}]  # fmt: skip
+            f.write(json.dumps({"messages": chat}) + "\n")
+
+
+def test_documents_without_a_draft_position_are_passed_over(sp_model, tmp_path, capsys):
+    # speculators' DFlash recipe anchors nothing within 16 tokens of a document's end: a short final answer
+    # trains nothing packed or alone, so the check takes the next documents that do train
+    data = tmp_path / "chats.jsonl"
+    long = "a long answer that goes on " * 8
+    _chats(data, ["yes", long, "no", long, long])
+    args = ["check-drafter", "--data", str(data), "--tokenizer", str(sp_model), "--recipe", "speculators"]
+    assert main([*args, "--docs", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "3 documents in one packed row" in out
+    assert "(2 documents without a supervised draft position passed over)" in out
+    _chats(data, ["yes", "no", long])
+    assert main([*args, "--docs", "2"]) == 2
+    assert "1 of the first 3 documents have a supervised draft position" in capsys.readouterr().err

@@ -79,6 +79,41 @@ def supervised_window(doc: dict, size: int) -> dict:
     return {k: v[start : start + size] for k, v in doc.items()}
 
 
+SCAN = 20
+"""check-drafter reads up to ``SCAN x --docs`` documents to find ``--docs`` that train."""
+
+
+def drafting_documents(docs: list[dict], n: int, method: str, recipe) -> tuple[list[dict], int]:
+    """The first ``n`` of ``docs`` with at least one supervised draft position under ``recipe`` (DFlash: an
+    anchor its rule allows; EAGLE-3: a loss token after the first), and how many were passed over. A
+    document with none trains nothing packed or alone, so it has nothing to compare (the speculators DFlash
+    recipe, for one, anchors no answer shorter than its 16-token margin at a document's end).
+
+    >>> import numpy as np
+    >>> from padfree.drafter import recipes
+    >>> short = {"input_ids": np.arange(20), "loss_mask": np.r_[np.zeros(12), np.ones(8)].astype(np.int8)}
+    >>> long = {"input_ids": np.arange(40), "loss_mask": np.r_[np.zeros(8), np.ones(32)].astype(np.int8)}
+    >>> kept, skipped = drafting_documents([short, long], 2, "dflash", recipes.get("speculators", "dflash"))
+    >>> [len(d["input_ids"]) for d in kept], skipped
+    ([40], 1)
+    """
+    import numpy as np
+
+    from padfree.core.anchors import anchor_counts
+    from padfree.drafter.methods import METHODS
+
+    masks = [np.asarray(d["loss_mask"]).astype(bool) for d in docs]
+    if METHODS[method].uses_anchors:
+        offsets = np.concatenate(([0], np.cumsum([m.size for m in masks])))
+        flat = np.concatenate(masks) if masks else np.zeros(0, bool)
+        drafts = anchor_counts(flat, offsets, recipe.anchor_policy()) > 0
+    else:
+        drafts = np.array([bool(m[1:].any()) for m in masks], bool)
+    keep = np.flatnonzero(drafts)[:n]
+    passed = int(keep[-1] + 1 - keep.size) if keep.size else len(docs)
+    return [docs[i] for i in keep], passed
+
+
 def run(args: argparse.Namespace) -> int:
     from padfree.drafter.check import check_drafter, fixture_documents
     from padfree.errors import ConfigError
@@ -92,21 +127,31 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("check-drafter: --data and --tokenizer go together")
     if args.tokenizer is not None:  # as `padfree lengths`: a FIFO or device would block its reader
         check_input(Path(args.tokenizer), "tokenizer")
+    recipe = recipe_from_args(args, args.method)
     if args.data is None:
         samples = fixture_documents(args.docs, args.max_tokens)
         source = "bundled fixtures (chats and documents, llama_sp32k)"
     else:
         from padfree.data.samples import load_samples
 
-        samples = [
+        read = [
             supervised_window(d, args.max_tokens)
-            for d in load_samples(args.data, args.tokenizer, limit=args.docs)
+            for d in load_samples(args.data, args.tokenizer, limit=SCAN * args.docs)
         ]
-        source = ", ".join(args.data)
+        samples, passed = drafting_documents(read, args.docs, args.method, recipe)
+        if len(samples) < 2:
+            raise ConfigError(
+                f"check-drafter: {', '.join(args.data)}: {len(samples)} of the first {len(read)} documents "
+                f"have a supervised draft position under recipe {recipe.name} (--max-tokens "
+                f"{args.max_tokens}); at least 2 are needed to compare packed with alone"
+            )
+        source = ", ".join(args.data) + (
+            f" ({passed} documents without a supervised draft position passed over)" if passed else ""
+        )
     r = check_drafter(
         args.method,
         samples,
-        recipe=recipe_from_args(args, args.method),
+        recipe=recipe,
         leaky=args.leaky,
         seed=args.seed,
         layout=args.layout,
