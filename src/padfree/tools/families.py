@@ -1,0 +1,292 @@
+"""The family sweep: does packing keep documents apart on every decoder family the installed transformers has?
+
+Each family of transformers' causal-LM mapping is built as a tiny random model that keeps every layer type of
+its pattern (attention, sliding, linear attention, convolution, SSM, MoE...), with ``padfree_varlen``, and
+checked two ways: the perturbation probe (:mod:`padfree.torch.leak_probe`: a later document's logits must not
+move when the first document changes) and packed vs each document alone. The verdict per family:
+
+- ``exact``: probe difference within the run-to-run noise (0 on CPU) and packed == alone (float32 1e-4);
+  the ``path`` says whether padfree's per-document mixers were needed, and which;
+- ``refused``: packed training of the family stops with one line (the reason; e.g. a leak the guard sees);
+- ``not buildable``: no tiny model of the family could be built or run here (why);
+- ``out of scope``: encoders and encoder-decoders (packing of causal decoders only).
+
+A family the generic shrinker cannot build tiny gets a hand-written config in :data:`HAND`.
+
+>>> r = check_family("qwen3")
+>>> r.status, r.probe
+('exact', 0.0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+STATUSES = ("exact", "refused", "not buildable", "out of scope")
+
+# generic shrink: every field a config has among these is set to the small value (or kept when smaller)
+SMALL: dict[str, int] = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 512,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "mamba_n_heads": 8,
+    "mamba_d_head": 16,
+    "mamba_d_state": 16,
+    "state_size": 16,
+    "ssm_state_size": 16,
+    "n_groups": 1,
+    "mamba_n_groups": 1,
+    "n_embd": 64,
+    "n_head": 4,
+    "d_model": 64,
+    "n_positions": 512,
+    "num_heads": 4,
+    "time_step_rank": 8,
+    "first_k_dense_replace": 1,
+    "topk_group": 1,
+    "n_group": 1,
+    "sliding_window": 8,
+    "attention_window_size": 8,
+    "attn_layer_period": 2,
+    "attn_layer_offset": 1,
+    "expert_layer_period": 2,
+    "expert_layer_offset": 1,
+}
+
+# hand-written tiny configs, over the generic shrink, for families whose defaults the shrink cannot fit
+HAND: dict[str, dict[str, Any]] = {
+    "lfm2": {"num_hidden_layers": 4, "full_attn_idxs": [1, 3]},
+}
+
+PARAM_LIMIT = 20_000_000
+DOCS = (7, 12, 5, 9)
+TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class FamilyResult:
+    """One row of the sweep (see the module docstring for the statuses)."""
+
+    family: str
+    status: str
+    detail: str = ""
+    model_class: str = ""
+    path: str = ""
+    mixers: tuple[str, ...] = field(default_factory=tuple)
+    probe: float | None = None
+    alone: float | None = None
+    params: int | None = None
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        bits = [f"{self.family:26s} {self.status:13s}"]
+        if self.probe is not None:
+            bits.append(f"probe {self.probe:.3g} alone {self.alone:.3g}")
+        bits.append(self.path or self.detail)
+        return "  ".join(b for b in bits if b)
+
+
+def causal_families() -> dict[str, str]:
+    """model_type -> causal-LM class name, for every family of the installed transformers' mapping."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return dict(sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()))
+
+
+def out_of_scope(family: str, cfg: Any) -> str | None:
+    """Why ``family`` is not a causal decoder padfree packs (an encoder, an encoder-decoder), or ``None``."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    if getattr(cfg, "is_encoder_decoder", False):
+        return "encoder-decoder"
+    if family in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return "encoder (masked LM) used as a decoder"
+    if getattr(cfg, "add_cross_attention", False) or family in ("trocr", "bert-generation"):
+        return "the decoder of an encoder-decoder model"
+    return None
+
+
+def tiny_config(family: str) -> Any:
+    """A tiny config of ``family`` keeping one layer of each distinct per-layer pattern entry (multimodal
+    families: their text config), with :data:`HAND` over the generic shrink."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cfg = CONFIG_MAPPING[family]()
+    text = getattr(cfg, "text_config", None)
+    if text is not None and hasattr(text, "hidden_size"):
+        cfg = text
+    d = cfg.to_dict()
+    mapped = getattr(cfg, "attribute_map", {}) or {}
+    for k, v in SMALL.items():
+        cur = d.get(k, getattr(cfg, k, None))
+        if isinstance(cur, int) and not isinstance(cur, bool):
+            d[k] = v if k == "hidden_size" else min(v, cur)
+    n0 = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    per_layer = [k for k, v in d.items() if isinstance(v, list) and n0 and len(v) == n0 and k not in mapped]
+    if per_layer:  # one layer of each distinct combination of per-layer fields, in order
+        seen: set[tuple[str, ...]] = set()
+        keep: list[int] = []
+        for i in range(n0):
+            key = tuple(str(d[k][i]) for k in per_layer)
+            if key not in seen:
+                seen.add(key)
+                keep.append(i)
+        if len(keep) == 1 and n0 > 1:
+            keep.append(1)
+        for k in per_layer:
+            d[k] = [d[k][i] for i in keep]
+        d["num_hidden_layers"] = len(keep)
+    elif "num_hidden_layers" in d:
+        d["num_hidden_layers"] = 2
+    if isinstance(d.get("attn_layer_indices"), list):
+        d["attn_layer_indices"] = [1]
+    for k in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        v = d.get(k)
+        if (isinstance(v, int) and v >= SMALL["vocab_size"]) or isinstance(v, list):
+            d[k] = 0
+    for k in mapped:
+        d.pop(k, None)
+    d.update(HAND.get(family, {}))
+    new = type(cfg)(**d)
+    new.use_cache = False
+    return new
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+
+
+def check_family(family: str, seed: int = 0) -> FamilyResult:
+    """Build ``family`` tiny with ``padfree_varlen`` and judge it: one :class:`FamilyResult`, never raises."""
+    import torch
+    import transformers
+
+    import padfree.torch.attention as pa
+    from padfree.errors import ConfigError
+    from padfree.torch.leak_probe import leaking_modules, probe_docs, probe_leak, vocab_of
+    from padfree.torch.mixers import mixers_of
+
+    t0 = time.perf_counter()
+
+    def result(status: str, **kw: Any) -> FamilyResult:
+        return FamilyResult(family, status, seconds=round(time.perf_counter() - t0, 2), **kw)
+
+    try:
+        cfg = tiny_config(family)
+    except Exception as exc:  # the shrink does not fit this family: say so, the table lists it
+        return result("not buildable", detail=f"tiny config: {_one_line(exc)}")
+    why = out_of_scope(family, cfg)
+    if why:
+        return result("out of scope", detail=why)
+    try:
+        with torch.device("meta"):
+            cls = getattr(transformers, causal_families()[family], None)
+            try:
+                meta = transformers.AutoModelForCausalLM.from_config(cfg)
+            except ValueError:  # a text config the auto class does not map: the family's own class
+                if cls is None:
+                    raise
+                meta = cls._from_config(cfg)
+        params = sum(p.numel() for p in meta.parameters())
+        if params > PARAM_LIMIT:
+            return result("not buildable", detail=f"tiny config still has {params / 1e6:.0f}M parameters")
+        torch.manual_seed(seed)
+        if cls is not None and type(meta) is cls:
+            model = cls._from_config(cfg, attn_implementation=pa.NAME)
+        else:
+            model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=pa.NAME)
+        model.eval()
+        with torch.no_grad():
+            model(input_ids=torch.arange(5)[None] % cfg.vocab_size, use_cache=False)
+    except Exception as exc:
+        return result("not buildable", detail=f"build or unpacked forward: {_one_line(exc)}")
+    kw: dict[str, Any] = {"model_class": type(model).__name__, "params": params}
+    kw["mixers"] = tuple(sorted({type(model.get_submodule(q)).__name__ for q in mixers_of(model)}))
+    try:
+        pa.reset_path()
+        probe = probe_leak(model, DOCS, seed)
+        attn = pa.last_path() or f"transformers {model.config._attn_implementation}"
+        docs, _ = probe_docs(vocab_of(model), DOCS, seed)
+        with torch.no_grad():
+            model.eval()
+            from padfree.torch.leak_probe import packed_inputs
+
+            packed = model(**packed_inputs(docs), use_cache=False).logits[0].float()
+            alone = max(
+                (p - model(input_ids=d[None], use_cache=False).logits[0].float()).abs().max().item()
+                for p, d in zip(packed.split(list(DOCS)), docs, strict=True)
+            )
+    except ConfigError as exc:
+        return result("refused", detail=str(exc), **kw)
+    except Exception as exc:
+        return result("refused", detail=f"packed forward fails: {_one_line(exc)}", **kw)
+    kw.update(probe=probe.diff, alone=float(alone))
+    path = attn + (f" + per-document {', '.join(kw['mixers'])}" if kw["mixers"] else "")
+    if probe.leaked or not alone <= TOLERANCE:
+        culprits = leaking_modules(model, DOCS, seed)
+        names = ", ".join(sorted({type(model.get_submodule(n)).__name__ for n in culprits})) or "?"
+        return result(
+            "refused", detail=f"leaks through {names}: the packing guard refuses it", path=path, **kw
+        )
+    return result("exact", path=path, **kw)
+
+
+def sweep(families: list[str] | None = None, seed: int = 0, log: Any = None) -> list[FamilyResult]:
+    """:func:`check_family` for ``families`` (default: every causal family installed), transformers'
+    warnings kept out of the way."""
+    import transformers
+
+    names = list(causal_families()) if families is None else families
+    unknown = [f for f in names if f not in causal_families()]
+    if unknown:
+        from padfree.errors import ConfigError
+
+        raise ConfigError(f"check-packing: {', '.join(unknown)}: not a causal-LM family of this transformers")
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    out = []
+    try:
+        for f in names:
+            quiet = contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO())
+            with warnings.catch_warnings(), quiet[0], quiet[1]:
+                warnings.simplefilter("ignore")
+                r = check_family(f, seed)
+            out.append(r)
+            if log is not None:
+                log(r)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    return out
+
+
+def summary(results: list[FamilyResult]) -> dict[str, int]:
+    return {s: sum(r.status == s for r in results) for s in STATUSES}
+
+
+def as_json(results: list[FamilyResult]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in results]
