@@ -577,8 +577,9 @@ def register() -> bool:
 
 def _install_on_build() -> None:
     """Every model built with ``padfree_varlen`` (``from_config``, ``from_pretrained``,
-    ``set_attn_implementation``) gets its token mixers kept per document (:func:`padfree.torch.mixers.keep_documents_apart`), so a hybrid
-    model fed PackCollator's batch is exact with nothing more to call."""
+    ``set_attn_implementation``) gets its token mixers kept per document
+    (:func:`padfree.torch.mixers.keep_documents_apart`), so a hybrid model fed PackCollator's batch is exact
+    with nothing more to call."""
     from transformers import PreTrainedModel
 
     from padfree.torch.mixers import keep_documents_apart

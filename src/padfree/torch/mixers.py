@@ -11,8 +11,8 @@ one document into the start of the next, silently. Here every such module runs o
     mixer output    (1, 9, H) <──concat── each piece mixed alone (its state starts at zero)
 
 Which modules mix is a table (:data:`MIXERS`: class names, or ``family.Class`` where a name is too plain),
-filled from ``padfree check-packing --all-families``, which localises a leak to the module that causes it. Boundaries come from the outermost
-model call (``cu_seq_lens_q`` or restarting ``position_ids``) and from each decoder layer's own keywords, so a
+filled from ``padfree check-packing --all-families``, which localises a leak to the module that causes it.
+Boundaries come from the outermost model call (``cu_seq_lens_q`` or restarting ``position_ids``) and from each decoder layer's own keywords, so a
 layer recomputed under gradient checkpointing splits the same way. Importing :mod:`padfree.torch.attention`
 makes every model built or switched to ``attn_implementation="padfree_varlen"`` install this by itself.
 
@@ -241,7 +241,8 @@ def keep_documents_apart(model: torch.nn.Module, names: Sequence[str] | None = N
     of a packed row, in place and idempotent; returns the qualified names of the modules it wraps.
 
     Boundaries are read at the outermost module call and at each decoder layer
-    (``GradientCheckpointingLayer``) from ``cu_seq_lens_q`` or restarting ``position_ids``, PackCollator's layout."""
+    (``GradientCheckpointingLayer``) from ``cu_seq_lens_q`` or restarting ``position_ids``, PackCollator's
+    layout."""
     wanted = set(MIXERS if names is None else names)
     wrapped: list[str] = []
     if not getattr(model, "_padfree_bounds", False):
