@@ -58,20 +58,11 @@ class Probe:
 def packed_inputs(docs: Sequence[torch.Tensor], device: torch.device | str = "cpu") -> dict[str, Any]:
     """PackCollator's layout for a row of ``docs`` (1-D id tensors): ids, restarting ``position_ids``,
     ``cu_seq_lens_*``, ``max_length_*`` and the per-token document index ``seq_idx``."""
-    lengths = [int(d.numel()) for d in docs]
-    cu = torch.zeros(len(docs) + 1, dtype=torch.int32)
-    cu[1:] = torch.as_tensor(lengths).cumsum(0)
-    return {
-        "input_ids": torch.cat(list(docs))[None].to(device),
-        "position_ids": torch.cat([torch.arange(n) for n in lengths])[None].to(device),
-        "cu_seq_lens_q": cu.to(device),
-        "cu_seq_lens_k": cu.to(device),
-        "max_length_q": max(lengths),
-        "max_length_k": max(lengths),
-        "seq_idx": torch.repeat_interleave(
-            torch.arange(len(lengths), dtype=torch.int32), torch.as_tensor(lengths)
-        )[None].to(device),
-    }
+    from padfree.torch._collate import packed_layout
+
+    layout = packed_layout([int(d.numel()) for d in docs])
+    row = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in layout.items()}
+    return {"input_ids": torch.cat(list(docs))[None].to(device), **row}
 
 
 def vocab_of(model: torch.nn.Module) -> int:
@@ -113,16 +104,24 @@ def probe_leak(
     doc_lengths: Sequence[int] = PROBE_DOCS,
     seed: int = 0,
     autocast: torch.dtype | None = None,
+    seq_idx: bool = True,
 ) -> Probe:
     """Run the probe row on ``model`` (eval mode, no gradients; the mode is restored) on its device."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     docs, changed = probe_docs(vocab_of(model), doc_lengths, seed)
     cast = torch.autocast(device_type=device.type, dtype=autocast) if autocast else contextlib.nullcontext()
     first = int(doc_lengths[0])
+
+    def row(ds: list[torch.Tensor]) -> dict[str, Any]:
+        inputs = packed_inputs(ds, device)
+        if not seq_idx:
+            inputs.pop("seq_idx")
+        return inputs
+
     with _eval(model), cast:
-        a = _logits(model, packed_inputs(docs, device))
-        a2 = _logits(model, packed_inputs(docs, device))
-        b = _logits(model, packed_inputs(changed, device))
+        a = _logits(model, row(docs))
+        a2 = _logits(model, row(docs))
+        b = _logits(model, row(changed))
     noise = (a - a2)[first:].abs().max().item()
     diff = (a - b)[first:].abs().max().item()
     return Probe(float(diff), float(noise), float(a.abs().max().item()), tuple(int(n) for n in doc_lengths))

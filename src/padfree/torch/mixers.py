@@ -24,9 +24,10 @@ torch.Size([1, 3, 4])
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -215,10 +216,23 @@ def current_lengths() -> list[int] | None:
     return getattr(_state, "last", None)
 
 
+@contextlib.contextmanager
+def per_document_mixers(on: bool = True) -> Iterator[None]:
+    """Within the block, token mixers run per document (``on``, the default everywhere) or over the whole
+    packed row as transformers runs them (``on=False``: to measure what the per-document path costs or closes,
+    never to train)."""
+    before = getattr(_state, "off", False)
+    _state.off = not on
+    try:
+        yield
+    finally:
+        _state.off = before
+
+
 def _per_document_forward(module: torch.nn.Module, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
-        lengths = current_lengths()
+        lengths = None if getattr(_state, "off", False) else current_lengths()
         x = kwargs.get("hidden_states", kwargs.get("hidden", args[0] if args else None))
         if lengths is None or not isinstance(x, torch.Tensor) or x.dim() != 3:
             return original(*args, **kwargs)
