@@ -37,6 +37,7 @@ def build_target(name: str = "tiny-llama", *, seed: int = 0, attn: str = "padfre
 
     sizes = {**TINY_TARGET, **overrides} if name in FAMILIES else overrides
     model = build_model(name, attn_implementation=attn, seed=seed, **sizes)
+    _refuse_leaks(model, attn, name)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -114,7 +115,16 @@ def load_target(
     for q in model.parameters():
         q.requires_grad_(False)
     model.to(torch.device(device))
+    _refuse_leaks(model, attn, str(p))
     return model
+
+
+def _refuse_leaks(model: Any, attn: str, where: str) -> None:
+    """A target the drafter sees packed rows through must keep its documents apart (the leak probe)."""
+    if attn.startswith("padfree_varlen"):
+        from padfree.torch.leak_probe import require_exact_packing
+
+        require_exact_packing(model, f"{where}: packed drafter training against this target")
 
 
 @dataclass(frozen=True)

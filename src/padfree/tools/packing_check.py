@@ -145,19 +145,25 @@ def check_packing(
         else contextlib.nullcontext()
     )
     pa.reset_path()
-    with torch.no_grad(), cast, per_document_mixers(mixers_apart):
-        logits = net(**packed, use_cache=use_cache).logits[0].float()
-        path = pa.last_path() or f"transformers {impl}"
-        alone = [net(input_ids=d[None], use_cache=use_cache).logits[0].float() for d in docs]
+    try:
+        with torch.no_grad(), cast, per_document_mixers(mixers_apart):
+            logits = net(**packed, use_cache=use_cache).logits[0].float()
+            path = pa.last_path() or f"transformers {impl}"
+            alone = [net(input_ids=d[None], use_cache=use_cache).logits[0].float() for d in docs]
+        with per_document_mixers(mixers_apart):
+            probe = probe_leak(
+                net,
+                doc_lengths,
+                seed,
+                autocast=torch.bfloat16 if dtype == "bfloat16" else None,
+                seq_idx=mixers_apart,
+            )
+    except (ValueError, RuntimeError, TypeError, NotImplementedError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        text = " ".join(str(exc).split())[:240] or type(exc).__name__
+        raise ConfigError(f"check-packing: {model} refuses the packed row ({text})") from None
     diffs = [(p - a).abs().max().item() for p, a in zip(logits.split(list(doc_lengths)), alone, strict=True)]
-    with per_document_mixers(mixers_apart):
-        probe = probe_leak(
-            net,
-            doc_lengths,
-            seed,
-            autocast=torch.bfloat16 if dtype == "bfloat16" else None,
-            seq_idx=mixers_apart,
-        )
     mixers = tuple(sorted({type(net.get_submodule(q)).__name__ for q in mixers_of(net)}))
     return PackingCheck(
         model=model,

@@ -36,32 +36,38 @@ GROUPING_NOISE = 2e-6
 class Probe:
     """What :func:`probe_leak` measured: the largest change of a later document's logit when the first
     document changes (``diff``), the run-to-run noise of two identical runs (``noise``), the largest logit
-    (``scale``) and the row. A leak is a change above 4x the noise and above :data:`GROUPING_NOISE` of the
-    logits' scale: mixture-of-experts layers batch each expert's tokens together, so a token's matmul can be
-    grouped with other rows when the first document routes elsewhere (measured up to 3e-7 of the scale on CPU
-    float32; every leak seen is above 1e-3)."""
+    (``scale``) and the row. A leak is a change above 4x the noise and, for mixture-of-experts models only,
+    above ``grouping`` of the logits' scale: their layers batch each expert's tokens together, so a token's
+    matmul is grouped with other rows when the first document routes elsewhere (measured up to 3e-7 of the
+    scale on CPU float32, :data:`GROUPING_NOISE`; two roundings in half precision). Dense models get no
+    allowance beyond their run-to-run noise: 0 on CPU, in every dtype."""
 
     diff: float
     noise: float
     scale: float
     doc_lengths: tuple[int, ...]
+    grouping: float = 0.0
 
     @property
     def allowance(self) -> float:
-        return max(4 * self.noise, GROUPING_NOISE * self.scale)
+        return max(4 * self.noise, self.grouping * self.scale)
 
     @property
     def leaked(self) -> bool:
         return not self.diff <= self.allowance
 
 
-def packed_inputs(docs: Sequence[torch.Tensor], device: torch.device | str = "cpu") -> dict[str, Any]:
+def packed_inputs(
+    docs: Sequence[torch.Tensor], device: torch.device | str = "cpu", seq_idx: bool = True
+) -> dict[str, Any]:
     """PackCollator's layout for a row of ``docs`` (1-D id tensors): ids, restarting ``position_ids``,
-    ``cu_seq_lens_*``, ``max_length_*`` and the per-token document index ``seq_idx``."""
+    ``cu_seq_lens_*``, ``max_length_*`` and (``seq_idx``) the per-token document index."""
     from padfree.torch._collate import packed_layout
 
     layout = packed_layout([int(d.numel()) for d in docs])
     row = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in layout.items()}
+    if not seq_idx:
+        row.pop("seq_idx")
     return {"input_ids": torch.cat(list(docs))[None].to(device), **row}
 
 
@@ -112,19 +118,26 @@ def probe_leak(
     cast = torch.autocast(device_type=device.type, dtype=autocast) if autocast else contextlib.nullcontext()
     first = int(doc_lengths[0])
 
-    def row(ds: list[torch.Tensor]) -> dict[str, Any]:
-        inputs = packed_inputs(ds, device)
-        if not seq_idx:
-            inputs.pop("seq_idx")
-        return inputs
-
     with _eval(model), cast:
-        a = _logits(model, row(docs))
-        a2 = _logits(model, row(docs))
-        b = _logits(model, row(changed))
+        a = _logits(model, packed_inputs(docs, device, seq_idx))
+        a2 = _logits(model, packed_inputs(docs, device, seq_idx))
+        b = _logits(model, packed_inputs(changed, device, seq_idx))
     noise = (a - a2)[first:].abs().max().item()
     diff = (a - b)[first:].abs().max().item()
-    return Probe(float(diff), float(noise), float(a.abs().max().item()), tuple(int(n) for n in doc_lengths))
+    compute = autocast or next((p.dtype for p in model.parameters()), torch.float32)
+    grouping = 0.0
+    if has_experts(model):
+        grouping = GROUPING_NOISE if compute == torch.float32 else 2 * torch.finfo(compute).eps
+    return Probe(
+        float(diff), float(noise), float(a.abs().max().item()), tuple(int(n) for n in doc_lengths), grouping
+    )
+
+
+def has_experts(model: torch.nn.Module) -> bool:
+    """Whether ``model`` routes tokens to experts (a module named like ``...Experts``, ``...MoE``, ``...Moe``
+    or ``...Router``): the one case where a later token's arithmetic may be grouped differently."""
+    marks = ("Expert", "MoE", "Moe", "Router")
+    return any(any(m in type(mod).__name__ for m in marks) for mod in model.modules())
 
 
 def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
@@ -135,7 +148,7 @@ def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
 
 
 def leaking_modules(
-    model: torch.nn.Module, doc_lengths: Sequence[int] = PROBE_DOCS, seed: int = 0
+    model: torch.nn.Module, doc_lengths: Sequence[int] = PROBE_DOCS, seed: int = 0, seq_idx: bool = True
 ) -> list[str]:
     """The qualified names of the modules through which packed documents leak: a module whose hidden-state
     input ``(B, T, H)`` is unchanged on the later documents while its output there changes, and none of whose
@@ -167,8 +180,8 @@ def leaking_modules(
     docs, changed = probe_docs(vocab_of(model), doc_lengths, seed)
     try:
         with _eval(model):
-            _logits(model, packed_inputs(docs, device))
-            _logits(model, packed_inputs(changed, device))
+            _logits(model, packed_inputs(docs, device, seq_idx))
+            _logits(model, packed_inputs(changed, device, seq_idx))
     finally:
         for h in handles:
             h.remove()

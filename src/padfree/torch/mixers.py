@@ -267,14 +267,14 @@ def keep_documents_apart(model: torch.nn.Module, names: Sequence[str] | None = N
     for qname, mod in model.named_modules():
         if mixer_key(mod) in wanted or type(mod).__name__ in wanted:
             if not getattr(mod, "_padfree_per_document", False):
-                mod.forward = _per_document_forward(mod, mod.forward)  # type: ignore[method-assign]
-                mod._padfree_per_document = True  # type: ignore[assignment]
+                mod.forward = _per_document_forward(mod, mod.forward)
+                mod._padfree_per_document = True
             wrapped.append(qname)
         elif _is_layer(mod) and not getattr(mod, "_padfree_bounds", False):
-            mod._padfree_layer = True  # type: ignore[assignment]
+            mod._padfree_layer = True
             mod.register_forward_pre_hook(_push_hook, with_kwargs=True)
             mod.register_forward_hook(_pop_hook, with_kwargs=True, always_call=True)
-            mod._padfree_bounds = True  # type: ignore[assignment]
+            mod._padfree_bounds = True
     return wrapped
 
 
