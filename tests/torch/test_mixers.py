@@ -194,3 +194,16 @@ def test_family_sweep_subset() -> None:
     assert rows["bloom"].mixers == ("BloomAttention",)  # ALiBi from the row's mask: run per document
     assert "sinks" in rows["gpt_oss"].path and not rows["llama"].mixers
     assert check_family("no_such_family").status == "not buildable"
+
+
+def test_drafter_against_a_qwen3_5_style_target_passes_check_drafter(tmp_path, capsys) -> None:
+    d = tmp_path / "qwen3_5"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**HYBRIDS["qwen3_5_text"], "num_hidden_layers": 4,
+        "layer_types": ["linear_attention", "full_attention"] * 2}))  # fmt: skip
+    for method in ("dflash", "eagle3"):
+        assert main(["check-drafter", "--target", str(d), "--method", method, "--docs", "3",
+                     "--max-tokens", "64"]) == 0  # fmt: skip
+        out = capsys.readouterr().out
+        assert "target probe:    changing document 1 moves later documents' logits by 0\n" in out
+        assert "OK: every document trains as if it were alone" in out

@@ -208,12 +208,25 @@ def _pop_hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -
 
 
 def current_lengths() -> list[int] | None:
-    """The document lengths of the packed call in progress (or of the last one, for a layer recomputed under
-    gradient checkpointing), ``None`` outside one."""
+    """The document lengths of the packed call in progress (or, in the backward pass, of the last one: a layer
+    recomputed under gradient checkpointing), ``None`` outside one."""
     stack = _stack()
     if stack:
         return stack[-1]
-    return getattr(_state, "last", None)
+    return getattr(_state, "last", None) if _in_backward() else None
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+def _has_row_kwargs(kwargs: dict) -> bool:
+    return kwargs.get("seq_idx") is not None or kwargs.get("cu_seq_lens_q") is not None
+
+
+KERNEL_PATH: dict[str, bool] = {}
+"""Mixer class -> whether transformers' fused kernel took the packed row whole on the GPU (``True``: exact
+through the kernel, as the leak probe checks on the device; ``False``: no kernel here, per document)."""
 
 
 @contextlib.contextmanager
@@ -232,20 +245,32 @@ def per_document_mixers(on: bool = True) -> Iterator[None]:
 def _per_document_forward(module: torch.nn.Module, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
-        lengths = None if getattr(_state, "off", False) else current_lengths()
-        x = kwargs.get("hidden_states", kwargs.get("hidden", args[0] if args else None))
-        if lengths is None or not isinstance(x, torch.Tensor) or x.dim() != 3:
+        if getattr(_state, "off", False):
             return original(*args, **kwargs)
+        lengths = current_lengths()
+        x = kwargs.get("hidden_states", kwargs.get("hidden", args[0] if args else None))
+        alone = {k: v for k, v in kwargs.items() if k not in _ROW_KWARGS}  # one document per row
+        if lengths is None or not isinstance(x, torch.Tensor) or x.dim() != 3:
+            return original(*args, **alone)
         batch, seq = int(x.shape[0]), int(x.shape[1])
         if sum(lengths) != batch * seq:
-            if seq == 1 or not torch.is_grad_enabled():
-                return original(*args, **kwargs)  # cached decoding, or another model's call
+            if seq == 1 or not _in_backward():
+                return original(*args, **alone)  # cached decoding, or another model's call
             raise ConfigError(
-                f"padfree: {type(module).__name__} got a row of {batch}x{seq} tokens while the packed "
-                f"boundaries cover {sum(lengths)}: run each forward's backward before the next forward"
+                f"padfree: {type(module).__name__} recomputed on a row of {batch}x{seq} tokens while the "
+                f"packed boundaries cover {sum(lengths)}: run each forward's backward before the next forward"
             )
         if len(lengths) == batch:
-            return original(*args, **kwargs)
+            return original(*args, **alone)
+        if x.is_cuda and KERNEL_PATH.get(type(module).__name__) is not False and _has_row_kwargs(kwargs):
+            try:  # transformers' own fused kernel keeps documents apart from cu_seqlens / seq_idx
+                out = original(*args, **kwargs)
+                KERNEL_PATH[type(module).__name__] = True
+                return out
+            except ValueError as exc:  # "can't keep packed sequences apart without <kernel>"
+                if "packed sequences apart" not in str(exc):
+                    raise
+                KERNEL_PATH[type(module).__name__] = False
         return run_per_document(original, lengths, batch, args, kwargs)
 
     return forward
