@@ -186,7 +186,8 @@ def check_drafter(
     and ``ttt`` override it; ``target``: a built-in tiny family, a config directory (random weights) or a
     target folder with weights, refused if its packed documents leak) on it and on each document alone, and
     compare each document's loss numerator and denominator. Under a per-document normalisation (speculators:
-    a row's mean, one document per row) "alone" is the document's own mean; the packed row's numerator for it must equal that, and its denominator 1."""
+    a row's mean, one document per row) "alone" is the document's own mean; the packed row's numerator for it
+    must equal that, and its denominator 1."""
     import padfree.torch.attention as pa
     from padfree.drafter.collate import DrafterCollator
     from padfree.drafter.target import run_target
