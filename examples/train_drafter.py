@@ -68,6 +68,7 @@ from padfree.drafter.collate import DrafterCollator
 from padfree.drafter.export import (
     FORMATS,
     META_KEY,
+    check_export_dir,
     check_exportable,
     default_format,
     export_drafter,
@@ -124,7 +125,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="--export-dir's format (default: dflash for DFlash, speculators for EAGLE-3)",
     )
-    p.add_argument("--export-dir", default=None, help="write the trained drafter here in a served format")
+    p.add_argument(
+        "--export-dir",
+        default=None,
+        help="write the trained drafter here in a served format (a new or empty folder, or an earlier "
+        "export; checked before training)",
+    )
     # tiny defaults that run as they are
     p.set_defaults(vocab_size=None, tokenizer=None, budget=1024, overlong="truncate")
     args = p.parse_args(argv)
@@ -181,6 +187,8 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     if ckpt is not None:
         ckpt.acquire(run)
     target = None
+    if args.export_dir:  # before any work: a bad output must not cost a finished run
+        check_export_dir(args.export_dir, protect=export_protects(args))
     if args.target is not None:
         args.tokenizer = str(check_target_folder(args.target))
         target = load_target(args.target, dtype=args.dtype, device="cpu")
@@ -347,9 +355,14 @@ def train(args, rank, world, device, ckpt, stop) -> int:
             os.close(anchor_fd)
     if code == 0 and args.export_dir and rank == 0:
         state = {k: v.detach().cpu() for k, v in drafter.state_dict().items()}
-        out = export_drafter(state, meta, fmt, args.export_dir)
+        out = export_drafter(state, meta, fmt, args.export_dir, protect=export_protects(args))
         log(f"exported the drafter in {fmt} format to {out}")
     return code
+
+
+def export_protects(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """The folders ``--export-dir`` must not be nor lie in: the target and the checkpoint folder."""
+    return [("the --target folder", args.target), ("the --checkpoint-dir folder", args.checkpoint_dir)]
 
 
 def memory_bound(config, memory, limit: float, uses_anchors: bool, ttt: int):
