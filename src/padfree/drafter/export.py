@@ -112,6 +112,15 @@ def check_exportable(meta: dict, fmt: str) -> None:
             "z-lab's DFlash format has no draft vocabulary (the target's LM head drafts): train with the "
             "full vocabulary (--draft-vocab none)"
         )
+    window = _binding_window(meta)
+    if fmt == "dflash" and window is not None:
+        recipe = (meta.get("recipe") or {}).get("name", "?")
+        raise ConfigError(
+            f"z-lab's DFlash format slides its window per query over [context; block], so a block's later "
+            f"slots see fewer positions; this drafter (recipe {recipe}) was trained with every block seeing "
+            f"the {window} positions before its anchor, which no z-lab config reproduces: served logits "
+            "would differ; train with --sliding-window none to export it in this format"
+        )
     if fmt == "speculators" and not meta["target"].get("path"):
         raise ConfigError(
             "speculators' format names the verifier, the target folder a server runs, and loads its "
@@ -329,7 +338,7 @@ def _layer_sizes(d: dict, t: dict) -> dict:
         "head_dim": int(d["head_size"] or d["hidden_size"] // d["num_heads"]),
         "rms_norm_eps": float(d["eps"]),
         "rope_parameters": {"rope_type": "default", "rope_theta": float(d["rope_theta"])},
-        "max_position_embeddings": int(t.get("max_position_embeddings") or 32768),
+        "max_position_embeddings": _max_positions(t),
         "tie_word_embeddings": False,
         "attention_bias": False,
     }
@@ -341,13 +350,30 @@ def _take(state: dict, name: str) -> torch.Tensor:
     return state[name]
 
 
+def _max_positions(t: dict) -> int:
+    """The context length an export's config declares: the target's (``t``, its config)."""
+    return int(t.get("max_position_embeddings") or 32768)
+
+
+def _binding_window(meta: dict) -> int | None:
+    """The DFlash drafter's context window where it can bind: None when it has none or it spans the target's
+    whole context (no block ever sees fewer positions than without one)."""
+    window = meta["drafter"].get("sliding_window")
+    if window is None or int(window) >= _max_positions(meta["target"]["config"]):
+        return None
+    return int(window)
+
+
 def _dflash(state: dict, meta: dict) -> tuple[dict, dict]:
-    """z-lab's DFlash config and parameter names."""
+    """z-lab's DFlash config and parameter names. A drafter trained causal inside its block is served so
+    (``is_causal``: each slot sees its block's earlier slots and the whole context, as trained); a context
+    window that cannot bind is left out (:func:`check_exportable` refuses one that can: z-lab's class
+    slides its window per query)."""
     import transformers
 
     d, t = meta["drafter"], meta["target"]["config"]
     n = int(d["num_layers"])
-    window = d.get("sliding_window")
+    window = _binding_window(meta)
     qwen = transformers.Qwen3Config(
         vocab_size=int(t["vocab_size"]),
         num_hidden_layers=n,
