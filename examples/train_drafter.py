@@ -59,7 +59,13 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from train import add_run_args, resume_from, setup_distributed, shared_run_id, train_loop
 
-from padfree.commands.common import NUMERIC, Bounded, add_recipe_arguments, recipe_from_args
+from padfree.commands.common import (
+    NUMERIC,
+    Bounded,
+    add_recipe_arguments,
+    check_device,
+    recipe_from_args,
+)
 from padfree.core.anchors import anchor_counts
 from padfree.core.cost import micro_shapes
 from padfree.core.planner import make_plan
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopOnSignal()
     rank, world, device = setup_distributed()
     if args.device is not None:
-        device = torch.device(args.device)
+        device = torch.device(check_device(args.device))
     ckpt = CheckpointDir(args.checkpoint_dir, rank, world, say=print) if args.checkpoint_dir else None
     try:
         return train(args, rank, world, device, ckpt, stop)

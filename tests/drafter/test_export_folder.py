@@ -3,10 +3,8 @@ target folder, the checkpoint folder or through a link planted in the output fol
 (``train_drafter.py --export-dir``); a damaged newest checkpoint is named and passed over, a failed write or a
 newer checkpoint is one line."""
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 from unittest import mock
 
@@ -17,18 +15,7 @@ from padfree.cli import main as cli
 from padfree.drafter.export import META_KEY
 from padfree.testing.targets import save_target_folder
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "examples" / "train_drafter.py"
 TINY = ["--limit-samples", "6", "--budget", "256", "--block-size", "4", "--max-anchors", "4"]
-
-
-@pytest.fixture(scope="module")
-def example():
-    sys.path.insert(0, str(ROOT / "examples"))
-    spec = importlib.util.spec_from_file_location("train_drafter_example", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,7 @@ save_pretrained (its tokenizer reads the data, its layers follow the recipe's ru
 needs, and exports at the end of training and through ``padfree export-drafter``; a folder that is missing
 something is one line naming it."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,22 +16,10 @@ from padfree.drafter.target import check_target_folder, load_target
 from padfree.errors import ConfigError
 from padfree.testing.targets import save_target_folder
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "examples" / "train_drafter.py"
-
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory, hf_json):
     return save_target_folder(tmp_path_factory.mktemp("target") / "tiny-llama", hf_json, family="llama")
-
-
-@pytest.fixture(scope="module")
-def example():
-    sys.path.insert(0, str(ROOT / "examples"))
-    spec = importlib.util.spec_from_file_location("train_drafter_example", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_train_on_a_target_folder_checkpoint_and_export(tmp_path, target_dir, fixtures_dir, example, capsys):
