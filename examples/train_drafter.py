@@ -236,7 +236,7 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     meta = export_meta(models, mask_token_id=args.mask_token_id, target_path=args.target)
     fmt = args.export_format or default_format(spec.name)
     if args.export_dir:
-        check_exportable(meta, fmt)
+        check_exportable(meta, fmt, format_option="--export-format", verifier_option=None)
     mask = np.concatenate([np.asarray(s["loss_mask"], bool) for s in samples])
     offsets = np.concatenate(([0], np.cumsum(lengths)))
     anchors = anchor_counts(mask, offsets, recipe.anchor_policy()) if spec.uses_anchors else None

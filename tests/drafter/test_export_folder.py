@@ -165,3 +165,26 @@ def test_a_checkpoint_of_a_newer_padfree_says_so(tmp_path, ckpt, capsys):
     assert cli(["export-drafter", str(newer), "--out", str(tmp_path / "served")]) == 2
     line = _one_error(capsys)
     assert "version 2, written by a newer padfree" in line and "before export was supported" not in line
+
+
+@pytest.mark.parametrize(
+    ("args", "said", "not_said"),
+    [
+        (
+            ["--method", "dflash", "--export-format", "speculators"],
+            "this drafter is dflash (export it with --export-format dflash)",
+            "--format dflash",
+        ),
+        (["--method", "eagle3"], "tiny random target; train with --target DIR", "--verifier"),
+    ],
+)
+def test_the_example_names_its_own_export_options(tmp_path, example, args, said, not_said, capsys):
+    out = tmp_path / "served"
+    with pytest.raises(SystemExit) as info:
+        example.run_example(
+            lambda: example.main([*TINY, "--max-steps", "1", *args, "--export-dir", str(out)])
+        )
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and said in err[0] and not_said not in err[0], err
+    assert "finished at step" not in captured.out and not out.exists()

@@ -95,9 +95,13 @@ def with_verifier(meta: dict, verifier: str | Path | None) -> dict:
     return {**meta, "target": {**meta["target"], "path": path}}
 
 
-def check_exportable(meta: dict, fmt: str) -> None:
+def check_exportable(
+    meta: dict, fmt: str, *, format_option: str = "--format", verifier_option: str | None = "--verifier"
+) -> None:
     """Raise the one line :func:`export_drafter` would for ``meta`` in ``fmt`` before any weight exists
-    (what ``train_drafter.py --export-dir`` checks before it trains)."""
+    (what ``train_drafter.py --export-dir`` checks before it trains). The line names the caller's options:
+    ``format_option`` chooses the format, ``verifier_option`` (None: the caller has none) names the verifier
+    (``export-drafter``'s by default; ``train_drafter.py`` passes ``--export-format`` and None)."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}: choose {' or '.join(FORMATS)}")
     method = meta.get("method")
@@ -105,7 +109,7 @@ def check_exportable(meta: dict, fmt: str) -> None:
         other = [f for f, m in METHOD_OF_FORMAT.items() if m == method]
         raise ConfigError(
             f"the {fmt} format holds {METHOD_OF_FORMAT[fmt]} drafters; this drafter is {method}"
-            + (f" (export it with --format {other[0]})" if other else "")
+            + (f" (export it with {format_option} {other[0]})" if other else "")
         )
     if fmt == "dflash" and meta.get("d2t") is not None:
         raise ConfigError(
@@ -124,8 +128,9 @@ def check_exportable(meta: dict, fmt: str) -> None:
     if fmt == "speculators" and not meta["target"].get("path"):
         raise ConfigError(
             "speculators' format names the verifier, the target folder a server runs, and loads its "
-            "embedding and norm from it: this drafter was trained on padfree's tiny random target; pass "
-            "--verifier DIR, or train with --target DIR"
+            "embedding and norm from it: this drafter was trained on padfree's tiny random target; "
+            + (f"pass {verifier_option} DIR, or " if verifier_option else "")
+            + "train with --target DIR"
         )
 
 
