@@ -104,10 +104,10 @@ def load_target(
     if attn.startswith("padfree_"):
         import padfree.torch.attention  # noqa: F401  (registers padfree_varlen with transformers)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model: Any
+    loaded: Any  # (model, loading info) with output_loading_info
     try:
         with quiet_transformers():  # its load report is a multi-line table: padfree says it in one line
-            model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            loaded = transformers.AutoModelForCausalLM.from_pretrained(
                 str(p),
                 local_files_only=True,
                 dtype=DTYPES[dtype],
@@ -118,6 +118,7 @@ def load_target(
     except Exception as exc:  # transformers raises many types for a folder it cannot load
         text = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise ConfigError(f"{p}: transformers cannot load a causal LM from it ({text})") from None
+    model, info = loaded
     _check_loaded(p, info)
     model.config.use_cache = False
     model.eval()
