@@ -217,3 +217,8 @@ def test_a_check_larger_than_the_memory_available_is_refused_in_one_line(monkeyp
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "draft blocks of 1024 queries need about" in err[0], err
     assert "1.0 GiB available: lower --block-size, --docs or --max-tokens" in err[0], err
+    monkeypatch.setattr(memory, "available_bytes", lambda: 2**20)
+    assert main(["check-drafter", "--method", "eagle3", "--docs", "3", "--max-tokens", "40"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "with 7 test-time-training steps need about" in err[0], err
+    assert "lower --ttt, --docs or --max-tokens" in err[0], err

@@ -190,15 +190,17 @@ def check_memory(models, samples: list[dict], layout: str) -> None:
     need = float(memory_model(models).micro_bytes(shapes)[0])
     if need > free:
         r = models.recipe
-        what = (
-            f"{int(anchors.sum())} draft blocks of {r.block_size} queries"
-            if anchors is not None
-            else f"{r.ttt} test-time-training steps"
-        )
+        if anchors is not None:
+            what, lower = (
+                f"{int(anchors.sum())} draft blocks of {r.block_size} queries",
+                "--block-size, --docs",
+            )
+        else:
+            what, lower = f"{r.ttt} test-time-training steps", "--ttt, --docs"
         raise ConfigError(
             f"check-drafter: {len(samples)} documents of {int(lengths.sum())} tokens with {what} need about "
-            f"{need / 2**30:.1f} GiB; this machine has {free / 2**30:.1f} GiB available: lower --block-size, "
-            "--docs or --max-tokens"
+            f"{need / 2**30:.1f} GiB; this machine has {free / 2**30:.1f} GiB available: lower {lower} or "
+            "--max-tokens"
         )
 
 
