@@ -57,9 +57,26 @@ def test_a_killed_export_leaves_the_earlier_export_whole(tmp_path, ckpt, capsys)
         export_drafter(state, meta, "dflash", out, dtype="bfloat16")
     assert _files(out) == before  # not bfloat16 weights under the float32 config
     assert sorted(p.name for p in tmp_path.iterdir()) == ["served"]  # no temporary folder left beside it
+    killed = tmp_path / ".served.999999999.abc.tmp"  # what a SIGKILLed export leaves (no such process)
+    killed.mkdir()
+    (killed / "model.safetensors").write_bytes(b"half")
     assert cli(["export-drafter", str(ckpt), "--out", str(out), "--dtype", "bfloat16"]) == 0
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
     assert (out / "model.safetensors").read_bytes() != before["model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "served"
+    ]  # the earlier export and the leftover gone
+
+
+def test_replacing_an_export_without_an_atomic_exchange(tmp_path, ckpt, monkeypatch):
+    from padfree.drafter import export
+
+    out = tmp_path / "served"
+    assert cli(["export-drafter", str(ckpt), "--out", str(out)]) == 0
+    monkeypatch.setattr(export, "_exchange", lambda a, b: False)  # a system without renameat2
+    assert cli(["export-drafter", str(ckpt), "--out", str(out), "--dtype", "bfloat16"]) == 0
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["served"]
 
 
 def test_an_export_never_writes_through_a_planted_link(tmp_path, ckpt, capsys):

@@ -24,6 +24,7 @@ target (its config and folder). :func:`export_drafter` writes ``config.json`` + 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import re
@@ -267,15 +268,17 @@ def export_drafter(
 
 def _write_atomically(out: Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
     """``config.json`` and ``model.safetensors`` written into a fresh temporary folder beside ``out`` and
-    fsynced, then the folder renamed to ``out`` (an earlier export there moved aside first, then removed)."""
+    fsynced, then put in ``out``'s place: renamed, or (an earlier export there) exchanged with it in one
+    step where the system can (Linux ``renameat2``), else the earlier export moved aside first. Temporary
+    folders a killed export left beside ``out`` are removed first."""
     from safetensors.torch import save_file
 
     from padfree.torch.checkpoint import _fsync_dir
 
     parent = out.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent))
-    old: Path | None = None
+    _remove_stale(parent, out.name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=parent))
     try:
         os.chmod(tmp, 0o755)
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -288,23 +291,61 @@ def _write_atomically(out: Path, config: dict, tensors: dict[str, torch.Tensor])
         with open(tmp / "model.safetensors", "rb") as f:
             os.fsync(f.fileno())
         _fsync_dir(tmp)
-        if out.is_dir() and not out.is_symlink():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=parent))
-            os.replace(out, old)  # an empty folder is replaced by the earlier export
+        if not (out.is_dir() and not out.is_symlink()):
+            os.rename(tmp, out)
+        elif not _exchange(tmp, out):  # no atomic exchange here: the earlier export moves aside first
+            aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=parent))
+            os.replace(out, aside)
             try:
                 os.rename(tmp, out)
             except BaseException:
-                os.replace(old, out)
-                old = None
+                os.replace(aside, out)
                 raise
-        else:
-            os.rename(tmp, out)
+            tmp = aside
         _fsync_dir(parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the new files on failure, the earlier export on success
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the folders ``a`` and ``b`` in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``); False
+    where the system or its file system cannot, True once done."""
+    import ctypes
+    import errno
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _remove_stale(parent: Path, name: str) -> None:
+    """Remove the temporary folders of exports to ``parent / name`` whose process is gone (killed)."""
+    for entry in parent.glob(f".{glob.escape(name)}.*.tmp"):
+        pid = entry.name[len(name) + 2 :].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _reason(exc: BaseException) -> str:
