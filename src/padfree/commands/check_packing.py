@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import json
 
-from padfree.commands.common import Bounded, add_output_options
+from padfree.commands.common import Bounded, add_output_options, check_device
 
 TOLERANCE = Bounded(float, 0, 1e6)
 
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         use_cache=args.use_cache,
         tolerance=args.tolerance,
         seed=args.seed,
-        device=args.device,
+        device=check_device(args.device),
         dtype=args.dtype,
         mixers_apart=not args.whole_row_mixers,
     )

@@ -167,6 +167,43 @@ def frozen_target(name_or_dir: str, vocab: int, seed: int):
     return build_target(name_or_dir, seed=seed, vocab_size=vocab)
 
 
+def check_memory(models, samples: list[dict], layout: str) -> None:
+    """Refuse in one line a check whose batch would not fit in the memory this machine has available: the
+    drafter's activation model (:func:`padfree.drafter.train.memory_model`, a training micro-batch's, an upper
+    bound for the check's no-gradient forward) on the batch's tokens, draft blocks (``block_size`` queries
+    each, their ``B x B`` scores) and reach. Nothing is refused where the available memory is unknown."""
+    from padfree.core.anchors import anchor_counts
+    from padfree.core.cost import micro_shapes
+    from padfree.drafter import memory
+    from padfree.drafter.train import memory_model
+
+    free = memory.available_bytes()
+    if free is None:
+        return
+    masks = [np.asarray(s["loss_mask"]).astype(bool) for s in samples]
+    lengths = np.array([m.size for m in masks], np.int64)
+    anchors = None
+    if models.method.uses_anchors:
+        offsets = np.concatenate(([0], np.cumsum(lengths)))
+        anchors = anchor_counts(np.concatenate(masks), offsets, models.recipe.anchor_policy())
+    shapes = micro_shapes(lengths, np.array([0, lengths.size]), layout == "packed", anchors)
+    need = float(memory_model(models).micro_bytes(shapes)[0])
+    if need > free:
+        r = models.recipe
+        if anchors is not None:
+            what, lower = (
+                f"{int(anchors.sum())} draft blocks of {r.block_size} queries",
+                "--block-size, --docs",
+            )
+        else:
+            what, lower = f"{r.ttt} test-time-training steps", "--ttt, --docs"
+        raise ConfigError(
+            f"check-drafter: {len(samples)} documents of {int(lengths.sum())} tokens with {what} need about "
+            f"{need / 2**30:.1f} GiB; this machine has {free / 2**30:.1f} GiB available: lower {lower} or "
+            "--max-tokens"
+        )
+
+
 def check_drafter(
     method: str = "dflash",
     samples: list[dict] | None = None,
@@ -219,6 +256,7 @@ def check_drafter(
         target=None if target == "tiny-llama" else frozen_target(target, vocab, seed),
     )
     recipe = models.recipe
+    check_memory(models, samples, layout)
     packed = DrafterCollator(
         method, recipe=recipe, seed=seed, mask_token_id=mask_id, leaky=leaky, layout=layout
     )
