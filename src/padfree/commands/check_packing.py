@@ -73,7 +73,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     from padfree.tools.families import as_json, summary, sweep
 
     names = None if args.families is None else [f.strip() for f in args.families.split(",") if f.strip()]
-    results = sweep(names, seed=args.seed, log=None if args.json else lambda r: print(r.line(), flush=True))
+    log = None if args.json else lambda r: print(r.line(), flush=True)
+    results = sweep(names, seed=args.seed, log=log, device=args.device)
     counts = summary(results)
     if args.json:
         print(json.dumps({"families": as_json(results), "summary": counts}))

@@ -181,7 +181,7 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
 
 
-def check_family(family: str, seed: int = 0) -> FamilyResult:
+def check_family(family: str, seed: int = 0, device: str = "cpu") -> FamilyResult:
     """Build ``family`` tiny with ``padfree_varlen`` and judge it: one :class:`FamilyResult`, never raises."""
     import torch
     import transformers
@@ -189,7 +189,7 @@ def check_family(family: str, seed: int = 0) -> FamilyResult:
     import padfree.torch.attention as pa
     from padfree.errors import ConfigError
     from padfree.torch.leak_probe import leaking_modules, probe_docs, probe_leak, vocab_of
-    from padfree.torch.mixers import mixers_of
+    from padfree.torch.mixers import KERNEL_PATH, mixers_of
 
     t0 = time.perf_counter()
 
@@ -220,9 +220,9 @@ def check_family(family: str, seed: int = 0) -> FamilyResult:
             model = cls._from_config(cfg, attn_implementation=pa.NAME)
         else:
             model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=pa.NAME)
-        model.eval()
+        model.to(device).eval()
         with torch.no_grad():
-            model(input_ids=torch.arange(5)[None] % cfg.vocab_size, use_cache=False)
+            model(input_ids=torch.arange(5, device=device)[None] % cfg.vocab_size, use_cache=False)
     except Exception as exc:
         return result("not buildable", detail=f"build or unpacked forward: {_one_line(exc)}")
     kw: dict[str, Any] = {"model_class": type(model).__name__, "params": params}
@@ -230,15 +230,18 @@ def check_family(family: str, seed: int = 0) -> FamilyResult:
     try:
         pa.reset_path()
         probe = probe_leak(model, DOCS, seed)
-        attn = pa.last_path() or f"transformers {model.config._attn_implementation}"
+        attn = pa.last_path() or "the family's own attention (no padfree_varlen call)"
         docs, _ = probe_docs(vocab_of(model), DOCS, seed)
         with torch.no_grad():
             model.eval()
             from padfree.torch.leak_probe import packed_inputs
 
-            packed = model(**packed_inputs(docs), use_cache=False).logits[0].float()
+            packed = model(**packed_inputs(docs, device), use_cache=False).logits[0].float()
             alone = max(
-                (p - model(input_ids=d[None], use_cache=False).logits[0].float()).abs().max().item()
+                (p - model(input_ids=d[None].to(device), use_cache=False).logits[0].float())
+                .abs()
+                .max()
+                .item()
                 for p, d in zip(packed.split(list(DOCS)), docs, strict=True)
             )
     except ConfigError as exc:
@@ -246,7 +249,10 @@ def check_family(family: str, seed: int = 0) -> FamilyResult:
     except Exception as exc:
         return result("refused", detail=f"packed forward fails: {_one_line(exc)}", **kw)
     kw.update(probe=probe.diff, alone=float(alone))
-    path = attn + (f" + per-document {', '.join(kw['mixers'])}" if kw["mixers"] else "")
+    fused = [m for m in kw["mixers"] if KERNEL_PATH.get(m)]
+    apart = [m for m in kw["mixers"] if m not in fused]
+    path = attn + (f" + per-document {', '.join(apart)}" if apart else "")
+    path += f" + through transformers' fused kernel: {', '.join(fused)}" if fused else ""
     if probe.leaked or not alone <= TOLERANCE:
         culprits = leaking_modules(model, DOCS, seed)
         names = ", ".join(sorted({type(model.get_submodule(n)).__name__ for n in culprits})) or "?"
@@ -256,7 +262,9 @@ def check_family(family: str, seed: int = 0) -> FamilyResult:
     return result("exact", path=path, **kw)
 
 
-def sweep(families: list[str] | None = None, seed: int = 0, log: Any = None) -> list[FamilyResult]:
+def sweep(
+    families: list[str] | None = None, seed: int = 0, log: Any = None, device: str = "cpu"
+) -> list[FamilyResult]:
     """:func:`check_family` for ``families`` (default: every causal family installed), transformers'
     warnings kept out of the way."""
     import transformers
@@ -275,7 +283,7 @@ def sweep(families: list[str] | None = None, seed: int = 0, log: Any = None) -> 
             quiet = contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO())
             with warnings.catch_warnings(), quiet[0], quiet[1]:
                 warnings.simplefilter("ignore")
-                r = check_family(f, seed)
+                r = check_family(f, seed, device)
             out.append(r)
             if log is not None:
                 log(r)
