@@ -80,7 +80,10 @@ SMALL: dict[str, int] = {
 
 # hand-written tiny configs, over the generic shrink, for families whose defaults the shrink cannot fit
 HAND: dict[str, dict[str, Any]] = {
-    "lfm2": {"num_hidden_layers": 4, "full_attn_idxs": [1, 3]},
+    "lfm2": {"num_hidden_layers": 4, "full_attn_idxs": [1, 3], "layer_types": ["conv", "full_attention"] * 2},
+    "lfm2_moe": {"num_hidden_layers": 4, "num_dense_layers": 1, "layer_types": ["conv", "full_attention"] * 2},
+    "mamba2": {"num_heads": 8, "head_dim": 16},
+    "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
 }
 
 PARAM_LIMIT = 20_000_000
