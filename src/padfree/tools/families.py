@@ -67,6 +67,7 @@ SMALL: dict[str, int] = {
     "n_positions": 512,
     "num_heads": 4,
     "time_step_rank": 8,
+    "rotary_dim": 8,
     "first_k_dense_replace": 1,
     "topk_group": 1,
     "n_group": 1,
@@ -78,11 +79,17 @@ SMALL: dict[str, int] = {
     "expert_layer_offset": 1,
 }
 
+# sizes a default config may leave ``None`` for a checkpoint to fill, which the model cannot do without
+UNSET = ("head_dim", "num_key_value_heads")
+
+_CONV_ATTN = ["conv", "full_attention"] * 2  # LFM2's pattern, twice
+
 # hand-written tiny configs, over the generic shrink, for families whose defaults the shrink cannot fit
 HAND: dict[str, dict[str, Any]] = {
-    "lfm2": {"num_hidden_layers": 4, "full_attn_idxs": [1, 3], "layer_types": ["conv", "full_attention"] * 2},
-    "lfm2_moe": {"num_hidden_layers": 4, "num_dense_layers": 1, "layer_types": ["conv", "full_attention"] * 2},
+    "lfm2": {"num_hidden_layers": 4, "full_attn_idxs": [1, 3], "layer_types": _CONV_ATTN},
+    "lfm2_moe": {"num_hidden_layers": 4, "num_dense_layers": 1, "layer_types": _CONV_ATTN},
     "mamba2": {"num_heads": 8, "head_dim": 16},
+    "kimi_linear": {"linear_num_heads": 4, "linear_head_dim": 16},
     "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
 }
 
@@ -146,9 +153,14 @@ def tiny_config(family: str) -> Any:
     d = cfg.to_dict()
     mapped = getattr(cfg, "attribute_map", {}) or {}
     for k, v in SMALL.items():
-        cur = d.get(k, getattr(cfg, k, None))
-        if isinstance(cur, int) and not isinstance(cur, bool):
-            d[k] = v if k == "hidden_size" else min(v, cur)
+        key = mapped.get(k, k)  # an alias (``num_experts_per_tok`` -> ``num_experts_per_token``): its target
+        cur = d.get(key, getattr(cfg, k, None))
+        if cur is None and key in UNSET and key in d:
+            d[key] = v  # left unset by the default config and needed by the model
+        elif isinstance(cur, int) and not isinstance(cur, bool):
+            d[key] = v if k == "hidden_size" else min(v, cur)
+    for k in _derived(cfg, d, mapped):
+        d.pop(k)  # computed from the other fields by the config itself: recomputed from the small ones
     n0 = int(getattr(cfg, "num_hidden_layers", 0) or 0)
     per_layer = [k for k, v in d.items() if isinstance(v, list) and n0 and len(v) == n0 and k not in mapped]
     if per_layer:  # one layer of each distinct combination of per-layer fields, in order
@@ -178,6 +190,22 @@ def tiny_config(family: str) -> Any:
     new = type(cfg)(**d)
     new.use_cache = False
     return new
+
+
+def _derived(cfg: Any, d: dict[str, Any], mapped: dict[str, str]) -> list[str]:
+    """The integer entries of ``d`` that ``cfg``'s ``__post_init__`` derived from its fields (not fields, not
+    alias targets: ``qk_head_dim``, Zamba2's ``mamba_headdim``...), so that a rebuild recomputes them."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(cfg):
+        return []
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    targets = set(mapped.values())
+    return [
+        k
+        for k, v in d.items()
+        if isinstance(v, int) and not isinstance(v, bool) and k not in fields and k not in targets
+    ]
 
 
 def _one_line(exc: BaseException) -> str:
