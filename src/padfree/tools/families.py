@@ -88,6 +88,8 @@ _CONV_ATTN = ["conv", "full_attention"] * 2  # LFM2's pattern, twice
 HAND: dict[str, dict[str, Any]] = {
     "lfm2": {"num_hidden_layers": 4, "full_attn_idxs": [1, 3], "layer_types": _CONV_ATTN},
     "lfm2_moe": {"num_hidden_layers": 4, "num_dense_layers": 1, "layer_types": _CONV_ATTN},
+    "deepseek_v2": {"num_experts_per_tok": 2},
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     "mamba2": {"num_heads": 8, "head_dim": 16},
     "kimi_linear": {"linear_num_heads": 4, "linear_head_dim": 16},
     "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
@@ -162,6 +164,7 @@ def tiny_config(family: str) -> Any:
     for k in _derived(cfg, d, mapped):
         d.pop(k)  # computed from the other fields by the config itself: recomputed from the small ones
     n0 = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    layers = mapped.get("num_hidden_layers", "num_hidden_layers")  # GPT-Neo's ``num_layers``...
     per_layer = [k for k, v in d.items() if isinstance(v, list) and n0 and len(v) == n0 and k not in mapped]
     if per_layer:  # one layer of each distinct combination of per-layer fields, in order
         seen: set[tuple[str, ...]] = set()
@@ -175,9 +178,9 @@ def tiny_config(family: str) -> Any:
             keep.append(1)
         for k in per_layer:
             d[k] = [d[k][i] for i in keep]
-        d["num_hidden_layers"] = len(keep)
-    elif "num_hidden_layers" in d:
-        d["num_hidden_layers"] = 2
+        d[layers] = len(keep)
+    elif layers in d:
+        d[layers] = 2
     if isinstance(d.get("attn_layer_indices"), list):
         d["attn_layer_indices"] = [1]
     for k in ("pad_token_id", "bos_token_id", "eos_token_id"):
@@ -193,8 +196,9 @@ def tiny_config(family: str) -> Any:
 
 
 def _derived(cfg: Any, d: dict[str, Any], mapped: dict[str, str]) -> list[str]:
-    """The integer entries of ``d`` that ``cfg``'s ``__post_init__`` derived from its fields (not fields, not
-    alias targets: ``qk_head_dim``, Zamba2's ``mamba_headdim``...), so that a rebuild recomputes them."""
+    """The integer and list entries of ``d`` that ``cfg``'s ``__post_init__`` derived from its fields (not
+    fields, not alias targets: ``qk_head_dim``, Zamba2's ``mamba_headdim`` and ``hybrid_layer_ids``...), so
+    that a rebuild recomputes them from the small fields."""
     import dataclasses
 
     if not dataclasses.is_dataclass(cfg):
@@ -204,7 +208,7 @@ def _derived(cfg: Any, d: dict[str, Any], mapped: dict[str, str]) -> list[str]:
     return [
         k
         for k, v in d.items()
-        if isinstance(v, int) and not isinstance(v, bool) and k not in fields and k not in targets
+        if isinstance(v, int | list) and not isinstance(v, bool) and k not in fields and k not in targets
     ]
 
 
