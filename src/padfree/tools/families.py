@@ -90,6 +90,7 @@ HAND: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"num_hidden_layers": 4, "num_dense_layers": 1, "layer_types": _CONV_ATTN},
     "deepseek_v2": {"num_experts_per_tok": 2},
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    "zamba": {"num_hidden_layers": 4, "layers_block_type": ["linear_attention", "hybrid"] * 2},
     "mamba2": {"num_heads": 8, "head_dim": 16},
     "kimi_linear": {"linear_num_heads": 4, "linear_head_dim": 16},
     "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
@@ -196,20 +197,25 @@ def tiny_config(family: str) -> Any:
 
 
 def _derived(cfg: Any, d: dict[str, Any], mapped: dict[str, str]) -> list[str]:
-    """The integer and list entries of ``d`` that ``cfg``'s ``__post_init__`` derived from its fields (not
-    fields, not alias targets: ``qk_head_dim``, Zamba2's ``mamba_headdim`` and ``hybrid_layer_ids``...), so
-    that a rebuild recomputes them from the small fields."""
+    """The entries of ``d`` that ``cfg``'s ``__post_init__`` derived from its fields: integers and lists that
+    are no field (``qk_head_dim``, Zamba2's ``mamba_headdim`` and ``hybrid_layer_ids``...) and integer fields
+    whose default is ``None`` or ``"auto"`` (Zamba's ``attention_hidden_size``, Jamba's ``mamba_dt_rank``),
+    so that a rebuild recomputes them from the small fields."""
     import dataclasses
 
     if not dataclasses.is_dataclass(cfg):
         return []
-    fields = {f.name for f in dataclasses.fields(cfg)}
+    fields = {f.name: f.default for f in dataclasses.fields(cfg)}
     targets = set(mapped.values())
-    return [
-        k
-        for k, v in d.items()
-        if isinstance(v, int | list) and not isinstance(v, bool) and k not in fields and k not in targets
-    ]
+    out = []
+    for k, v in d.items():
+        if isinstance(v, bool) or k in targets:
+            continue
+        if k not in fields and isinstance(v, int | list):
+            out.append(k)  # set by __post_init__ alone
+        elif k in fields and k not in SMALL and isinstance(v, int) and isinstance(fields[k], str | None):
+            out.append(k)  # a field left ``None`` / ``"auto"`` that __post_init__ sized from the others
+    return out
 
 
 def _one_line(exc: BaseException) -> str:
