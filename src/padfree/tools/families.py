@@ -190,6 +190,8 @@ def tiny_config(family: str) -> Any:
             d[k] = 0
     for k in mapped:
         d.pop(k, None)
+    for k in [k for k in d if isinstance(p := getattr(type(cfg), k, None), property) and p.fset is None]:
+        d.pop(k)  # computed by the config class (Falcon's ``head_dim``, xLSTM's ``v_head_dim``): not settable
     d.update(HAND.get(family, {}))
     new = type(cfg)(**d)
     new.use_cache = False
