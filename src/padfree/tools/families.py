@@ -91,10 +91,22 @@ HAND: dict[str, dict[str, Any]] = {
     "deepseek_v2": {"num_experts_per_tok": 2},
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     "zamba": {"num_hidden_layers": 4, "layers_block_type": ["linear_attention", "hybrid"] * 2},
+    "gemma3n_text": {  # sliding + full, the last two layers reusing the first two's keys, one sparse MLP
+        "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "num_kv_shared_layers": 2,
+        "intermediate_size": [96] * 4,
+        "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0],
+        "vocab_size_per_layer_input": 128,
+        "hidden_size_per_layer_input": 16,
+        "laurel_rank": 8,
+    },
     "mamba2": {"num_heads": 8, "head_dim": 16},
     "kimi_linear": {"linear_num_heads": 4, "linear_head_dim": 16},
     "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
 }
+
+HAND["gemma3n"] = HAND["gemma3n_text"]
 
 PARAM_LIMIT = 20_000_000
 DOCS = (7, 12, 5, 9)
