@@ -67,6 +67,9 @@ SMALL: dict[str, int] = {
     "n_positions": 512,
     "num_heads": 4,
     "time_step_rank": 8,
+    "vocab_size_per_layer_input": 128,
+    "hidden_size_per_layer_input": 16,
+    "laurel_rank": 8,
     "rotary_dim": 8,
     "first_k_dense_replace": 1,
     "topk_group": 1,
@@ -83,6 +86,9 @@ SMALL: dict[str, int] = {
 UNSET = ("head_dim", "num_key_value_heads")
 
 _CONV_ATTN = ["conv", "full_attention"] * 2  # LFM2's pattern, twice
+# dots3's sliding-window MLA layer, in the small sizes
+_DOTS3_SWA = {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16, "v_head_dim": 16}
+_DOTS3_SWA |= {"q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8}
 
 # hand-written tiny configs, over the generic shrink, for families whose defaults the shrink cannot fit
 HAND: dict[str, dict[str, Any]] = {
@@ -97,9 +103,13 @@ HAND: dict[str, dict[str, Any]] = {
         "num_kv_shared_layers": 2,
         "intermediate_size": [96] * 4,
         "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0],
-        "vocab_size_per_layer_input": 128,
-        "hidden_size_per_layer_input": 16,
-        "laurel_rank": 8,
+    },
+    "dots3_note_text": {  # indexed (DSA) + sliding MLA layers, multi-head only, the first MLP dense
+        "num_key_value_heads": 4,
+        "index_head_dim": 16,
+        "index_n_heads": 4,
+        "index_topk": 8,
+        "per_layer_config": {2: _DOTS3_SWA},
     },
     "mamba2": {"num_heads": 8, "head_dim": 16},
     "kimi_linear": {"linear_num_heads": 4, "linear_head_dim": 16},
@@ -107,6 +117,7 @@ HAND: dict[str, dict[str, Any]] = {
 }
 
 HAND["gemma3n"] = HAND["gemma3n_text"]
+HAND["dots3_note"] = HAND["dots3_note_text"]
 
 PARAM_LIMIT = 20_000_000
 DOCS = (7, 12, 5, 9)
@@ -166,24 +177,28 @@ def tiny_config(family: str) -> Any:
     if text is not None and hasattr(text, "hidden_size"):
         cfg = text
     d = cfg.to_dict()
+    orig = dict(d)
     mapped = getattr(cfg, "attribute_map", {}) or {}
     for k, v in SMALL.items():
         key = mapped.get(k, k)  # an alias (``num_experts_per_tok`` -> ``num_experts_per_token``): its target
-        cur = d.get(key, getattr(cfg, k, None))
+        cur = d[key] if key in d else _attr(cfg, k)
         if cur is None and key in UNSET and key in d:
             d[key] = v  # left unset by the default config and needed by the model
         elif isinstance(cur, int) and not isinstance(cur, bool):
             d[key] = v if k == "hidden_size" else min(v, cur)
     for k in _derived(cfg, d, mapped):
         d.pop(k)  # computed from the other fields by the config itself: recomputed from the small ones
-    n0 = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    n0 = int(_attr(cfg, "num_hidden_layers") or 0)
     layers = mapped.get("num_hidden_layers", "num_hidden_layers")  # GPT-Neo's ``num_layers``...
     per_layer = [k for k, v in d.items() if isinstance(v, list) and n0 and len(v) == n0 and k not in mapped]
-    if per_layer:  # one layer of each distinct combination of per-layer fields, in order
+    plc = d.get("per_layer_config")  # per-layer overrides {"05": {"head_dim": 512}, ...} (Gemma 4, dots3)
+    overrides = {int(i): o for i, o in plc.items()} if isinstance(plc, dict) else {}
+    keep: list[int] = [0, 1]
+    if per_layer or overrides:  # one layer of each distinct combination of per-layer fields, in order
         seen: set[tuple[str, ...]] = set()
-        keep: list[int] = []
+        keep = []
         for i in range(n0):
-            key = tuple(str(d[k][i]) for k in per_layer)
+            key = (*(str(d[k][i]) for k in per_layer), str(overrides.get(i)))
             if key not in seen:
                 seen.add(key)
                 keep.append(i)
@@ -205,9 +220,34 @@ def tiny_config(family: str) -> Any:
     for k in [k for k in d if isinstance(p := getattr(type(cfg), k, None), property) and p.fset is None]:
         d.pop(k)  # computed by the config class (Falcon's ``head_dim``, xLSTM's ``v_head_dim``): not settable
     d.update(HAND.get(family, {}))
+    if isinstance(plc, dict) and "per_layer_config" not in HAND.get(family, {}):
+        width = max((len(str(i)) for i in plc), default=1)
+        d["per_layer_config"] = {
+            str(j).zfill(width): _scaled(overrides[i], orig, d) for j, i in enumerate(keep) if i in overrides
+        }
     new = type(cfg)(**d)
     new.use_cache = False
     return new
+
+
+def _attr(cfg: Any, name: str) -> Any:
+    """``cfg.name``, or ``None`` where it is missing or per-layer (a config with ``per_layer_config`` refuses
+    the global read of a size that varies across layers)."""
+    try:
+        return getattr(cfg, name, None)
+    except Exception:
+        return None
+
+
+def _scaled(override: dict[str, Any], orig: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
+    """A per-layer override shrunk like its global value: Gemma 4's full-attention ``head_dim`` 512 over the
+    global 256 stays twice the small ``head_dim``."""
+    out = dict(override)
+    for k, v in override.items():
+        was, now = orig.get(k), d.get(k)
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in (v, was, now)) and was:
+            out[k] = max(1, round(v * now / was))
+    return out
 
 
 def _derived(cfg: Any, d: dict[str, Any], mapped: dict[str, str]) -> list[str]:
