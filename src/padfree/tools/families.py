@@ -111,6 +111,10 @@ HAND: dict[str, dict[str, Any]] = {
         "index_topk": 8,
         "per_layer_config": {2: _DOTS3_SWA},
     },
+    "dbrx": {  # the default attention sub-config lacks ``rope_theta`` and ``clip_qkv`` (DBRX: 8)
+        "attn_config": {"kv_n_heads": 2, "rope_theta": 10_000.0, "clip_qkv": 8.0},
+        "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
+    },
     "mamba2": {"num_heads": 8, "head_dim": 16},
     "kimi_linear": {"linear_num_heads": 4, "linear_head_dim": 16},
     "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
