@@ -115,6 +115,13 @@ HAND: dict[str, dict[str, Any]] = {
         "attn_config": {"kv_n_heads": 2, "rope_theta": 10_000.0, "clip_qkv": 8.0},
         "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
     },
+    "dory": {  # 1 input, 2 looped recurrent, 1 output layer; sliding and full attention alternate
+        "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "n_input_layers": 1,
+        "n_recurrent_layers": 2,
+        "n_output_layers": 1,
+    },
     "mamba2": {"num_heads": 8, "head_dim": 16},
     "kimi_linear": {"linear_num_heads": 4, "linear_head_dim": 16},
     "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
