@@ -122,6 +122,13 @@ HAND: dict[str, dict[str, Any]] = {
         "n_recurrent_layers": 2,
         "n_output_layers": 1,
     },
+    "cohere_compass_text": {  # the default has no RoPE per layer type: sliding RoPE (M-RoPE), full NoPE
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0, "mrope_section": [4, 2, 2]},
+            "full_attention": None,
+        },
+    },
     "mamba2": {"num_heads": 8, "head_dim": 16},
     "kimi_linear": {"linear_num_heads": 4, "linear_head_dim": 16},
     "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
