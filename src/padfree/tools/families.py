@@ -129,6 +129,21 @@ HAND: dict[str, dict[str, Any]] = {
             "full_attention": None,
         },
     },
+    "qwen4_exp_text": {  # gated delta-net + QSA-indexed attention, n-gram PLE on the first layer
+        "indexer_n_heads": 4,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 16,
+        "indexer_budget": 8,
+        "indexer_compress_ratio": 2,
+        "hc_lowrank": 8,
+        "ple_layer_ids": [1],
+        "ple_embed_dim": 32,
+        "heads_per_ngram": 2,
+        "ngram_vocab_size_base": 64,
+        "split_ngram_parts": 1,
+        "eos_token_id": 1,  # PLE hashing restarts n-grams at it
+    },
+    "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1},
     "mamba2": {"num_heads": 8, "head_dim": 16},
     "kimi_linear": {"linear_num_heads": 4, "linear_head_dim": 16},
     "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
@@ -136,6 +151,7 @@ HAND: dict[str, dict[str, Any]] = {
 
 HAND["gemma3n"] = HAND["gemma3n_text"]
 HAND["dots3_note"] = HAND["dots3_note_text"]
+HAND["qwen4_exp"] = HAND["qwen4_exp_text"]
 
 PARAM_LIMIT = 20_000_000
 DOCS = (7, 12, 5, 9)
