@@ -143,7 +143,12 @@ HAND: dict[str, dict[str, Any]] = {
         "split_ngram_parts": 1,
         "eos_token_id": 1,  # PLE hashing restarts n-grams at it
     },
-    "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1},
+    "dots1": {
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+    },
     "mamba2": {"num_heads": 8, "head_dim": 16},
     "kimi_linear": {"linear_num_heads": 4, "linear_head_dim": 16},
     "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
