@@ -149,6 +149,10 @@ HAND: dict[str, dict[str, Any]] = {
         "n_shared_experts": 1,
         "first_k_dense_replace": 1,
     },
+    "phi4_multimodal": {  # the text decoder is what packs: its audio encoder at one small block
+        "audio_config": {"num_blocks": 1, "ext_pw_out_channel": 64, "depthwise_separable_out_channel": 64}
+        | {"nemo_conv_channels": 64},
+    },
     "mamba2": {"num_heads": 8, "head_dim": 16},
     "kimi_linear": {"linear_num_heads": 4, "linear_head_dim": 16},
     "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
@@ -227,6 +231,9 @@ def tiny_config(family: str) -> Any:
             d[key] = v if k == "hidden_size" else min(v, cur)
     for k in _derived(cfg, d, mapped):
         d.pop(k)  # computed from the other fields by the config itself: recomputed from the small ones
+    for k, sub in d.items():  # sub-configs (a vision tower, BLT's patcher and local models...): small too
+        if _is_sub(sub):
+            d[k] = _small_sub(sub)
     n0 = int(_attr(cfg, "num_hidden_layers") or 0)
     layers = mapped.get("num_hidden_layers", "num_hidden_layers")  # GPT-Neo's ``num_layers``...
     per_layer = [k for k, v in d.items() if isinstance(v, list) and n0 and len(v) == n0 and k not in mapped]
@@ -258,7 +265,8 @@ def tiny_config(family: str) -> Any:
         d.pop(k, None)
     for k in [k for k in d if isinstance(p := getattr(type(cfg), k, None), property) and p.fset is None]:
         d.pop(k)  # computed by the config class (Falcon's ``head_dim``, xLSTM's ``v_head_dim``): not settable
-    d.update(HAND.get(family, {}))
+    for k, v in HAND.get(family, {}).items():  # a sub-config's hand sizes go over its small ones
+        d[k] = d[k] | v if isinstance(v, dict) and _is_sub(d.get(k)) else v
     if isinstance(plc, dict) and "per_layer_config" not in HAND.get(family, {}):
         width = max((len(str(i)) for i in plc), default=1)
         d["per_layer_config"] = {
@@ -267,6 +275,22 @@ def tiny_config(family: str) -> Any:
     new = type(cfg)(**d)
     new.use_cache = False
     return new
+
+
+def _is_sub(v: Any) -> bool:
+    return isinstance(v, dict) and ("model_type" in v or "hidden_size" in v)
+
+
+def _small_sub(sub: dict[str, Any]) -> dict[str, Any]:
+    """A sub-config dict with the :data:`SMALL` sizes and at most two layers."""
+    out = dict(sub)
+    for k, v in SMALL.items():
+        cur = out.get(k)
+        if isinstance(cur, int) and not isinstance(cur, bool):
+            out[k] = v if k == "hidden_size" else min(v, cur)
+    if isinstance(out.get("num_hidden_layers"), int):
+        out["num_hidden_layers"] = min(2, out["num_hidden_layers"])
+    return out
 
 
 def _attr(cfg: Any, name: str) -> Any:
