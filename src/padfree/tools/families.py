@@ -153,6 +153,14 @@ HAND: dict[str, dict[str, Any]] = {
         "audio_config": {"num_blocks": 1, "ext_pw_out_channel": 64, "depthwise_separable_out_channel": 64}
         | {"nemo_conv_channels": 64},
     },
+    "blt": {  # byte vocabulary; entropy patcher, local encoder/decoder and global transformer all small
+        "vocab_size": 260,
+        "encoder_hash_byte_group_vocab": 128,
+        "patcher_config": {"vocab_size": 260, "num_key_value_heads": 4},
+        "encoder_config": {"vocab_size": 260, "hidden_size_global": 64, "num_key_value_heads": 4},
+        "decoder_config": {"vocab_size": 260, "hidden_size_global": 64, "num_key_value_heads": 4},
+        "global_config": {"num_key_value_heads": 4},
+    },
     "mamba2": {"num_heads": 8, "head_dim": 16},
     "kimi_linear": {"linear_num_heads": 4, "linear_head_dim": 16},
     "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
