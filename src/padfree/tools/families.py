@@ -161,6 +161,7 @@ HAND: dict[str, dict[str, Any]] = {
         "decoder_config": {"vocab_size": 260, "hidden_size_global": 64, "num_key_value_heads": 4},
         "global_config": {"num_key_value_heads": 4},
     },
+    "longcat_flash": {"num_layers": 1, "zero_expert_num": 2},  # one layer pair; routed + zero experts
     "mamba2": {"num_heads": 8, "head_dim": 16},
     "kimi_linear": {"linear_num_heads": 4, "linear_head_dim": 16},
     "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
@@ -237,6 +238,8 @@ def tiny_config(family: str) -> Any:
             d[key] = v  # left unset by the default config and needed by the model
         elif isinstance(cur, int) and not isinstance(cur, bool):
             d[key] = v if k == "hidden_size" else min(v, cur)
+    if orig.get("head_dim") is not None and orig.get("head_dim") == orig.get("qk_rope_head_dim"):
+        d["head_dim"] = d["qk_rope_head_dim"]  # MLA: the rotary tables are sized by head_dim
     for k in _derived(cfg, d, mapped):
         d.pop(k)  # computed from the other fields by the config itself: recomputed from the small ones
     for k, sub in d.items():  # sub-configs (a vision tower, BLT's patcher and local models...): small too
