@@ -214,6 +214,8 @@ def out_of_scope(family: str, cfg: Any) -> str | None:
         return "encoder-decoder"
     if family in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
         return "encoder (masked LM) used as a decoder"
+    if getattr(cfg, "attn_type", None) == "bi":
+        return "bidirectional attention (XLNet's permutation LM): not a causal decoder"
     if getattr(cfg, "add_cross_attention", False) or family in ("trocr", "bert-generation"):
         return "the decoder of an encoder-decoder model"
     return None
