@@ -171,6 +171,36 @@ HAND["gemma3n"] = HAND["gemma3n_text"]
 HAND["dots3_note"] = HAND["dots3_note_text"]
 HAND["qwen4_exp"] = HAND["qwen4_exp_text"]
 
+# why a family stays not buildable, in plain words (the error follows in the detail)
+_INDEXER = (
+    "its sparse-attention indexer reads the dense attention mask, which padfree_varlen leaves out for "
+    "unpadded rows: the model cannot run with padfree_varlen"
+)
+_OWN_TABLE = (
+    "it picks its attention class from its own eager/sdpa/flash table, with no entry for a custom "
+    "attn_implementation such as padfree_varlen"
+)
+_DRAFTER = (
+    "a drafter head: its forward needs the target model's input embeddings and shared key/value states, "
+    "there is no forward from input_ids alone"
+)
+WHY: dict[str, str] = {
+    "axk2": _INDEXER,
+    "deepseek_v32": _INDEXER,
+    "dots3_note": _INDEXER,
+    "dots3_note_text": _INDEXER,
+    "glm_moe_dsa": _INDEXER,
+    "hy_v4": _INDEXER,
+    "qwen4_exp": _INDEXER,
+    "qwen4_exp_text": _INDEXER,
+    "falcon": _OWN_TABLE,
+    "git": _OWN_TABLE,
+    "gpt_neo": _OWN_TABLE,
+    "gemma4_assistant": _DRAFTER,
+    "gemma4_unified_assistant": _DRAFTER,
+    "mpt": "its forward calls .to(bool) on the causal mask, which padfree_varlen omits for unpadded rows",
+}
+
 PARAM_LIMIT = 20_000_000
 DOCS = (7, 12, 5, 9)
 TOLERANCE = 1e-4
@@ -365,6 +395,8 @@ def check_family(family: str, seed: int = 0) -> FamilyResult:
     t0 = time.perf_counter()
 
     def result(status: str, **kw: Any) -> FamilyResult:
+        if status == "not buildable" and family in WHY:
+            kw["detail"] = f"{WHY[family]} ({kw.get('detail', '')})"
         return FamilyResult(family, status, seconds=round(time.perf_counter() - t0, 2), **kw)
 
     try:
