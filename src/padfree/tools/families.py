@@ -253,7 +253,12 @@ def out_of_scope(family: str, cfg: Any) -> str | None:
 
 def tiny_config(family: str) -> Any:
     """A tiny config of ``family`` keeping one layer of each distinct per-layer pattern entry (multimodal
-    families: their text config), with :data:`HAND` over the generic shrink."""
+    families: their text config), with :data:`HAND` over the generic shrink.
+
+    The shrink sets the :data:`SMALL` sizes (through ``attribute_map`` aliases too, :data:`UNSET` ones the
+    default leaves ``None``), lets the config recompute what its ``__post_init__`` derives (:func:`_derived`),
+    keeps MLA's ``head_dim`` equal to ``qk_rope_head_dim``, shrinks nested sub-configs and the
+    ``per_layer_config`` overrides with their layers, and drops read-only properties."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     cfg = CONFIG_MAPPING[family]()
