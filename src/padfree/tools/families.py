@@ -306,8 +306,8 @@ def tiny_config(family: str) -> Any:
     if isinstance(d.get("attn_layer_indices"), list):
         d["attn_layer_indices"] = [1]
     for k in ("pad_token_id", "bos_token_id", "eos_token_id"):
-        v = d.get(k)
-        if (isinstance(v, int) and v >= SMALL["vocab_size"]) or isinstance(v, list):
+        tok = d.get(k)
+        if (isinstance(tok, int) and tok >= SMALL["vocab_size"]) or isinstance(tok, list):
             d[k] = 0
     for k in mapped:
         d.pop(k, None)
