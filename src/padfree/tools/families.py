@@ -423,16 +423,40 @@ def check_family(family: str, seed: int = 0, device: str = "cpu") -> FamilyResul
         params = sum(p.numel() for p in meta.parameters())
         if params > PARAM_LIMIT:
             return result("not buildable", detail=f"tiny config still has {params / 1e6:.0f}M parameters")
+    except Exception as exc:
+        return result("not buildable", detail=f"build: {_one_line(exc)}")
+
+    def build(attn: str) -> Any:
         torch.manual_seed(seed)
         if cls is not None and type(meta) is cls:
-            model = cls._from_config(cfg, attn_implementation=pa.NAME)
+            net = cls._from_config(cfg, attn_implementation=attn)
         else:
-            model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=pa.NAME)
-        model.to(device).eval()
+            net = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
+        net.to(device).eval()
         with torch.no_grad():
-            model(input_ids=torch.arange(5, device=device)[None] % cfg.vocab_size, use_cache=False)
-    except Exception as exc:
-        return result("not buildable", detail=f"build or unpacked forward: {_one_line(exc)}")
+            net(input_ids=torch.arange(5, device=device)[None] % cfg.vocab_size, use_cache=False)
+        return net
+
+    try:
+        model = build(pa.NAME)
+    except Exception as exc:  # padfree's attention cannot serve it: does the family run at all?
+        runs = None
+        for other in ("sdpa", "eager"):
+            try:
+                build(other)
+                runs = other
+                break
+            except Exception as exc2:
+                failed = exc2
+        if runs is None:
+            return result("not buildable", detail=f"build or unpacked forward: {_one_line(failed)}")
+        return result(
+            "refused",
+            detail=f"runs under {runs}, not under padfree_varlen ({_one_line(exc)}): train it with "
+            "--strategy bucketed",
+            model_class=causal_families()[family],
+            params=params,
+        )
     kw: dict[str, Any] = {"model_class": type(model).__name__, "params": params}
     kw["mixers"] = tuple(sorted({type(model.get_submodule(q)).__name__ for q in mixers_of(model)}))
     try:
