@@ -207,3 +207,15 @@ def test_drafter_against_a_qwen3_5_style_target_passes_check_drafter(tmp_path, c
         out = capsys.readouterr().out
         assert "target probe:    changing document 1 moves later documents' logits by 0\n" in out
         assert "OK: every document trains as if it were alone" in out
+
+
+def test_check_packing_families_from_the_command_line(capsys) -> None:
+    assert main(["check-packing", "--families", "qwen3,bart,falcon", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    status = {r["family"]: r["status"] for r in got["families"]}
+    assert status == {"qwen3": "exact", "bart": "out of scope", "falcon": "refused"}
+    assert got["summary"] == {"exact": 1, "refused": 1, "not buildable": 0, "out of scope": 1}
+    falcon = next(r for r in got["families"] if r["family"] == "falcon")
+    assert "not under padfree_varlen" in falcon["detail"] and "--strategy bucketed" in falcon["detail"]
+    assert main(["check-packing", "--families", "no_such_family"]) == 2
+    assert "no_such_family: not a causal-LM family" in capsys.readouterr().err
