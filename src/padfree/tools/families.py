@@ -167,6 +167,10 @@ HAND: dict[str, dict[str, Any]] = {
     "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
 }
 
+# DeepSeek sparse attention (and its relatives): MLA keeps a key/value head per query head; a small indexer
+_DSA = {"num_key_value_heads": 4, "index_n_heads": 4, "index_head_dim": 16, "index_topk": 8}
+for _fam in ("deepseek_v32", "glm_moe_dsa", "hy_v4", "axk2"):
+    HAND[_fam] = {**HAND.get(_fam, {}), **_DSA}
 HAND["gemma3n"] = HAND["gemma3n_text"]
 HAND["dots3_note"] = HAND["dots3_note_text"]
 HAND["qwen4_exp"] = HAND["qwen4_exp_text"]
@@ -400,7 +404,7 @@ def check_family(family: str, seed: int = 0, device: str = "cpu") -> FamilyResul
     t0 = time.perf_counter()
 
     def result(status: str, **kw: Any) -> FamilyResult:
-        if status == "not buildable" and family in WHY:
+        if status in ("not buildable", "refused") and family in WHY:
             kw["detail"] = f"{WHY[family]} ({kw.get('detail', '')})"
         return FamilyResult(family, status, seconds=round(time.perf_counter() - t0, 2), **kw)
 
