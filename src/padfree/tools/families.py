@@ -398,7 +398,7 @@ def check_family(family: str, seed: int = 0, device: str = "cpu") -> FamilyResul
 
     import padfree.torch.attention as pa
     from padfree.errors import ConfigError
-    from padfree.torch.leak_probe import leaking_modules, probe_docs, probe_leak, vocab_of
+    from padfree.torch.leak_probe import leaking_modules, packed_inputs, probe_docs, probe_leak, vocab_of
     from padfree.torch.mixers import KERNEL_PATH, mixers_of
 
     t0 = time.perf_counter()
@@ -469,9 +469,6 @@ def check_family(family: str, seed: int = 0, device: str = "cpu") -> FamilyResul
         attn = pa.last_path() or "the family's own attention (no padfree_varlen call)"
         docs, _ = probe_docs(vocab_of(model), DOCS, seed)
         with torch.no_grad():
-            model.eval()
-            from padfree.torch.leak_probe import packed_inputs
-
             packed = model(**packed_inputs(docs, device), use_cache=False).logits[0].float()
             alone = max(
                 (p - model(input_ids=d[None].to(device), use_cache=False).logits[0].float())
