@@ -490,7 +490,13 @@ def check_family(family: str, seed: int = 0, device: str = "cpu") -> FamilyResul
         culprits = leaking_modules(model, DOCS, seed)
         names = ", ".join(sorted({type(model.get_submodule(n)).__name__ for n in culprits})) or "?"
         return result(
-            "refused", detail=f"leaks through {names}: the packing guard refuses it", path=path, **kw
+            "refused",
+            detail=f"leaks through {names}: the packing guard refuses it"
+            if culprits
+            else "leaks through the model's own row-wide code (no single module's output explains it): the "
+            "packing guard refuses it",
+            path=path,
+            **kw,
         )
     return result("exact", path=path, **kw)
 

@@ -434,8 +434,9 @@ def varlen_attention_forward(
     if attention_mask is not None or not is_causal or key.shape[2] != q_len:
         if key.shape[2] != q_len and _looks_packed(kwargs):
             raise ConfigError(
-                "padfree_varlen: a packed row (cu_seq_lens_q / restarting position_ids) cannot use cached "
-                "keys; call the model with use_cache=False for packed training"
+                f"padfree_varlen: a packed row (cu_seq_lens_q / restarting position_ids) cannot use cached "
+                f"keys ({key.shape[2]} keys for {q_len} queries: cached, compressed or another sequence's); "
+                "call the model with use_cache=False for packed training, or train this model padded"
             )
         _state.path = "sdpa (padded batch or cached decoding)"
         return sdpa_attention_forward(
