@@ -26,6 +26,7 @@ epoch to the collate function). Nothing here imports speculators at module level
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -41,7 +42,14 @@ from padfree.drafter import methods, recipes
 from padfree.drafter.feed import AnchorChoice, ShapeSet, trainer_kwargs
 from padfree.drafter.recipes import Recipe
 from padfree.errors import ConfigError, InputError
-from padfree.integrations._common import BatchInfo, PlannedBatch, check_rank, doc_anchors, drafter_cost
+from padfree.integrations._common import (
+    BatchInfo,
+    ElasticEpochs,
+    PlannedBatch,
+    check_rank,
+    doc_anchors,
+    drafter_cost,
+)
 
 __all__ = [
     "PadfreeCollate",
@@ -120,6 +128,11 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
         anchors: DFlash anchors per sample (:func:`count_anchors`); ``None`` for EAGLE-3.
         recipe: the recipe the anchors and the default cost model follow (default: speculators' DFlash, or
             EAGLE-3 without anchors).
+        resume_dir: their ``TrainerConfig.save_path``: rank 0 records there (``padfree-resume.json``) at
+            which world size each run began each epoch, so that their mid-epoch resume (``local_step``:
+            micro-batches per rank, other samples at another world size) continues exactly at any world size,
+            as :class:`padfree.torch.PlanBatchSampler` does (:class:`~padfree.integrations._common.
+            ElasticEpochs`). Without it a mid-epoch resume is refused in one line.
 
     Every rank gets the same number of micro-batches per epoch (some may be empty near an epoch's end; their
     ``CollateFn`` turns an empty one into a row of padding that trains nothing).
@@ -138,6 +151,7 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
         config: PlanConfig | None = None,
         anchors: Any = None,
         recipe: Recipe | None = None,
+        resume_dir: str | os.PathLike | None = None,
     ) -> None:
         check_rank(rank, num_replicas)
         self.num_replicas, self.rank, self.seed, self.epoch = int(num_replicas), int(rank), int(seed), 0
@@ -171,7 +185,15 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
                     "anchor_budget=W) and pass max_anchors=W to the model (trainer_kwargs)"
                 )
         self._cached_generated_batches: tuple[int, list] = (-1, [])
-        self.last_plan: Plan | None = None
+        self.epochs = ElasticEpochs(
+            self.lengths,
+            self.config,
+            self.rank,
+            anchors=self.anchors,
+            record_dir=resume_dir,
+            who="PadfreeMultipackSampler",
+            hint="give it resume_dir= their TrainerConfig's save_path",
+        )
 
     @property
     def shapes(self) -> ShapeSet:
@@ -179,30 +201,52 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
         budget (a packed row is cut to the smallest that holds it), the plan's anchor budget."""
         return ShapeSet.spread(self.batch_max_length, 8, anchors=self.config.anchor_budget)
 
+    @property
+    def last_plan(self) -> Plan | None:
+        """The plan of the epoch last generated, every rank's micro-batches (``None`` before the first)."""
+        epoch = self._cached_generated_batches[0]
+        return None if epoch < 0 else make_plan(self.lengths, self.config, epoch, anchors=self.anchors)
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
     def __iter__(self):
-        return iter(self._generate_batches(self.epoch))
+        batches = self._generate_batches(self.epoch)
+        self.epochs.commit(self.epoch, getattr(batches, "skip", 0))
+        return iter(batches)
 
     def __len__(self) -> int:
         return len(self._generate_batches(self.epoch))
 
     def _generate_batches(self, epoch: int) -> list:
         """This rank's micro-batches of ``epoch``, each a :class:`PlannedBatch` of sample ids (cached per
-        epoch; their trainer's fast resume slices this list)."""
+        epoch). Their trainer's fast resume slices this list (``batches[local_step:]``): the slice is the rest
+        of the epoch as :class:`~padfree.integrations._common.ElasticEpochs` continues it, at this world size
+        whatever the one the checkpoint was written at."""
         if self._cached_generated_batches[0] == epoch:
             return self._cached_generated_batches[1]
-        plan = make_plan(self.lengths, self.config, epoch, anchors=self.anchors)
-        batches: list = [
-            PlannedBatch(plan.micro(int(k)), BatchInfo(int(epoch), j, plan.micro(int(k))))
-            for j, k in enumerate(plan.micro_ids(self.rank))
-        ]
-        if self.max_batches is not None:
-            batches = batches[: self.max_batches]
-        self.last_plan = plan
+        batches = _EpochBatches(self, epoch, 0)
         self._cached_generated_batches = (epoch, batches)
         return batches
+
+
+class _EpochBatches(list):
+    """A rank's micro-batches of an epoch from micro-batch ``skip`` on; slicing it from ``k`` (their fast
+    resume) resumes after ``k`` micro-batches."""
+
+    def __init__(self, sampler: PadfreeMultipackSampler, epoch: int, skip: int) -> None:
+        got = sampler.epochs.batches(epoch, skip)
+        if sampler.max_batches is not None:
+            got = got[: max(0, int(sampler.max_batches) - skip)]
+        super().__init__(
+            PlannedBatch(ids, BatchInfo(int(epoch), j, np.asarray(ids, np.int64))) for ids, j in got
+        )
+        self.sampler, self.epoch, self.skip = sampler, int(epoch), int(skip)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice) and key.step is None and key.stop is None and (key.start or 0) > 0:
+            return _EpochBatches(self.sampler, self.epoch, self.skip + int(key.start))
+        return super().__getitem__(key)
 
 
 class PadfreeCollate:
