@@ -319,3 +319,33 @@ def test_their_select_anchors_is_answered_in_both_signatures_and_restored():
         sp._local.choice = None
     handle.remove()
     assert core.select_anchors is theirs
+
+
+@pytest.mark.parametrize("shrink", [2, 1])
+def test_lengths_below_the_data_are_refused_naming_the_sample(tmp_path, samples, target, shrink):
+    """Lengths below what their dataset materialises: their CollateFn would cut or drop the row's last
+    documents while padfree_sample_ids reports them trained; refused in one line naming the sample (shrink 1:
+    the honest lengths still train every document whole)."""
+    from torch.utils.data import DataLoader
+
+    from padfree.core.config import PlanConfig
+    from padfree.errors import InputError
+    from padfree.integrations import speculators as sp
+    from padfree.torch import PlannedDataset
+
+    _, ds, _, collate, _, _, _ = setup(tmp_path, samples, target, "eagle3")
+    lengths = np.asarray(ds.approx_lengths) // shrink
+    sampler = sp.PadfreeMultipackSampler(BUDGET, lengths, 1, 0, seed=1, config=PlanConfig(strategy="packed"))
+    loader = DataLoader(PlannedDataset(ds), batch_sampler=sampler, collate_fn=collate)
+    if shrink == 1:
+        for b in loader:
+            doc, ids = b["document_ids"][0], b["padfree_sample_ids"].tolist()
+            whole = [len(samples[i]["input_ids"]) - 1 for i in ids]  # their EAGLE-3 shift_batch: one fewer
+            assert [int((doc == d).sum()) for d in range(len(ids))] == whole
+        return
+    with pytest.raises(
+        InputError, match=r"^sample \d+: \d+ tokens, but the sampler planned it at \d+"
+    ) as err:
+        list(loader)
+    sid = err.value.sample
+    assert f"{len(samples[sid]['input_ids'])} tokens" in str(err.value) and "\n" not in str(err.value)

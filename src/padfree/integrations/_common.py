@@ -28,12 +28,14 @@ from padfree.errors import ConfigError, StateError
 @dataclass(frozen=True)
 class BatchInfo:
     """Where a planned micro-batch comes from: its epoch, its step (this rank's micro-batch number in the
-    epoch) and its sample ids (``indices``), which :class:`padfree.torch.PlannedDataset` hands to the collate
-    function beside the items."""
+    epoch), its sample ids (``indices``) and the token counts the plan was made from (``lengths``, one per
+    sample; ``None``: not known), which :class:`padfree.torch.PlannedDataset` hands to the collate function
+    beside the items."""
 
     epoch: int
     step: int
     indices: np.ndarray
+    lengths: np.ndarray | None = None
 
 
 class PlannedBatch(list):

@@ -238,8 +238,10 @@ class _EpochBatches(list):
         got = sampler.epochs.batches(epoch, skip)
         if sampler.max_batches is not None:
             got = got[: max(0, int(sampler.max_batches) - skip)]
+        lengths = sampler.lengths
         super().__init__(
-            PlannedBatch(ids, BatchInfo(int(epoch), j, np.asarray(ids, np.int64))) for ids, j in got
+            PlannedBatch(ids, BatchInfo(int(epoch), j, np.asarray(ids, np.int64), lengths[ids]))
+            for ids, j in got
         )
         self.sampler, self.epoch, self.skip = sampler, int(epoch), int(skip)
 
@@ -288,11 +290,7 @@ class PadfreeCollate:
         out = self.collate_fn(list(items))
         doc = out["document_ids"][0]
         lens = torch.bincount(doc[doc >= 0], minlength=len(kept)).tolist() if len(kept) else []
-        if len(lens) != len(kept):
-            raise ConfigError(
-                f"their collate kept {len(lens)} of {len(kept)} planned samples: give CollateFn max_len "
-                "= the sampler's batch_max_length"
-            )
+        check_materialised(items, info, lens, int(doc.shape[0]), getattr(self.collate_fn, "preprocess", None))
         full = int(doc.shape[0])
         width = full if self.shapes is None else self.shapes.width(int(sum(lens)))
         if width < full:
@@ -324,6 +322,41 @@ class PadfreeCollate:
         out["padfree_sample_ids"] = torch.tensor(kept, dtype=torch.long)
         out["padfree_epoch"] = torch.tensor(info.epoch, dtype=torch.long)
         return out
+
+
+def check_materialised(
+    items: list, info: BatchInfo, lens: list[int], max_len: int, preprocess: Callable | None = None
+) -> None:
+    """Every planned sample of a micro-batch is in their collated row whole (or cut to the budget, as the
+    plan cut it): its materialised token count agrees with the length the sampler planned with, and their
+    collate kept all of its tokens (``lens``: each document's positions in their row; ``preprocess``: their
+    ``CollateFn``'s, e.g. EAGLE-3's ``shift_batch``, one token fewer). Else one :class:`InputError` naming the
+    sample (their ``CollateFn`` would cut or drop it while ``padfree_sample_ids`` reports it trained)."""
+    planned = info.lengths
+    kept = [j for j, it in enumerate(items) if isinstance(it, Mapping)]
+    if len(lens) != len(kept):
+        raise ConfigError(
+            f"their collate kept {len(lens)} of {len(kept)} planned samples: give CollateFn max_len "
+            "= the sampler's batch_max_length"
+        )
+    for d, j in enumerate(kept):
+        sid = int(info.indices[j])
+        n = int(items[j]["input_ids"].shape[0])
+        if planned is not None and min(n, max_len) != min(int(planned[j]), max_len):
+            raise InputError(
+                f"{n} tokens, but the sampler planned it at {int(planned[j])}: the lengths "
+                "given to PadfreeMultipackSampler must be this dataset's token counts (its approx_lengths)",
+                sample=sid,
+            )
+        want = min(n, max_len)
+        if preprocess is not None and "lengths" in items[j]:
+            want = min(int(preprocess(items[j])["lengths"].reshape(-1)[0]), max_len)
+        if lens[d] != want:
+            raise InputError(
+                f"their collate kept {lens[d]} of its {want} tokens (the row "
+                f"overflows max_len {max_len}): give CollateFn max_len = the sampler's batch_max_length",
+                sample=sid,
+            )
 
 
 _local = threading.local()
