@@ -314,3 +314,35 @@ def test_packed_document_term_is_the_same_for_their_dense_and_flex_masks():
     # a block sees context of its own document only: anchor 7 (document 1) sees 6, not 0..3
     assert dense["attention_mask"][0, 0, block, :s].nonzero().reshape(-1).tolist() == [6]
     assert dense["position_ids"][0, s:].tolist() == [1, 2, 3, 1, 2, 3, 1, 2, 3, 0, 1, 2]
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_an_index_of_another_tokenization_is_refused_naming_the_sample(features, samples, layout):
+    """An index whose lengths are not the feature files' (another tokenizer: here every sample 4/5 as long)
+    would put anchors outside their documents; the first batch is refused in one line naming a sample and
+    its file."""
+    from padfree.core.config import PlanConfig
+    from padfree.errors import InputError
+    from padfree.integrations import specforge as sf
+    from padfree.testing.peers import import_peer
+
+    data = import_peer("specforge", "algorithms.common.dflash_family_data")
+    store = import_peer("specforge", "runtime.data_plane.feature_store")
+    masks = [np.asarray(s["loss_mask"])[: len(s["loss_mask"]) * 4 // 5] for s in samples]
+    index = sf.index_from_masks(masks, max_len=BUDGET, recipe=recipe())
+    config = PlanConfig(
+        strategy="packed" if layout == "packed" else "bucketed", budget=BUDGET, anchor_budget=BUDGET
+    )
+    ld = sf.PlanFeatureLoader(
+        store.LocalFeatureStore("t"), refs_of(features), index=index, config=config,
+        collate_fn=data.build_collator(), per_sample_transform=data.build_offline_normalizer(BUDGET),
+        layout=layout, recipe=recipe(),
+    )  # fmt: skip
+    with pytest.raises(
+        InputError, match=r"data_\d+\.ckpt: sample \d+: \d+ tokens after their normalizer"
+    ) as e:
+        next(iter(ld))
+    sid = e.value.sample
+    assert f"{len(samples[sid]['input_ids'])} tokens after" in str(e.value)
+    assert f"says {len(masks[sid])}" in str(e.value) and "\n" not in str(e.value)
+    ld.close()

@@ -191,6 +191,19 @@ class _PackedCollate:
         return out
 
 
+class _Measured:
+    """Their (or padfree's packed) collate function, plus each sample's token count as it was materialised
+    (``padfree_lengths``), for the loader to check against the index."""
+
+    def __init__(self, collate_fn: Callable[[list], dict]) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, features: list[dict]) -> dict:
+        out = self.collate_fn(features)
+        out["padfree_lengths"] = torch.tensor([int(f["input_ids"].shape[-1]) for f in features])
+        return out
+
+
 def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
     if t.dim() < 2 or t.shape[1] >= width:
         return t
@@ -284,7 +297,7 @@ class PlanFeatureLoader:
             store,
             refs=list(refs),
             batch_size=1,
-            collate_fn=_PackedCollate(self.gap) if layout == "packed" else collate_fn,
+            collate_fn=_Measured(_PackedCollate(self.gap) if layout == "packed" else collate_fn),
             per_sample_transform=per_sample_transform,
             device=device,
             drop_last=False,
@@ -355,8 +368,26 @@ class PlanFeatureLoader:
         return batch
 
     # -- what padfree adds -------------------------------------------------------------------------
+    def _check(self, got: np.ndarray, ids: np.ndarray) -> None:
+        """Each sample's materialised token count (after their normalizer) is the index's: an index of
+        another tokenization or other files would place anchors outside their document and pack rows past
+        the budget. Else one line naming the sample and its file."""
+        want = self.index.lengths[ids]
+        bad = np.flatnonzero(np.asarray(got) != want)
+        if bad.shape[0]:
+            j = int(bad[0])
+            sid = int(ids[j])
+            raise InputError(
+                f"{int(got[j])} tokens after their normalizer, but the length index says {int(want[j])} "
+                f"({bad.shape[0]} of this batch's {len(ids)} samples differ): the index was built from other "
+                "data (another tokenizer or other feature files); build it from these files (build_index)",
+                path=feature_paths([self._refs[sid]])[0],
+                sample=sid,
+            )
+
     def _complete(self, batch: Any, ids: np.ndarray, epoch: int) -> None:
         t = batch.tensors
+        self._check(t.pop("padfree_lengths").numpy(), ids)
         width = int(t["input_ids"].shape[1])
         if self.shapes is not None:
             wide = self.shapes.width(width)
