@@ -74,6 +74,7 @@ from padfree.drafter.export import (
     export_meta,
 )
 from padfree.drafter.methods import METHODS, cost_model
+from padfree.drafter.recipes import check_drafts
 from padfree.drafter.target import DTYPES, check_target_folder, default_mask_token, load_target
 from padfree.drafter.train import TINY_TARGET, build_models, loss_sums, memory_model, token_counts
 from padfree.errors import ConfigError, PadfreeError
@@ -226,6 +227,7 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     mask = np.concatenate([np.asarray(s["loss_mask"], bool) for s in samples])
     offsets = np.concatenate(([0], np.cumsum(lengths)))
     anchors = anchor_counts(mask, offsets, recipe.anchor_policy()) if spec.uses_anchors else None
+    check_drafts(recipe, anchors, lengths, int(mask.sum()))  # a run that drafts nothing trains zeros
     cost = cost_model(spec.name, **shape, vocab=args.vocab_size, block_size=recipe.block_size, ttt=recipe.ttt)
     config = plan_config(args).with_(
         cost=cost, anchor_budget=args.anchor_budget if spec.uses_anchors else None

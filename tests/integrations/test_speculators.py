@@ -349,3 +349,31 @@ def test_lengths_below_the_data_are_refused_naming_the_sample(tmp_path, samples,
         list(loader)
     sid = err.value.sample
     assert f"{len(samples[sid]['input_ids'])} tokens" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_recipe_under_which_nothing_drafts_is_refused(samples):
+    """Issue 33 item 7: anchors counted under an anchor margin longer than every document are all zero; the
+    sampler refuses them in one line instead of planning an epoch that trains zeros."""
+    from padfree.core.config import PlanConfig
+    from padfree.drafter import recipes
+    from padfree.errors import ConfigError
+    from padfree.integrations import speculators as sp
+
+    rec = recipes.override(recipe("dflash"), anchor_margin=4096)
+    anchors = sp.count_anchors([s["loss_mask"] for s in samples], rec)
+    lengths = [len(s["input_ids"]) for s in samples]
+    config = PlanConfig(strategy="packed", anchor_budget=WIDTH)
+    with pytest.raises(
+        ConfigError, match=r"nothing drafts .* anchor margin 4096, longest document \d+"
+    ) as err:
+        sp.PadfreeMultipackSampler(BUDGET, lengths, 1, 0, config=config, anchors=anchors, recipe=rec)
+    assert "\n" not in str(err.value)
+    ok = sp.count_anchors([s["loss_mask"] for s in samples], recipe("dflash"))
+    assert (
+        len(
+            sp.PadfreeMultipackSampler(
+                BUDGET, lengths, 1, 0, config=config, anchors=ok, recipe=recipe("dflash")
+            )
+        )
+        > 0
+    )

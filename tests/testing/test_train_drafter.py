@@ -162,3 +162,17 @@ def test_example_options_are_bounded_and_named(option, value, capsys):
         train_drafter.parse_args([option, value])
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and f"argument {option}" in err[0], err
+
+
+def test_a_recipe_under_which_nothing_drafts_is_refused_in_one_line(tmp_path, fixtures_dir):
+    """Issue 33 item 7: an anchor margin longer than every document leaves no anchor anywhere; the run used to
+    train zeros and exit 0. One line naming the margin and the longest document, exit 2, before any step."""
+    import subprocess
+    import sys
+
+    args = base_args(fixtures_dir, tmp_path, 8, "dflash") + ["--max-steps", "2", "--anchor-margin", "1000"]
+    res = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+    err = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(err) == 1, res.stderr[-2000:]
+    assert "nothing drafts" in err[0] and "anchor margin 1000" in err[0] and "longest document" in err[0]
+    assert "finished at step" not in res.stdout and not (tmp_path / "seen.jsonl").exists()

@@ -179,6 +179,7 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
                 raise ConfigError(
                     f"{self.anchors.shape[0]} anchor counts for {self.lengths.shape[0]} samples"
                 )
+            recipes.check_drafts(self.recipe, self.anchors, self.lengths)
             if self.config.anchor_budget is None:
                 raise ConfigError(
                     "DFlash rows need a fixed anchor width: give config=PlanConfig(strategy='packed', "
