@@ -51,6 +51,7 @@ from common import (
     add_data_and_model_args,
     dropped_samples,
     load_training_data,
+    overlong_line,
     parser,
     plan_config,
     run_example,
@@ -61,6 +62,7 @@ from train import add_run_args, resume_from, setup_distributed, shared_run_id, t
 
 from padfree.commands.common import NUMERIC, Bounded, add_recipe_arguments, recipe_from_args
 from padfree.core.anchors import anchor_counts
+from padfree.core.budget import Budget
 from padfree.core.cost import micro_shapes
 from padfree.core.planner import make_plan
 from padfree.drafter import memory as drafter_memory
@@ -235,6 +237,21 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     memory = memory_model(models)
     if args.memory_gb is not None:
         config = memory_bound(config, memory, args.memory_gb * 2**30, spec.uses_anchors, recipe.ttt)
+    cut = Budget.of(config).item  # where the plan cuts a sample: the budget, or less under --memory-gb
+    limit = None
+    if cut < args.budget:
+        limit = (
+            f"{cut} tokens, the longest document whose attention fits --memory-gb {args.memory_gb:g} "
+            f"({memory.source}; a row still holds up to --budget {args.budget} tokens)"
+        )
+        if args.overlong == "error" and int(lengths.max()) > cut:
+            raise ConfigError(
+                f"--memory-gb {args.memory_gb:g}: {int((lengths > cut).sum())} of {len(samples)} samples are "
+                f"longer than {limit}; raise --memory-gb, or choose --overlong truncate, split or drop"
+            )
+    line = overlong_line(lengths, cut, args.overlong, limit)
+    if line:
+        log(line)
     sampler = PlanBatchSampler(
         lengths,
         config,
@@ -248,11 +265,11 @@ def train(args, rank, world, device, ckpt, stop) -> int:
         args.method, recipe=recipe, seed=args.seed, layout=layout, mask_token_id=args.mask_token_id
     )
     loader = DataLoader(PlannedDataset(samples), batch_sampler=sampler, collate_fn=collate)
-    lost = unsupervised_after_cut(mask, offsets, args.budget) if args.overlong == "truncate" else 0
+    lost = unsupervised_after_cut(mask, offsets, cut) if args.overlong == "truncate" else 0
     if lost:
         log(
             f"{lost} of {len(samples)} samples keep no supervised token after --overlong {args.overlong} at "
-            f"budget {args.budget}: they are planned and trained with no loss"
+            f"{cut} tokens: they are planned and trained with no loss"
         )
 
     plan = make_plan(lengths, config.with_(world_size=world), sampler.epoch, anchors=anchors)
@@ -326,7 +343,7 @@ def train(args, rank, world, device, ckpt, stop) -> int:
 
     try:
         parts = (sampler, loader, drafter, optimizer)
-        dropped = dropped_samples(lengths, args.budget, args.overlong)
+        dropped = dropped_samples(lengths, cut, args.overlong)
         code = train_loop(
             args,
             rank,
@@ -360,8 +377,12 @@ def memory_bound(config, memory, limit: float, uses_anchors: bool, ttt: int):
     if uses_anchors:
         by_memory = drafter_memory.anchor_budget(memory, limit, config.budget)
         return config.with_(anchor_budget=min(config.anchor_budget or by_memory, by_memory))
+    # padfree's EAGLE-3 drafter attends document by document on a packed row (memory.micro_bytes prices it
+    # so): the bound is per document there, not one T x T over the row (which cut rows far below --budget)
     return config.with_(
-        attn_budget=drafter_memory.attention_budget(memory, limit, config.budget), attn_extra=ttt - 1
+        attn_budget=drafter_memory.attention_budget(memory, limit, config.budget),
+        attn_extra=ttt - 1,
+        attn_per_document=config.packed,
     )
 
 

@@ -176,3 +176,29 @@ def test_a_recipe_under_which_nothing_drafts_is_refused_in_one_line(tmp_path, fi
     assert res.returncode == 2 and len(err) == 1, res.stderr[-2000:]
     assert "nothing drafts" in err[0] and "anchor margin 1000" in err[0] and "longest document" in err[0]
     assert "finished at step" not in res.stdout and not (tmp_path / "seen.jsonl").exists()
+
+
+def test_a_memory_bound_that_cuts_documents_says_so_and_counts_the_tokens(tmp_path, fixtures_dir):
+    """Issue 33 item 6: --memory-gb on EAGLE-3 used to cut rows far below --budget and say nothing (and the
+    default --overlong truncate said nothing of what it cut either). At a memory that holds one document of
+    100 tokens at most (its attention), the run says where it cuts, why, and how many tokens go untrained;
+    rows still fill the budget with shorter documents."""
+    import re
+    import subprocess
+    import sys
+
+    from padfree.drafter import recipes
+    from padfree.drafter.train import build_models, memory_model
+
+    rec = recipes.override(recipes.get("specforge", "eagle3"), ttt=2)
+    mm = memory_model(build_models("eagle3", vocab=256, seed=0, recipe=rec))
+    gb = (mm.fixed + mm.per_token * 256 + mm.per_attention * 100 * 101.5) / 2**30  # 100 x (100 + 1) scores
+    args = base_args(fixtures_dir, tmp_path, 24, "eagle3") + ["--max-steps", "1", "--memory-gb", repr(gb)]
+    res = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    line = next(x for x in res.stdout.splitlines() if x.startswith("--overlong truncate"))
+    assert "longer than 100 tokens, the longest document whose attention fits --memory-gb" in line
+    assert "--budget 256" in line
+    lost, total, pct = re.search(r"(\d+) of (\d+) tokens not trained \((\d+\.\d)%\)", line).groups()
+    assert 0 < int(lost) < int(total) and float(pct) == round(100 * int(lost) / int(total), 1)
+    assert f"{total} tokens" in res.stdout  # the run line's token count: every token of the data counted

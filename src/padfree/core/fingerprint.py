@@ -55,6 +55,8 @@ def fingerprint_and_identity(
             fields[name] = getattr(config, name)
     if config.attn_budget is not None:
         fields["attn_extra"] = config.attn_extra
+        if config.attn_per_document:
+            fields["attn_per_document"] = True
     identity: dict = {"samples": int(lengths.shape[0]), "lengths": of_lengths}
     if anchors is not None:
         h.update(b"anchors")
