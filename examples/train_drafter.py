@@ -77,7 +77,13 @@ from padfree.drafter.export import (
 )
 from padfree.drafter.methods import METHODS, cost_model
 from padfree.drafter.recipes import check_drafts
-from padfree.drafter.target import DTYPES, check_target_folder, default_mask_token, load_target
+from padfree.drafter.target import (
+    DTYPES,
+    check_target_folder,
+    check_target_tokenizer,
+    default_mask_token,
+    load_target,
+)
 from padfree.drafter.train import TINY_TARGET, build_models, loss_sums, memory_model, token_counts
 from padfree.errors import ConfigError, PadfreeError
 from padfree.torch import PlanBatchSampler, PlannedDataset, all_reduce_sum, step_loss, sync_unless
@@ -184,8 +190,10 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     if ckpt is not None:
         ckpt.acquire(run)
     target = None
+    given_mask = args.mask_token_id is not None
     if args.target is not None:
         args.tokenizer = str(check_target_folder(args.target))
+        check_target_tokenizer(args.target)  # its tokenizer is its model's, before any option is blamed
         target = load_target(args.target, dtype=args.dtype, device="cpu")
         args.vocab_size = int(target.config.vocab_size)
         if args.mask_token_id is None:
@@ -195,7 +203,8 @@ def train(args, rank, world, device, ckpt, stop) -> int:
         args.mask_token_id = 1
     if args.mask_token_id >= args.vocab_size:
         raise ConfigError(
-            f"--mask-token-id {args.mask_token_id} is outside the vocabulary of {args.vocab_size}"
+            f"{'--mask-token-id' if given_mask else 'the target tokenizer’s mask/pad/unknown token'} "
+            f"{args.mask_token_id} is outside the vocabulary of {args.vocab_size}"
         )
     samples, lengths, loss_tokens = load_training_data(args)
     for s in samples:
