@@ -64,6 +64,7 @@ from padfree.commands.common import NUMERIC, Bounded, add_recipe_arguments, reci
 from padfree.core.anchors import anchor_counts
 from padfree.core.budget import Budget
 from padfree.core.cost import micro_shapes
+from padfree.core.items import make_items
 from padfree.core.planner import make_plan
 from padfree.drafter import memory as drafter_memory
 from padfree.drafter.collate import DrafterCollator
@@ -234,7 +235,7 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     meta = export_meta(models, mask_token_id=args.mask_token_id, target_path=args.target)
     fmt = args.export_format or default_format(spec.name)
     if args.export_dir:
-        check_exportable(meta, fmt)
+        check_exportable(meta, fmt, option="--export-format")
     mask = np.concatenate([np.asarray(s["loss_mask"], bool) for s in samples])
     offsets = np.concatenate(([0], np.cumsum(lengths)))
     anchors = anchor_counts(mask, offsets, recipe.anchor_policy()) if spec.uses_anchors else None
@@ -257,6 +258,22 @@ def train(args, rank, world, device, ckpt, stop) -> int:
             raise ConfigError(
                 f"--memory-gb {args.memory_gb:g}: {int((lengths > cut).sum())} of {len(samples)} samples are "
                 f"longer than {limit}; raise --memory-gb, or choose --overlong truncate, split or drop"
+            )
+    if anchors is not None and config.anchor_budget is not None:  # as the plan will cut them
+        pieces = make_items(lengths, cut, args.overlong, anchors=anchors)
+        assert pieces.anchors is not None
+        if int(pieces.anchors.max()) > config.anchor_budget:
+            k = int(np.argmax(pieces.anchors))
+            by = f"--anchor-budget {args.anchor_budget}"
+            if args.anchor_budget is None or config.anchor_budget < args.anchor_budget:
+                by = (
+                    f"the {config.anchor_budget} --memory-gb {args.memory_gb:g} leaves room for "
+                    f"({memory.source})"
+                )
+            raise ConfigError(
+                f"sample {int(pieces.sample_ids()[k])} has {int(pieces.anchors[k])} draft blocks (anchors) "
+                f"in its first {cut} tokens, more than a micro-batch may hold: {by}; raise it, or lower "
+                "--max-anchors"
             )
     line = overlong_line(lengths, cut, args.overlong, limit)
     if line:
@@ -292,6 +309,9 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     identity = {**{k: getattr(args, k) for k in IDENTITY}, "target": args.target or "tiny"}
     identity.update(dataclasses.asdict(recipe))
     identity.pop("source")
+    # the options that bound the plan, by their own names (the plan's fields they set, anchor_budget and
+    # attn_budget, are not what the user typed)
+    identity.update({"--memory-gb": args.memory_gb, "--anchor-budget": args.anchor_budget})
     step = 0
     state = ckpt.resume(device) if ckpt is not None and args.resume else None
     if state is not None:

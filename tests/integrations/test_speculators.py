@@ -377,3 +377,13 @@ def test_a_recipe_under_which_nothing_drafts_is_refused(samples):
         )
         > 0
     )
+
+
+def test_a_nan_length_is_named_as_nan():
+    """Issue 33 item 12: a NaN among the sampler's lengths was cast to int64 first and shown as
+    -9223372036854775808."""
+    from padfree.errors import InputError
+    from padfree.integrations import speculators as sp
+
+    with pytest.raises(InputError, match=r"^sample 1: length must be a positive integer \(got nan\)$"):
+        sp.PadfreeMultipackSampler(BUDGET, np.array([30.0, np.nan, 50.0]), 1, 0)

@@ -202,3 +202,67 @@ def test_a_memory_bound_that_cuts_documents_says_so_and_counts_the_tokens(tmp_pa
     lost, total, pct = re.search(r"(\d+) of (\d+) tokens not trained \((\d+\.\d)%\)", line).groups()
     assert 0 < int(lost) < int(total) and float(pct) == round(100 * int(lost) / int(total), 1)
     assert f"{total} tokens" in res.stdout  # the run line's token count: every token of the data counted
+
+
+def _dflash_memory_for(blocks: int, budget: int = 256) -> float:
+    """The --memory-gb at which the example's tiny DFlash drafter (base_args) leaves room for ``blocks``
+    draft blocks in a micro-batch of ``budget`` tokens (:func:`padfree.drafter.memory.anchor_budget`)."""
+    from padfree.drafter import recipes
+    from padfree.drafter.train import build_models, memory_model
+
+    rec = recipes.override(recipes.get("specforge", "dflash"), block_size=4)
+    m = memory_model(build_models("dflash", vocab=256, seed=0, recipe=rec))
+    return (
+        m.fixed + m.per_token * budget + (blocks + 0.5) * (m.per_block + m.per_reach * budget / 2)
+    ) / 2**30
+
+
+@pytest.mark.parametrize("case", ["export-format", "memory-anchors", "memory-overlong"])
+def test_lines_name_this_commands_own_options(tmp_path, fixtures_dir, case):
+    """Issue 33 item 12: train_drafter's lines named another command's option (--format for its
+    --export-format), the library's (anchor_budget after --memory-gb) or told to raise --budget where the cut
+    came from --memory-gb."""
+    import subprocess
+    import sys
+
+    method = "eagle3" if case != "memory-anchors" else "dflash"
+    args = base_args(fixtures_dir, tmp_path, 24, method) + ["--max-steps", "1"]
+    if case == "export-format":
+        args += ["--export-dir", str(tmp_path / "out"), "--export-format", "dflash"]
+        said, unsaid = "(export it with --export-format speculators)", "--format "
+    elif case == "memory-anchors":
+        args += ["--memory-gb", repr(_dflash_memory_for(12))]
+        said, unsaid = "more than a micro-batch may hold: the 12 --memory-gb", "anchor_budget"
+    else:
+        from padfree.drafter import recipes
+        from padfree.drafter.train import build_models, memory_model
+
+        mm = memory_model(build_models("eagle3", vocab=256, seed=0, recipe=recipes.override(
+            recipes.get("specforge", "eagle3"), ttt=2)))  # fmt: skip
+        gb = (mm.fixed + mm.per_token * 256 + mm.per_attention * 100 * 101.5) / 2**30
+        args += ["--memory-gb", repr(gb), "--overlong", "error"]
+        said, unsaid = (
+            "longer than 100 tokens, the longest document whose attention fits --memory-gb",
+            "raise the",
+        )
+    res = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+    err = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(err) == 1, res.stderr[-2000:]
+    assert said in err[0] and unsaid not in err[0], err[0]
+
+
+def test_a_resume_under_another_memory_bound_names_the_option(tmp_path, fixtures_dir):
+    """Issue 33 item 12: --memory-gb added on resume was refused with two hashes (the sampler identity's
+    optional attn_budget was in one run only); now the line names --memory-gb."""
+    import subprocess
+    import sys
+
+    args = base_args(fixtures_dir, tmp_path, 8, "eagle3") + ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    run = [sys.executable, str(SCRIPT), *args]
+    first = subprocess.run([*run, "--max-steps", "1"], capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    more = ["--max-steps", "2", "--resume", "--memory-gb", "4"]
+    again = subprocess.run([*run, *more], capture_output=True, text=True, timeout=300)
+    err = again.stderr.strip().splitlines()
+    assert again.returncode == 2 and len(err) == 1, again.stderr[-2000:]
+    assert "--memory-gb none in the checkpoint, 4.0 now" in err[0] and "sampler state" not in err[0], err[0]

@@ -86,9 +86,10 @@ def with_verifier(meta: dict, verifier: str | Path | None) -> dict:
     return {**meta, "target": {**meta["target"], "path": path}}
 
 
-def check_exportable(meta: dict, fmt: str) -> None:
+def check_exportable(meta: dict, fmt: str, *, option: str = "--format") -> None:
     """Raise the one line :func:`export_drafter` would for ``meta`` in ``fmt`` before any weight exists
-    (what ``train_drafter.py --export-dir`` checks before it trains)."""
+    (what ``train_drafter.py --export-dir`` checks before it trains); ``option``: the caller's option that
+    chooses the format (``padfree export-drafter --format``, ``train_drafter.py --export-format``)."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}: choose {' or '.join(FORMATS)}")
     method = meta.get("method")
@@ -96,7 +97,7 @@ def check_exportable(meta: dict, fmt: str) -> None:
         other = [f for f, m in METHOD_OF_FORMAT.items() if m == method]
         raise ConfigError(
             f"the {fmt} format holds {METHOD_OF_FORMAT[fmt]} drafters; this drafter is {method}"
-            + (f" (export it with --format {other[0]})" if other else "")
+            + (f" (export it with {option} {other[0]})" if other else "")
         )
     if fmt == "dflash" and meta.get("d2t") is not None:
         raise ConfigError(

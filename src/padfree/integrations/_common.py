@@ -188,7 +188,7 @@ class ElasticEpochs:
             )
         raw = self._read()
         if raw and raw.get("fingerprint") != self.fingerprint:
-            why = explain(raw.get("identity"), self.identity, where="in the record") or "another plan"
+            why = explain(raw.get("identity"), self.identity, "in the record", sampler=True) or "another plan"
             raise StateError(f"{where}: the record {self.path} belongs to another plan ({why})")
         entries = [e for e in self._entries(raw, epoch) if e[0] < skip]
         if not entries or entries[0][0] != 0:

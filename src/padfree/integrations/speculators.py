@@ -36,7 +36,8 @@ import torch
 
 from padfree.core.anchors import AnchorPolicy, anchor_counts
 from padfree.core.config import PlanConfig
-from padfree.core.plan import Plan
+from padfree.core.items import validate_lengths
+from padfree.core.plan import Plan, validate_anchors
 from padfree.core.planner import make_plan
 from padfree.drafter import methods, recipes
 from padfree.drafter.feed import AnchorChoice, ShapeSet, trainer_kwargs
@@ -157,7 +158,7 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
         self.num_replicas, self.rank, self.seed, self.epoch = int(num_replicas), int(rank), int(seed), 0
         self.batch_max_length = int(batch_max_length)
         self.max_batches = max_batches
-        self.lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        self.lengths = validate_lengths(np.asarray(lengths).reshape(-1))  # one line for NaN, 0, 2.5...
         anchored = [m.name for m in methods.METHODS.values() if m.uses_anchors == (anchors is not None)]
         self.recipe = _recipe(anchored[0], recipe)
         base = config or PlanConfig(strategy="packed", cost=drafter_cost(self.recipe))
@@ -174,11 +175,7 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
         )
         self.anchors = None
         if anchors is not None:
-            self.anchors = np.asarray(anchors, dtype=np.int64).reshape(-1)
-            if self.anchors.shape != self.lengths.shape:
-                raise ConfigError(
-                    f"{self.anchors.shape[0]} anchor counts for {self.lengths.shape[0]} samples"
-                )
+            self.anchors = validate_anchors(np.asarray(anchors).reshape(-1), self.lengths)
             recipes.check_drafts(self.recipe, self.anchors, self.lengths)
             if self.config.anchor_budget is None:
                 raise ConfigError(
