@@ -26,6 +26,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from numpy.typing import ArrayLike
+
 from padfree.core.anchors import AnchorPolicy
 from padfree.drafter import methods
 from padfree.errors import ConfigError
@@ -303,7 +305,9 @@ def override(recipe: Recipe, **changes: object) -> Recipe:
     return dataclasses.replace(recipe, **given)  # type: ignore[arg-type]
 
 
-def check_drafts(recipe: Recipe, anchors: object, lengths: object, supervised: int | None = None) -> None:
+def check_drafts(
+    recipe: Recipe, anchors: ArrayLike | None, lengths: ArrayLike, supervised: int | None = None
+) -> None:
     """Refuse, in one :class:`ConfigError` line, a run under which nothing drafts: with anchors (DFlash), no
     document gets one (``anchors``: per-sample counts under the recipe's rule, e.g. an anchor margin longer
     than every document); without (EAGLE-3), no supervised token (``supervised``: loss-bearing tokens of the
@@ -316,14 +320,15 @@ def check_drafts(recipe: Recipe, anchors: object, lengths: object, supervised: i
     """
     import numpy as np
 
-    n = int(np.asarray(lengths).shape[0])
-    longest = int(np.max(lengths)) if n else 0
+    lens = np.asarray(lengths)
+    n = int(lens.shape[0])
+    longest = int(lens.max()) if n else 0
     head = f"nothing drafts under recipe {recipe.name} ({recipe.method})"
     if supervised is not None and supervised <= 0:
         raise ConfigError(f"{head}: none of the {n} samples has a supervised token (loss mask all zero)")
     if not methods.get(recipe.method).uses_anchors or anchors is None:
         return
-    if int(np.sum(anchors)) > 0:
+    if int(np.asarray(anchors).sum()) > 0:
         return
     raise ConfigError(
         f"{head}: no document of {n} gets an anchor (block size {recipe.block_size}, anchor margin "

@@ -297,7 +297,9 @@ class PlanFeatureLoader:
             store,
             refs=list(refs),
             batch_size=1,
-            collate_fn=_Measured(_PackedCollate(self.gap) if layout == "packed" else collate_fn),
+            collate_fn=_Measured(
+                _PackedCollate(self.gap) if collate_fn is None or layout == "packed" else collate_fn
+            ),
             per_sample_transform=per_sample_transform,
             device=device,
             drop_last=False,
