@@ -77,6 +77,7 @@ from padfree.torch import (
 )
 from padfree.torch.attention import attention_implementation
 from padfree.torch.checkpoint import CheckpointDir
+from padfree.torch.leak_probe import require_exact_packing
 from padfree.torch.lifecycle import EXIT_STOPPED, StopOnSignal, die_with_parent, launched_by_torchrun
 
 
@@ -187,6 +188,8 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
             s["input_ids"] = s["input_ids"] % args.vocab_size
     attn = attention_implementation(args.strategy)
     model = build_model(args.model, attn_implementation=attn, seed=args.seed, **overrides).to(device)
+    if config.packed:
+        require_exact_packing(model, f"--strategy {args.strategy} on {args.model}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
 
     step = 0

@@ -60,7 +60,13 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from train import add_run_args, resume_from, setup_distributed, shared_run_id, train_loop
 
-from padfree.commands.common import NUMERIC, Bounded, add_recipe_arguments, recipe_from_args
+from padfree.commands.common import (
+    NUMERIC,
+    Bounded,
+    add_recipe_arguments,
+    check_device,
+    recipe_from_args,
+)
 from padfree.core.anchors import anchor_counts
 from padfree.core.budget import Budget
 from padfree.core.cost import micro_shapes
@@ -71,6 +77,7 @@ from padfree.drafter.collate import DrafterCollator
 from padfree.drafter.export import (
     FORMATS,
     META_KEY,
+    check_export_dir,
     check_exportable,
     default_format,
     export_drafter,
@@ -134,7 +141,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="--export-dir's format (default: dflash for DFlash, speculators for EAGLE-3)",
     )
-    p.add_argument("--export-dir", default=None, help="write the trained drafter here in a served format")
+    p.add_argument(
+        "--export-dir",
+        default=None,
+        help="write the trained drafter here in a served format (a new or empty folder, or an earlier "
+        "export; checked before training)",
+    )
     # tiny defaults that run as they are
     p.set_defaults(vocab_size=None, tokenizer=None, budget=1024, overlong="truncate")
     args = p.parse_args(argv)
@@ -169,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopOnSignal()
     rank, world, device = setup_distributed()
     if args.device is not None:
-        device = torch.device(args.device)
+        device = torch.device(check_device(args.device))
     ckpt = CheckpointDir(args.checkpoint_dir, rank, world, say=print) if args.checkpoint_dir else None
     try:
         return train(args, rank, world, device, ckpt, stop)
@@ -192,6 +204,8 @@ def train(args, rank, world, device, ckpt, stop) -> int:
         ckpt.acquire(run)
     target = None
     given_mask = args.mask_token_id is not None
+    if args.export_dir:  # before any work: a bad output must not cost a finished run
+        check_export_dir(args.export_dir, protect=export_protects(args))
     if args.target is not None:
         args.tokenizer = str(check_target_folder(args.target))
         check_target_tokenizer(args.target)  # its tokenizer is its model's, before any option is blamed
@@ -235,7 +249,7 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     meta = export_meta(models, mask_token_id=args.mask_token_id, target_path=args.target)
     fmt = args.export_format or default_format(spec.name)
     if args.export_dir:
-        check_exportable(meta, fmt, option="--export-format")
+        check_exportable(meta, fmt, format_option="--export-format", verifier_option=None)
     mask = np.concatenate([np.asarray(s["loss_mask"], bool) for s in samples])
     offsets = np.concatenate(([0], np.cumsum(lengths)))
     anchors = anchor_counts(mask, offsets, recipe.anchor_policy()) if spec.uses_anchors else None
@@ -395,9 +409,14 @@ def train(args, rank, world, device, ckpt, stop) -> int:
             os.close(anchor_fd)
     if code == 0 and args.export_dir and rank == 0:
         state = {k: v.detach().cpu() for k, v in drafter.state_dict().items()}
-        out = export_drafter(state, meta, fmt, args.export_dir)
+        out = export_drafter(state, meta, fmt, args.export_dir, protect=export_protects(args))
         log(f"exported the drafter in {fmt} format to {out}")
     return code
+
+
+def export_protects(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """The folders ``--export-dir`` must not be nor lie in: the target and the checkpoint folder."""
+    return [("the --target folder", args.target), ("the --checkpoint-dir folder", args.checkpoint_dir)]
 
 
 def memory_bound(config, memory, limit: float, uses_anchors: bool, ttt: int):

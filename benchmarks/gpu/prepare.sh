@@ -48,6 +48,9 @@ for spec in "${want[@]}"; do
   if ls .whl 2>/dev/null | tr '[:upper:]' '[:lower:]' | grep -q "^${norm}-${v}-"; then continue; fi
   "$PY" -m pip download -q --no-deps "${plat[@]}" -d .whl "$spec"
 done
+# flash-linear-attention (pure Python + Triton): the gated delta-net kernel the family sweep checks on the GPU
+ls .whl | grep -qi '^flash_linear_attention-' || "$PY" -m pip download -q --no-deps "${plat[@]}" -d .whl \
+  flash-linear-attention fla-core || echo "prepare.sh: no flash-linear-attention wheel (the sweep goes per document)"
 if ls .whl | grep -iE '^(torch-|nvidia)'; then echo "prepare.sh: torch/nvidia wheel in .whl: remove it" >&2; exit 1; fi
 # one version per package (two stop the whole install there)
 dups=$(ls .whl/*.whl | xargs -n1 basename | cut -d- -f1 | tr '[:upper:]' '[:lower:]' | sort | uniq -d)

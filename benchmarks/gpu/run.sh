@@ -165,6 +165,12 @@ step 150 "dynamic balance, 2 ranks on one device" "$PY" benchmarks/dynamic_balan
 cp "$tmp"/dyn/dynamic_balance_gpu.json "$OUT"/ 2>/dev/null
 
 # (v) the project's tests on this machine (CPU paths, torch 2.11 / transformers 5.17), a quick subset
+# the family sweep on the device: hybrids through transformers' fused kernels where installed (fla from .whl;
+# causal-conv1d / mamba-ssm need a CUDA build and are absent unless the image has them), per document otherwise;
+# every family must come out exact or refused, never a silent leak (the probe runs on the GPU in the model's path)
+step 150 "family sweep on the GPU (hybrids, fused kernels where installed)" "$PY" -m padfree check-packing \
+  --families lfm2,lfm3,qwen3_5_text,qwen3_next,olmo_hybrid,mamba,bamba,nemotron_h,granitemoehybrid,jamba,minimax,recurrent_gemma,rwkv,zaya,llama,gpt_oss,mixtral \
+  --device "$DEVICE"
 step 120 "pytest subset" "$PY" -m pytest -q -x -p no:cacheprovider -n 4 tests/torch/test_attention.py \
   tests/tools/test_packing_check.py tests/torch/test_gpu_paths.py
 

@@ -85,6 +85,7 @@ from padfree.errors import ConfigError, StateError
 from padfree.torch._collate import PackCollator, PadCollator
 from padfree.torch._dataset import PlannedDataset
 from padfree.torch._sampler import MicroBatch, PlanBatchSampler
+from padfree.torch.leak_probe import require_exact_packing
 
 STATE_FILE = "padfree_sampler.json"
 
@@ -213,6 +214,8 @@ class PadfreeTrainerMixin(_TrainerBase):
                 "the model's forward takes no loss kwargs (num_items_in_batch): the step's token "
                 "normalization cannot be applied; pass compute_loss_func"
             )
+        if plan_config.packed and isinstance(self.model, torch.nn.Module):
+            require_exact_packing(self.model, f"{type(self).__name__} with a packed plan")
         self.padfree_collator = collator
         self.padfree_sampler = PlanBatchSampler(
             lengths,

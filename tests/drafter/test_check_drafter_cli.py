@@ -189,3 +189,36 @@ def test_documents_without_a_draft_position_are_passed_over(sp_model, tmp_path, 
     _chats(data, ["yes", "no", long])
     assert main([*args, "--docs", "2"]) == 2
     assert "1 of the first 3 documents have a supervised draft position" in capsys.readouterr().err
+
+
+def test_long_blocks_on_short_documents_fit_in_memory():
+    """Regression: 1024-query blocks on 40-token documents (the recipes' up-to-512 anchors per document)
+    made the crossing count build a dense (queries x keys) mask: 23 GB. Under a 6 GB address space now."""
+    import resource
+    import subprocess
+    import sys
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (6_000_000_000, 6_000_000_000))
+
+    cmd = [sys.executable, "-m", "padfree", "check-drafter", "--block-size", "1024", "--docs", "2"]
+    run = subprocess.run(
+        [*cmd, "--max-tokens", "40"], capture_output=True, text=True, preexec_fn=cap, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "cross-document (query, key) pairs: 0" in run.stdout and "OK: every document" in run.stdout
+
+
+def test_a_check_larger_than_the_memory_available_is_refused_in_one_line(monkeypatch, capsys):
+    from padfree.drafter import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda: 2**30)
+    assert main(["check-drafter", "--block-size", "1024", "--docs", "3", "--max-tokens", "40"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "draft blocks of 1024 queries need about" in err[0], err
+    assert "1.0 GiB available: lower --block-size, --docs or --max-tokens" in err[0], err
+    monkeypatch.setattr(memory, "available_bytes", lambda: 2**20)
+    assert main(["check-drafter", "--method", "eagle3", "--docs", "3", "--max-tokens", "40"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "with 7 test-time-training steps need about" in err[0], err
+    assert "lower --ttt, --docs or --max-tokens" in err[0], err

@@ -156,3 +156,30 @@ def test_target_under_leaky_attention_differs(target):
     finally:
         target.set_attn_implementation(pa.NAME)
     assert (out.hidden[0, 23:] - alone.hidden[0]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [None, 3])
+def test_crossings_counted_in_chunks_equal_the_dense_count(monkeypatch, window, causal):
+    from padfree.drafter import masks
+
+    monkeypatch.setattr(masks, "PAIRS_CHUNK", 37)  # many chunks, one of them partial
+    doc = torch.tensor([0] * 7 + [1] * 5 + [2] * 6 + [-1] * 2)
+    anchors = torch.tensor([1, 4, 8, 9, 13, 16])
+    block = 3
+    q_doc = doc[anchors].repeat_interleave(block)
+    kv_doc = torch.cat([doc, q_doc])
+    dense = dflash_dense_mask(doc, anchors, block, window, causal)
+    visible = masks.dflash_predicate(doc, anchors, block, window, causal)
+    got = masks.count_cross_pairs(visible, q_doc, kv_doc, keys=doc.shape[0], own_block=block)
+    assert got == cross_document_pairs(dense, q_doc, kv_doc) == 0
+
+    def everything(q, kv):  # a predicate that leaks: every key visible
+        return torch.ones(torch.broadcast_shapes(q.shape, kv.shape), dtype=torch.bool)
+
+    leaks = masks.count_cross_pairs(everything, q_doc, kv_doc)
+    assert leaks == int((q_doc[:, None] != kv_doc[None, :]).sum()) > 0
+    step2 = eagle3_dense_mask(doc, 2)
+    assert masks.count_cross_pairs(masks.eagle3_predicate(doc), doc, doc.repeat(3)) == cross_document_pairs(
+        step2, doc, doc.repeat(3)
+    )

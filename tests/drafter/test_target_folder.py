@@ -3,9 +3,7 @@ save_pretrained (its tokenizer reads the data, its layers follow the recipe's ru
 needs, and exports at the end of training and through ``padfree export-drafter``; a folder that is missing
 something is one line naming it."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,22 +16,10 @@ from padfree.drafter.target import check_target_folder, load_target
 from padfree.errors import ConfigError
 from padfree.testing.targets import save_target_folder
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "examples" / "train_drafter.py"
-
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory, hf_json):
     return save_target_folder(tmp_path_factory.mktemp("target") / "tiny-llama", hf_json, family="llama")
-
-
-@pytest.fixture(scope="module")
-def example():
-    sys.path.insert(0, str(ROOT / "examples"))
-    spec = importlib.util.spec_from_file_location("train_drafter_example", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_train_on_a_target_folder_checkpoint_and_export(tmp_path, target_dir, fixtures_dir, example, capsys):
@@ -91,7 +77,39 @@ def _broken(root: Path, target_dir: Path, what: str) -> Path:
         (d / "model.safetensors").write_bytes(b"garbage")
     elif what == "no_tokenizer":
         (d / "tokenizer.json").unlink()
+    elif what in ("no_head", "shard_lacks_head", "bad_shape", "extra_tensor"):
+        _edit_weights(d, what)
     return d
+
+
+def _edit_weights(d: Path, what: str) -> None:
+    """Weights transformers loads with a report and fresh random values (or drops): the untied LM head left
+    out, a shard index naming a shard that lacks it, a tensor of another shape, a tensor of another model."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(d / "model.safetensors")
+    if what == "no_head":
+        del weights["lm_head.weight"]
+    elif what == "bad_shape":
+        weights["model.norm.weight"] = torch.ones(weights["model.norm.weight"].shape[0] + 1)
+    elif what == "extra_tensor":
+        weights["model.extra_proj.weight"] = torch.ones(2, 2)
+    if what != "shard_lacks_head":
+        save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+        return
+    (d / "model.safetensors").unlink()
+    names = sorted(set(weights) - {"lm_head.weight"})
+    half = len(names) // 2
+    shards = {
+        "model-00001-of-00002.safetensors": names[:half],
+        "model-00002-of-00002.safetensors": names[half:],
+    }
+    weight_map = {"lm_head.weight": "model-00002-of-00002.safetensors"}
+    for shard, keys in shards.items():
+        save_file({k: weights[k] for k in keys}, str(d / shard), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(keys, shard))
+    index = {"metadata": {}, "weight_map": weight_map}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
 @pytest.mark.parametrize(
@@ -103,6 +121,10 @@ def _broken(root: Path, target_dir: Path, what: str) -> Path:
         ("no_weights", "no model.safetensors"),
         ("bad_weights", "transformers cannot load a causal LM from it"),
         ("no_tokenizer", "no tokenizer (tokenizer.json or tokenizer.model)"),
+        ("no_head", "its weights lack tensor lm_head.weight"),
+        ("shard_lacks_head", "shard model-00002-of-00002.safetensors, where model.safetensors.index.json"),
+        ("bad_shape", "tensor model.norm.weight has shape [33] in the weights, [32] in the model"),
+        ("extra_tensor", "the weights hold tensor model.extra_proj.weight, which the model"),
     ],
 )
 def test_a_target_folder_missing_something_is_one_line(tmp_path, target_dir, what, said):
@@ -111,6 +133,29 @@ def test_a_target_folder_missing_something_is_one_line(tmp_path, target_dir, wha
         check_target_folder(d)
         load_target(d)
     assert said in str(info.value) and str(d) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_tied_target_needs_no_head_tensor(tmp_path, hf_json):
+    d = save_target_folder(tmp_path / "tied", hf_json, family="qwen3", tie_word_embeddings=True)
+    from safetensors import safe_open
+
+    with safe_open(str(d / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert "lm_head.weight" not in names
+    model = load_target(d)
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def test_a_target_without_its_head_stops_the_example_in_one_line(tmp_path, target_dir, example, capfd):
+    d = _broken(tmp_path, target_dir, "no_head")
+    served = tmp_path / "served"
+    with pytest.raises(SystemExit) as info:
+        example.run_example(
+            lambda: example.main(["--target", str(d), "--max-steps", "1", "--export-dir", str(served)])
+        )
+    err = capfd.readouterr().err.strip().splitlines()  # transformers' load report would come before it
+    assert info.value.code == 2 and len(err) == 1, err
+    assert f"{d}: its weights lack tensor lm_head.weight" in err[0] and not served.exists(), err
 
 
 def test_the_example_refuses_a_bad_target_and_folding_in_one_line(tmp_path, target_dir, example, capsys):

@@ -97,6 +97,26 @@ def test_index_is_read_once_cached_and_matches_the_tokenized_data(tmp_path, feat
         sf.build_index(refs, max_len=64, recipe=recipe(), cache_dir=tmp_path)
 
 
+@pytest.mark.parametrize("tear", ["truncated", "empty", "other_arrays"])
+def test_a_torn_index_cache_is_rebuilt(tmp_path, features, tear):
+    from padfree.integrations import specforge as sf
+
+    refs = refs_of(features)
+    first = sf.build_index(refs, max_len=128, recipe=recipe(), cache_dir=tmp_path)
+    (cached,) = tmp_path.glob("padfree-index-*.npz")
+    whole = cached.read_bytes()
+    if tear == "truncated":  # a crash or a full device mid-write
+        cached.write_bytes(whole[: len(whole) // 2])
+    elif tear == "empty":
+        cached.write_bytes(b"")
+    else:
+        with cached.open("wb") as f:  # another file list's index under this name
+            np.savez(f, lengths=np.arange(3), anchors=np.arange(3))
+    again = sf.build_index(refs, max_len=128, recipe=recipe(), cache_dir=tmp_path)
+    assert np.array_equal(again.lengths, first.lengths) and np.array_equal(again.anchors, first.anchors)
+    assert cached.read_bytes() == whole  # rebuilt in place
+
+
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_loader_keeps_their_interface_and_deals_every_sample_once(tmp_path, features, layout):
     ranks = [loader(features, layout, rank=r, world=2, resume_dir=tmp_path) for r in range(2)]

@@ -21,7 +21,7 @@ def test_varlen_passes_on_every_family(family: str, capsys: pytest.CaptureFixtur
 def test_document_blind_attention_is_caught(capsys: pytest.CaptureFixture) -> None:
     assert main(["check-packing", "--attn", "leaky"]) == 1
     out = capsys.readouterr().out
-    assert "LEAK: documents attend to each other" in out
+    assert "LEAK: documents see each other" in out
     assert "deliberately leaky" in out
 
 

@@ -16,6 +16,7 @@ from padfree.commands.common import (
     COUNT,
     Bounded,
     add_number,
+    check_device,
     check_input,
     check_output,
     writing,
@@ -188,18 +189,16 @@ def _text_samples(args: argparse.Namespace, vocab: int, max_len: int):
 
 def run(args: argparse.Namespace) -> int:
     try:
-        import torch
+        import torch  # noqa: F401  (said here, before any work, when it is missing)
     except ImportError:
         raise ConfigError(
             "bench needs torch and transformers: pip install 'padfree[torch,hf,bench]'"
         ) from None
     if args.out is not None:
         check_output(args.out, "the results", folder=True)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = check_device(args.device)
     if args.budget is None:
         args.budget = 2048 if args.converge else 16384
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {device}: no CUDA device here")
     if args.data and args.lengths is not None:
         raise ConfigError("give a lengths file or --data, not both")
     command = (

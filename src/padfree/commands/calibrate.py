@@ -14,6 +14,7 @@ from padfree.commands.common import (
     add_number,
     add_recipe_arguments,
     bounded_list,
+    check_device,
     check_output,
     recipe_from_args,
     writing,
@@ -87,9 +88,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("calibrate needs torch and transformers: pip install 'padfree[torch,hf]'") from None
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {device}: no CUDA device here")
+    device = check_device(args.device)
     fractions = (1.0, 0.5, 0.25)
     repeats, warmup = args.repeats, args.warmup
     if args.quick:

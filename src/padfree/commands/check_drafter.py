@@ -45,6 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="tokens kept of each document, around its first loss-bearing ones (160)",
     )
     p.add_argument(
+        "--target",
+        default="tiny-llama",
+        help="the frozen target: a built-in tiny family (tiny-llama, default), a directory with config.json "
+        "(random weights: hybrid families too, e.g. a Qwen3.5 or LFM2 config) or a target folder with "
+        "weights",
+    )
+    p.add_argument(
         "--layout",
         choices=["packed", "padded"],
         default="packed",
@@ -155,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         leaky=args.leaky,
         seed=args.seed,
         layout=args.layout,
+        target=args.target,
     )
     if args.json:
         docs = [dataclasses.asdict(d) for d in r.docs]
@@ -166,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
             "ok",
             "path",
             "max_hidden_diff",
+            "target_probe",
             "anchors_identical",
             "cross_pairs",
         )
@@ -179,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"data:            {source}; {len(r.docs)} documents in {rows}, batch built {how}")
     print(f"target path:     {r.path}")
     print(f"target hidden states, max |packed - alone|: {r.max_hidden_diff:.3g}")
+    print(f"target probe:    changing document 1 moves later documents' logits by {r.target_probe:.3g}")
     print(
         "doc  tokens  loss-tok  anchors(packed/alone)  same  loss num packed / alone      den packed / alone"
     )

@@ -88,6 +88,32 @@ def bounded_list(text: str, kind: Bounded, option: str, most: int = 32) -> tuple
         raise ConfigError(f"{option}: each value {exc}") from None
 
 
+def check_device(text: str | None, option: str = "--device") -> str:
+    """The torch device ``text`` names, checked on this machine before any work (``None``: ``cuda`` when
+    there is one, else ``cpu``): a name torch does not know, a device type padfree does not run on (``meta``,
+    ``mps``...) or a CUDA device this machine lacks is one :class:`ConfigError` line naming ``option``."""
+    import torch
+
+    if text is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError, TypeError):
+        raise ConfigError(f"{option} {text[:40]!r}: not a device name (cpu, cuda or cuda:N)") from None
+    if dev.type == "cpu":
+        return text
+    if dev.type != "cuda":
+        raise ConfigError(f"{option} {text}: padfree runs on cpu or cuda, not on {dev.type} devices")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ConfigError(f"{option} {text}: no CUDA device on this machine (use --device cpu)")
+    if dev.index is not None and dev.index >= count:
+        raise ConfigError(
+            f"{option} {text}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+        )
+    return text
+
+
 BUDGET = Bounded(int, 1, MAX_BUDGET)
 RANKS = Bounded(int, 1, MAX_RANKS)
 GROWTH = Bounded(float, 1, 1e9, above=True)

@@ -4,6 +4,10 @@ speculators EAGLE-3)."""
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+from padfree.errors import one_line
 
 NAME = "export-drafter"
 HELP = (
@@ -22,7 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="dflash (z-lab; DFlash drafters) or speculators (EAGLE-3 drafters); default: the drafter's",
     )
-    p.add_argument("--out", required=True, help="folder to write (created; its config and weights replaced)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="folder to write: a new or empty one, or an earlier export to replace (written beside it, then "
+        "renamed into place); never the target or checkpoint folder",
+    )
     p.add_argument(
         "--verifier",
         default=None,
@@ -35,15 +44,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.drafter.export import default_format, export_drafter, read_checkpoint, with_verifier
+    from padfree.drafter.export import default_format, export_drafter, read_checkpoint_file, with_verifier
 
-    state, meta = read_checkpoint(args.checkpoint)
+    passed: list[str] = []
+
+    def damaged(line: str) -> None:
+        passed.append(line)
+        print(f"padfree: warning: {one_line(line)}", file=sys.stderr)
+
+    source = Path(args.checkpoint)
+    path, state, meta = read_checkpoint_file(source, say=damaged)
     fmt = args.format or default_format(meta["method"])
-    out = export_drafter(state, with_verifier(meta, args.verifier), fmt, args.out, dtype=args.dtype)
+    folder = source if source.is_dir() else source.parent
+    protect = [("the target folder the drafter was trained on", meta["target"].get("path"))]
+    protect.append(("the checkpoint folder", folder))
+    served = with_verifier(meta, args.verifier)
+    out = export_drafter(state, served, fmt, args.out, dtype=args.dtype, protect=protect)
     layers = ", ".join(str(i) for i in meta["target_layers"])
     n = sum(v.numel() for k, v in state.items() if not k.startswith(("embed_tokens.", "lm_head.")))
+    newest = f", the newest intact ({len(passed)} newer damaged)" if passed else ""
+    total = meta["target"]["config"]["num_hidden_layers"]
     print(
-        f"wrote {out} ({fmt} format, {meta['method']} drafter, {n / 1e6:.2f}M parameters besides embedding "
-        f"and head, target layers {layers} of {meta['target']['config']['num_hidden_layers']})"
+        f"wrote {out} from {path}{newest} ({fmt} format, {meta['method']} drafter, {n / 1e6:.2f}M parameters "
+        f"besides embedding and head, target layers {layers} of {total})"
     )
     return 0

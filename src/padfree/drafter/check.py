@@ -59,6 +59,8 @@ class DrafterCheck:
     happens to change no loss on this data (the next document's first tokens carry no loss).
 
     Attributes:
+        target_probe: the target's leak probe (:mod:`padfree.torch.leak_probe`): how far a later document's
+            logits move when the first document changes, held to ``target_probe_allowance`` (its noise).
         cross_pairs: attended (query, key) pairs joining two documents.
         cross_inputs: draft inputs read from another document (EAGLE-3's shifted tokens; DFlash blocks feed
             only the anchor's token and mask tokens).
@@ -81,6 +83,8 @@ class DrafterCheck:
     block_size: int
     ttt: int
     recipe: str = ""
+    target_probe: float = 0.0
+    target_probe_allowance: float = 0.0
 
     @property
     def anchors_identical(self) -> bool:
@@ -103,6 +107,10 @@ class DrafterCheck:
     def reason(self) -> str:
         """One line saying what leaks (empty when nothing does)."""
         parts = []
+        if self.target_probe > self.target_probe_allowance:
+            parts.append(
+                f"changing document 1 moves the target's later documents by {self.target_probe:.3g} (probe)"
+            )
         if self.max_hidden_diff > HIDDEN_TOL:
             parts.append(f"target hidden states differ packed vs alone by {self.max_hidden_diff:.3g}")
         if self.docs_differ:
@@ -141,6 +149,61 @@ def fixture_documents(n_docs: int = 6, max_tokens: int = 160) -> list[dict]:
     return mixed[:n_docs]
 
 
+def frozen_target(name_or_dir: str, vocab: int, seed: int):
+    """The target check-drafter runs: a folder with weights is loaded (its vocabulary must cover the
+    documents), else a built-in tiny family or a config directory is built, random weights, at ``vocab``."""
+    from pathlib import Path
+
+    from padfree.drafter.target import build_target, load_target
+
+    p = Path(name_or_dir)
+    if p.is_dir() and any(p.glob("*.safetensors")):
+        model = load_target(p)
+        if int(model.config.vocab_size) < vocab:
+            raise ConfigError(
+                f"{p}: vocabulary of {model.config.vocab_size} ids, the documents use ids up to {vocab - 2}"
+            )
+        return model
+    return build_target(name_or_dir, seed=seed, vocab_size=vocab)
+
+
+def check_memory(models, samples: list[dict], layout: str) -> None:
+    """Refuse in one line a check whose batch would not fit in the memory this machine has available: the
+    drafter's activation model (:func:`padfree.drafter.train.memory_model`, a training micro-batch's, an upper
+    bound for the check's no-gradient forward) on the batch's tokens, draft blocks (``block_size`` queries
+    each, their ``B x B`` scores) and reach. Nothing is refused where the available memory is unknown."""
+    from padfree.core.anchors import anchor_counts
+    from padfree.core.cost import micro_shapes
+    from padfree.drafter import memory
+    from padfree.drafter.train import memory_model
+
+    free = memory.available_bytes()
+    if free is None:
+        return
+    masks = [np.asarray(s["loss_mask"]).astype(bool) for s in samples]
+    lengths = np.array([m.size for m in masks], np.int64)
+    anchors = None
+    if models.method.uses_anchors:
+        offsets = np.concatenate(([0], np.cumsum(lengths)))
+        anchors = anchor_counts(np.concatenate(masks), offsets, models.recipe.anchor_policy())
+    shapes = micro_shapes(lengths, np.array([0, lengths.size]), layout == "packed", anchors)
+    need = float(memory_model(models).micro_bytes(shapes)[0])
+    if need > free:
+        r = models.recipe
+        if anchors is not None:
+            what, lower = (
+                f"{int(anchors.sum())} draft blocks of {r.block_size} queries",
+                "--block-size, --docs",
+            )
+        else:
+            what, lower = f"{r.ttt} test-time-training steps", "--ttt, --docs"
+        raise ConfigError(
+            f"check-drafter: {len(samples)} documents of {int(lengths.sum())} tokens with {what} need about "
+            f"{need / 2**30:.1f} GiB; this machine has {free / 2**30:.1f} GiB available: lower {lower} or "
+            "--max-tokens"
+        )
+
+
 def check_drafter(
     method: str = "dflash",
     samples: list[dict] | None = None,
@@ -152,17 +215,21 @@ def check_drafter(
     seed: int = 0,
     epoch: int = 0,
     layout: str = "packed",
+    target: str = "tiny-llama",
 ) -> DrafterCheck:
     """Pack ``samples`` (``{"input_ids", "loss_mask"}``; default :func:`fixture_documents`) into one row
     (``layout="padded"``: a padded batch, a row each), run the tiny target and a reference drafter (random
     weights, float32, CPU, dense masks) under ``recipe`` (default: the ``specforge`` preset; ``block_size``
-    and ``ttt`` override it) on it and on each document alone, and compare each document's loss numerator and
-    denominator. Under a per-document normalisation (speculators: a row's mean, one document per row) "alone"
-    is the document's own mean; the packed row's numerator for it must equal that, and its denominator 1."""
+    and ``ttt`` override it; ``target``: a built-in tiny family, a config directory (random weights) or a
+    target folder with weights, refused if its packed documents leak) on it and on each document alone, and
+    compare each document's loss numerator and denominator. Under a per-document normalisation (speculators:
+    a row's mean, one document per row) "alone" is the document's own mean; the packed row's numerator for it
+    must equal that, and its denominator 1."""
     import padfree.torch.attention as pa
     from padfree.drafter.collate import DrafterCollator
     from padfree.drafter.target import run_target
     from padfree.drafter.train import build_models, loss_sums, token_counts
+    from padfree.torch.leak_probe import probe_leak
 
     spec = methods.get(method)
     samples = fixture_documents() if samples is None else samples
@@ -179,9 +246,17 @@ def check_drafter(
     mask_id = vocab - 1
     counts = token_counts(samples, vocab)
     models = build_models(
-        method, vocab=vocab, seed=seed, recipe=recipe, block_size=block_size, ttt=ttt, counts=counts
+        method,
+        vocab=vocab,
+        seed=seed,
+        recipe=recipe,
+        block_size=block_size,
+        ttt=ttt,
+        counts=counts,
+        target=None if target == "tiny-llama" else frozen_target(target, vocab, seed),
     )
     recipe = models.recipe
+    check_memory(models, samples, layout)
     packed = DrafterCollator(
         method, recipe=recipe, seed=seed, mask_token_id=mask_id, leaky=leaky, layout=layout
     )
@@ -197,6 +272,7 @@ def check_drafter(
         out = run_target(models.target, c, models.layers)
         path = pa.last_path() or "transformers attention"
         num, den = loss_sums(models, batch, out=out)
+    probe = probe_leak(models.target)
     f = batch.fields
     doc = c.flat("document_ids")[0]
     pairs, cross_in, reaches = spec.load().crossings(batch)
@@ -240,4 +316,6 @@ def check_drafter(
         recipe.block_size,
         recipe.ttt,
         recipe.name,
+        probe.diff,
+        probe.allowance,
     )

@@ -29,10 +29,11 @@ from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields, scale_of
 from padfree.drafter.contract import Contract
 from padfree.drafter.masks import (
-    cross_document_pairs,
+    count_cross_pairs,
     dflash_block_mask,
     dflash_context_mask,
     dflash_dense_mask,
+    dflash_predicate,
 )
 from padfree.drafter.objective import VocabMap, slot_weights_of
 from padfree.drafter.target import TargetOutput
@@ -158,8 +159,9 @@ def crossings(batch: DrafterBatch) -> tuple[int, torch.Tensor, torch.Tensor]:
     doc = c.flat("document_ids")[0]
     r = batch.recipe
     window, causal = (r.sliding_window, r.causal_in_block) if r is not None else (None, False)
-    m = dflash_dense_mask(doc, f.anchors, f.block_size, window, causal)
-    pairs = cross_document_pairs(m, f.query_doc, torch.cat([doc, f.query_doc]))
+    visible = dflash_predicate(doc, f.anchors, f.block_size, window, causal)
+    kv_doc = torch.cat([doc, f.query_doc])
+    pairs = count_cross_pairs(visible, f.query_doc, kv_doc, keys=doc.shape[0], own_block=f.block_size)
     return pairs, torch.zeros_like(f.supervised), f.supervised
 
 

@@ -22,7 +22,7 @@ from torch import nn
 from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields
 from padfree.drafter.contract import Contract
-from padfree.drafter.masks import cross_document_pairs, eagle3_block_mask, eagle3_dense_mask
+from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
 from padfree.drafter.objective import VocabMap
 from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
@@ -109,8 +109,7 @@ def crossings(batch: DrafterBatch) -> tuple[int, torch.Tensor, torch.Tensor]:
     f, c = batch.fields, batch.contract
     assert c is not None
     doc = c.flat("document_ids")[0]
-    m = eagle3_dense_mask(doc, f.ttt - 1)
-    pairs = cross_document_pairs(m, doc, doc.repeat(f.ttt))
+    pairs = count_cross_pairs(eagle3_predicate(doc), doc, doc.repeat(f.ttt))
     fed = f.input_index
     cross_in = (fed >= 0) & (doc[fed.clamp(min=0)] != doc[None, :])
     reaches = f.supervised.int().flip(0).cummax(0).values.flip(0).bool()

@@ -24,11 +24,18 @@ target (its config and folder). :func:`export_drafter` writes ``config.json`` + 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from padfree.errors import ConfigError, InputError, OutputError, one_line
 
@@ -44,6 +51,9 @@ SPECULATORS_VERSION = "0.9.0"
 META_KEY = "drafter_export"
 """Where a checkpoint keeps :func:`export_meta`."""
 
+META_VERSION = 1
+"""The version of :func:`export_meta` this padfree writes and reads."""
+
 
 def export_meta(models: Any, *, mask_token_id: int, target_path: str | Path | None = None) -> dict:
     """What a checkpoint of ``models`` (:class:`padfree.drafter.train.DrafterModels`) carries for export:
@@ -52,7 +62,7 @@ def export_meta(models: Any, *, mask_token_id: int, target_path: str | Path | No
     cfg = target.config
     vocab = models.drafter.vocab
     return {
-        "version": 1,
+        "version": META_VERSION,
         "method": models.method.name,
         "recipe": dataclasses.asdict(models.recipe),
         "drafter": dataclasses.asdict(models.drafter.cfg),
@@ -86,10 +96,13 @@ def with_verifier(meta: dict, verifier: str | Path | None) -> dict:
     return {**meta, "target": {**meta["target"], "path": path}}
 
 
-def check_exportable(meta: dict, fmt: str, *, option: str = "--format") -> None:
+def check_exportable(
+    meta: dict, fmt: str, *, format_option: str = "--format", verifier_option: str | None = "--verifier"
+) -> None:
     """Raise the one line :func:`export_drafter` would for ``meta`` in ``fmt`` before any weight exists
-    (what ``train_drafter.py --export-dir`` checks before it trains); ``option``: the caller's option that
-    chooses the format (``padfree export-drafter --format``, ``train_drafter.py --export-format``)."""
+    (what ``train_drafter.py --export-dir`` checks before it trains). The line names the caller's options:
+    ``format_option`` chooses the format, ``verifier_option`` (None: the caller has none) names the verifier
+    (``export-drafter``'s by default; ``train_drafter.py`` passes ``--export-format`` and None)."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}: choose {' or '.join(FORMATS)}")
     method = meta.get("method")
@@ -97,30 +110,50 @@ def check_exportable(meta: dict, fmt: str, *, option: str = "--format") -> None:
         other = [f for f, m in METHOD_OF_FORMAT.items() if m == method]
         raise ConfigError(
             f"the {fmt} format holds {METHOD_OF_FORMAT[fmt]} drafters; this drafter is {method}"
-            + (f" (export it with {option} {other[0]})" if other else "")
+            + (f" (export it with {format_option} {other[0]})" if other else "")
         )
     if fmt == "dflash" and meta.get("d2t") is not None:
         raise ConfigError(
             "z-lab's DFlash format has no draft vocabulary (the target's LM head drafts): train with the "
             "full vocabulary (--draft-vocab none)"
         )
+    window = _binding_window(meta)
+    if fmt == "dflash" and window is not None:
+        recipe = (meta.get("recipe") or {}).get("name", "?")
+        raise ConfigError(
+            f"z-lab's DFlash format slides its window per query over [context; block], so a block's later "
+            f"slots see fewer positions; this drafter (recipe {recipe}) was trained with every block seeing "
+            f"the {window} positions before its anchor, which no z-lab config reproduces: served logits "
+            "would differ; train with --sliding-window none to export it in this format"
+        )
     if fmt == "speculators" and not meta["target"].get("path"):
         raise ConfigError(
             "speculators' format names the verifier, the target folder a server runs, and loads its "
-            "embedding and norm from it: this drafter was trained on padfree's tiny random target; pass "
-            "--verifier DIR, or train with --target DIR"
+            "embedding and norm from it: this drafter was trained on padfree's tiny random target; "
+            + (f"pass {verifier_option} DIR, or " if verifier_option else "")
+            + "train with --target DIR"
         )
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     """``(drafter state dict, export meta)`` of a checkpoint file or of the newest intact checkpoint of a
-    checkpoint folder; one line when there is none or it carries no export meta (written before padfree saved
-    it: retrain, or resume and let it save)."""
-    from padfree.torch.checkpoint import CheckpointDir
+    checkpoint folder (:func:`read_checkpoint_file`, damaged newer ones passed over silently)."""
+    _, state, meta = read_checkpoint_file(path)
+    return state, meta
+
+
+def read_checkpoint_file(
+    path: str | Path, *, say: Callable[[str], None] | None = None
+) -> tuple[Path, dict[str, torch.Tensor], dict]:
+    """``(checkpoint file, drafter state dict, export meta)`` of a checkpoint file or of the newest intact
+    checkpoint of a checkpoint folder (each damaged newer one is passed to ``say``, one line naming it and
+    why); one line when there is none, or it carries no export meta (written before padfree saved it: retrain,
+    or resume and let it save) or a newer version of it."""
+    from padfree.torch.checkpoint import CheckpointDir, _quiet
 
     p = Path(path)
     if p.is_dir():
-        found, state = CheckpointDir(p, say=lambda *_a, **_k: None).newest_intact()
+        found, state = CheckpointDir(p, say=say or _quiet).newest_intact()
         if found is None or state is None:
             raise InputError("no intact checkpoint (step-NNNNNNNNN.pt) in this folder", path=str(p))
         p = found
@@ -136,39 +169,191 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise InputError("not a padfree drafter checkpoint (no model state)", path=str(p))
     meta = state.get(META_KEY)
-    if not isinstance(meta, dict) or meta.get("version") != 1:
+    version = meta.get("version") if isinstance(meta, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > META_VERSION:
+        raise InputError(
+            f"the checkpoint's export information is version {version}, written by a newer padfree; this one "
+            f"reads version {META_VERSION}: export it with the padfree that trained it, or upgrade",
+            path=str(p),
+        )
+    if not isinstance(meta, dict) or version != META_VERSION:
         raise InputError(
             "the checkpoint carries no export information (written before export was supported): train or "
             "resume with examples/train_drafter.py to write one that does",
             path=str(p),
         )
-    return state["model"], meta
+    return p, state["model"], meta
+
+
+EXPORT_FILES = ("config.json", "model.safetensors")
+"""What an export folder holds (an earlier export in ``out`` is replaced as a whole)."""
+
+
+def check_export_dir(out: str | Path, *, protect: Iterable[tuple[str, str | Path | None]] = ()) -> Path:
+    """``out`` as a folder an export may be written to, checked before anything is (``train_drafter.py
+    --export-dir`` checks it before it trains): absent, empty or an earlier export (:data:`EXPORT_FILES`
+    only), not a symbolic link, not one of the ``protect`` folders (``(what, folder)``: the target, the
+    checkpoint folder) nor inside one, and beside a folder that takes a new entry. Else one
+    :class:`OutputError` line naming it."""
+    p = Path(out)
+    if p.is_symlink():
+        raise OutputError(
+            "is a symbolic link: an export is written as a folder of its own; give the real path", path=str(p)
+        )
+    if p.exists() and not p.is_dir():
+        raise OutputError("exists and is not a folder: an export is written as a folder", path=str(p))
+    real = p.resolve()
+    for what, folder in protect:
+        if folder is None:
+            continue
+        f = Path(folder).resolve()
+        if real == f or f in real.parents:
+            where = "is" if real == f else "is inside"
+            raise OutputError(
+                f"{where} {what} ({f}): an export is written into a folder of its own", path=str(p)
+            )
+    if p.is_dir():
+        try:
+            # a link named as an export's file goes with the folder it is in, never followed
+            entries = list(p.iterdir())
+            others = sorted(
+                e.name for e in entries if e.name not in EXPORT_FILES or (e.is_dir() and not e.is_symlink())
+            )
+        except OSError as exc:
+            raise OutputError(f"cannot read the folder ({exc.strerror or exc})", path=str(p)) from None
+        if others:
+            raise OutputError(
+                f"holds {others[0]}, which is not an export's file: an export replaces the whole folder; "
+                "give a new or empty folder, or an earlier export's",
+                path=str(p),
+            )
+    probe = real.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:  # what the export does first: a temporary folder beside the output
+        os.rmdir(tempfile.mkdtemp(prefix=f".{real.name}.", suffix=".probe", dir=probe))
+    except OSError as exc:
+        raise OutputError(f"cannot write the exported drafter ({exc.strerror or exc})", path=str(p)) from None
+    return p
 
 
 def export_drafter(
-    state: dict[str, torch.Tensor], meta: dict, fmt: str, out: str | Path, *, dtype: str = "float32"
+    state: dict[str, torch.Tensor],
+    meta: dict,
+    fmt: str,
+    out: str | Path,
+    *,
+    dtype: str = "float32",
+    protect: Iterable[tuple[str, str | Path | None]] = (),
 ) -> Path:
-    """Write the drafter of ``state`` + ``meta`` in ``fmt`` (:data:`FORMATS`) into the folder ``out``
-    (created; files in it are replaced); returns ``out``."""
+    """Write the drafter of ``state`` + ``meta`` in ``fmt`` (:data:`FORMATS`) as the folder ``out`` and return
+    it. Atomic: the files are written into a temporary folder beside ``out``, then renamed into place (an
+    earlier export there is replaced as a whole), so a reader or a killed export sees one export or the
+    other, never one's weights under another's config. ``out`` is checked by :func:`check_export_dir`, never
+    the target folder (``meta``'s) or another ``protect`` folder; a write that fails is one line naming it."""
     check_exportable(meta, fmt)
     dt = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
     if dt is None:
         raise ConfigError(f"export dtype must be float32 or bfloat16 (got {dtype!r})")
+    target = check_export_dir(out, protect=(("the target folder", meta["target"].get("path")), *protect))
     config, tensors = (_dflash if fmt == "dflash" else _speculators)(state, meta)
     tensors = {k: (v.to(dt) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
     config["dtype"] = dtype
-    target = Path(out)
     try:
-        target.mkdir(parents=True, exist_ok=True)
-        from safetensors.torch import save_file
-
-        save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
-        (target / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    except OSError as exc:
-        raise OutputError(
-            f"cannot write the exported drafter ({exc.strerror or exc})", path=str(target)
-        ) from None
+        _write_atomically(target, config, tensors)
+    except (OSError, SafetensorError) as exc:
+        raise OutputError(f"cannot write the exported drafter ({_reason(exc)})", path=str(target)) from None
     return target
+
+
+def _write_atomically(out: Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """``config.json`` and ``model.safetensors`` written into a fresh temporary folder beside ``out`` and
+    fsynced, then put in ``out``'s place: renamed, or (an earlier export there) exchanged with it in one
+    step where the system can (Linux ``renameat2``), else the earlier export moved aside first. Temporary
+    folders a killed export left beside ``out`` are removed first."""
+    from safetensors.torch import save_file
+
+    from padfree.torch.checkpoint import _fsync_dir
+
+    parent = out.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(parent, out.name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=parent))
+    try:
+        os.chmod(tmp, 0o755)
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+        fd = os.open(tmp / "config.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        with open(tmp / "model.safetensors", "rb") as f:
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if not (out.is_dir() and not out.is_symlink()):
+            os.rename(tmp, out)
+        elif not _exchange(tmp, out):  # no atomic exchange here: the earlier export moves aside first
+            aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=parent))
+            os.replace(out, aside)
+            try:
+                os.rename(tmp, out)
+            except BaseException:
+                os.replace(aside, out)
+                raise
+            tmp = aside
+        _fsync_dir(parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the new files on failure, the earlier export on success
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the folders ``a`` and ``b`` in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``); False
+    where the system or its file system cannot, True once done."""
+    import ctypes
+    import errno
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _remove_stale(parent: Path, name: str) -> None:
+    """Remove the temporary folders of exports to ``parent / name`` whose process is gone (killed)."""
+    for entry in parent.glob(f".{glob.escape(name)}.*.tmp"):
+        pid = entry.name[len(name) + 2 :].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a write failed, in a few words: the OS's reason (safetensors puts it inside its own message)."""
+    if isinstance(exc, OSError):
+        return exc.strerror or one_line(str(exc))[:160]
+    found = re.search(r"I/O error: (.*?)(?: \(os error \d+\))?(?: at path|$)", str(exc))
+    return found.group(1) if found else one_line(str(exc))[:160]
 
 
 def export_models(
@@ -179,11 +364,12 @@ def export_models(
     mask_token_id: int,
     target_path: str | Path | None = None,
     dtype: str = "float32",
+    protect: Iterable[tuple[str, str | Path | None]] = (),
 ) -> Path:
     """Export the drafter of in-memory ``models`` (what a checkpoint of them would export)."""
     state = {k: v.detach().cpu() for k, v in models.drafter.state_dict().items()}
     meta = export_meta(models, mask_token_id=mask_token_id, target_path=target_path)
-    return export_drafter(state, meta, fmt, out, dtype=dtype)
+    return export_drafter(state, meta, fmt, out, dtype=dtype, protect=protect)
 
 
 def _layer_sizes(d: dict, t: dict) -> dict:
@@ -198,7 +384,7 @@ def _layer_sizes(d: dict, t: dict) -> dict:
         "head_dim": int(d["head_size"] or d["hidden_size"] // d["num_heads"]),
         "rms_norm_eps": float(d["eps"]),
         "rope_parameters": {"rope_type": "default", "rope_theta": float(d["rope_theta"])},
-        "max_position_embeddings": int(t.get("max_position_embeddings") or 32768),
+        "max_position_embeddings": _max_positions(t),
         "tie_word_embeddings": False,
         "attention_bias": False,
     }
@@ -210,13 +396,30 @@ def _take(state: dict, name: str) -> torch.Tensor:
     return state[name]
 
 
+def _max_positions(t: dict) -> int:
+    """The context length an export's config declares: the target's (``t``, its config)."""
+    return int(t.get("max_position_embeddings") or 32768)
+
+
+def _binding_window(meta: dict) -> int | None:
+    """The DFlash drafter's context window where it can bind: None when it has none or it spans the target's
+    whole context (no block ever sees fewer positions than without one)."""
+    window = meta["drafter"].get("sliding_window")
+    if window is None or int(window) >= _max_positions(meta["target"]["config"]):
+        return None
+    return int(window)
+
+
 def _dflash(state: dict, meta: dict) -> tuple[dict, dict]:
-    """z-lab's DFlash config and parameter names."""
+    """z-lab's DFlash config and parameter names. A drafter trained causal inside its block is served so
+    (``is_causal``: each slot sees its block's earlier slots and the whole context, as trained); a context
+    window that cannot bind is left out (:func:`check_exportable` refuses one that can: z-lab's class
+    slides its window per query)."""
     import transformers
 
     d, t = meta["drafter"], meta["target"]["config"]
     n = int(d["num_layers"])
-    window = d.get("sliding_window")
+    window = _binding_window(meta)
     qwen = transformers.Qwen3Config(
         vocab_size=int(t["vocab_size"]),
         num_hidden_layers=n,
@@ -332,11 +535,14 @@ __all__ = [
     "FORMATS",
     "META_KEY",
     "METHOD_OF_FORMAT",
+    "EXPORT_FILES",
+    "check_export_dir",
     "check_exportable",
     "default_format",
     "export_drafter",
     "export_meta",
     "export_models",
     "read_checkpoint",
+    "read_checkpoint_file",
     "with_verifier",
 ]

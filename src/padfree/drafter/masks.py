@@ -155,3 +155,35 @@ def eagle3_block_mask(document_ids: torch.Tensor, step: int):
 def cross_document_pairs(mask: torch.Tensor, q_doc: torch.Tensor, kv_doc: torch.Tensor) -> int:
     """How many attended ``(query, key)`` pairs join two different documents (or a document and padding)."""
     return int((mask & (q_doc[:, None] != kv_doc[None, :])).sum())
+
+
+PAIRS_CHUNK = 1 << 22
+"""(query, key) pairs a crossing count evaluates at once (a few hundred MB of index tensors at most)."""
+
+
+def count_cross_pairs(
+    visible,
+    q_doc: torch.Tensor,
+    kv_doc: torch.Tensor,
+    keys: int | None = None,
+    own_block: int | None = None,
+) -> int:
+    """:func:`cross_document_pairs` of the mask ``visible`` (a predicate of this module) without building
+    it: queries in chunks of :data:`PAIRS_CHUNK` pairs, so memory stays bounded whatever the row. Keys: all
+    ``len(kv_doc)``, or (DFlash, ``own_block`` its block size ``B``) the first ``keys`` (the context) and the
+    query's own block, the only keys a DFlash query's attention scores (:func:`padfree.drafter.dflash.
+    block_attend`; another block's keys are never computed with)."""
+    n_q, dev = q_doc.shape[0], q_doc.device
+    n_kv = kv_doc.shape[0] if keys is None else keys
+    width = n_kv + (own_block or 0)
+    step = max(1, PAIRS_CHUNK // max(width, 1))
+    ctx = torch.arange(n_kv, device=dev)[None, :]
+    total = 0
+    for q0 in range(0, n_q, step):
+        q = torch.arange(q0, min(q0 + step, n_q), device=dev)[:, None]
+        kv = ctx.expand(q.shape[0], -1)
+        if own_block:
+            first = n_kv + torch.div(q, own_block, rounding_mode="floor") * own_block
+            kv = torch.cat([kv, first + torch.arange(own_block, device=dev)[None, :]], 1)
+        total += int((visible(q, kv) & (q_doc[q] != kv_doc[kv])).sum())
+    return total

@@ -186,6 +186,19 @@ def attention_budget(model: MemoryModel, memory: float, budget: int) -> int | No
     return int(spare // model.per_attention)
 
 
+def available_bytes() -> int | None:
+    """Memory this machine can still give a process without swapping (Linux ``MemAvailable``; None where
+    unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def resident_bytes() -> int:
     """This process's resident memory now (Linux ``/proc``; 0 elsewhere)."""
     return _status("VmRSS")

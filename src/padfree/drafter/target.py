@@ -9,7 +9,9 @@ layer ``i``); each method's published choice is its ``target_layers`` rule in :m
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ def build_target(name: str = "tiny-llama", *, seed: int = 0, attn: str = "padfre
 
     sizes = {**TINY_TARGET, **overrides} if name in FAMILIES else overrides
     model = build_model(name, attn_implementation=attn, seed=seed, **sizes)
+    _refuse_leaks(model, attn, name)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -101,20 +104,98 @@ def load_target(
     if attn.startswith("padfree_"):
         import padfree.torch.attention  # noqa: F401  (registers padfree_varlen with transformers)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model: Any
+    loaded: Any  # (model, loading info) with output_loading_info
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(p), local_files_only=True, dtype=DTYPES[dtype], attn_implementation=attn
-        )
+        with quiet_transformers():  # its load report is a multi-line table: padfree says it in one line
+            loaded = transformers.AutoModelForCausalLM.from_pretrained(
+                str(p),
+                local_files_only=True,
+                dtype=DTYPES[dtype],
+                attn_implementation=attn,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,  # reported below, naming the tensor, instead of raised
+            )
     except Exception as exc:  # transformers raises many types for a folder it cannot load
         text = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise ConfigError(f"{p}: transformers cannot load a causal LM from it ({text})") from None
+    model, info = loaded
+    _check_loaded(p, info)
     model.config.use_cache = False
     model.eval()
     for q in model.parameters():
         q.requires_grad_(False)
     model.to(torch.device(device))
+    _refuse_leaks(model, attn, str(p))
     return model
+
+
+def _refuse_leaks(model: Any, attn: str, where: str) -> None:
+    """A target the drafter sees packed rows through must keep its documents apart (the leak probe)."""
+    if attn.startswith("padfree_varlen"):
+        from padfree.torch.leak_probe import require_exact_packing
+
+        require_exact_packing(model, f"{where}: packed drafter training against this target")
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' warnings (its load report) and progress bars off for the block, restored after."""
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _check_loaded(folder: Path, info: dict) -> None:
+    """One line naming ``folder`` and the first tensor its weights lack, hold in excess or hold in another
+    shape (what transformers would otherwise fill with fresh random values, or drop, and train on)."""
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        name = missing[0]
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        shard = _indexed_shard(folder, name)
+        where = (
+            f"shard {shard}, where model.safetensors.index.json puts it, lacks"
+            if shard
+            else "its weights lack"
+        )
+        raise ConfigError(
+            f"{folder}: {where} tensor {name}{more}: transformers would fill it with random values; save the "
+            "target's complete weights (save_pretrained)"
+        )
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda m: str(m[0]))
+    if mismatched:
+        name, stored, wanted = mismatched[0]
+        more = f" (and {len(mismatched) - 1} more)" if len(mismatched) > 1 else ""
+        raise ConfigError(
+            f"{folder}: tensor {name} has shape {list(stored)} in the weights, {list(wanted)} in the model "
+            f"its config.json describes{more}: weights of another model?"
+        )
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    if unexpected:
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        raise ConfigError(
+            f"{folder}: the weights hold tensor {unexpected[0]}{more}, which the model its config.json "
+            "describes has no place for: weights of another model?"
+        )
+
+
+def _indexed_shard(folder: Path, name: str) -> str | None:
+    """The shard ``model.safetensors.index.json`` of ``folder`` names for tensor ``name`` (None: none)."""
+    import json
+
+    try:
+        shard = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"].get(name)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return str(shard) if shard else None
 
 
 @dataclass(frozen=True)

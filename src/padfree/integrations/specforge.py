@@ -134,9 +134,9 @@ def build_index(
     key = _key(paths, max_len, policy)
     folder = Path(cache_dir) if cache_dir is not None else Path(paths[0]).parent
     cached = folder / f"padfree-index-{key}.npz"
-    if cached.is_file():
-        with np.load(cached) as z:
-            return LengthIndex(z["lengths"], z["anchors"], int(max_len), key)
+    found = _load_index(cached, len(paths))
+    if found is not None:
+        return LengthIndex(*found, int(max_len), key)
     lengths = np.zeros(len(paths), np.int64)
     anchors = np.zeros(len(paths), np.int64)
     done = 0
@@ -148,9 +148,28 @@ def build_index(
                 progress(done, len(paths))
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".padfree-index-{key}.{os.getpid()}.{threading.get_ident()}.npz"
-    np.savez(tmp, lengths=lengths, anchors=anchors)
+    with open(tmp, "wb") as f:  # durable before the rename: a crash leaves the old cache or this one
+        np.savez(f, lengths=lengths, anchors=anchors)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, cached)
     return LengthIndex(lengths, anchors, int(max_len), key)
+
+
+def _load_index(cached: Path, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(lengths, anchors)`` of the index cache ``cached`` when it is whole (``n`` non-negative integers
+    each); None when it is absent or torn (a crash, a full device, another tool's file), so it is rebuilt."""
+    if not cached.is_file():
+        return None
+    try:
+        with np.load(cached, allow_pickle=False) as z:
+            lengths, anchors = np.asarray(z["lengths"]), np.asarray(z["anchors"])
+    except Exception:  # zipfile, numpy and the OS raise many types for a torn archive
+        return None
+    for a in (lengths, anchors):
+        if a.shape != (n,) or a.dtype.kind not in "iu" or (n and int(a.min()) < 0):
+            return None
+    return lengths.astype(np.int64), anchors.astype(np.int64)
 
 
 def index_from_masks(loss_masks: Sequence[Any], *, max_len: int, recipe: Recipe | None = None) -> LengthIndex:

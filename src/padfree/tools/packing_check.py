@@ -1,8 +1,11 @@
-"""Does packing leak? Run a packed row of several documents and each document alone, compare the logits.
+"""Does packing leak? A perturbation probe, and a packed row of several documents against each one alone.
 
-Packed training is only correct when every document of a row attends to itself alone. A wrong attention
-implementation, or ``use_cache=True`` under ``sdpa``/``eager`` (transformers then skips packed-sequence
-detection), lets documents see each other while the loss still goes down. This check catches that:
+Packed training is only correct when every document of a row sees itself alone. A wrong attention
+implementation, ``use_cache=True`` under ``sdpa``/``eager`` (transformers then skips packed-sequence
+detection), or a convolution / recurrence run over the whole row (hybrid models under ``sdpa``) lets documents
+see each other while the loss still goes down. The verdict is the probe (:mod:`padfree.torch.leak_probe`:
+change the first document, no later logit may move), decisive in every dtype, beside the packed-vs-alone
+comparison, which only a tolerance can judge:
 
 >>> from padfree.tools.packing_check import check_packing
 >>> r = check_packing("tiny-llama", "padfree_varlen", overrides={"vocab_size": 64, "num_hidden_layers": 1})
@@ -41,7 +44,10 @@ class PackingCheck:
         max_logit_diff: max |packed - alone| over every logit of every document (the first document, which
             has nothing before it to leak from, included).
         max_logit_diff_later: the same over documents 2.. only.
-        tolerance: the largest difference still counted as numerical noise.
+        tolerance: the largest packed-vs-alone difference still counted as numerical noise.
+        probe_diff: the largest change of a later document's logit when the first document changes;
+        probe_allowance: the run-to-run / expert-grouping noise it is held to (0 for dense models on CPU).
+        mixers: the token mixers padfree ran per document (class names).
         device, dtype: where the model ran, and its compute dtype (``bfloat16``: float32 weights under
             ``torch.autocast``).
     """
@@ -57,10 +63,17 @@ class PackingCheck:
     tolerance: float
     device: str = "cpu"
     dtype: str = "float32"
+    probe_diff: float = 0.0
+    probe_allowance: float = 0.0
+    mixers: tuple[str, ...] = ()
+
+    @property
+    def probe_leaked(self) -> bool:
+        return not self.probe_diff <= self.probe_allowance
 
     @property
     def leaked(self) -> bool:
-        return not self.max_logit_diff <= self.tolerance
+        return self.probe_leaked or not self.max_logit_diff <= self.tolerance
 
 
 MAX_PARAMS = 2**30
@@ -78,6 +91,7 @@ def check_packing(
     overrides: dict | None = None,
     device: str = "cpu",
     dtype: str = "float32",
+    mixers_apart: bool = True,
 ) -> PackingCheck:
     """Build ``model`` (a built-in tiny family or a local config directory; random weights, float32) with
     attention ``attn`` (any registered implementation, or ``leaky``: document-blind causal attention, for
@@ -85,13 +99,17 @@ def check_packing(
     each document alone, and report the largest logit difference.
 
     ``dtype="bfloat16"`` runs both under ``torch.autocast`` (float32 weights), which on a GPU lets packed rows
-    reach a fused varlen kernel; ``tolerance`` defaults to :data:`TOLERANCE` of the dtype."""
+    reach a fused varlen kernel; ``tolerance`` defaults to :data:`TOLERANCE` of the dtype.
+    ``mixers_apart=False`` runs the model's convolutions and recurrences over the whole row, as padfree did
+    before :mod:`padfree.torch.mixers` (to see the leak that module closes)."""
     import contextlib
 
     import torch
 
     import padfree.torch.attention as pa
     from padfree.models import build_model
+    from padfree.torch.leak_probe import packed_inputs, probe_leak
+    from padfree.torch.mixers import mixers_of, per_document_mixers
 
     if not doc_lengths or min(doc_lengths) < 1:
         raise ConfigError(f"check-packing: document lengths must be >= 1 (got {list(doc_lengths)})")
@@ -117,16 +135,9 @@ def check_packing(
     vocab = net.config.vocab_size
     gen = torch.Generator().manual_seed(seed)
     docs = [torch.randint(0, vocab, (n,), generator=gen).to(device) for n in doc_lengths]
-    cu = torch.zeros(len(docs) + 1, dtype=torch.int32)
-    cu[1:] = torch.as_tensor(doc_lengths).cumsum(0)
-    packed = {
-        "input_ids": torch.cat(docs)[None],
-        "position_ids": torch.cat([torch.arange(n) for n in doc_lengths])[None].to(device),
-        "cu_seq_lens_q": cu.to(device),
-        "cu_seq_lens_k": cu.to(device),
-        "max_length_q": max(doc_lengths),
-        "max_length_k": max(doc_lengths),
-    }
+    packed = packed_inputs(docs, device)
+    if not mixers_apart:  # the layout before seq_idx: what transformers' kernels check for packing
+        packed.pop("seq_idx")
     kind = "cuda" if device.startswith("cuda") else "cpu"
     cast = (
         torch.autocast(device_type=kind, dtype=torch.bfloat16)
@@ -134,11 +145,26 @@ def check_packing(
         else contextlib.nullcontext()
     )
     pa.reset_path()
-    with torch.no_grad(), cast:
-        logits = net(**packed, use_cache=use_cache).logits[0].float()
-        path = pa.last_path() or f"transformers {impl}"
-        alone = [net(input_ids=d[None], use_cache=use_cache).logits[0].float() for d in docs]
+    try:
+        with torch.no_grad(), cast, per_document_mixers(mixers_apart):
+            logits = net(**packed, use_cache=use_cache).logits[0].float()
+            path = pa.last_path() or f"transformers {impl}"
+            alone = [net(input_ids=d[None], use_cache=use_cache).logits[0].float() for d in docs]
+        with per_document_mixers(mixers_apart):
+            probe = probe_leak(
+                net,
+                doc_lengths,
+                seed,
+                autocast=torch.bfloat16 if dtype == "bfloat16" else None,
+                seq_idx=mixers_apart,
+            )
+    except (ValueError, RuntimeError, TypeError, NotImplementedError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        text = " ".join(str(exc).split())[:240] or type(exc).__name__
+        raise ConfigError(f"check-packing: {model} refuses the packed row ({text})") from None
     diffs = [(p - a).abs().max().item() for p, a in zip(logits.split(list(doc_lengths)), alone, strict=True)]
+    mixers = tuple(sorted({type(net.get_submodule(q)).__name__ for q in mixers_of(net)}))
     return PackingCheck(
         model=model,
         family=net.config.model_type,
@@ -151,4 +177,7 @@ def check_packing(
         tolerance=tolerance,
         device=device,
         dtype=dtype,
+        probe_diff=probe.diff,
+        probe_allowance=probe.allowance,
+        mixers=mixers,
     )

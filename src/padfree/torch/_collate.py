@@ -113,12 +113,15 @@ def pieces(items: list) -> list[tuple[np.ndarray, np.ndarray]]:
 def packed_layout(lengths) -> dict:
     """Where the documents of one packed row sit, as transformers' padding-free path and flash-attention
     varlen read it: ``position_ids`` restarting at 0 per document ``(1, T)``, ``cu_seq_lens_q`` /
-    ``cu_seq_lens_k`` (int32 boundaries ``0 .. T``) and ``max_length_q`` / ``max_length_k`` (the longest
-    document). The one computation of it, for :class:`PackCollator` and the drafter contract.
+    ``cu_seq_lens_k`` (int32 boundaries ``0 .. T``), ``max_length_q`` / ``max_length_k`` (the longest
+    document) and ``seq_idx`` (int32 ``(1, T)``: each token's document, what Mamba-2 / causal-conv1d kernels
+    take). The one computation of it, for :class:`PackCollator`, the leak probe and the drafter contract.
 
     >>> lay = packed_layout([3, 2])
     >>> lay["position_ids"].tolist(), lay["cu_seq_lens_q"].tolist(), lay["max_length_q"]
     ([[0, 1, 2, 0, 1]], [0, 3, 5], 3)
+    >>> lay["seq_idx"].tolist()
+    [[0, 0, 0, 1, 1]]
     """
     lens = np.asarray(lengths, dtype=np.int64).reshape(-1)
     cu = np.concatenate([[0], np.cumsum(lens)])
@@ -131,6 +134,7 @@ def packed_layout(lengths) -> dict:
         "cu_seq_lens_k": cu_t.clone(),
         "max_length_q": longest,
         "max_length_k": longest,
+        "seq_idx": torch.from_numpy(np.repeat(np.arange(lens.shape[0], dtype=np.int32), lens))[None],
     }
 
 

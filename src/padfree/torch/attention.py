@@ -9,8 +9,8 @@ masked score. ``padfree_varlen`` computes attention document by document instead
   probed once: if it fails, per-document SDPA runs and :func:`last_path` says why), else per-document SDPA.
   Under ``torch.autocast`` q/k/v are taken in the autocast dtype, as autocast does for SDPA;
 - CPU: per-document SDPA (the row is split at document boundaries with ``split``, each piece runs causal
-  SDPA, the outputs are concatenated), grouped-query heads, sliding windows, ``scaling`` and logit
-  soft-capping honoured.
+  SDPA, the outputs are concatenated), grouped-query heads, sliding windows, ``scaling``, logit
+  soft-capping and attention sinks (``s_aux``, gpt-oss) honoured.
 
 Document boundaries come from the ``cu_seq_lens_q`` keyword (what transformers'
 ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` and padfree's ``PackCollator`` emit) or else
@@ -86,6 +86,10 @@ def prepare_for_packing(model: torch.nn.Module, attn_implementation: str = NAME)
     hf.config.use_cache = False
     if getattr(hf.config, "_attn_implementation", None) != attn_implementation:
         hf.set_attn_implementation(attn_implementation)
+    if attn_implementation == NAME:
+        from padfree.torch.mixers import keep_documents_apart
+
+        keep_documents_apart(model)
     return model
 
 
@@ -171,8 +175,10 @@ def _doc_attention(
     dropout: float,
     window: int | None,
     softcap: float | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention of one document (1, H, L, D) -> (1, H, L, D)."""
+    """Causal attention of one document (1, H, L, D) -> (1, H, L, D); ``sinks`` (H,) are attention-sink
+    logits (gpt-oss): one more softmax column per head that takes probability mass and gives no value."""
     n = q.shape[2]
     gqa = q.shape[1] != k.shape[1]
     mask = None
@@ -180,30 +186,36 @@ def _doc_attention(
         i = torch.arange(n, device=q.device)
         diff = i[:, None] - i[None, :]
         mask = (diff >= 0) & (diff < window)
-    if softcap is None:
+    if softcap is None and sinks is None:
         return torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, scale=scaling, enable_gqa=gqa
         )
-    # soft-capped logits are not an SDPA feature: explicit scores, one document at a time
+    # soft-capped logits and sinks are not SDPA features: explicit scores, one document at a time
     if gqa:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is None:
         mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
     scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        sink = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(1, scores.shape[1], n, 1)
+        scores = torch.cat([scores, sink], dim=-1)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if sinks is not None:
+        probs = probs[..., :-1]
     probs = torch.nn.functional.dropout(probs, p=dropout, training=dropout > 0)
     return torch.matmul(probs, v)
 
 
-def _per_document(q, k, v, lengths, scaling, dropout, window, softcap) -> torch.Tensor:
+def _per_document(q, k, v, lengths, scaling, dropout, window, softcap, sinks=None) -> torch.Tensor:
     if len(lengths) == 1:
-        return _doc_attention(q, k, v, scaling, dropout, window, softcap)[0].transpose(0, 1)
+        return _doc_attention(q, k, v, scaling, dropout, window, softcap, sinks)[0].transpose(0, 1)
     outs = [
-        _doc_attention(qi, ki, vi, scaling, dropout, window, softcap)[0].transpose(0, 1)
+        _doc_attention(qi, ki, vi, scaling, dropout, window, softcap, sinks)[0].transpose(0, 1)
         for qi, ki, vi in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2), strict=True)
     ]
     return torch.cat(outs, dim=0)
@@ -437,9 +449,11 @@ def varlen_attention_forward(
             softcap=softcap,
             **kwargs,
         )
-    for name in ("s_aux", "position_bias"):
-        if kwargs.get(name) is not None:
-            raise ConfigError(f"padfree_varlen: `{name}` (attention sinks / position bias) is not supported")
+    if kwargs.get("position_bias") is not None:
+        raise ConfigError(
+            "padfree_varlen: `position_bias` (a learned bias over the whole row) is not supported"
+        )
+    sinks = kwargs.get("s_aux")
     if kwargs.get("output_attentions"):
         raise ConfigError(
             "padfree_varlen: output_attentions is not supported; use attn_implementation='eager'"
@@ -454,7 +468,7 @@ def varlen_attention_forward(
     else:  # documents never cross rows: flatten rows into one long row
         q, k, v = (x.transpose(0, 1).reshape(1, x.shape[1], -1, x.shape[3]) for x in (query, key, value))
     out, why = None, None
-    if q.is_cuda:
+    if q.is_cuda and sinks is None:
         out, path = _gpu_varlen(q, k, v, kwargs, lengths, scaling, dropout, sliding_window, softcap)
         if out is None:
             why = path
@@ -462,9 +476,15 @@ def varlen_attention_forward(
             _state.path = path
     if out is None:
         device = "GPU" if q.is_cuda else "CPU"
-        kind = "eager soft-capped" if softcap is not None else "SDPA"
+        kind = (
+            "eager soft-capped"
+            if softcap is not None
+            else "eager with sinks"
+            if sinks is not None
+            else "SDPA"
+        )
         _state.path = f"per-document {kind} ({device}" + (f"; {why})" if why else ")")
-        out = _per_document(q, k, v, lengths, scaling, dropout, sliding_window, softcap)
+        out = _per_document(q, k, v, lengths, scaling, dropout, sliding_window, softcap, sinks)
     return out.reshape(batch, q_len, *out.shape[1:]), None
 
 
@@ -550,8 +570,43 @@ def register() -> bool:
     AttentionMaskInterface.register(NAME, varlen_mask)
     AttentionInterface.register(LEAKY, leaky_attention_forward)
     AttentionMaskInterface.register(LEAKY, varlen_mask)
+    _install_on_build()
     _registered = True
     return True
+
+
+def _install_on_build() -> None:
+    """Every model built with ``padfree_varlen`` (``from_config``, ``from_pretrained``,
+    ``set_attn_implementation``) gets its token mixers kept per document
+    (:func:`padfree.torch.mixers.keep_documents_apart`), so a hybrid model fed PackCollator's batch is exact
+    with nothing more to call."""
+    from transformers import PreTrainedModel
+
+    from padfree.torch.mixers import keep_documents_apart
+
+    if getattr(PreTrainedModel, "_padfree_hooked", False):
+        return
+    post_init, set_impl = PreTrainedModel.post_init, PreTrainedModel.set_attn_implementation
+
+    def _apart_if_packed(model: Any) -> None:
+        if getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME:
+            keep_documents_apart(model)
+
+    @functools.wraps(post_init)
+    def post_init_then_apart(self, *args, **kwargs):
+        out = post_init(self, *args, **kwargs)
+        _apart_if_packed(self)
+        return out
+
+    @functools.wraps(set_impl)
+    def set_impl_then_apart(self, *args, **kwargs):
+        out = set_impl(self, *args, **kwargs)
+        _apart_if_packed(self)
+        return out
+
+    PreTrainedModel.post_init = post_init_then_apart  # type: ignore[method-assign]
+    PreTrainedModel.set_attn_implementation = set_impl_then_apart  # type: ignore[method-assign]
+    PreTrainedModel._padfree_hooked = True  # type: ignore[attr-defined]
 
 
 def attention_implementation(strategy: str) -> str:
