@@ -23,6 +23,7 @@ seed_mix has lengths only: every token but each sample's first carries loss (pad
 lengths without a loss-mask file). Needs the peers (``make setup-dev``).
 
     PYTHONPATH=src python benchmarks/integration_gain.py --out benchmarks/results [--quick]
+    PYTHONPATH=src python benchmarks/integration_gain.py --lengths yours.npy --quick --out gain  # your data
 """
 
 from __future__ import annotations
@@ -441,14 +442,27 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="folder for integration_gain.json and .md")
     ap.add_argument("--quick", action="store_true", help="20K samples, fewer timed micro-batches (~2 min)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--lengths",
+        default=None,
+        help="your data's token counts (.npy, `padfree lengths` writes it) instead of the bundled seed_mix",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     n, sample_rows, timed = (20_000, 60, 3) if args.quick else (200_000, 300, 8)
-    all_lengths = bundled_seed_mix().astype(np.int64)
+    if args.lengths is not None:
+        from padfree.data.length_files import read_lengths
+
+        # both trainers cut a sample at their max length (speculators' batch_max_length 8192 here)
+        all_lengths = np.minimum(read_lengths(args.lengths).astype(np.int64), 8192)
+    else:
+        all_lengths = bundled_seed_mix().astype(np.int64)
+    n = min(n, int(all_lengths.shape[0]))
     lengths = all_lengths[np.random.default_rng(args.seed).permutation(all_lengths.shape[0])[:n]]
     small = np.maximum(2, lengths // 8)  # the speed runs: 1/8 of the lengths, budgets and anchor caps
     t0 = time.perf_counter()
-    res: dict = {"samples": n, "source": "seed_mix (bundled), a seeded random subset", "seed": args.seed}
+    source = args.lengths or "seed_mix (bundled)"
+    res: dict = {"samples": n, "source": f"{source}, a seeded random subset", "seed": args.seed}
     width, width_small = anchor_width(lengths, 8192, THEIR_ANCHORS), anchor_width(small, 1024, 64)
     spec = speculators_arms(lengths, 8192, width, args.seed, sample_rows)
     rows_small = speculators_arms(small, 1024, width_small, args.seed, 1, cap=64)["_rows"]
@@ -469,7 +483,12 @@ def main() -> None:
     lines = [
         "# padfree inside speculators and SpecForge: their sampler vs padfree's adapter (DFlash, 8 ranks)",
         "",
-        f"seed_mix-shaped lengths ({n:,} of the bundled seed_mix's samples, every token but the first "
+        (
+            f"seed_mix-shaped lengths ({n:,} of the bundled seed_mix's samples"
+            if args.lengths is None
+            else f"{args.lengths} ({n:,} samples, each cut at 8192 tokens"
+        )
+        + ", every token but the first "
         "supervised). speculators at batch_max_length 8192: theirs 512 anchor slots per row; padfree anchor "
         f"width {width} (1.25 x a full row's share of the recipe's anchors, rounded to 512) or 512, rows cut "
         "to 8 lengths (16 at width 512). SpecForge at 16384 tokens per micro-batch "

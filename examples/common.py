@@ -134,13 +134,14 @@ def dropped_samples(lengths: np.ndarray, budget: int, overlong: str) -> np.ndarr
     return np.flatnonzero(np.asarray(lengths) > budget).astype(np.int64)
 
 
-def overlong_line(lengths: np.ndarray, budget: int, overlong: str) -> str | None:
-    """The one line that says what ``--overlong`` did to the samples longer than the budget (None when there
-    are none; under ``error`` the plan has refused them already).
+def overlong_line(lengths: np.ndarray, budget: int, overlong: str, limit: str | None = None) -> str | None:
+    """The one line that says what ``--overlong`` did to the samples longer than ``budget`` tokens, where the
+    plan cuts them (None when there are none; under ``error`` the plan has refused them already). ``limit``
+    says what sets that cut (default: ``the budget of N tokens``).
 
     >>> print(overlong_line(np.array([3, 10, 5]), 4, "truncate"))  # doctest: +NORMALIZE_WHITESPACE
     --overlong truncate: 2 of 3 samples are longer than the budget of 4 tokens (longest 10): truncated to
-    4 tokens, 7 of 18 tokens not trained
+    4 tokens, 7 of 18 tokens not trained (38.9%)
     """
     over = lengths > budget
     n = int(over.sum())
@@ -153,9 +154,11 @@ def overlong_line(lengths: np.ndarray, budget: int, overlong: str) -> str | None
         "split": f"split into pieces of at most {budget} tokens, every token trained",
         "drop": f"dropped, {lost} of {total} tokens not trained",
     }[overlong]
+    limit = limit or f"the budget of {budget} tokens"
+    pct = f" ({100.0 * lost / total:.1f}%)" if lost else ""
     return (
-        f"--overlong {overlong}: {n} of {lengths.shape[0]} samples are longer than the budget of {budget} "
-        f"tokens (longest {int(lengths.max())}): {what}"
+        f"--overlong {overlong}: {n} of {lengths.shape[0]} samples are longer than {limit} "
+        f"(longest {int(lengths.max())}): {what}{pct}"
     )
 
 

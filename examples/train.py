@@ -242,7 +242,8 @@ def resume_from(state: dict, ckpt: CheckpointDir, model, optimizer, sampler, sav
     another configuration is one line naming what differs: the plan's fields, and ``saved`` vs ``now`` (a
     model's own options, e.g. the drafter's) where given."""
     why = explain(saved, now or {}) if saved is not None else None
-    why = why or explain(state["sampler"].get("identity"), sampler.identity)  # which field differs, if any
+    # which field differs, if any
+    why = why or explain(state["sampler"].get("identity"), sampler.identity, sampler=True)
     if saved is not None and explain(saved, now or {}):
         raise StateError(
             f"{one_line(state['path'])}: the checkpoint belongs to another configuration ({why}); "

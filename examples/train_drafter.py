@@ -51,6 +51,7 @@ from common import (
     add_data_and_model_args,
     dropped_samples,
     load_training_data,
+    overlong_line,
     parser,
     plan_config,
     run_example,
@@ -67,7 +68,9 @@ from padfree.commands.common import (
     recipe_from_args,
 )
 from padfree.core.anchors import anchor_counts
+from padfree.core.budget import Budget
 from padfree.core.cost import micro_shapes
+from padfree.core.items import make_items
 from padfree.core.planner import make_plan
 from padfree.drafter import memory as drafter_memory
 from padfree.drafter.collate import DrafterCollator
@@ -81,7 +84,14 @@ from padfree.drafter.export import (
     export_meta,
 )
 from padfree.drafter.methods import METHODS, cost_model
-from padfree.drafter.target import DTYPES, check_target_folder, default_mask_token, load_target
+from padfree.drafter.recipes import check_drafts
+from padfree.drafter.target import (
+    DTYPES,
+    check_target_folder,
+    check_target_tokenizer,
+    default_mask_token,
+    load_target,
+)
 from padfree.drafter.train import TINY_TARGET, build_models, loss_sums, memory_model, token_counts
 from padfree.errors import ConfigError, PadfreeError
 from padfree.torch import PlanBatchSampler, PlannedDataset, all_reduce_sum, step_loss, sync_unless
@@ -193,10 +203,12 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     if ckpt is not None:
         ckpt.acquire(run)
     target = None
+    given_mask = args.mask_token_id is not None
     if args.export_dir:  # before any work: a bad output must not cost a finished run
         check_export_dir(args.export_dir, protect=export_protects(args))
     if args.target is not None:
         args.tokenizer = str(check_target_folder(args.target))
+        check_target_tokenizer(args.target)  # its tokenizer is its model's, before any option is blamed
         target = load_target(args.target, dtype=args.dtype, device="cpu")
         args.vocab_size = int(target.config.vocab_size)
         if args.mask_token_id is None:
@@ -206,7 +218,8 @@ def train(args, rank, world, device, ckpt, stop) -> int:
         args.mask_token_id = 1
     if args.mask_token_id >= args.vocab_size:
         raise ConfigError(
-            f"--mask-token-id {args.mask_token_id} is outside the vocabulary of {args.vocab_size}"
+            f"{'--mask-token-id' if given_mask else 'the target tokenizer’s mask/pad/unknown token'} "
+            f"{args.mask_token_id} is outside the vocabulary of {args.vocab_size}"
         )
     samples, lengths, loss_tokens = load_training_data(args)
     for s in samples:
@@ -240,6 +253,7 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     mask = np.concatenate([np.asarray(s["loss_mask"], bool) for s in samples])
     offsets = np.concatenate(([0], np.cumsum(lengths)))
     anchors = anchor_counts(mask, offsets, recipe.anchor_policy()) if spec.uses_anchors else None
+    check_drafts(recipe, anchors, lengths, int(mask.sum()))  # a run that drafts nothing trains zeros
     cost = cost_model(spec.name, **shape, vocab=args.vocab_size, block_size=recipe.block_size, ttt=recipe.ttt)
     config = plan_config(args).with_(
         cost=cost, anchor_budget=args.anchor_budget if spec.uses_anchors else None
@@ -247,6 +261,37 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     memory = memory_model(models)
     if args.memory_gb is not None:
         config = memory_bound(config, memory, args.memory_gb * 2**30, spec.uses_anchors, recipe.ttt)
+    cut = Budget.of(config).item  # where the plan cuts a sample: the budget, or less under --memory-gb
+    limit = None
+    if cut < args.budget:
+        limit = (
+            f"{cut} tokens, the longest document whose attention fits --memory-gb {args.memory_gb:g} "
+            f"({memory.source}; a row still holds up to --budget {args.budget} tokens)"
+        )
+        if args.overlong == "error" and int(lengths.max()) > cut:
+            raise ConfigError(
+                f"--memory-gb {args.memory_gb:g}: {int((lengths > cut).sum())} of {len(samples)} samples are "
+                f"longer than {limit}; raise --memory-gb, or choose --overlong truncate, split or drop"
+            )
+    if anchors is not None and config.anchor_budget is not None:  # as the plan will cut them
+        pieces = make_items(lengths, cut, args.overlong, anchors=anchors)
+        assert pieces.anchors is not None
+        if int(pieces.anchors.max()) > config.anchor_budget:
+            k = int(np.argmax(pieces.anchors))
+            by = f"--anchor-budget {args.anchor_budget}"
+            if args.anchor_budget is None or config.anchor_budget < args.anchor_budget:
+                by = (
+                    f"the {config.anchor_budget} --memory-gb {args.memory_gb:g} leaves room for "
+                    f"({memory.source})"
+                )
+            raise ConfigError(
+                f"sample {int(pieces.sample_ids()[k])} has {int(pieces.anchors[k])} draft blocks (anchors) "
+                f"in its first {cut} tokens, more than a micro-batch may hold: {by}; raise it, or lower "
+                "--max-anchors"
+            )
+    line = overlong_line(lengths, cut, args.overlong, limit)
+    if line:
+        log(line)
     sampler = PlanBatchSampler(
         lengths,
         config,
@@ -260,11 +305,11 @@ def train(args, rank, world, device, ckpt, stop) -> int:
         args.method, recipe=recipe, seed=args.seed, layout=layout, mask_token_id=args.mask_token_id
     )
     loader = DataLoader(PlannedDataset(samples), batch_sampler=sampler, collate_fn=collate)
-    lost = unsupervised_after_cut(mask, offsets, args.budget) if args.overlong == "truncate" else 0
+    lost = unsupervised_after_cut(mask, offsets, cut) if args.overlong == "truncate" else 0
     if lost:
         log(
             f"{lost} of {len(samples)} samples keep no supervised token after --overlong {args.overlong} at "
-            f"budget {args.budget}: they are planned and trained with no loss"
+            f"{cut} tokens: they are planned and trained with no loss"
         )
 
     plan = make_plan(lengths, config.with_(world_size=world), sampler.epoch, anchors=anchors)
@@ -278,6 +323,9 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     identity = {**{k: getattr(args, k) for k in IDENTITY}, "target": args.target or "tiny"}
     identity.update(dataclasses.asdict(recipe))
     identity.pop("source")
+    # the options that bound the plan, by their own names (the plan's fields they set, anchor_budget and
+    # attn_budget, are not what the user typed)
+    identity.update({"--memory-gb": args.memory_gb, "--anchor-budget": args.anchor_budget})
     step = 0
     state = ckpt.resume(device) if ckpt is not None and args.resume else None
     if state is not None:
@@ -338,7 +386,7 @@ def train(args, rank, world, device, ckpt, stop) -> int:
 
     try:
         parts = (sampler, loader, drafter, optimizer)
-        dropped = dropped_samples(lengths, args.budget, args.overlong)
+        dropped = dropped_samples(lengths, cut, args.overlong)
         code = train_loop(
             args,
             rank,
@@ -377,8 +425,12 @@ def memory_bound(config, memory, limit: float, uses_anchors: bool, ttt: int):
     if uses_anchors:
         by_memory = drafter_memory.anchor_budget(memory, limit, config.budget)
         return config.with_(anchor_budget=min(config.anchor_budget or by_memory, by_memory))
+    # padfree's EAGLE-3 drafter attends document by document on a packed row (memory.micro_bytes prices it
+    # so): the bound is per document there, not one T x T over the row (which cut rows far below --budget)
     return config.with_(
-        attn_budget=drafter_memory.attention_budget(memory, limit, config.budget), attn_extra=ttt - 1
+        attn_budget=drafter_memory.attention_budget(memory, limit, config.budget),
+        attn_extra=ttt - 1,
+        attn_per_document=config.packed,
     )
 
 

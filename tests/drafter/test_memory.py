@@ -80,3 +80,33 @@ def test_analytic_model_tracks_a_measured_micro_batch_peak(method):
     shapes = micro_shapes(np.full(n, length), np.array([0, n]), True, anchors)
     predicted = float(memory_model(models).micro_bytes(shapes)[0])
     assert 0.6 < predicted / peak < 1.7, (predicted / 2**20, peak / 2**20)
+
+
+def test_an_eagle3_memory_bound_keeps_packed_rows_near_the_budget_and_within_memory():
+    """Issue 33 item 6: padfree's EAGLE-3 drafter attends document by document on a packed row, and the memory
+    model prices it so (``micro_shapes``: the documents' l x l); the plan bound used one T x T over the whole
+    row, which cut a 2,048-token budget to rows of ~sqrt(attn_budget) tokens. Per document, rows fill the
+    budget with short documents, every row stays within the memory, and only documents too long for it alone
+    are cut (at the cap the plan reports)."""
+    from padfree.core.budget import Budget
+    from padfree.core.capacity import attention_cap
+
+    model = memory.analytic(False, hidden=64, heads=4, kv_heads=1, intermediate=256, ttt=7, vocab=2048)
+    lengths = np.random.default_rng(2).lognormal(5.5, 0.9, 4000).astype(np.int64) + 2  # chat-like
+    budget, limit = 2048, 0.4 * 2**30
+    attn = memory.attention_budget(model, limit, budget)
+    row_wide = PlanConfig(
+        strategy="packed", budget=budget, attn_budget=attn, attn_extra=6, overlong="truncate"
+    )
+    per_doc = row_wide.with_(attn_per_document=True)
+    cap = attention_cap(per_doc)
+    assert cap < budget // 2  # this memory cannot hold one document of the budget's length
+    assert Budget.of(per_doc).item == cap and Budget.of(per_doc).cap == budget
+    plan = make_plan(lengths, per_doc, 0)
+    shapes = micro_shapes(plan.lengths, plan.offsets, True, None)
+    assert model.micro_bytes(shapes).max() <= limit
+    assert plan.lengths.max() == cap and (plan.lengths <= cap).all()  # documents cut at the cap said
+    per_row = np.add.reduceat(plan.lengths, plan.offsets[:-1])
+    old = make_plan(lengths, row_wide, 0)
+    assert np.add.reduceat(old.lengths, old.offsets[:-1]).max() <= cap  # rows cut to the cap before
+    assert np.median(per_row) > 1.5 * cap and plan.n_micro < old.n_micro / 1.5

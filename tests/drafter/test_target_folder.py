@@ -167,3 +167,117 @@ def test_the_example_refuses_a_bad_target_and_folding_in_one_line(tmp_path, targ
         example.main(["--target", str(target_dir), "--vocab-size", "256"])
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 2 and len(err) == 1 and "--vocab-size folds token ids" in err[0], err
+
+
+def _with_tokenizer(root: Path, target_dir: Path, name: str, files: dict) -> Path:
+    """A copy of the target folder whose tokenizer files are replaced by ``files`` (name -> bytes or a
+    path)."""
+    d = root / name
+    d.mkdir()
+    for f in target_dir.iterdir():
+        if not f.name.startswith(("tokenizer", "special_tokens")):
+            (d / f.name).write_bytes(f.read_bytes())
+    for f, content in files.items():
+        (d / f).write_bytes(content if isinstance(content, bytes) else Path(content).read_bytes())
+    return d
+
+
+def _word_tokenizer(path: Path, n: int) -> Path:
+    """A fast tokenizer.json of ``n`` ids (words ``w0 .. w{n-1}``, ``<s>`` = 1 and ``</s>`` = 2)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(n)}
+    vocab.update({"<s>": 1, "</s>": 2})
+    tok = Tokenizer(
+        models.WordLevel({k: v for k, v in vocab.items() if k not in ("w1", "w2")}, unk_token="w0")
+    )
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path))
+    return path
+
+
+def test_a_tokenizer_of_another_model_is_named_not_an_option_nobody_gave(tmp_path, target_dir, fixtures_dir,
+                                                                         example, capsys):  # fmt: skip
+    """Issue 33 item 11: the target's 129K tokenizer beside a 32K-vocabulary model was blamed on
+    --mask-token-id (its default taken from that tokenizer); the tokenizer-vs-vocabulary line comes first."""
+    import transformers
+
+    from padfree.testing.targets import SIZES
+
+    small = tmp_path / "small"
+    transformers.AutoModelForCausalLM.from_config(
+        transformers.LlamaConfig(vocab_size=32000, **SIZES)
+    ).save_pretrained(small)
+    for f in target_dir.glob("tokenizer*"):
+        (small / f.name).write_bytes(f.read_bytes())
+    capsys.readouterr()  # save_pretrained's progress bar
+    data = str(fixtures_dir / "samples/gsm8k.jsonl.gz")
+    args = [
+        "--target",
+        str(small),
+        "--data",
+        data,
+        "--limit-samples",
+        "4",
+        "--budget",
+        "256",
+        "--max-steps",
+        "1",
+    ]
+    with pytest.raises(SystemExit) as info:
+        example.run_example(lambda: example.main(args))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1, err
+    assert "its tokenizer has 129280 ids, more than the model's vocabulary of 32000 (config.json)" in err[0]
+    assert "--mask-token-id" not in err[0]
+
+
+def test_a_tokenizer_whose_ids_merely_fit_or_whose_specials_differ_is_refused(tmp_path, target_dir):
+    """Issue 33 item 11: a 32K tokenizer beside the 129K target fits the vocabulary and trained silently; a
+    tokenizer whose BOS differs from config.json's likewise. Both are one line naming what differs; the
+    folder's own tokenizer passes."""
+    from padfree.drafter.target import check_target_tokenizer
+
+    check_target_tokenizer(target_dir)  # the folder's own
+    tok = _word_tokenizer(tmp_path / "words.json", 32000)
+    conf = json.dumps({"bos_token": "<s>", "eos_token": "</s>", "tokenizer_class": "PreTrainedTokenizerFast"})
+    short = _with_tokenizer(
+        tmp_path, target_dir, "short", {"tokenizer.json": tok, "tokenizer_config.json": conf.encode()}
+    )
+    with pytest.raises(ConfigError) as info:
+        check_target_tokenizer(short)
+    assert "its tokenizer has 32000 ids, far fewer than the model's vocabulary of 129280" in str(info.value)
+    cfg = json.loads((target_dir / "config.json").read_text())
+    bos = _with_tokenizer(tmp_path, target_dir, "bos", {
+        f.name: f for f in target_dir.glob("tokenizer*")})  # fmt: skip
+    (bos / "config.json").write_text(json.dumps({**cfg, "bos_token_id": cfg["bos_token_id"] + 5}))
+    with pytest.raises(ConfigError) as info:
+        check_target_tokenizer(bos)
+    b = cfg["bos_token_id"]
+    said = f"its tokenizer's bos token is id {b}, config.json's bos_token_id {b + 5}"
+    assert said in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_sentencepiece_tokenizer_that_needs_protobuf_says_protobuf(tmp_path, target_dir, fixtures_dir):
+    """Issue 33 item 11: a folder whose tokenizer is a tokenizer.model alone said "tiktoken is required"
+    (transformers' fallback) where protobuf is what is missing; with protobuf it loads and, a 32K tokenizer
+    beside a 129K model, is refused as another model's."""
+    import importlib.util
+
+    from padfree.drafter.target import check_target_tokenizer
+
+    d = _with_tokenizer(
+        tmp_path, target_dir, "sp", {"tokenizer.model": fixtures_dir / "tokenizers/llama_sp32k.model"}
+    )
+    with pytest.raises(ConfigError) as info:
+        check_target_tokenizer(d)
+    try:
+        protobuf = importlib.util.find_spec("google.protobuf") is not None
+    except ModuleNotFoundError:
+        protobuf = False
+    said = (
+        "far fewer than the model's vocabulary"
+        if protobuf
+        else "tokenizer.model (SentencePiece) needs the protobuf"
+    )
+    assert said in str(info.value) and "tiktoken" not in str(info.value) and "\n" not in str(info.value)

@@ -56,7 +56,7 @@ def refs_of(features):
     return data.build_offline_reader("dflash", str(features), run_id="t", ttt_length=1, max_len=BUDGET).read()
 
 
-def loader(features, layout, rank=0, world=1, seed=2, cache=None):
+def loader(features, layout, rank=0, world=1, seed=2, cache=None, resume_dir=None):
     """Their manifest, store, normalizer and collator; padfree's index and loader: as the guide wires them."""
     from padfree.core.config import PlanConfig
     from padfree.integrations import specforge as sf
@@ -71,7 +71,7 @@ def loader(features, layout, rank=0, world=1, seed=2, cache=None):
     return sf.PlanFeatureLoader(
         store.LocalFeatureStore("t"), refs, index=index, config=config, collate_fn=data.build_collator(),
         per_sample_transform=data.build_offline_normalizer(BUDGET), layout=layout, recipe=recipe(), rank=rank,
-        world_size=world,
+        world_size=world, resume_dir=resume_dir,
     )  # fmt: skip
 
 
@@ -118,8 +118,8 @@ def test_a_torn_index_cache_is_rebuilt(tmp_path, features, tear):
 
 
 @pytest.mark.parametrize("layout", ["padded", "packed"])
-def test_loader_keeps_their_interface_and_deals_every_sample_once(features, layout):
-    ranks = [loader(features, layout, rank=r, world=2) for r in range(2)]
+def test_loader_keeps_their_interface_and_deals_every_sample_once(tmp_path, features, layout):
+    ranks = [loader(features, layout, rank=r, world=2, resume_dir=tmp_path) for r in range(2)]
     for ld in ranks:
         ld.set_epoch(1)
     assert len(ranks[0]) == len(ranks[1]) > 1
@@ -137,10 +137,11 @@ def test_loader_keeps_their_interface_and_deals_every_sample_once(features, layo
     ranks[0].seek(2)  # what their controller does on resume
     assert [b.sample_ids for b in ranks[0]] == [b.sample_ids for b in batches[0][2:]]
     assert [b.sample_ids for b in ranks[0]] == [b.sample_ids for b in batches[0]]  # seek is one-shot
-    from padfree.errors import ConfigError
+    from padfree.errors import StateError
 
-    with pytest.raises(ConfigError, match="skips past the end"):
-        ranks[0].seek(len(ranks[0]) + 1)
+    ranks[0].seek(len(ranks[0]) + 1)
+    with pytest.raises(StateError, match="more than the epoch has"):
+        next(iter(ranks[0]))
 
 
 def grads(model):
@@ -227,10 +228,11 @@ def rank_main(rank, world, store, features, target, out, seen, run):  # noqa: PL
     base = import_peer("specforge", "training.strategies.base")
 
     model = drafters.specforge_dflash(target, LAYERS, block_size=BLOCK, mask_token_id=VOCAB - 1)
-    ld = loader(features, "packed", rank, world, seed=4, cache=out)
+    ld = loader(features, "packed", rank, world, seed=4, cache=out, resume_dir=out)
     resume = None
     if checkpoint.CheckpointManager(str(out), "sf").latest_dir() is not None:
-        resume = checkpoint.CheckpointManager.read_resume_state(str(out))
+        # at another world size their per-rank optimizer/RNG shards do not apply: weights and counters only
+        resume = checkpoint.CheckpointManager.read_resume_state(str(out), require_full_state=False)
         model.draft_model.load_state_dict(resume["draft_state_dict"])
     parallel = backend_mod.ParallelConfig(
         world_size=world, sharding_strategy="NO_SHARD", param_dtype=torch.float32,
@@ -240,7 +242,7 @@ def rank_main(rank, world, store, features, target, out, seen, run):  # noqa: PL
         parallel, optimizer_factory=lambda m: optimizer.BF16Optimizer(m, lr=1e-3, total_steps=100)
     )
     wrapped = backend.prepare_model(model, optimizer_target=model.draft_model)
-    if resume is not None:
+    if resume is not None and resume["backend"]:
         backend.load_state_dict(resume["backend"])
     core = controller_mod.TrainerCore(base.DFlashTrainStrategy(wrapped), backend, accumulation_steps=1)
     controller = controller_mod.TrainerController(
@@ -260,23 +262,45 @@ def rank_main(rank, world, store, features, target, out, seen, run):  # noqa: PL
 
 
 @pytest.mark.slow
-def test_two_ranks_killed_and_resumed_train_every_sample_once(tmp_path, features, target):
+@pytest.mark.parametrize("worlds", [(2, 2), (2, 1), (1, 2)])
+def test_killed_and_resumed_at_any_world_size_train_every_sample_once(tmp_path, features, target, worlds):
+    """SIGKILLed mid-epoch under their TrainerController and resumed through seek() at the same or another
+    world size: every sample trains exactly once per epoch (their ``epoch_batch`` counts micro-batches per
+    rank; padfree's record in their output_dir re-plans the rest over the new ranks)."""
     from padfree.testing import forkranks, seenlog
 
     seen, out = tmp_path / "seen.jsonl", tmp_path / "out"
     out.mkdir()
-    loader(features, "packed", cache=out)  # the index is built once, before the ranks read it
+    ld = loader(features, "packed", cache=out)  # the index is built once, before the ranks read it
+    per_epoch = {w: len(loader(features, "packed", 0, w, seed=4, cache=out)) for w in set(worlds)}
+    assert min(per_epoch.values()) >= 3, per_epoch
+    ld.close()
 
     def main(run):
         return lambda rank, world, store: rank_main(rank, world, store, features, target, out, seen, run)
 
-    assert forkranks.launch(main("a"), 2, seen, run="a", kill_at=5) == [-signal.SIGKILL] * 2
-    assert forkranks.launch(main("b"), 2, seen, run="b") == [0, 0]
+    before, after = worlds
+    kill = per_epoch[before] + 2  # a few steps into epoch 1
+    assert forkranks.launch(main("a"), before, seen, run="a", kill_at=kill) == [-signal.SIGKILL] * before
+    assert forkranks.launch(main("b"), after, seen, run="b") == [0] * after
     records = seenlog.read(seen)
     report = seenlog.check_exactly_once(records, N, epochs=2)
     assert report["ok"] and report["runs"] == 2, report
-    first = min(r["step"] for r in records if r["run"] == "b")
-    assert first > 0  # resumed from their checkpoint, through seek()
+    first = min((r for r in records if r["run"] == "b"), key=lambda r: (r["epoch"], r["step"]))
+    kept = seenlog.counted(records)  # resumed through seek() inside an epoch both runs trained part of
+    assert {r["run"] for r in kept if r["epoch"] == first["epoch"]} == {"a", "b"}
+
+
+def test_a_seek_without_the_record_is_refused_in_one_line(features):
+    from padfree.errors import StateError
+
+    ld = loader(features, "packed")
+    ld.set_epoch(1)
+    ld.seek(2)  # what their TrainerController does on resume
+    with pytest.raises(StateError, match=r"resume_dir= their TrainerController's output_dir") as err:
+        next(iter(ld))
+    assert "\n" not in str(err.value)
+    ld.close()
 
 
 def test_packed_document_term_is_the_same_for_their_dense_and_flex_masks():
@@ -310,3 +334,35 @@ def test_packed_document_term_is_the_same_for_their_dense_and_flex_masks():
     # a block sees context of its own document only: anchor 7 (document 1) sees 6, not 0..3
     assert dense["attention_mask"][0, 0, block, :s].nonzero().reshape(-1).tolist() == [6]
     assert dense["position_ids"][0, s:].tolist() == [1, 2, 3, 1, 2, 3, 1, 2, 3, 0, 1, 2]
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_an_index_of_another_tokenization_is_refused_naming_the_sample(features, samples, layout):
+    """An index whose lengths are not the feature files' (another tokenizer: here every sample 4/5 as long)
+    would put anchors outside their documents; the first batch is refused in one line naming a sample and
+    its file."""
+    from padfree.core.config import PlanConfig
+    from padfree.errors import InputError
+    from padfree.integrations import specforge as sf
+    from padfree.testing.peers import import_peer
+
+    data = import_peer("specforge", "algorithms.common.dflash_family_data")
+    store = import_peer("specforge", "runtime.data_plane.feature_store")
+    masks = [np.asarray(s["loss_mask"])[: len(s["loss_mask"]) * 4 // 5] for s in samples]
+    index = sf.index_from_masks(masks, max_len=BUDGET, recipe=recipe())
+    config = PlanConfig(
+        strategy="packed" if layout == "packed" else "bucketed", budget=BUDGET, anchor_budget=BUDGET
+    )
+    ld = sf.PlanFeatureLoader(
+        store.LocalFeatureStore("t"), refs_of(features), index=index, config=config,
+        collate_fn=data.build_collator(), per_sample_transform=data.build_offline_normalizer(BUDGET),
+        layout=layout, recipe=recipe(),
+    )  # fmt: skip
+    with pytest.raises(
+        InputError, match=r"data_\d+\.ckpt: sample \d+: \d+ tokens after their normalizer"
+    ) as e:
+        next(iter(ld))
+    sid = e.value.sample
+    assert f"{len(samples[sid]['input_ids'])} tokens after" in str(e.value)
+    assert f"says {len(masks[sid])}" in str(e.value) and "\n" not in str(e.value)
+    ld.close()

@@ -41,7 +41,7 @@ def recipe(method):
     return recipes.override(r, block_size=BLOCK) if method == "dflash" else r
 
 
-def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1):
+def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1, resume_dir=None):
     """Their dataset and collate function, padfree's sampler and wrapper, their model: as the guide wires
     them."""
     from torch.utils.data import DataLoader
@@ -64,8 +64,9 @@ def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1):
     anchors = sp.count_anchors(ds, rec, max_len=BUDGET) if method == "dflash" else None
     config = PlanConfig(strategy="packed", anchor_budget=WIDTH if method == "dflash" else None)
     sampler = sp.PadfreeMultipackSampler(
-        BUDGET, ds.approx_lengths, world, rank, seed=seed, config=config, anchors=anchors, recipe=rec
-    )
+        BUDGET, ds.approx_lengths, world, rank, seed=seed, config=config, anchors=anchors, recipe=rec,
+        resume_dir=resume_dir,
+    )  # fmt: skip
     data = import_peer("speculators", "train.data")
     shift = import_peer("speculators", "models.eagle3.data").shift_batch if method == "eagle3" else None
     their = data.CollateFn(BUDGET, 64, len(model.target_layer_ids), torch.float32, preprocess=shift)
@@ -131,14 +132,15 @@ def test_sampler_keeps_their_constructor_and_fast_resume_hooks(tmp_path, samples
     from padfree.integrations._common import PlannedBatch
     from padfree.testing.peers import import_peer
 
-    _, ds, sampler, _, _, _, _ = setup(tmp_path, samples, target, "dflash")
+    _, ds, sampler, _, _, _, _ = setup(tmp_path, samples, target, "dflash", resume_dir=tmp_path / "ckpt")
     theirs = import_peer("speculators", "train.distributed_batch_sampler").MultipackDistributedBatchSamplerV2
     ref = theirs(BUDGET, ds.approx_lengths, 1, 0, seed=1)
     assert sampler._cached_generated_batches == ref._cached_generated_batches == (-1, [])
     batches = sampler._generate_batches(0)
     assert sampler._cached_generated_batches[0] == 0 and len(sampler) == len(batches)
+    assert list(iter(sampler)) == batches  # the run that will be resumed: its record in resume_dir
     sampler._cached_generated_batches = (0, batches[2:])  # what their trainer's fast resume does
-    assert list(iter(sampler)) == batches[2:]
+    assert list(iter(sampler)) == list(batches)[2:]  # at the same world size: the same plan, from 2 on
     b = pickle.loads(pickle.dumps(batches[0]))  # through spawn workers' index queue
     assert isinstance(b, PlannedBatch) and b == batches[0] and b.info.epoch == 0
 
@@ -228,9 +230,12 @@ def rank_main(rank, world, store, tmp_path, samples, target, seen, run):  # noqa
     spd = import_peer("speculators", "train.distributed")
     spd._is_distributed, spd._rank, spd._local_rank, spd._world_size = True, rank, 0, world
     trainer_mod = import_peer("speculators", "train.trainer")
-    model, _, _, _, loader, kwargs, transfer = setup(tmp_path, samples, target, "dflash", rank, world, seed=3)
+    ckpt = tmp_path / "ckpt"
+    model, _, _, _, loader, kwargs, transfer = setup(
+        tmp_path, samples, target, "dflash", rank, world, seed=3, resume_dir=ckpt
+    )
     config = trainer_mod.TrainerConfig(
-        lr=1e-3, num_epochs=2, save_path=str(tmp_path / "ckpt"), resume_from_checkpoint=True,
+        lr=1e-3, num_epochs=2, save_path=str(ckpt), resume_from_checkpoint=True,
         train_call_kwargs=kwargs, scheduler_type="none", checkpoint_freq=0.25,
         hidden_states_dtype=torch.float32, log_freq=1000,
     )  # fmt: skip
@@ -252,7 +257,11 @@ def rank_main(rank, world, store, tmp_path, samples, target, seen, run):  # noqa
 
 
 @pytest.mark.slow
-def test_two_ranks_killed_and_resumed_train_every_sample_once(tmp_path, samples, target):
+@pytest.mark.parametrize("worlds", [(2, 2), (2, 1), (1, 2)])
+def test_killed_and_resumed_at_any_world_size_train_every_sample_once(tmp_path, samples, target, worlds):
+    """SIGKILLed mid-epoch under their Trainer and resumed through their fast-resume hooks at the same or
+    another world size: every sample trains exactly once per epoch (at another world size their ``local_step``
+    means other samples; padfree's record in their save_path re-plans the rest over the new ranks)."""
     from padfree.testing import forkranks, seenlog
 
     seen = tmp_path / "seen.jsonl"
@@ -261,17 +270,29 @@ def test_two_ranks_killed_and_resumed_train_every_sample_once(tmp_path, samples,
     def main(run):
         return lambda rank, world, store: rank_main(rank, world, store, tmp_path, samples, target, seen, run)
 
-    assert forkranks.launch(main("a"), 2, seen, run="a", kill_at=5) == [-signal.SIGKILL] * 2
-    assert forkranks.launch(main("b"), 2, seen, run="b") == [0, 0]
+    before, after = worlds  # 5 steps an epoch at 2 ranks, 9 at 1: killed a few steps into an epoch
+    assert forkranks.launch(main("a"), before, seen, run="a", kill_at=7) == [-signal.SIGKILL] * before
+    assert forkranks.launch(main("b"), after, seen, run="b") == [0] * after
     records = seenlog.read(seen)
     report = seenlog.check_exactly_once(records, N, epochs=2)
     assert report["ok"] and report["runs"] == 2, report
     resumed = [r for r in records if r["run"] == "b"]
-    first = min(r["step"] for r in resumed)
-    assert first > 4  # resumed inside epoch 1 from a mid-epoch checkpoint of their trainer
+    first = min(resumed, key=lambda r: (r["epoch"], r["step"]))
+    kept = seenlog.counted(records)  # resumed inside an epoch both runs trained part of
+    assert {r["run"] for r in kept if r["epoch"] == first["epoch"]} == {"a", "b"}
     # their fast resume sliced padfree's batch list: the resumed run fetched only the samples it trained
-    fetched = sum((json.loads((tmp_path / f"fetched-b-{r}.json").read_text()) for r in range(2)), [])
+    fetched = sum((json.loads((tmp_path / f"fetched-b-{r}.json").read_text()) for r in range(after)), [])
     assert sorted(fetched) == sorted(r["index"] for r in resumed)
+
+
+def test_a_resume_without_the_record_is_refused_in_one_line(tmp_path, samples, target):
+    from padfree.errors import StateError
+
+    _, _, sampler, _, _, _, _ = setup(tmp_path, samples, target, "dflash")
+    batches = sampler._generate_batches(0)
+    with pytest.raises(StateError, match=r"resume_dir= their TrainerConfig's save_path") as err:
+        batches[2:]  # what their trainer's fast resume does
+    assert "\n" not in str(err.value)
 
 
 def test_their_select_anchors_is_answered_in_both_signatures_and_restored():
@@ -298,3 +319,71 @@ def test_their_select_anchors_is_answered_in_both_signatures_and_restored():
         sp._local.choice = None
     handle.remove()
     assert core.select_anchors is theirs
+
+
+@pytest.mark.parametrize("shrink", [2, 1])
+def test_lengths_below_the_data_are_refused_naming_the_sample(tmp_path, samples, target, shrink):
+    """Lengths below what their dataset materialises: their CollateFn would cut or drop the row's last
+    documents while padfree_sample_ids reports them trained; refused in one line naming the sample (shrink 1:
+    the honest lengths still train every document whole)."""
+    from torch.utils.data import DataLoader
+
+    from padfree.core.config import PlanConfig
+    from padfree.errors import InputError
+    from padfree.integrations import speculators as sp
+    from padfree.torch import PlannedDataset
+
+    _, ds, _, collate, _, _, _ = setup(tmp_path, samples, target, "eagle3")
+    lengths = np.asarray(ds.approx_lengths) // shrink
+    sampler = sp.PadfreeMultipackSampler(BUDGET, lengths, 1, 0, seed=1, config=PlanConfig(strategy="packed"))
+    loader = DataLoader(PlannedDataset(ds), batch_sampler=sampler, collate_fn=collate)
+    if shrink == 1:
+        for b in loader:
+            doc, ids = b["document_ids"][0], b["padfree_sample_ids"].tolist()
+            whole = [len(samples[i]["input_ids"]) - 1 for i in ids]  # their EAGLE-3 shift_batch: one fewer
+            assert [int((doc == d).sum()) for d in range(len(ids))] == whole
+        return
+    with pytest.raises(
+        InputError, match=r"^sample \d+: \d+ tokens, but the sampler planned it at \d+"
+    ) as err:
+        list(loader)
+    sid = err.value.sample
+    assert f"{len(samples[sid]['input_ids'])} tokens" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_recipe_under_which_nothing_drafts_is_refused(samples):
+    """Issue 33 item 7: anchors counted under an anchor margin longer than every document are all zero; the
+    sampler refuses them in one line instead of planning an epoch that trains zeros."""
+    from padfree.core.config import PlanConfig
+    from padfree.drafter import recipes
+    from padfree.errors import ConfigError
+    from padfree.integrations import speculators as sp
+
+    rec = recipes.override(recipe("dflash"), anchor_margin=4096)
+    anchors = sp.count_anchors([s["loss_mask"] for s in samples], rec)
+    lengths = [len(s["input_ids"]) for s in samples]
+    config = PlanConfig(strategy="packed", anchor_budget=WIDTH)
+    with pytest.raises(
+        ConfigError, match=r"nothing drafts .* anchor margin 4096, longest document \d+"
+    ) as err:
+        sp.PadfreeMultipackSampler(BUDGET, lengths, 1, 0, config=config, anchors=anchors, recipe=rec)
+    assert "\n" not in str(err.value)
+    ok = sp.count_anchors([s["loss_mask"] for s in samples], recipe("dflash"))
+    assert (
+        len(
+            sp.PadfreeMultipackSampler(
+                BUDGET, lengths, 1, 0, config=config, anchors=ok, recipe=recipe("dflash")
+            )
+        )
+        > 0
+    )
+
+
+def test_a_nan_length_is_named_as_nan():
+    """Issue 33 item 12: a NaN among the sampler's lengths was cast to int64 first and shown as
+    -9223372036854775808."""
+    from padfree.errors import InputError
+    from padfree.integrations import speculators as sp
+
+    with pytest.raises(InputError, match=r"^sample 1: length must be a positive integer \(got nan\)$"):
+        sp.PadfreeMultipackSampler(BUDGET, np.array([30.0, np.nan, 50.0]), 1, 0)

@@ -162,3 +162,107 @@ def test_example_options_are_bounded_and_named(option, value, capsys):
         train_drafter.parse_args([option, value])
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and f"argument {option}" in err[0], err
+
+
+def test_a_recipe_under_which_nothing_drafts_is_refused_in_one_line(tmp_path, fixtures_dir):
+    """Issue 33 item 7: an anchor margin longer than every document leaves no anchor anywhere; the run used to
+    train zeros and exit 0. One line naming the margin and the longest document, exit 2, before any step."""
+    import subprocess
+    import sys
+
+    args = base_args(fixtures_dir, tmp_path, 8, "dflash") + ["--max-steps", "2", "--anchor-margin", "1000"]
+    res = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+    err = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(err) == 1, res.stderr[-2000:]
+    assert "nothing drafts" in err[0] and "anchor margin 1000" in err[0] and "longest document" in err[0]
+    assert "finished at step" not in res.stdout and not (tmp_path / "seen.jsonl").exists()
+
+
+def test_a_memory_bound_that_cuts_documents_says_so_and_counts_the_tokens(tmp_path, fixtures_dir):
+    """Issue 33 item 6: --memory-gb on EAGLE-3 used to cut rows far below --budget and say nothing (and the
+    default --overlong truncate said nothing of what it cut either). At a memory that holds one document of
+    100 tokens at most (its attention), the run says where it cuts, why, and how many tokens go untrained;
+    rows still fill the budget with shorter documents."""
+    import re
+    import subprocess
+    import sys
+
+    from padfree.drafter import recipes
+    from padfree.drafter.train import build_models, memory_model
+
+    rec = recipes.override(recipes.get("specforge", "eagle3"), ttt=2)
+    mm = memory_model(build_models("eagle3", vocab=256, seed=0, recipe=rec))
+    gb = (mm.fixed + mm.per_token * 256 + mm.per_attention * 100 * 101.5) / 2**30  # 100 x (100 + 1) scores
+    args = base_args(fixtures_dir, tmp_path, 24, "eagle3") + ["--max-steps", "1", "--memory-gb", repr(gb)]
+    res = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    line = next(x for x in res.stdout.splitlines() if x.startswith("--overlong truncate"))
+    assert "longer than 100 tokens, the longest document whose attention fits --memory-gb" in line
+    assert "--budget 256" in line
+    lost, total, pct = re.search(r"(\d+) of (\d+) tokens not trained \((\d+\.\d)%\)", line).groups()
+    assert 0 < int(lost) < int(total) and float(pct) == round(100 * int(lost) / int(total), 1)
+    assert f"{total} tokens" in res.stdout  # the run line's token count: every token of the data counted
+
+
+def _dflash_memory_for(blocks: int, budget: int = 256) -> float:
+    """The --memory-gb at which the example's tiny DFlash drafter (base_args) leaves room for ``blocks``
+    draft blocks in a micro-batch of ``budget`` tokens (:func:`padfree.drafter.memory.anchor_budget`)."""
+    from padfree.drafter import recipes
+    from padfree.drafter.train import build_models, memory_model
+
+    rec = recipes.override(recipes.get("specforge", "dflash"), block_size=4)
+    m = memory_model(build_models("dflash", vocab=256, seed=0, recipe=rec))
+    return (
+        m.fixed + m.per_token * budget + (blocks + 0.5) * (m.per_block + m.per_reach * budget / 2)
+    ) / 2**30
+
+
+@pytest.mark.parametrize("case", ["export-format", "memory-anchors", "memory-overlong"])
+def test_lines_name_this_commands_own_options(tmp_path, fixtures_dir, case):
+    """Issue 33 item 12: train_drafter's lines named another command's option (--format for its
+    --export-format), the library's (anchor_budget after --memory-gb) or told to raise --budget where the cut
+    came from --memory-gb."""
+    import subprocess
+    import sys
+
+    method = "eagle3" if case != "memory-anchors" else "dflash"
+    args = base_args(fixtures_dir, tmp_path, 24, method) + ["--max-steps", "1"]
+    if case == "export-format":
+        args += ["--export-dir", str(tmp_path / "out"), "--export-format", "dflash"]
+        said, unsaid = "(export it with --export-format speculators)", "--format "
+    elif case == "memory-anchors":
+        args += ["--memory-gb", repr(_dflash_memory_for(12))]
+        said, unsaid = "more than a micro-batch may hold: the 12 --memory-gb", "anchor_budget"
+    else:
+        from padfree.drafter import recipes
+        from padfree.drafter.train import build_models, memory_model
+
+        mm = memory_model(build_models("eagle3", vocab=256, seed=0, recipe=recipes.override(
+            recipes.get("specforge", "eagle3"), ttt=2)))  # fmt: skip
+        gb = (mm.fixed + mm.per_token * 256 + mm.per_attention * 100 * 101.5) / 2**30
+        args += ["--memory-gb", repr(gb), "--overlong", "error"]
+        said, unsaid = (
+            "longer than 100 tokens, the longest document whose attention fits --memory-gb",
+            "raise the",
+        )
+    res = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+    err = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(err) == 1, res.stderr[-2000:]
+    assert said in err[0] and unsaid not in err[0], err[0]
+
+
+def test_a_resume_under_another_memory_bound_names_the_option(tmp_path, fixtures_dir):
+    """Issue 33 item 12: --memory-gb added on resume was refused with two hashes (the sampler identity's
+    optional attn_budget was in one run only); now the line names --memory-gb."""
+    import subprocess
+    import sys
+
+    args = base_args(fixtures_dir, tmp_path, 8, "eagle3") + ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    run = [sys.executable, str(SCRIPT), *args]
+    first = subprocess.run([*run, "--max-steps", "1"], capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    more = ["--max-steps", "2", "--resume", "--memory-gb", "4"]
+    again = subprocess.run([*run, *more], capture_output=True, text=True, timeout=300)
+    err = again.stderr.strip().splitlines()
+    assert again.returncode == 2 and len(err) == 1, again.stderr[-2000:]
+    assert "--memory-gb none in the checkpoint, 4.0 now" in err[0] and "sampler state" not in err[0], err[0]

@@ -338,3 +338,24 @@ def test_the_faster_plan_a_knob_can_fix_is_named_before_a_frozen_one(fixtures_di
     assert front[named]["modeled_throughput"] > front["random"]["modeled_throughput"]
     assert "a wider noise window" in nm and "sorted would reach" in nm and "freezes its composition" in nm
     assert front["sorted"]["modeled_throughput"] > front[named]["modeled_throughput"]
+
+
+def test_report_drafter_on_a_short_epoch_notes_it_as_the_plain_report(
+    fixtures_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 33 item 8: 600 samples at the default 8 ranks x 4 grad-accum make less than one step; `report
+    --drafter` died with "unexpected ValueError: 1 micro-batches are not whole steps of 32" where the plain
+    report gives its short-epoch note. Now both write the page with the note; the baseline is its one step
+    (its missing micro-batches empty: idle ranks)."""
+    path = tmp_path / "l600.npy"
+    lengths = np.load(fixtures_dir / "lengths" / "gsm8k.cl100k.npy")[:600]
+    np.save(path, lengths)
+    for extra in ([], ["--drafter", "dflash"]):
+        out = tmp_path / f"site{len(extra)}"
+        assert main(["report", str(path), "--out", str(out), "--growths", "1.5", "--bucket-counts", "4",
+                     "--mixes", "16", *extra]) == 0  # fmt: skip
+        numbers = json.loads((out / "report.json").read_text())
+        assert "Short epoch: 1 step" in (out / "index.html").read_text()
+    base = numbers["drafter"]["specforge_random"]
+    assert base["steps"] == 1 and base["draft_blocks"] > 0
+    assert numbers["drafter"]["strategies"]["packed"]["steps"] == 1

@@ -5,7 +5,7 @@ A segment (:class:`padfree.core.replay.Segment`) records only its planning budge
 everything else follows from the config. Three numbers, because three stages read the budget differently:
 
 - the overlong policy cuts samples at ``item``, the config's budget (lowered for a packed row under an
-  attention bound): an item never exceeds what a micro-batch of the run may hold;
+  attention bound, row-wide or per document): an item never exceeds what a micro-batch of the run may hold;
 - the strategy fills micro-batches to ``plan``: the config's budget, or less where a dynamic plan leaves
   headroom for re-cuts among ranks (:func:`padfree.core.balance.dynamic_budget`);
 - ``cap`` is what one micro-batch formed at ``plan`` may hold: ``plan`` lowered by the attention bound, the
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from padfree.core.capacity import token_cap
+from padfree.core.capacity import item_cap, token_cap
 from padfree.core.config import PlanConfig
 
 
@@ -45,4 +45,4 @@ class Budget:
         """The budget of a segment of ``config`` (the run's) planned at ``plan`` tokens (``None``: the
         config's budget)."""
         at = config if plan is None or plan == config.budget else config.with_(budget=plan)
-        return cls(token_cap(config), at.budget, token_cap(at))
+        return cls(item_cap(config), at.budget, token_cap(at))

@@ -8,7 +8,8 @@ row). Each item gets a *size* in budget tokens::
 
     size_i = max(l_i, ceil(anchors_i * budget / anchor_budget), ceil(l_i (l_i + k) * budget / attn_budget))
 
-(the last term for padded rows only; a packed row's attention bound is a token cap, :func:`token_cap`).
+(the last term for padded rows, and packed rows whose attention is per document; a packed row's row-wide
+attention bound is a token cap, :func:`token_cap`).
 
 - Padded rows (``count x max(size) <= budget``): exact. ``count x max(size)`` is the largest of
   ``count x longest``, ``count x most anchors x budget / anchor_budget`` and the attention term, so the cut
@@ -35,13 +36,30 @@ from padfree.errors import ConfigError
 
 
 def token_cap(config: PlanConfig) -> int:
-    """The tokens a micro-batch may hold: the budget, lowered for a packed row under an attention bound to
-    the largest ``T`` with ``T x (T + attn_extra) <= attn_budget``.
+    """The tokens a micro-batch may hold: the budget, lowered for a packed row under a row-wide attention
+    bound to the largest ``T`` with ``T x (T + attn_extra) <= attn_budget`` (:func:`attention_cap`).
 
-    >>> token_cap(PlanConfig(strategy="packed", budget=100, attn_budget=1000, attn_extra=6))
-    28
+    >>> cfg = PlanConfig(strategy="packed", budget=100, attn_budget=1000, attn_extra=6)
+    >>> doc = cfg.with_(attn_per_document=True)
+    >>> token_cap(cfg), token_cap(doc), item_cap(doc)
+    (28, 100, 28)
     """
-    if config.attn_budget is None or not config.packed:
+    if config.attn_budget is None or not config.packed or config.attn_per_document:
+        return config.budget
+    return attention_cap(config)
+
+
+def item_cap(config: PlanConfig) -> int:
+    """The tokens one item (a sample, or its piece) may hold: :func:`token_cap`, and under a per-document
+    attention bound on packed rows the largest document it allows (:func:`attention_cap`)."""
+    if config.attn_budget is not None and config.packed and config.attn_per_document:
+        return attention_cap(config)
+    return token_cap(config)
+
+
+def attention_cap(config: PlanConfig) -> int:
+    """The largest ``T`` (at most the budget) with ``T x (T + attn_extra) <= attn_budget``."""
+    if config.attn_budget is None:
         return config.budget
     k, m = config.attn_extra, config.attn_budget
     t = int((-k + math.sqrt(k * k + 4.0 * m)) / 2)
@@ -77,7 +95,7 @@ def sizes(
                 "per micro-batch; raise anchor_budget or lower the anchor policy's cap"
             )
         size = np.maximum(size, -((-a * cap) // config.anchor_budget))
-    if config.attn_budget is not None and not config.packed:
+    if config.attn_budget is not None and (not config.packed or config.attn_per_document):
         lf = length.astype(np.float64)
         weights = lf * (lf + config.attn_extra)
         over = weights > config.attn_budget

@@ -176,6 +176,11 @@ class PlanConfig:
             ``T x (T + attn_extra)`` for a packed row of ``T`` tokens). ``None``: no bound (varlen or flex
             attention).
         attn_extra: the keys eager attention adds beyond ``L`` (EAGLE-3 with ``ttt`` steps: ``ttt - 1``).
+        attn_per_document: a packed row's attention is materialised document by document (padfree's own
+            EAGLE-3 drafter): the bound is ``sum l_i x (l_i + attn_extra)`` over the row's documents, each
+            document at most the largest ``T`` with ``T x (T + attn_extra) <= attn_budget``, the row still
+            ``budget`` tokens. ``False``: one ``T x (T + attn_extra)`` over the whole row (row-wide eager
+            attention).
     """
 
     strategy: str = "bucketed"
@@ -191,6 +196,7 @@ class PlanConfig:
     anchor_budget: int | None = None
     attn_budget: int | None = None
     attn_extra: int = 0
+    attn_per_document: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in REGISTRY:
@@ -241,6 +247,8 @@ class PlanConfig:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 2**62:
                 raise ConfigError(f"{name} must be an integer >= {low} (got {v!r})")
+        if not isinstance(self.attn_per_document, bool):
+            raise ConfigError(f"attn_per_document must be True or False (got {self.attn_per_document!r})")
         if self.attn_budget is not None and self.attn_budget < self.attn_extra + 1:
             raise ConfigError(
                 f"attn_budget {self.attn_budget} cannot hold one token's row of 1 + attn_extra "

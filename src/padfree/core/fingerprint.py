@@ -55,6 +55,8 @@ def fingerprint_and_identity(
             fields[name] = getattr(config, name)
     if config.attn_budget is not None:
         fields["attn_extra"] = config.attn_extra
+        if config.attn_per_document:
+            fields["attn_per_document"] = True
     identity: dict = {"samples": int(lengths.shape[0]), "lengths": of_lengths}
     if anchors is not None:
         h.update(b"anchors")
@@ -69,24 +71,34 @@ def fingerprint_and_identity(
     return h.hexdigest()[:32], {**identity, **fields}
 
 
-def explain(saved: object, now: dict, where: str = "in the checkpoint") -> str | None:
+def explain(
+    saved: object, now: dict, where: str = "in the checkpoint", *, sampler: bool = False
+) -> str | None:
     """Which fields of a saved identity (:func:`fingerprint_and_identity`) differ from ``now``, e.g.
     ``budget 256 in the checkpoint, 512 now``; ``None`` when ``saved`` is not an identity or nothing differs.
+    ``sampler``: both are sampler identities, whose optional fields (``anchor_budget``, ``attn_budget``...)
+    are written only when set, so a field in one and not the other differs (``none`` on the side without
+    it); otherwise only the fields both hold are compared.
 
     >>> explain({"budget": 256, "seed": 0}, {"budget": 512, "seed": 0})
     'budget 256 in the checkpoint, 512 now'
+    >>> explain({"budget": 256}, {"budget": 256, "attn_budget": 9000}, sampler=True)
+    'attn_budget none in the checkpoint, 9000 now'
     """
     if not isinstance(saved, dict):
         return None
     parts = []
-    for key, value in now.items():
-        if key in saved and saved[key] != value:
+    keys = list(dict.fromkeys([*now, *saved])) if sampler else [k for k in now if k in saved]
+    for key in keys:
+        old, new = saved.get(key), now.get(key)
+        if old != new:
             if key == "lengths":
                 parts.append("the token counts differ (another dataset, or samples added or changed)")
             elif key == "anchors":
                 parts.append("the anchor counts differ (other loss masks or another anchor policy)")
             else:
-                parts.append(f"{key} {saved[key]!r:.40} {where}, {value!r:.40} now".replace("'", ""))
+                shown = ["none" if v is None else f"{v!r:.40}".replace("'", "") for v in (old, new)]
+                parts.append(f"{key} {shown[0]} {where}, {shown[1]} now")
     return "; ".join(parts) or None
 
 

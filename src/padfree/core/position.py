@@ -107,7 +107,9 @@ def from_state(
     if not isinstance(state, dict) or state.get("format") not in (STATE_FORMAT, FORMAT_V1):
         raise StateError(f"not a padfree sampler state (expected format {STATE_FORMAT!r})")
     if state.get("fingerprint") != fingerprint:
-        why = explain(state.get("identity"), identity, "in the state") if identity is not None else None
+        why = None
+        if identity is not None:
+            why = explain(state.get("identity"), identity, "in the state", sampler=True)
         if why is not None:
             raise StateError(
                 f"the sampler state belongs to another configuration ({why}); resume with the config and "

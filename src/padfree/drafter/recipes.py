@@ -26,6 +26,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from numpy.typing import ArrayLike
+
 from padfree.core.anchors import AnchorPolicy
 from padfree.drafter import methods
 from padfree.errors import ConfigError
@@ -301,3 +303,37 @@ def override(recipe: Recipe, **changes: object) -> Recipe:
     if "block_size" in given and "anchor_margin" not in given and recipe.anchor_margin == recipe.block_size:
         given["anchor_margin"] = given["block_size"]
     return dataclasses.replace(recipe, **given)  # type: ignore[arg-type]
+
+
+def check_drafts(
+    recipe: Recipe, anchors: ArrayLike | None, lengths: ArrayLike, supervised: int | None = None
+) -> None:
+    """Refuse, in one :class:`ConfigError` line, a run under which nothing drafts: with anchors (DFlash), no
+    document gets one (``anchors``: per-sample counts under the recipe's rule, e.g. an anchor margin longer
+    than every document); without (EAGLE-3), no supervised token (``supervised``: loss-bearing tokens of the
+    data; ``None``: not known). Such a run would train zeros to the end, as an empty epoch would.
+
+    >>> check_drafts(get("speculators", "dflash"), [0, 0], [10, 12], 15)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    padfree.errors.ConfigError: nothing drafts ... (block size 16, anchor margin 16, longest document 12...
+    """
+    import numpy as np
+
+    lens = np.asarray(lengths)
+    n = int(lens.shape[0])
+    longest = int(lens.max()) if n else 0
+    head = f"nothing drafts under recipe {recipe.name} ({recipe.method})"
+    if supervised is not None and supervised <= 0:
+        raise ConfigError(f"{head}: none of the {n} samples has a supervised token (loss mask all zero)")
+    if not methods.get(recipe.method).uses_anchors or anchors is None:
+        return
+    if int(np.asarray(anchors).sum()) > 0:
+        return
+    raise ConfigError(
+        f"{head}: no document of {n} gets an anchor (block size {recipe.block_size}, anchor margin "
+        f"{recipe.anchor_margin}, longest document {longest} tokens"
+        f"{'' if supervised is None else f', {supervised} supervised tokens'}): an anchor "
+        "needs a supervised position a with a + margin below its document's length; lower the anchor margin "
+        "or block size, or train on longer documents"
+    )

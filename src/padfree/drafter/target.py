@@ -286,18 +286,70 @@ def as_float(out: TargetOutput, dtype: torch.dtype = torch.float32) -> TargetOut
     return TargetOutput(out.hidden.to(dtype), out.last.to(dtype), pre)
 
 
+def load_tokenizer(path: str | Path) -> Any:
+    """The transformers tokenizer of a target folder, offline, transformers' own warnings kept quiet; a
+    folder it cannot load is one line (a ``tokenizer.model`` alone without the protobuf package says so,
+    not the unrelated tiktoken fallback transformers reports)."""
+    import importlib.util
+
+    import transformers
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    p = Path(path)
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    except Exception as exc:  # transformers raises many types for a folder it cannot load
+        sentencepiece_only = (p / "tokenizer.model").is_file() and not (p / "tokenizer.json").is_file()
+        try:
+            protobuf = importlib.util.find_spec("google.protobuf") is not None
+        except ModuleNotFoundError:  # no google namespace at all
+            protobuf = False
+        if sentencepiece_only and not protobuf:
+            raise ConfigError(
+                f"{p}: its tokenizer.model (SentencePiece) needs the protobuf package to load here (pip "
+                "install protobuf), or save the tokenizer's tokenizer.json into the folder"
+            ) from None
+        text = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ConfigError(f"{p}: transformers cannot load its tokenizer ({text})") from None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+
+def check_target_tokenizer(path: str | Path) -> None:
+    """The tokenizer of a target folder belongs to its model: it has no more ids than the model's vocabulary
+    (``config.json`` ``vocab_size``) and not far fewer (a model pads its vocabulary by a few hundred ids at
+    most; a 32K tokenizer beside a 129K model is another model's), and its BOS, EOS and pad ids are the
+    config's where both name one. Else one :class:`ConfigError` line naming what differs."""
+    from padfree.models import read_config_json
+
+    p = Path(path)
+    tok = load_tokenizer(p)
+    cfg = read_config_json(p)
+    cfg = cfg.get("text_config", cfg) if isinstance(cfg.get("text_config"), dict) else cfg
+    vocab, n = cfg.get("vocab_size"), len(tok)
+    other = "a tokenizer of another model?"
+    if isinstance(vocab, int) and (n > vocab or n < 0.9 * vocab):
+        how = "more than" if n > vocab else "far fewer than"
+        raise ConfigError(
+            f"{p}: its tokenizer has {n} ids, {how} the model's vocabulary of {vocab} (config.json): {other}"
+        )
+    for name in ("bos", "eos", "pad"):
+        want, got = cfg.get(f"{name}_token_id"), getattr(tok, f"{name}_token_id", None)
+        allowed = want if isinstance(want, list) else [want]
+        if want is not None and isinstance(got, int) and got not in allowed:
+            raise ConfigError(
+                f"{p}: its tokenizer's {name} token is id {got}, config.json's {name}_token_id {want}: "
+                f"{other}"
+            )
+
+
 def default_mask_token(path: str | Path) -> int:
     """The DFlash mask token of a target folder's tokenizer: its mask token, else its pad token, else its
     unknown token, else its last id (z-lab's drafters use a dedicated token; any fixed id the target embeds
     works, as long as training and serving use the same, which the export records)."""
-    import transformers
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception as exc:  # transformers raises many types for a folder it cannot load
-        text = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise ConfigError(f"{path}: transformers cannot load its tokenizer ({text})") from None
+    tok = load_tokenizer(path)
     for name in ("mask_token_id", "pad_token_id", "unk_token_id"):
         value = getattr(tok, name, None)
         if isinstance(value, int):

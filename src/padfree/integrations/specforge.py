@@ -53,7 +53,7 @@ from padfree.drafter import methods, recipes
 from padfree.drafter.feed import ShapeSet
 from padfree.drafter.recipes import Recipe
 from padfree.errors import ConfigError, InputError
-from padfree.integrations._common import check_rank, doc_anchors
+from padfree.integrations._common import ElasticEpochs, check_rank, doc_anchors
 
 __all__ = ["LengthIndex", "PlanFeatureLoader", "build_index", "index_from_masks", "install"]
 
@@ -210,6 +210,19 @@ class _PackedCollate:
         return out
 
 
+class _Measured:
+    """Their (or padfree's packed) collate function, plus each sample's token count as it was materialised
+    (``padfree_lengths``), for the loader to check against the index."""
+
+    def __init__(self, collate_fn: Callable[[list], dict]) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, features: list[dict]) -> dict:
+        out = self.collate_fn(features)
+        out["padfree_lengths"] = torch.tensor([int(f["input_ids"].shape[-1]) for f in features])
+        return out
+
+
 def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
     if t.dim() < 2 or t.shape[1] >= width:
         return t
@@ -236,6 +249,11 @@ class PlanFeatureLoader:
         rank, world_size: default: torch.distributed's (their draft-DP group is the world without USP).
         shapes: row lengths and anchor widths batches are padded to (default: none, each batch's own).
         strategy: their strategy name (``dflash`` or ``eagle3``). device, num_workers: theirs.
+        resume_dir: their ``TrainerController``'s ``output_dir``: rank 0 records there
+            (``padfree-resume.json``) at which world size and grad_accum each run began each epoch, so that
+            ``seek(epoch_batch)`` (micro-batches per rank, other samples at another world size) continues
+            exactly at any world size, as :class:`padfree.torch.PlanBatchSampler` does. Without it a seek
+            mid-epoch is refused in one line.
     """
 
     def __init__(
@@ -255,6 +273,7 @@ class PlanFeatureLoader:
         strategy: str = "dflash",
         device: Any = "cpu",
         num_workers: int = 0,
+        resume_dir: str | os.PathLike | None = None,
     ) -> None:
         spec = methods.get(strategy)
         if layout not in ("padded", "packed"):
@@ -283,12 +302,23 @@ class PlanFeatureLoader:
         self.gap = self.recipe.block_size - 1 if layout == "packed" else 0
         self._plan_lengths = index.lengths + self.gap
         self._anchors = index.anchors if spec.uses_anchors else None
+        self._epochs = ElasticEpochs(
+            self._plan_lengths,
+            self.config,
+            self.rank,
+            anchors=self._anchors,
+            record_dir=resume_dir,
+            who="PlanFeatureLoader",
+            hint="give it resume_dir= their TrainerController's output_dir",
+        )
         fdl: Any = importlib.import_module("specforge.runtime.data_plane.feature_dataloader")
         self._inner = fdl.FeatureDataLoader(
             store,
             refs=list(refs),
             batch_size=1,
-            collate_fn=_PackedCollate(self.gap) if layout == "packed" else collate_fn,
+            collate_fn=_Measured(
+                _PackedCollate(self.gap) if collate_fn is None or layout == "packed" else collate_fn
+            ),
             per_sample_transform=per_sample_transform,
             device=device,
             drop_last=False,
@@ -306,14 +336,10 @@ class PlanFeatureLoader:
         self.epoch, self._skip = int(epoch), 0
 
     def seek(self, num_batches: int) -> None:
-        """Skip the first ``num_batches`` of this rank's micro-batches on the next iteration (one-shot)."""
-        n = max(0, int(num_batches))
-        if n > len(self):
-            raise ConfigError(
-                f"seek({num_batches}) skips past the end of epoch {self.epoch}: this rank has {len(self)} "
-                "micro-batches"
-            )
-        self._skip = n
+        """Skip the first ``num_batches`` of this rank's micro-batches on the next iteration (one-shot): their
+        ``epoch_batch``, counted at the world size the checkpoint was written at; the rest of the epoch
+        continues exactly at this one (see ``resume_dir``)."""
+        self._skip = max(0, int(num_batches))
 
     def __len__(self) -> int:
         return len(self.micro_ids())
@@ -335,10 +361,10 @@ class PlanFeatureLoader:
         return self.plan().micro_ids(self.rank)
 
     def __iter__(self) -> Iterator[Any]:
-        plan, epoch = self.plan(), self.epoch
-        ids = self.micro_ids()[self._skip :]
+        epoch, skip = self.epoch, self._skip
         self._skip = 0
-        groups = [plan.micro(int(k)) for k in ids]
+        groups = [np.asarray(ids, dtype=np.int64) for ids, _ in self._epochs.batches(epoch, skip)]
+        self._epochs.commit(epoch, skip)
         for g in groups:
             if g.shape[0] == 0:
                 raise ConfigError(f"epoch {epoch}: an empty micro-batch in the plan (nothing to train)")
@@ -363,8 +389,26 @@ class PlanFeatureLoader:
         return batch
 
     # -- what padfree adds -------------------------------------------------------------------------
+    def _check(self, got: np.ndarray, ids: np.ndarray) -> None:
+        """Each sample's materialised token count (after their normalizer) is the index's: an index of
+        another tokenization or other files would place anchors outside their document and pack rows past
+        the budget. Else one line naming the sample and its file."""
+        want = self.index.lengths[ids]
+        bad = np.flatnonzero(np.asarray(got) != want)
+        if bad.shape[0]:
+            j = int(bad[0])
+            sid = int(ids[j])
+            raise InputError(
+                f"{int(got[j])} tokens after their normalizer, but the length index says {int(want[j])} "
+                f"({bad.shape[0]} of this batch's {len(ids)} samples differ): the index was built from other "
+                "data (another tokenizer or other feature files); build it from these files (build_index)",
+                path=feature_paths([self._refs[sid]])[0],
+                sample=sid,
+            )
+
     def _complete(self, batch: Any, ids: np.ndarray, epoch: int) -> None:
         t = batch.tensors
+        self._check(t.pop("padfree_lengths").numpy(), ids)
         width = int(t["input_ids"].shape[1])
         if self.shapes is not None:
             wide = self.shapes.width(width)

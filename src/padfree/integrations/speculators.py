@@ -26,6 +26,7 @@ epoch to the collate function). Nothing here imports speculators at module level
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -35,13 +36,21 @@ import torch
 
 from padfree.core.anchors import AnchorPolicy, anchor_counts
 from padfree.core.config import PlanConfig
-from padfree.core.plan import Plan
+from padfree.core.items import validate_lengths
+from padfree.core.plan import Plan, validate_anchors
 from padfree.core.planner import make_plan
 from padfree.drafter import methods, recipes
 from padfree.drafter.feed import AnchorChoice, ShapeSet, trainer_kwargs
 from padfree.drafter.recipes import Recipe
 from padfree.errors import ConfigError, InputError
-from padfree.integrations._common import BatchInfo, PlannedBatch, check_rank, doc_anchors, drafter_cost
+from padfree.integrations._common import (
+    BatchInfo,
+    ElasticEpochs,
+    PlannedBatch,
+    check_rank,
+    doc_anchors,
+    drafter_cost,
+)
 
 __all__ = [
     "PadfreeCollate",
@@ -120,6 +129,11 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
         anchors: DFlash anchors per sample (:func:`count_anchors`); ``None`` for EAGLE-3.
         recipe: the recipe the anchors and the default cost model follow (default: speculators' DFlash, or
             EAGLE-3 without anchors).
+        resume_dir: their ``TrainerConfig.save_path``: rank 0 records there (``padfree-resume.json``) at
+            which world size each run began each epoch, so that their mid-epoch resume (``local_step``:
+            micro-batches per rank, other samples at another world size) continues exactly at any world size,
+            as :class:`padfree.torch.PlanBatchSampler` does (:class:`~padfree.integrations._common.
+            ElasticEpochs`). Without it a mid-epoch resume is refused in one line.
 
     Every rank gets the same number of micro-batches per epoch (some may be empty near an epoch's end; their
     ``CollateFn`` turns an empty one into a row of padding that trains nothing).
@@ -138,12 +152,13 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
         config: PlanConfig | None = None,
         anchors: Any = None,
         recipe: Recipe | None = None,
+        resume_dir: str | os.PathLike | None = None,
     ) -> None:
         check_rank(rank, num_replicas)
         self.num_replicas, self.rank, self.seed, self.epoch = int(num_replicas), int(rank), int(seed), 0
         self.batch_max_length = int(batch_max_length)
         self.max_batches = max_batches
-        self.lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        self.lengths = validate_lengths(np.asarray(lengths).reshape(-1))  # one line for NaN, 0, 2.5...
         anchored = [m.name for m in methods.METHODS.values() if m.uses_anchors == (anchors is not None)]
         self.recipe = _recipe(anchored[0], recipe)
         base = config or PlanConfig(strategy="packed", cost=drafter_cost(self.recipe))
@@ -160,18 +175,23 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
         )
         self.anchors = None
         if anchors is not None:
-            self.anchors = np.asarray(anchors, dtype=np.int64).reshape(-1)
-            if self.anchors.shape != self.lengths.shape:
-                raise ConfigError(
-                    f"{self.anchors.shape[0]} anchor counts for {self.lengths.shape[0]} samples"
-                )
+            self.anchors = validate_anchors(np.asarray(anchors).reshape(-1), self.lengths)
+            recipes.check_drafts(self.recipe, self.anchors, self.lengths)
             if self.config.anchor_budget is None:
                 raise ConfigError(
                     "DFlash rows need a fixed anchor width: give config=PlanConfig(strategy='packed', "
                     "anchor_budget=W) and pass max_anchors=W to the model (trainer_kwargs)"
                 )
         self._cached_generated_batches: tuple[int, list] = (-1, [])
-        self.last_plan: Plan | None = None
+        self.epochs = ElasticEpochs(
+            self.lengths,
+            self.config,
+            self.rank,
+            anchors=self.anchors,
+            record_dir=resume_dir,
+            who="PadfreeMultipackSampler",
+            hint="give it resume_dir= their TrainerConfig's save_path",
+        )
 
     @property
     def shapes(self) -> ShapeSet:
@@ -179,30 +199,54 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
         budget (a packed row is cut to the smallest that holds it), the plan's anchor budget."""
         return ShapeSet.spread(self.batch_max_length, 8, anchors=self.config.anchor_budget)
 
+    @property
+    def last_plan(self) -> Plan | None:
+        """The plan of the epoch last generated, every rank's micro-batches (``None`` before the first)."""
+        epoch = self._cached_generated_batches[0]
+        return None if epoch < 0 else make_plan(self.lengths, self.config, epoch, anchors=self.anchors)
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
     def __iter__(self):
-        return iter(self._generate_batches(self.epoch))
+        batches = self._generate_batches(self.epoch)
+        self.epochs.commit(self.epoch, getattr(batches, "skip", 0))
+        return iter(batches)
 
     def __len__(self) -> int:
         return len(self._generate_batches(self.epoch))
 
     def _generate_batches(self, epoch: int) -> list:
         """This rank's micro-batches of ``epoch``, each a :class:`PlannedBatch` of sample ids (cached per
-        epoch; their trainer's fast resume slices this list)."""
+        epoch). Their trainer's fast resume slices this list (``batches[local_step:]``): the slice is the rest
+        of the epoch as :class:`~padfree.integrations._common.ElasticEpochs` continues it, at this world size
+        whatever the one the checkpoint was written at."""
         if self._cached_generated_batches[0] == epoch:
             return self._cached_generated_batches[1]
-        plan = make_plan(self.lengths, self.config, epoch, anchors=self.anchors)
-        batches: list = [
-            PlannedBatch(plan.micro(int(k)), BatchInfo(int(epoch), j, plan.micro(int(k))))
-            for j, k in enumerate(plan.micro_ids(self.rank))
-        ]
-        if self.max_batches is not None:
-            batches = batches[: self.max_batches]
-        self.last_plan = plan
+        batches = _EpochBatches(self, epoch, 0)
         self._cached_generated_batches = (epoch, batches)
         return batches
+
+
+class _EpochBatches(list):
+    """A rank's micro-batches of an epoch from micro-batch ``skip`` on; slicing it from ``k`` (their fast
+    resume) resumes after ``k`` micro-batches."""
+
+    def __init__(self, sampler: PadfreeMultipackSampler, epoch: int, skip: int) -> None:
+        got = sampler.epochs.batches(epoch, skip)
+        if sampler.max_batches is not None:
+            got = got[: max(0, int(sampler.max_batches) - skip)]
+        lengths = sampler.lengths
+        super().__init__(
+            PlannedBatch(ids, BatchInfo(int(epoch), j, np.asarray(ids, np.int64), lengths[ids]))
+            for ids, j in got
+        )
+        self.sampler, self.epoch, self.skip = sampler, int(epoch), int(skip)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice) and key.step is None and key.stop is None and (key.start or 0) > 0:
+            return _EpochBatches(self.sampler, self.epoch, self.skip + int(key.start))
+        return super().__getitem__(key)
 
 
 class PadfreeCollate:
@@ -244,11 +288,7 @@ class PadfreeCollate:
         out = self.collate_fn(list(items))
         doc = out["document_ids"][0]
         lens = torch.bincount(doc[doc >= 0], minlength=len(kept)).tolist() if len(kept) else []
-        if len(lens) != len(kept):
-            raise ConfigError(
-                f"their collate kept {len(lens)} of {len(kept)} planned samples: give CollateFn max_len "
-                "= the sampler's batch_max_length"
-            )
+        check_materialised(items, info, lens, int(doc.shape[0]), getattr(self.collate_fn, "preprocess", None))
         full = int(doc.shape[0])
         width = full if self.shapes is None else self.shapes.width(int(sum(lens)))
         if width < full:
@@ -280,6 +320,41 @@ class PadfreeCollate:
         out["padfree_sample_ids"] = torch.tensor(kept, dtype=torch.long)
         out["padfree_epoch"] = torch.tensor(info.epoch, dtype=torch.long)
         return out
+
+
+def check_materialised(
+    items: list, info: BatchInfo, lens: list[int], max_len: int, preprocess: Callable | None = None
+) -> None:
+    """Every planned sample of a micro-batch is in their collated row whole (or cut to the budget, as the
+    plan cut it): its materialised token count agrees with the length the sampler planned with, and their
+    collate kept all of its tokens (``lens``: each document's positions in their row; ``preprocess``: their
+    ``CollateFn``'s, e.g. EAGLE-3's ``shift_batch``, one token fewer). Else one :class:`InputError` naming the
+    sample (their ``CollateFn`` would cut or drop it while ``padfree_sample_ids`` reports it trained)."""
+    planned = info.lengths
+    kept = [j for j, it in enumerate(items) if isinstance(it, Mapping)]
+    if len(lens) != len(kept):
+        raise ConfigError(
+            f"their collate kept {len(lens)} of {len(kept)} planned samples: give CollateFn max_len "
+            "= the sampler's batch_max_length"
+        )
+    for d, j in enumerate(kept):
+        sid = int(info.indices[j])
+        n = int(items[j]["input_ids"].shape[0])
+        if planned is not None and min(n, max_len) != min(int(planned[j]), max_len):
+            raise InputError(
+                f"{n} tokens, but the sampler planned it at {int(planned[j])}: the lengths "
+                "given to PadfreeMultipackSampler must be this dataset's token counts (its approx_lengths)",
+                sample=sid,
+            )
+        want = min(n, max_len)
+        if preprocess is not None and "lengths" in items[j]:
+            want = min(int(preprocess(items[j])["lengths"].reshape(-1)[0]), max_len)
+        if lens[d] != want:
+            raise InputError(
+                f"their collate kept {lens[d]} of its {want} tokens (the row "
+                f"overflows max_len {max_len}): give CollateFn max_len = the sampler's batch_max_length",
+                sample=sid,
+            )
 
 
 _local = threading.local()

@@ -45,7 +45,8 @@ def save_target_folder(
     tok.bos_token = bos or (specials[0] if specials else None)
     tok.eos_token = eos or (specials[1] if len(specials) > 1 else None)
     cls = transformers.LlamaConfig if family == "llama" else transformers.Qwen3Config
-    cfg = cls(vocab_size=len(tok), **{**SIZES, **sizes})
+    ids = {f"{k}_token_id": getattr(tok, f"{k}_token_id") for k in ("bos", "eos", "pad")}  # as a real model's
+    cfg = cls(vocab_size=len(tok), **{**SIZES, **ids, **sizes})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     path = Path(out)

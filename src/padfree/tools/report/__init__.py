@@ -81,8 +81,12 @@ def drafter_numbers(
     rows = {s: {k: r[k] for k in keep if k in r} for s, r in sim["strategies"].items()}
     items = make_items(validate_lengths(lengths, path), config.budget, config.overlong, path)
     order, offsets = fixed_count(items.length, config.budget, np.random.default_rng([config.seed, 7]))
-    whole = (offsets.shape[0] - 1) // config.micro_per_step * config.micro_per_step  # a partial last step out
-    offsets = offsets[: max(whole, 1) + 1]
+    k = config.micro_per_step
+    whole = (offsets.shape[0] - 1) // k * k  # a partial last step out (their trainers drop it)
+    if whole:
+        offsets = offsets[: whole + 1]
+    else:  # a short epoch, less than one step: that step, its missing micro-batches empty (idle ranks)
+        offsets = np.concatenate([offsets, np.full(k - (offsets.shape[0] - 1), offsets[-1])])
     order = order[: int(offsets[-1])]
     base = simulate_batches(
         items.length[order], offsets, False, config.world_size, config.grad_accum, config.cost,
