@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,9 +54,8 @@ SETUPS = {  # name -> (plan strategy, attention, mixers per document)
 }
 
 
-def run_family(family: str, subset: np.ndarray, budget: int, seed: int, tmp: Path) -> dict:
-    cfg_dir = tmp / family
-    cfg_dir.mkdir(parents=True, exist_ok=True)
+def run_family(family: str, subset: np.ndarray, budget: int, seed: int) -> dict:
+    cfg_dir = Path(tempfile.mkdtemp(prefix=f"padfree-{family}-"))
     (cfg_dir / "config.json").write_text(json.dumps(FAMILIES[family]))
     micro, models, optims = {}, {}, {}
     for name, (strategy, attn, _) in SETUPS.items():
@@ -118,10 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     subset = np.minimum(lengths[rng.choice(len(lengths), size=args.samples, replace=False)], args.budget)
     t0 = time.perf_counter()
-    results = {
-        f: run_family(f, subset, args.budget, args.seed, args.out / ".hybrid_tmp")
-        for f in args.families.split(",")
-    }
+    results = {f: run_family(f, subset, args.budget, args.seed) for f in args.families.split(",")}
     result = {
         "command": "PYTHONPATH=src python benchmarks/hybrid_packing_speed.py "
         + " ".join(argv or sys.argv[1:]),
