@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from padfree.errors import ConfigError
+from padfree.torch.boundaries import lengths_from_cu, lengths_from_position_ids
 
 # class name -> what it is (for messages and the sweep's table). Each runs per document when a packed row
 # has more than one; a fast kernel that takes ``cu_seqlens``/``seq_idx`` itself is listed in KERNELS.
@@ -163,8 +164,6 @@ def run_per_document(
 def lengths_of(kwargs: dict, batch: int, seq: int) -> list[int] | None:
     """Document lengths of a packed call (``cu_seq_lens_q``, else restarting ``position_ids``), or ``None``
     when the call carries neither (one document per row)."""
-    from padfree.torch.attention import lengths_from_cu, lengths_from_position_ids
-
     cu = kwargs.get("cu_seq_lens_q")
     if cu is not None:
         lengths = lengths_from_cu(cu)
