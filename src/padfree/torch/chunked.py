@@ -1,0 +1,240 @@
+"""Exact chunked training of one long document: each chunk attends to its earlier chunks' keys and values.
+
+A document longer than a micro-batch's budget is cut into consecutive chunks (the ``chunked`` plan strategy
+keeps them in order, on one rank, in one step). :func:`chunked_backward` runs ChunkFlow's state-aware
+schedule on a transformers causal LM, so the parameter gradients equal training the document whole while
+only one chunk's activations are alive at a time::
+
+    forward (no grad)   chunk 0 -> K/V0, chunk 1 (past K/V0) -> K/V1, ..., chunk n-2 -> K/V(n-2)
+    backward            chunk n-1 (past K/V0..n-2): forward with grad, backward -> dK/V0..n-2 += ...
+                        chunk n-2: recompute, backward with its own dK/V from later chunks -> dK/V0..n-3 += ...
+                        ...                                                      chunk 0: recompute, backward
+
+Only the keys and values of earlier chunks (``2 * layers * kv_heads * head_dim`` numbers per token) are kept
+for the whole document, and their gradients. ``keep`` chunks' activations may be kept from the forward pass
+instead of recomputed (ChunkFlow's K): less compute, more memory.
+
+The loss is the document's next-token cross-entropy summed over its labels (logits at ``t`` predict
+``labels[t+1]``, across chunk boundaries too), times ``scale`` (the step normalizer of
+:func:`padfree.torch.step_loss`), so a step of chunked and packed micro-batches keeps one denominator.
+
+>>> import torch
+>>> from padfree.models import build_model
+>>> model = build_model("tiny-llama", vocab_size=64, num_hidden_layers=1, hidden_size=32,
+...                     intermediate_size=64, num_attention_heads=2, num_key_value_heads=2)
+>>> ids = torch.randint(0, 64, (20,))
+>>> loss = chunked_backward(model, ids, ids, 8)           # chunks of 8, 8 and 4 tokens
+>>> all(p.grad is not None for p in model.parameters()), loss > 0
+(True, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from padfree.errors import ConfigError
+from padfree.torch._collate import IGNORE
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]
+"""One chunk's keys and values, per layer: ``(key, value)`` of shape ``(1, kv_heads, tokens, head_dim)``."""
+
+
+def chunk_lengths(total: int, chunk: int | Sequence[int]) -> list[int]:
+    """Chunk sizes of a ``total``-token document: ``chunk`` tokens each, the last one shorter, or the given
+    sizes (which must add up to ``total``).
+
+    >>> chunk_lengths(10, 4), chunk_lengths(10, [6, 4])
+    ([4, 4, 2], [6, 4])
+    """
+    if isinstance(chunk, int):
+        if chunk < 1:
+            raise ConfigError(f"chunk size must be an integer >= 1 (got {chunk})")
+        full, rest = divmod(total, chunk)
+        return [chunk] * full + ([rest] if rest else [])
+    sizes = [int(c) for c in chunk]
+    if any(c < 1 for c in sizes) or sum(sizes) != total:
+        raise ConfigError(f"chunk sizes {sizes[:8]} must be >= 1 and add up to the document's {total} tokens")
+    return sizes
+
+
+def _cache_class():
+    """A transformers ``DynamicCache`` that remembers the keys and values each layer adds (this chunk's)."""
+    from transformers import DynamicCache
+
+    class _RecordingCache(DynamicCache):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.added: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+            self.recording = False
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):  # type: ignore[override]
+            if self.recording:
+                self.added[layer_idx] = (key_states, value_states)
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    return _RecordingCache
+
+
+def _cache_keyword(model: torch.nn.Module) -> str:
+    """``cache`` (transformers >= 5.x) or ``past_key_values`` (older), whichever the model's forward takes."""
+    inner = getattr(model, "module", model)  # DDP / FSDP wrappers
+    params = inspect.signature(inner.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _check_dropout(model: torch.nn.Module) -> None:
+    inner: Any = getattr(model, "module", model)
+    cfg = getattr(inner, "config", None)
+    rates = [getattr(cfg, n, 0.0) or 0.0 for n in ("attention_dropout", "hidden_dropout", "resid_pdrop")]
+    if inner.training and any(float(r) > 0 for r in rates):
+        raise ConfigError(
+            "chunked training recomputes each chunk's forward and needs it to repeat exactly: set the model's "
+            f"dropout to 0 (attention_dropout / hidden_dropout are {rates})"
+        )
+
+
+class _Chunk:
+    """One chunk's forward: its loss, the keys/values it added (graph tensors) and its past (leaves)."""
+
+    def __init__(self, loss: torch.Tensor, added: KV, past: KV) -> None:
+        self.loss, self.added, self.past = loss, added, past
+
+
+def _forward(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    target: torch.Tensor,
+    start: int,
+    past: KV,
+    keyword: str,
+    n_layers: int,
+) -> _Chunk:
+    """Run one chunk of ``ids`` at positions ``start ..`` over ``past`` keys/values; returns its loss sum."""
+    cache = _cache_class()()
+    for layer, (k, v) in enumerate(past):
+        cache.update(k, v, layer)
+    cache.recording = True
+    pos = torch.arange(start, start + ids.shape[0], device=ids.device)[None]
+    out = model(input_ids=ids[None], position_ids=pos, use_cache=True, **{keyword: cache})
+    logits = out.logits[0]
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    loss = F.cross_entropy(logits, target.to(logits.device), ignore_index=IGNORE, reduction="sum")
+    if len(cache.added) != n_layers:
+        raise ConfigError(
+            f"chunked training needs a model whose {n_layers} layers all cache keys and values "
+            f"(got {len(cache.added)}): recurrent or shared-KV layers are not supported"
+        )
+    added = [cache.added[layer] for layer in range(n_layers)]
+    return _Chunk(loss, added, past)
+
+
+def _past_leaves(kv: list[KV], k: int) -> KV:
+    """Chunks ``< k``'s keys/values concatenated per layer, as fresh leaves that collect their gradient."""
+    if k == 0:
+        return []
+    n_layers = len(kv[0])
+    out = []
+    for layer in range(n_layers):
+        keys = torch.cat([kv[j][layer][0] for j in range(k)], dim=-2).requires_grad_(True)
+        values = torch.cat([kv[j][layer][1] for j in range(k)], dim=-2).requires_grad_(True)
+        out.append((keys, values))
+    return out
+
+
+def chunked_backward(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    chunk: int | Sequence[int],
+    *,
+    scale: float = 1.0,
+    keep: int = 0,
+    sync: Callable[[bool], contextlib.AbstractContextManager] | None = None,
+) -> float:
+    """Accumulate into the parameters' ``.grad`` the gradient of ``scale * loss_sum`` of one document, chunk
+    by chunk, exactly as if it ran whole; returns ``loss_sum`` (a float, for logging).
+
+    Args:
+        model: a transformers causal LM (or a DDP wrapper of one) whose layers cache keys and values.
+        input_ids, labels: the whole document, 1-D (or ``(1, L)``); labels unshifted, -100 where no loss.
+        chunk: the chunk size (the last chunk shorter), or the sizes of the chunks (a plan's pieces).
+        scale: what each token's loss is multiplied by (``world_size / step_tokens``).
+        keep: how many chunks' activations the forward pass keeps instead of recomputing them in the
+            backward pass (0: one chunk's activations alive at a time).
+        sync: ``sync(final)`` is the context every forward/backward runs in; ``final`` is True only for the
+            last backward (chunk 0's), e.g. ``lambda final: sync_unless(ddp, info.last and final)`` so DDP
+            reduces gradients once per step.
+    """
+    ids = input_ids.reshape(-1)
+    lab = labels.reshape(-1)
+    if ids.shape != lab.shape:
+        raise ConfigError(f"input_ids ({tuple(ids.shape)}) and labels ({tuple(lab.shape)}) differ in shape")
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise ConfigError(f"keep must be an integer >= 0 (got {keep!r})")
+    _check_dropout(model)
+    sizes = chunk_lengths(int(ids.shape[0]), chunk)
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    target = F.pad(lab[1:], (0, 1), value=IGNORE)  # logits at t predict labels[t+1], across chunks too
+    keyword = _cache_keyword(model)
+    inner: Any = getattr(model, "module", model)
+    n_layers = int(inner.config.num_hidden_layers)
+    ctx = sync if sync is not None else (lambda final: contextlib.nullcontext())
+    n = len(sizes)
+    lowest_kept = max(n - 1 - keep, 0 if sync is None else 1)
+
+    def piece(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = starts[k], starts[k] + sizes[k]
+        return ids[a:b], target[a:b]
+
+    # forward: every chunk but the last, for its keys/values (the kept ones with their graphs)
+    kv: list[KV] = []
+    kept: dict[int, _Chunk] = {}
+    for k in range(n - 1):
+        if k >= lowest_kept:
+            with ctx(False):
+                done = _forward(model, *piece(k), starts[k], _past_leaves(kv, k), keyword, n_layers)
+            kept[k] = done
+        else:
+            with torch.no_grad():
+                done = _forward(model, *piece(k), starts[k], _past_leaves(kv, k), keyword, n_layers)
+        kv.append([(key.detach(), value.detach()) for key, value in done.added])
+        del done
+    # backward, last chunk first: each chunk's loss plus the gradient later chunks sent to its keys/values
+    grads: list[list[torch.Tensor | None]] = [[None] * (2 * n_layers) for _ in range(n)]
+    total = 0.0
+    for k in range(n - 1, -1, -1):
+        with ctx(k == 0):
+            done = (
+                kept.pop(k)
+                if k in kept
+                else _forward(model, *piece(k), starts[k], _past_leaves(kv, k), keyword, n_layers)
+            )
+            outputs: list[torch.Tensor] = [done.loss * scale]
+            seeds: list[torch.Tensor | None] = [None]
+            flat = [t for pair in done.added for t in pair]
+            for t, g in zip(flat, grads[k]):
+                if g is not None:
+                    outputs.append(t)
+                    seeds.append(g)
+            torch.autograd.backward(outputs, seeds)
+        total += float(done.loss.detach())
+        for layer, (pk, pv) in enumerate(done.past):
+            for which, leaf in ((0, pk), (1, pv)):
+                if leaf.grad is None:
+                    continue
+                for j, g in enumerate(torch.split(leaf.grad, sizes[:k], dim=-2)):
+                    slot = 2 * layer + which
+                    prev = grads[j][slot]
+                    grads[j][slot] = g.clone() if prev is None else prev + g
+        del done, outputs, seeds, flat
+        grads[k] = []
+        if k < len(kv):
+            kv[k] = []
+    return total
