@@ -7,7 +7,7 @@ only one chunk's activations are alive at a time::
 
     forward (no grad)   chunk 0 -> K/V0, chunk 1 (past K/V0) -> K/V1, ..., chunk n-2 -> K/V(n-2)
     backward            chunk n-1 (past K/V0..n-2): forward with grad, backward -> dK/V0..n-2 += ...
-                        chunk n-2: recompute, backward with its own dK/V from later chunks -> dK/V0..n-3 += ...
+                        chunk n-2: recompute, backward with the dK/V later chunks sent -> dK/V0..n-3 += ...
                         ...                                                      chunk 0: recompute, backward
 
 Only the keys and values of earlier chunks (``2 * layers * kv_heads * head_dim`` numbers per token) are kept
@@ -94,8 +94,8 @@ def _check_dropout(model: torch.nn.Module) -> None:
     rates = [getattr(cfg, n, 0.0) or 0.0 for n in ("attention_dropout", "hidden_dropout", "resid_pdrop")]
     if inner.training and any(float(r) > 0 for r in rates):
         raise ConfigError(
-            "chunked training recomputes each chunk's forward and needs it to repeat exactly: set the model's "
-            f"dropout to 0 (attention_dropout / hidden_dropout are {rates})"
+            "chunked training recomputes each chunk's forward and needs it to repeat exactly: set the "
+            f"model's dropout to 0 (attention_dropout / hidden_dropout are {rates})"
         )
 
 
