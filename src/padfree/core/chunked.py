@@ -11,8 +11,10 @@ beginning, which is what this strategy avoids).
 
 One rank's ``grad_accum`` micro-batches of a step are a *lane*. Long documents are best-fit into lanes by
 chunk count, their free slots and further lanes take the packed rows, lanes are sorted by modeled cost (a
-chunk's attention reaches over its earlier chunks: ``l^2 + 2*l*start``) and dealt ``world_size`` at a time
-into steps (ranks of a step cost alike), and the steps are shuffled. A step's lanes are its ranks, so the
+chunk's attention reaches over its earlier chunks: ``l^2 + 2*l*start``, alike within
+:data:`LANE_TOLERANCE`) and dealt ``world_size`` at a time into steps (ranks of a step cost alike), and the
+steps are shuffled. Balance comes first: a step of long documents' lanes holds few short ones, so steps mix
+lengths less than ``packed``'s (its step divergence is higher). A step's lanes are its ranks, so the
 plan is the same assigned or not, and a step is given to ranks as it is (:func:`lane_layout`).
 
 >>> from padfree.core.config import PlanConfig
@@ -38,6 +40,11 @@ if TYPE_CHECKING:
     from padfree.core.budget import Budget
     from padfree.core.config import PlanConfig
     from padfree.core.plan import Plan
+
+
+LANE_TOLERANCE = 0.01
+"""Lanes whose modeled costs differ by less than this share of the dearest lane's are dealt into steps at
+random among themselves (a step's ranks then cost within about this much of each other)."""
 
 
 def reach(config: PlanConfig) -> int:
@@ -142,7 +149,9 @@ def plan_chunked(
     offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     shapes = cost.micro_shapes(length[order], offsets, True, context=start[order])
     lane_cost = cost.micro_costs(shapes, config.cost).reshape(n_lanes, g).sum(axis=1)
-    lanes = np.lexsort((rng.random(n_lanes), lane_cost))
+    # cost within 1% of the dearest lane counts as equal: lanes alike are grouped at random (fresh partners)
+    quantum = max(float(lane_cost.max()) * LANE_TOLERANCE, 1e-300)
+    lanes = np.lexsort((rng.random(n_lanes), np.floor(lane_cost / quantum)))
     steps = lanes.reshape(-1, w)[rng.permutation(n_lanes // w)].ravel()
     mb_perm = (steps[:, None] * g + np.arange(g)[None, :]).ravel()
     order, offsets = _kernels.gather_segments(order, offsets, mb_perm)

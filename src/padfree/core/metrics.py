@@ -217,13 +217,17 @@ def item_counts(lengths: np.ndarray, config: PlanConfig) -> np.ndarray:
     """How many planned items have each length (index: the length, ``0 .. budget``), from the lengths and
     the overlong policy, in chunks: the distribution of every plan of them, known before any is made."""
     budget = config.budget
+    reach = budget * config.grad_accum if config.chunked else budget  # chunked: cut at the reach ...
     counts = np.zeros(budget + 1, np.int64)
     for a in range(0, int(lengths.shape[0]), _CHUNK):
         c = lengths[a : a + _CHUNK].astype(np.int64)
-        over = c > budget
+        over = c > reach
         if config.overlong == "drop":
             c = c[~over]
-        elif config.overlong == "split" and over.any():
+        if config.chunked:  # ... and the rest split into chunks of the budget
+            c = np.minimum(c, reach)
+            over = c > budget
+        if (config.overlong == "split" or config.chunked) and over.any():
             long = c[over]
             counts[budget] += int((long // budget).sum())
             c = np.concatenate([c[~over], long[long % budget > 0] % budget])
