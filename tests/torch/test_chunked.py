@@ -130,3 +130,43 @@ def test_bad_arguments_are_one_line_errors() -> None:
     model.train()
     with pytest.raises(ConfigError, match="dropout"):
         chunked_backward(model, ids, labels, 8)
+
+
+def test_a_step_of_a_chunked_plan_gives_the_gradient_of_its_documents_trained_whole() -> None:
+    from padfree import PlanConfig
+    from padfree.torch import PackCollator, PlanBatchSampler, PlannedDataset, step_loss
+    from padfree.torch.chunked import run_step
+
+    lengths = [70, 9, 33, 5, 2 * CHUNK + 3, 12, 4 * CHUNK, 7, 3, 15, 11, CHUNK + 1]
+    gen = torch.Generator().manual_seed(3)
+    vocab = SMALL["vocab_size"]
+    data = [{"input_ids": torch.randint(0, vocab, (n,), generator=gen).tolist()} for n in lengths]
+    cfg = PlanConfig(strategy="chunked", budget=CHUNK, grad_accum=5, overlong="truncate", seed=1)
+    sampler = PlanBatchSampler(lengths, cfg)
+    loader = torch.utils.data.DataLoader(
+        PlannedDataset(data), batch_sampler=sampler, collate_fn=PackCollator(chunked=True)
+    )
+    model = model_of("tiny-llama", pa.NAME)
+    step: list = []
+    chunked_steps = 0
+    for batch in loader:
+        step.append(batch)
+        if not batch.info.last:
+            continue
+        tokens = batch.info.step_tokens
+        assert tokens == sum(b.loss_tokens for b in step)  # the plan's count is the collated labels'
+        seen: dict[int, int] = {}
+        for b in step:
+            for i, s, n in zip(b.info.indices, b.info.starts, b.info.lengths, strict=True):
+                seen[i] = max(seen.get(i, 0), s + n)
+        for i, n in seen.items():  # every document of the step, whole (truncated at the reach)
+            ids = torch.tensor(data[i]["input_ids"][:n])
+            labels = ids.clone()
+            labels[0] = -100
+            step_loss(token_loss_sum(model(input_ids=ids[None]).logits, labels[None]), tokens).backward()
+        want = gradients(model)
+        run_step(model, step, 1.0 / tokens)
+        assert_same(gradients(model), want)
+        chunked_steps += any(b.info.starts[0] > 0 for b in step if b.info.starts)
+        step = []
+    assert chunked_steps >= 2

@@ -238,3 +238,86 @@ def chunked_backward(
         if k < len(kv):
             kv[k] = []
     return total
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one optimizer step of a chunked plan
+
+
+def step_documents(micro_batches: Sequence[Any]) -> list[list[Any]]:
+    """A rank's micro-batches of one step, grouped by document: a micro-batch whose one item is a chunk that
+    continues its document (``info.starts[0] > 0``) joins the micro-batch before it; every other micro-batch
+    (a packed row, a first chunk) opens a group. The plan keeps a document's chunks consecutive, on one rank,
+    inside one step, so a group is one document's chunks in order, or one packed row."""
+    groups: list[list[Any]] = []
+    for batch in micro_batches:
+        info = getattr(batch, "info", None)
+        starts = None if info is None else info.starts
+        if groups and starts is not None and len(starts) == 1 and starts[0] > 0:
+            prev = groups[-1][-1].info
+            if prev.indices != info.indices or prev.starts[0] + prev.lengths[0] != starts[0]:
+                raise ConfigError(
+                    f"sample {info.indices[0]}: a chunk at token {starts[0]} does not follow the micro-batch "
+                    "before it; chunked plans are run whole steps at a time, in plan order"
+                )
+            groups[-1].append(batch)
+        else:
+            groups.append([batch])
+    return groups
+
+
+def run_step(
+    model: torch.nn.Module,
+    micro_batches: Sequence[Any],
+    scale: float,
+    *,
+    keep: int = 0,
+    device: torch.device | str | None = None,
+    sync: Callable[[bool], contextlib.AbstractContextManager] | None = None,
+) -> tuple[torch.Tensor, int]:
+    """Forward and backward of one rank's micro-batches of one optimizer step of a chunked plan (collated by
+    ``PackCollator(chunked=True)``): a packed row as usual, a long document's chunks with
+    :func:`chunked_backward`; every token's loss times ``scale`` (:func:`padfree.torch.step_loss`'s
+    ``world_size / step_tokens``). Returns ``(loss_sum, tokens)`` (the summed token losses, detached, and the
+    real tokens).
+
+    ``sync(final)`` wraps every forward and backward; ``final`` is True for the step's last backward only
+    (e.g. ``lambda final: sync_unless(ddp, final)``), so DDP all-reduces once per step, as with any plan.
+    """
+    from padfree.torch._loss import token_loss_sum
+
+    ctx = sync if sync is not None else (lambda final: contextlib.nullcontext())
+    groups = step_documents(micro_batches)
+    loss_sum: torch.Tensor | None = None
+    tokens = 0
+    for g, group in enumerate(groups):
+        last_group = g == len(groups) - 1
+        tokens += sum(int(b.tokens) for b in group)
+        if len(group) == 1:
+            inputs = {
+                k: v.to(device) if torch.is_tensor(v) and device is not None else v
+                for k, v in group[0].items()
+            }
+            labels = inputs.pop("labels")
+            with ctx(last_group):
+                token_losses = token_loss_sum(model(**inputs).logits, labels)
+                (token_losses * scale).backward()
+            part = token_losses.detach()
+        else:
+            ids = torch.cat([b["input_ids"].reshape(-1) for b in group])
+            labels = torch.cat([b["labels"].reshape(-1) for b in group])
+            if device is not None:
+                ids, labels = ids.to(device), labels.to(device)
+            sizes = [int(b["input_ids"].numel()) for b in group]
+
+            def doc_sync(final: bool, last: bool = last_group) -> contextlib.AbstractContextManager:
+                return ctx(last and final)
+
+            part = torch.tensor(
+                chunked_backward(model, ids, labels, sizes, scale=scale, keep=keep, sync=doc_sync),
+                device=ids.device,
+            )
+        loss_sum = part if loss_sum is None else loss_sum + part
+    if loss_sum is None:
+        loss_sum = torch.zeros((), device=device)
+    return loss_sum, tokens
