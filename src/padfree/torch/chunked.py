@@ -184,6 +184,10 @@ def chunked_backward(
     target = F.pad(lab[1:], (0, 1), value=IGNORE)  # logits at t predict labels[t+1], across chunks too
     keyword = _cache_keyword(model)
     inner: Any = getattr(model, "module", model)
+    # DDP: only chunk 0's last forward goes through the wrapper (in sync(True) it is the step's reducing
+    # one); the others run the module itself, so every rank's DDP forwards, and the collectives DDP runs in
+    # them (buffer broadcast, bucket rebuild), are one per document whatever its chunk count
+    plain = inner if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     n_layers = int(inner.config.num_hidden_layers)
     ctx = sync if sync is not None else (lambda final: contextlib.nullcontext())
     n = len(sizes)
@@ -199,11 +203,11 @@ def chunked_backward(
     for k in range(n - 1):
         if k >= lowest_kept:
             with ctx(False):
-                done = _forward(model, *piece(k), starts[k], _past_leaves(kv, k), keyword, n_layers)
+                done = _forward(plain, *piece(k), starts[k], _past_leaves(kv, k), keyword, n_layers)
             kept[k] = done
         else:
             with torch.no_grad():
-                done = _forward(model, *piece(k), starts[k], _past_leaves(kv, k), keyword, n_layers)
+                done = _forward(plain, *piece(k), starts[k], _past_leaves(kv, k), keyword, n_layers)
         kv.append([(key.detach(), value.detach()) for key, value in done.added])
         del done
     # backward, last chunk first: each chunk's loss plus the gradient later chunks sent to its keys/values
@@ -214,7 +218,9 @@ def chunked_backward(
             done = (
                 kept.pop(k)
                 if k in kept
-                else _forward(model, *piece(k), starts[k], _past_leaves(kv, k), keyword, n_layers)
+                else _forward(
+                    model if k == 0 else plain, *piece(k), starts[k], _past_leaves(kv, k), keyword, n_layers
+                )
             )
             outputs: list[torch.Tensor] = [done.loss * scale]
             seeds: list[torch.Tensor | None] = [None]
