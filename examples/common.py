@@ -25,8 +25,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
 
 
 def add_data_and_model_args(p: argparse.ArgumentParser, chunked: bool = False) -> None:
-    """``--data``, ``--tokenizer``, the plan shape, the loss and a tiny model built from a config (``chunked``:
-    the loop trains the ``chunked`` strategy too, and takes ``--keep-chunks``)."""
+    """``--data``, ``--tokenizer``, the plan shape, the loss and a tiny model built from a config
+    (``chunked``: the loop trains the ``chunked`` strategy too, and takes ``--keep-chunks``)."""
     p.add_argument(
         "--data",
         nargs="+",
