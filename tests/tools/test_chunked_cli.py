@@ -45,3 +45,26 @@ def test_analyze_compares_chunked_with_packed(long_tail: Path, capsys: pytest.Ca
     assert out["chunked"]["padding_efficiency"] == 1.0 and out["chunked"]["imbalance"] < 1.05
     assert main([*args, "--strategies=chunked,nope"]) == 2
     assert "choose from sorted, random, bucketed, packed, chunked" in capsys.readouterr().err
+
+
+def test_the_report_says_what_truncation_and_splitting_cost_and_what_chunked_does() -> None:
+    from padfree import PlanConfig
+    from padfree.tools.analyze import measure
+    from padfree.tools.report.chunked import chunked_numbers
+
+    rng = np.random.default_rng(2)
+    lengths = np.minimum(rng.lognormal(5.0, 1.0, 800).astype(np.int64) + 1, 2000)
+    base = PlanConfig("packed", 512, 2, 4, overlong="truncate")
+    packed = measure(lengths, base)
+    out = chunked_numbers(lengths, base, packed)
+    assert out is not None
+    over = lengths[lengths > 512]
+    assert out["over_budget"] == over.size and out["truncation_tokens_lost"] == int((over - 512).sum())
+    assert out["split_pieces_without_beginning"] == int(((over + 511) // 512 - 1).sum())
+    assert out["chunked"]["truncated"] == 0 and out["still_over_reach"] == 0
+    assert 0 < out["recomputed_share"] < 1 and 0 < out["throughput_vs_packed"] <= 1.05
+    verdict = "beats truncation" if out["throughput_vs_packed"] >= 0.9 else "of packed's throughput"
+    assert "trains them whole" in out["text"] and verdict in out["text"]
+    one = chunked_numbers(lengths, base.with_(grad_accum=1), packed)
+    assert one is not None and "raise grad-accum" in one["text"]
+    assert chunked_numbers(np.minimum(lengths, 512), base, packed) is None  # nothing over the budget

@@ -81,11 +81,15 @@ def _cache_class():
     return _RecordingCache
 
 
+def _takes(model: torch.nn.Module, name: str) -> bool:
+    """Whether the model's forward (inside a DDP / FSDP wrapper) takes the keyword ``name``."""
+    inner = getattr(model, "module", model)
+    return name in inspect.signature(inner.forward).parameters
+
+
 def _cache_keyword(model: torch.nn.Module) -> str:
     """``cache`` (transformers >= 5.x) or ``past_key_values`` (older), whichever the model's forward takes."""
-    inner = getattr(model, "module", model)  # DDP / FSDP wrappers
-    params = inspect.signature(inner.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return "cache" if _takes(model, "cache") else "past_key_values"
 
 
 def _check_dropout(model: torch.nn.Module) -> None:
@@ -100,10 +104,10 @@ def _check_dropout(model: torch.nn.Module) -> None:
 
 
 class _Chunk:
-    """One chunk's forward: its loss, the keys/values it added (graph tensors) and its past (leaves)."""
+    """One chunk's forward: its loss and the keys/values it added (graph tensors)."""
 
-    def __init__(self, loss: torch.Tensor, added: KV, past: KV) -> None:
-        self.loss, self.added, self.past = loss, added, past
+    def __init__(self, loss: torch.Tensor, added: KV) -> None:
+        self.loss, self.added = loss, added
 
 
 def _forward(
@@ -114,36 +118,45 @@ def _forward(
     past: KV,
     keyword: str,
     n_layers: int,
+    loss: bool = True,
 ) -> _Chunk:
-    """Run one chunk of ``ids`` at positions ``start ..`` over ``past`` keys/values; returns its loss sum."""
+    """Run one chunk of ``ids`` at positions ``start ..`` over ``past`` keys/values; returns its loss sum
+    (``loss=False``: only its keys/values, the LM head run on one position if the model can)."""
     cache = _cache_class()()
     for layer, (k, v) in enumerate(past):
         cache.update(k, v, layer)
     cache.recording = True
     pos = torch.arange(start, start + ids.shape[0], device=ids.device)[None]
-    out = model(input_ids=ids[None], position_ids=pos, use_cache=True, **{keyword: cache})
-    logits = out.logits[0]
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    loss = F.cross_entropy(logits, target.to(logits.device), ignore_index=IGNORE, reduction="sum")
+    extra = {} if loss or not _takes(model, "logits_to_keep") else {"logits_to_keep": 1}
+    out = model(input_ids=ids[None], position_ids=pos, use_cache=True, **{keyword: cache}, **extra)
+    total = out.logits.new_zeros(())
+    if loss:
+        logits = out.logits[0]
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        total = F.cross_entropy(logits, target.to(logits.device), ignore_index=IGNORE, reduction="sum")
+    del out
     if len(cache.added) != n_layers:
         raise ConfigError(
             f"chunked training needs a model whose {n_layers} layers all cache keys and values "
             f"(got {len(cache.added)}): recurrent or shared-KV layers are not supported"
         )
     added = [cache.added[layer] for layer in range(n_layers)]
-    return _Chunk(loss, added, past)
+    return _Chunk(total, added)
 
 
-def _past_leaves(kv: list[KV], k: int) -> KV:
-    """Chunks ``< k``'s keys/values concatenated per layer, as fresh leaves that collect their gradient."""
+def _past(kv: list[KV], k: int) -> KV:
+    """Chunks ``< k``'s keys/values per layer, concatenated in the graph: each chunk's own tensors are leaves
+    that collect, in their ``.grad``, what every later chunk's backward sends them."""
     if k == 0:
         return []
-    n_layers = len(kv[0])
     out = []
-    for layer in range(n_layers):
-        keys = torch.cat([kv[j][layer][0] for j in range(k)], dim=-2).requires_grad_(True)
-        values = torch.cat([kv[j][layer][1] for j in range(k)], dim=-2).requires_grad_(True)
+    for layer in range(len(kv[0])):
+        if k == 1:
+            out.append(kv[0][layer])
+            continue
+        keys = torch.cat([kv[j][layer][0] for j in range(k)], dim=-2)
+        values = torch.cat([kv[j][layer][1] for j in range(k)], dim=-2)
         out.append((keys, values))
     return out
 
@@ -203,15 +216,16 @@ def chunked_backward(
     for k in range(n - 1):
         if k >= lowest_kept:
             with ctx(False):
-                done = _forward(plain, *piece(k), starts[k], _past_leaves(kv, k), keyword, n_layers)
+                done = _forward(plain, *piece(k), starts[k], _past(kv, k), keyword, n_layers)
             kept[k] = done
         else:
             with torch.no_grad():
-                done = _forward(plain, *piece(k), starts[k], _past_leaves(kv, k), keyword, n_layers)
-        kv.append([(key.detach(), value.detach()) for key, value in done.added])
+                done = _forward(plain, *piece(k), starts[k], _past(kv, k), keyword, n_layers, loss=False)
+        kv.append(
+            [(key.detach().requires_grad_(), value.detach().requires_grad_()) for key, value in done.added]
+        )
         del done
     # backward, last chunk first: each chunk's loss plus the gradient later chunks sent to its keys/values
-    grads: list[list[torch.Tensor | None]] = [[None] * (2 * n_layers) for _ in range(n)]
     total = 0.0
     for k in range(n - 1, -1, -1):
         with ctx(k == 0):
@@ -219,30 +233,22 @@ def chunked_backward(
                 kept.pop(k)
                 if k in kept
                 else _forward(
-                    model if k == 0 else plain, *piece(k), starts[k], _past_leaves(kv, k), keyword, n_layers
+                    model if k == 0 else plain, *piece(k), starts[k], _past(kv, k), keyword, n_layers
                 )
             )
             outputs: list[torch.Tensor] = [done.loss * scale]
             seeds: list[torch.Tensor | None] = [None]
-            flat = [t for pair in done.added for t in pair]
-            for t, g in zip(flat, grads[k]):
-                if g is not None:
-                    outputs.append(t)
-                    seeds.append(g)
+            own = kv[k] if k < len(kv) else []
+            for (key, value), (leaf_k, leaf_v) in zip(done.added, own):
+                for t, leaf in ((key, leaf_k), (value, leaf_v)):
+                    if leaf.grad is not None:
+                        outputs.append(t)
+                        seeds.append(leaf.grad)
             torch.autograd.backward(outputs, seeds)
         total += float(done.loss.detach())
-        for layer, (pk, pv) in enumerate(done.past):
-            for which, leaf in ((0, pk), (1, pv)):
-                if leaf.grad is None:
-                    continue
-                for j, g in enumerate(torch.split(leaf.grad, sizes[:k], dim=-2)):
-                    slot = 2 * layer + which
-                    prev = grads[j][slot]
-                    grads[j][slot] = g.clone() if prev is None else prev + g
-        del done, outputs, seeds, flat
-        grads[k] = []
+        del done, outputs, seeds, own
         if k < len(kv):
-            kv[k] = []
+            kv[k] = []  # its keys/values and their gradient: no later use
     return total
 
 
