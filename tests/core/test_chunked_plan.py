@@ -55,6 +55,7 @@ def test_every_token_once_and_long_documents_chunked_in_order_in_one_lane(world:
     assert not np.array_equal(plan.indices, other.indices)
     m = plan_metrics(plan)
     assert m["truncated"] == int((lens > BUDGET * accum).sum())
+    assert m["chunked"] == int((lens > BUDGET).sum()) > 0
     assert m["imbalance"] < 1.05 and m["padding_efficiency"] == 1.0
 
 

@@ -253,7 +253,9 @@ class EpochMeter:
         pieces' own ``plan_seconds``)."""
         c = self.config
         s = dict.fromkeys(("real", "slots", "real_cost", "cost", "slowest", "ratio", "w1", "repeated"), 0.0)
-        n: dict[str, float] = dict.fromkeys(("micro", "truncated", "split", "dropped", "seconds"), 0)
+        n: dict[str, float] = dict.fromkeys(
+            ("micro", "truncated", "split", "dropped", "seconds", "chunked"), 0
+        )
         tok, cnt, edges = [], [], None
         for p in pieces:
             sh = p.shapes()
@@ -275,6 +277,8 @@ class EpochMeter:
             n["micro"] += p.n_micro
             for key in ("truncated", "split", "dropped"):
                 n[key] += getattr(p, key)
+            if c.chunked and p.starts is not None:  # a document's second chunk starts at the budget
+                n["chunked"] += int(((p.starts > 0) & (p.starts <= p.config.budget)).sum())
             n["seconds"] += p.plan_seconds
             p.forget_shapes()  # the piece's per-micro-batch arrays go with it
         steps = int(n["micro"]) // c.micro_per_step
@@ -298,6 +302,8 @@ class EpochMeter:
             "split": int(n["split"]),
             "dropped": int(n["dropped"]),
         }
+        if c.chunked:
+            out["chunked"] = int(n["chunked"])  # documents trained in chunks, each seeing its earlier chunks
         if self.previous is not None:
             out["cobatch_repeat"] = 0.0 if self.previous.pairs == 0 else s["repeated"] / self.previous.pairs
         if edges is not None:
