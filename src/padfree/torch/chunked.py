@@ -73,7 +73,7 @@ def _cache_class():
             self.added: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
             self.recording = False
 
-        def update(self, key_states, value_states, layer_idx, *args, **kwargs):  # type: ignore[override]
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
             if self.recording:
                 self.added[layer_idx] = (key_states, value_states)
             return super().update(key_states, value_states, layer_idx, *args, **kwargs)
@@ -263,7 +263,7 @@ def step_documents(micro_batches: Sequence[Any]) -> list[list[Any]]:
     inside one step, so a group is one document's chunks in order, or one packed row."""
     groups: list[list[Any]] = []
     for batch in micro_batches:
-        info = getattr(batch, "info", None)
+        info: Any = getattr(batch, "info", None)
         starts = None if info is None else info.starts
         if groups and starts is not None and len(starts) == 1 and starts[0] > 0:
             prev = groups[-1][-1].info
