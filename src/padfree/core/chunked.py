@@ -27,7 +27,6 @@ plan is the same assigned or not, and a step is given to ranks as it is (:func:`
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,7 +38,6 @@ from padfree.errors import ConfigError
 if TYPE_CHECKING:
     from padfree.core.budget import Budget
     from padfree.core.config import PlanConfig
-    from padfree.core.plan import Plan
 
 
 LANE_TOLERANCE = 0.01
@@ -70,20 +68,12 @@ def documents(items: Items) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
 
 
 def plan_chunked(
-    items: Items,
-    config: PlanConfig,
-    epoch: int,
-    *,
-    budget: Budget,
-    rng: np.random.Generator,
-    t0: float | None = None,
-    assign: bool = True,
-) -> Plan:
-    """One epoch of a chunked plan (see the module); ``config`` is the segment's, ``budget.plan`` the chunk
-    size. Deterministic for the generator ``rng``; no item is dropped or repeated."""
-    from padfree.core.plan import Plan
-
-    t0 = time.perf_counter() if t0 is None else t0
+    items: Items, config: PlanConfig, *, budget: Budget, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One epoch of a chunked plan (see the module) as ``(sample ids, offsets, lengths, starts)`` in plan
+    order, steps given to ranks (:func:`padfree.core.plan.plan_items` makes the :class:`Plan`); ``config`` is
+    the segment's, ``budget.plan`` the chunk size. Deterministic for the generator ``rng``; no item is
+    dropped or repeated."""
     if items.anchors is not None or config.attn_budget is not None or config.anchor_budget is not None:
         raise ConfigError(
             "the chunked strategy takes no drafter bounds (anchors, anchor_budget, attn_budget)"
@@ -155,10 +145,7 @@ def plan_chunked(
     steps = lanes.reshape(-1, w)[rng.permutation(n_lanes // w)].ravel()
     mb_perm = (steps[:, None] * g + np.arange(g)[None, :]).ravel()
     order, offsets = _kernels.gather_segments(order, offsets, mb_perm)
-    return Plan.of(
-        config, epoch, sample[doc[order]], offsets, length[order], items.report, starts=start[order], t0=t0,
-        assigned=assign,
-    )  # fmt: skip
+    return sample[doc[order]], offsets, length[order], start[order]
 
 
 def _split_largest(offsets: np.ndarray, n_rows: int) -> np.ndarray:
