@@ -280,9 +280,9 @@ def plan_items(
     rng = epoch_rng(config.seed, epoch, config.strategy) if rng is None else rng
     if REGISTRY[config.strategy].chunked:  # whole lanes of chunks and packed rows: no per-row step filling
         budget = Budget.of(config) if budget is None else budget
-        ids, offsets, lens, starts = chunked.plan_chunked(items, config, budget=budget, rng=rng)
+        laid = chunked.plan_chunked(items, config, budget=budget, rng=rng)
         return Plan.of(
-            config, epoch, ids, offsets, lens, items.report, starts=starts, t0=t0, assigned=assign
+            config, epoch, *laid[:3], items.report, starts=laid[3], t0=t0, assigned=assign
         )  # the same plan assigned or not: a step's lanes are its ranks
     check_fills_step(len(items), config)
     length = items.length
