@@ -319,6 +319,8 @@ def train_loop(
 
             if seen is not None:
                 ids = [i for b in micro_batches for i in b.info.indices]
+                if sampler.config.chunked:  # a document once, not once per chunk
+                    ids = [i for b in micro_batches for i, s in zip(b.info.indices, b.info.starts) if s == 0]
                 seenlog.append(seen, run, epoch, step - 1, rank, ids)
             if after_step is not None:
                 after_step(micro_batches, run, epoch, step - 1)
