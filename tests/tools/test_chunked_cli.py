@@ -43,6 +43,9 @@ def test_analyze_compares_chunked_with_packed(long_tail: Path, capsys: pytest.Ca
     out = json.loads(capsys.readouterr().out)["strategies"]
     assert out["packed"]["truncated"] > 0 and out["chunked"]["truncated"] == 0
     assert out["chunked"]["padding_efficiency"] == 1.0 and out["chunked"]["imbalance"] < 1.05
+    assert out["chunked"]["chunked"] == out["packed"]["truncated"] > 0  # the same documents, kept whole
+    assert main([*args[:-1], "--strategies=packed,chunked", "--overlong=truncate"]) == 0
+    assert "documents chunked (whole context)" in capsys.readouterr().out
     assert main([*args, "--strategies=chunked,nope"]) == 2
     assert "choose from sorted, random, bucketed, packed, chunked" in capsys.readouterr().err
 
