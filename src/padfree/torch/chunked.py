@@ -87,6 +87,14 @@ def _takes(model: torch.nn.Module, name: str) -> bool:
     return name in inspect.signature(inner.forward).parameters
 
 
+def _shared_mask(model: torch.nn.Module) -> bool:
+    """Whether a chunk over earlier chunks' keys gets one prepared 4D mask (``sdpa``, ``eager`` and padfree's
+    attention, which hand a 4D mask on as it is; SDPA on CPU would save its own float copy in every layer)."""
+    inner: Any = getattr(model, "module", model)
+    impl = getattr(getattr(inner, "config", None), "_attn_implementation", None)
+    return impl in ("sdpa", "eager", "padfree_varlen")
+
+
 def _cache_keyword(model: torch.nn.Module) -> str:
     """``cache`` (transformers >= 5.x) or ``past_key_values`` (older), whichever the model's forward takes."""
     return "cache" if _takes(model, "cache") else "past_key_values"
@@ -115,19 +123,28 @@ def _forward(
     ids: torch.Tensor,
     target: torch.Tensor,
     start: int,
-    past: KV,
+    kv: list[KV],
     keyword: str,
     n_layers: int,
     loss: bool = True,
 ) -> _Chunk:
-    """Run one chunk of ``ids`` at positions ``start ..`` over ``past`` keys/values; returns its loss sum
-    (``loss=False``: only its keys/values, the LM head run on one position if the model can)."""
+    """Run one chunk of ``ids`` at positions ``start ..`` over the keys/values ``kv`` of the chunks before
+    it; returns its loss sum (``loss=False``: only its keys/values, the LM head run on one position if the
+    model can)."""
     cache = _cache_class()()
-    for layer, (k, v) in enumerate(past):
-        cache.update(k, v, layer)
+    n_past = sum(int(chunk[0][0].shape[-2]) for chunk in kv)
+    for layer in range(len(kv[0]) if kv else 0):
+        keys, values = _layer_past(kv, layer)
+        cache.update(keys, values, layer)  # the cache keeps its own copy: this one goes now
+        del keys, values
     cache.recording = True
     pos = torch.arange(start, start + ids.shape[0], device=ids.device)[None]
-    extra = {} if loss or not _takes(model, "logits_to_keep") else {"logits_to_keep": 1}
+    extra: dict[str, Any] = {} if loss or not _takes(model, "logits_to_keep") else {"logits_to_keep": 1}
+    if n_past and _shared_mask(model):  # one additive mask for every layer, not a copy per layer
+        kv_len = n_past + ids.shape[0]
+        dtype = kv[0][0][0].dtype
+        mask = torch.full((ids.shape[0], kv_len), torch.finfo(dtype).min, dtype=dtype, device=ids.device)
+        extra["attention_mask"] = mask.triu_(kv_len - ids.shape[0] + 1)[None, None]
     out = model(input_ids=ids[None], position_ids=pos, use_cache=True, **{keyword: cache}, **extra)
     total = out.logits.new_zeros(())
     if loss:
@@ -145,20 +162,13 @@ def _forward(
     return _Chunk(total, added)
 
 
-def _past(kv: list[KV], k: int) -> KV:
-    """Chunks ``< k``'s keys/values per layer, concatenated in the graph: each chunk's own tensors are leaves
-    that collect, in their ``.grad``, what every later chunk's backward sends them."""
-    if k == 0:
-        return []
-    out = []
-    for layer in range(len(kv[0])):
-        if k == 1:
-            out.append(kv[0][layer])
-            continue
-        keys = torch.cat([kv[j][layer][0] for j in range(k)], dim=-2)
-        values = torch.cat([kv[j][layer][1] for j in range(k)], dim=-2)
-        out.append((keys, values))
-    return out
+def _layer_past(kv: list[KV], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The earlier chunks' keys and values of one layer, concatenated in the graph: each chunk's own tensors
+    are leaves that collect, in their ``.grad``, what every later chunk's backward sends them."""
+    if len(kv) == 1:
+        return kv[0][layer]
+    keys = torch.cat([chunk[layer][0] for chunk in kv], dim=-2)
+    return keys, torch.cat([chunk[layer][1] for chunk in kv], dim=-2)
 
 
 def chunked_backward(
@@ -216,11 +226,11 @@ def chunked_backward(
     for k in range(n - 1):
         if k >= lowest_kept:
             with ctx(False):
-                done = _forward(plain, *piece(k), starts[k], _past(kv, k), keyword, n_layers)
+                done = _forward(plain, *piece(k), starts[k], kv[:k], keyword, n_layers)
             kept[k] = done
         else:
             with torch.no_grad():
-                done = _forward(plain, *piece(k), starts[k], _past(kv, k), keyword, n_layers, loss=False)
+                done = _forward(plain, *piece(k), starts[k], kv[:k], keyword, n_layers, loss=False)
         kv.append(
             [(key.detach().requires_grad_(), value.detach().requires_grad_()) for key, value in done.added]
         )
@@ -232,9 +242,7 @@ def chunked_backward(
             done = (
                 kept.pop(k)
                 if k in kept
-                else _forward(
-                    model if k == 0 else plain, *piece(k), starts[k], _past(kv, k), keyword, n_layers
-                )
+                else _forward(model if k == 0 else plain, *piece(k), starts[k], kv[:k], keyword, n_layers)
             )
             outputs: list[torch.Tensor] = [done.loss * scale]
             seeds: list[torch.Tensor | None] = [None]
