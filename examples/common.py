@@ -24,8 +24,9 @@ def parser(doc: str) -> argparse.ArgumentParser:
     return OneLineParser(description=doc.splitlines()[0])
 
 
-def add_data_and_model_args(p: argparse.ArgumentParser) -> None:
-    """``--data``, ``--tokenizer``, the plan shape, the loss and a tiny model built from a config."""
+def add_data_and_model_args(p: argparse.ArgumentParser, chunked: bool = False) -> None:
+    """``--data``, ``--tokenizer``, the plan shape, the loss and a tiny model built from a config
+    (``chunked``: the loop trains the ``chunked`` strategy too, and takes ``--keep-chunks``)."""
     p.add_argument(
         "--data",
         nargs="+",
@@ -45,7 +46,15 @@ def add_data_and_model_args(p: argparse.ArgumentParser) -> None:
         help="a lengths file made by `padfree lengths` on the same data and options: the plan uses it, and "
         "any sample whose tokens differ from it stops the run",
     )
-    p.add_argument("--strategy", default="packed", choices=STRATEGIES)
+    p.add_argument("--strategy", default="packed", choices=[*STRATEGIES, *(["chunked"] if chunked else [])])
+    if chunked:
+        p.add_argument(
+            "--keep-chunks",
+            type=COUNT,
+            default=0,
+            help="chunked: chunks of a long document whose activations are kept instead of recomputed "
+            "(default 0: one chunk's activations alive at a time)",
+        )
     p.add_argument("--budget", type=NUMERIC["--budget"], default=2048, help="tokens per micro-batch")
     p.add_argument(
         "--overlong",

@@ -1,6 +1,7 @@
 """Train a tiny Llama through ``transformers.Trainer`` (or TRL's ``SFTTrainer``) fed by a padfree plan.
 
     python examples/hf_trainer.py --strategy packed --overlong truncate --max-steps 20 --output-dir runs/hf
+    python examples/hf_trainer.py --strategy chunked --budget 512 --grad-accum 8 --max-steps 20 --output-dir r
     python examples/hf_trainer.py --strategy bucketed --overlong truncate --grad-accum 2 --max-steps 20 \
         --output-dir runs/hf
     python examples/hf_trainer.py ... --resume                   # continue from the latest checkpoint
@@ -39,7 +40,7 @@ from padfree.torch.attention import attention_implementation
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_data_and_model_args(p)
+    add_data_and_model_args(p, chunked=True)
     p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps in all (default: --epochs)")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: only the last)")
@@ -58,7 +59,8 @@ def main(argv: list[str] | None = None):
         for s in samples:
             s["input_ids"] = s["input_ids"] % args.vocab_size
     config = plan_config(args)
-    line = overlong_line(lengths, args.budget, args.overlong)
+    reach = args.budget * args.grad_accum if args.strategy == "chunked" else args.budget
+    line = overlong_line(lengths, reach, args.overlong)
     if line:
         print(line)
     model = build_model(
@@ -80,6 +82,8 @@ def main(argv: list[str] | None = None):
         "disable_tqdm": True,
     }
     plan = {"lengths": lengths, "plan_config": config, "loss_tokens": loss_tokens}
+    if args.strategy == "chunked":  # long documents' chunks attend to their earlier chunks
+        plan["keep_chunks"] = args.keep_chunks
     if args.trainer == "sft":
         from datasets import Dataset
         from trl import SFTConfig

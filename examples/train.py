@@ -1,6 +1,8 @@
 """Train a tiny Llama on real variable-length data with a padfree plan: plain PyTorch, DDP, kill-safe.
 
 One process:      python examples/train.py --strategy packed --budget 2048 --overlong truncate --max-steps 50
+Long documents:   python examples/train.py --strategy chunked --budget 1024 --grad-accum 8 (up to 8K tokens,
+                  each trained whole in chunks of 1024 that attend to their earlier chunks)
 Several ranks:    torchrun --nproc_per_node 2 examples/train.py --strategy bucketed --grad-accum 2
 Kill and resume:  add --checkpoint-dir ckpt --checkpoint-every 10, then rerun with --resume (any world size)
 
@@ -77,13 +79,14 @@ from padfree.torch import (
 )
 from padfree.torch.attention import attention_implementation
 from padfree.torch.checkpoint import CheckpointDir
+from padfree.torch.chunked import run_step
 from padfree.torch.leak_probe import require_exact_packing
 from padfree.torch.lifecycle import EXIT_STOPPED, StopOnSignal, die_with_parent, launched_by_torchrun
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = parser(__doc__)
-    add_data_and_model_args(p)
+    add_data_and_model_args(p, chunked=True)
     add_run_args(p)
     return p.parse_args(argv)
 
@@ -177,7 +180,11 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     sampler = PlanBatchSampler(
         lengths, config, loss_tokens=loss_tokens, balance=args.balance, balance_every=args.balance_every
     )
-    collator = PackCollator() if args.strategy == "packed" else PadCollator(pad_to_multiple_of=8)
+    chunked = args.strategy == "chunked"
+    if args.strategy in ("packed", "chunked"):
+        collator = PackCollator(chunked=chunked)
+    else:
+        collator = PadCollator(pad_to_multiple_of=8)
     loader = DataLoader(
         PlannedDataset(samples), batch_sampler=sampler, collate_fn=collator, pin_memory=device.type == "cuda"
     )
@@ -201,17 +208,24 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     ddp = DistributedDataParallel(model) if world > 1 else model
 
     n_params = sum(p.numel() for p in model.parameters())
-    line = overlong_line(lengths, args.budget, args.overlong)
+    reach = args.budget * args.grad_accum if chunked else args.budget  # chunked: longest trained whole
+    line = overlong_line(lengths, reach, args.overlong)
     if line:
         log(line)
     log(
-        f"run {run}: {len(samples)} samples, {planned_tokens(lengths, args.budget, args.overlong)} tokens, "
+        f"run {run}: {len(samples)} samples, {planned_tokens(lengths, reach, args.overlong)} tokens, "
         f"{n_params / 1e6:.1f}M params, "
         f"{args.strategy} budget {args.budget}, world {world} x grad_accum {args.grad_accum}, "
         f"attention {attn}"
     )
 
     def micro_step(micro_batches, step_tokens):
+        if chunked:  # long documents' chunks see their earlier chunks; DDP still syncs once, at the end
+            scale = world / step_tokens if step_tokens > 0 else 0.0
+            return run_step(
+                ddp, micro_batches, scale, keep=args.keep_chunks, device=device,
+                sync=lambda final: sync_unless(ddp, final),
+            )  # fmt: skip
         loss_sum, tokens = torch.zeros((), device=device), 0
         for batch in micro_batches:
             inputs = to_device(batch, device)
@@ -231,7 +245,7 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
         return global_loss_tokens(micro_batches, device) if step_tokens is None else step_tokens
 
     parts = (sampler, loader, model, optimizer)
-    dropped = dropped_samples(lengths, args.budget, args.overlong)
+    dropped = dropped_samples(lengths, reach, args.overlong)
     return train_loop(
         args, rank, device, ckpt, stop, run, parts, count, micro_step, step=step, dropped=dropped
     )
@@ -309,6 +323,8 @@ def train_loop(
 
             if seen is not None:
                 ids = [i for b in micro_batches for i in b.info.indices]
+                if sampler.config.chunked:  # a document once, not once per chunk
+                    ids = [i for b in micro_batches for i, s in zip(b.info.indices, b.info.starts) if s == 0]
                 seenlog.append(seen, run, epoch, step - 1, rank, ids)
             if after_step is not None:
                 after_step(micro_batches, run, epoch, step - 1)

@@ -65,6 +65,7 @@ label, so the plan's step counts match what the collator produces.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -188,11 +189,14 @@ class PadfreeTrainerMixin(_TrainerBase):
         plan_config: PlanConfig,
         loss_tokens: ArrayLike | None = None,
         collator: Callable[[list], Any] | None = None,
+        keep_chunks: int = 0,
         **kwargs: Any,
     ) -> None:
         options = {k: kwargs.pop(k) for k in SAMPLER_OPTIONS if k in kwargs}  # the rest is the Trainer's
         if collator is None:
-            collator = PackCollator() if plan_config.packed else PadCollator(pad_to_multiple_of=8)
+            packed = PackCollator(chunked=plan_config.chunked)
+            collator = packed if plan_config.packed else PadCollator(pad_to_multiple_of=8)
+        self.padfree_keep_chunks = keep_chunks
         kwargs.setdefault("data_collator", collator)
         super().__init__(*args, **kwargs)
         targs = self.args
@@ -216,6 +220,8 @@ class PadfreeTrainerMixin(_TrainerBase):
             )
         if plan_config.packed and isinstance(self.model, torch.nn.Module):
             require_exact_packing(self.model, f"{type(self).__name__} with a packed plan")
+        if plan_config.chunked and getattr(self.accelerator, "scaler", None) is not None:
+            raise ConfigError("chunked plans run their own backward passes: use bf16 or float32, not fp16")
         self.padfree_collator = collator
         self.padfree_sampler = PlanBatchSampler(
             lengths,
@@ -267,13 +273,49 @@ class PadfreeTrainerMixin(_TrainerBase):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         """The Trainer's step, timed for dynamic balancing (forward and backward up to the last gradient; a
-        no-op when static)."""
+        no-op when static). A chunked plan's long document runs on its last chunk's micro-batch, all its
+        chunks at once (:func:`padfree.torch.chunked.chunked_backward`); its earlier chunks' steps do
+        nothing."""
+        group = getattr(inputs, "padfree_chunks", None)
+        if group is not None:
+            return self._chunked_step(model, group, num_items_in_batch)
         with self.padfree_sampler.timed(model, getattr(inputs, "info", None)):
             return super().training_step(model, inputs, num_items_in_batch)
+
+    def _chunked_step(self, model, group: list, num_items_in_batch) -> torch.Tensor:
+        from padfree.torch.chunked import chunked_backward
+
+        device = self.args.device
+        if not group:  # an earlier chunk: its document runs with its last chunk
+            return torch.zeros((), device=device)
+        model.train()
+        den = float(num_items_in_batch) if num_items_in_batch is not None else 1.0
+        scale = (self.accelerator.num_processes if self.args.average_tokens_across_devices else 1) / den
+        ddp = model if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
+
+        def sync(final: bool):  # the Trainer's own context holds the document's last backward
+            return contextlib.nullcontext() if final or ddp is None else ddp.no_sync()
+
+        ids = torch.cat([b["input_ids"].reshape(-1) for b in group]).to(device)
+        labels = torch.cat([b["labels"].reshape(-1) for b in group]).to(device)
+        sizes = [int(b["input_ids"].numel()) for b in group]
+        with self.compute_loss_context_manager():
+            total = chunked_backward(
+                model, ids, labels, sizes, scale=scale, keep=self.padfree_keep_chunks, sync=sync
+            )
+        return torch.tensor(total * scale, device=device)
 
     # ----- loss normalization ------------------------------------------------------------------------------
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self.padfree_sampler.config.chunked:  # a long document's chunks run together, on its last one
+            from padfree.torch.chunked import step_documents
+
+            for group in step_documents(batches):
+                if len(group) > 1:
+                    for b in group[:-1]:
+                        b.padfree_chunks = []
+                    group[-1].padfree_chunks = group
         info = getattr(batches[-1], "info", None) if batches else None
         if info is not None and self._padfree_chain is not None:
             self._padfree_state = self._padfree_chain.state_after(info)

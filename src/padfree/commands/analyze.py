@@ -8,6 +8,7 @@ import sys
 
 from padfree.commands.common import add_lengths_argument, add_plan_options, config_from_args, load_lengths
 from padfree.core.config import STRATEGIES
+from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 
 NAME = "analyze"
@@ -17,7 +18,12 @@ HELP = "compare the strategies on a lengths file: padding, balance, diversity, p
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_lengths_argument(p, required=False)
     add_plan_options(p)
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated strategies to compare")
+    p.add_argument(
+        "--strategies",
+        default=",".join(STRATEGIES),
+        help=f"comma-separated strategies to compare (default {','.join(STRATEGIES)}; also: chunked, whose "
+        "documents up to grad-accum x budget tokens train whole in chunks)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -25,10 +31,10 @@ def run(args: argparse.Namespace) -> int:
     from padfree.tools.analyze import analyze_strategies, render_table, short_epoch
 
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    bad = [s for s in names if s not in STRATEGIES]
+    bad = [s for s in names if s not in REGISTRY]
     if bad or not names:
         raise ConfigError(
-            f"unknown strategy {bad[0] if bad else '(none)'!r}: choose from {', '.join(STRATEGIES)}"
+            f"unknown strategy {bad[0] if bad else '(none)'!r}: choose from {', '.join(REGISTRY)}"
         )
     configs = {s: config_from_args(args, s) for s in names}
     lengths, path, name = load_lengths(args)

@@ -19,14 +19,18 @@ from padfree.commands.common import (
 NAME = "plan"
 HELP = (
     'write one epoch\'s plan, one micro-batch a line: {"epoch", "step", "rank", "micro", "indices"}, plus '
-    '"lengths" (tokens of each piece) on every line when a sample was truncated or split, "starts" when split'
+    '"lengths" (tokens of each piece) on every line when a sample was truncated or split, "starts" when '
+    "split or chunked"
 )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_plan_inputs(p, required=True)
     p.add_argument(
-        "--strategy", default="bucketed", help="sorted, random, bucketed or packed (default bucketed)"
+        "--strategy",
+        default="bucketed",
+        help="sorted, random, bucketed, packed or chunked (default bucketed; chunked: documents up to "
+        "grad-accum x budget tokens as consecutive chunks on one rank in one step, with starts)",
     )
     add_number(p, "--epoch", 0, "epoch to plan (default 0)")
     p.add_argument("--out", type=Path, default=Path("-"), help="output .jsonl ('-' for stdout, the default)")

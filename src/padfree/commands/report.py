@@ -100,5 +100,7 @@ def run(args: argparse.Namespace) -> int:
             drafter=drafter,
         )
     print(f"{args.out / 'index.html'}: {numbers['recommendation']['text']}", file=sys.stderr)
+    if numbers.get("chunked"):
+        print(f"long documents: {numbers['chunked']['text']}", file=sys.stderr)
     print(f"({time.perf_counter() - t0:.1f} s; numbers in {args.out / 'report.json'})", file=sys.stderr)
     return 0

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from padfree.core import _kernels, capacity, cost, refit, steps
+from padfree.core import _kernels, capacity, chunked, cost, refit, steps
 from padfree.core.budget import Budget
 from padfree.core.config import MAX_COST, CostModel, PlanConfig
 from padfree.core.cost import Coefficients
@@ -150,6 +150,8 @@ def dynamic_budget(
     >>> dynamic_budget(PlanConfig(strategy="bucketed", budget=1000), headroom=1.0) is None
     True
     """
+    if config.chunked:  # chunks are the budget: lanes are not re-cut among ranks
+        return None
     if headroom is None:
         headroom = default_headroom(config.world_size, config, lengths)
     if not (isinstance(headroom, (int, float)) and 0.5 <= headroom <= 1.0):
@@ -232,6 +234,8 @@ def step_layout(
     w, g = config.world_size, config.grad_accum
     if offsets.shape[0] - 1 != w * g:
         raise ValueError(f"a step of {offsets.shape[0] - 1} micro-batches for {w} x {g}")
+    if config.chunked:  # lanes are ranks: a document's chunks stay together (balanced when planned)
+        return chunked.lane_layout(offsets)
     shapes = cost.micro_shapes(lens, offsets, config.packed, anchors)
     costs = cost.micro_costs(shapes, balance.cost, balance.drafter)
     speeds = np.ones(w) if balance.speeds is None else np.asarray(balance.speeds, dtype=np.float64)

@@ -5,7 +5,9 @@ A segment (:class:`padfree.core.replay.Segment`) records only its planning budge
 everything else follows from the config. Three numbers, because three stages read the budget differently:
 
 - the overlong policy cuts samples at ``item``, the config's budget (lowered for a packed row under an
-  attention bound, row-wide or per document): an item never exceeds what a micro-batch of the run may hold;
+  attention bound, row-wide or per document): an item never exceeds what a micro-batch of the run may hold
+  (a chunked plan's item is ``grad_accum`` budgets, the longest document it trains in chunks,
+  :mod:`padfree.core.chunked`);
 - the strategy fills micro-batches to ``plan``: the config's budget, or less where a dynamic plan leaves
   headroom for re-cuts among ranks (:func:`padfree.core.balance.dynamic_budget`);
 - ``cap`` is what one micro-batch formed at ``plan`` may hold: ``plan`` lowered by the attention bound, the
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 from padfree.core.capacity import item_cap, token_cap
 from padfree.core.config import PlanConfig
+from padfree.core.strategies import REGISTRY
 
 
 @dataclass(frozen=True)
@@ -45,4 +48,7 @@ class Budget:
         """The budget of a segment of ``config`` (the run's) planned at ``plan`` tokens (``None``: the
         config's budget)."""
         at = config if plan is None or plan == config.budget else config.with_(budget=plan)
-        return cls(item_cap(config), at.budget, token_cap(at))
+        item = item_cap(config)
+        if REGISTRY[config.strategy].chunked:  # documents up to grad_accum chunks train whole
+            item *= config.grad_accum
+        return cls(item, at.budget, token_cap(at))

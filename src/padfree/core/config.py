@@ -155,7 +155,9 @@ class PlanConfig:
     """Everything that, with the lengths, the seed and the epoch, determines a plan.
 
     Attributes:
-        strategy: ``sorted``, ``random``, ``bucketed`` or ``packed``.
+        strategy: ``sorted``, ``random``, ``bucketed``, ``packed`` or ``chunked`` (packed rows of at most
+            ``budget`` tokens, documents up to ``grad_accum * budget`` tokens cut into chunks that train
+            with their whole context: :mod:`padfree.core.chunked`).
         budget: tokens per micro-batch: count x longest for padded strategies, sum of lengths for packed.
         world_size: ranks (GPUs) that each take ``grad_accum`` micro-batches per optimizer step.
         grad_accum: micro-batches per rank per optimizer step.
@@ -249,6 +251,11 @@ class PlanConfig:
                 raise ConfigError(f"{name} must be an integer >= {low} (got {v!r})")
         if not isinstance(self.attn_per_document, bool):
             raise ConfigError(f"attn_per_document must be True or False (got {self.attn_per_document!r})")
+        if REGISTRY[self.strategy].chunked and self.overlong == "split":
+            raise ConfigError(
+                "the chunked strategy trains a document whole in chunks; over grad_accum x budget tokens it "
+                "can truncate or drop one (overlong: truncate, drop, error), not split it"
+            )
         if self.attn_budget is not None and self.attn_budget < self.attn_extra + 1:
             raise ConfigError(
                 f"attn_budget {self.attn_budget} cannot hold one token's row of 1 + attn_extra "
@@ -259,6 +266,11 @@ class PlanConfig:
     def micro_per_step(self) -> int:
         """Micro-batches in one optimizer step: ``world_size * grad_accum``."""
         return self.world_size * self.grad_accum
+
+    @property
+    def chunked(self) -> bool:
+        """Whether long documents become chunks trained with their context (:mod:`padfree.core.chunked`)."""
+        return REGISTRY[self.strategy].chunked
 
     @property
     def packed(self) -> bool:

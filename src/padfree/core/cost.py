@@ -24,7 +24,7 @@ micro-batches an epoch needs. The cost of a micro-batch is ``a*slots + b*attenti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -66,11 +66,18 @@ class Shapes:
 
 
 def micro_shapes(
-    lens: np.ndarray, offsets: np.ndarray, packed: bool, anchors: np.ndarray | None = None
+    lens: np.ndarray,
+    offsets: np.ndarray,
+    packed: bool,
+    anchors: np.ndarray | None = None,
+    context: np.ndarray | None = None,
 ) -> Shapes:
     """What each micro-batch computes (:class:`Shapes`); ``lens`` are the lengths in plan order, ``offsets``
     the micro-batch boundaries, ``anchors`` a drafter plan's per item (in the same order). An empty
-    micro-batch (a re-cut step's, an epoch tail's) computes nothing.
+    micro-batch (a re-cut step's, an epoch tail's) computes nothing. ``context`` (a chunked plan's piece
+    starts, packed rows): the tokens of its document each piece attends to before it, so a piece of ``l``
+    tokens at ``s`` has attention ``l^2 + 2*l*s`` (its rectangle over the earlier chunks' keys, counted as
+    a causal square is).
 
     >>> sh = micro_shapes(np.array([5, 3, 4, 2]), np.array([0, 3, 4]), packed=False)
     >>> sh.slots.tolist(), sh.attn.tolist(), sh.real.tolist()
@@ -79,7 +86,17 @@ def micro_shapes(
     [12.0]
     >>> micro_shapes(np.array([5, 3]), np.array([0, 0, 2, 2]), packed=False).slots.tolist()
     [0.0, 10.0, 0.0]
+    >>> micro_shapes(np.array([4, 4]), np.array([0, 1, 2]), True, context=np.array([0, 4])).attn.tolist()
+    [16.0, 48.0]
     """
+    if context is not None and packed and lens.size:
+        sh = micro_shapes(lens, offsets, packed, anchors)
+        extra = np.zeros(offsets.shape[0] - 1)
+        full = np.flatnonzero(np.diff(offsets) > 0)
+        if full.size:
+            wide = 2.0 * lens.astype(np.float64) * context.astype(np.float64)
+            extra[full] = np.add.reduceat(wide, offsets[full])
+        return replace(sh, real_attn=sh.real_attn + extra, attn=sh.attn + extra)
     count = np.diff(offsets)
     n_fields = 5 if anchors is None else 8
     if lens.size == 0:

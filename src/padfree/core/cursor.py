@@ -43,6 +43,7 @@ from padfree.core.planner import planning_window
 from padfree.core.position import Position, check_taken, from_state, step_loss_tokens, to_state
 from padfree.core.replay import Segment, replay
 from padfree.core.state_check import segment_budgets
+from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError, StateError
 
 
@@ -127,6 +128,8 @@ class EpochSource:
         arr = validate_lengths(lengths, compact=window is not None)
         if window is not None:  # lengths are validated <= 2**31 - 1
             arr = arr.astype(np.int32, copy=False)
+        if REGISTRY[config.strategy].chunked and window is not None:
+            raise ConfigError("chunked plans are planned in memory: no window")
         if (anchors is not None or bounded(config)) and window is not None:
             raise ConfigError(
                 "drafter plans (anchors, anchor_budget, attn_budget) are planned in memory: no window"

@@ -217,13 +217,17 @@ def item_counts(lengths: np.ndarray, config: PlanConfig) -> np.ndarray:
     """How many planned items have each length (index: the length, ``0 .. budget``), from the lengths and
     the overlong policy, in chunks: the distribution of every plan of them, known before any is made."""
     budget = config.budget
+    reach = budget * config.grad_accum if config.chunked else budget  # chunked: cut at the reach ...
     counts = np.zeros(budget + 1, np.int64)
     for a in range(0, int(lengths.shape[0]), _CHUNK):
         c = lengths[a : a + _CHUNK].astype(np.int64)
-        over = c > budget
+        over = c > reach
         if config.overlong == "drop":
             c = c[~over]
-        elif config.overlong == "split" and over.any():
+        if config.chunked:  # ... and the rest split into chunks of the budget
+            c = np.minimum(c, reach)
+            over = c > budget
+        if (config.overlong == "split" or config.chunked) and over.any():
             long = c[over]
             counts[budget] += int((long // budget).sum())
             c = np.concatenate([c[~over], long[long % budget > 0] % budget])
@@ -249,7 +253,9 @@ class EpochMeter:
         pieces' own ``plan_seconds``)."""
         c = self.config
         s = dict.fromkeys(("real", "slots", "real_cost", "cost", "slowest", "ratio", "w1", "repeated"), 0.0)
-        n: dict[str, float] = dict.fromkeys(("micro", "truncated", "split", "dropped", "seconds"), 0)
+        n: dict[str, float] = dict.fromkeys(
+            ("micro", "truncated", "split", "dropped", "seconds", "chunked"), 0
+        )
         tok, cnt, edges = [], [], None
         for p in pieces:
             sh = p.shapes()
@@ -271,6 +277,8 @@ class EpochMeter:
             n["micro"] += p.n_micro
             for key in ("truncated", "split", "dropped"):
                 n[key] += getattr(p, key)
+            if c.chunked and p.starts is not None:  # a document's second chunk starts at the budget
+                n["chunked"] += int(((p.starts > 0) & (p.starts <= p.config.budget)).sum())
             n["seconds"] += p.plan_seconds
             p.forget_shapes()  # the piece's per-micro-batch arrays go with it
         steps = int(n["micro"]) // c.micro_per_step
@@ -294,6 +302,8 @@ class EpochMeter:
             "split": int(n["split"]),
             "dropped": int(n["dropped"]),
         }
+        if c.chunked:
+            out["chunked"] = int(n["chunked"])  # documents trained in chunks, each seeing its earlier chunks
         if self.previous is not None:
             out["cobatch_repeat"] = 0.0 if self.previous.pairs == 0 else s["repeated"] / self.previous.pairs
         if edges is not None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
-from padfree.core import _kernels, capacity, cost, steps
+from padfree.core import _kernels, capacity, chunked, cost, steps
 from padfree.core.budget import Budget
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, Report, make_items, validate_lengths
@@ -175,7 +175,10 @@ class Plan:
     def shapes(self) -> cost.Shapes:
         """Per micro-batch counts, real tokens, slots and attention (see ``cost.micro_shapes``)."""
         if "shapes" not in self._cache:
-            computed = cost.micro_shapes(self.lengths, self.offsets, self.config.packed, self.anchors)
+            context = self.starts if self.config.chunked else None  # a chunk's keys of its earlier chunks
+            computed = cost.micro_shapes(
+                self.lengths, self.offsets, self.config.packed, self.anchors, context
+            )
             self._cache["shapes"] = computed
         shapes: cost.Shapes = self._cache["shapes"]
         return shapes
@@ -274,8 +277,14 @@ def plan_items(
     """
     t0 = time.perf_counter() if t0 is None else t0
     k = config.micro_per_step
-    check_fills_step(len(items), config)
     rng = epoch_rng(config.seed, epoch, config.strategy) if rng is None else rng
+    if REGISTRY[config.strategy].chunked:  # whole lanes of chunks and packed rows: no per-row step filling
+        budget = Budget.of(config) if budget is None else budget
+        laid = chunked.plan_chunked(items, config, budget=budget, rng=rng)
+        return Plan.of(
+            config, epoch, *laid[:3], items.report, starts=laid[3], t0=t0, assigned=assign
+        )  # the same plan assigned or not: a step's lanes are its ranks
+    check_fills_step(len(items), config)
     length = items.length
     budget = Budget.of(config) if budget is None else budget
     cap = budget.cap

@@ -21,6 +21,7 @@ from padfree.core import stream as _stream
 from padfree.core.capacity import bounded
 from padfree.core.config import PlanConfig
 from padfree.core.plan import Plan, check_epoch, plan_in_memory
+from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 
 STREAM_THRESHOLD = 20_000_000
@@ -79,6 +80,11 @@ def make_plan(
     epoch = check_epoch(epoch)
     window = planning_window(lengths, stream, window)
     if window is not None:
+        if REGISTRY[config.strategy].chunked:
+            raise ConfigError(
+                f"chunked plans are planned in memory, up to {STREAM_THRESHOLD:,} samples "
+                "(not window by window)"
+            )
         if anchors is not None or bounded(config):
             raise ConfigError(
                 f"drafter plans (anchors, anchor_budget, attn_budget) are planned in memory, up to "

@@ -217,12 +217,14 @@ def _segment(entry: object, i: int) -> Segment:
 
 def step_loss_tokens(plan: Plan, lengths: np.ndarray, loss: np.ndarray | None) -> np.ndarray:
     """Loss-bearing tokens of each step of ``plan``: ``length - 1`` per piece, or the sample's ``loss`` count
-    (-1 for a step holding a custom count on a truncated or split piece, which cannot be known).
+    (-1 for a step holding a custom count on a truncated or split piece, which cannot be known). A chunked
+    plan's document counts once, over all its chunks (``length - 1``, or ``loss`` when it is whole).
 
     Summed in chunks of whole micro-batches (~4M pieces): no int64 temporary the size of the epoch.
     """
     k = plan.config.micro_per_step
     m = plan.n_steps * k
+    chunked = plan.config.chunked
     offsets = plan.offsets[: m + 1]
     micro = np.zeros(m, dtype=np.int64)
     nonempty = np.flatnonzero(np.diff(offsets) > 0)
@@ -234,7 +236,16 @@ def step_loss_tokens(plan: Plan, lengths: np.ndarray, loss: np.ndarray | None) -
         mb = nonempty[lo:hi]
         a, b = int(offsets[mb[0]]), int(offsets[mb[-1] + 1])
         pieces = plan.lengths[a:b].astype(np.int64)
-        if loss is None:
+        if chunked and plan.starts is not None:  # a chunk after the first predicts its first token too
+            first = plan.starts[a:b] == 0
+            if loss is None:
+                per = pieces - first
+            else:  # the document's count on its first chunk; unknown when it was truncated
+                ids = plan.indices[a:b]
+                doc = np.maximum(np.cumsum(first) - 1, 0)  # a window may open mid-document
+                whole = np.bincount(doc, weights=pieces)[doc] == lengths[ids]
+                per = np.where(first, np.where(whole, loss[ids], -(10**12)), 0)
+        elif loss is None:
             per = pieces - 1
         else:
             ids = plan.indices[a:b]

@@ -95,8 +95,9 @@ def plan_rest(
     items: Items, config: PlanConfig, epoch: int, window: int | None = None, budget: Budget | None = None
 ) -> Plan:
     """``plan_items`` on what is left of an epoch (window by window when more than ``window`` items are
-    left, over the items' own arrays), or :func:`one_per_micro` when too little is left. ``config`` is the
-    segment's and ``budget`` its :class:`~padfree.core.budget.Budget`."""
+    left, over the items' own arrays), or :func:`one_per_micro` when too little is left (a chunked plan
+    lays out any rest itself, and says so when its documents no longer fit a rank's micro-batches).
+    ``config`` is the segment's and ``budget`` its :class:`~padfree.core.budget.Budget`."""
     if len(items) == 0:
         return one_per_micro(items, config, epoch)
     try:
@@ -106,6 +107,8 @@ def plan_rest(
             )
         return plan_items(items, config, epoch, budget=budget, assign=False)
     except ConfigError:
+        if config.chunked:  # one item a micro-batch would scatter a document's chunks over ranks
+            raise
         return one_per_micro(items, config, epoch)
 
 

@@ -42,6 +42,8 @@ class Strategy:
             apply, and its plans report their bucket ``edges``.
         fixed_batches: its micro-batches are the same every epoch (formed from the seed alone); only their
             order changes.
+        chunked: a document longer than the budget becomes consecutive chunks on one rank in one step
+            (:mod:`padfree.core.chunked` lays out the whole plan; ``form`` is not used).
     """
 
     name: str
@@ -50,6 +52,7 @@ class Strategy:
     form: Callable[[np.ndarray, PlanConfig, np.random.Generator], Formed]
     bucketed: bool = False
     fixed_batches: bool = False
+    chunked: bool = False
 
 
 REGISTRY: dict[str, Strategy] = {}
@@ -99,4 +102,8 @@ register(Strategy("bucketed", 13, packed=False, form=_bucketed, bucketed=True))
 register(Strategy("packed", 14, packed=True, form=_packed))
 
 STRATEGIES: tuple[str, ...] = tuple(REGISTRY)
-"""The built-in strategies, in the order tables show them."""
+"""The strategies tables compare by default, in the order they show them."""
+
+register(Strategy("chunked", 15, packed=True, form=_packed, chunked=True))
+"""Chosen by name (``--strategy chunked``): packed rows, and documents up to ``grad_accum`` budgets long
+trained whole in chunks (:mod:`padfree.core.chunked`)."""

@@ -31,6 +31,14 @@ ROWS = [
 ]
 
 
+LONG_ROWS = [
+    ("truncated", "samples truncated", "{:,}"),
+    ("split", "samples split (pieces without their beginning)", "{:,}"),
+    ("chunked", "documents chunked (whole context)", "{:,}"),
+]
+"""Rows the table adds when a chunked plan is compared: what each strategy did to the long samples."""
+
+
 def analyze_strategies(
     lengths: np.ndarray, configs: dict[str, PlanConfig], path: str | None = None, progress: bool = False
 ) -> dict:
@@ -183,7 +191,10 @@ def render_table(result: dict) -> None:
     names = list(result["strategies"])
     for n in names:
         table.add_column(n, justify="right")
-    for key, label, fmt in ROWS:
+    rows = ROWS
+    if any("chunked" in m for m in result["strategies"].values()):  # what became of the long samples
+        rows = [*ROWS, *LONG_ROWS]
+    for key, label, fmt in rows:
         cells = []
         for n in names:
             v = result["strategies"][n].get(key)

@@ -99,12 +99,13 @@ def planned_pieces(items: list) -> list[Piece]:
     return out
 
 
-def pieces(items: list) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``(input_ids, labels)`` of every item, cut to its planned piece, first label of each set to -100."""
+def pieces(items: list, chunked: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(input_ids, labels)`` of every item, cut to its planned piece, first label of each set to -100
+    (``chunked``: not on a chunk that continues its document, which its earlier chunk predicts)."""
     out = []
     for p in planned_pieces(items):
         labels = p.labels.copy()
-        if labels.shape[0]:
+        if labels.shape[0] and not (chunked and p.start > 0):
             labels[0] = IGNORE
         out.append((p.input_ids, labels))
     return out
@@ -203,16 +204,20 @@ class PackCollator:
     0 per document), and ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (int32 document boundaries, 0 ... total)
     with ``max_length_q`` / ``max_length_k`` (the longest document, a Python int).
 
+    ``chunked=True`` (a ``chunked`` plan, trained with :func:`padfree.torch.chunked.run_step`): a chunk that
+    continues its document keeps its first label, which the document's earlier chunk predicts.
+
     >>> b = PackCollator()([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
     >>> b["labels"].tolist(), b["position_ids"].tolist(), b["cu_seq_lens_q"].tolist(), b["max_length_q"]
     ([[-100, 6, 7, -100, 9]], [[0, 1, 2, 0, 1]], [0, 3, 5], 3)
     """
 
-    def __init__(self, pad_token_id: int = 0) -> None:
+    def __init__(self, pad_token_id: int = 0, chunked: bool = False) -> None:
         self.pad_token_id = pad_token_id
+        self.chunked = chunked
 
     def __call__(self, items: list) -> Batch:
-        ps = pieces(items)
+        ps = pieces(items, self.chunked)
         n = [p[0].shape[0] for p in ps]
         real = int(sum(n))
         if real > 0:

@@ -27,6 +27,7 @@ from padfree.core.plan import Plan
 from padfree.core.planner import plan_pieces
 from padfree.core.strategies import REGISTRY
 from padfree.tools.analyze import analyze_strategies, measure, short_epoch
+from padfree.tools.report.chunked import chunked_numbers
 
 GROWTHS = (1.1, 1.25, 1.5, 2.0)
 BUCKET_COUNTS = (2, 4, 8, 16, 32)
@@ -193,6 +194,7 @@ def build_report(
             "imbalance": chosen.metrics["imbalance"],
         },
         "packing_supported": packing,
+        "chunked": chunked_numbers(lengths, base, result["strategies"]["packed"], path),
         "measure_seconds": round(time.perf_counter() - t0, 2),
     }
     return numbers, {"recommended": plan, "edges": edge_plan}

@@ -69,6 +69,8 @@ def render_html(numbers: dict, figures: dict[str, tuple[str, str]]) -> str:
         parts.append(
             f"<p><b>Short epoch.</b> {e(rec['short_epoch'][0].upper() + rec['short_epoch'][1:])}.</p>"
         )
+    if numbers.get("chunked"):
+        parts.append(f"<p><b>Long documents.</b> {e(numbers['chunked']['text'])}.</p>")
     crit = rec["criteria"]
     parts.append(
         f"<p class='note'>Rules, scaled to each plan's epoch: {e(crit['rule'])} (for the pick: co-batch "
