@@ -6,7 +6,13 @@ import argparse
 import json
 import sys
 
-from padfree.commands.common import add_lengths_argument, add_plan_options, config_from_args, load_lengths
+from padfree.commands.common import (
+    add_lengths_argument,
+    add_plan_options,
+    add_shard_options,
+    config_from_args,
+    load_lengths,
+)
 from padfree.core.config import STRATEGIES
 from padfree.errors import ConfigError
 
@@ -17,6 +23,7 @@ HELP = "compare the strategies on a lengths file: padding, balance, diversity, p
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_lengths_argument(p, required=False)
     add_plan_options(p)
+    add_shard_options(p)
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated strategies to compare")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
