@@ -183,7 +183,8 @@ def test_cli_plan_and_analyze_take_sp_and_cp(tmp_path, capsys):
     got = json.loads(res.out)
     assert got["config"]["cp"] == 2 and got["config"]["sp"] == 1
     assert got["strategies"]["packed"]["padding_efficiency"] < 1.0
-    code, res = _cli(["analyze", str(lengths), "--budget", "2048", "--strategies", "packed", "--json"], capsys)
+    plain = ["analyze", str(lengths), "--budget", "2048", "--strategies", "packed", "--json"]
+    code, res = _cli(plain, capsys)
     assert code == 0 and "sp" not in json.loads(res.out)["config"]
     assert json.loads(res.out)["strategies"]["packed"]["padding_efficiency"] == 1.0
     assert main(["plan", str(lengths), "--sp", "0", "--out", str(out)]) == 2

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from padfree import ConfigError, PlanConfig, make_plan
+from padfree import ConfigError, CostModel, PlanConfig, make_plan
 from padfree.torch import PackCollator, PlanBatchSampler
 from padfree.torch._collate import packed_layout
 
@@ -67,11 +67,23 @@ def test_group_peers_get_the_same_micro_batches_and_dp_ranks_cover_every_sample_
     assert covered(per_gpu, group) == expected(lengths, cfg)
 
 
+@pytest.mark.parametrize("strategy", ["sorted", "random", "bucketed", "packed"])
+def test_the_sampler_runs_the_sharded_plan_of_make_plan(strategy):
+    """The sampler gives each step to ranks one at a time (padded widths, padded costs) exactly as
+    make_plan does for the whole epoch."""
+    lengths = lengths_long_tail(seed=7)
+    cfg = config(strategy).with_(world_size=3, cost=CostModel(1, 1e-3, 50))
+    plan = make_plan(lengths, cfg, 5)
+    for r in range(3):
+        s = PlanBatchSampler(lengths, cfg, dp_rank=r, dp_size=3, epoch=5)
+        assert [list(m) for m in s] == [plan.micro(k).tolist() for k in plan.micro_ids(r)]
+
+
 @pytest.mark.parametrize("dp_after", [3, 2, 5])
 def test_resume_and_elastic_resume_with_sp_groups_is_exactly_once(dp_after):
     """Two steps (and one micro-batch at the same size) on 3 data-parallel ranks (12 GPUs), saved, loaded on
-    ``dp_after`` ranks (4 * dp_after GPUs) and drained: every sample exactly once over the data-parallel ranks, the peers of a
-    group still alike; at the same size the rest is the uninterrupted run's."""
+    ``dp_after`` ranks (4 * dp_after GPUs) and drained: every sample exactly once over the data-parallel
+    ranks, the peers of a group still alike; at the same size the rest is the uninterrupted run's."""
     lengths = lengths_long_tail(seed=4)
     cfg = config()
     group = SP * CP
