@@ -280,8 +280,8 @@ def plan_items(
     length = items.length
     budget = Budget.of(config) if budget is None else budget
     cap = budget.cap
-    # every capacity folded into one size per item (the lengths themselves without drafter bounds), and
-    # micro-batches formed within cap
+    # every capacity folded into one size per item (the lengths themselves without drafter bounds or SP/CP
+    # padding), and micro-batches formed within cap
     size = capacity.sizes(length, items.anchors, config, cap)
     at_cap = config if cap == config.budget else config.with_(budget=cap, sp=1, cp=1)  # sizes are padded
     order, offsets, strata, edges = REGISTRY[config.strategy].form(size, at_cap, rng)
