@@ -6,7 +6,13 @@ import argparse
 import json
 import sys
 
-from padfree.commands.common import add_lengths_argument, add_plan_options, config_from_args, load_lengths
+from padfree.commands.common import (
+    add_lengths_argument,
+    add_plan_options,
+    add_shard_options,
+    config_from_args,
+    load_lengths,
+)
 from padfree.core.config import STRATEGIES
 from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
@@ -18,6 +24,7 @@ HELP = "compare the strategies on a lengths file: padding, balance, diversity, p
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_lengths_argument(p, required=False)
     add_plan_options(p)
+    add_shard_options(p)
     p.add_argument(
         "--strategies",
         default=",".join(STRATEGIES),

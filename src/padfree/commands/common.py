@@ -24,6 +24,7 @@ from padfree.core.config import (
     MAX_MIX,
     MAX_RANKS,
     MAX_SEED,
+    MAX_SHARD,
     OVERLONG,
     CostModel,
     PlanConfig,
@@ -130,6 +131,7 @@ ANCHORS = Bounded(int, 1, 2**31 - 1)
 WIDTH = Bounded(int, 1, 2**20)
 LAYERS = Bounded(int, 1, 4096)
 BYTES = Bounded(int, 1, 16)
+SHARD = Bounded(int, 1, MAX_SHARD)  # SP / CP degrees
 
 NUMERIC: dict[str, Bounded] = {
     "--budget": BUDGET,
@@ -138,6 +140,8 @@ NUMERIC: dict[str, Bounded] = {
     "--gpus": RANKS,
     "--growth": GROWTH,
     "--buckets": BUCKETS,
+    "--sp": SHARD,
+    "--cp": SHARD,
     "--mix": MIX,
     "--seed": SEED,
     "--epoch": SEED,
@@ -252,6 +256,17 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost", type=Path, default=None, help="cost model JSON from `padfree calibrate`")
 
 
+def add_shard_options(p: argparse.ArgumentParser) -> None:
+    """``--sp`` / ``--cp``: plan for sequence / context parallelism (``plan`` and ``analyze``)."""
+    add_number(
+        p, "--sp", 1, "sequence-parallel degree: rows padded to a multiple of it; --world-size counts "
+        "data-parallel ranks and --budget stays per GPU, a row holds sp x cp x budget tokens (default 1)",
+    )  # fmt: skip
+    add_number(
+        p, "--cp", 1, "context-parallel degree: packed documents padded to a multiple of 2 x cp (default 1)"
+    )
+
+
 def add_plan_inputs(p: argparse.ArgumentParser, required: bool) -> None:
     """The lengths file and the planning options: what ``plan``, ``simulate`` and ``report`` read first."""
     add_lengths_argument(p, required)
@@ -284,6 +299,8 @@ def config_from_args(args: argparse.Namespace, strategy: str) -> PlanConfig:
         seed=args.seed,
         overlong=args.overlong,
         cost=cost,
+        sp=getattr(args, "sp", 1),
+        cp=getattr(args, "cp", 1),
     )
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from padfree.commands.common import (
     add_number,
     add_plan_inputs,
+    add_shard_options,
     check_output,
     config_from_args,
     load_lengths,
@@ -26,6 +27,7 @@ HELP = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_plan_inputs(p, required=True)
+    add_shard_options(p)
     p.add_argument(
         "--strategy",
         default="bucketed",

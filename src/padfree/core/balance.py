@@ -236,7 +236,7 @@ def step_layout(
         raise ValueError(f"a step of {offsets.shape[0] - 1} micro-batches for {w} x {g}")
     if config.chunked:  # lanes are ranks: a document's chunks stay together (balanced when planned)
         return chunked.lane_layout(offsets)
-    shapes = cost.micro_shapes(lens, offsets, config.packed, anchors)
+    shapes = cost.micro_shapes(lens, offsets, config.packed, anchors, shard=config.shard)
     costs = cost.micro_costs(shapes, balance.cost, balance.drafter)
     speeds = np.ones(w) if balance.speeds is None else np.asarray(balance.speeds, dtype=np.float64)
     perm = steps.assign_ranks(costs, w, g, speeds=None if balance.speeds is None else speeds)
@@ -245,7 +245,8 @@ def step_layout(
     budget = Budget.of(config) if budget is None else budget
     drafting = anchors is not None or capacity.bounded(config)
     if not balance.recut and balance.speeds is None and steps.evens_ranks(config, drafting) and lens.size:
-        evened = steps.even_ranks(lens[order], new_offsets, config, tuple(balance.cost), budget.cap)
+        sized = config.shard.sizes(lens[order], False)  # SP/CP: the padded widths
+        evened = steps.even_ranks(sized, new_offsets, config, tuple(balance.cost), budget.cap)
         return order[evened[0]], evened[1]  # what plan_items gives a bucketed step of equal ranks
     if not (balance.recut and w > 1 and lens.size):
         return order, new_offsets

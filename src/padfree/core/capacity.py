@@ -37,13 +37,16 @@ from padfree.errors import ConfigError
 
 def token_cap(config: PlanConfig) -> int:
     """The tokens a micro-batch may hold: the budget, lowered for a packed row under a row-wide attention
-    bound to the largest ``T`` with ``T x (T + attn_extra) <= attn_budget`` (:func:`attention_cap`).
+    bound to the largest ``T`` with ``T x (T + attn_extra) <= attn_budget`` (:func:`attention_cap`); under
+    SP/CP the group's ``sp * cp * budget`` (:meth:`padfree.core.shard.Shard.capacity`).
 
     >>> cfg = PlanConfig(strategy="packed", budget=100, attn_budget=1000, attn_extra=6)
     >>> doc = cfg.with_(attn_per_document=True)
     >>> token_cap(cfg), token_cap(doc), item_cap(doc)
     (28, 100, 28)
     """
+    if config.shard.active:  # SP/CP: the group's row (attention bounds are refused with them)
+        return config.shard.capacity(config.budget)
     if config.attn_budget is None or not config.packed or config.attn_per_document:
         return config.budget
     return attention_cap(config)
@@ -82,7 +85,7 @@ def sizes(
     :func:`token_cap`) under every capacity in force (see the module). Raises a one-line
     :class:`ConfigError` for an item that no micro-batch can hold."""
     if not bounded(config):
-        return length
+        return config.shard.sizes(length, config.packed)  # the lengths unless SP/CP pad them
     cap = token_cap(config) if cap is None else cap
     size = length.astype(np.int64)
     if config.anchor_budget is not None and anchors is not None:

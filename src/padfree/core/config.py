@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from padfree.core.cost import Coefficients
+from padfree.core.shard import Shard
 from padfree.core.strategies import REGISTRY, STRATEGIES
 from padfree.errors import ConfigError
 
@@ -27,6 +28,8 @@ MAX_MIX = 2**31 - 1
 MAX_SEED = 2**63 - 1
 """The largest seed (and epoch): they seed numpy's SeedSequence, which takes any int; int64 keeps them
 portable to every state format."""
+MAX_SHARD = 1024
+"""The largest SP or CP degree."""
 MAX_COST = 1e30
 """The largest cost coefficient: a, b, c stay finite over any plan (``b * budget**2 * 1e9 micro-batches``)."""
 
@@ -183,6 +186,13 @@ class PlanConfig:
             document at most the largest ``T`` with ``T x (T + attn_extra) <= attn_budget``, the row still
             ``budget`` tokens. ``False``: one ``T x (T + attn_extra)`` over the whole row (row-wide eager
             attention).
+        sp, cp: sequence- and context-parallel degrees (default 1). ``world_size`` then counts
+            data-parallel ranks, each a group of ``sp * cp`` GPUs that run the same micro-batch, and
+            ``budget`` stays per GPU: a micro-batch holds up to ``sp * cp * budget`` tokens, padding
+            included. Packed rows pad each document to a multiple of ``2 * cp`` and the row to a multiple of
+            ``sp`` (``cp * lcm(2, sp)`` with CP); padded rows pad their width to that multiple. The padding
+            counts in every metric and in the modeled cost that balances ranks (see
+            :mod:`padfree.core.shard`).
     """
 
     strategy: str = "bucketed"
@@ -199,6 +209,8 @@ class PlanConfig:
     attn_budget: int | None = None
     attn_extra: int = 0
     attn_per_document: bool = False
+    sp: int = 1
+    cp: int = 1
 
     def __post_init__(self) -> None:
         if self.strategy not in REGISTRY:
@@ -261,6 +273,32 @@ class PlanConfig:
                 f"attn_budget {self.attn_budget} cannot hold one token's row of 1 + attn_extra "
                 f"({self.attn_extra}) weights"
             )
+        self._check_shard()
+
+    def _check_shard(self) -> None:
+        """``sp`` and ``cp``: integers from 1 to :data:`MAX_SHARD`, their rows within :data:`MAX_BUDGET`."""
+        for name in ("sp", "cp"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_SHARD:
+                raise ConfigError(f"{name} must be an integer from 1 to {MAX_SHARD} (got {v!r})")
+        if self.sp * self.cp == 1:
+            return
+        if self.budget * self.sp * self.cp > MAX_BUDGET:
+            raise ConfigError(
+                f"sp {self.sp} x cp {self.cp} x budget {self.budget} tokens per micro-batch is over "
+                f"{MAX_BUDGET}; lower the budget (it is per GPU)"
+            )
+        if self.anchor_budget is not None or self.attn_budget is not None:
+            raise ConfigError("drafter bounds (anchor_budget, attn_budget) are not planned with sp or cp > 1")
+        if REGISTRY[self.strategy].chunked:
+            raise ConfigError(
+                "the chunked strategy is not planned with sp or cp > 1 (its chunks are not sharded)"
+            )
+
+    @property
+    def shard(self) -> Shard:
+        """The SP/CP degrees as a :class:`~padfree.core.shard.Shard`."""
+        return Shard(self.sp, self.cp)
 
     @property
     def micro_per_step(self) -> int:
@@ -284,4 +322,7 @@ class PlanConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["cost"] = {k: v for k, v in d["cost"].items()}
+        for name in ("sp", "cp"):  # present when set, so configs without them read as before
+            if d[name] == 1:
+                del d[name]
         return d

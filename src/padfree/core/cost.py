@@ -29,6 +29,8 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from padfree.core.shard import Shard, padded_rows
+
 
 class Coefficients(NamedTuple):
     """``(a, b, c)`` of the cost ``a*slots + b*attention + c``: what a :class:`~padfree.core.config.CostModel`
@@ -70,14 +72,17 @@ def micro_shapes(
     offsets: np.ndarray,
     packed: bool,
     anchors: np.ndarray | None = None,
+    *,
     context: np.ndarray | None = None,
+    shard: Shard | None = None,
 ) -> Shapes:
     """What each micro-batch computes (:class:`Shapes`); ``lens`` are the lengths in plan order, ``offsets``
     the micro-batch boundaries, ``anchors`` a drafter plan's per item (in the same order). An empty
     micro-batch (a re-cut step's, an epoch tail's) computes nothing. ``context`` (a chunked plan's piece
     starts, packed rows): the tokens of its document each piece attends to before it, so a piece of ``l``
     tokens at ``s`` has attention ``l^2 + 2*l*s`` (its rectangle over the earlier chunks' keys, counted as
-    a causal square is).
+    a causal square is). Under SP/CP (``shard``) the slots and attention are the padded row's
+    (:mod:`padfree.core.shard`): the whole group's work, the real tokens unchanged.
 
     >>> sh = micro_shapes(np.array([5, 3, 4, 2]), np.array([0, 3, 4]), packed=False)
     >>> sh.slots.tolist(), sh.attn.tolist(), sh.real.tolist()
@@ -90,7 +95,7 @@ def micro_shapes(
     [16.0, 48.0]
     """
     if context is not None and packed and lens.size:
-        sh = micro_shapes(lens, offsets, packed, anchors)
+        sh = micro_shapes(lens, offsets, packed, anchors, shard=shard)
         extra = np.zeros(offsets.shape[0] - 1)
         full = np.flatnonzero(np.diff(offsets) > 0)
         if full.size:
@@ -104,23 +109,36 @@ def micro_shapes(
         return Shapes(count, *([z] * (n_fields - 1)))
     full = np.flatnonzero(count > 0)
     if full.size < count.shape[0]:
-        part = _shapes(lens, np.append(offsets[full], offsets[-1]), packed, anchors)
+        part = _shapes(lens, np.append(offsets[full], offsets[-1]), packed, anchors, shard)
         values = (part.real, part.slots, part.real_attn, part.attn, part.anchors, part.blocks, part.reach)
         out = [np.zeros(count.shape[0]) for _ in range(n_fields - 1)]
         for arr, v in zip(out, values[: n_fields - 1], strict=True):
             arr[full] = v
         return Shapes(count, *out)
-    return _shapes(lens, offsets, packed, anchors)
+    return _shapes(lens, offsets, packed, anchors, shard)
 
 
-def _shapes(lens: np.ndarray, offsets: np.ndarray, packed: bool, anchors: np.ndarray | None) -> Shapes:
+def _shapes(
+    lens: np.ndarray,
+    offsets: np.ndarray,
+    packed: bool,
+    anchors: np.ndarray | None,
+    shard: Shard | None = None,
+) -> Shapes:
     starts = offsets[:-1]
     count = np.diff(offsets)
     lf = lens.astype(np.float64)
     real = np.add.reduceat(lf, starts)
     real_attn = np.add.reduceat(lf * lf, starts)
     longest = np.maximum.reduceat(lf, starts)
-    if packed:
+    if shard is not None and shard.active:
+        if packed:
+            slots, attn = padded_rows(lf, starts, shard)
+        else:
+            width = np.maximum.reduceat(shard.sizes(lens, False).astype(np.float64), starts)
+            slots, attn = count * width, count * width * width
+        base = (count, real, slots, real_attn, attn)
+    elif packed:
         base = (count, real, real, real_attn, real_attn)
     else:
         base = (count, real, count * longest, real_attn, count * longest * longest)

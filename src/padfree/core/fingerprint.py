@@ -34,7 +34,8 @@ def fingerprint_and_identity(
     lengths: np.ndarray, config: PlanConfig, anchors: np.ndarray | None = None
 ) -> tuple[str, dict]:
     """:func:`fingerprint` and the readable fields it hashes (``samples``, a ``lengths`` digest, strategy,
-    budget, growth, buckets, mix, overlong, seed; a drafter plan's ``anchors`` digest and bounds), so that a
+    budget, growth, buckets, mix, overlong, seed; a drafter plan's ``anchors`` digest and bounds; ``sp`` and
+    ``cp`` when not 1), so that a
     mismatch can say which field differs (:func:`explain`). One pass over the lengths."""
     h = hashlib.sha256()
     lengths = np.asarray(lengths)
@@ -52,6 +53,9 @@ def fingerprint_and_identity(
     }
     for name in ("anchor_budget", "attn_budget"):
         if getattr(config, name) is not None:
+            fields[name] = getattr(config, name)
+    for name in ("sp", "cp"):  # only when set: the fingerprints of plans without them stay what they were
+        if getattr(config, name) != 1:
             fields[name] = getattr(config, name)
     if config.attn_budget is not None:
         fields["attn_extra"] = config.attn_extra

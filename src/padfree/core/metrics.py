@@ -27,9 +27,16 @@ def padding_efficiency(plan: Plan) -> float:
 
 
 def fill(plan: Plan) -> float:
-    """Real tokens / (micro-batches x budget): how full the micro-batches are against the token budget.
-    Less fill means more micro-batches (and steps) for the same data."""
-    return float(plan.shapes().real.sum() / (plan.n_micro * plan.config.budget))
+    """Real tokens / (micro-batches x budget): how full the micro-batches are against the token budget (under
+    SP/CP the group's row, :func:`row_budget`). Less fill means more micro-batches (and steps) for the same
+    data."""
+    return float(plan.shapes().real.sum() / (plan.n_micro * row_budget(plan.config)))
+
+
+def row_budget(config: PlanConfig) -> int:
+    """The tokens one micro-batch may hold: the budget, or under SP/CP the group's row
+    (:meth:`padfree.core.shard.Shard.capacity`); samples longer than it are overlong."""
+    return config.shard.capacity(config.budget) if config.shard.active else config.budget
 
 
 def compute_efficiency(plan: Plan) -> float:
@@ -119,13 +126,10 @@ class CoBatchMap:
     @classmethod
     def for_lengths(cls, lengths: np.ndarray, config: PlanConfig) -> CoBatchMap:
         """The map for the items :func:`padfree.core.items.make_items` makes of ``lengths``."""
-        if config.overlong != "split" or int(lengths.max()) <= config.budget:
-            return cls(int(lengths.shape[0]), config.budget)
-        return cls(
-            int(lengths.shape[0]),
-            config.budget,
-            (lengths.astype(np.int64) + config.budget - 1) // config.budget,
-        )
+        budget = row_budget(config)
+        if config.overlong != "split" or int(lengths.max()) <= budget:
+            return cls(int(lengths.shape[0]), budget)
+        return cls(int(lengths.shape[0]), budget, (lengths.astype(np.int64) + budget - 1) // budget)
 
     def keys(self, plan: Plan) -> np.ndarray:
         if self.first is None:
@@ -158,7 +162,7 @@ def cobatch_repeat(plan: Plan, next_plan: Plan) -> float:
     """
     n = int(max(plan.indices.max(initial=-1), next_plan.indices.max(initial=-1))) + 1
     pieces = None if plan.starts is None else np.bincount(plan.indices, minlength=n)
-    m = CoBatchMap(n, plan.config.budget, pieces)
+    m = CoBatchMap(n, row_budget(plan.config), pieces)
     if not np.array_equal(np.sort(m.keys(plan)), np.sort(m.keys(next_plan))):
         raise ValueError("the two plans do not hold the same samples")
     m.record(plan)
@@ -216,7 +220,7 @@ def plan_metrics(plan: Plan, next_plan: Plan | None = None) -> dict:
 def item_counts(lengths: np.ndarray, config: PlanConfig) -> np.ndarray:
     """How many planned items have each length (index: the length, ``0 .. budget``), from the lengths and
     the overlong policy, in chunks: the distribution of every plan of them, known before any is made."""
-    budget = config.budget
+    budget = row_budget(config)
     reach = budget * config.grad_accum if config.chunked else budget  # chunked: cut at the reach ...
     counts = np.zeros(budget + 1, np.int64)
     for a in range(0, int(lengths.shape[0]), _CHUNK):
@@ -285,7 +289,7 @@ class EpochMeter:
         tok_a, cnt_a = np.concatenate(tok), np.concatenate(cnt)
         out = {
             "padding_efficiency": s["real"] / s["slots"],
-            "fill": s["real"] / (n["micro"] * c.budget),
+            "fill": s["real"] / (n["micro"] * row_budget(c)),
             "compute_efficiency": s["real_cost"] / s["cost"],
             "imbalance": s["ratio"] / steps,
             "modeled_throughput": s["real"] / s["slowest"],

@@ -177,7 +177,12 @@ class Plan:
         if "shapes" not in self._cache:
             context = self.starts if self.config.chunked else None  # a chunk's keys of its earlier chunks
             computed = cost.micro_shapes(
-                self.lengths, self.offsets, self.config.packed, self.anchors, context
+                self.lengths,
+                self.offsets,
+                self.config.packed,
+                self.anchors,
+                context=context,
+                shard=self.config.shard,
             )
             self._cache["shapes"] = computed
         shapes: cost.Shapes = self._cache["shapes"]
@@ -288,10 +293,10 @@ def plan_items(
     length = items.length
     budget = Budget.of(config) if budget is None else budget
     cap = budget.cap
-    # every capacity folded into one size per item (the lengths themselves without drafter bounds), and
-    # micro-batches formed within cap
+    # every capacity folded into one size per item (the lengths themselves without drafter bounds or SP/CP
+    # padding), and micro-batches formed within cap
     size = capacity.sizes(length, items.anchors, config, cap)
-    at_cap = config if cap == config.budget else config.with_(budget=cap)
+    at_cap = config if cap == config.budget else config.with_(budget=cap, sp=1, cp=1)  # sizes are padded
     order, offsets, strata, edges = REGISTRY[config.strategy].form(size, at_cap, rng)
     if strata is not None:
         composed = steps.quantile_steps(order, offsets, size, k, cap, rng)
@@ -303,14 +308,14 @@ def plan_items(
     order, offsets = steps.complete_last_step(order, offsets, size, k, cap, config.packed)
     lens = length[order]
     anchors = None if items.anchors is None else items.anchors[order]
-    shapes = cost.micro_shapes(lens, offsets, config.packed, anchors)
+    shapes = cost.micro_shapes(lens, offsets, config.packed, anchors, shard=config.shard)
     cached: cost.Shapes | None = shapes  # the plan's shapes, unless the assignment reorders them
     if assign and config.world_size > 1:
         perm = steps.assign_ranks(cost.micro_costs(shapes, config.cost), config.world_size, config.grad_accum)
         order, offsets = _kernels.gather_segments(order, offsets, perm)
         lens = length[order]
         if steps.evens_ranks(config, items.anchors is not None or capacity.bounded(config)):
-            rows, offsets = steps.even_ranks(lens, offsets, config, config.cost.coefficients, cap)
+            rows, offsets = steps.even_ranks(size[order], offsets, config, config.cost.coefficients, cap)
             order, lens = order[rows], lens[rows]
         anchors = None if items.anchors is None else items.anchors[order]
         cached = None

@@ -56,6 +56,7 @@ def analyze_strategies(
             "world_size": first.world_size,
             "grad_accum": first.grad_accum,
             "seed": first.seed,
+            **({"sp": first.sp, "cp": first.cp} if first.shard.active else {}),
             "cost": {"a": first.cost.a, "b": first.cost.b, "c": first.cost.c, "source": first.cost.source},
         }
     if progress:

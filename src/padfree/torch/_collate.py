@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from padfree.core.shard import Shard, round_up
 from padfree.errors import ConfigError
 from padfree.torch._dataset import warn_if_unplanned
 
@@ -111,32 +112,63 @@ def pieces(items: list, chunked: bool = False) -> list[tuple[np.ndarray, np.ndar
     return out
 
 
-def packed_layout(lengths) -> dict:
+def packed_layout(lengths, *, sp: int = 1, cp: int = 1) -> dict:
     """Where the documents of one packed row sit, as transformers' padding-free path and flash-attention
     varlen read it: ``position_ids`` restarting at 0 per document ``(1, T)``, ``cu_seq_lens_q`` /
     ``cu_seq_lens_k`` (int32 boundaries ``0 .. T``), ``max_length_q`` / ``max_length_k`` (the longest
     document) and ``seq_idx`` (int32 ``(1, T)``: each token's document, what Mamba-2 / causal-conv1d kernels
     take). The one computation of it, for :class:`PackCollator`, the leak probe and the drafter contract.
 
+    With ``sp`` / ``cp`` > 1 (a plan's SP/CP degrees) the row is laid out for sharding, the THD layout of
+    Transformer Engine (:mod:`padfree.core.shard`): each document padded to a multiple of ``2 * cp``, the row
+    to a multiple of ``sp`` (``cp * lcm(2, sp)`` with CP), its tail in the last document's padded span.
+    ``cu_seq_lens_q`` / ``_k`` then hold the real lengths' cumulative sums, ``cu_seq_lens_q_padded`` /
+    ``_k_padded`` where each padded document starts (the last entry is the row's padded length), and
+    ``position_ids``, ``seq_idx`` and ``max_length_q`` / ``_k`` follow the padded spans. ``sp = cp = 1``: the
+    layout above, unchanged.
+
     >>> lay = packed_layout([3, 2])
     >>> lay["position_ids"].tolist(), lay["cu_seq_lens_q"].tolist(), lay["max_length_q"]
     ([[0, 1, 2, 0, 1]], [0, 3, 5], 3)
     >>> lay["seq_idx"].tolist()
     [[0, 0, 0, 1, 1]]
+    >>> thd = packed_layout([3, 2], cp=2)
+    >>> thd["cu_seq_lens_q"].tolist(), thd["cu_seq_lens_q_padded"].tolist(), thd["max_length_q"]
+    ([0, 3, 5], [0, 4, 8], 4)
     """
     lens = np.asarray(lengths, dtype=np.int64).reshape(-1)
-    cu = np.concatenate([[0], np.cumsum(lens)])
-    pos = np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1], lens)
+    shard = Shard(int(sp), int(cp))
+    spans = padded_spans(lens, shard) if shard.active else lens
+    cu = np.concatenate([[0], np.cumsum(spans)])
+    pos = np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1], spans)
     cu_t = torch.from_numpy(cu.astype(np.int32))
-    longest = int(lens.max()) if lens.shape[0] else 0
-    return {
+    longest = int(spans.max()) if spans.shape[0] else 0
+    out = {
         "position_ids": torch.from_numpy(pos)[None],
         "cu_seq_lens_q": cu_t,
         "cu_seq_lens_k": cu_t.clone(),
         "max_length_q": longest,
         "max_length_k": longest,
-        "seq_idx": torch.from_numpy(np.repeat(np.arange(lens.shape[0], dtype=np.int32), lens))[None],
+        "seq_idx": torch.from_numpy(np.repeat(np.arange(spans.shape[0], dtype=np.int32), spans))[None],
     }
+    if shard.active:
+        real = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+        out["cu_seq_lens_q"], out["cu_seq_lens_k"] = real, real.clone()
+        out["cu_seq_lens_q_padded"], out["cu_seq_lens_k_padded"] = cu_t, cu_t.clone()
+    return out
+
+
+def padded_spans(lens: np.ndarray, shard: Shard) -> np.ndarray:
+    """Each document's padded span in a sharded packed row (see :func:`packed_layout`).
+
+    >>> padded_spans(np.array([3, 2]), Shard(sp=4)).tolist()
+    [3, 5]
+    """
+    spans = round_up(lens, shard.doc_multiple)
+    if spans.shape[0]:
+        spans = spans.copy()
+        spans[-1] += int(round_up(np.array([spans.sum()]), shard.row_multiple)[0] - spans.sum())
+    return spans
 
 
 def _finish(batch: Batch, items: list, labels: torch.Tensor, tokens: int) -> Batch:
@@ -202,7 +234,8 @@ class PackCollator:
 
     Returns ``input_ids``, ``labels`` (-100 on each document's first token), ``position_ids`` (restarting at
     0 per document), and ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (int32 document boundaries, 0 ... total)
-    with ``max_length_q`` / ``max_length_k`` (the longest document, a Python int).
+    with ``max_length_q`` / ``max_length_k`` (the longest document, a Python int). With ``sp`` / ``cp`` (the
+    plan's) the row is padded for sharding and carries the THD layout (:func:`packed_layout`).
 
     ``chunked=True`` (a ``chunked`` plan, trained with :func:`padfree.torch.chunked.run_step`): a chunk that
     continues its document keeps its first label, which the document's earlier chunk predicts.
@@ -212,9 +245,13 @@ class PackCollator:
     ([[-100, 6, 7, -100, 9]], [[0, 1, 2, 0, 1]], [0, 3, 5], 3)
     """
 
-    def __init__(self, pad_token_id: int = 0, chunked: bool = False) -> None:
+    def __init__(self, pad_token_id: int = 0, chunked: bool = False, *, sp: int = 1, cp: int = 1) -> None:
+        for v in (sp, cp):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"sp and cp must be integers >= 1 (got sp={sp!r}, cp={cp!r})")
         self.pad_token_id = pad_token_id
         self.chunked = chunked
+        self.shard = Shard(sp, cp)
 
     def __call__(self, items: list) -> Batch:
         ps = pieces(items, self.chunked)
@@ -227,8 +264,16 @@ class PackCollator:
             lab = np.concatenate([p[1] for p in ps])
         else:  # empty micro-batch: one placeholder token with no loss
             ids, lab, n = np.array([self.pad_token_id]), np.array([IGNORE]), [1]
+        sh = self.shard
+        layout = packed_layout(n, sp=sh.sp, cp=sh.cp)
+        if sh.active:  # each document at its padded span's start, pads without loss
+            cu = layout["cu_seq_lens_q_padded"].numpy().astype(np.int64)
+            lens = np.asarray(n, dtype=np.int64)
+            at = np.repeat(cu[:-1], lens) + np.arange(ids.shape[0]) - np.repeat(np.cumsum(lens) - lens, lens)
+            ids_p = np.full(int(cu[-1]), self.pad_token_id, dtype=np.int64)
+            lab_p = np.full(int(cu[-1]), IGNORE, dtype=np.int64)
+            ids_p[at], lab_p[at] = ids, lab
+            ids, lab = ids_p, lab_p
         labels = torch.from_numpy(lab.astype(np.int64))[None]
-        batch = Batch(
-            input_ids=torch.from_numpy(ids.astype(np.int64))[None], labels=labels, **packed_layout(n)
-        )
+        batch = Batch(input_ids=torch.from_numpy(ids.astype(np.int64))[None], labels=labels, **layout)
         return _finish(batch, items, labels, real)

@@ -26,7 +26,7 @@ from padfree.core.cursor import Cursor, EpochSource, MicroBatch, MicroInfo
 from padfree.errors import ConfigError, StateError
 from padfree.torch import _dataset
 from padfree.torch._balance import DynamicBalancer
-from padfree.torch._distributed import rank_and_world
+from padfree.torch._distributed import data_parallel
 
 if TYPE_CHECKING:
     import torch
@@ -52,8 +52,12 @@ class PlanBatchSampler:
         config: the plan config; its ``world_size`` is replaced by the real one.
         loss_tokens: loss-bearing tokens of every sample: label positions after the first token (with all
             tokens as labels, ``length - 1``; the default). Used to give every micro-batch its step's total.
-        rank, world_size: default to ``torch.distributed`` when initialized, else ``0`` and
-            ``config.world_size``.
+        rank, world_size: the data-parallel rank and size; default to ``torch.distributed`` when initialized,
+            else ``0`` and ``config.world_size``.
+        dp_rank, dp_size, dp_group: with SP/CP (``config.sp`` / ``config.cp`` > 1) every GPU of a group of
+            ``sp * cp`` gets the same micro-batches; these say which data-parallel rank the group is, and how
+            many there are (``dp_group``: a process group, or a ``DeviceMesh``, 1-D or with a ``"dp"``
+            dimension). Under ``torch.distributed`` with SP/CP one of them is required.
         epoch: the first epoch.
         balance: ``"static"`` (each step given to ranks by ``config.cost``) or ``"dynamic"``: the ranks time
             their micro-batches (:meth:`record_time` or :meth:`timed`), exchange the times every
@@ -90,13 +94,22 @@ class PlanBatchSampler:
         balance_exchange: Callable[[np.ndarray], np.ndarray] | None = None,
         window: int | None = None,
         anchors: ArrayLike | None = None,
+        dp_rank: int | None = None,
+        dp_size: int | None = None,
+        dp_group: object = None,
     ) -> None:
         if balance not in ("static", "dynamic"):
             raise ConfigError(f"balance must be 'static' or 'dynamic' (got {balance!r})")
         if isinstance(balance_every, bool) or not isinstance(balance_every, int) or balance_every < 1:
             raise ConfigError(f"balance_every must be an integer >= 1 (got {balance_every!r})")
         src = EpochSource.of(lengths, config, loss_tokens, window, anchors)
-        rank, world_size = rank_and_world(rank, world_size, config.world_size)
+        if balance == "dynamic" and config.shard.active:
+            raise ConfigError("balance='dynamic' does not re-cut SP/CP plans yet; use balance='static'")
+        group = config.shard.group
+        rank, world_size = data_parallel(
+            rank, world_size, dp_rank=dp_rank, dp_size=dp_size, dp_group=dp_group, group=group,
+            default_world=config.world_size,
+        )  # fmt: skip
         self.config = config.with_(world_size=world_size)
         self.world_size, self.grad_accum = world_size, config.grad_accum
         self.rank, self.balance, self.balance_every = rank, balance, balance_every
