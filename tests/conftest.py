@@ -106,3 +106,20 @@ class Refusals:
 @pytest.fixture()
 def refusals() -> Refusals:
     return Refusals()
+
+
+@pytest.fixture(scope="module")
+def example():
+    """``examples/train_drafter.py`` as a module (``main(argv)``, ``run_example``), for the drafter tests."""
+    import importlib.util
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "examples"))
+    spec = importlib.util.spec_from_file_location(
+        "train_drafter_example", root / "examples" / "train_drafter.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
