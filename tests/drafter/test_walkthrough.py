@@ -13,4 +13,3 @@ def test_a_run_shorter_than_log_every_says_its_last_loss(example, capsys):
     out = capsys.readouterr().out
     said = re.findall(r"step (\d+) \(\d+/\d+\) loss (\d+\.\d+)", out)
     assert [s for s, _ in said] == ["2"], out
-
