@@ -338,3 +338,53 @@ def test_the_faster_plan_a_knob_can_fix_is_named_before_a_frozen_one(fixtures_di
     assert front[named]["modeled_throughput"] > front["random"]["modeled_throughput"]
     assert "a wider noise window" in nm and "sorted would reach" in nm and "freezes its composition" in nm
     assert front["sorted"]["modeled_throughput"] > front[named]["modeled_throughput"]
+
+
+def test_report_drafter_says_the_drafters_recommendation_in_the_terminal(
+    fixtures_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """Issue 33 item 14: `report --drafter` prints the drafter's plan (beside the plain-LM line), not only
+    the page."""
+    lengths = fixtures_dir / "lengths" / "gsm8k.cl100k.npy"
+    rc = main(["report", str(lengths), "--out", str(tmp_path / "site"), "--growths", "1.5",
+               "--bucket-counts", "4", "--mixes", "16", "--budget", "2048", "--world-size", "2",
+               "--drafter", "eagle3", "--target-hidden", "1024", "--target-layers", "8", "--vocab", "32000",
+               "--memory-gb", "40"])  # fmt: skip
+    assert rc == 0
+    d = json.loads((tmp_path / "site" / "report.json").read_text())["drafter"]
+    err = capsys.readouterr().err.splitlines()
+    said = [line for line in err if "drafter eagle3" in line]
+    assert len(said) == 1, err
+    rec = d["recommendation"]
+    gib = d["strategies"][rec["strategy"]]["peak_bytes"] / 2**30
+    assert f"use {rec['strategy']}" in said[0] and f"{rec['over_specforge_random']:.2f}x" in said[0]
+    assert f"{gib:,.2f} GiB" in said[0] and "--memory-gb 40" in said[0]
+
+
+def test_report_takes_the_targets_folder_for_the_drafter_setup(
+    fixtures_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """Issue 33 item 14: `report --target DIR` reads the target's sizes from its config.json (hidden, layers,
+    vocabulary, heads, key-value heads, MLP width), as `--target-hidden/--target-layers/--vocab` would; both
+    at once is refused in one line."""
+    target = tmp_path / "target"
+    target.mkdir()
+    config = {"model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 8, "vocab_size": 32000,
+              "num_attention_heads": 16, "num_key_value_heads": 8, "intermediate_size": 3072}  # fmt: skip
+    (target / "config.json").write_text(json.dumps(config))
+    lengths = fixtures_dir / "lengths" / "gsm8k.cl100k.npy"
+    common = ["report", str(lengths), "--growths", "1.5", "--bucket-counts", "4", "--mixes", "16",
+              "--budget", "2048", "--drafter", "dflash"]  # fmt: skip
+    assert main([*common, "--out", str(tmp_path / "a"), "--target", str(target)]) == 0
+    d = json.loads((tmp_path / "a" / "report.json").read_text())["drafter"]
+    assert d["hidden"] == 1024 and d["target"] == str(target)
+    assert d["cache_bytes"] == d["tokens"] * 6 * 1024 * 2  # 5 fused layers + the last, of the target's 8
+    from padfree.drafter.memory import analytic
+
+    want = analytic(True, hidden=1024, heads=16, kv_heads=8, intermediate=3072, draft_layers=5,
+                    fused_layers=5, block_size=16, vocab=32000)  # fmt: skip
+    assert d["memory_model"]["per_block"] == pytest.approx(want.per_block)
+    capsys.readouterr()
+    rc = main([*common, "--out", str(tmp_path / "b"), "--target", str(target), "--vocab", "32000"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--vocab and --target" in err[0], err
