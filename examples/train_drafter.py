@@ -247,6 +247,10 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     memory = memory_model(models)
     if args.memory_gb is not None:
         config = memory_bound(config, memory, args.memory_gb * 2**30, spec.uses_anchors, recipe.ttt)
+        if spec.uses_anchors and (args.anchor_budget or 2**62) > config.anchor_budget:  # memory binds
+            drafter_memory.check_anchors_fit(
+                config.anchor_budget, anchors, args.memory_gb * 2**30, args.budget
+            )
     sampler = PlanBatchSampler(
         lengths,
         config,

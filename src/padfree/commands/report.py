@@ -108,13 +108,13 @@ def run(args: argparse.Namespace) -> int:
 
 def drafter_line(d: dict) -> str:
     """The drafter setup's recommendation in one line, as the page leads with it: the plan, its predicted
-    throughput against SpecForge-style random padded batches and its heaviest micro-batch's activations."""
+    throughput against SpecForge-style random padded batches and its heaviest micro-batch's activations
+    (:func:`padfree.tools.report.memory_sentence`)."""
+    from padfree.tools.report import memory_sentence
+
     rec, base = d["recommendation"], d["specforge_random"]
-    pick = d["strategies"][rec["strategy"]]
-    within = f" (within --memory-gb {d['memory_gb']:g})" if d.get("memory_gb") is not None else ""
     return (
         f"drafter {d['method']} (recipe {d.get('recipe', '')}): use {rec['strategy']}, predicted "
         f"{rec['over_specforge_random']:.2f}x the throughput of SpecForge-style random padded batches "
-        f"(their tokens {base['padding_efficiency']:.1%} real); its heaviest micro-batch takes "
-        f"{pick['peak_bytes'] / 2**30:,.2f} GiB of activations{within} ({d['memory_model']['source']})"
+        f"(their tokens {base['padding_efficiency']:.1%} real); {memory_sentence(d)}"
     )

@@ -244,6 +244,8 @@ def drafter_setup(args: argparse.Namespace, cfg, lengths):
         mem = args.memory_gb * 2**30
         if spec.uses_anchors:
             by_memory = drafter_memory.anchor_budget(memory, mem, cfg.budget)
+            if anchor_budget is None or anchor_budget > by_memory:  # the memory binds
+                drafter_memory.check_anchors_fit(by_memory, anchors, mem, cfg.budget)
             anchor_budget = min(anchor_budget or by_memory, by_memory)
         else:
             attn = drafter_memory.attention_budget(memory, mem, cfg.budget)
