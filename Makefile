@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 EXTRAS_DEMO := report,io,hf
 EXTRAS_DEV  := dev,torch,hf,io,report,bench,peers
 
-.PHONY: demo test lint format setup setup-dev browser bench-plan clean
+.PHONY: demo test lint format setup setup-dev drafter browser bench-plan clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,20 @@ PEERS := dflash==0.1.0 speculators==0.9.0 specforge==0.2.0
 $(VENV)/.peers-installed: Makefile | $(VENV)/.dev-installed
 	$(BIN)/python -m pip install -q --no-deps $(PEERS)
 	touch $@
+
+# the README's drafter walk-through: padfree with torch and transformers, the peers' wheels without their pins
+# (speculators 0.9.0's would take transformers back to 5.19 and move huggingface_hub), and what their model
+# modules import (the `peers` extra); it fails if huggingface_hub's version moved, and checks the imports
+HUB_VERSION = $(BIN)/python -c "import importlib.metadata as m; print(m.version('huggingface_hub'))"
+$(VENV)/.drafter-installed: pyproject.toml Makefile | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[torch,hf,peers]"
+	@hub=$$($(HUB_VERSION)) && $(BIN)/python -m pip install -q --no-deps $(PEERS) && now=$$($(HUB_VERSION)) && \
+	  { [ "$$hub" = "$$now" ] || { echo "huggingface_hub moved from $$hub to $$now"; exit 1; }; } && \
+	  echo "huggingface_hub $$now (unchanged)"
+	$(BIN)/python -c "from dflash import DFlashDraftModel; from speculators.models.eagle3 import Eagle3DraftModel"
+	touch $@
+
+drafter: $(VENV)/.drafter-installed
 
 setup: $(VENV)/.demo-installed
 setup-dev: $(VENV)/.dev-installed $(VENV)/.peers-installed browser

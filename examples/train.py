@@ -335,7 +335,10 @@ def train_loop(
                 return EXIT_STOPPED
             if ckpt is not None and args.checkpoint_every and step % args.checkpoint_every == 0:
                 save(ckpt, step, model, optimizer, sampler, extra)
-            if step % args.log_every == 0:
+            last = (args.max_steps is not None and step >= args.max_steps) or (
+                epoch == args.epochs - 1 and sampler.step >= sampler.steps_in_epoch
+            )
+            if step % args.log_every == 0 or last:  # the last step's loss is said even in a short run
                 totals = all_reduce_sum(
                     torch.stack([loss_sum.double().cpu(), torch.tensor(float(tokens_since))]), device
                 )

@@ -278,16 +278,17 @@ def train(args, rank, world, device, ckpt, stop) -> int:
         assert pieces.anchors is not None
         if int(pieces.anchors.max()) > config.anchor_budget:
             k = int(np.argmax(pieces.anchors))
-            by = f"--anchor-budget {args.anchor_budget}"
-            if args.anchor_budget is None or config.anchor_budget < args.anchor_budget:
+            n = config.anchor_budget
+            by = f"--anchor-budget {args.anchor_budget}; raise it, or lower --max-anchors"
+            if args.anchor_budget is None or n < args.anchor_budget:
                 by = (
-                    f"the {config.anchor_budget} --memory-gb {args.memory_gb:g} leaves room for "
-                    f"({memory.source})"
+                    f"the {n} --memory-gb {args.memory_gb:g} leaves room for ({memory.source}); --memory-gb "
+                    f"{args.memory_gb:g} allows {n} draft blocks per micro-batch of --budget {args.budget} "
+                    f"tokens: pass --max-anchors {n}, raise --memory-gb or lower --budget"
                 )
             raise ConfigError(
                 f"sample {int(pieces.sample_ids()[k])} has {int(pieces.anchors[k])} draft blocks (anchors) "
-                f"in its first {cut} tokens, more than a micro-batch may hold: {by}; raise it, or lower "
-                "--max-anchors"
+                f"in its first {cut} tokens, more than a micro-batch may hold: {by}"
             )
     line = overlong_line(lengths, cut, args.overlong, limit)
     if line:

@@ -74,3 +74,80 @@ def test_speculators_loads_the_export_and_computes_the_same_logits(tmp_path, fol
     for k in range(3):  # step k at position t is fed tokens up to t + 1 + k: compare where they exist
         worst = (logits[k][: t - k] - ours[k][: t - k]).abs().max().item()
         assert worst < 1e-4 * max(1.0, ours[k].abs().max().item()), (k, worst)
+
+
+LOAD_ON_CPU = """\
+from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+cfg = Eagle3SpeculatorConfig.from_pretrained(path)
+cfg.transformer_layer_config._attn_implementation = "sdpa"  # CPU: their default, flex attention, fails there
+model = Eagle3DraftModel.from_pretrained(path, config=cfg)
+"""
+"""How the README loads an EAGLE-3 export in speculators' class on a CPU, verbatim."""
+
+RUN_THEIRS = """
+import sys, types, torch
+path, io = sys.argv[1], sys.argv[2]
+{load}
+for name in ("openai", "hs_connectors"):  # the real packages (make drafter), not padfree's test stubs
+    assert isinstance(sys.modules[name], types.ModuleType) and sys.modules[name].__file__, name
+x = torch.load(io)
+logits = []
+model.lm_head.register_forward_hook(lambda _m, _i, o: logits.append(o[0]))
+with torch.no_grad():
+    model.eval()(hidden_states=x["hidden"], input_ids=x["ids"], document_ids=torch.zeros_like(x["ids"]),
+                 position_ids=torch.arange(1, x["ids"].shape[1] + 1)[None], ttt_steps=x["ttt"])
+torch.save(logits, io)
+"""
+
+
+def _installed(*names: str) -> bool:
+    import importlib.metadata
+
+    try:
+        return all(importlib.metadata.version(n) for n in names)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(
+    not _installed("openai", "hs-connectors"), reason="openai / hs-connectors not installed (make drafter)"
+)
+def test_the_readme_loads_an_export_in_speculators_on_cpu_without_padfrees_stubs(tmp_path, folder):
+    """A fresh process with what ``make drafter`` installs: no ``padfree.testing.peers`` stubs, the README's
+    lines; its logits are padfree's at every step."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert LOAD_ON_CPU in readme
+    target = load_target(folder)
+    recipe = recipes.override(recipes.get("specforge", "eagle3"), ttt=2, draft_vocab=300)
+    rng = np.random.default_rng(3)
+    n = 30
+    doc = {"input_ids": rng.integers(2, 3000, n), "loss_mask": np.ones(n, bool), "sample_id": 0}
+    vocab = target.config.vocab_size
+    m = build_models("eagle3", vocab=vocab, recipe=recipe, target=target, counts=token_counts([doc], vocab))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in m.trainable():
+            p.add_(0.2 * torch.randn(p.shape, generator=g))
+    batch = DrafterCollator("eagle3", recipe=recipe, layout="packed")([doc])
+    out = run_target(m.target, batch.contract, m.layers)
+    with torch.no_grad():
+        ours = [m.drafter.lm_head(h) for h in m.drafter(out.hidden, batch)]
+    export_models(m, "speculators", tmp_path / "served", mask_token_id=0, target_path=folder)
+    t = n - 1
+    io = tmp_path / "io.pt"
+    ids = torch.from_numpy(doc["input_ids"][1:])[None]
+    torch.save({"hidden": out.hidden[:, :t], "ids": ids, "ttt": 2}, io)
+    script = RUN_THEIRS.format(load=LOAD_ON_CPU)
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "served"), str(io)], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    theirs = torch.load(io)
+    assert len(theirs) == 2
+    for k in range(2):
+        worst = (theirs[k][: t - k] - ours[k][: t - k]).abs().max().item()
+        assert worst < 1e-4 * max(1.0, ours[k].abs().max().item()), (k, worst)

@@ -359,3 +359,108 @@ def test_report_drafter_on_a_short_epoch_notes_it_as_the_plain_report(
     base = numbers["drafter"]["specforge_random"]
     assert base["steps"] == 1 and base["draft_blocks"] > 0
     assert numbers["drafter"]["strategies"]["packed"]["steps"] == 1
+
+
+def test_report_drafter_says_the_drafters_recommendation_in_the_terminal(
+    fixtures_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """Issue 33 item 14: `report --drafter` prints the drafter's plan (beside the plain-LM line), not only
+    the page."""
+    lengths = fixtures_dir / "lengths" / "gsm8k.cl100k.npy"
+    rc = main(["report", str(lengths), "--out", str(tmp_path / "site"), "--growths", "1.5",
+               "--bucket-counts", "4", "--mixes", "16", "--budget", "2048", "--world-size", "2",
+               "--drafter", "eagle3", "--target-hidden", "1024", "--target-layers", "8", "--vocab", "32000",
+               "--memory-gb", "40"])  # fmt: skip
+    assert rc == 0
+    d = json.loads((tmp_path / "site" / "report.json").read_text())["drafter"]
+    err = capsys.readouterr().err.splitlines()
+    said = [line for line in err if "drafter eagle3" in line]
+    assert len(said) == 1, err
+    rec = d["recommendation"]
+    gib = d["strategies"][rec["strategy"]]["peak_bytes"] / 2**30
+    assert f"use {rec['strategy']}" in said[0] and f"{rec['over_specforge_random']:.2f}x" in said[0]
+    assert f"{gib:,.2f} GiB" in said[0] and "within --memory-gb 40" in said[0]
+
+
+def test_report_takes_the_targets_folder_for_the_drafter_setup(
+    fixtures_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """Issue 33 item 14: `report --target DIR` reads the target's sizes from its config.json (hidden, layers,
+    vocabulary, heads, key-value heads, MLP width), as `--target-hidden/--target-layers/--vocab` would; both
+    at once is refused in one line."""
+    target = tmp_path / "target"
+    target.mkdir()
+    config = {"model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 8, "vocab_size": 32000,
+              "num_attention_heads": 16, "num_key_value_heads": 8, "intermediate_size": 3072}  # fmt: skip
+    (target / "config.json").write_text(json.dumps(config))
+    lengths = fixtures_dir / "lengths" / "gsm8k.cl100k.npy"
+    common = ["report", str(lengths), "--growths", "1.5", "--bucket-counts", "4", "--mixes", "16",
+              "--budget", "2048", "--drafter", "dflash"]  # fmt: skip
+    assert main([*common, "--out", str(tmp_path / "a"), "--target", str(target)]) == 0
+    d = json.loads((tmp_path / "a" / "report.json").read_text())["drafter"]
+    assert d["hidden"] == 1024 and d["target"] == str(target)
+    assert d["cache_bytes"] == d["tokens"] * 6 * 1024 * 2  # 5 fused layers + the last, of the target's 8
+    from padfree.drafter.memory import analytic
+
+    want = analytic(True, hidden=1024, heads=16, kv_heads=8, intermediate=3072, draft_layers=5,
+                    fused_layers=5, block_size=16, vocab=32000)  # fmt: skip
+    assert d["memory_model"]["per_block"] == pytest.approx(want.per_block)
+    capsys.readouterr()
+    rc = main([*common, "--out", str(tmp_path / "b"), "--target", str(target), "--vocab", "32000"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--vocab and --target" in err[0], err
+
+
+@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+def test_report_drafter_memory_figure_names_its_path_and_options_that_work(
+    fixtures_dir: Path, tmp_path: Path, capsys, example_parser, method
+) -> None:
+    """Issue 33 item 14: the activation figure says which path it describes (the example's, on a GPU too)
+    and what holds it; without --memory-gb its advice names options that both `report` and
+    `examples/train_drafter.py` accept, and following it brings the peak within the bound."""
+    lengths = fixtures_dir / "lengths" / "gsm8k.cl100k.npy"
+    common = ["report", str(lengths), "--growths", "1.5", "--bucket-counts", "4", "--mixes", "16",
+              "--budget", "4096", "--drafter", method]  # fmt: skip
+    assert main([*common, "--out", str(tmp_path / "a")]) == 0
+    line = [x for x in capsys.readouterr().err.splitlines() if f"drafter {method}" in x][0]
+    d = json.loads((tmp_path / "a" / "report.json").read_text())["drafter"]
+    parts = d["strategies"][d["recommendation"]["strategy"]]["peak_parts"]
+    peak = d["strategies"][d["recommendation"]["strategy"]]["peak_bytes"]
+    assert sum(parts.values()) == pytest.approx(peak)
+    assert "a GPU's included" in line and "attention scores" in line, line
+    advice = line.split("to fit a device", 1)[1]
+    named = re.findall(r"--[a-z][a-z-]+", advice)
+    want = ["--memory-gb", "--max-anchors", "--budget"] if method == "dflash" else ["--memory-gb", "--budget"]
+    assert named == want, line
+    gb = f"{(parts['tokens'] + (peak - parts['tokens']) / 2) / 2**30:.3f}"  # tokens fit; half the rest
+    argv = [*common, "--out", str(tmp_path / "b"), "--memory-gb", gb]
+    if main(argv) == 2:  # DFlash: a document's anchors beyond the blocks that fit; the line says the cap
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "raise --memory-gb or lower --budget" in err[0], err
+        argv += re.search(r"pass (--max-anchors \d+)", err[0]).group(1).split()
+        assert main(argv) == 0
+    bounded = json.loads((tmp_path / "b" / "report.json").read_text())["drafter"]
+    rec = bounded["recommendation"]["strategy"]
+    assert peak > float(gb) * 2**30 >= bounded["strategies"][rec]["peak_bytes"]
+    assert f"within --memory-gb {float(gb):g}" in capsys.readouterr().err
+    parsed = example_parser([*argv[argv.index("--memory-gb") :], "--budget", "4096"])  # the example's too
+    assert parsed.memory_gb == float(gb) and parsed.budget == 4096
+    if "--max-anchors" in argv:
+        assert parsed.max_anchors == int(argv[argv.index("--max-anchors") + 1])
+
+
+@pytest.fixture(scope="module")
+def example_parser():
+    """``examples/train_drafter.py``'s ``parse_args``."""
+    import importlib.util
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "examples"))
+    spec = importlib.util.spec_from_file_location(
+        "train_drafter_options", root / "examples" / "train_drafter.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.parse_args

@@ -99,8 +99,24 @@ def run(args: argparse.Namespace) -> int:
             t0=t0,
             drafter=drafter,
         )
+    if drafter is not None:
+        print(f"{args.out / 'index.html'}: {drafter_line(numbers['drafter'])}", file=sys.stderr)
     print(f"{args.out / 'index.html'}: {numbers['recommendation']['text']}", file=sys.stderr)
     if numbers.get("chunked"):
         print(f"long documents: {numbers['chunked']['text']}", file=sys.stderr)
     print(f"({time.perf_counter() - t0:.1f} s; numbers in {args.out / 'report.json'})", file=sys.stderr)
     return 0
+
+
+def drafter_line(d: dict) -> str:
+    """The drafter setup's recommendation in one line, as the page leads with it: the plan, its predicted
+    throughput against SpecForge-style random padded batches and its heaviest micro-batch's activations
+    (:func:`padfree.tools.report.memory_sentence`)."""
+    from padfree.tools.report import memory_sentence
+
+    rec, base = d["recommendation"], d["specforge_random"]
+    return (
+        f"drafter {d['method']} (recipe {d.get('recipe', '')}): use {rec['strategy']}, predicted "
+        f"{rec['over_specforge_random']:.2f}x the throughput of SpecForge-style random padded batches "
+        f"(their tokens {base['padding_efficiency']:.1%} real); {memory_sentence(d)}"
+    )

@@ -47,6 +47,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
+TARGET_DEFAULTS = {"hidden": 4096, "layers": 32, "vocab": 128256}
+"""The target a drafter setup assumes without ``--target`` or its size options (a Llama-3-8B's shape)."""
+
+
+def target_sizes(args: argparse.Namespace) -> dict:
+    """The target's sizes for a drafter setup: from ``--target DIR``'s config.json (its heads, key-value heads
+    and MLP width too), else ``--target-hidden``, ``--target-layers``, ``--vocab`` or their defaults (heads
+    of 128 dimensions, a quarter as many key-value heads, an MLP 3x the hidden size: the common shapes). Both
+    at once is a one-line :class:`ConfigError`."""
+    given = {"hidden": args.target_hidden, "layers": args.target_layers, "vocab": args.vocab}
+    if args.target is None:
+        sizes = {k: TARGET_DEFAULTS[k] if v is None else v for k, v in given.items()}
+        heads = max(1, sizes["hidden"] // 128)
+        return {**sizes, "heads": heads, "kv_heads": max(1, heads // 4), "intermediate": 3 * sizes["hidden"]}
+    flags = {"hidden": "--target-hidden", "layers": "--target-layers", "vocab": "--vocab"}
+    both = [flags[k] for k, v in given.items() if v is not None]
+    if both:
+        raise ConfigError(f"{both[0]} and --target: the target folder's config.json gives its sizes")
+    from padfree.models import read_config_json
+
+    if not Path(args.target).is_dir():
+        raise ConfigError(f"{args.target}: target not found (give a local folder written by save_pretrained)")
+    cfg = read_config_json(Path(args.target))
+    cfg = {**cfg, **(cfg.get("text_config") or {})}  # a multimodal config keeps its decoder's sizes there
+    need = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")
+    missing = [k for k in need if not isinstance(cfg.get(k), int) or cfg[k] <= 0]
+    if missing:
+        raise ConfigError(f"{Path(args.target) / 'config.json'}: no {missing[0]} (a positive integer)")
+    heads = cfg["num_attention_heads"]
+    return {
+        "hidden": cfg["hidden_size"],
+        "layers": cfg["num_hidden_layers"],
+        "vocab": cfg["vocab_size"],
+        "heads": heads,
+        "kv_heads": int(cfg.get("num_key_value_heads") or heads),
+        "intermediate": int(cfg.get("intermediate_size") or 4 * cfg["hidden_size"]),
+    }
+
+
 def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
     """The drafter-setup options (``--drafter`` and its shape, anchors and cache), shared by ``simulate``
     and ``report``; :func:`drafter_setup` reads them."""
@@ -60,9 +99,16 @@ def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
         "present, else every token but the first)",
     )
     add_number(d, "--anchor-budget", None, "DFlash blocks per micro-batch at most")
-    add_number(d, "--target-hidden", 4096, "target hidden size (default 4096)")
-    add_number(d, "--target-layers", 32, "target layers (default 32)")
-    add_number(d, "--vocab", 128256, "vocabulary (default 128256)")
+    d.add_argument(
+        "--target",
+        type=Path,
+        default=None,
+        help="the target's local transformers folder: its config.json gives the hidden size, layers, "
+        "vocabulary, heads and MLP width (instead of --target-hidden, --target-layers, --vocab)",
+    )
+    add_number(d, "--target-hidden", None, f"target hidden size (default {TARGET_DEFAULTS['hidden']})")
+    add_number(d, "--target-layers", None, f"target layers (default {TARGET_DEFAULTS['layers']})")
+    add_number(d, "--vocab", None, f"vocabulary (default {TARGET_DEFAULTS['vocab']})")
     add_number(
         d,
         "--cache-layers",
@@ -170,10 +216,12 @@ def drafter_setup(args: argparse.Namespace, cfg, lengths):
         aux = assistant_path(Path(args.lengths))
     lengths = np.asarray(lengths, dtype=np.int64)
     loss = np.maximum(lengths - 1, 0) if aux is None else read_loss_counts(aux, lengths)
-    if args.cache_layers is not None and args.cache_layers > args.target_layers:
+    target = target_sizes(args)
+    if args.cache_layers is not None and args.cache_layers > target["layers"]:
+        source = "--target" if args.target is not None else "--target-layers"
         raise ConfigError(
-            f"--cache-layers {args.cache_layers}: the target has {args.target_layers} layers "
-            "(--target-layers); a hidden-state cache keeps at most one per layer"
+            f"--cache-layers {args.cache_layers}: the target has {target['layers']} layers "
+            f"({source}); a hidden-state cache keeps at most one per layer"
         )
     anchors = None
     if spec.uses_anchors:
@@ -182,20 +230,22 @@ def drafter_setup(args: argparse.Namespace, cfg, lengths):
         )
     dvocab = recipe.draft_vocab if not spec.uses_anchors and recipe.draft_vocab else None
     shape = DrafterShape(
-        hidden=args.target_hidden,
-        layers=args.target_layers,
-        vocab=args.vocab,
+        hidden=target["hidden"],
+        layers=target["layers"],
+        vocab=target["vocab"],
         draft_layers=args.draft_layers if spec.uses_anchors else 1,
         draft_vocab=dvocab,
     )
     if args.cost is None:
         cfg = cfg.with_(cost=spec.cost(shape, recipe.block_size, recipe.ttt))
-    memory = memory_model(spec.uses_anchors, shape, recipe)
+    memory = memory_model(spec.uses_anchors, shape, recipe, target)
     anchor_budget = args.anchor_budget if spec.uses_anchors else None
     if args.memory_gb is not None:
         mem = args.memory_gb * 2**30
         if spec.uses_anchors:
             by_memory = drafter_memory.anchor_budget(memory, mem, cfg.budget)
+            if anchor_budget is None or anchor_budget > by_memory:  # the memory binds
+                drafter_memory.check_anchors_fit(by_memory, anchors, mem, cfg.budget)
             anchor_budget = min(anchor_budget or by_memory, by_memory)
         else:
             attn = drafter_memory.attention_budget(memory, mem, cfg.budget)
@@ -213,9 +263,10 @@ def drafter_setup(args: argparse.Namespace, cfg, lengths):
         "draft_blocks": int(anchors.sum()) if anchors is not None else 0,
         "anchors_per_sample": float(anchors.mean()) if anchors is not None else 0.0,
         "cache_layers": layers,
-        "hidden": args.target_hidden,
+        "hidden": target["hidden"],
+        "target": str(args.target) if args.target is not None else None,
         "cache_bytes_per_value": args.cache_bytes,
-        "cache_bytes": offline_cache_bytes(tokens, layers, args.target_hidden, args.cache_bytes),
+        "cache_bytes": offline_cache_bytes(tokens, layers, target["hidden"], args.cache_bytes),
         "loss_counts": str(aux) if aux is not None else "every token but the first",
         "memory_model": dataclasses.asdict(memory),
         "memory_gb": args.memory_gb,
@@ -223,19 +274,21 @@ def drafter_setup(args: argparse.Namespace, cfg, lengths):
     return cfg, anchors, report
 
 
-def memory_model(uses_anchors: bool, shape, recipe):
-    """The drafter's activation memory model for a target of ``shape`` (heads of 128 dimensions, a quarter as
-    many key-value heads, an intermediate 3x the hidden size: the common shapes; the chunked LM head over the
-    draft vocabulary)."""
+def memory_model(uses_anchors: bool, shape, recipe, sizes: dict | None = None):
+    """The drafter's activation memory model for a target of ``shape`` (``sizes``: its heads, key-value heads
+    and MLP width, :func:`target_sizes`; default the common shapes: heads of 128 dimensions, a quarter as
+    many key-value heads, an intermediate 3x the hidden size; the chunked LM head over the draft
+    vocabulary)."""
     from padfree.drafter import memory as drafter_memory
 
     heads = max(1, shape.hidden // 128)
+    sizes = sizes or {"heads": heads, "kv_heads": max(1, heads // 4), "intermediate": 3 * shape.hidden}
     return drafter_memory.analytic(
         uses_anchors,
         hidden=shape.hidden,
-        heads=heads,
-        kv_heads=max(1, heads // 4),
-        intermediate=3 * shape.hidden,
+        heads=sizes["heads"],
+        kv_heads=sizes["kv_heads"],
+        intermediate=sizes["intermediate"],
         draft_layers=shape.draft_layers,
         fused_layers=recipe.fused_layers,
         block_size=recipe.block_size,

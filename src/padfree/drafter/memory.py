@@ -84,6 +84,19 @@ class MemoryModel:
             + self.per_attention * np.asarray(attention)
         )
 
+    def parts_of(self, shapes: Shapes, i: int) -> dict[str, float]:
+        """Micro-batch ``i``'s bytes by what holds them: ``tokens`` (the fixed LM-head chunk, the target's
+        states and the drafter's context per token), ``draft_queries`` (DFlash's block queries through every
+        draft layer) and ``attention`` (score tensors: DFlash's context scores, EAGLE-3's ``l x l`` per
+        step). Their sum is :meth:`micro_bytes`'s ``i``-th."""
+        blocks = 0.0 if shapes.blocks is None else float(shapes.blocks[i])
+        reach = 0.0 if shapes.reach is None else float(shapes.reach[i])
+        return {
+            "tokens": self.fixed + self.per_token * float(shapes.slots[i]),
+            "draft_queries": self.per_block * blocks,
+            "attention": self.per_reach * reach + self.per_attention * float(shapes.attn[i]),
+        }
+
     def micro_bytes(self, shapes: Shapes) -> np.ndarray:
         """Bytes of every micro-batch of a plan (:func:`padfree.core.cost.micro_shapes`)."""
         zero = np.zeros_like(shapes.slots, dtype=np.float64)
@@ -170,6 +183,24 @@ def anchor_budget(model: MemoryModel, memory: float, budget: int, *, block_cap: 
         )
     n = int(spare // per_block) if per_block > 0 else 2**31 - 1
     return max(1, min(n, block_cap if block_cap is not None else n))
+
+
+def check_anchors_fit(blocks: int | None, anchors, memory: float, budget: int) -> None:
+    """Refuse, in one line naming the options that fix it, a sample whose anchors exceed the ``blocks`` a
+    micro-batch may open within ``--memory-gb`` (``memory`` bytes; :func:`anchor_budget`): its blocks cannot
+    be split across micro-batches. ``--max-anchors`` (the recipe's cap per document; ``report``,
+    ``simulate`` and ``examples/train_drafter.py`` take it), a larger ``--memory-gb`` or a smaller
+    ``--budget`` (more blocks fit) each work; the planner's own error would name its ``anchor_budget``."""
+    if blocks is None or anchors is None or len(anchors) == 0:
+        return
+    a = np.asarray(anchors, dtype=np.int64)
+    i = int(np.argmax(a))
+    if int(a[i]) > blocks:
+        raise ConfigError(
+            f"--memory-gb {memory / 2**30:g} allows {blocks} draft blocks per micro-batch of --budget "
+            f"{budget} tokens, fewer than sample {i}'s {int(a[i])} anchors: pass --max-anchors {blocks} "
+            "(anchors per document at most), raise --memory-gb or lower --budget"
+        )
 
 
 def attention_budget(model: MemoryModel, memory: float, budget: int) -> int | None:

@@ -2,15 +2,16 @@
 tests and benchmarks that run their real code beside padfree's.
 
 Their releases pin other versions of padfree's dependencies (transformers, datasets, torch), so they are never
-padfree dependencies: ``make setup-dev`` installs their wheels without dependencies (``PEERS`` below, plus the
-two small libraries their model modules import, the ``peers`` extra). What imports then, on torch 2.13 /
-transformers 5.24, CPU:
+padfree dependencies: ``make drafter`` (a user's) and ``make setup-dev`` install their wheels without
+dependencies (``PEERS`` below, plus the libraries their model modules import, the ``peers`` extra: loguru,
+httpx, openai, hs-connectors). What imports then, on torch 2.13 / transformers 5.24, CPU:
 
 - ``dflash``: ``dflash.model`` (``DFlashDraftModel``, ``dflash_generate``) and ``dflash.benchmark``.
 - ``speculators``: the package, ``models.dflash``, ``models.eagle3``, ``train.data``,
   ``train.distributed_batch_sampler``, ``train.trainer``, ``convert``; its data-generation clients import
-  ``openai`` and ``hs_connectors`` at module level, which no model, sampler or collate function calls: they
-  are stubbed here when absent.
+  ``openai`` and ``hs_connectors`` at module level (``models.eagle3`` imports one of them), which no model,
+  sampler or collate function calls: the ``peers`` extra installs them; :func:`import_peer` stubs them only
+  where they are absent.
 - ``specforge``: the package, ``algorithms.common.dflash_family_model``, ``data``, ``training``, ``modeling``;
   ``algorithms.eagle3.model`` imports ``triton`` (GPU only) and does not import here.
 

@@ -18,6 +18,7 @@ the sampler's default headroom).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -127,7 +128,8 @@ def simulate_batches(
 ) -> dict:
     """Predicted time and throughput of micro-batches given in plan order (``lens`` in order, ``offsets``;
     a drafter plan's ``anchors`` in the same order add its blocks to the costs and ``draft_blocks``; a drafter
-    ``memory`` model adds ``peak_bytes``, the heaviest micro-batch's activations).
+    ``memory`` model adds ``peak_bytes``, the heaviest micro-batch's activations, and ``peak_parts``, what
+    holds them: :meth:`~padfree.drafter.memory.MemoryModel.parts_of`).
 
     >>> out = simulate_batches(np.array([10, 10, 20, 20]), np.array([0, 2, 4]), False, 2, 1,
     ...                        CostModel(a=1.0, b=0.0, c=0.0))
@@ -141,7 +143,7 @@ def simulate_batches(
     step = step_costs(per_rank)
     total = float(step.sum())
     tokens = float(shapes.real.sum())
-    out = {
+    out: dict[str, Any] = {
         "tokens": tokens,
         "steps": int(step.shape[0]),
         "padding_efficiency": float(tokens / shapes.slots.sum()),
@@ -153,7 +155,9 @@ def simulate_batches(
         out["draft_blocks"] = float(shapes.anchors.sum())
         out["draft_block_efficiency"] = float(shapes.anchors.sum() / max(float(shapes.blocks.sum()), 1.0))
     if memory is not None:
-        out["peak_bytes"] = float(memory.micro_bytes(shapes).max())
+        peaks = memory.micro_bytes(shapes)
+        out["peak_bytes"] = float(peaks.max())
+        out["peak_parts"] = memory.parts_of(shapes, int(np.argmax(peaks)))
     if seconds_per_unit is not None:
         out["epoch_seconds"] = total * seconds_per_unit
         out["tokens_per_second"] = tokens / (total * seconds_per_unit)

@@ -77,7 +77,8 @@ def drafter_numbers(
         lengths, config, STRATEGIES, seconds_per_unit, naive=False, path=path, anchors=anchors, memory=memory
     )
     keep = ("tokens_per_unit", "ratio_to_sorted", "padding_efficiency", "imbalance", "steps", "draft_blocks",
-            "draft_block_efficiency", "tokens_per_second", "epoch_seconds", "peak_bytes")  # fmt: skip
+            "draft_block_efficiency", "tokens_per_second", "epoch_seconds", "peak_bytes",
+            "peak_parts")  # fmt: skip
     rows = {s: {k: r[k] for k in keep if k in r} for s, r in sim["strategies"].items()}
     items = make_items(validate_lengths(lengths, path), config.budget, config.overlong, path)
     order, offsets = fixed_count(items.length, config.budget, np.random.default_rng([config.seed, 7]))
@@ -106,6 +107,45 @@ def drafter_numbers(
         "specforge_random": base,
         "recommendation": {"strategy": best, "over_specforge_random": over},
     }
+
+
+PATH_NOTE = (
+    "examples/train_drafter.py's tensors on any device, a GPU's included: a float32 drafter, attention run "
+    "eagerly per document"
+)
+"""What the activation figures describe (the example trains with the same eager per-document attention on a
+CPU and on a GPU; :mod:`padfree.drafter.memory`)."""
+
+PARTS = {"draft_queries": "draft queries", "attention": "attention scores", "tokens": "per-token states"}
+
+
+def memory_sentence(d: dict) -> str:
+    """The drafter section's activation figure in words (the page and the terminal say it alike): the
+    recommended plan's heaviest micro-batch, what holds its bytes, the path it describes, and either the
+    ``--memory-gb`` bound it was planned within or the options that bound it (``report`` and
+    ``examples/train_drafter.py`` both take them)."""
+    rec = d["recommendation"]["strategy"]
+    pick = d["strategies"][rec]
+    parts = pick.get("peak_parts") or {}
+    split = ", ".join(
+        f"{parts[k] / 2**30:,.2f} GiB {name}" for k, name in PARTS.items() if parts.get(k, 0.0) > 0
+    )
+    text = (
+        f"its heaviest micro-batch takes {pick['peak_bytes'] / 2**30:,.2f} GiB of activations"
+        + (f" ({split})" if split else "")
+        + f" by {d['memory_model']['source']}: {PATH_NOTE}"
+    )
+    if d.get("memory_gb") is not None:
+        return text + f"; planned within --memory-gb {d['memory_gb']:g}"
+    bounded = (
+        "draft blocks (a document with more anchors than that needs --max-anchors, the error says how many)"
+        if d.get("uses_anchors")
+        else "attention scores"
+    )
+    return text + (
+        f"; to fit a device, pass --memory-gb G (GiB a micro-batch's activations may take) to report and to "
+        f"examples/train_drafter.py: it caps each micro-batch's {bounded}; or lower --budget"
+    )
 
 
 def write_report(

@@ -129,6 +129,8 @@ def _drafter(d: dict) -> str:
     """The drafter setup's section, first on the page when the report has one: its recommendation beside what
     users run today (SpecForge-style random padded batches), predicted throughput, padding (tokens and anchor
     slots), rank imbalance and the activation peak per strategy, and the offline cache size."""
+    from padfree.tools.report import memory_sentence
+
     e = html.escape
     secs = any("tokens_per_second" in r for r in d["strategies"].values())
     anchored = d.get("uses_anchors", False)
@@ -157,7 +159,6 @@ def _drafter(d: dict) -> str:
     blocks = f", {d['draft_blocks']:,} {e(d.get('title', ''))} blocks per epoch" if anchored else ""
     per = f" ({d['anchors_per_sample']:.1f} anchors per sample)" if anchored else ""
     base, pick = d["specforge_random"], d["strategies"][rec["strategy"]]
-    budget = f" within the {d['memory_gb']:g} GiB activation budget" if d.get("memory_gb") is not None else ""
     slots = f", their anchor slots {base.get('draft_block_efficiency', 1.0):.1%} real" if anchored else ""
     return (
         f"<h2 id='drafter'>Drafter setup: {e(d['method'])}, recipe {e(str(d.get('recipe', '')))}</h2>"
@@ -165,9 +166,8 @@ def _drafter(d: dict) -> str:
         f"{e(d.get('title', d['method']))} drafter, padfree's {e(rec['strategy'])} plan is predicted "
         f"{rec['over_specforge_random']:.2f}x the throughput of SpecForge-style random padded batches at "
         f"{d['world_size']} ranks: their tokens are {base['padding_efficiency']:.1%} real{slots}, their "
-        f"rank imbalance {base['imbalance']:.3f} (padfree's {pick['imbalance']:.3f}); its heaviest "
-        f"micro-batch takes {pick['peak_bytes'] / 2**30:,.2f} GiB of activations{budget} "
-        f"({e(d['memory_model']['source'])}).</p></div>"
+        f"rank imbalance {base['imbalance']:.3f} (padfree's {pick['imbalance']:.3f}); "
+        f"{e(memory_sentence(d))}.</p></div>"
         f"<p class='note'>{e(d.get('recipe_line', ''))}{per}. Predicted throughput of a frozen target + "
         f"drafter step (the drafter's anchors in every plan{blocks}; cost model a={c['a']:.3g} "
         f"b={c['b']:.3g} c={c['c']:.3g} d={c['d']:.3g} e={c['e']:.3g}, {e(str(c['source']))}). An offline "
