@@ -450,17 +450,6 @@ def test_report_drafter_memory_figure_names_its_path_and_options_that_work(
 
 
 @pytest.fixture(scope="module")
-def example_parser():
-    """``examples/train_drafter.py``'s ``parse_args``."""
-    import importlib.util
-    import sys
-
-    root = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(root / "examples"))
-    spec = importlib.util.spec_from_file_location(
-        "train_drafter_options", root / "examples" / "train_drafter.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.parse_args
+def example_parser(example):
+    """``examples/train_drafter.py``'s ``parse_args`` (the ``example`` fixture of tests/conftest.py)."""
+    return example.parse_args
