@@ -21,6 +21,10 @@ TINY_MODEL = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "nu
 """The smallest model sizes the training tests build (``build_model(name, **TINY_MODEL)``); tests import it
 with ``from conftest import TINY_MODEL`` and override what they need."""
 
+GQA_MODEL = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
+"""Two layers with grouped-query heads: what the attention and chunked-schedule tests compare paths on."""
+
 
 @pytest.fixture(scope="session")
 def seed_mix() -> np.ndarray:

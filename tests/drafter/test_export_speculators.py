@@ -26,10 +26,27 @@ def folder(tmp_path_factory, hf_json):
     return save_target_folder(tmp_path_factory.mktemp("target") / "llama", hf_json, family="llama", seed=2)
 
 
+def _exported(target, folder, recipe, doc, seed, out):
+    """An EAGLE-3 drafter on ``target`` with perturbed (so not trivial) weights, exported in speculators'
+    format to ``out``: ``(models, batch, the target's output, padfree's logits at every
+    test-time-training step)``."""
+    vocab = target.config.vocab_size
+    m = build_models("eagle3", vocab=vocab, recipe=recipe, target=target, counts=token_counts([doc], vocab))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.trainable():
+            p.add_(0.2 * torch.randn(p.shape, generator=g))
+    batch = DrafterCollator("eagle3", recipe=recipe, layout="packed")([doc])
+    out_t = run_target(m.target, batch.contract, m.layers)
+    with torch.no_grad():
+        ours = [m.drafter.lm_head(h) for h in m.drafter(out_t.hidden, batch)]
+    export_models(m, "speculators", out, mask_token_id=0, target_path=folder)
+    return m, batch, out_t, ours
+
+
 @pytest.mark.parametrize("name", ["specforge", "speculators"])
 def test_speculators_loads_the_export_and_computes_the_same_logits(tmp_path, folder, name):
     target = load_target(folder)
-    vocab = target.config.vocab_size
     recipe = recipes.override(recipes.get(name, "eagle3"), ttt=3, draft_vocab=300)
     n = 40
     rng = np.random.default_rng(1)
@@ -37,16 +54,7 @@ def test_speculators_loads_the_export_and_computes_the_same_logits(tmp_path, fol
     mask = np.zeros(n, bool)
     mask[10:] = True
     doc = {"input_ids": ids, "loss_mask": mask, "sample_id": 0}
-    m = build_models("eagle3", vocab=vocab, recipe=recipe, target=target, counts=token_counts([doc], vocab))
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in m.trainable():
-            p.add_(0.2 * torch.randn(p.shape, generator=g))
-    batch = DrafterCollator("eagle3", recipe=recipe, layout="packed")([doc])
-    out = run_target(m.target, batch.contract, m.layers)
-    with torch.no_grad():
-        ours = [m.drafter.lm_head(h) for h in m.drafter(out.hidden, batch)]
-    export_models(m, "speculators", tmp_path / "served", mask_token_id=0, target_path=folder)
+    m, batch, out, ours = _exported(target, folder, recipe, doc, 0, tmp_path / "served")
     config = json.loads((tmp_path / "served" / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in m.layers]
     assert config["speculators_config"]["verifier"]["name_or_path"] == str(folder.resolve())
@@ -126,17 +134,7 @@ def test_the_readme_loads_an_export_in_speculators_on_cpu_without_padfrees_stubs
     rng = np.random.default_rng(3)
     n = 30
     doc = {"input_ids": rng.integers(2, 3000, n), "loss_mask": np.ones(n, bool), "sample_id": 0}
-    vocab = target.config.vocab_size
-    m = build_models("eagle3", vocab=vocab, recipe=recipe, target=target, counts=token_counts([doc], vocab))
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in m.trainable():
-            p.add_(0.2 * torch.randn(p.shape, generator=g))
-    batch = DrafterCollator("eagle3", recipe=recipe, layout="packed")([doc])
-    out = run_target(m.target, batch.contract, m.layers)
-    with torch.no_grad():
-        ours = [m.drafter.lm_head(h) for h in m.drafter(out.hidden, batch)]
-    export_models(m, "speculators", tmp_path / "served", mask_token_id=0, target_path=folder)
+    m, batch, out, ours = _exported(target, folder, recipe, doc, 1, tmp_path / "served")
     t = n - 1
     io = tmp_path / "io.pt"
     ids = torch.from_numpy(doc["input_ids"][1:])[None]

@@ -5,19 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from conftest import GQA_MODEL
 
 import padfree.torch.attention as pa
 from padfree.errors import ConfigError
 from padfree.models import build_model
 
-SMALL = {
-    "vocab_size": 128,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,  # grouped-query heads
-}
+SMALL = GQA_MODEL
 LENGTHS = (9, 17, 3, 26, 1, 12)
 
 

@@ -7,6 +7,7 @@ import contextlib
 import pytest
 import torch
 import transformers
+from conftest import GQA_MODEL
 
 import padfree.torch.attention as pa
 from padfree.errors import ConfigError
@@ -14,14 +15,7 @@ from padfree.models import build_model
 from padfree.torch._loss import token_loss_sum
 from padfree.torch.chunked import chunk_lengths, chunked_backward
 
-SMALL = {
-    "vocab_size": 128,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,  # grouped-query heads
-}
+SMALL = GQA_MODEL
 CHUNK = 16
 
 
