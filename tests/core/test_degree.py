@@ -79,7 +79,7 @@ def test_brute_force_group_schedule_on_small_inputs(seed):
         strategy="packed", budget=budget, world_size=int(rng.integers(1, 4)),
         grad_accum=int(rng.integers(1, 4)), sp=sp, cp=cp, overlong=overlong, seed=seed,
     )  # fmt: skip
-    gp = plan_degrees(lengths, cfg, epoch=seed % 3, comm=float(rng.random()))
+    gp = plan_degrees(lengths, cfg, epoch=seed % 3, comm=float(rng.random()), fill=seed % 5 != 0)
     check_schedule(gp, lengths)
 
 
@@ -93,6 +93,10 @@ def test_short_documents_run_at_degree_one_and_long_ones_at_the_full_degree():
     nonempty = np.diff(gp.row_offsets) > 0
     assert np.all((per_row[nonempty] > 256) == (deg[nonempty] == 4))
     assert (gp.degree == 1).sum() > (gp.degree == 4).sum() > 0
+    alone = plan_degrees(lengths, cfg, comm=0.1, fill=False)  # no short document at degree 4
+    check_schedule(alone, lengths)
+    wide = np.repeat(alone.row_degrees(), np.diff(alone.row_offsets)) == 4
+    assert np.array_equal(wide, alone.lengths > 256)
     # rows are full: the degree-1 rows hold on average > 90% of the budget
     assert (
         gp.lengths.sum() - gp.lengths[np.repeat(deg, np.diff(gp.row_offsets)) == 4].sum()

@@ -12,7 +12,9 @@ over the whole group (:mod:`padfree.core.shard`). :func:`plan_degrees` chooses t
 - every other document goes to a *degree-1* row of at most ``B`` tokens (best fit, nothing padded), and
   ``G`` such rows make one phase: GPU ``g`` of the group runs row ``g`` on its own (the group is then ``G``
   data-parallel GPUs for that phase; a phase's rows have similar modeled cost, the costliest ``G`` rows
-  together, and the epoch's last such phase may leave some GPUs a row with nothing in it).
+  together, and the epoch's last such phase may leave some GPUs a row with nothing in it);
+- short documents fill the room the long ones leave in degree-G rows (``fill``, default), so that every
+  phase holds about a full row's work and the DP ranks stay even.
 
 The *phases* take the place of a fixed plan's micro-batches: ``world_size * grad_accum`` make an optimizer
 step, each DP rank runs ``grad_accum`` of them (balanced by modeled cost, :func:`padfree.core.steps.
@@ -209,20 +211,20 @@ def _bins(ids: np.ndarray, size: np.ndarray, budget: int) -> tuple[np.ndarray, n
 
 
 def _wide_rows(
-    long_ids: np.ndarray, short_ids: np.ndarray, length: np.ndarray, shard: Shard, cap: int
+    long_ids: np.ndarray, short_ids: np.ndarray, length: np.ndarray, shard: Shard, cap: int, fill: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The degree-G rows: the long items best fit into rows of ``cap`` (padded for ``shard``), then the
-    short items (in their order) best fit into the room those rows leave, as long as a row has room for
-    them; returns the rows ``(order, offsets)`` and the short items left for degree-1 rows (in order)."""
+    """The degree-G rows: the long items best fit into rows of ``cap`` (padded for ``shard``), then
+    (``fill``) the short items, in their order, best fit into the room those rows leave; returns the rows
+    ``(order, offsets)`` and the short items left for degree-1 rows (in order)."""
     if long_ids.size == 0:
         return long_ids, np.zeros(1, np.int64), short_ids
-    ids = np.concatenate((long_ids, short_ids))
+    ids = np.concatenate((long_ids, short_ids)) if fill else long_ids
     bin_of, n_bins = _kernels.best_fit(shard.sizes(length[ids], packed=True), int(cap))
     n_wide = int(bin_of[: long_ids.size].max()) + 1  # bins are numbered as opened: the long items' first
     in_wide = bin_of < n_wide
     order = ids[in_wide][_kernels.counting_argsort(bin_of[in_wide], n_wide)]
     offsets = np.concatenate(([0], np.cumsum(np.bincount(bin_of[in_wide], minlength=n_wide))))
-    return order, offsets.astype(np.int64), ids[~in_wide]
+    return order, offsets.astype(np.int64), ids[~in_wide] if fill else short_ids
 
 
 def plan_degrees(
@@ -231,12 +233,16 @@ def plan_degrees(
     epoch: int = 0,
     *,
     comm: float = 0.0,
+    fill: bool = True,
     path: str | None = None,
 ) -> GroupPlan:
     """Plan one epoch with a degree per micro-batch (see the module): a pure function of (lengths,
     config, epoch, comm). ``config`` is a packed SP/CP plan's (``sp * cp > 1``); documents over its group
     row (``sp * cp * budget``) meet its overlong policy; ``comm`` is the communication term of a sharded
-    row in the costs that balance the DP ranks (:meth:`GroupPlan.costs`).
+    row in the costs that balance the DP ranks (:meth:`GroupPlan.costs`). ``fill``: short documents fill
+    the room the long ones leave in degree-G rows (every phase then does about a full row's work, which
+    keeps the DP ranks even, at ``comm`` per token for those documents); ``False`` keeps them all at
+    degree 1.
     """
     epoch = check_epoch(epoch)
     comm = check_comm(comm)
@@ -261,7 +267,7 @@ def plan_degrees(
     length = items.length
     perm = rng.permutation(len(items))
     wide = length[perm] > budget
-    long_order, long_off, short_ids = _wide_rows(perm[wide], perm[~wide], length, shard, cap)
+    long_order, long_off, short_ids = _wide_rows(perm[wide], perm[~wide], length, shard, cap, fill)
     short_order, short_off = _bins(short_ids, length[short_ids], budget)
     order = np.concatenate((long_order, short_order))
     offsets = np.concatenate((long_off, long_off[-1] + short_off[1:]))
