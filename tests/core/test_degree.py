@@ -5,6 +5,7 @@ full degree where long documents are rare."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import numpy as np
@@ -171,3 +172,35 @@ def test_tail_kept_whole_when_dealing_it_anew_would_overflow_a_row(monkeypatch):
     gp = plan_degrees(lengths, cfg)
     check_schedule(gp, lengths)
     assert (np.diff(gp.row_offsets) == 0).sum() >= 4  # at least one whole phase of idle GPUs
+
+
+def test_cli_plan_per_batch_degree(tmp_path, capsys):
+    from padfree.cli import main
+
+    lengths = tmp_path / "lengths.npy"
+    values = lengths_long_tail(1500, 2, 256, 2048)
+    np.save(lengths, values)
+    out = tmp_path / "plan.jsonl"
+    opts = ["--strategy", "packed", "--budget", "256", "--world-size", "2", "--grad-accum", "2", "--sp", "4"]
+    args = ["plan", str(lengths), *opts, "--degree", "per-batch", "--comm", "0.1", "--out", str(out)]
+    assert main([*args, "--overlong", "split"]) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["degree"] for r in recs} == {1, 4} and len(recs) % 4 == 0
+    tokens: Counter = Counter()
+    for r in recs:
+        if r["degree"] == 4:
+            rows = [(r["indices"], r["lengths"])]
+        else:
+            assert len(r["gpus"]) == 4 and all(sum(ls) <= 256 for ls in r["gpu_lengths"])
+            rows = list(zip(r["gpus"], r["gpu_lengths"], strict=True))
+        for ids, ls in rows:
+            for i, n in zip(ids, ls, strict=True):
+                tokens[i] += n
+    assert tokens == Counter({i: int(v) for i, v in enumerate(values)})  # every sample's tokens once
+    assert "phases" in capsys.readouterr().err
+    assert (
+        main(["plan", str(lengths), "--strategy", "packed", "--degree", "per-batch", "--out", str(out)]) == 2
+    )
+    assert "needs sp or cp > 1" in capsys.readouterr().err
+    assert main(["plan", str(lengths), "--strategy", "packed", "--comm", "0.1", "--sp", "2"]) == 2
+    assert "give it with --degree per-batch" in capsys.readouterr().err

@@ -142,6 +142,7 @@ NUMERIC: dict[str, Bounded] = {
     "--buckets": BUCKETS,
     "--sp": SHARD,
     "--cp": SHARD,
+    "--comm": Bounded(float, 0, 1e6),
     "--mix": MIX,
     "--seed": SEED,
     "--epoch": SEED,

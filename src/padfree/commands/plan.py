@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from padfree.commands.common import (
     add_number,
@@ -16,6 +18,10 @@ from padfree.commands.common import (
     load_lengths,
     writing,
 )
+from padfree.errors import ConfigError
+
+if TYPE_CHECKING:
+    from padfree.core.degree import GroupPlan
 
 NAME = "plan"
 HELP = (
@@ -35,17 +41,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "grad-accum x budget tokens as consecutive chunks on one rank in one step, with starts)",
     )
     add_number(p, "--epoch", 0, "epoch to plan (default 0)")
+    p.add_argument(
+        "--degree",
+        choices=("fixed", "per-batch"),
+        default="fixed",
+        help="SP/CP degree of each micro-batch: fixed (every row over the sp x cp group, the default) or "
+        "per-batch (packed only: documents over --budget in rows over the group, the others in rows of "
+        '--budget run one per GPU; each line a phase with its "degree", and at degree 1 "gpus": one list '
+        "of samples per GPU of the group)",
+    )
+    add_number(
+        p, "--comm", 0.0, "per-batch: token-equivalents per token a sharded row adds for its communication, "
+        "in the costs that balance the data-parallel ranks (default 0)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("-"), help="output .jsonl ('-' for stdout, the default)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from padfree.core.degree import plan_degrees
     from padfree.core.planner import make_plan
 
     cfg = config_from_args(args, args.strategy)
+    if args.comm and args.degree != "per-batch":
+        raise ConfigError(
+            "--comm is the per-batch degree's communication term: give it with --degree per-batch"
+        )
     to_stdout = str(args.out) == "-"
     if not to_stdout:
         check_output(args.out, "the plan")
     lengths, path, _ = load_lengths(args)
+    if args.degree == "per-batch":
+        return write_group_plan(args, plan_degrees(lengths, cfg, args.epoch, comm=args.comm, path=path))
     p = make_plan(lengths, cfg, args.epoch, path=path)
     cut = p.starts is None and p.truncated > 0  # one shape for the whole file: pieces' lengths on every line
 
@@ -55,23 +81,42 @@ def run(args: argparse.Namespace) -> int:
                 rec["lengths"] = p.lengths[p.offsets[j] : p.offsets[j + 1]].tolist()
             yield json.dumps(rec, separators=(",", ":")) + "\n"
 
+    summary = f"{p.n_micro} micro-batches in {p.n_steps} steps"
+    return write_lines(args, lines(), summary, p.n_samples, (p.truncated, p.split, p.dropped))
+
+
+def write_group_plan(args: argparse.Namespace, gp: GroupPlan) -> int:
+    """``--degree per-batch``: one line per phase (:meth:`padfree.core.degree.GroupPlan.records`)."""
+    lines = (json.dumps(rec, separators=(",", ":")) + "\n" for rec in gp.records())
+    wide = int((gp.degree > 1).sum())
+    summary = f"{gp.n_phases} phases ({wide} at degree {gp.group}) in {gp.n_steps} steps"
+    r = gp.report
+    return write_lines(args, lines, summary, r.n_samples, (r.truncated, r.split, r.dropped))
+
+
+def write_lines(
+    args: argparse.Namespace, lines: Iterable[str], summary: str, n_samples: int, report: tuple[int, int, int]
+) -> int:
+    """Write the plan's lines to ``--out`` (or standard output); no half-written file is left behind."""
+    to_stdout = str(args.out) == "-"
+
     if to_stdout:  # an OSError here is standard output's: the CLI boundary names it
-        for line in lines():
+        for line in lines:
             sys.stdout.write(line)
         return 0
     created = not args.out.exists()
     try:
         with writing(args.out, "the plan"), args.out.open("w") as stream:
-            for line in lines():
+            for line in lines:
                 stream.write(line)
     except BaseException:
         if created and args.out.is_file():  # no half-written plan left behind
             args.out.unlink()
         raise
-    if not to_stdout:
-        print(
-            f"{args.out}: {p.n_micro} micro-batches in {p.n_steps} steps for {p.n_samples} samples "
-            f"(truncated {p.truncated}, split {p.split}, dropped {p.dropped})",
-            file=sys.stderr,
-        )
+    truncated, split, dropped = report
+    print(
+        f"{args.out}: {summary} for {n_samples} samples "
+        f"(truncated {truncated}, split {split}, dropped {dropped})",
+        file=sys.stderr,
+    )
     return 0

@@ -138,6 +138,37 @@ class GroupPlan:
         for k in self.phase_ids(rank).tolist():
             yield k, int(self.degree[k]), self.gpu_micro(k, gpu)
 
+    def records(self) -> Iterator[dict]:
+        """One dict per phase: ``{"epoch", "step", "rank", "micro", "degree"}`` and, at degree ``G``,
+        ``"indices"`` (every GPU of the group runs its shard of that row), at degree 1 ``"gpus"``: ``G``
+        lists of sample ids, GPU ``g`` runs the ``g``-th. With ``pieces`` (samples split or truncated)
+        ``"starts"`` and ``"lengths"`` follow the same shape (``starts`` when split)."""
+        c = self.config
+        k = c.micro_per_step
+        pieces = self.starts is not None or self.report.truncated > 0
+        for j in range(self.n_phases):
+            rows = range(int(self.first_row[j]), int(self.first_row[j + 1]))
+            spans = [(int(self.row_offsets[r]), int(self.row_offsets[r + 1])) for r in rows]
+            rec: dict = {
+                "epoch": self.epoch,
+                "step": j // k,
+                "rank": (j % k) // c.grad_accum,
+                "micro": j % c.grad_accum,
+                "degree": int(self.degree[j]),
+            }
+            fields = [("indices", self.indices)]
+            if self.starts is not None:
+                fields.append(("starts", self.starts))
+            if pieces:
+                fields.append(("lengths", self.lengths))
+            for name, arr in fields:
+                per_row = [arr[a:b].tolist() for a, b in spans]
+                if self.degree[j] > 1:
+                    rec[name] = per_row[0]
+                else:
+                    rec["gpus" if name == "indices" else f"gpu_{name}"] = per_row
+            yield rec
+
     def row_degrees(self) -> np.ndarray:
         """The degree of each row (its phase's)."""
         return np.repeat(self.degree, np.diff(self.first_row))
