@@ -93,3 +93,13 @@ def test_an_unassigned_plan_refuses_to_name_ranks_and_the_loss_counts_are_checke
         next(plan.records())
     with pytest.raises(ConfigError, match="loss_tokens"):
         EpochSource.of(lengths, cfg, loss_tokens=lengths)  # a count must be < the sample's length
+
+
+def test_dynamic_balance_is_refused_with_sp_or_cp():
+    """Dynamic re-cuts among ranks do not pad for the shard (bypassed, they filled rows past the group's
+    sp x cp x budget row): the cursor refuses them in one line, as the sampler does."""
+    cfg = PlanConfig(strategy="packed", budget=64, world_size=2, grad_accum=2, sp=2, cp=2)
+    src = EpochSource.of(np.arange(1, 201) % 60 + 1, cfg)
+    with pytest.raises(ConfigError, match="does not re-cut SP/CP plans yet"):
+        Cursor(src, cfg, 0, dynamic=True)
+    assert Cursor(src, cfg, 0).take() is not None  # static balance plans them
