@@ -21,7 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default="tiny-llama",
-        help="tiny-llama (default), tiny-mistral, tiny-qwen2, tiny-gemma, or a directory with config.json",
+        help="tiny-llama (default), tiny-mistral, tiny-qwen2, tiny-gemma, tiny-qwen3, or a directory with "
+        "config.json",
     )
     p.add_argument(
         "--attn",
