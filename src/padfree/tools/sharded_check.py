@@ -14,6 +14,8 @@ all-to-all), which the check must report as a leak.
 from __future__ import annotations
 
 import datetime
+import json
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +124,14 @@ def check_sharded(
     n_loss = float((row["labels"] != -100).sum())
     scratch = Path(tempfile.mkdtemp(prefix=f"padfree-{mode}-check-"))
 
+    total = int(row["input_ids"].shape[1])
+    cu = spm.row_boundaries(row)
+    real = torch.cat([torch.arange(int(cu[i]), int(cu[i]) + n) for i, n in enumerate(doc_lengths)])
+    if mode == "sp":
+        order = torch.arange(total)
+    else:
+        order = torch.from_numpy(np.concatenate([cpm.zigzag_indices(cu, r, degree) for r in range(degree)]))
+
     def rank_main(rank: int, world: int, store: str) -> None:
         import torch.distributed as dist
 
@@ -135,45 +145,53 @@ def check_sharded(
         try:
             net.set_attn_implementation(impl)
             net.train()
+            params = list(net.parameters())
             shard = shard_fn(row, rank, world)
             labels = shard.pop("shift_labels")
             with shard_group():
                 logits = net(**shard, use_cache=False).logits
             (spm.shard_loss_sum(logits, labels) / n_loss).backward()
-            grads = {k: p.grad for k, p in net.named_parameters() if p.grad is not None}
-            torch.save({"logits": logits.detach()[0], "grads": grads}, scratch / f"rank{rank}.pt")
+            # the SP/CP group's gradient: every rank's summed (what DDP/FSDP over the group's mesh does)
+            grads = torch.cat(
+                [torch.zeros_like(p).reshape(-1) if p.grad is None else p.grad.reshape(-1) for p in params]
+            )
+            dist.all_reduce(grads)
+            pieces = [torch.empty_like(logits[0]) for _ in range(world)]
+            dist.all_gather(pieces, logits.detach()[0].contiguous())
+            if rank == 0:  # the unsharded reference, here: the same padded row, whole, under padfree_varlen
+                sharded = torch.empty(total, logits.shape[-1])
+                sharded[order] = torch.cat(pieces)
+                net.zero_grad()
+                net.set_attn_implementation("padfree_varlen")
+                whole = {k: v for k, v in row.items() if k not in ("labels", "seq_idx")}  # as collated (THD)
+                ref = net(**whole, use_cache=False).logits
+                (spm.shard_loss_sum(ref, spm.shift_labels(row["labels"])) / n_loss).backward()
+                want = torch.cat(
+                    [
+                        torch.zeros_like(p).reshape(-1) if p.grad is None else p.grad.reshape(-1)
+                        for p in params
+                    ]
+                )
+                with torch.no_grad():
+                    alone = [net(input_ids=d[None], use_cache=False).logits[0] for d in docs]
+                starts = [int(c) for c in cu[:-1]]
+                result = {
+                    "logit_diff": (sharded[real] - ref[0].detach()[real]).abs().max().item(),
+                    "grad_diff": (grads - want).abs().max().item(),
+                    "alone_diff": max(
+                        (sharded[b : b + len(a)] - a).abs().max().item()
+                        for b, a in zip(starts, alone, strict=True)
+                    ),
+                }
+                (scratch / "result.json").write_text(json.dumps(result))
         finally:
             dist.destroy_process_group()
 
-    launch(rank_main, degree, scratch / "no-seen-log", run=f"{mode}-check", timeout=timeout)
-    outs = [torch.load(scratch / f"rank{r}.pt") for r in range(degree)]
-    # the unsharded reference: the same padded row, whole, under padfree_varlen
-    net.train()
-    net.zero_grad()
-    cu = spm.row_boundaries(row)
-    whole = {k: v for k, v in row.items() if k not in ("labels", "seq_idx")}  # the THD batch as collated
-    ref = net(**whole, use_cache=False).logits
-    (spm.shard_loss_sum(ref, spm.shift_labels(row["labels"])) / n_loss).backward()
-    total = row["input_ids"].shape[1]
-    if mode == "sp":
-        order = torch.arange(total)
-    else:
-        order = torch.from_numpy(np.concatenate([cpm.zigzag_indices(cu, r, degree) for r in range(degree)]))
-    sharded = torch.empty_like(ref[0].detach())
-    sharded[order] = torch.cat([o["logits"] for o in outs])
-    real = torch.cat([torch.arange(int(cu[i]), int(cu[i]) + n) for i, n in enumerate(doc_lengths)])
-    logit_diff = (sharded[real] - ref[0].detach()[real]).abs().max().item()
-    grad_diff = 0.0
-    for name, p in net.named_parameters():
-        got = sum(o["grads"][name] for o in outs if name in o["grads"])
-        want = p.grad if p.grad is not None else torch.zeros_like(p)
-        grad_diff = max(grad_diff, (torch.as_tensor(got) - want).abs().max().item())
-    with torch.no_grad():
-        alone = [net(input_ids=d[None], use_cache=False).logits[0] for d in docs]
-    alone_diff = max(
-        (sharded[int(cu[i]) : int(cu[i]) + n] - a).abs().max().item()
-        for i, (n, a) in enumerate(zip(doc_lengths, alone, strict=True))
-    )
+    try:
+        launch(rank_main, degree, scratch / "no-seen-log", run=f"{mode}-check", timeout=timeout)
+        result = json.loads((scratch / "result.json").read_text())
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return ShardedCheck(
         model=model,
         family=net.config.model_type,
@@ -183,7 +201,5 @@ def check_sharded(
         impl=impl,
         doc_lengths=tuple(doc_lengths),
         row_tokens=total,
-        logit_diff=logit_diff,
-        grad_diff=grad_diff,
-        alone_diff=alone_diff,
+        **result,
     )
