@@ -35,9 +35,16 @@
   steps, with an epoch-based schedule training ends when the plan's epochs run out (the progress bar's total
   may then be off). A checkpoint without the file (not written by this class) is refused.
 
+- **sequence / context parallelism**: padfree's own (``PlanConfig(sp=N)`` or ``cp=N``, packed): consecutive
+  ranks ``N`` at a time share a data-parallel rank's micro-batches and each runs its shard of the row with
+  ``padfree_ulysses`` / ``padfree_zigzag_cp`` attention (:class:`_ShardedRows`). accelerate's
+  ``ParallelismConfig(cp_size)`` (one causal mask over the packed row) and ``sp_size`` (DeepSpeed ALST,
+  CUDA only) are refused in one line naming the fix (:func:`refuse_parallelism`).
+
 Not supported (refused with :class:`~padfree.errors.ConfigError`): ``DataParallel`` (several GPUs in one
-process), tensor/context/sequence parallelism, fractional ``num_train_epochs``, and models whose forward
-takes no loss kwargs (then ``num_items_in_batch`` would be ignored and every micro-batch averaged on its own).
+process), tensor parallelism, accelerate's context/sequence parallelism, fractional ``num_train_epochs``, and
+models whose forward takes no loss kwargs (then ``num_items_in_batch`` would be ignored and every micro-batch
+averaged on its own).
 
 Example (single process, a tiny random Llama)::
 
