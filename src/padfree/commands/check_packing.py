@@ -106,8 +106,8 @@ def run_sharded(args: argparse.Namespace) -> int:
         "--tolerance": args.tolerance is not None,
     }
     if any(others.values()):
-        bad = ", ".join(k for k, v in others.items() if v)
-        raise ConfigError(f"check-packing {flag}: runs float32 on CPU ranks (gloo) only; drop {bad}")
+        drop = ", ".join(k for k, v in others.items() if v)
+        raise ConfigError(f"check-packing {flag}: runs float32 on CPU ranks (gloo) only; drop {drop}")
     r = check_sharded(args.model, sp=args.sp, cp=args.cp, attn=args.attn, seed=args.seed)
     bad = r.leaked or not r.exact
     if args.json:
