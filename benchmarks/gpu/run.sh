@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu/run.sh                 (carry: .whl .devdata) the packing checks and training speed
 #   ONLY=drafter bash benchmarks/gpu/run.sh    the drafter runs: speed and acceptance length at a real size
 #   ONLY=all bash benchmarks/gpu/run.sh        both, in order, as far as the deadline allows
+#   ONLY=spcp bash benchmarks/gpu/run.sh       SP/CP on packed rows with NCCL (needs 2 GPUs; written, not yet run)
 # Everything it prints goes to $OUT/log.txt too; results land in $OUT (8 files at most, the limit is 8).
 #
 # Local dry run (no GPU; the venv already has the peers, cp312 wheels do not install on 3.11):
@@ -17,7 +18,7 @@ DEVICE=${DEVICE:-cuda}
 QUICK=${QUICK:-0}     # 1: tiny model, few steps (plumbing test on a CPU)
 WHEELS=${WHEELS:-1}   # 0: use the peers already installed
 SITE=${SITE:-/tmp/site}
-ONLY=${ONLY:-packing} # packing (the checks and training speed), drafter, or all
+ONLY=${ONLY:-packing} # packing (the checks and training speed), drafter, all, or spcp
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
 : > "$LOG"
@@ -67,7 +68,7 @@ except Exception as exc:
 PY
 
 tmp=$(mktemp -d)
-if [ "$ONLY" != drafter ]; then
+if [ "$ONLY" != drafter ] && [ "$ONLY" != spcp ]; then
 # (i) packing correctness on the device: packed row vs documents alone, fp32 and bf16, and the leaky control
 say "check-packing (parallel; one JSON line each in check_packing.jsonl)"
 CP="$OUT/check_packing.jsonl"
@@ -185,7 +186,7 @@ else
 fi
 fi  # ONLY != drafter
 
-if [ "$ONLY" != packing ]; then
+if [ "$ONLY" != packing ] && [ "$ONLY" != spcp ]; then
 # (vi) drafters at a real size (a public target's config, random weights for the speed run; bf16 autocast, the
 # drafters' flex attention): draft positions per second of packed plans vs random padded vs length-sorted
 # batches (benchmarks/drafter_speed.py, seconds synchronized on the device), then acceptance length per training
@@ -226,6 +227,25 @@ out.write_text(json.dumps(merged, indent=1) + "\n")
 PY
 [ "$ONLY" = drafter ] && cp "$tmp"/dqual/drafter_quality_gpu.png "$OUT"/ 2>/dev/null  # (8 files at most)
 fi  # ONLY != packing
+if [ "$ONLY" = spcp ]; then
+# (vii) sequence / context parallelism on packed rows over NCCL: what padfree checks on 2 CPU ranks with gloo
+# (check-packing --sp 2 / --cp 2, tests/test_hf_sp.py) and what it refuses because it cannot check it here:
+# accelerate's cp_size (torch context_parallel: one causal mask over the packed row) and sp_size (DeepSpeed ALST).
+# Needs 2 GPUs (skipped on one); one JSON line per check in sp_cp_gpu.jsonl.
+NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+SPCP="$OUT/sp_cp_gpu.jsonl"
+: > "$SPCP"
+if [ "$NGPU" -ge 2 ]; then
+  for mode in torch-cp alst; do
+    step 150 "SP/CP on packed rows: $mode (2 GPUs, NCCL)" "$PY" -m torch.distributed.run --standalone \
+      --nproc_per_node 2 benchmarks/gpu/sp_cp_checks.py "$mode" "$SPCP"
+  done
+else
+  say "SP/CP GPU checks skipped: $NGPU GPU(s), they need 2"
+fi
+step 120 "padfree SP/CP exactness on 2 CPU ranks (gloo), for the record" "$PY" -m pytest -q -x -p no:cacheprovider \
+  tests/torch/test_sp_cp_attention.py
+fi  # ONLY = spcp
 say "done in ${SECONDS}s; files in $OUT:"
 ls -la "$OUT"
 sleep 1  # let tee write the last lines of log.txt

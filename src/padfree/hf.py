@@ -35,9 +35,16 @@
   steps, with an epoch-based schedule training ends when the plan's epochs run out (the progress bar's total
   may then be off). A checkpoint without the file (not written by this class) is refused.
 
+- **sequence / context parallelism**: padfree's own (``PlanConfig(sp=N)`` or ``cp=N``, packed): consecutive
+  ranks ``N`` at a time share a data-parallel rank's micro-batches and each runs its shard of the row with
+  ``padfree_ulysses`` / ``padfree_zigzag_cp`` attention (:class:`_ShardedRows`). accelerate's
+  ``ParallelismConfig(cp_size)`` (one causal mask over the packed row) and ``sp_size`` (DeepSpeed ALST,
+  CUDA only) are refused in one line naming the fix (:func:`refuse_parallelism`).
+
 Not supported (refused with :class:`~padfree.errors.ConfigError`): ``DataParallel`` (several GPUs in one
-process), tensor/context/sequence parallelism, fractional ``num_train_epochs``, and models whose forward
-takes no loss kwargs (then ``num_items_in_batch`` would be ignored and every micro-batch averaged on its own).
+process), tensor parallelism, accelerate's context/sequence parallelism, fractional ``num_train_epochs``, and
+models whose forward takes no loss kwargs (then ``num_items_in_batch`` would be ignored and every micro-batch
+averaged on its own).
 
 Example (single process, a tiny random Llama)::
 
@@ -193,8 +200,11 @@ class PadfreeTrainerMixin(_TrainerBase):
         **kwargs: Any,
     ) -> None:
         options = {k: kwargs.pop(k) for k in SAMPLER_OPTIONS if k in kwargs}  # the rest is the Trainer's
+        targs_given = kwargs.get("args", args[1] if len(args) > 1 else None)
+        refuse_parallelism(getattr(targs_given, "parallelism_config", None), plan_config)
+        group = plan_config.sp * plan_config.cp
         if collator is None:
-            packed = PackCollator(chunked=plan_config.chunked)
+            packed = PackCollator(chunked=plan_config.chunked, sp=plan_config.sp, cp=plan_config.cp)
             collator = packed if plan_config.packed else PadCollator(pad_to_multiple_of=8)
         self.padfree_keep_chunks = keep_chunks
         kwargs.setdefault("data_collator", collator)
@@ -207,8 +217,14 @@ class PadfreeTrainerMixin(_TrainerBase):
             )
         if targs.n_gpu > 1:
             raise ConfigError("DataParallel (several GPUs, one process) is unsupported: one process per GPU")
-        if self.get_tp_size() * self.get_cp_size() * self.get_sp_size() != 1:
-            raise ConfigError("tensor/context/sequence parallelism is not supported with padfree plans")
+        if self.get_tp_size() != 1:
+            raise ConfigError("tensor parallelism is not supported with padfree plans")
+        refuse_parallelism(getattr(self.accelerator, "parallelism_config", None), plan_config)
+        if group > 1 and targs.world_size % group:
+            raise ConfigError(
+                f"padfree SP/CP: sp x cp = {group} processes share each micro-batch, but the world size is "
+                f"{targs.world_size}: launch a multiple of {group} (torchrun --nproc_per_node ...)"
+            )
         if targs.max_steps <= 0 and float(targs.num_train_epochs) != int(targs.num_train_epochs):
             raise ConfigError(
                 f"num_train_epochs must be a whole number (got {targs.num_train_epochs}); or use max_steps"
@@ -220,6 +236,10 @@ class PadfreeTrainerMixin(_TrainerBase):
             )
         if plan_config.packed and isinstance(self.model, torch.nn.Module):
             require_exact_packing(self.model, f"{type(self).__name__} with a packed plan")
+        self.padfree_shard: _ShardedRows | None = None
+        if group > 1:
+            self.padfree_shard = _ShardedRows(self.model, plan_config, targs.process_index, targs.world_size)
+            options.update(dp_rank=targs.process_index // group, dp_size=targs.world_size // group)
         if plan_config.chunked and getattr(self.accelerator, "scaler", None) is not None:
             raise ConfigError("chunked plans run their own backward passes: use bf16 or float32, not fp16")
         self.padfree_collator = collator
@@ -227,8 +247,8 @@ class PadfreeTrainerMixin(_TrainerBase):
             lengths,
             plan_config,
             loss_tokens=loss_tokens,
-            rank=targs.process_index,
-            world_size=targs.world_size,
+            rank=None if group > 1 else targs.process_index,
+            world_size=None if group > 1 else targs.world_size,
             **options,
         )
         self._padfree_chain: EpochChain | None = None
@@ -305,6 +325,16 @@ class PadfreeTrainerMixin(_TrainerBase):
             )
         return torch.tensor(total * scale, device=device)
 
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The Trainer's loss; with padfree SP/CP (``plan_config.sp`` / ``cp`` > 1) this rank's shard of the
+        packed row runs inside its group (:class:`_ShardedRows`), scored against the row's shifted labels."""
+        if self.padfree_shard is None:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        loss, outputs = self.padfree_shard.loss(model, inputs, num_items_in_batch)
+        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+            loss = loss * self.accelerator.num_processes  # undoes DDP's average over every rank, as Trainer
+        return (loss, outputs) if return_outputs else loss
+
     # ----- loss normalization ------------------------------------------------------------------------------
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
@@ -342,9 +372,12 @@ class PadfreeTrainerMixin(_TrainerBase):
                 f"{sorted({(i.epoch, i.step) for i in infos})}; expected {first.grad_accum} of one step"
             )
         tokens = max(int(first.step_tokens or 0), 1)
-        if self.args.average_tokens_across_devices or first.world_size == 1:
+        ranks = (
+            first.world_size * self.padfree_sampler.config.sp * self.padfree_sampler.config.cp
+        )  # every process
+        if self.args.average_tokens_across_devices or ranks == 1:
             return torch.tensor(tokens, device=device)  # compute_loss multiplies by the number of processes
-        return torch.tensor(tokens / first.world_size, dtype=torch.float64, device=device)
+        return torch.tensor(tokens / ranks, dtype=torch.float64, device=device)
 
     # ----- checkpoints -------------------------------------------------------------------------------------
     def _save_checkpoint(self, model, trial):
@@ -375,6 +408,78 @@ class PadfreeTrainerMixin(_TrainerBase):
             self._padfree_state = state
             skip = 0  # the sampler itself continues after the checkpoint: nothing to skip
         return epochs_trained, skip
+
+
+def refuse_parallelism(pc: Any, plan_config: PlanConfig) -> None:
+    """One-line :class:`ConfigError` for the accelerate / transformers ``ParallelismConfig`` settings that
+    padfree plans cannot run with here, naming the way out (``pc``: the config, or ``None``)."""
+    if pc is None:
+        return
+    cp, sp = int(getattr(pc, "cp_size", 1) or 1), int(getattr(pc, "sp_size", 1) or 1)
+    if cp > 1 and plan_config.packed:
+        raise ConfigError(
+            f"ParallelismConfig(cp_size={cp}): accelerate's CP hook forces one causal mask over the packed "
+            "row, so its documents would attend to each other; use padfree's CP attention (PlanConfig(cp=N), "
+            "padfree.torch.context_parallel) or disable packing (a padded strategy)"
+        )
+    if cp > 1:
+        raise ConfigError(
+            f"ParallelismConfig(cp_size={cp}) with padded rows is a GPU check (benchmarks/gpu/run.sh), not "
+            "accepted here; use padfree's CP on packed rows: PlanConfig(strategy='packed', cp=N)"
+        )
+    if sp > 1:
+        raise ConfigError(
+            f"ParallelismConfig(sp_size={sp}) runs DeepSpeed ALST (DeepSpeed on CUDA: a GPU check in "
+            "benchmarks/gpu/run.sh), not accepted here; use padfree's Ulysses SP: "
+            "PlanConfig(strategy='packed', sp=N) with PadfreeTrainer"
+        )
+    if int(getattr(pc, "tp_size", 1) or 1) > 1:
+        raise ConfigError("tensor parallelism is not supported with padfree plans")
+
+
+class _ShardedRows:
+    """padfree's own SP (Ulysses, :mod:`padfree.torch.sequence_parallel`) or CP (zigzag reference,
+    :mod:`padfree.torch.context_parallel`) inside the Trainer: consecutive ranks ``sp * cp`` at a time form a
+    group that shares one data-parallel rank's micro-batches; each runs its shard of the packed row."""
+
+    def __init__(self, model: Any, plan_config: PlanConfig, rank: int, world: int) -> None:
+        import torch.distributed as dist
+
+        from padfree.torch import context_parallel as cpm
+        from padfree.torch import sequence_parallel as spm
+        from padfree.torch.mixers import mixers_of
+
+        sp, cp = plan_config.sp, plan_config.cp
+        if sp > 1 and cp > 1:
+            raise ConfigError(f"padfree SP and CP together (sp={sp}, cp={cp}) are not supported: use one")
+        if not plan_config.packed or plan_config.chunked:
+            raise ConfigError(
+                f"padfree SP/CP shards packed rows: use strategy 'packed' (got {plan_config.strategy!r})"
+            )
+        if mixers_of(model):
+            raise ConfigError(
+                "padfree SP/CP: this model has convolutions or recurrences (a hybrid), which would see only "
+                "their shard; train it without SP/CP"
+            )
+        if not dist.is_available() or not dist.is_initialized():
+            raise ConfigError("padfree SP/CP needs torch.distributed (launch with torchrun or accelerate)")
+        self.size = sp * cp
+        self.rank = rank % self.size
+        groups = [dist.new_group(list(range(s, s + self.size))) for s in range(0, world, self.size)]
+        self.group = groups[rank // self.size]  # every rank creates every group, in the same order
+        self.shard = spm.shard_sp if sp > 1 else cpm.shard_cp
+        self.loss_sum = spm.shard_loss_sum
+        model.set_attn_implementation(spm.NAME if sp > 1 else cpm.NAME)
+
+    def loss(self, model: Any, inputs: Any, num_items_in_batch: Any) -> tuple[torch.Tensor, Any]:
+        from padfree.torch.collectives import shard_group
+
+        shard = self.shard(inputs, self.rank, self.size)
+        labels = shard.pop("shift_labels")
+        with shard_group(self.group):
+            outputs = model(**shard, use_cache=False)
+        den = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
+        return self.loss_sum(outputs.logits, labels) / den, outputs
 
 
 class PadfreeTrainer(PadfreeTrainerMixin, transformers.Trainer):

@@ -24,6 +24,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "tiny-mistral": ("MistralConfig", {"sliding_window": None}),
     "tiny-qwen2": ("Qwen2Config", {"use_sliding_window": False}),
     "tiny-gemma": ("GemmaConfig", {"head_dim": 64}),
+    "tiny-qwen3": ("Qwen3Config", {"use_sliding_window": False, "head_dim": 64}),
 }
 
 TINY = {
@@ -90,8 +91,8 @@ def param_count(cfg) -> int:
 
 def build_config(name_or_dir: str = "tiny-llama", vocab_size: int | None = None, **overrides):
     """A transformers config: a built-in tiny family (``tiny-llama``, ``tiny-mistral``, ``tiny-qwen2``,
-    ``tiny-gemma``) or a local directory holding ``config.json``. ``use_cache`` is always off: with it on,
-    transformers skips packed-sequence detection and packed documents attend to each other.
+    ``tiny-gemma``, ``tiny-qwen3``) or a local directory holding ``config.json``. ``use_cache`` is always
+    off: with it on, transformers skips packed-sequence detection and packed documents attend to each other.
 
     A config that is not JSON, names no ``model_type``, holds a size that is not an integer from 1 to
     2^31-1, or that transformers refuses, is a one-line :class:`ConfigError` naming the file."""

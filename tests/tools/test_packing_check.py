@@ -59,3 +59,31 @@ def test_bad_model_is_one_line_exit_2(capsys: pytest.CaptureFixture, tmp_path) -
     assert err.count("\n") == 1 and "not a built-in model" in err
     assert main(["check-packing", "--attn", "no_such_attention"]) == 2
     assert "no_such_attention" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--sp", "--cp"])
+def test_sharded_check_on_two_cpu_ranks(flag: str, capsys: pytest.CaptureFixture) -> None:
+    """``--sp 2`` / ``--cp 2``: the row sharded over 2 gloo ranks equals the unsharded row (exit 0); with
+    ``--attn leaky`` the sharded attention is document-blind and the check reports the leak (exit 1)."""
+    assert main(["check-packing", flag, "2"]) == 0
+    out = capsys.readouterr().out
+    assert "2 CPU ranks (gloo)" in out and "OK: the shards reproduce the unsharded row" in out
+    assert main(["check-packing", flag, "2", "--attn", "leaky", "--json"]) == 1
+    r = json.loads(capsys.readouterr().out)
+    assert r["leaked"] and r["alone_diff"] > 100 * r["tolerance"]
+    assert r["impl"] == ("padfree_ulysses_leaky" if flag == "--sp" else "padfree_blind_cp")
+
+
+@pytest.mark.parametrize(
+    ("args", "rule"),
+    [
+        (["--sp", "2", "--cp", "2"], "give one of --sp N or --cp N"),
+        (["--sp", "3"], "4 attention heads do not split over 3 ranks"),
+        (["--cp", "2", "--dtype", "bfloat16"], "runs float32 on CPU ranks"),
+        (["--cp", "2", "--attn", "sdpa"], "--attn must be padfree_varlen or leaky"),
+    ],
+)
+def test_sharded_check_refusals_are_one_line(args: list, rule: str, capsys: pytest.CaptureFixture) -> None:
+    assert main(["check-packing", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and rule in err[0], err

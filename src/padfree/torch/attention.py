@@ -14,7 +14,9 @@ masked score. ``padfree_varlen`` computes attention document by document instead
 
 Document boundaries come from the ``cu_seq_lens_q`` keyword (what transformers'
 ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` and padfree's ``PackCollator`` emit) or else
-from ``position_ids`` resets; they are computed once per forward pass and reused by every layer. Padded
+from ``position_ids`` resets (``cu_seq_lens_q_padded`` first when a row is laid out for SP/CP: each document's
+pads sit inside its span, after its real tokens); they are computed once per forward pass and reused by every
+layer. Sharded rows: :mod:`padfree.torch.sequence_parallel`, :mod:`padfree.torch.context_parallel`. Padded
 batches (an ``attention_mask`` is present) and cached decoding keep the model's normal ``sdpa`` path.
 
 Importing this module registers the implementation with transformers, so any model whose attention goes
@@ -110,10 +112,17 @@ def _cached_lengths(source: torch.Tensor, compute) -> list[int]:
     return lengths
 
 
+def _row_cu(kwargs: dict, side: str = "q") -> torch.Tensor | None:
+    """The row's document boundaries: ``cu_seq_lens_{side}_padded`` of a row laid out for SP/CP (THD: each
+    document's pads after its real tokens, inside its span), else ``cu_seq_lens_{side}``."""
+    cu = kwargs.get(f"cu_seq_lens_{side}_padded")
+    return kwargs.get(f"cu_seq_lens_{side}") if cu is None else cu
+
+
 def _doc_lengths(kwargs: dict, batch: int, seq: int) -> list[int]:
-    cu = kwargs.get("cu_seq_lens_q")
+    cu = _row_cu(kwargs)
     if cu is not None:
-        cu_k = kwargs.get("cu_seq_lens_k")
+        cu_k = _row_cu(kwargs, "k")
         if cu_k is not None and cu_k is not cu and not torch.equal(cu_k.to(cu.device), cu):
             raise ConfigError(
                 "padfree_varlen: cu_seq_lens_k differs from cu_seq_lens_q (self-attention only)"
@@ -195,7 +204,7 @@ def _per_document(q, k, v, lengths, scaling, dropout, window, softcap, sinks=Non
 
 
 def _cu_tensor(kwargs: dict, lengths: list[int], device: torch.device) -> torch.Tensor:
-    cu = kwargs.get("cu_seq_lens_q")
+    cu = _row_cu(kwargs)
     if cu is None:
         cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
     return cu.to(device=device, dtype=torch.int32)

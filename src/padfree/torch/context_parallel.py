@@ -1,0 +1,184 @@
+"""Zigzag context parallelism, per document: the exact reference on gloo, and a document-blind control.
+
+Under CP every document of a packed row is padded to a multiple of ``2 * cp`` (the plan and
+:class:`~padfree.torch.PackCollator` with ``cp`` do it: ``cu_seq_lens_q_padded``), cut into ``2 * cp``
+equal pieces, and rank ``r`` holds pieces ``r`` and ``2 * cp - 1 - r`` of *every* document (zigzag, so each
+rank gets the same causal work per document): :func:`zigzag_indices`, :func:`shard_cp`.
+
+``padfree_zigzag_cp`` is the REFERENCE, not a bandwidth-optimal ring: the keys and values of the whole row
+are all-gathered (an autograd-aware all-gather, :mod:`padfree.torch.collectives`, whose backward
+reduce-scatters their gradients), and each local query attends to the keys of its own document only, with
+the causal rule taken on the tokens' positions in the unsharded row. It is exact (it computes the same
+softmax as unsharded per-document attention), so it is what a ring implementation (K/V passed around,
+log-sum-exp merges) is checked against and what proves that the padded THD layout keeps documents apart.
+
+``padfree_blind_cp`` is the control: the same exchange with one causal mask over the whole row (what
+accelerate's CP hook and ``torch``'s ``context_parallel`` do to SDPA), so later documents see earlier ones.
+It exists only to show that the check catches it; never train with it.
+
+>>> import torch
+>>> zigzag_indices(torch.tensor([0, 8, 12]), rank=0, size=2).tolist()  # pieces of 2 and of 1 token
+[0, 1, 6, 7, 8, 11]
+>>> zigzag_indices(torch.tensor([0, 8, 12]), rank=1, size=2).tolist()
+[2, 3, 4, 5, 9, 10]
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from padfree.errors import ConfigError
+from padfree.torch import attention as pa
+from padfree.torch.collectives import all_gather, current
+from padfree.torch.sequence_parallel import row_boundaries, shift_labels
+
+NAME = "padfree_zigzag_cp"
+BLIND = "padfree_blind_cp"
+
+_cache = threading.local()
+
+
+def zigzag_indices(cu_padded, rank: int, size: int) -> np.ndarray:
+    """Where rank ``rank`` of ``size`` CP ranks' tokens sit in the unsharded row: pieces ``rank`` and
+    ``2 * size - 1 - rank`` of every document (boundaries ``cu_padded``, each span a multiple of
+    ``2 * size``), in row order."""
+    cu = np.asarray(cu_padded, dtype=np.int64).reshape(-1)
+    spans = np.diff(cu)
+    if (spans % (2 * size)).any():
+        bad = int(spans[spans % (2 * size) != 0][0])
+        raise ConfigError(
+            f"CP: a document spans {bad} tokens, not a multiple of 2 x cp = {2 * size}: "
+            f"plan and collate with cp={size}"
+        )
+    piece = spans // (2 * size)
+    starts = np.stack([cu[:-1] + rank * piece, cu[:-1] + (2 * size - 1 - rank) * piece], axis=1).reshape(-1)
+    lens = np.repeat(piece, 2)
+    offsets = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+    return np.repeat(starts, lens) + offsets
+
+
+def shard_cp(batch: Mapping, rank: int, size: int) -> dict:
+    """Rank ``rank``'s zigzag share of a packed row laid out for CP: ``input_ids``, ``position_ids`` (the
+    full row's) and ``shift_labels`` at :func:`zigzag_indices`, with the full row's padded boundaries as
+    ``cu_seq_lens_q`` / ``_k`` for the attention."""
+    ids = torch.as_tensor(batch["input_ids"])
+    if ids.dim() != 2 or ids.shape[0] != 1:
+        raise ConfigError(
+            f"context parallelism shards one packed row (input_ids (1, T), got {tuple(ids.shape)})"
+        )
+    if not 0 <= rank < size:
+        raise ConfigError(f"CP: rank {rank} is not in 0..{size - 1}")
+    cu = row_boundaries(batch)
+    if int(cu[-1]) != ids.shape[1]:
+        raise ConfigError(
+            f"CP: the document boundaries cover {int(cu[-1])} tokens, the row has {ids.shape[1]}"
+        )
+    idx = torch.from_numpy(zigzag_indices(cu, rank, size))
+    out: dict[str, Any] = {
+        "input_ids": ids[:, idx],
+        "position_ids": torch.as_tensor(batch["position_ids"])[:, idx],
+    }
+    if batch.get("labels") is not None:
+        out["shift_labels"] = shift_labels(torch.as_tensor(batch["labels"]))[:, idx]
+    longest = int(torch.diff(cu).max())
+    out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu.clone(), max_length_q=longest, max_length_k=longest)
+    return out
+
+
+def _layout(
+    cu: torch.Tensor, rank: int, size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(local positions, gathered positions, local documents, gathered documents), once per ``cu`` tensor
+    (every layer of a forward pass gets the same one)."""
+    hit = getattr(_cache, "hit", None)
+    if hit is not None and hit[0]() is cu and hit[1] == (cu._version, rank, size):
+        return hit[2]
+    everyone = [zigzag_indices(cu, r, size) for r in range(size)]
+    bounds = np.asarray(cu, dtype=np.int64)
+    doc = [np.searchsorted(bounds, e, side="right") - 1 for e in everyone]
+    out = (
+        torch.from_numpy(everyone[rank]),
+        torch.from_numpy(np.concatenate(everyone)),
+        torch.from_numpy(doc[rank]),
+        torch.from_numpy(np.concatenate(doc)),
+    )
+    _cache.hit = (weakref.ref(cu), (cu._version, rank, size), out)
+    return out
+
+
+def _zigzag(per_document: bool, name: str):
+    def forward(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        g = current(name)
+        if query.shape[0] != 1 or attention_mask is not None:
+            raise ConfigError(
+                f"{name}: one packed row per rank, no attention_mask (got batch {query.shape[0]})"
+            )
+        if softcap is not None or kwargs.get("s_aux") is not None:
+            raise ConfigError(f"{name}: soft-capped logits and attention sinks are not in the CP reference")
+        cu = kwargs.get("cu_seq_lens_q")
+        if cu is None:
+            raise ConfigError(f"{name}: needs the full row's cu_seq_lens_q: use shard_cp")
+        pos, keys_pos, doc, keys_doc = (t.to(query.device) for t in _layout(cu, g.rank, g.size))
+        if pos.shape[0] != query.shape[2]:
+            raise ConfigError(
+                f"{name}: {query.shape[2]} local tokens, the zigzag layout gives this rank {pos.shape[0]}"
+            )
+        k, v = all_gather(key, 2, g), all_gather(value, 2, g)  # (1, Hkv, T, D), keys in gathered order
+        mask = keys_pos[None, :] <= pos[:, None]
+        if per_document:
+            mask &= keys_doc[None, :] == doc[:, None]
+        if sliding_window is not None and sliding_window > 0:
+            mask &= pos[:, None] - keys_pos[None, :] < sliding_window
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=dropout,
+            scale=scaling,
+            enable_gqa=query.shape[1] != k.shape[1],
+        )
+        pa._state.path = f"{name} (all-gathered K/V, {g.size} ranks)"
+        return out.transpose(1, 2).contiguous(), None
+
+    forward.__name__ = forward.__qualname__ = f"{name}_forward"
+    forward.__doc__ = f"transformers attention interface for ``{name}`` (see the module doc)."
+    return forward
+
+
+zigzag_attention_forward = _zigzag(True, NAME)
+blind_attention_forward = _zigzag(False, BLIND)
+
+
+def register() -> bool:
+    """Register ``padfree_zigzag_cp`` and the ``padfree_blind_cp`` control with transformers (idempotent);
+    ``False`` when transformers is not installed."""
+    if not pa.register():
+        return False
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    for name, fn in ((NAME, zigzag_attention_forward), (BLIND, blind_attention_forward)):
+        AttentionInterface.register(name, fn)
+        AttentionMaskInterface.register(name, pa.varlen_mask)
+    return True
+
+
+register()

@@ -1,0 +1,187 @@
+"""Ulysses sequence parallelism around padfree's per-document attention: a shard of a packed row per rank.
+
+Each of the ``sp`` ranks of a sequence-parallel group holds a contiguous ``1/sp`` of one packed row
+(:func:`shard_sp`; the plan makes the row's length a multiple of ``sp``, :class:`padfree.core.shard.Shard`).
+Everything but attention is per token and runs on the shard. Around attention an all-to-all turns
+``[seq/sp, heads]`` into ``[seq, heads/sp]``, :func:`padfree.torch.attention.varlen_attention_forward`
+runs over the whole row with the whole row's document boundaries (every rank has them: ``cu_seq_lens_q`` of
+the full row), and a second all-to-all turns it back. Both exchanges carry gradients
+(:mod:`padfree.torch.collectives`), so a backward through the shards gives the unsharded row's gradients
+once the SP ranks' parameter gradients are summed (what DDP / FSDP over the SP x DP mesh does).
+
+Registered with transformers as ``padfree_ulysses`` (and ``padfree_ulysses_leaky``: the same exchange around
+document-blind causal attention, a deliberately wrong control for leak checks). The forward pass runs inside
+:func:`padfree.torch.collectives.shard_group` (the SP group). Query heads, and key/value heads unless they are
+repeated, must divide by ``sp``. Models with convolutions or recurrences (hybrids) are not sharded here:
+those mixers would see only their shard.
+
+>>> import padfree.torch.sequence_parallel as sp
+>>> from padfree.torch import PackCollator
+>>> row = PackCollator(sp=2)([{"input_ids": [5, 6]}, {"input_ids": [7, 8, 9]}])  # 5 tokens, padded to 6
+>>> shard = sp.shard_sp(row, rank=1, size=2)
+>>> shard["input_ids"].tolist(), shard["position_ids"].tolist(), shard["cu_seq_lens_q"].tolist()
+([[8, 9, 0]], [[1, 2, 3]], [0, 2, 6])
+>>> sp.shard_sp(row, rank=0, size=2)["shift_labels"].tolist()  # next tokens; -100 at a document's end
+[[6, -100, 8]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from padfree.errors import ConfigError
+from padfree.torch import attention as pa
+from padfree.torch.collectives import all_to_all, current
+
+NAME = "padfree_ulysses"
+LEAKY = "padfree_ulysses_leaky"
+IGNORE = -100
+
+
+def row_boundaries(batch: Mapping) -> torch.Tensor:
+    """The document boundaries a sharded row's attention uses: the padded spans (``cu_seq_lens_q_padded``
+    of a :class:`~padfree.torch.PackCollator` with ``sp``/``cp``; each document's pads after its real tokens,
+    so they change none of its real tokens), else ``cu_seq_lens_q``."""
+    cu = batch.get("cu_seq_lens_q_padded")
+    cu = batch.get("cu_seq_lens_q") if cu is None else cu
+    if cu is None:
+        raise ConfigError("a sharded row needs its document boundaries (cu_seq_lens_q): use PackCollator")
+    return torch.as_tensor(cu).to(torch.int32)
+
+
+def shift_labels(labels: torch.Tensor) -> torch.Tensor:
+    """The row's targets: ``labels`` shifted one left (-100 at the end), so that a shard's logits at ``t``
+    are scored against ``shift_labels[t]`` without the next shard's first label (transformers'
+    ``shift_labels``)."""
+    return torch.nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE)
+
+
+def shard_sp(batch: Mapping, rank: int, size: int) -> dict:
+    """Rank ``rank``'s contiguous ``1/size`` of a packed row (one row, length a multiple of ``size``):
+    ``input_ids``, ``position_ids`` (from the full row, so rotary positions are those of the unsharded
+    row), ``shift_labels`` (the full row's, cut; score with :func:`shard_loss_sum`), and the full row's
+    ``cu_seq_lens_q`` / ``_k`` (:func:`row_boundaries`) and ``max_length_q`` / ``_k`` for the attention."""
+    ids = torch.as_tensor(batch["input_ids"])
+    if ids.dim() != 2 or ids.shape[0] != 1:
+        raise ConfigError(
+            f"sequence parallelism shards one packed row (input_ids of shape (1, T), got {tuple(ids.shape)})"
+        )
+    total = ids.shape[1]
+    if not 0 <= rank < size or total % size:
+        raise ConfigError(
+            f"SP: a row of {total} tokens does not split into {size} equal shards "
+            f"(plan and collate with sp={size})"
+        )
+    cu = row_boundaries(batch)
+    if int(cu[-1]) != total:
+        raise ConfigError(f"SP: the document boundaries cover {int(cu[-1])} tokens, the row has {total}")
+    n = total // size
+    cut = slice(rank * n, (rank + 1) * n)
+    out: dict[str, Any] = {
+        "input_ids": ids[:, cut],
+        "position_ids": torch.as_tensor(batch["position_ids"])[:, cut],
+    }
+    if batch.get("labels") is not None:
+        out["shift_labels"] = shift_labels(torch.as_tensor(batch["labels"]))[:, cut]
+    longest = int(torch.diff(cu).max())
+    out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu.clone(), max_length_q=longest, max_length_k=longest)
+    return out
+
+
+def shard_loss_sum(logits: torch.Tensor, shift_labels: torch.Tensor) -> torch.Tensor:
+    """Sum of cross-entropies of a shard's logits against its ``shift_labels`` (-100 ignored), float32 or
+    better: summed over the shards, the row's :func:`padfree.torch.token_loss_sum`."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]),
+        shift_labels.reshape(-1).to(logits.device),
+        ignore_index=IGNORE,
+        reduction="sum",
+    )
+
+
+def _ulysses(inner, name: str):
+    def forward(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        g = current(name)
+        if query.shape[0] != 1 or attention_mask is not None:
+            raise ConfigError(
+                f"{name}: one packed row per rank, no attention_mask (got batch {query.shape[0]})"
+            )
+        heads, kv_heads = query.shape[1], key.shape[1]
+        if heads % g.size:
+            raise ConfigError(f"{name}: {heads} query heads do not split over sp={g.size} ranks")
+        if kv_heads % g.size:  # fewer key/value heads than ranks: every query head gets its own copy
+            rep = heads // kv_heads
+            key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
+        q, k, v = (all_to_all(x, 1, 2, g) for x in (query, key, value))  # (1, H/sp, T, D)
+        extra = {}
+        sinks = kwargs.get("s_aux")
+        if sinks is not None:
+            per = heads // g.size
+            extra["s_aux"] = sinks[g.rank * per : (g.rank + 1) * per]
+        for k_ in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "is_causal"):
+            if kwargs.get(k_) is not None:
+                extra[k_] = kwargs[k_]
+        cu = extra.get("cu_seq_lens_q")
+        if cu is None or int(cu[-1]) != q.shape[2]:
+            have = "none" if cu is None else f"{int(cu[-1])} tokens"
+            raise ConfigError(
+                f"{name}: needs the full row's cu_seq_lens_q ({q.shape[2]} tokens; got {have}): use shard_sp"
+            )
+        if inner is pa.leaky_attention_forward:
+            out, _ = inner(module, q, k, v, None, dropout=dropout, scaling=scaling)
+        else:
+            out, _ = inner(
+                module,
+                q,
+                k,
+                v,
+                None,
+                dropout=dropout,
+                scaling=scaling,
+                sliding_window=sliding_window,
+                softcap=softcap,
+                **extra,
+            )
+        back = all_to_all(out.transpose(1, 2), 2, 1, g)  # (1, H, T/sp, D)
+        return back.transpose(1, 2).contiguous(), None
+
+    forward.__name__ = forward.__qualname__ = f"{name}_forward"
+    forward.__doc__ = f"transformers attention interface for ``{name}`` (see the module doc)."
+    return forward
+
+
+ulysses_attention_forward = _ulysses(pa.varlen_attention_forward, NAME)
+ulysses_leaky_attention_forward = _ulysses(pa.leaky_attention_forward, LEAKY)
+
+
+def register() -> bool:
+    """Register ``padfree_ulysses`` and ``padfree_ulysses_leaky`` with transformers (idempotent); ``False``
+    when transformers is not installed."""
+    if not pa.register():
+        return False
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    for name, fn in ((NAME, ulysses_attention_forward), (LEAKY, ulysses_leaky_attention_forward)):
+        AttentionInterface.register(name, fn)
+        AttentionMaskInterface.register(name, pa.varlen_mask)
+    return True
+
+
+register()
