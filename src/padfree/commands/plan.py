@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from padfree.commands.common import (
-    add_number,
     add_plan_inputs,
     add_shard_options,
     check_output,
@@ -16,6 +15,7 @@ from padfree.commands.common import (
     load_lengths,
     writing,
 )
+from padfree.options import add_number
 
 NAME = "plan"
 HELP = (
