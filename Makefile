@@ -23,7 +23,7 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 # the drafter trainers' own packages, for the tests and benchmarks that run their code beside padfree's: their
-# pins are not ours, so their wheels go in without dependencies (padfree.testing.peers says what imports)
+# pins are not ours, so their wheels go in without dependencies (tests/support/peers.py says what imports)
 PEERS := dflash==0.1.0 speculators==0.9.0 specforge==0.2.0
 $(VENV)/.peers-installed: Makefile | $(VENV)/.dev-installed
 	$(BIN)/python -m pip install -q --no-deps $(PEERS)
@@ -65,7 +65,7 @@ format: setup-dev
 	$(BIN)/ruff check --fix src tests examples benchmarks
 
 test: setup-dev lint
-	$(BIN)/python -m pytest -n 2 --durations=15 --doctest-modules src/padfree tests
+	$(BIN)/python -m pytest -n 2 --durations=15 --doctest-modules src/padfree benchmarks/lab tests
 
 bench-plan: setup-dev
 	$(BIN)/python benchmarks/plan_speed.py --out benchmarks/results

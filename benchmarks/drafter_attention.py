@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import drafter_speed as ds
 
-    from padfree.bench.drafter import as_trained, bench_models, collator, items_of, make_arms, sample_anchors
+    from lab.drafter import as_trained, bench_models, collator, items_of, make_arms, sample_anchors
     from padfree.drafter.methods import METHODS
     from padfree.drafter.target import run_target
     from padfree.drafter.train import loss_sums, token_counts

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.bench.drafter import Arm, as_trained, bench_models, collator, items_of
+from lab.drafter import Arm, as_trained, bench_models, collator, items_of
 from padfree.bench.measure import Batching
 from padfree.drafter import recipes
 from padfree.drafter.methods import METHODS

@@ -6,7 +6,7 @@ own code.
     PYTHONPATH=src python benchmarks/drafter_quality.py --out benchmarks/results   # the full run (hours)
     PYTHONPATH=src python benchmarks/drafter_quality.py --smoke --out /tmp/dq      # plumbing only (~2 min)
 
-Protocol (:mod:`padfree.bench.quality`): a byte-level BPE tokenizer and a small Qwen3 target are trained on
+Protocol (:mod:`lab.quality`): a byte-level BPE tokenizer and a small Qwen3 target are trained on
 the bundled chats (``fixtures/samples``; rebuilt deterministically into ``--target-dir``, reused when its spec
 matches); each training chat's first user turn is answered greedily by that target and the answers are the
 drafters' training responses; held-out prompts (never trained on, by target or drafter) are decoded by the
@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from padfree.bench.quality import (  # noqa: E402
+from lab.quality import (  # noqa: E402
     ARMS,
     Job,
     TargetSpec,
@@ -126,7 +126,7 @@ MODES = {
         "methods": "dflash",
     },
 }
-"""Sizes per mode: the target (:class:`padfree.bench.quality.TargetSpec`), chats per set (None: all), held-out
+"""Sizes per mode: the target (:class:`lab.quality.TargetSpec`), chats per set (None: all), held-out
 chats, answer and prompt tokens, CPU seconds per arm (GPU: synchronized wall seconds), evaluations along them
 and at epoch ends, seeds, tokens per micro-batch, block size and ttt (None: the recipe's), methods."""
 

@@ -6,7 +6,7 @@ ranks on the seed_mix.
     PYTHONPATH=src python benchmarks/drafter_speed.py --quick --out benchmarks/results
     PYTHONPATH=src python benchmarks/drafter_speed.py --out benchmarks/results
 
-Arms and protocol: :mod:`padfree.bench.drafter` and benchmarks/README.md. Data: real chat, math and code
+Arms and protocol: :mod:`lab.drafter` and benchmarks/README.md. Data: real chat, math and code
 samples (/work/shared/data/samples, or ``--data``) tokenized with the 32K SentencePiece tokenizer, loss on
 assistant turns, cut to the budget; token ids folded modulo ``--vocab`` (a speed knob: the tiny models'
 LM heads). The recipe sets the collators (anchors per document, EAGLE-3 gating and step weights), the anchor
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.bench.drafter import (
+from lab.drafter import (
     ARMS,
     PUBLIC_TARGETS,
     bench_models,

@@ -4,7 +4,7 @@ long documents whose attention the default cost model underweights.
     PYTHONPATH=src python benchmarks/dynamic_balance.py --quick --out benchmarks/results   # ~15 min, 2 ranks
     PYTHONPATH=src python benchmarks/dynamic_balance.py --out benchmarks/results           # 2 and 4 ranks
 
-Every (world size, scenario, strategy) is one ``torchrun`` launch of :mod:`padfree.bench.dynamic_balance`,
+Every (world size, scenario, strategy) is one ``torchrun`` launch of :mod:`lab.dynamic_balance`,
 which trains the static and the dynamic assignment interleaved step by step (protocol there and in
 benchmarks/README.md). Data: real lengths, a seeded subset of the bundled seed_mix (or ``--lengths``) and,
 for ``long_docs``, the vendored long-document sets (c4 wiki documents and Python stdlib files, or
@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.bench.dynamic_balance import SLOW_FACTOR, Run, has_dynamic, summarize
+from lab import child_env
+from lab.dynamic_balance import SLOW_FACTOR, Run, has_dynamic, summarize
 from padfree.bench.machine import machine_info
 from padfree.data.length_files import bundled_seed_mix
 
@@ -81,12 +82,9 @@ def datasets(args: argparse.Namespace, tmp: Path) -> dict[str, Path]:
 
 def launch(run: Run, world: int, modes: str, tmp: Path) -> dict:
     out = tmp / f"{run.scenario}_{run.strategy}_w{world}.json"
-    env = dict(os.environ)
-    src = str(ROOT / "src")
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["OMP_NUM_THREADS"] = str(run.threads)
+    env = child_env(OMP_NUM_THREADS=str(run.threads))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-           "-m", "padfree.bench.dynamic_balance", "--spec", json.dumps(asdict(run)), "--modes", modes,
+           "-m", "lab.dynamic_balance", "--spec", json.dumps(asdict(run)), "--modes", modes,
            "--out", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0 or not out.is_file():

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import lab  # noqa: F401  (puts tests/ on sys.path, where support is)
 from padfree.core import cost as costs
 from padfree.core.anchors import choose_anchors
 from padfree.core.config import PlanConfig
@@ -46,7 +47,7 @@ from padfree.drafter import feed, recipes
 from padfree.drafter.methods import cost_model
 from padfree.integrations import speculators as sp
 from padfree.integrations._common import doc_anchors
-from padfree.testing.peers import import_peer
+from support.peers import import_peer
 
 WORLD, THEIR_ANCHORS = 8, 512
 _THEIRS: dict = {}  # their multipack rows per (lengths, budget, seed): planned once, every rank
@@ -207,7 +208,7 @@ def speculators_speed(
     """Draft positions per CPU-second through their DFlashDraftModel on rank 0's first micro-batches: forward
     and backward, positions counted inside each block's own document."""
     from padfree.drafter.target import build_target
-    from padfree.testing import drafters
+    from support import drafters
 
     utils = import_peer("speculators", "models.dflash.utils")
     rec = recipes.override(recipes.get("speculators", "dflash"), max_anchors=cap)
@@ -357,7 +358,7 @@ def specforge_speed(lengths: np.ndarray, rows: tuple, cap: int, seed: int, timed
     """Draft positions per CPU-second through their OnlineDFlashModel (SDPA masks) on padded rows (each padded
     to its longest sample, anchors to the most): theirs with its own anchors, padfree's with the loader's."""
     from padfree.drafter.target import build_target
-    from padfree.testing import drafters
+    from support import drafters
 
     rec = recipes.override(recipes.get("specforge", "dflash"), max_anchors=cap)
     block, vocab = rec.block_size, 2048

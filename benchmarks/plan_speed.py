@@ -6,7 +6,7 @@ Datasets: the bundled seed_mix (902K samples) and 10M samples resampled from it 
 ``--held-out``, the real length sets vendored in ``fixtures/lengths`` (full texts, mistral_v1 tokenizer)
 instead, and ``--lengths`` adds any length file. Samples longer than the budget are cut to it for every
 method. Writes ``NAME.json`` and ``NAME.md`` (``--name``, default ``plan_speed``) under ``--out``. See
-``padfree.bench.plan_speed`` for the protocol.
+``lab.plan_speed`` for the protocol.
 
     PYTHONPATH=src python benchmarks/plan_speed.py --held-out --budget 4096 --grad-accum 2 \
         --name plan_speed_held_out --out benchmarks/results
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from lab.plan_speed import Case, render_markdown, run_case_subprocess
 from padfree.bench.machine import machine_info
 from padfree.bench.peers import PEER_NAMES
-from padfree.bench.plan_speed import Case, render_markdown, run_case_subprocess
 from padfree.core.config import STRATEGIES
 from padfree.core.metrics import dataset_summary
 from padfree.data.length_files import bundled_seed_mix

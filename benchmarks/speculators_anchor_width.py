@@ -20,14 +20,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+import lab  # noqa: F401  (puts tests/ on sys.path, where support is)
 from padfree.core.config import PlanConfig
 from padfree.drafter import feed, recipes
 from padfree.drafter.memory import peak_resident_bytes, reset_peak, resident_bytes
 from padfree.drafter.target import build_target
 from padfree.integrations import speculators as sp
-from padfree.testing import drafters
-from padfree.testing.peers import import_peer
 from padfree.torch import PlannedDataset
+from support import drafters
+from support.peers import import_peer
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 2048

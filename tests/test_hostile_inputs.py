@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from padfree.cli import build_parser, main
-from padfree.commands.common import Bounded
+from padfree.options import Bounded
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--world-size=1", "--grad-accum=1"]
@@ -82,7 +82,7 @@ def test_every_numeric_option_has_a_stated_range_that_the_docs_list():
         for a in parser._actions
         if a.type in (int, float)
     ]
-    assert not raw, f"numeric options without a range (use padfree.commands.common.Bounded): {raw}"
+    assert not raw, f"numeric options without a range (use padfree.options.Bounded): {raw}"
     by_option: dict[str, set] = {}
     for name, opt, kind in _numeric_options():
         by_option.setdefault(opt, set()).add(kind.range)

@@ -5,6 +5,9 @@ reaches outside the repository."""
 from __future__ import annotations
 
 import ast
+import functools
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -96,3 +99,100 @@ def test_nothing_reaches_outside_the_repository() -> None:
             text = path.read_text()
             for needle in needles:
                 assert needle not in text or path == Path(__file__), f"{path.relative_to(ROOT)}: {needle}"
+
+
+# ----- layers: what each layer may import (lazy imports included, ``if TYPE_CHECKING:`` not) ----------------
+LOWER = ("padfree.core", "padfree.torch", "padfree.data", "padfree.hf")
+"""The planning, torch, data and Trainer layers: the drafter wing builds on them, never the other way."""
+UPPER = ("padfree.drafter", "padfree.integrations")
+TORCH_FREE_DRAFTER = (
+    "padfree.drafter",
+    "padfree.drafter.memory",
+    "padfree.drafter.methods",
+    "padfree.drafter.recipes",
+)
+"""The drafter modules that run without torch (``padfree simulate``, ``report`` and the planner read them):
+the package and its recipe, method and memory modules; every other drafter module imports torch."""
+TORCH = ("torch", "torchdata")
+
+
+def _in(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+@functools.cache
+def _edges() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: _imports(p, mods) for m, p in mods.items()}
+
+
+def _reach(start: str) -> set[str]:
+    """Every padfree module importing ``start`` runs, at any depth: what it imports (lazily too) and the
+    packages above each (importing ``padfree.drafter.recipes`` runs ``padfree/drafter/__init__.py``)."""
+    mods, edges = _modules(), _edges()
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        parents = [".".join(m.split(".")[:i]) for i in range(1, m.count(".") + 1)]
+        todo.extend([*edges.get(m, ()), *(p for p in parents if p in mods)])
+    return seen
+
+
+def _imports_any(path: Path) -> set[str]:
+    """Every module ``path`` imports at run time, with ``from a import b`` also as ``a.b``."""
+    out: set[str] = set()
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def test_lower_layers_import_neither_the_drafter_nor_the_integrations() -> None:
+    mods = _modules()
+    lower = sorted(m for m in mods if _in(m, LOWER))
+    assert "padfree.core.planner" in lower and "padfree.torch._sampler" in lower and "padfree.hf" in lower
+    assert "padfree.drafter.collate" in _reach("padfree.integrations.speculators")  # the walk sees through
+    for m in lower:
+        bad = sorted(n for n in _reach(m) if _in(n, UPPER))
+        assert not bad, f"{m} imports {', '.join(bad)} (the drafter wing builds on the lower layers)"
+
+
+def test_core_and_the_torch_free_drafter_modules_import_no_torch() -> None:
+    mods = _modules()
+    assert set(TORCH_FREE_DRAFTER) <= set(mods), "a listed torch-free drafter module is gone: update the list"
+    starts = [m for m in mods if _in(m, ("padfree.core",))] + list(TORCH_FREE_DRAFTER)
+    # the check sees torch where it is: the drafter's trainer reaches it through the modules it imports
+    assert any(_in(n, TORCH) for m in _reach("padfree.drafter.train") for n in _imports_any(mods[m]))
+    for start in starts:
+        for m in sorted(_reach(start)):
+            torch = sorted(n for n in _imports_any(mods[m]) if _in(n, TORCH))
+            assert not torch, f"{start} imports torch through {m} ({', '.join(torch)})"
+
+
+def test_torch_free_modules_load_without_torch() -> None:
+    """The same at run time, in a fresh interpreter: what third-party packages they import pull no torch."""
+    code = (
+        "import sys; import " + ", ".join(("padfree.core.planner", *TORCH_FREE_DRAFTER)) + "; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchdata', 'transformers')))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert out.stdout.strip() == "[]", f"importing them loaded {out.stdout.strip()[:300]}"
+
+
+def test_examples_import_the_library_not_the_commands() -> None:
+    """The examples are copyable recipes: they import padfree's library, never ``padfree.commands`` (the
+    command line's own modules)."""
+    examples = sorted((ROOT / "examples").glob("*.py"))
+    assert examples
+    for path in examples:
+        bad = sorted(n for n in _imports_any(path) if _in(n, ("padfree.commands", "padfree.cli")))
+        assert not bad, f"{path.relative_to(ROOT)} imports {', '.join(bad)}"

@@ -15,8 +15,8 @@ import importlib
 import os
 import sys
 
-from padfree.commands.common import OneLineParser
 from padfree.errors import OutputError, PadfreeError, one_line
+from padfree.options import OneLineParser
 
 COMMANDS = (
     "analyze",

@@ -3,9 +3,9 @@ import json
 import numpy as np
 import pytest
 
+from lab.plan_speed import Case, render_markdown, run_case
 from padfree.bench.measure import Batching, batching_stats, covers_each_once
 from padfree.bench.peers import PEER_NAMES, PEERS, missing, plan_with_peer
-from padfree.bench.plan_speed import Case, render_markdown, run_case
 
 
 @pytest.fixture(scope="module")

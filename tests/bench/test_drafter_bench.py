@@ -12,8 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from padfree.baselines import samples_per_batch  # noqa: E402
-from padfree.bench.drafter import (  # noqa: E402
+from lab.drafter import (  # noqa: E402
     ARMS,
     arm_shapes,
     as_trained,
@@ -29,6 +28,7 @@ from padfree.bench.drafter import (  # noqa: E402
     speed,
     supervised_after_first,
 )
+from padfree.baselines import samples_per_batch  # noqa: E402
 from padfree.bench.measure import covers_each_once  # noqa: E402
 from padfree.core.anchors import valid_anchor_positions  # noqa: E402
 from padfree.core.config import CostModel  # noqa: E402

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from padfree.bench.quality import ARMS, chain_acceptance
-from padfree.testing.peers import peer_missing
+from lab.quality import ARMS, chain_acceptance
+from support.peers import peer_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 

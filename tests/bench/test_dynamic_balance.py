@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import TINY_MODEL
 
-from padfree.bench.dynamic_balance import Run, has_dynamic, run_one, summarize
+from lab.dynamic_balance import Run, has_dynamic, run_one, summarize
 
 
 @pytest.mark.parametrize("strategy", ["packed", "bucketed"])

@@ -20,8 +20,8 @@ from padfree.drafter.export import _dflash, export_meta, export_models
 from padfree.drafter.target import load_target, run_target
 from padfree.drafter.train import build_models
 from padfree.errors import ConfigError
-from padfree.testing.peers import import_peer, peer_missing
 from padfree.testing.targets import save_target_folder
+from support.peers import import_peer, peer_missing
 
 REASON = peer_missing("dflash")
 pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON)

@@ -14,8 +14,8 @@ from padfree.drafter.collate import DrafterCollator
 from padfree.drafter.export import export_models
 from padfree.drafter.target import load_target, run_target
 from padfree.drafter.train import build_models, token_counts
-from padfree.testing.peers import import_peer, peer_missing
 from padfree.testing.targets import save_target_folder
+from support.peers import import_peer, peer_missing
 
 REASON = peer_missing("speculators")
 pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON)
@@ -121,7 +121,7 @@ def _installed(*names: str) -> bool:
     not _installed("openai", "hs-connectors"), reason="openai / hs-connectors not installed (make drafter)"
 )
 def test_the_readme_loads_an_export_in_speculators_on_cpu_without_padfrees_stubs(tmp_path, folder):
-    """A fresh process with what ``make drafter`` installs: no ``padfree.testing.peers`` stubs, the README's
+    """A fresh process with what ``make drafter`` installs: no ``support.peers`` stubs, the README's
     lines; its logits are padfree's at every step."""
     import subprocess
     import sys

@@ -6,7 +6,7 @@ weighs them."""
 import pytest
 import torch
 
-from padfree.testing.peers import peer_missing
+from support.peers import peer_missing
 
 REASON = peer_missing("speculators")
 pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON)
@@ -17,7 +17,7 @@ BLOCK, VOCAB = 4, 256
 @pytest.fixture(scope="module")
 def docs():
     from padfree.drafter.check import fixture_documents
-    from padfree.testing.drafters import fold_tokens
+    from support.drafters import fold_tokens
 
     samples = fold_tokens(fixture_documents(3, 80), VOCAB)  # a small vocabulary keeps their LM heads cheap
     return [{**s, "sample_id": 10 + i} for i, s in enumerate(samples)]
@@ -47,7 +47,7 @@ def test_dflash_documents_train_as_alone_through_their_model(docs, target):
     from padfree.drafter import feed, recipes
     from padfree.drafter.collate import DrafterCollator
     from padfree.drafter.target import run_target
-    from padfree.testing import drafters
+    from support import drafters
 
     vocab = int(target.config.vocab_size)
     rec = recipes.override(recipes.get("speculators", "dflash"), block_size=BLOCK)
@@ -103,7 +103,7 @@ def test_eagle3_documents_train_as_alone_through_their_model(docs, target):
     from padfree.drafter.collate import DrafterCollator
     from padfree.drafter.methods import low_mid_high
     from padfree.drafter.target import run_target
-    from padfree.testing import drafters
+    from support import drafters
 
     rec = recipes.get("speculators", "eagle3")
     layers = low_mid_high(int(target.config.num_hidden_layers))

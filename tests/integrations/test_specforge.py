@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from padfree.testing.peers import peer_missing
+from support.peers import peer_missing
 
 REASON = peer_missing("specforge")
 pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON)
@@ -22,7 +22,7 @@ VOCAB, BLOCK, BUDGET, N, LAYERS = 256, 4, 512, 24, (1, 3)
 
 @pytest.fixture(scope="module")
 def samples(fixtures_dir):
-    from padfree.testing.drafters import bundled_chats
+    from support.drafters import bundled_chats
 
     return bundled_chats(fixtures_dir, N, VOCAB)
 
@@ -36,7 +36,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def features(tmp_path_factory, samples, target):
-    from padfree.testing.drafters import specforge_features
+    from support.drafters import specforge_features
 
     folder = tmp_path_factory.mktemp("features")
     specforge_features(folder, samples, target, LAYERS)
@@ -50,7 +50,7 @@ def recipe():
 
 
 def refs_of(features):
-    from padfree.testing.peers import import_peer
+    from support.peers import import_peer
 
     data = import_peer("specforge", "algorithms.common.dflash_family_data")
     return data.build_offline_reader("dflash", str(features), run_id="t", ttt_length=1, max_len=BUDGET).read()
@@ -60,7 +60,7 @@ def loader(features, layout, rank=0, world=1, seed=2, cache=None, resume_dir=Non
     """Their manifest, store, normalizer and collator; padfree's index and loader: as the guide wires them."""
     from padfree.core.config import PlanConfig
     from padfree.integrations import specforge as sf
-    from padfree.testing.peers import import_peer
+    from support.peers import import_peer
 
     data = import_peer("specforge", "algorithms.common.dflash_family_data")
     store = import_peer("specforge", "runtime.data_plane.feature_store")
@@ -151,8 +151,8 @@ def grads(model):
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_their_model_trains_each_document_as_alone(features, target, layout):
     from padfree.integrations import specforge as sf
-    from padfree.testing import drafters
-    from padfree.testing.peers import import_peer
+    from support import drafters
+    from support.peers import import_peer
 
     base = import_peer("specforge", "training.strategies.base")
     ld = loader(features, layout)
@@ -216,8 +216,9 @@ def rank_main(rank, world, store, features, target, out, seen, run):  # noqa: PL
     import torch.distributed as dist
 
     from padfree.integrations import specforge as sf
-    from padfree.testing import drafters, seenlog
-    from padfree.testing.peers import import_peer
+    from padfree.testing import seenlog
+    from support import drafters
+    from support.peers import import_peer
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
@@ -305,7 +306,7 @@ def test_a_seek_without_the_record_is_refused_in_one_line(features):
 
 def test_packed_document_term_is_the_same_for_their_dense_and_flex_masks():
     from padfree.integrations.specforge import _same_document
-    from padfree.testing.peers import import_peer
+    from support.peers import import_peer
 
     family = import_peer("specforge", "algorithms.common.dflash_family_model")
     doc = torch.tensor([[0, 0, 0, 0, -1, -1, 1, 1, 1, -1, -1, 2, 2, 2, 2, 2]])
@@ -344,7 +345,7 @@ def test_an_index_of_another_tokenization_is_refused_naming_the_sample(features,
     from padfree.core.config import PlanConfig
     from padfree.errors import InputError
     from padfree.integrations import specforge as sf
-    from padfree.testing.peers import import_peer
+    from support.peers import import_peer
 
     data = import_peer("specforge", "algorithms.common.dflash_family_data")
     store = import_peer("specforge", "runtime.data_plane.feature_store")

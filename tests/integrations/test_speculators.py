@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from padfree.testing.peers import peer_missing
+from support.peers import peer_missing
 
 REASON = peer_missing("speculators")
 pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON)
@@ -22,7 +22,7 @@ VOCAB, BLOCK, BUDGET, WIDTH, N = 256, 4, 512, 256, 24
 
 @pytest.fixture(scope="module")
 def samples(fixtures_dir):
-    from padfree.testing.drafters import bundled_chats
+    from support.drafters import bundled_chats
 
     return bundled_chats(fixtures_dir, N, VOCAB)
 
@@ -50,9 +50,9 @@ def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1, resume_dir
     from padfree.drafter import feed
     from padfree.drafter.methods import low_mid_high
     from padfree.integrations import speculators as sp
-    from padfree.testing import drafters
-    from padfree.testing.peers import import_peer
     from padfree.torch import PlannedDataset
+    from support import drafters
+    from support.peers import import_peer
 
     rec = recipe(method)
     if method == "dflash":
@@ -130,7 +130,7 @@ def test_their_pipeline_trains_each_document_as_alone(tmp_path, samples, target,
 
 def test_sampler_keeps_their_constructor_and_fast_resume_hooks(tmp_path, samples, target):
     from padfree.integrations._common import PlannedBatch
-    from padfree.testing.peers import import_peer
+    from support.peers import import_peer
 
     _, ds, sampler, _, _, _, _ = setup(tmp_path, samples, target, "dflash", resume_dir=tmp_path / "ckpt")
     theirs = import_peer("speculators", "train.distributed_batch_sampler").MultipackDistributedBatchSamplerV2
@@ -162,7 +162,7 @@ def cpu_trainer(trainer_mod):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from padfree.testing.peers import import_peer
+    from support.peers import import_peer
 
     checkpointer = import_peer("speculators", "train.checkpointer")
     build_optimizers = import_peer("speculators", "train.optimizers").build_optimizers
@@ -221,7 +221,7 @@ def rank_main(rank, world, store, tmp_path, samples, target, seen, run):  # noqa
 
     from padfree.integrations import speculators as sp
     from padfree.testing import seenlog
-    from padfree.testing.peers import import_peer
+    from support.peers import import_peer
 
     torch.set_num_threads(1)
     if not torch.accelerator.is_available():  # their step timer synchronizes an accelerator (this is a fork)
@@ -298,7 +298,7 @@ def test_a_resume_without_the_record_is_refused_in_one_line(tmp_path, samples, t
 def test_their_select_anchors_is_answered_in_both_signatures_and_restored():
     from padfree.drafter.feed import AnchorChoice
     from padfree.integrations import speculators as sp
-    from padfree.testing.peers import import_peer
+    from support.peers import import_peer
 
     core = import_peer("speculators", "models.dflash.core")
     theirs = core.select_anchors

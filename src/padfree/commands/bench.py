@@ -11,17 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.commands.common import (
-    BUDGET,
-    COUNT,
-    Bounded,
-    add_number,
-    check_device,
-    check_input,
-    check_output,
-    writing,
-)
+from padfree.commands.common import check_input, check_output, writing
 from padfree.errors import ConfigError
+from padfree.options import BUDGET, COUNT, Bounded, add_number, check_device
 
 TOKENS = Bounded(int, 1, 2**40)
 POOL = Bounded(int, 1, 2**31 - 1)

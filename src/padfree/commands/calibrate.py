@@ -9,19 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from padfree.commands.common import (
-    BUDGET,
-    add_number,
-    add_recipe_arguments,
-    bounded_list,
-    check_device,
-    check_output,
-    recipe_from_args,
-    writing,
-)
+from padfree.commands.common import bounded_list, check_output, writing
 from padfree.drafter.methods import METHODS
 from padfree.drafter.methods import get as get_method
 from padfree.errors import ConfigError
+from padfree.options import BUDGET, add_number, add_recipe_arguments, check_device, recipe_from_args
 
 NAME = "calibrate"
 HELP = "time forward+backward+AdamW over padded shapes on this machine; fit time = a*slots + b*attention + c"

@@ -8,14 +8,9 @@ import dataclasses
 import json
 from pathlib import Path
 
-from padfree.commands.common import (
-    Bounded,
-    add_output_options,
-    add_recipe_arguments,
-    check_input,
-    recipe_from_args,
-)
+from padfree.commands.common import add_output_options, check_input
 from padfree.drafter.methods import METHODS
+from padfree.options import Bounded, add_recipe_arguments, recipe_from_args
 
 DOCS = Bounded(int, 2, 4096)
 MAX_TOKENS = Bounded(int, 2, 65536)

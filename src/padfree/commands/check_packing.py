@@ -6,7 +6,8 @@ import argparse
 import dataclasses
 import json
 
-from padfree.commands.common import Bounded, add_number, add_output_options, check_device
+from padfree.commands.common import add_output_options
+from padfree.options import Bounded, add_number, check_device
 
 TOLERANCE = Bounded(float, 0, 1e6)
 

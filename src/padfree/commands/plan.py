@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from padfree.commands.common import (
-    add_number,
     add_plan_inputs,
     add_shard_options,
     check_output,
@@ -22,6 +21,7 @@ from padfree.errors import ConfigError
 
 if TYPE_CHECKING:
     from padfree.core.degree import GroupPlan
+from padfree.options import add_number
 
 NAME = "plan"
 HELP = (

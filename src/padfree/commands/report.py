@@ -9,9 +9,6 @@ import time
 from pathlib import Path
 
 from padfree.commands.common import (
-    BUCKETS,
-    GROWTH,
-    MIX,
     add_plan_inputs,
     bounded_list,
     check_output,
@@ -20,6 +17,7 @@ from padfree.commands.common import (
     writing,
 )
 from padfree.commands.simulate import add_drafter_arguments
+from padfree.options import BUCKETS, GROWTH, MIX
 
 NAME = "report"
 HELP = (

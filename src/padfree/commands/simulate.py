@@ -8,18 +8,11 @@ import json
 import sys
 from pathlib import Path
 
-from padfree.commands.common import (
-    Bounded,
-    add_number,
-    add_plan_inputs,
-    add_recipe_arguments,
-    config_from_args,
-    load_lengths,
-    recipe_from_args,
-)
+from padfree.commands.common import add_plan_inputs, config_from_args, load_lengths
 from padfree.core.config import STRATEGIES
 from padfree.drafter.methods import METHODS
 from padfree.errors import ConfigError
+from padfree.options import Bounded, add_number, add_recipe_arguments, recipe_from_args
 
 NAME = "simulate"
 HELP = "predict each strategy's training throughput on N GPUs (ranks wait for the slowest every step)"
@@ -201,9 +194,8 @@ def drafter_setup(args: argparse.Namespace, cfg, lengths):
     drafter setup (``--drafter``)."""
     import numpy as np
 
-    from padfree.commands.lengths import assistant_path
     from padfree.core.anchors import anchor_quota
-    from padfree.data.length_files import read_loss_counts
+    from padfree.data.length_files import assistant_path, read_loss_counts
     from padfree.drafter import memory as drafter_memory
     from padfree.drafter.methods import DrafterShape
     from padfree.drafter.methods import get as get_method

@@ -80,6 +80,12 @@ def read_lengths(path: str | Path, field: str = "length", column: str = "length"
     return validate_lengths(values, name)
 
 
+def assistant_path(out: Path) -> Path:
+    """Where the loss-bearing counts of the lengths file ``out`` go: ``lengths.npy`` ->
+    ``lengths.assistant.npy`` (``padfree lengths`` writes both)."""
+    return out.with_name(out.name[: -len(".npy")] + ".assistant.npy")
+
+
 def read_loss_counts(path: str | Path, lengths: np.ndarray) -> np.ndarray:
     """Loss-bearing tokens per sample (a ``.npy`` beside the lengths, e.g. ``lengths.assistant.npy``), checked
     against ``lengths``: one integer per sample, from 0 to the sample's length. Every problem is one

@@ -1,7 +1,7 @@
 """Seconds to plan one epoch, padfree's strategies beside peer samplers and packers, and the padding each
 leaves, measured the same way (:mod:`padfree.bench.measure`).
 
-Every case runs in its own subprocess (``python -m padfree.bench.plan_speed --worker``): it prepares the
+Every case runs in its own subprocess (``python -m lab.plan_speed --worker``): it prepares the
 peer's input (not timed), warms up on the first 20,000 samples (imports, JIT, caches), then times the
 planning work alone, up to ``repeats`` times while less than 2 s have been spent (median reported). An
 alarm stops a run that exceeds the cap; the case then reads "timed out".
@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lab import child_env
 from padfree.bench.measure import Batching, batching_stats, covers_each_once, rank_imbalance
 from padfree.core.config import DEFAULT_COST
 
@@ -160,10 +159,8 @@ def run_case(case: Case) -> dict:
 
 def run_case_subprocess(case: Case, hard_timeout_s: float | None = None) -> dict:
     """Run a case in a fresh interpreter (so imports, memory and JIT caches do not leak between cases)."""
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [sys.executable, "-m", "padfree.bench.plan_speed", "--worker", json.dumps(case.__dict__)]
+    env = child_env()
+    cmd = [sys.executable, "-m", "lab.plan_speed", "--worker", json.dumps(case.__dict__)]
     limit = hard_timeout_s if hard_timeout_s is not None else 3 * case.cap_s + 600
     base = {"dataset": case.dataset, "method": case.method, "kind": case.kind, "variant": case.variant}
     try:

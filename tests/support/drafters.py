@@ -2,8 +2,8 @@
 tiny target for tests and benchmarks: random weights, CPU float32, the target's embedding, final norm and LM
 head copied in where their trainers load them from the verifier.
 
-The peers are imported through :func:`padfree.testing.peers.import_peer`; callers skip when
-:func:`~padfree.testing.peers.peer_missing` says they are absent. Layer ids passed here are padfree's
+The peers are imported through :func:`support.peers.import_peer`; callers skip when
+:func:`~support.peers.peer_missing` says they are absent. Layer ids passed here are padfree's
 (decoder layer outputs from 0); speculators' configs get theirs
 (:func:`padfree.drafter.feed.their_layer_ids`).
 """
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from padfree.drafter.feed import their_layer_ids
-from padfree.testing.peers import import_peer
+from support.peers import import_peer
 
 DRAFT_SIZES: dict[str, Any] = {
     "hidden_size": 64,

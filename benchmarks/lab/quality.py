@@ -419,7 +419,7 @@ def dflash_acceptance(
     patched to a no-op for the call (``unittest.mock.patch("torch.cuda.synchronize")``)."""
     import torch
 
-    from padfree.testing.peers import import_peer
+    from support.peers import import_peer
 
     zlab = import_peer("dflash", "model")
     model = zlab.DFlashDraftModel.from_pretrained(str(draft_dir)).eval()
@@ -476,7 +476,7 @@ def eagle3_acceptance(
     (``speculative_tokens`` of its config drafts per step)."""
     import torch
 
-    from padfree.testing.peers import import_peer
+    from support.peers import import_peer
 
     import_peer("speculators")
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig

@@ -15,7 +15,7 @@ httpx, openai, hs-connectors). What imports then, on torch 2.13 / transformers 5
 - ``specforge``: the package, ``algorithms.common.dflash_family_model``, ``data``, ``training``, ``modeling``;
   ``algorithms.eagle3.model`` imports ``triton`` (GPU only) and does not import here.
 
->>> from padfree.testing.peers import PEERS
+>>> from support.peers import PEERS
 >>> sorted(PEERS)
 ['dflash', 'specforge', 'speculators']
 """
