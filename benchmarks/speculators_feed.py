@@ -78,7 +78,7 @@ def dflash(dcore, target, items, vocab, block):
 
     from padfree.core.anchors import AnchorPolicy
     from padfree.drafter.collate import DrafterCollator
-    from padfree.drafter.feed import dflash_inputs
+    from padfree.integrations.feed import dflash_inputs
     from padfree.drafter.target import run_target
 
     tl = Qwen3Config(**SIZES, vocab_size=vocab)
@@ -140,7 +140,7 @@ def eagle3(ecore, target, items, vocab, ttt):
     from transformers import LlamaConfig
 
     from padfree.drafter.collate import DrafterCollator
-    from padfree.drafter.feed import eagle3_inputs
+    from padfree.integrations.feed import eagle3_inputs
     from padfree.drafter.methods import low_mid_high
     from padfree.drafter.target import run_target
 

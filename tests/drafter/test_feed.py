@@ -8,7 +8,7 @@ import torch
 
 from padfree.core.anchors import AnchorPolicy
 from padfree.drafter.collate import DrafterCollator
-from padfree.drafter.feed import dflash_inputs, eagle3_inputs
+from padfree.integrations.feed import dflash_inputs, eagle3_inputs
 from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
 

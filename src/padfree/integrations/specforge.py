@@ -50,7 +50,7 @@ from padfree.core.config import PlanConfig
 from padfree.core.plan import Plan
 from padfree.core.planner import make_plan
 from padfree.drafter import methods, recipes
-from padfree.drafter.feed import ShapeSet
+from padfree.integrations.feed import ShapeSet
 from padfree.drafter.recipes import Recipe
 from padfree.errors import ConfigError, InputError
 from padfree.integrations._common import ElasticEpochs, check_rank, doc_anchors

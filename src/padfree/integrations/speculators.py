@@ -40,7 +40,7 @@ from padfree.core.items import validate_lengths
 from padfree.core.plan import Plan, validate_anchors
 from padfree.core.planner import make_plan
 from padfree.drafter import methods, recipes
-from padfree.drafter.feed import AnchorChoice, ShapeSet, trainer_kwargs
+from padfree.integrations.feed import AnchorChoice, ShapeSet, trainer_kwargs
 from padfree.drafter.recipes import Recipe
 from padfree.errors import ConfigError, InputError
 from padfree.integrations._common import (

@@ -1,0 +1,396 @@
+"""Feeding vllm speculators' own drafters (``DFlashDraftModel``, ``Eagle3DraftModel``) from padfree batches.
+
+Their inputs, their trainer's call arguments, their layer numbering, and shapes a compiled model keeps.
+
+Their ``forward`` takes one packed row: ``hidden_states`` (the concatenated target layers), ``input_ids``,
+``loss_mask``, ``verifier_last_hidden_states`` (the last layer before the final norm), ``document_ids`` (-1 on
+padding) and ``position_ids``, plus the keywords their trainer passes (``get_trainer_kwargs``). What this
+module does about each of their conventions:
+
+* **Layers.** Their ``target_layer_ids`` are Hugging Face ``hidden_states`` indices (index 0 is the
+  embedding output, index ``i`` the output of decoder layer ``i - 1``; their DFlash converter adds 1 to
+  z-lab's ids). padfree's :func:`~padfree.drafter.target.run_target` counts decoder layer outputs from 0, so
+  :func:`target_layers` subtracts 1: ``run_target(target, contract, target_layers(model))`` reads the layers
+  vLLM serves, not the ones above them.
+* **Their trainer's keywords.** :func:`trainer_kwargs` calls the model class's own ``get_trainer_kwargs``
+  with the recipe's values (loss, slot weights, D-PACE alpha, anchor width; EAGLE-3 ttt and step decay). The
+  inputs built here never repeat a keyword it returns (``ttt_steps``, ``max_anchors``), so
+  ``model(**inputs, **kwargs)`` is the call their trainer makes.
+* **DFlash anchors.** Their ``select_anchors`` chooses anchors over the row. :func:`dflash_inputs` returns
+  padfree's per-document anchors as an :class:`AnchorChoice` callable with their signature (today's and the
+  one their PR #1071 proposes, with ``document_ids``); :func:`anchors_patched` puts it in place for a block.
+  Blocks must end inside their document (their labels read ``loss_mask[a + k]`` without a document check):
+  build the batch with ``AnchorPolicy(partial=False)`` (``recipe.anchor_policy(partial=False)``).
+* **EAGLE-3 shifts.** Their ``align_for_step`` scores position ``t`` against ``t + k`` over the whole row.
+  :func:`eagle3_inputs` lays out each document in their shifted convention (``shift_batch``: tokens
+  ``1..L-1``, hidden states ``0..L-2``) and takes the loss off each document's first ``ttt - 1`` positions,
+  exactly where a pair could join two documents; a document alone gets the same rule.
+* **Noise.** Their dataset adds uniform noise ``+-std`` to ``hidden_states`` (``AddUniformNoise``, 0.05 at
+  c05b95b3; the 0.9.0 wheel adds none; the speculators recipe's ``noise``). Here it is drawn per document
+  from (seed, epoch, sample id, piece start), so a document gets the same noise packed or alone, on any
+  rank, after any resume.
+* **Stable shapes.** A :class:`ShapeSet` pads every row to one of a few lengths and the DFlash anchor slots
+  to one fixed width, so ``torch.compile`` (their ``forward`` is compiled on GPU) meets a handful of shapes
+  instead of one per batch.
+
+``speculators`` is not a padfree dependency; only :func:`trainer_kwargs` and :func:`anchors_patched` import
+it. ``tests/integrations/test_feed_speculators.py`` runs their real models on these inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from padfree.drafter import methods
+from padfree.drafter.collate import DrafterBatch
+from padfree.drafter.contract import Contract
+from padfree.drafter.recipes import Recipe
+from padfree.drafter.target import TargetOutput
+from padfree.errors import ConfigError
+
+_NOISE_STREAM = 0x6E6F6973  # keeps the noise's random stream apart from the anchors' (same key otherwise)
+
+
+def target_layers(model_or_ids: Any) -> tuple[int, ...]:
+    """padfree layer ids (decoder layer outputs, from 0) of a speculators model's ``target_layer_ids`` (or of
+    those ids given directly): each minus one. Id 0 (the embedding output) has no decoder layer.
+
+    >>> target_layers([2, 18, 33])
+    (1, 17, 32)
+    """
+    ids = getattr(model_or_ids, "target_layer_ids", model_or_ids)
+    out = tuple(int(i) - 1 for i in ids)
+    if not out or min(out) < 0:
+        raise ConfigError(
+            f"target_layer_ids {list(ids)}: Hugging Face hidden_states indices from 1 (index 0 is the "
+            "embedding output, which no decoder layer produces)"
+        )
+    return out
+
+
+def their_layer_ids(layers: Sequence[int]) -> list[int]:
+    """speculators' ``target_layer_ids`` for padfree layer ids: each plus one (the inverse of
+    :func:`target_layers`).
+
+    >>> their_layer_ids((1, 17, 32))
+    [2, 18, 33]
+    """
+    return [int(i) + 1 for i in layers]
+
+
+def _steps(top: int, n: int, multiple: int) -> tuple[int, ...]:
+    """``n`` values evenly spaced up to ``top``, each rounded up to ``multiple`` (capped at ``top``)."""
+    if n < 1 or multiple < 1 or top < 1:
+        raise ConfigError(f"shape set: need a top, a count and a multiple >= 1 (got {top}, {n}, {multiple})")
+    return tuple(sorted({min(top, -(-(top * (i + 1) // n) // multiple) * multiple) for i in range(n)}))
+
+
+def _smallest(allowed: tuple[int, ...], n: int, what: str) -> int:
+    i = int(np.searchsorted(np.asarray(allowed), n))
+    if i == len(allowed):
+        raise ConfigError(f"{what} {n} exceeds the largest allowed shape {allowed[-1]}")
+    return allowed[i]
+
+
+@dataclass(frozen=True)
+class ShapeSet:
+    """The row lengths and DFlash anchor slots a fed model may see, so that a compiled model meets a handful
+    of shapes instead of one per batch.
+
+    Attributes:
+        lengths: allowed row lengths, ascending; a row is padded to the smallest one that holds it.
+        anchors: allowed anchor-slot widths, ascending (one width: a fixed anchor count, as speculators'
+            ``max_anchors``); empty: each row keeps its own anchor count.
+
+    >>> s = ShapeSet.spread(8192, n=4, anchors=1024)
+    >>> s.lengths, s.anchors, s.width(3000), s.anchor_width(700)
+    ((2048, 4096, 6144, 8192), (1024,), 4096, 1024)
+    >>> ShapeSet.spread(2048, n=2, anchors=512, anchor_steps=4).anchors
+    (128, 256, 384, 512)
+    """
+
+    lengths: tuple[int, ...]
+    anchors: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("lengths", "anchors"):
+            vs = getattr(self, name)
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in vs) or (
+                name == "lengths" and not vs
+            ):
+                raise ConfigError(f"shape set: {name} must be integers >= 1 (got {vs!r})")
+            if list(vs) != sorted(set(vs)):
+                raise ConfigError(f"shape set: {name} must rise strictly (got {vs!r})")
+
+    @classmethod
+    def spread(
+        cls,
+        longest: int,
+        n: int = 4,
+        *,
+        multiple: int = 64,
+        anchors: int | None = None,
+        anchor_steps: int = 1,
+    ) -> ShapeSet:
+        """``n`` row lengths evenly spaced up to ``longest`` and ``anchor_steps`` anchor widths up to
+        ``anchors``, each rounded up to ``multiple`` (Model-Optimizer#1069 rounds to 1024-token buckets for
+        this reason)."""
+        widths = () if anchors is None else _steps(anchors, anchor_steps, min(multiple, anchors))
+        return cls(_steps(longest, n, multiple), widths)
+
+    def width(self, n: int) -> int:
+        """The smallest allowed row length that holds ``n`` positions."""
+        return _smallest(self.lengths, n, "a row of length")
+
+    def anchor_width(self, n: int) -> int:
+        """The anchor slots of a row holding ``n`` anchors (at least 1)."""
+        if not self.anchors:
+            return max(1, n)
+        if n > self.anchors[-1]:
+            raise ConfigError(
+                f"a row holds {n} anchors, more than the largest anchor width {self.anchors[-1]}: plan with "
+                f"anchor_budget={self.anchors[-1]} so no micro-batch holds more"
+            )
+        return _smallest(self.anchors, max(1, n), "an anchor count")
+
+
+class AnchorChoice:
+    """padfree's anchors of one row in the shape of speculators' ``select_anchors``: called with today's
+    ``(loss_mask, num_anchors, block_size)`` it returns ``num_anchors`` slots; called with ``document_ids``
+    (their PR #1071, where ``num_anchors`` is per document and the row's slots are not ``num_anchors``) it
+    returns ``width`` slots. Either way ``(anchors, valid)``: the row's anchors first, then padding (position
+    0, ``valid`` False), which their loss masks out."""
+
+    def __init__(self, anchors: torch.Tensor, block_size: int, width: int) -> None:
+        self.anchors = anchors.reshape(-1).to(torch.long)
+        self.block_size = int(block_size)
+        self.width = int(width)
+        if self.anchors.numel() > self.width:
+            raise ConfigError(f"{self.anchors.numel()} anchors do not fit {self.width} anchor slots")
+
+    def __call__(
+        self,
+        loss_mask: torch.Tensor,
+        num_anchors: int,
+        block_size: int,
+        document_ids: torch.Tensor | None = None,
+        **_options: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if block_size != self.block_size:
+            raise ConfigError(f"the model's block size {block_size} is not the batch's {self.block_size}")
+        slots = self.width if document_ids is not None else int(num_anchors)
+        n = self.anchors.numel()
+        if n > slots:
+            raise ConfigError(
+                f"the model asks for {slots} anchor slots; the row has {n} anchors: pass max_anchors >= {n} "
+                "(trainer_kwargs(..., max_anchors=width))"
+            )
+        out = torch.zeros(slots, dtype=torch.long, device=loss_mask.device)
+        valid = torch.zeros(slots, dtype=torch.bool, device=loss_mask.device)
+        out[:n] = self.anchors.to(loss_mask.device)
+        valid[:n] = True
+        return out, valid
+
+
+@contextlib.contextmanager
+def anchors_patched(choice: Any) -> Iterator[None]:
+    """Inside the block, speculators' DFlash models take their anchors from ``choice`` (an
+    :class:`AnchorChoice`) instead of ``select_anchors`` (the name ``speculators.models.dflash.core``
+    calls)."""
+    core: Any = importlib.import_module("speculators.models.dflash.core")
+    theirs = core.select_anchors
+    core.select_anchors = choice
+    try:
+        yield
+    finally:
+        core.select_anchors = theirs
+
+
+_LOSS_FN = {"argmax_ce": "ce", "kl": "kl_div"}
+_SLOT_WEIGHTS = {"dpace": "dpace", "exp": "fixed-exp-decay"}
+
+
+def trainer_kwargs(
+    model: Any,
+    recipe: Recipe,
+    *,
+    loss_implementation: str = "fused",
+    max_anchors: int | None = None,
+) -> dict:
+    """The keywords speculators' trainer passes to ``model`` (``train_call_kwargs``), from the model class's
+    own ``get_trainer_kwargs`` given the recipe's values: DFlash ``loss_fn`` (``ce`` for ``argmax_ce``,
+    ``kl_div`` for ``kl``), slot weights (``dpace`` or ``fixed-exp-decay`` with the recipe's gamma),
+    ``dpace_alpha`` and ``max_anchors`` (the fixed anchor width; default the recipe's cap); EAGLE-3
+    ``ttt_steps`` and ``ttt_step_loss_decay``. ``loss_implementation="eager"`` runs without Triton (CPU)."""
+    cls = type(model)
+    if methods.get(recipe.method).uses_anchors:
+        if recipe.objective not in _LOSS_FN or recipe.slot_weights not in _SLOT_WEIGHTS:
+            raise ConfigError(
+                f"recipe {recipe.name}: speculators' DFlash trains {' or '.join(_LOSS_FN)} with "
+                f"{' or '.join(_SLOT_WEIGHTS)} slot weights, not {recipe.objective} with "
+                f"{recipe.slot_weights}"
+            )
+        train, _ = cls.get_trainer_kwargs(
+            loss_fn=_LOSS_FN[recipe.objective],
+            loss_implementation=loss_implementation,
+            dflash_decay_gamma=recipe.gamma,
+            max_anchors=recipe.max_anchors if max_anchors is None else int(max_anchors),
+            per_position_loss_weight=_SLOT_WEIGHTS[recipe.slot_weights],
+            dpace_alpha=recipe.dpace_alpha,
+        )
+    else:
+        train, _ = cls.get_trainer_kwargs(
+            loss_fn="kl_div",
+            loss_implementation=loss_implementation,
+            ttt_steps=recipe.ttt,
+            ttt_step_loss_decay=recipe.step_decay,
+        )
+    return dict(train)
+
+
+def keyed_noise(
+    hidden: torch.Tensor, contract: Contract, *, std: float, seed: int, epoch: int
+) -> torch.Tensor:
+    """``hidden`` (flat ``(1, T, D)``) plus uniform noise in ``[-std, std)`` drawn per document from (seed,
+    epoch, sample id, piece start): the same for a document packed or alone. Padding gets none."""
+    if std == 0:
+        return hidden
+    out = hidden.clone()
+    for d in range(contract.n_docs):
+        s = contract.doc_slice(d)
+        key = [int(seed), int(epoch), max(0, contract.sample_ids[d]), contract.starts[d], _NOISE_STREAM]
+        g = torch.Generator().manual_seed(
+            int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> 1)
+        )
+        u = torch.rand(out[0, s].shape, generator=g, dtype=torch.float32)
+        out[0, s] += ((2 * u - 1) * std).to(out.dtype)
+    return out
+
+
+def _pad_row(t: torch.Tensor, width: int, value: float) -> torch.Tensor:
+    """Pad the flat row ``(1, T, ...)`` to ``(1, width, ...)`` with ``value``."""
+    n = t.shape[1]
+    if n == width:
+        return t
+    pad = torch.full((1, width - n, *t.shape[2:]), value, dtype=t.dtype, device=t.device)
+    return torch.cat([t, pad], dim=1)
+
+
+def _padded(kwargs: dict, shapes: ShapeSet | None) -> dict:
+    if shapes is None:
+        return kwargs
+    w = shapes.width(int(kwargs["input_ids"].shape[1]))
+    pads = {"document_ids": -1}
+    return {k: _pad_row(v, w, pads.get(k, 0)) for k, v in kwargs.items()}
+
+
+def _noise(batch: DrafterBatch, target: TargetOutput, noise: float | None) -> torch.Tensor:
+    assert batch.contract is not None
+    std = (batch.recipe.noise if batch.recipe is not None else 0.0) if noise is None else float(noise)
+    return keyed_noise(target.hidden, batch.contract, std=std, seed=batch.seed, epoch=batch.epoch)
+
+
+def dflash_inputs(
+    batch: DrafterBatch,
+    target: TargetOutput,
+    *,
+    shapes: ShapeSet | None = None,
+    noise: float | None = None,
+) -> tuple[dict, AnchorChoice]:
+    """``(forward inputs, anchor choice)`` for speculators' ``DFlashDraftModel`` on a packed padfree batch.
+
+    Call ``model(**inputs, **trainer_kwargs(model, recipe, max_anchors=width))`` inside
+    ``with anchors_patched(choice):``. ``shapes`` pads the row to one of its lengths and fixes the anchor
+    slots; ``noise``: the uniform noise on the target layers (default: the batch's recipe's)."""
+    f = batch.fields
+    c = batch.contract
+    if c is None or not methods.get(batch.method).uses_anchors or c.layout != "packed":
+        raise ConfigError("dflash_inputs: needs a packed DFlash batch (DrafterCollator('dflash'))")
+    anchors = f.anchors.clone()
+    if not bool((c.flat("doc_remaining")[0][anchors] >= f.block_size).all()):  # slot B-1 inside the document
+        raise ConfigError(
+            "dflash_inputs: a block runs past its document's end, which speculators would label from the "
+            "next document; build the batch with AnchorPolicy(partial=False)"
+        )
+    kwargs = {
+        "hidden_states": _noise(batch, target, noise),
+        "input_ids": c.flat("input_ids"),
+        "loss_mask": c.flat("loss_mask").long(),
+        "verifier_last_hidden_states": _prenorm(target),
+        "document_ids": c.flat("document_ids"),
+        "position_ids": c.flat("position_ids"),
+    }
+    width = shapes.anchor_width(len(anchors)) if shapes is not None else max(1, len(anchors))
+    return _padded(kwargs, shapes), AnchorChoice(anchors, f.block_size, width)
+
+
+def eagle3_inputs(
+    batch: DrafterBatch,
+    target: TargetOutput,
+    ttt: int | None = None,
+    *,
+    shapes: ShapeSet | None = None,
+    noise: float | None = None,
+) -> dict:
+    """Forward inputs for speculators' ``Eagle3DraftModel`` on a padfree batch: each document shifted as
+    their ``shift_batch`` does, documents back to back, and no loss on the first ``ttt - 1`` positions of
+    each document (``ttt``: their ``ttt_steps``, default the batch's recipe's). ``ttt_steps`` itself is not
+    among the inputs: it comes with :func:`trainer_kwargs`.
+
+    Why the gate suffices: at step ``k`` they score the logits of position ``t`` against the target and loss
+    mask at ``t + k`` over the whole row. A pair joins two documents only when ``t + k`` is among the first
+    ``k <= ttt - 1`` positions of a document, which carry no loss here; every scored pair then lies inside
+    one document, and the tokens fed on the way there too. The price is ``ttt - 1`` positions per document
+    (for chats the start of a user turn, which carries no loss anyway)."""
+    if ttt is None:
+        ttt = batch.recipe.ttt if batch.recipe is not None else 1
+    if isinstance(ttt, bool) or not isinstance(ttt, int) or ttt < 1:
+        raise ConfigError(f"ttt must be an integer >= 1 (got {ttt!r})")
+    c = batch.contract
+    if c is None:
+        raise ConfigError("eagle3_inputs: an empty micro-batch has nothing to draft")
+    ids = c.flat("input_ids")[0]
+    mask = c.flat("loss_mask")[0]
+    pos = c.flat("position_ids")[0]
+    hid = _noise(batch, target, noise)[0]
+    last = _prenorm(target)[0]
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("ids", "mask", "pos", "doc", "hid", "last")}
+    for d in range(c.n_docs):
+        s = c.doc_slice(d)
+        n = c.doc_lengths[d] - 1
+        if n <= 0:
+            continue
+        m = mask[s][1:].clone()
+        m[: ttt - 1] = False
+        parts["ids"].append(ids[s][1:])
+        parts["mask"].append(m)
+        parts["pos"].append(pos[s][1:])
+        parts["doc"].append(torch.full((n,), d, dtype=torch.long))
+        parts["hid"].append(hid[s][:-1])
+        parts["last"].append(last[s][1:])
+    if not parts["ids"]:
+        raise ConfigError("eagle3_inputs: every document has a single token; nothing to draft")
+    cat = {k: torch.cat(v)[None] for k, v in parts.items()}
+    kwargs = {
+        "hidden_states": cat["hid"],
+        "input_ids": cat["ids"],
+        "loss_mask": cat["mask"].long(),
+        "verifier_last_hidden_states": cat["last"],
+        "document_ids": cat["doc"],
+        "position_ids": cat["pos"],
+    }
+    return _padded(kwargs, shapes)
+
+
+def _prenorm(target: TargetOutput) -> torch.Tensor:
+    """The last layer's output before the final norm: speculators applies the verifier's norm itself."""
+    if target.prenorm is None:
+        raise ConfigError("the target output has no pre-norm state: build it with run_target")
+    return target.prenorm
