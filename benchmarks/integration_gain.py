@@ -43,8 +43,8 @@ from padfree.core.config import PlanConfig
 from padfree.core.planner import make_plan
 from padfree.data.length_files import bundled_seed_mix
 from padfree.drafter import recipes
-from padfree.integrations import feed
 from padfree.drafter.methods import cost_model
+from padfree.integrations import feed
 from padfree.integrations import speculators as sp
 from padfree.integrations._common import doc_anchors
 from padfree.testing.peers import import_peer

@@ -22,9 +22,9 @@ from torch.utils.data import DataLoader
 
 from padfree.core.config import PlanConfig
 from padfree.drafter import recipes
-from padfree.integrations import feed
 from padfree.drafter.memory import peak_resident_bytes, reset_peak, resident_bytes
 from padfree.drafter.target import build_target
+from padfree.integrations import feed
 from padfree.integrations import speculators as sp
 from padfree.testing import drafters
 from padfree.testing.peers import import_peer
