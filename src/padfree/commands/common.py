@@ -1,6 +1,6 @@
-"""What the commands share: the planning options and how they become a :class:`PlanConfig`, the numeric
-option types with their stated ranges (docs/errors.md lists them all), and how outputs are checked and
-written so that every failure is one line naming the file."""
+"""What the commands share: the planning, recipe and drafter-setup options and how they become a
+:class:`PlanConfig`, the numeric option types with their stated ranges (docs/errors.md lists them all), and
+how outputs are checked and written so that every failure is one line naming the file."""
 
 from __future__ import annotations
 
@@ -394,3 +394,51 @@ def recipe_from_args(args: argparse.Namespace, method: str):
     off = {k: None for k, v in changes.items() if v == "none"}
     changed = recipes.override(base, **{k: v for k, v in changes.items() if v != "none"})
     return dataclasses.replace(changed, **off) if off else changed  # type: ignore[arg-type]
+
+
+TARGET_DEFAULTS = {"hidden": 4096, "layers": 32, "vocab": 128256}
+"""The target a drafter setup assumes without ``--target`` or its size options (a Llama-3-8B's shape)."""
+
+
+def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """The drafter-setup options (``--drafter`` and its shape, anchors and cache), shared by ``simulate``
+    and ``report``; :func:`padfree.commands.simulate.drafter_setup` reads them."""
+    from padfree.drafter.methods import METHODS
+
+    d = p.add_argument_group("drafter setup (a frozen target + a DFlash or EAGLE-3 drafter)")
+    d.add_argument("--drafter", choices=list(METHODS), default=None, help=what)
+    d.add_argument(
+        "--assistant",
+        type=Path,
+        default=None,
+        help="loss-bearing tokens per sample (.npy, e.g. NAME.assistant.npy; default: beside --lengths when "
+        "present, else every token but the first)",
+    )
+    add_number(d, "--anchor-budget", None, "DFlash blocks per micro-batch at most")
+    d.add_argument(
+        "--target",
+        type=Path,
+        default=None,
+        help="the target's local transformers folder: its config.json gives the hidden size, layers, "
+        "vocabulary, heads and MLP width (instead of --target-hidden, --target-layers, --vocab)",
+    )
+    add_number(d, "--target-hidden", None, f"target hidden size (default {TARGET_DEFAULTS['hidden']})")
+    add_number(d, "--target-layers", None, f"target layers (default {TARGET_DEFAULTS['layers']})")
+    add_number(d, "--vocab", None, f"vocabulary (default {TARGET_DEFAULTS['vocab']})")
+    add_number(
+        d,
+        "--cache-layers",
+        None,
+        "target layers an offline hidden-state cache keeps per token (default: DFlash 5, EAGLE-3 3, "
+        "plus the last layer for the targets' logits)",
+    )
+    add_number(d, "--cache-bytes", 2, "bytes per cached value (default 2: bf16)")
+    add_number(d, "--draft-layers", 5, "drafter layers (default 5, speculators' DFlash default)")
+    d.add_argument(
+        "--memory-gb",
+        type=Bounded(float, 0, 2**20, above=True),
+        default=None,
+        help="activation memory a micro-batch may take (GiB): bounds each micro-batch's draft blocks "
+        "(DFlash) or attention (EAGLE-3) by padfree.drafter.memory's model; the report says each plan's peak",
+    )
+    add_recipe_arguments(p)

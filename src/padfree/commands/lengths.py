@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from padfree.commands.common import Bounded, check_input, check_output, writing
+from padfree.data.length_files import assistant_path
 from padfree.errors import ConfigError
 
 WORKERS = Bounded(int, 1, 256)
@@ -94,11 +95,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-
-
-def assistant_path(out: Path) -> Path:
-    """``lengths.npy`` -> ``lengths.assistant.npy``."""
-    return out.with_name(out.name[: -len(".npy")] + ".assistant.npy")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from padfree.commands.common import (
     BUCKETS,
     GROWTH,
     MIX,
+    add_drafter_arguments,
     add_plan_inputs,
     bounded_list,
     check_output,
@@ -19,7 +20,6 @@ from padfree.commands.common import (
     load_lengths,
     writing,
 )
-from padfree.commands.simulate import add_drafter_arguments
 
 NAME = "report"
 HELP = (
