@@ -14,6 +14,10 @@ import numpy as np
 from padfree.commands.common import (
     BUDGET,
     COUNT,
+    FRACTION,
+    LR,
+    POOL,
+    TOKENS,
     Bounded,
     add_number,
     check_device,
@@ -22,11 +26,6 @@ from padfree.commands.common import (
     writing,
 )
 from padfree.errors import ConfigError
-
-TOKENS = Bounded(int, 1, 2**40)
-POOL = Bounded(int, 1, 2**31 - 1)
-LR = Bounded(float, 0, 10, above=True)
-FRACTION = Bounded(float, 0, 1)
 
 NAME = "bench"
 HELP = (

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 from padfree.commands.common import (
-    Bounded,
+    DOCS,
+    MAX_TOKENS,
     add_output_options,
     add_recipe_arguments,
     check_input,
@@ -17,8 +18,6 @@ from padfree.commands.common import (
 )
 from padfree.drafter.methods import METHODS
 
-DOCS = Bounded(int, 2, 4096)
-MAX_TOKENS = Bounded(int, 2, 65536)
 MAX_ROW = 32768
 """Most tokens in the checked row: its dense masks hold row x row entries."""
 

@@ -6,9 +6,7 @@ import argparse
 import dataclasses
 import json
 
-from padfree.commands.common import Bounded, add_output_options, check_device
-
-TOLERANCE = Bounded(float, 0, 1e6)
+from padfree.commands.common import TOLERANCE, add_output_options, check_device
 
 NAME = "check-packing"
 HELP = (

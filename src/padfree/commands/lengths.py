@@ -6,11 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from padfree.commands.common import Bounded, check_input, check_output, writing
+from padfree.commands.common import WORKERS, check_input, check_output, writing
 from padfree.data.length_files import assistant_path
 from padfree.errors import ConfigError
-
-WORKERS = Bounded(int, 1, 256)
 
 NAME = "lengths"
 HELP = (
