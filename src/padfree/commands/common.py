@@ -276,7 +276,8 @@ def add_shard_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_plan_inputs(p: argparse.ArgumentParser, required: bool) -> None:
-    """The lengths file and the planning options: what ``plan``, ``simulate`` and ``report`` read first."""
+    """The lengths file and the planning options: what ``plan``, ``analyze``, ``simulate`` and ``report`` read
+    first."""
     add_lengths_argument(p, required)
     add_plan_options(p)
 
