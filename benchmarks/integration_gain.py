@@ -43,8 +43,9 @@ from padfree.core.anchors import choose_anchors
 from padfree.core.config import PlanConfig
 from padfree.core.planner import make_plan
 from padfree.data.length_files import bundled_seed_mix
-from padfree.drafter import feed, recipes
+from padfree.drafter import recipes
 from padfree.drafter.methods import cost_model
+from padfree.integrations import feed
 from padfree.integrations import speculators as sp
 from padfree.integrations._common import doc_anchors
 from support.peers import import_peer

@@ -78,8 +78,8 @@ def dflash(dcore, target, items, vocab, block):
 
     from padfree.core.anchors import AnchorPolicy
     from padfree.drafter.collate import DrafterCollator
-    from padfree.drafter.feed import dflash_inputs
     from padfree.drafter.target import run_target
+    from padfree.integrations.feed import dflash_inputs
 
     tl = Qwen3Config(**SIZES, vocab_size=vocab)
     tl._attn_implementation = "sdpa"
@@ -140,9 +140,9 @@ def eagle3(ecore, target, items, vocab, ttt):
     from transformers import LlamaConfig
 
     from padfree.drafter.collate import DrafterCollator
-    from padfree.drafter.feed import eagle3_inputs
     from padfree.drafter.methods import low_mid_high
     from padfree.drafter.target import run_target
+    from padfree.integrations.feed import eagle3_inputs
 
     tl = LlamaConfig(**SIZES, vocab_size=vocab)
     tl._attn_implementation = "sdpa"

@@ -103,6 +103,14 @@ WIDTH = Bounded(int, 1, 2**20)
 LAYERS = Bounded(int, 1, 4096)
 BYTES = Bounded(int, 1, 16)
 SHARD = Bounded(int, 1, MAX_SHARD)  # SP / CP degrees
+TOKENS = Bounded(int, 1, 2**40)  # bench: tokens per run, between evals
+POOL = Bounded(int, 1, 2**31 - 1)  # bench: samples drawn from
+LR = Bounded(float, 0, 10, above=True)  # bench: peak learning rate
+FRACTION = Bounded(float, 0, 1)  # bench: warm-up share
+TOLERANCE = Bounded(float, 0, 1e6)  # check-packing: logit difference taken as noise
+WORKERS = Bounded(int, 1, 256)  # lengths: processes
+DOCS = Bounded(int, 2, 4096)  # check-drafter: documents in the packed row
+MAX_TOKENS = Bounded(int, 2, 65536)  # check-drafter: tokens per document
 
 NUMERIC: dict[str, Bounded] = {
     "--budget": BUDGET,

@@ -8,9 +8,9 @@ import torch
 
 from padfree.core.anchors import AnchorPolicy
 from padfree.drafter.collate import DrafterCollator
-from padfree.drafter.feed import dflash_inputs, eagle3_inputs
 from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
+from padfree.integrations.feed import dflash_inputs, eagle3_inputs
 
 
 def items(lens, seed=0):
@@ -75,3 +75,37 @@ def test_eagle3_inputs_leave_no_scored_pair_across_documents():
     )
     # the plain packed row (what a row-level packer hands them) is scored across documents
     assert crossings(doc, torch.ones_like(mask), ttt) > 0
+
+
+def test_a_document_gets_the_same_noise_and_anchors_through_padfree_and_through_feed():
+    """One keyed generator per document: padfree's trainer (``with_noise``) and the speculators feed add the
+    same noise to a document's target layers, packed or alone, and its anchors are the ones it gets alone."""
+    from padfree.core.anchors import choose_anchors
+    from padfree.drafter import recipes
+    from padfree.drafter.train import with_noise
+
+    rec = recipes.get("speculators", "dflash")
+    assert rec.noise > 0
+    policy = rec.anchor_policy(partial=False)
+    collate = DrafterCollator("dflash", policy, recipe=rec, seed=7, mask_token_id=49)
+    collate.set_epoch(2)
+    docs = items([40, 64, 33], seed=3)
+    packed = collate(docs)
+    target = fake_target(packed.contract)
+    mine = with_noise(target, packed).hidden
+    theirs, _ = dflash_inputs(packed, target)
+    noise = mine - target.hidden
+    assert torch.equal(mine, theirs["hidden_states"]) and noise.abs().max() <= rec.noise
+    assert noise.abs().min() > 0  # every position of every document is noised
+    c, anchors = packed.contract, packed.fields.anchors
+    for d, doc in enumerate(docs):  # each document alone: the same noise and the same anchors
+        s = c.doc_slice(d)
+        alone = collate([doc])
+        alone_target = TargetOutput(target.hidden[:, s], target.last[:, s], target.prenorm[:, s])
+        alone_hidden = with_noise(alone_target, alone).hidden
+        assert torch.allclose(alone_hidden - alone_target.hidden, noise[:, s], atol=1e-6)
+        assert torch.equal(dflash_inputs(alone, alone_target)[0]["hidden_states"], alone_hidden)
+        want = choose_anchors(doc["loss_mask"], policy, seed=7, epoch=2, sample_id=d) + s.start
+        assert anchors[(anchors >= s.start) & (anchors < s.stop)].tolist() == want.tolist()
+    other = DrafterCollator("dflash", policy, recipe=rec, seed=8, mask_token_id=49)(docs)
+    assert not torch.equal(with_noise(target, other).hidden, mine)  # the seed enters the key

@@ -1,7 +1,7 @@
-"""padfree.drafter.feed against speculators' own DFlashDraftModel and Eagle3DraftModel (their 0.9.0 wheel):
-fed a packed padfree batch with their own target_layer_ids and their trainer's keywords, every document's loss
-equals the document alone, and the packed row's gradient is the alone gradients weighted as their row mean
-weighs them."""
+"""padfree.integrations.feed against speculators' own DFlashDraftModel and Eagle3DraftModel (their 0.9.0
+wheel): fed a packed padfree batch with their own target_layer_ids and their trainer's keywords, every
+document's loss equals the document alone, and the packed row's gradient is the alone gradients weighted as
+their row mean weighs them."""
 
 import pytest
 import torch
@@ -35,8 +35,8 @@ def grads(model):
 
 
 def test_layer_ids_are_hidden_states_indices():
-    from padfree.drafter import feed
     from padfree.errors import ConfigError
+    from padfree.integrations import feed
 
     assert feed.target_layers([2, 4]) == (1, 3) and feed.their_layer_ids((1, 3)) == [2, 4]
     with pytest.raises(ConfigError, match="embedding output"):
@@ -44,9 +44,10 @@ def test_layer_ids_are_hidden_states_indices():
 
 
 def test_dflash_documents_train_as_alone_through_their_model(docs, target):
-    from padfree.drafter import feed, recipes
+    from padfree.drafter import recipes
     from padfree.drafter.collate import DrafterCollator
     from padfree.drafter.target import run_target
+    from padfree.integrations import feed
     from support import drafters
 
     vocab = int(target.config.vocab_size)
@@ -99,10 +100,11 @@ def test_dflash_documents_train_as_alone_through_their_model(docs, target):
 
 
 def test_eagle3_documents_train_as_alone_through_their_model(docs, target):
-    from padfree.drafter import feed, recipes
+    from padfree.drafter import recipes
     from padfree.drafter.collate import DrafterCollator
     from padfree.drafter.methods import low_mid_high
     from padfree.drafter.target import run_target
+    from padfree.integrations import feed
     from support import drafters
 
     rec = recipes.get("speculators", "eagle3")

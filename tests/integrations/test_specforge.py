@@ -367,3 +367,21 @@ def test_an_index_of_another_tokenization_is_refused_naming_the_sample(features,
     assert f"{len(samples[sid]['input_ids'])} tokens after" in str(e.value)
     assert f"says {len(masks[sid])}" in str(e.value) and "\n" not in str(e.value)
     ld.close()
+
+
+def test_strategy_is_the_old_name_of_method():
+    import warnings
+
+    from padfree.core.config import PlanConfig
+    from padfree.errors import ConfigError
+    from padfree.integrations import specforge as sf
+
+    index = sf.LengthIndex(np.array([4, 5]), np.array([1, 1]), 8, "key")
+    cfg = PlanConfig(strategy="bucketed", budget=16)
+    with pytest.warns(DeprecationWarning, match="method="), pytest.raises(ConfigError, match="differ"):
+        sf.PlanFeatureLoader(None, [], index=index, config=cfg, method="dflash", strategy="eagle3")
+    with pytest.warns(DeprecationWarning, match="method="), pytest.raises(ConfigError, match="manifest 0"):
+        sf.PlanFeatureLoader(None, [], index=index, config=cfg, strategy="eagle3")
+    with warnings.catch_warnings(), pytest.raises(ConfigError, match="manifest 0"):
+        warnings.simplefilter("error")  # method= alone warns of nothing
+        sf.PlanFeatureLoader(None, [], index=index, config=cfg, method="eagle3")

@@ -47,8 +47,8 @@ def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1, resume_dir
     from torch.utils.data import DataLoader
 
     from padfree.core.config import PlanConfig
-    from padfree.drafter import feed
     from padfree.drafter.methods import low_mid_high
+    from padfree.integrations import feed
     from padfree.integrations import speculators as sp
     from padfree.torch import PlannedDataset
     from support import drafters
@@ -296,8 +296,8 @@ def test_a_resume_without_the_record_is_refused_in_one_line(tmp_path, samples, t
 
 
 def test_their_select_anchors_is_answered_in_both_signatures_and_restored():
-    from padfree.drafter.feed import AnchorChoice
     from padfree.integrations import speculators as sp
+    from padfree.integrations.feed import AnchorChoice
     from support.peers import import_peer
 
     core = import_peer("speculators", "models.dflash.core")

@@ -5,7 +5,7 @@ head copied in where their trainers load them from the verifier.
 The peers are imported through :func:`support.peers.import_peer`; callers skip when
 :func:`~support.peers.peer_missing` says they are absent. Layer ids passed here are padfree's
 (decoder layer outputs from 0); speculators' configs get theirs
-(:func:`padfree.drafter.feed.their_layer_ids`).
+(:func:`padfree.integrations.feed.their_layer_ids`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from padfree.drafter.feed import their_layer_ids
+from padfree.integrations.feed import their_layer_ids
 from support.peers import import_peer
 
 DRAFT_SIZES: dict[str, Any] = {

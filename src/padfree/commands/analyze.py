@@ -7,8 +7,7 @@ import json
 import sys
 
 from padfree.commands.common import (
-    add_lengths_argument,
-    add_plan_options,
+    add_plan_inputs,
     add_shard_options,
     config_from_args,
     load_lengths,
@@ -22,8 +21,7 @@ HELP = "compare the strategies on a lengths file: padding, balance, diversity, p
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_lengths_argument(p, required=False)
-    add_plan_options(p)
+    add_plan_inputs(p, required=False)
     add_shard_options(p)
     p.add_argument(
         "--strategies",

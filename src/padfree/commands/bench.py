@@ -13,12 +13,7 @@ import numpy as np
 
 from padfree.commands.common import check_input, check_output, writing
 from padfree.errors import ConfigError
-from padfree.options import BUDGET, COUNT, Bounded, add_number, check_device
-
-TOKENS = Bounded(int, 1, 2**40)
-POOL = Bounded(int, 1, 2**31 - 1)
-LR = Bounded(float, 0, 10, above=True)
-FRACTION = Bounded(float, 0, 1)
+from padfree.options import BUDGET, COUNT, FRACTION, LR, POOL, TOKENS, Bounded, add_number, check_device
 
 NAME = "bench"
 HELP = (

@@ -7,9 +7,7 @@ import dataclasses
 import json
 
 from padfree.commands.common import add_output_options
-from padfree.options import Bounded, add_number, check_device
-
-TOLERANCE = Bounded(float, 0, 1e6)
+from padfree.options import TOLERANCE, add_number, check_device
 
 NAME = "check-packing"
 HELP = (

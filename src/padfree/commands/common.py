@@ -20,7 +20,7 @@ from padfree.core.config import (
     PlanConfig,
 )
 from padfree.errors import ConfigError, InputError, OutputError
-from padfree.options import Bounded, add_number
+from padfree.options import Bounded, add_number, add_recipe_arguments
 
 
 def bounded_list(text: str, kind: Bounded, option: str, most: int = 32) -> tuple:
@@ -124,7 +124,8 @@ def add_shard_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_plan_inputs(p: argparse.ArgumentParser, required: bool) -> None:
-    """The lengths file and the planning options: what ``plan``, ``simulate`` and ``report`` read first."""
+    """The lengths file and the planning options: what ``plan``, ``analyze``, ``simulate`` and ``report`` read
+    first."""
     add_lengths_argument(p, required)
     add_plan_options(p)
 
@@ -158,3 +159,51 @@ def config_from_args(args: argparse.Namespace, strategy: str) -> PlanConfig:
         sp=getattr(args, "sp", 1),
         cp=getattr(args, "cp", 1),
     )
+
+
+TARGET_DEFAULTS = {"hidden": 4096, "layers": 32, "vocab": 128256}
+"""The target a drafter setup assumes without ``--target`` or its size options (a Llama-3-8B's shape)."""
+
+
+def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """The drafter-setup options (``--drafter`` and its shape, anchors and cache), shared by ``simulate``
+    and ``report``; :func:`padfree.commands.simulate.drafter_setup` reads them."""
+    from padfree.drafter.methods import METHODS
+
+    d = p.add_argument_group("drafter setup (a frozen target + a DFlash or EAGLE-3 drafter)")
+    d.add_argument("--drafter", choices=list(METHODS), default=None, help=what)
+    d.add_argument(
+        "--assistant",
+        type=Path,
+        default=None,
+        help="loss-bearing tokens per sample (.npy, e.g. NAME.assistant.npy; default: beside --lengths when "
+        "present, else every token but the first)",
+    )
+    add_number(d, "--anchor-budget", None, "DFlash blocks per micro-batch at most")
+    d.add_argument(
+        "--target",
+        type=Path,
+        default=None,
+        help="the target's local transformers folder: its config.json gives the hidden size, layers, "
+        "vocabulary, heads and MLP width (instead of --target-hidden, --target-layers, --vocab)",
+    )
+    add_number(d, "--target-hidden", None, f"target hidden size (default {TARGET_DEFAULTS['hidden']})")
+    add_number(d, "--target-layers", None, f"target layers (default {TARGET_DEFAULTS['layers']})")
+    add_number(d, "--vocab", None, f"vocabulary (default {TARGET_DEFAULTS['vocab']})")
+    add_number(
+        d,
+        "--cache-layers",
+        None,
+        "target layers an offline hidden-state cache keeps per token (default: DFlash 5, EAGLE-3 3, "
+        "plus the last layer for the targets' logits)",
+    )
+    add_number(d, "--cache-bytes", 2, "bytes per cached value (default 2: bf16)")
+    add_number(d, "--draft-layers", 5, "drafter layers (default 5, speculators' DFlash default)")
+    d.add_argument(
+        "--memory-gb",
+        type=Bounded(float, 0, 2**20, above=True),
+        default=None,
+        help="activation memory a micro-batch may take (GiB): bounds each micro-batch's draft blocks "
+        "(DFlash) or attention (EAGLE-3) by padfree.drafter.memory's model; the report says each plan's peak",
+    )
+    add_recipe_arguments(p)

@@ -9,9 +9,7 @@ from pathlib import Path
 from padfree.commands.common import check_input, check_output, writing
 from padfree.data.length_files import assistant_path
 from padfree.errors import ConfigError
-from padfree.options import Bounded, add_data_arguments, format_options
-
-WORKERS = Bounded(int, 1, 256)
+from padfree.options import WORKERS, add_data_arguments, format_options
 
 NAME = "lengths"
 HELP = (

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from padfree.commands.common import (
+    add_drafter_arguments,
     add_plan_inputs,
     bounded_list,
     check_output,
@@ -16,7 +17,6 @@ from padfree.commands.common import (
     load_lengths,
     writing,
 )
-from padfree.commands.simulate import add_drafter_arguments
 from padfree.options import BUCKETS, GROWTH, MIX
 
 NAME = "report"

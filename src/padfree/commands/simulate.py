@@ -8,11 +8,16 @@ import json
 import sys
 from pathlib import Path
 
-from padfree.commands.common import add_plan_inputs, config_from_args, load_lengths
+from padfree.commands.common import (
+    TARGET_DEFAULTS,
+    add_drafter_arguments,
+    add_plan_inputs,
+    config_from_args,
+    load_lengths,
+)
 from padfree.core.config import STRATEGIES
-from padfree.drafter.methods import METHODS
 from padfree.errors import ConfigError
-from padfree.options import Bounded, add_number, add_recipe_arguments, recipe_from_args
+from padfree.options import add_number, recipe_from_args
 
 NAME = "simulate"
 HELP = "predict each strategy's training throughput on N GPUs (ranks wait for the slowest every step)"
@@ -38,10 +43,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_drafter_arguments(p, "simulate a drafter setup")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-
-
-TARGET_DEFAULTS = {"hidden": 4096, "layers": 32, "vocab": 128256}
-"""The target a drafter setup assumes without ``--target`` or its size options (a Llama-3-8B's shape)."""
 
 
 def target_sizes(args: argparse.Namespace) -> dict:
@@ -77,48 +78,6 @@ def target_sizes(args: argparse.Namespace) -> dict:
         "kv_heads": int(cfg.get("num_key_value_heads") or heads),
         "intermediate": int(cfg.get("intermediate_size") or 4 * cfg["hidden_size"]),
     }
-
-
-def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
-    """The drafter-setup options (``--drafter`` and its shape, anchors and cache), shared by ``simulate``
-    and ``report``; :func:`drafter_setup` reads them."""
-    d = p.add_argument_group("drafter setup (a frozen target + a DFlash or EAGLE-3 drafter)")
-    d.add_argument("--drafter", choices=list(METHODS), default=None, help=what)
-    d.add_argument(
-        "--assistant",
-        type=Path,
-        default=None,
-        help="loss-bearing tokens per sample (.npy, e.g. NAME.assistant.npy; default: beside --lengths when "
-        "present, else every token but the first)",
-    )
-    add_number(d, "--anchor-budget", None, "DFlash blocks per micro-batch at most")
-    d.add_argument(
-        "--target",
-        type=Path,
-        default=None,
-        help="the target's local transformers folder: its config.json gives the hidden size, layers, "
-        "vocabulary, heads and MLP width (instead of --target-hidden, --target-layers, --vocab)",
-    )
-    add_number(d, "--target-hidden", None, f"target hidden size (default {TARGET_DEFAULTS['hidden']})")
-    add_number(d, "--target-layers", None, f"target layers (default {TARGET_DEFAULTS['layers']})")
-    add_number(d, "--vocab", None, f"vocabulary (default {TARGET_DEFAULTS['vocab']})")
-    add_number(
-        d,
-        "--cache-layers",
-        None,
-        "target layers an offline hidden-state cache keeps per token (default: DFlash 5, EAGLE-3 3, "
-        "plus the last layer for the targets' logits)",
-    )
-    add_number(d, "--cache-bytes", 2, "bytes per cached value (default 2: bf16)")
-    add_number(d, "--draft-layers", 5, "drafter layers (default 5, speculators' DFlash default)")
-    d.add_argument(
-        "--memory-gb",
-        type=Bounded(float, 0, 2**20, above=True),
-        default=None,
-        help="activation memory a micro-batch may take (GiB): bounds each micro-batch's draft blocks "
-        "(DFlash) or attention (EAGLE-3) by padfree.drafter.memory's model; the report says each plan's peak",
-    )
-    add_recipe_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,9 +20,10 @@ lets a caller count and report them (``n == 0``).
 (``density=1``) up to 512 per sample (:mod:`padfree.drafter.recipes`); a lower density draws proportionally,
 at least one when the document has any valid position.
 
-**Choice.** The anchors are the ``quota`` valid positions with the smallest keys of a Philox stream seeded
-by ``(seed, epoch, sample_id, start)`` (``start``: the offset of a split sample's piece), returned sorted.
-Nothing else enters: not the pack, the rank, the world size or the step.
+**Choice.** The anchors are the ``quota`` valid positions with the smallest keys of the document's own
+generator (:func:`padfree.core.document_rng.document_rng`, keyed by ``(seed, epoch, sample_id, start)``;
+``start``: the offset of a split sample's piece), returned sorted. Nothing else enters: not the pack, the
+rank, the world size or the step.
 
 >>> mask = np.array([0, 0, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1], dtype=np.int8)
 >>> valid_anchor_positions(mask, 4).tolist()
@@ -46,6 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from padfree.core.document_rng import document_rng
 from padfree.errors import ConfigError, InputError
 
 __all__ = [
@@ -187,20 +189,13 @@ def anchor_counts(loss_mask, offsets, policy: AnchorPolicy) -> np.ndarray:
     return anchor_quota(valid, policy)
 
 
-def _check_id(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 0:
-        raise ConfigError(f"anchors: {name} must be a non-negative integer (got {v!r})")
-    return int(v)
-
-
 def choose_anchors(
     loss_mask, policy: AnchorPolicy, *, seed: int, epoch: int, sample_id: int, start: int = 0
 ) -> np.ndarray:
     """The anchors of one document (sorted int64 positions in the document), a pure function of its loss
     mask, ``policy`` and ``(seed, epoch, sample_id, start)``: ``start`` is the offset of a split sample's
     piece in its sample (0 for a whole sample), so two pieces of one sample draw independently."""
-    named = (("seed", seed), ("epoch", epoch), ("sample_id", sample_id), ("start", start))
-    key = [_check_id(n, v) for n, v in named]
+    rng = document_rng(seed, epoch, sample_id, start, "anchors")
     valid = valid_anchor_positions(
         loss_mask,
         policy.block_size,
@@ -213,6 +208,5 @@ def choose_anchors(
         return valid[:0]
     if q == valid.shape[0]:
         return valid
-    rng = np.random.Generator(np.random.Philox(np.random.SeedSequence(key)))
     keys = rng.random(valid.shape[0])
     return np.sort(valid[np.argsort(keys, kind="stable")[:q]])

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from padfree.core import _kernels, batching, cost
+from padfree.core import _kernels, batching, cost, steps
 from padfree.core.items import Items
 from padfree.errors import ConfigError
 
@@ -151,12 +151,7 @@ def plan_chunked(
 def _split_largest(offsets: np.ndarray, n_rows: int) -> np.ndarray:
     """``n_rows`` rows: the rows with the most documents halved (one at a time) while that is possible, then
     empty rows at the end."""
-    while 1 < offsets.shape[0] <= n_rows:
-        counts = np.diff(offsets)
-        j = int(np.argmax(counts))
-        if counts[j] < 2:
-            break
-        offsets = np.insert(offsets, j + 1, offsets[j] + counts[j] // 2)
+    offsets = steps.split_largest(offsets, n_rows)
     missing = n_rows - (offsets.shape[0] - 1)
     return np.concatenate((offsets, np.full(missing, offsets[-1], np.int64))) if missing > 0 else offsets
 

@@ -51,6 +51,12 @@ def planning_window(lengths: ArrayLike, stream: bool | None = None, window: int 
     return None
 
 
+def _route(lengths: ArrayLike, epoch: int, stream: bool | None, window: int | None) -> tuple[int, int | None]:
+    """What :func:`make_plan` and :func:`plan_pieces` decide first: the checked epoch and the window to plan
+    in (``None``: in memory)."""
+    return check_epoch(epoch), planning_window(lengths, stream, window)
+
+
 def make_plan(
     lengths: ArrayLike,
     config: PlanConfig,
@@ -77,8 +83,7 @@ def make_plan(
     (0, True)
     """
     t0 = time.perf_counter()
-    epoch = check_epoch(epoch)
-    window = planning_window(lengths, stream, window)
+    epoch, window = _route(lengths, epoch, stream, window)
     if window is not None:
         if REGISTRY[config.strategy].chunked:
             raise ConfigError(
@@ -118,8 +123,7 @@ def plan_pieces(
     >>> len(pieces), np.array_equal(np.concatenate([p.indices for p in pieces]), whole.indices)
     (4, True)
     """
-    epoch = check_epoch(epoch)
-    window = planning_window(lengths, stream, window)
+    epoch, window = _route(lengths, epoch, stream, window)
     if window is None:
         yield plan_in_memory(lengths, config, epoch, path=path)
         return

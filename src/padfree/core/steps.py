@@ -96,7 +96,7 @@ def quantile_steps(
         tail_steps = -(-n_tail // step_size)
         n_pieces = tail_steps * step_size
         items, _ = _kernels.gather_segments(order, offsets, by_length[in_tail])  # the micro-batches' own
-        ends = _split_largest(_kernels.cut_into(length[items], n_pieces, budget, False), n_pieces)
+        ends = split_largest(_kernels.cut_into(length[items], n_pieces, budget, False), n_pieces)
         if ends.shape[0] - 1 != n_pieces:
             return None
         deal_tail = np.argsort(np.arange(n_pieces) % tail_steps, kind="stable")  # piece j -> step j % steps
@@ -170,7 +170,7 @@ def complete_last_step(
             piece_ends = np.concatenate(([0], np.cumsum(np.bincount(bins, minlength=n_pieces))))
         else:
             tail = tail[np.argsort(length[tail], kind="stable")]
-            piece_ends = _split_largest(_kernels.cut_into(length[tail], n_pieces, budget, packed), n_pieces)
+            piece_ends = split_largest(_kernels.cut_into(length[tail], n_pieces, budget, packed), n_pieces)
         if piece_ends.shape[0] - 1 == n_pieces:
             order = np.concatenate((order[:a], tail))
             return order, np.concatenate((offsets[: first + 1], a + piece_ends[1:]))
@@ -179,8 +179,9 @@ def complete_last_step(
         first = max(0, first - step_size)
 
 
-def _split_largest(offsets: np.ndarray, n_pieces: int) -> np.ndarray:
-    """Halve the piece with the most items until there are ``n_pieces`` (a half obeys its whole's budget)."""
+def split_largest(offsets: np.ndarray, n_pieces: int) -> np.ndarray:
+    """Halve the piece with the most items until there are ``n_pieces`` (a half obeys its whole's budget), as
+    long as a piece has two items to halve."""
     while 1 < offsets.shape[0] <= n_pieces:
         counts = np.diff(offsets)
         j = int(np.argmax(counts))

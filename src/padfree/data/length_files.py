@@ -80,10 +80,15 @@ def read_lengths(path: str | Path, field: str = "length", column: str = "length"
     return validate_lengths(values, name)
 
 
-def assistant_path(out: Path) -> Path:
-    """Where the loss-bearing counts of the lengths file ``out`` go: ``lengths.npy`` ->
-    ``lengths.assistant.npy`` (``padfree lengths`` writes both)."""
-    return out.with_name(out.name[: -len(".npy")] + ".assistant.npy")
+def assistant_path(lengths: str | Path) -> Path:
+    """Where the loss-bearing counts of a lengths file lie (``padfree lengths`` writes them there):
+    ``lengths.npy`` -> ``lengths.assistant.npy``.
+
+    >>> assistant_path("data/lengths.npy").name
+    'lengths.assistant.npy'
+    """
+    p = Path(lengths)
+    return p.with_name(p.name[: -len(".npy")] + ".assistant.npy")
 
 
 def read_loss_counts(path: str | Path, lengths: np.ndarray) -> np.ndarray:

@@ -25,12 +25,14 @@ divides by, counted from the batch alone), so packing never changes what a docum
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from padfree.core.document_rng import document_noise
+from padfree.drafter.contract import Contract
 from padfree.drafter.recipes import Recipe
 
 LOSS_CHUNK_BYTES = 256 * 2**20
@@ -227,27 +229,24 @@ def dpace_weights(ell: torch.Tensor, block: torch.Tensor, alpha: float) -> torch
     return rev - after
 
 
-def noise_like(
-    hidden: torch.Tensor, segments: Sequence[tuple[slice, tuple[int, ...]]], amount: float
+def with_document_noise(
+    hidden: torch.Tensor, contract: Contract, amount: float, *, seed: int, epoch: int
 ) -> torch.Tensor:
-    """Uniform noise ``+-amount`` for ``hidden`` ``(T, F)``: each document's rows from a generator keyed by
-    its ``(seed, epoch, sample id, piece start)`` alone, so a document gets the same noise packed or alone
-    (padding rows get none)."""
-    out = torch.zeros_like(hidden)
+    """``hidden`` (flat ``(1, T, F)``) plus uniform noise ``+-amount``, each document's rows from its own
+    generator (:func:`padfree.core.document_rng.document_noise`: seed, epoch, sample id, piece start), so a
+    document gets the same noise packed or alone, through padfree's trainer or speculators' fed by
+    :mod:`padfree.integrations.feed`; padding rows get none."""
     if amount <= 0:
-        return out
-    for sl, key in segments:
-        g = torch.Generator().manual_seed(_key64(key))
-        rows = sl.stop - sl.start
-        out[sl] = ((torch.rand(rows, hidden.shape[-1], generator=g) * 2 - 1) * amount).to(hidden)
+        return hidden
+    out = hidden.clone()
+    for d in range(contract.n_docs):
+        s = contract.doc_slice(d)
+        sid, start = max(0, contract.sample_ids[d]), contract.starts[d]
+        noise = document_noise(
+            tuple(out[0, s].shape), amount, seed=seed, epoch=epoch, sample_id=sid, start=start
+        )
+        out[0, s] += torch.from_numpy(noise).to(out)
     return out
-
-
-def _key64(key: tuple[int, ...]) -> int:
-    h = 1469598103934665603
-    for k in key:
-        h = ((h ^ (int(k) + 0x9E3779B97F4A7C15)) * 1099511628211) % (1 << 63)
-    return h
 
 
 __all__ = [
@@ -258,6 +257,6 @@ __all__ = [
     "document_losses",
     "dpace_weights",
     "loss_scale",
-    "noise_like",
+    "with_document_noise",
     "slot_weights_of",
 ]

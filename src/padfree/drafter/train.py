@@ -24,7 +24,7 @@ from torch import nn
 from padfree.drafter import methods, recipes
 from padfree.drafter.collate import DrafterBatch
 from padfree.drafter.memory import MemoryModel, analytic
-from padfree.drafter.objective import Queries, VocabMap, document_losses, noise_like
+from padfree.drafter.objective import Queries, VocabMap, document_losses, with_document_noise
 from padfree.drafter.recipes import Recipe
 from padfree.drafter.target import (
     TINY_TARGET,
@@ -203,16 +203,12 @@ def zero_loss(params: list[nn.Parameter]) -> torch.Tensor:
 
 def with_noise(out: TargetOutput, batch: DrafterBatch) -> TargetOutput:
     """The target's fused hidden states plus the recipe's uniform noise, drawn per document from its own key
-    (the same packed or alone)."""
+    (the same packed or alone, and the same as :mod:`padfree.integrations.feed` gives speculators)."""
     r, c = batch.recipe, batch.contract
     if r is None or r.noise <= 0 or c is None:
         return out
-    keys = [
-        (c.doc_slice(d), (batch.seed, batch.epoch, max(c.sample_ids[d], 0), c.starts[d]))
-        for d in range(c.n_docs)
-    ]
-    hidden = out.hidden[0]
-    return TargetOutput((hidden + noise_like(hidden, keys, r.noise))[None], out.last, out.prenorm)
+    hidden = with_document_noise(out.hidden, c, r.noise, seed=batch.seed, epoch=batch.epoch)
+    return TargetOutput(hidden, out.last, out.prenorm)
 
 
 def loss_sums(models: DrafterModels, batch: DrafterBatch, attention: str = "dense", out: Any = None):

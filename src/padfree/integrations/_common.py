@@ -1,12 +1,14 @@
 """What both trainer adapters share: a planned batch of indices that carries its epoch through a DataLoader,
 each rank's micro-batches of an epoch resumable at another world size (:class:`ElasticEpochs`), per-document
-anchors laid out in a row, and the drafter cost model a plan balances ranks with."""
+anchors laid out in a row, the drafter cost model a plan balances ranks with, the recipe a trainer's method
+trains, this rank's place, and the forward hooks an ``install`` puts on their model."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from padfree.core.cursor import Cursor, EpochSource
 from padfree.core.fingerprint import explain
 from padfree.core.position import Position
 from padfree.core.replay import Segment
-from padfree.drafter import methods
+from padfree.drafter import methods, recipes
 from padfree.drafter.recipes import Recipe
 from padfree.errors import ConfigError, StateError
 
@@ -82,6 +84,57 @@ def check_rank(rank: int, world_size: int) -> None:
             raise ConfigError(f"{name} must be an integer >= {low} (got {v!r})")
     if rank >= world_size:
         raise ConfigError(f"rank {rank} outside world size {world_size}")
+
+
+def this_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)``: the given ones, else torch.distributed's (:mod:`padfree.torch`), else ``(0,
+    1)``; checked."""
+    from padfree.torch._distributed import rank_and_world
+
+    rank, world_size = rank_and_world(rank, world_size)
+    check_rank(rank, world_size)
+    return rank, world_size
+
+
+def recipe_for(trainer: str, method: str, recipe: Recipe | None = None) -> Recipe:
+    """``recipe``, or ``trainer``'s preset for ``method`` (:func:`padfree.drafter.recipes.get`), checked to
+    train ``method``: one line otherwise."""
+    methods.get(method)  # a registered method, else one line
+    r = recipe or recipes.get(trainer, method)
+    if r.method != method:
+        raise ConfigError(f"recipe {r.name} is for {r.method}, not {method}")
+    return r
+
+
+class Installed:
+    """The hooks an adapter's ``install`` put on a model; :meth:`remove` takes them off (once) and then undoes
+    whatever else the install changed (``undo``)."""
+
+    def __init__(self, handles: list, undo: Callable[[], None] | None = None) -> None:
+        self._handles, self._undo = handles, undo
+
+    def remove(self) -> None:
+        if not self._handles:
+            return
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self._undo is not None:
+            self._undo()
+
+
+def forward_hooks(model: Any, before: Callable, local: threading.local, name: str) -> list:
+    """``before(module, args, kwargs)`` as ``model``'s forward pre-hook (it sees and may replace the keywords)
+    and a forward hook that always runs after the forward, even a failed one, and clears ``local.<name>``
+    (what ``before`` set for this forward). Their handles, for :class:`Installed`."""
+
+    def after(*_args: Any) -> None:
+        setattr(local, name, None)
+
+    return [
+        model.register_forward_pre_hook(before, with_kwargs=True),
+        model.register_forward_hook(after, always_call=True),
+    ]
 
 
 RECORD = "padfree-resume.json"

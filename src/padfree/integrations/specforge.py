@@ -36,6 +36,7 @@ import importlib
 import json
 import os
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,11 +50,18 @@ from padfree.core.anchors import AnchorPolicy, anchor_counts
 from padfree.core.config import PlanConfig
 from padfree.core.plan import Plan
 from padfree.core.planner import make_plan
-from padfree.drafter import methods, recipes
-from padfree.drafter.feed import ShapeSet
+from padfree.drafter import methods
 from padfree.drafter.recipes import Recipe
 from padfree.errors import ConfigError, InputError
-from padfree.integrations._common import ElasticEpochs, check_rank, doc_anchors
+from padfree.integrations._common import (
+    ElasticEpochs,
+    Installed,
+    doc_anchors,
+    forward_hooks,
+    recipe_for,
+    this_rank,
+)
+from padfree.integrations.shapes import ShapeSet, anchor_slots, pad_rows, slot_width
 
 __all__ = ["LengthIndex", "PlanFeatureLoader", "build_index", "index_from_masks", "install"]
 
@@ -126,8 +134,7 @@ def build_index(
     ``cache_dir`` (default: the first file's folder) when an index of the same files and rule is there, else
     read from the files with ``workers`` threads and saved there (atomically, so concurrent ranks are
     safe)."""
-    rec = recipe or recipes.get("specforge", "dflash")
-    policy = _policy(rec)
+    policy = _policy(recipe_for("specforge", "dflash", recipe))
     paths = feature_paths(refs)
     if not paths:
         raise ConfigError("no feature files to index")
@@ -175,7 +182,7 @@ def _load_index(cached: Path, n: int) -> tuple[np.ndarray, np.ndarray] | None:
 def index_from_masks(loss_masks: Sequence[Any], *, max_len: int, recipe: Recipe | None = None) -> LengthIndex:
     """The index from the tokenized dataset that produced the feature files (one loss mask per sample, in the
     manifest's order), without opening a feature file."""
-    rec = recipe or recipes.get("specforge", "dflash")
+    rec = recipe_for("specforge", "dflash", recipe)
     parts = [np.asarray(m).reshape(-1)[: int(max_len)].astype(bool) for m in loss_masks]
     lengths = np.array([p.shape[0] for p in parts], np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
@@ -223,13 +230,6 @@ class _Measured:
         return out
 
 
-def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
-    if t.dim() < 2 or t.shape[1] >= width:
-        return t
-    pad = torch.zeros((t.shape[0], width - t.shape[1], *t.shape[2:]), dtype=t.dtype, device=t.device)
-    return torch.cat([t, pad], dim=1)
-
-
 class PlanFeatureLoader:
     """A drop-in for SpecForge's offline ``FeatureDataLoader`` (refs mode) that yields this rank's
     micro-batches of one padfree plan of the whole manifest.
@@ -245,10 +245,12 @@ class PlanFeatureLoader:
             (``build_collator()``, ``build_offline_normalizer(max_len)``); ``layout="packed"`` uses padfree's
             packed collate instead of ``collate_fn``.
         layout: ``padded`` (their models unmodified) or ``packed`` (needs :func:`install` on the model).
-        recipe: the anchors' rule (default: SpecForge's preset for ``strategy``).
+        recipe: the anchors' rule (default: SpecForge's preset for ``method``).
         rank, world_size: default: torch.distributed's (their draft-DP group is the world without USP).
         shapes: row lengths and anchor widths batches are padded to (default: none, each batch's own).
-        strategy: their strategy name (``dflash`` or ``eagle3``). device, num_workers: theirs.
+        method: the drafter method, their strategy name (``dflash``, the default, or ``eagle3``);
+            ``strategy=`` is its old name, accepted with a DeprecationWarning until the next release.
+        device, num_workers: theirs.
         resume_dir: their ``TrainerController``'s ``output_dir``: rank 0 records there
             (``padfree-resume.json``) at which world size and grad_accum each run began each epoch, so that
             ``seek(epoch_batch)`` (micro-batches per rank, other samples at another world size) continues
@@ -270,12 +272,23 @@ class PlanFeatureLoader:
         rank: int | None = None,
         world_size: int | None = None,
         shapes: ShapeSet | None = None,
-        strategy: str = "dflash",
+        method: str | None = None,
         device: Any = "cpu",
         num_workers: int = 0,
         resume_dir: str | os.PathLike | None = None,
+        strategy: str | None = None,
     ) -> None:
-        spec = methods.get(strategy)
+        if strategy is not None:
+            warnings.warn(
+                "PlanFeatureLoader(strategy=...) is now method=...; strategy= goes in the next release",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            if method not in (None, strategy):
+                raise ConfigError(f"method {method!r} and strategy {strategy!r} differ: give method= alone")
+            method = strategy
+        method = method or "dflash"
+        spec = methods.get(method)
         if layout not in ("padded", "packed"):
             raise ConfigError(f"layout must be padded or packed (got {layout!r})")
         if layout == "packed" and not spec.uses_anchors:
@@ -288,15 +301,8 @@ class PlanFeatureLoader:
             raise ConfigError(f"the index has {len(index)} samples, the manifest {len(refs)}")
         if layout == "padded" and collate_fn is None:
             raise ConfigError("padded rows use their algorithm's collator: pass collate_fn=build_collator()")
-        if rank is None or world_size is None:
-            dist = torch.distributed
-            on = dist.is_available() and dist.is_initialized()
-            rank, world_size = (dist.get_rank(), dist.get_world_size()) if on else (0, 1)
-        check_rank(rank, world_size)
-        self.rank, self.world_size = int(rank), int(world_size)
-        self.recipe = recipe or recipes.get("specforge", strategy)
-        if self.recipe.method != strategy:
-            raise ConfigError(f"recipe {self.recipe.name} is for {self.recipe.method}, not {strategy}")
+        self.rank, self.world_size = this_rank(rank, world_size)
+        self.recipe = recipe_for("specforge", method, recipe)
         self.config = config.with_(world_size=self.world_size)
         self.layout, self.shapes, self.index = layout, shapes, index
         self.gap = self.recipe.block_size - 1 if layout == "packed" else 0
@@ -322,7 +328,7 @@ class PlanFeatureLoader:
             per_sample_transform=per_sample_transform,
             device=device,
             drop_last=False,
-            strategy=strategy,
+            strategy=method,
             num_workers=num_workers,
         )
         self._refs = list(refs)
@@ -409,14 +415,9 @@ class PlanFeatureLoader:
     def _complete(self, batch: Any, ids: np.ndarray, epoch: int) -> None:
         t = batch.tensors
         self._check(t.pop("padfree_lengths").numpy(), ids)
-        width = int(t["input_ids"].shape[1])
         if self.shapes is not None:
-            wide = self.shapes.width(width)
-            for k in list(t):
-                if isinstance(t[k], torch.Tensor) and t[k].dim() >= 2 and t[k].shape[1] == width:
-                    t[k] = _pad_to(t[k], wide)
-            if "document_ids" in t:
-                t["document_ids"][:, width:] = -1
+            width = int(t["input_ids"].shape[1])
+            t.update(pad_rows(t, width, self.shapes.width(width)))
         t["padfree_sample_ids"] = torch.as_tensor(ids, dtype=torch.long)
         t["padfree_epoch"] = torch.tensor(epoch, dtype=torch.long)
         if self._anchors is None:
@@ -433,30 +434,11 @@ class PlanFeatureLoader:
                 doc_anchors(mask[r], [0], [lens[r]], [ids[r]], policy=policy, seed=seed, epoch=epoch)
                 for r in range(len(ids))
             ]
-        most = max(len(a) for a in rows)
-        slots = self.shapes.anchor_width(most) if self.shapes is not None else max(1, most)
-        anchors = torch.zeros((len(rows), slots), dtype=torch.long)
-        valid = torch.zeros((len(rows), slots), dtype=torch.bool)
-        for r, a in enumerate(rows):
-            anchors[r, : len(a)] = torch.from_numpy(a)
-            valid[r, : len(a)] = True
-        t["padfree_anchors"], t["padfree_anchor_valid"] = anchors, valid
+        width = slot_width(self.shapes, max(len(a) for a in rows))
+        t["padfree_anchors"], t["padfree_anchor_valid"] = anchor_slots(rows, width)
 
 
 _local = threading.local()
-
-
-class Installed:
-    """The patch :func:`install` put on a model; :meth:`remove` takes it off."""
-
-    def __init__(self, model: Any, handles: list) -> None:
-        self._model, self._handles = model, handles
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        self._model.__dict__.pop("_sample_anchor_positions", None)
 
 
 def _same_document(kwargs: dict, fields: dict, block: int) -> dict:
@@ -523,9 +505,6 @@ def install(
         if on_batch is not None:
             on_batch(cur.tensors["padfree_sample_ids"].numpy(), int(cur.tensors["padfree_epoch"]))
 
-    def after(*_args: Any) -> None:
-        _local.fields = None
-
     def draft_before(_module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         f = getattr(_local, "fields", None)
         if f is None or "document_ids" not in f:
@@ -533,9 +512,6 @@ def install(
         return args, _same_document(kwargs, f, block)
 
     model._sample_anchor_positions = anchors
-    handles = [
-        model.register_forward_pre_hook(before, with_kwargs=True),
-        model.register_forward_hook(after, always_call=True),
-        model.draft_model.register_forward_pre_hook(draft_before, with_kwargs=True),
-    ]
-    return Installed(model, handles)
+    handles = forward_hooks(model, before, _local, "fields")
+    handles.append(model.draft_model.register_forward_pre_hook(draft_before, with_kwargs=True))
+    return Installed(handles, lambda: model.__dict__.pop("_sample_anchor_positions", None))

@@ -40,17 +40,21 @@ from padfree.core.items import validate_lengths
 from padfree.core.plan import Plan, validate_anchors
 from padfree.core.planner import make_plan
 from padfree.drafter import methods, recipes
-from padfree.drafter.feed import AnchorChoice, ShapeSet, trainer_kwargs
 from padfree.drafter.recipes import Recipe
 from padfree.errors import ConfigError, InputError
 from padfree.integrations._common import (
     BatchInfo,
     ElasticEpochs,
+    Installed,
     PlannedBatch,
     check_rank,
     doc_anchors,
     drafter_cost,
+    forward_hooks,
+    recipe_for,
 )
+from padfree.integrations.feed import AnchorChoice, trainer_kwargs
+from padfree.integrations.shapes import ShapeSet, anchor_slots, slot_width
 
 __all__ = [
     "PadfreeCollate",
@@ -64,13 +68,6 @@ __all__ = [
 
 KEYS = ("padfree_sample_ids", "padfree_epoch", "padfree_anchors", "padfree_anchor_valid")
 """The keys :class:`PadfreeCollate` adds to their batch (and :func:`install` takes out of the model call)."""
-
-
-def _recipe(method: str, recipe: Recipe | None) -> Recipe:
-    r = recipe or recipes.get("speculators", method)
-    if r.method != method:
-        raise ConfigError(f"recipe {r.name} is for {r.method}, not {method}")
-    return r
 
 
 def _policy(recipe: Recipe) -> AnchorPolicy:
@@ -98,7 +95,7 @@ def count_anchors(loss_masks: Any, recipe: Recipe | None = None, *, max_len: int
     their document), for the sampler's ``anchors``. ``loss_masks``: their dataset (see
     :func:`dataset_loss_masks`), ``(flat, offsets)``, or one mask per sample. ``max_len``: count on each
     sample's first ``max_len`` tokens (their ``CollateFn`` truncates there)."""
-    rec = _recipe("dflash", recipe)
+    rec = recipe_for("speculators", "dflash", recipe)
     if isinstance(loss_masks, tuple) and len(loss_masks) == 2:
         flat, offsets = (np.asarray(x) for x in loss_masks)
     elif hasattr(loss_masks, "with_format") or hasattr(getattr(loss_masks, "data", None), "with_format"):
@@ -160,7 +157,7 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
         self.max_batches = max_batches
         self.lengths = validate_lengths(np.asarray(lengths).reshape(-1))  # one line for NaN, 0, 2.5...
         anchored = [m.name for m in methods.METHODS.values() if m.uses_anchors == (anchors is not None)]
-        self.recipe = _recipe(anchored[0], recipe)
+        self.recipe = recipe_for("speculators", anchored[0], recipe)
         base = config or PlanConfig(strategy="packed", cost=drafter_cost(self.recipe))
         if not base.packed:
             raise ConfigError(
@@ -270,10 +267,9 @@ class PadfreeCollate:
         seed: int = 0,
         shapes: ShapeSet | None = None,
     ) -> None:
-        methods.get(method)  # a registered method, else one line
         self.collate_fn = collate_fn
         self.method = method
-        self.recipe = _recipe(method, recipe)
+        self.recipe = recipe_for("speculators", method, recipe)
         self.seed = int(seed)
         self.shapes = shapes
 
@@ -310,13 +306,8 @@ class PadfreeCollate:
             a = doc_anchors(
                 mask, starts, lens, kept, policy=_policy(self.recipe), seed=self.seed, epoch=info.epoch
             )
-            slots = self.shapes.anchor_width(len(a)) if self.shapes is not None else max(1, len(a))
-            if len(a) > slots:
-                raise ConfigError(f"a row holds {len(a)} anchors, more than {slots} anchor slots")
-            anchors = torch.zeros(slots, dtype=torch.long)
-            anchors[: len(a)] = torch.from_numpy(a)
-            out["padfree_anchors"] = anchors
-            out["padfree_anchor_valid"] = torch.arange(slots) < len(a)
+            anchors, valid = anchor_slots([a], slot_width(self.shapes, len(a)))
+            out["padfree_anchors"], out["padfree_anchor_valid"] = anchors[0], valid[0]
         out["padfree_sample_ids"] = torch.tensor(kept, dtype=torch.long)
         out["padfree_epoch"] = torch.tensor(info.epoch, dtype=torch.long)
         return out
@@ -373,24 +364,13 @@ def _select_anchors(loss_mask: torch.Tensor, num_anchors: int, block_size: int, 
     return choice(loss_mask, num_anchors, block_size, **kwargs)
 
 
-class Installed:
-    """The hooks :func:`install` put on a model; :meth:`remove` takes them off (and their ``select_anchors``
-    back once no installed model remains)."""
-
-    def __init__(self, handles: list) -> None:
-        self._handles = handles
-
-    def remove(self) -> None:
-        if not self._handles:
-            return
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        with _lock:
-            _installed["count"] -= 1
-            if _installed["count"] == 0:
-                core: Any = importlib.import_module("speculators.models.dflash.core")
-                core.select_anchors = _installed["theirs"]
+def _restore_theirs() -> None:
+    """Their ``select_anchors`` back once no installed model remains."""
+    with _lock:
+        _installed["count"] -= 1
+        if _installed["count"] == 0:
+            core: Any = importlib.import_module("speculators.models.dflash.core")
+            core.select_anchors = _installed["theirs"]
 
 
 def install(
@@ -417,17 +397,9 @@ def install(
             _local.choice = AnchorChoice(taken["padfree_anchors"][valid], int(block), width)
         return args, kwargs
 
-    def after(_module, _args, _kwargs, _output):
-        _local.choice = None
-
     with _lock:
         if _installed["count"] == 0:
             _installed["theirs"] = core.select_anchors
             core.select_anchors = _select_anchors
         _installed["count"] += 1
-    return Installed(
-        [
-            model.register_forward_pre_hook(before, with_kwargs=True),
-            model.register_forward_hook(after, with_kwargs=True, always_call=True),
-        ]
-    )
+    return Installed(forward_hooks(model, before, _local, "choice"), _restore_theirs)

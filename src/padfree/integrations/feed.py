@@ -27,8 +27,8 @@ module does about each of their conventions:
   exactly where a pair could join two documents; a document alone gets the same rule.
 * **Noise.** Their dataset adds uniform noise ``+-std`` to ``hidden_states`` (``AddUniformNoise``, 0.05 at
   c05b95b3; the 0.9.0 wheel adds none; the speculators recipe's ``noise``). Here it is drawn per document
-  from (seed, epoch, sample id, piece start), so a document gets the same noise packed or alone, on any
-  rank, after any resume.
+  from (seed, epoch, sample id, piece start) (:mod:`padfree.core.document_rng`), so a document gets the same
+  noise packed or alone, on any rank, after any resume, and the same as padfree's own trainer gives it.
 * **Stable shapes.** A :class:`ShapeSet` pads every row to one of a few lengths and the DFlash anchor slots
   to one fixed width, so ``torch.compile`` (their ``forward`` is compiled on GPU) meets a handful of shapes
   instead of one per batch.
@@ -42,20 +42,17 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from padfree.drafter import methods
 from padfree.drafter.collate import DrafterBatch
-from padfree.drafter.contract import Contract
+from padfree.drafter.objective import with_document_noise
 from padfree.drafter.recipes import Recipe
 from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
-
-_NOISE_STREAM = 0x6E6F6973  # keeps the noise's random stream apart from the anchors' (same key otherwise)
+from padfree.integrations.shapes import ShapeSet, anchor_slots, pad_rows, slot_width
 
 
 def target_layers(model_or_ids: Any) -> tuple[int, ...]:
@@ -83,82 +80,6 @@ def their_layer_ids(layers: Sequence[int]) -> list[int]:
     [2, 18, 33]
     """
     return [int(i) + 1 for i in layers]
-
-
-def _steps(top: int, n: int, multiple: int) -> tuple[int, ...]:
-    """``n`` values evenly spaced up to ``top``, each rounded up to ``multiple`` (capped at ``top``)."""
-    if n < 1 or multiple < 1 or top < 1:
-        raise ConfigError(f"shape set: need a top, a count and a multiple >= 1 (got {top}, {n}, {multiple})")
-    return tuple(sorted({min(top, -(-(top * (i + 1) // n) // multiple) * multiple) for i in range(n)}))
-
-
-def _smallest(allowed: tuple[int, ...], n: int, what: str) -> int:
-    i = int(np.searchsorted(np.asarray(allowed), n))
-    if i == len(allowed):
-        raise ConfigError(f"{what} {n} exceeds the largest allowed shape {allowed[-1]}")
-    return allowed[i]
-
-
-@dataclass(frozen=True)
-class ShapeSet:
-    """The row lengths and DFlash anchor slots a fed model may see, so that a compiled model meets a handful
-    of shapes instead of one per batch.
-
-    Attributes:
-        lengths: allowed row lengths, ascending; a row is padded to the smallest one that holds it.
-        anchors: allowed anchor-slot widths, ascending (one width: a fixed anchor count, as speculators'
-            ``max_anchors``); empty: each row keeps its own anchor count.
-
-    >>> s = ShapeSet.spread(8192, n=4, anchors=1024)
-    >>> s.lengths, s.anchors, s.width(3000), s.anchor_width(700)
-    ((2048, 4096, 6144, 8192), (1024,), 4096, 1024)
-    >>> ShapeSet.spread(2048, n=2, anchors=512, anchor_steps=4).anchors
-    (128, 256, 384, 512)
-    """
-
-    lengths: tuple[int, ...]
-    anchors: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        for name in ("lengths", "anchors"):
-            vs = getattr(self, name)
-            if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in vs) or (
-                name == "lengths" and not vs
-            ):
-                raise ConfigError(f"shape set: {name} must be integers >= 1 (got {vs!r})")
-            if list(vs) != sorted(set(vs)):
-                raise ConfigError(f"shape set: {name} must rise strictly (got {vs!r})")
-
-    @classmethod
-    def spread(
-        cls,
-        longest: int,
-        n: int = 4,
-        *,
-        multiple: int = 64,
-        anchors: int | None = None,
-        anchor_steps: int = 1,
-    ) -> ShapeSet:
-        """``n`` row lengths evenly spaced up to ``longest`` and ``anchor_steps`` anchor widths up to
-        ``anchors``, each rounded up to ``multiple`` (Model-Optimizer#1069 rounds to 1024-token buckets for
-        this reason)."""
-        widths = () if anchors is None else _steps(anchors, anchor_steps, min(multiple, anchors))
-        return cls(_steps(longest, n, multiple), widths)
-
-    def width(self, n: int) -> int:
-        """The smallest allowed row length that holds ``n`` positions."""
-        return _smallest(self.lengths, n, "a row of length")
-
-    def anchor_width(self, n: int) -> int:
-        """The anchor slots of a row holding ``n`` anchors (at least 1)."""
-        if not self.anchors:
-            return max(1, n)
-        if n > self.anchors[-1]:
-            raise ConfigError(
-                f"a row holds {n} anchors, more than the largest anchor width {self.anchors[-1]}: plan with "
-                f"anchor_budget={self.anchors[-1]} so no micro-batch holds more"
-            )
-        return _smallest(self.anchors, max(1, n), "an anchor count")
 
 
 class AnchorChoice:
@@ -192,11 +113,8 @@ class AnchorChoice:
                 f"the model asks for {slots} anchor slots; the row has {n} anchors: pass max_anchors >= {n} "
                 "(trainer_kwargs(..., max_anchors=width))"
             )
-        out = torch.zeros(slots, dtype=torch.long, device=loss_mask.device)
-        valid = torch.zeros(slots, dtype=torch.bool, device=loss_mask.device)
-        out[:n] = self.anchors.to(loss_mask.device)
-        valid[:n] = True
-        return out, valid
+        out, valid = anchor_slots([self.anchors], slots)
+        return out[0].to(loss_mask.device), valid[0].to(loss_mask.device)
 
 
 @contextlib.contextmanager
@@ -255,46 +173,15 @@ def trainer_kwargs(
     return dict(train)
 
 
-def keyed_noise(
-    hidden: torch.Tensor, contract: Contract, *, std: float, seed: int, epoch: int
-) -> torch.Tensor:
-    """``hidden`` (flat ``(1, T, D)``) plus uniform noise in ``[-std, std)`` drawn per document from (seed,
-    epoch, sample id, piece start): the same for a document packed or alone. Padding gets none."""
-    if std == 0:
-        return hidden
-    out = hidden.clone()
-    for d in range(contract.n_docs):
-        s = contract.doc_slice(d)
-        key = [int(seed), int(epoch), max(0, contract.sample_ids[d]), contract.starts[d], _NOISE_STREAM]
-        g = torch.Generator().manual_seed(
-            int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> 1)
-        )
-        u = torch.rand(out[0, s].shape, generator=g, dtype=torch.float32)
-        out[0, s] += ((2 * u - 1) * std).to(out.dtype)
-    return out
-
-
-def _pad_row(t: torch.Tensor, width: int, value: float) -> torch.Tensor:
-    """Pad the flat row ``(1, T, ...)`` to ``(1, width, ...)`` with ``value``."""
-    n = t.shape[1]
-    if n == width:
-        return t
-    pad = torch.full((1, width - n, *t.shape[2:]), value, dtype=t.dtype, device=t.device)
-    return torch.cat([t, pad], dim=1)
-
-
 def _padded(kwargs: dict, shapes: ShapeSet | None) -> dict:
-    if shapes is None:
-        return kwargs
-    w = shapes.width(int(kwargs["input_ids"].shape[1]))
-    pads = {"document_ids": -1}
-    return {k: _pad_row(v, w, pads.get(k, 0)) for k, v in kwargs.items()}
+    n = int(kwargs["input_ids"].shape[1])
+    return kwargs if shapes is None else pad_rows(kwargs, n, shapes.width(n))
 
 
 def _noise(batch: DrafterBatch, target: TargetOutput, noise: float | None) -> torch.Tensor:
     assert batch.contract is not None
     std = (batch.recipe.noise if batch.recipe is not None else 0.0) if noise is None else float(noise)
-    return keyed_noise(target.hidden, batch.contract, std=std, seed=batch.seed, epoch=batch.epoch)
+    return with_document_noise(target.hidden, batch.contract, std, seed=batch.seed, epoch=batch.epoch)
 
 
 def dflash_inputs(
@@ -327,8 +214,7 @@ def dflash_inputs(
         "document_ids": c.flat("document_ids"),
         "position_ids": c.flat("position_ids"),
     }
-    width = shapes.anchor_width(len(anchors)) if shapes is not None else max(1, len(anchors))
-    return _padded(kwargs, shapes), AnchorChoice(anchors, f.block_size, width)
+    return _padded(kwargs, shapes), AnchorChoice(anchors, f.block_size, slot_width(shapes, len(anchors)))
 
 
 def eagle3_inputs(
