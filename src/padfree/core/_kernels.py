@@ -872,3 +872,124 @@ def lpt_bins(lens: np.ndarray, n_bins: int, budget: int) -> np.ndarray:
         load[best] += lens[i]
         bin_of[i] = best
     return bin_of
+
+
+@njit(cache=True, nogil=True)
+def even_packed_steps(
+    size: np.ndarray,
+    weight: np.ndarray,
+    offsets: np.ndarray,
+    world: int,
+    accum: int,
+    cap: int,
+    bin_cost: float,
+    tol: float,
+) -> tuple:
+    """Even out the ranks of every assigned packed step of equal-speed ranks by moving and swapping items
+    between its micro-batches.
+
+    Step ``s`` is micro-batches ``s*world*accum ..`` of ``offsets`` (rank ``r`` owns its ``r``-th ``accum``
+    of them); an item costs ``weight`` (its share of a packed row's cost) and takes ``size`` of the row's
+    ``cap``; a micro-batch costs the sum of its items' weights plus ``bin_cost``. Where a step's slowest rank
+    costs more than ``1 + tol`` times the mean, the best of these, repeated while one lowers the slowest
+    rank: move one of its items into another rank's micro-batch with room, or swap it for a lighter item of
+    another rank's micro-batch when both stay within ``cap``; a change is made only when both ranks it
+    touches end below the slowest rank's cost (so the sum of squared rank costs falls: it ends). The step
+    keeps its items; every micro-batch keeps the order of its items. Returns ``(perm, new_offsets)``: the
+    items in their new order (indices into ``size``) and the new micro-batch boundaries.
+    """
+    k = world * accum
+    n_steps = (offsets.shape[0] - 1) // k
+    perm = np.arange(size.shape[0])
+    new_off = offsets.copy()
+    load = np.empty(world)
+    room = np.empty(k, np.int64)
+    cnt = np.empty(k, np.int64)
+    for s in range(n_steps):
+        base = offsets[s * k]
+        end = offsets[(s + 1) * k]
+        n = end - base
+        if n < 2:
+            continue
+        bin_of = np.empty(n, np.int64)
+        load[:] = accum * bin_cost
+        for q in range(k):
+            room[q] = cap
+            cnt[q] = offsets[s * k + q + 1] - offsets[s * k + q]
+            for i in range(offsets[s * k + q] - base, offsets[s * k + q + 1] - base):
+                bin_of[i] = q
+                load[q // accum] += weight[base + i]
+                room[q] -= size[base + i]
+        if not load.max() > (1.0 + tol) * load.mean():
+            continue
+        changed = False
+        for _ in range(8 * n):
+            p = 0
+            for r in range(1, world):
+                if load[r] > load[p]:
+                    p = r
+            top = load[p]
+            best = top
+            bi = -1
+            bj = -1
+            bv = -1
+            for i in range(n):
+                u = bin_of[i]
+                if u // accum != p:
+                    continue
+                wi = weight[base + i]
+                si = size[base + i]
+                for v in range(k):  # a move (that leaves its micro-batch an item)
+                    q = v // accum
+                    if q == p or room[v] < si or cnt[u] < 2:
+                        continue
+                    worst = max(top - wi, load[q] + wi)
+                    if worst < best:
+                        best, bi, bj, bv = worst, i, -1, v
+                for j in range(n):  # a swap
+                    v = bin_of[j]
+                    q = v // accum
+                    if q == p:
+                        continue
+                    d = wi - weight[base + j]
+                    if d <= 0.0:
+                        continue
+                    sj = size[base + j]
+                    if room[u] + si < sj or room[v] + sj < si:
+                        continue
+                    worst = max(top - d, load[q] + d)
+                    if worst < best:
+                        best, bi, bj, bv = worst, i, j, v
+            if bi < 0 or not best < top * (1.0 - 1e-12):
+                break
+            u = bin_of[bi]
+            q = bv // accum
+            d = weight[base + bi]
+            room[u] += size[base + bi]
+            room[bv] -= size[base + bi]
+            bin_of[bi] = bv
+            if bj < 0:
+                cnt[u] -= 1
+                cnt[bv] += 1
+            else:
+                d -= weight[base + bj]
+                room[bv] += size[base + bj]
+                room[u] -= size[base + bj]
+                bin_of[bj] = u
+            load[p] -= d
+            load[q] += d
+            changed = True
+        if not changed:
+            continue
+        count = cnt
+        fill = np.empty(k, np.int64)
+        fill[0] = base
+        for q in range(1, k):
+            fill[q] = fill[q - 1] + count[q - 1]
+        for q in range(k):
+            new_off[s * k + q + 1] = fill[q] + count[q]
+        for i in range(n):  # stable: each micro-batch keeps its items' order
+            q = bin_of[i]
+            perm[fill[q]] = base + i
+            fill[q] += 1
+    return perm, new_off

@@ -315,7 +315,14 @@ def plan_items(
         order, offsets = _kernels.gather_segments(order, offsets, perm)
         lens = length[order]
         if steps.evens_ranks(config, items.anchors is not None or capacity.bounded(config)):
-            rows, offsets = steps.even_ranks(size[order], offsets, config, config.cost.coefficients, cap)
+            coefs = config.cost.coefficients
+            if config.packed:
+                held = None if items.anchors is None else items.anchors[order]
+                rows, offsets = steps.even_ranks(
+                    lens, offsets, config, coefs, cap, size[order], held, config.cost.drafter
+                )
+            else:
+                rows, offsets = steps.even_ranks(size[order], offsets, config, coefs, cap)
             order, lens = order[rows], lens[rows]
         anchors = None if items.anchors is None else items.anchors[order]
         cached = None

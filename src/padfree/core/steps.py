@@ -4,14 +4,14 @@ A step is ``world_size * grad_accum`` consecutive micro-batches of the plan; ins
 slots ``r*grad_accum .. (r+1)*grad_accum - 1``. This module (1) orders micro-batches so that every step
 mixes strata in proportion to their token mass, (2) makes the micro-batch count a multiple of the step
 size without duplicating or dropping samples, (3) assigns micro-batches to ranks by modeled cost, and (4)
-evens out a bucketed step's ranks by moving rows between its micro-batches (:func:`even_ranks`).
+evens out a step's ranks by moving items between its micro-batches (:func:`even_ranks`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from padfree.core import _kernels
+from padfree.core import _kernels, cost
 from padfree.core.config import PlanConfig
 from padfree.errors import ConfigError
 
@@ -208,30 +208,56 @@ def assign_ranks(
 
 
 def evens_ranks(config: PlanConfig, drafting: bool) -> bool:
-    """Whether :func:`even_ranks` applies: bucketed plans of several ranks (not a drafter plan, whose padded
-    micro-batches are bounded by more than tokens)."""
-    return config.strategy == "bucketed" and config.world_size > 1 and not drafting
+    """Whether :func:`even_ranks` applies: plans of several ranks, packed (not under SP/CP, whose padded rows
+    cost more than their items) or bucketed (not a drafter plan, whose padded micro-batches are bounded by
+    more than tokens)."""
+    if config.world_size <= 1 or config.chunked:
+        return False
+    if config.packed:
+        return not config.shard.active
+    return config.strategy == "bucketed" and not drafting
 
 
 def even_ranks(
-    lens: np.ndarray, offsets: np.ndarray, config: PlanConfig, coefficients: tuple, budget: int
+    lens: np.ndarray,
+    offsets: np.ndarray,
+    config: PlanConfig,
+    coefficients: tuple,
+    budget: int,
+    sizes: np.ndarray | None = None,
+    anchors: np.ndarray | None = None,
+    drafter: tuple[float, float] = (0.0, 0.0),
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Even out the ranks of assigned bucketed steps of equal-speed ranks: where a step's slowest rank costs
-    more than :data:`EVEN_TOLERANCE` above the mean, whole rows move from its micro-batches to
-    similar-length ones of other ranks of the same step (``count * longest <= budget``), kept when the
-    slowest rank's cost drops (``_kernels.even_padded_steps``). Steps are composed by length quantile, and
-    a step whose longest quantile is a lone long sample leaves its rank short; no item leaves its step, so
-    the step mixing is untouched. Returns ``(perm, offsets)``: the rows' new order (indices into ``lens``)
-    and the new micro-batch boundaries.
+    """Even out the ranks of assigned steps of equal-speed ranks: where a step's slowest rank costs more than
+    :data:`EVEN_TOLERANCE` above the mean, items move between the micro-batches of its ranks, and no item
+    leaves its step, so the step mixing is untouched. Returns ``(perm, offsets)``: the items' new order
+    (indices into ``lens``) and the new micro-batch boundaries.
+
+    Bucketed: whole rows move from the slowest rank's micro-batches to similar-length ones of other ranks
+    (``count * longest <= budget``), kept when the slowest rank's cost drops (``_kernels.even_padded_steps``);
+    steps are composed by length quantile, and a step whose longest quantile is a lone long sample leaves
+    its rank short. Packed: an item of the slowest rank moves to, or is swapped with a lighter one of,
+    another rank's row while both rows stay within ``budget`` in ``sizes``
+    (:func:`padfree.core.capacity.sizes`, default ``lens``), an item weighing its own slots, attention and,
+    with ``anchors``, ``drafter`` terms (``_kernels.even_packed_steps``); packed rows are filled by size,
+    not by cost, so a row of long (or anchor-rich) documents costs more than one of short ones.
 
     >>> cfg = PlanConfig(strategy="bucketed", budget=8, world_size=2, grad_accum=1)
     >>> perm, offs = even_ranks(np.array([2, 2, 2, 2, 2]), np.array([0, 4, 5]), cfg, (1.0, 0.0, 0.0), 8)
     >>> perm.tolist(), offs.tolist()
     ([1, 2, 3, 0, 4], [0, 3, 5])
+    >>> cfg = cfg.with_(strategy="packed")
+    >>> perm, offs = even_ranks(np.array([4, 2, 1, 1]), np.array([0, 3, 4]), cfg, (1.0, 0.0, 0.0), 8)
+    >>> perm.tolist(), offs.tolist()
+    ([1, 2, 3, 0], [0, 3, 4])
     """
     coefs = np.asarray(coefficients[:3], dtype=np.float64)
     w, g = config.world_size, config.grad_accum
-    return _kernels.even_padded_steps(
-        lens.astype(np.int64, copy=False), offsets.astype(np.int64, copy=False), w, g, int(budget), coefs,
-        EVEN_TOLERANCE,
-    )  # fmt: skip
+    lens = lens.astype(np.int64, copy=False)
+    offsets = offsets.astype(np.int64, copy=False)
+    if config.packed:
+        alone = cost.micro_shapes(lens, np.arange(lens.shape[0] + 1), True, anchors)  # each item a row
+        weight = cost.micro_costs(alone, cost.Coefficients(coefs[0], coefs[1], 0.0), drafter)
+        size = lens if sizes is None else sizes.astype(np.int64, copy=False)
+        return _kernels.even_packed_steps(size, weight, offsets, w, g, int(budget), coefs[2], EVEN_TOLERANCE)
+    return _kernels.even_padded_steps(lens, offsets, w, g, int(budget), coefs, EVEN_TOLERANCE)
