@@ -874,6 +874,14 @@ def lpt_bins(lens: np.ndarray, n_bins: int, budget: int) -> np.ndarray:
     return bin_of
 
 
+CANDIDATES = 64
+"""Items of the slowest rank that one round of :func:`even_packed_steps` tries (and 4x as many partners):
+a step of more is sampled, at a rotating offset."""
+
+ROUNDS_PER_MICRO = 16
+"""Rounds (changes tried) of :func:`even_packed_steps` per micro-batch of a step, at most (plus 64)."""
+
+
 @njit(cache=True, nogil=True)
 def even_packed_steps(
     size: np.ndarray,
@@ -923,20 +931,38 @@ def even_packed_steps(
         if not load.max() > (1.0 + tol) * load.mean():
             continue
         changed = False
-        for _ in range(8 * n):
+        mine = np.empty(n, np.int64)
+        others = np.empty(n, np.int64)
+        goal = (1.0 + tol) * load.mean()
+        least = tol * load.mean() / 4.0  # a change must win at least this much
+        misses = 0
+        for it in range(min(4 * n, ROUNDS_PER_MICRO * k + 64)):
             p = 0
             for r in range(1, world):
                 if load[r] > load[p]:
                     p = r
             top = load[p]
+            if not top > goal:
+                break
+            n_mine = 0
+            n_others = 0
+            for i in range(n):
+                if bin_of[i] // accum == p:
+                    mine[n_mine] = i
+                    n_mine += 1
+                else:
+                    others[n_others] = i
+                    n_others += 1
+            # a step of many small items: a rotating sample of candidates bounds each round's work
+            step_i = max(1, n_mine // CANDIDATES)
+            step_j = max(1, n_others // (4 * CANDIDATES))
             best = top
             bi = -1
             bj = -1
             bv = -1
-            for i in range(n):
+            for a in range(it % step_i, n_mine, step_i):
+                i = mine[a]
                 u = bin_of[i]
-                if u // accum != p:
-                    continue
                 wi = weight[base + i]
                 si = size[base + i]
                 for v in range(k):  # a move (that leaves its micro-batch an item)
@@ -946,11 +972,10 @@ def even_packed_steps(
                     worst = max(top - wi, load[q] + wi)
                     if worst < best:
                         best, bi, bj, bv = worst, i, -1, v
-                for j in range(n):  # a swap
+                for b in range(it % step_j, n_others, step_j):  # a swap
+                    j = others[b]
                     v = bin_of[j]
                     q = v // accum
-                    if q == p:
-                        continue
                     d = wi - weight[base + j]
                     if d <= 0.0:
                         continue
@@ -960,8 +985,12 @@ def even_packed_steps(
                     worst = max(top - d, load[q] + d)
                     if worst < best:
                         best, bi, bj, bv = worst, i, j, v
-            if bi < 0 or not best < top * (1.0 - 1e-12):
-                break
+            if bi < 0 or not best < top - least:
+                misses += 1
+                if misses >= max(step_i, step_j):
+                    break
+                continue  # the next round samples other candidates
+            misses = 0
             u = bin_of[bi]
             q = bv // accum
             d = weight[base + bi]

@@ -256,7 +256,7 @@ def even_ranks(
     lens = lens.astype(np.int64, copy=False)
     offsets = offsets.astype(np.int64, copy=False)
     if config.packed:
-        alone = cost.micro_shapes(lens, np.arange(lens.shape[0] + 1), True, anchors)  # each item a row
+        alone = cost.item_shapes(lens, anchors)  # each item a row of its own
         weight = cost.micro_costs(alone, cost.Coefficients(coefs[0], coefs[1], 0.0), drafter)
         size = lens if sizes is None else sizes.astype(np.int64, copy=False)
         return _kernels.even_packed_steps(size, weight, offsets, w, g, int(budget), coefs[2], EVEN_TOLERANCE)
