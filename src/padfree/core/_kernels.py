@@ -1022,3 +1022,135 @@ def even_packed_steps(
             perm[fill[q]] = base + i
             fill[q] += 1
     return perm, new_off
+
+
+@njit(cache=True, nogil=True)
+def _lpt_ratio(
+    c: np.ndarray, world: int, accum: int, load: np.ndarray, count: np.ndarray, rank_of: np.ndarray
+) -> float:
+    """Slowest rank / mean rank of one step's micro-batch costs ``c`` dealt, costliest first, each to the
+    least loaded rank with fewer than ``accum`` (the first phase of :func:`balance_ranks`); ``rank_of[:k]``,
+    ``load`` and ``count`` are left as dealt (``rank_of`` is ``2k`` long, its second half scratch)."""
+    k = c.shape[0]
+    order = rank_of[k:]  # scratch: the costs' order, costliest first (insertion sort: a step is short)
+    for t in range(k):
+        x = t
+        while x > 0 and c[order[x - 1]] < c[t]:
+            order[x] = order[x - 1]
+            x -= 1
+        order[x] = t
+    load[:] = 0.0
+    count[:] = 0
+    for t in range(k):
+        best = -1
+        for r in range(world):
+            if count[r] < accum and (best < 0 or load[r] < load[best]):
+                best = r
+        load[best] += c[order[t]]
+        count[best] += 1
+        rank_of[order[t]] = best
+    mean = load.mean()
+    return load.max() / mean if mean > 0 else 1.0
+
+
+NEAREST = 3
+"""Members of a column tried on each side of the cost a swap aims at (:func:`level_steps`)."""
+
+LEVEL_PASSES = 2
+"""Passes of :func:`level_steps` over the steps."""
+
+
+@njit(cache=True, nogil=True)
+def level_steps(costs: np.ndarray, ids: np.ndarray, world: int, accum: int, tol: float) -> np.ndarray:
+    """Swap micro-batches of the same column between steps so that each step's ranks can be balanced.
+
+    Row ``t`` of ``costs`` (shape ``(n_steps, world*accum)``) is step ``t``'s micro-batch costs, column ``j``
+    its member of length stratum ``j``; ``ids`` names the micro-batches. For each step whose ranks, dealt
+    costliest first (:func:`_lpt_ratio`), end more than ``1 + tol`` above their mean, in order: a member of
+    its slowest rank may be swapped for a cheaper one of the same column in another step, or a member of its
+    fastest rank for a costlier one, the cost aimed at being the one that brings that rank to the mean (the
+    :data:`NEAREST` members on each side of it, found in the column's sorted costs); of these, the swap that
+    most lowers the sum of the two steps' ratios is made, when one does. Two passes. Every step keeps one
+    member of each column (a column's costs are only exchanged between steps). Returns the new ``ids``.
+    """
+    n_steps, k = costs.shape
+    c = costs.copy()
+    out = ids.copy()
+    if n_steps < 2:
+        return out
+    load = np.empty(world)
+    count = np.empty(world, np.int64)
+    rank_of = np.empty(2 * k, np.int64)
+    scratch = np.empty(2 * k, np.int64)
+    ratio = np.empty(n_steps)
+    for t in range(n_steps):
+        ratio[t] = _lpt_ratio(c[t], world, accum, load, count, scratch)
+    srt = np.empty((k, n_steps), np.int64)  # each column's steps by cost
+    pos = np.empty((k, n_steps), np.int64)  # each step's place in its column's order
+    vals = np.empty((k, n_steps))  # each column's costs in that order (fixed: swaps only move them)
+    for j in range(k):
+        srt[j] = np.argsort(c[:, j], kind="mergesort")
+        for r in range(n_steps):
+            pos[j, srt[j, r]] = r
+            vals[j, r] = c[srt[j, r], j]
+    a = np.empty(k)
+    b = np.empty(k)
+    for _ in range(LEVEL_PASSES):
+        for t in range(n_steps):
+            if not ratio[t] > 1.0 + tol:
+                continue
+            _lpt_ratio(c[t], world, accum, load, count, rank_of)
+            mean = load.mean()
+            slow = 0
+            fast = 0
+            for r in range(1, world):
+                if load[r] > load[slow]:
+                    slow = r
+                if load[r] < load[fast]:
+                    fast = r
+            best_gain = 1e-12
+            bj = -1
+            bu = -1
+            br_t = 0.0
+            br_u = 0.0
+            for j in range(k):
+                r = rank_of[j]
+                if r == slow:
+                    aim = c[t, j] - (load[slow] - mean)
+                elif r == fast:
+                    aim = c[t, j] + (mean - load[fast])
+                else:
+                    continue
+                at = np.searchsorted(vals[j], aim)
+                for x in range(max(0, at - NEAREST), min(n_steps, at + NEAREST)):
+                    u = srt[j, x]
+                    if u == t or c[u, j] == c[t, j]:
+                        continue
+                    a[:] = c[t]
+                    a[j] = c[u, j]
+                    rt = _lpt_ratio(a, world, accum, load, count, scratch)
+                    if not rt < ratio[t]:
+                        continue
+                    b[:] = c[u]
+                    b[j] = c[t, j]
+                    ru = _lpt_ratio(b, world, accum, load, count, scratch)
+                    gain = ratio[t] + ratio[u] - rt - ru
+                    if gain > best_gain:
+                        best_gain, bj, bu, br_t, br_u = gain, j, u, rt, ru
+            if bj < 0:
+                continue
+            x = c[t, bj]
+            c[t, bj] = c[bu, bj]
+            c[bu, bj] = x
+            y = out[t, bj]
+            out[t, bj] = out[bu, bj]
+            out[bu, bj] = y
+            pt = pos[bj, t]
+            pu = pos[bj, bu]
+            srt[bj, pt] = bu
+            srt[bj, pu] = t
+            pos[bj, t] = pu
+            pos[bj, bu] = pt
+            ratio[t] = br_t
+            ratio[bu] = br_u
+    return out

@@ -299,7 +299,10 @@ def plan_items(
     at_cap = config if cap == config.budget else config.with_(budget=cap, sp=1, cp=1)  # sizes are padded
     order, offsets, strata, edges = REGISTRY[config.strategy].form(size, at_cap, rng)
     if strata is not None:
-        composed = steps.quantile_steps(order, offsets, size, k, cap, rng)
+        ranks = None  # steps levelled for the ranks under the configured cost model, assigned or not
+        if steps.levels_steps(config, items.anchors is not None or capacity.bounded(config)):
+            ranks = (config.world_size, config.grad_accum, tuple(config.cost.coefficients))
+        composed = steps.quantile_steps(order, offsets, size, k, cap, rng, ranks)
         if composed is None:  # the tail cannot be cut into whole steps: strata spread by token mass
             tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
             perm = steps.stratified_order(strata, tokens, rng)

@@ -49,6 +49,7 @@ def quantile_steps(
     step_size: int,
     budget: int,
     rng: np.random.Generator,
+    ranks: tuple[int, int, tuple] | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """Compose whole padded steps that each sample the dataset's length distribution at ``step_size``
     quantiles (the bucketed strategy's steps).
@@ -62,8 +63,11 @@ def quantile_steps(
     ``step_size`` consecutive chunks of ``n`` micro-batches, and each chunk deals its micro-batches to the
     ``n`` steps in a fresh random order: step ``t`` holds one micro-batch from every ``1 / step_size`` of
     the length order (stratified sampling), and the steps differ only in which member of each chunk they
-    drew. Returns the new ``(order, offsets)``, whole steps in order; ``None`` when the tail cannot be cut
-    into its pieces (the caller then composes steps another way).
+    drew. With ``ranks = (world_size, grad_accum, (a, b, c))`` (the configured cost model) the steps whose
+    ranks could not be balanced then swap members of the same chunk with other steps
+    (:func:`level_steps`): each step still holds one micro-batch of every chunk. Returns the new ``(order,
+    offsets)``, whole steps in order; ``None`` when the tail cannot be cut into its pieces (the caller then
+    composes steps another way).
 
     >>> order, offsets = quantile_steps(np.arange(12), np.arange(0, 13, 2), np.arange(1, 13), 4, 24,
     ...                                 np.random.default_rng(0))
@@ -89,7 +93,10 @@ def quantile_steps(
         chunk = np.arange(body.shape[0]) // body_steps
         deal = np.argsort(rng.random((step_size, body_steps)), axis=1)  # each chunk's order of steps
         step = deal[chunk, np.arange(body.shape[0]) % body_steps]
-        o, f = _kernels.gather_segments(order, offsets, body[np.lexsort((chunk, step))])
+        dealt = body[np.lexsort((chunk, step))]  # step by step, chunk by chunk
+        if ranks is not None and ranks[0] > 1 and body_steps > 1:
+            dealt = level_steps(order, offsets, length, dealt.reshape(body_steps, step_size), *ranks).ravel()
+        o, f = _kernels.gather_segments(order, offsets, dealt)
         parts_order.append(o)
         parts_offsets.append(f)
     if n_tail:
@@ -107,6 +114,47 @@ def quantile_steps(
         return parts_order[0], parts_offsets[0]
     (o1, o2), (f1, f2) = parts_order, parts_offsets
     return np.concatenate((o1, o2)), np.concatenate((f1, f2[1:] + f1[-1]))
+
+
+LEVEL_TOLERANCE = 0.01
+"""A step whose ranks, dealt by cost, end at most this much above their mean is not levelled
+(:func:`level_steps`): what is left, :func:`even_ranks` moves rows for."""
+
+
+LEVEL_MAX_ACCUM = 2
+"""Steps are levelled (:func:`level_steps`) at up to this many micro-batches a rank: with more, the
+assignment and :func:`even_ranks` already level them (1.003 on the seed_mix at 8 x 4), and levelling would
+cost planning time for nothing."""
+
+
+def levels_steps(config: PlanConfig, drafting: bool) -> bool:
+    """Whether a bucketed plan's steps are levelled for its ranks (:func:`level_steps`): where its ranks are
+    evened (:func:`evens_ranks`), at up to :data:`LEVEL_MAX_ACCUM` micro-batches a rank."""
+    return evens_ranks(config, drafting) and not config.packed and config.grad_accum <= LEVEL_MAX_ACCUM
+
+
+def level_steps(
+    order: np.ndarray,
+    offsets: np.ndarray,
+    length: np.ndarray,
+    dealt: np.ndarray,
+    world_size: int,
+    grad_accum: int,
+    coefficients: tuple,
+) -> np.ndarray:
+    """``dealt`` (micro-batch ids, one row per step, one column per length chunk) with members of a column
+    swapped between steps so that more steps can be balanced over their ranks (``_kernels.level_steps``,
+    padded micro-batch costs under ``coefficients``). A step of quantile chunks mixes lengths, but which
+    member of a chunk it draws decides how its costs pair up: a lone long sample, or a chunk's least-filled
+    micro-batch, can leave no even split of the step over its ranks.
+
+    >>> level_steps(np.arange(4), np.arange(5), np.array([4, 2, 3, 1]), np.array([[0, 3], [1, 2]]), 2, 1,
+    ...             (1.0, 0.0, 0.0)).tolist()  # costs 4, 1 | 2, 3 (ratios 1.6, 1.2) -> 2, 1 | 4, 3
+    [[1, 3], [0, 2]]
+    """
+    coefs = cost.Coefficients(*(float(v) for v in coefficients[:3]))
+    costs = cost.micro_costs(cost.micro_shapes(length[order], offsets, False), coefs)[dealt]
+    return _kernels.level_steps(costs, dealt, world_size, grad_accum, LEVEL_TOLERANCE)
 
 
 def spread_tail(offsets: np.ndarray, step_size: int) -> np.ndarray:
