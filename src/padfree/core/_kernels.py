@@ -1059,6 +1059,10 @@ NEAREST = 3
 LEVEL_PASSES = 2
 """Passes of :func:`level_steps` over the steps."""
 
+LEVEL_ALL_STEPS = 128
+"""An epoch of at most this many steps is levelled trying every swap of a step's members (each step
+has more weight in the epoch's mean, and there are few to try)."""
+
 
 @njit(cache=True, nogil=True)
 def level_steps(costs: np.ndarray, ids: np.ndarray, world: int, accum: int, tol: float) -> np.ndarray:
@@ -1119,10 +1123,15 @@ def level_steps(costs: np.ndarray, ids: np.ndarray, world: int, accum: int, tol:
                     aim = c[t, j] - (load[slow] - mean)
                 elif r == fast:
                     aim = c[t, j] + (mean - load[fast])
-                else:
+                elif n_steps > LEVEL_ALL_STEPS:
                     continue
+                else:
+                    aim = c[t, j]
                 at = np.searchsorted(vals[j], aim)
-                for x in range(max(0, at - NEAREST), min(n_steps, at + NEAREST)):
+                lo, hi = max(0, at - NEAREST), min(n_steps, at + NEAREST)
+                if n_steps <= LEVEL_ALL_STEPS:  # a short epoch: every member of every column
+                    lo, hi = 0, n_steps
+                for x in range(lo, hi):
                     u = srt[j, x]
                     if u == t or c[u, j] == c[t, j]:
                         continue
