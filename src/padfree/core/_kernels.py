@@ -874,11 +874,11 @@ def lpt_bins(lens: np.ndarray, n_bins: int, budget: int) -> np.ndarray:
     return bin_of
 
 
-CANDIDATES = 64
+CANDIDATES = 16
 """Items of the slowest rank that one round of :func:`even_packed_steps` tries (and 4x as many partners):
 a step of more is sampled, at a rotating offset."""
 
-ROUNDS_PER_MICRO = 16
+ROUNDS_PER_MICRO = 4
 """Rounds (changes tried) of :func:`even_packed_steps` per micro-batch of a step, at most (plus 64)."""
 
 
@@ -1059,7 +1059,7 @@ NEAREST = 3
 LEVEL_PASSES = 2
 """Passes of :func:`level_steps` over the steps."""
 
-LEVEL_ALL_STEPS = 128
+LEVEL_ALL_STEPS = 32
 """An epoch of at most this many steps is levelled trying every swap of a step's members (each step
 has more weight in the epoch's mean, and there are few to try)."""
 
@@ -1112,7 +1112,7 @@ def level_steps(costs: np.ndarray, ids: np.ndarray, world: int, accum: int, tol:
                     slow = r
                 if load[r] < load[fast]:
                     fast = r
-            best_gain = 1e-12
+            best_gain = tol / 5.0  # a swap must win something the rank moves will not undo
             bj = -1
             bu = -1
             br_t = 0.0
