@@ -277,8 +277,9 @@ def plan_items(
     :class:`~padfree.core.budget.Budget` (default: ``Budget.of(config)``). ``rng`` replaces the epoch's
     generator (:func:`epoch_rng`); the stream planner gives each window its own.
     ``assign=False`` leaves each step's micro-batches in their stratified order, not yet given to ranks: the
-    same steps (the same micro-batches in each) whatever the cost model, which the sampler then assigns one
-    step at a time (:func:`padfree.core.steps.assign_ranks` on one step gives what ``assign=True`` gives).
+    same steps (the same micro-batches in each) whatever cost model assigns them (bucketed steps are levelled
+    under ``config.cost`` alone, :func:`padfree.core.steps.level_steps`), which the sampler then assigns one
+    step at a time (:func:`padfree.core.balance.step_layout` on one step gives what ``assign=True`` gives).
     """
     t0 = time.perf_counter() if t0 is None else t0
     k = config.micro_per_step
