@@ -261,7 +261,10 @@ def step_layout(
         else:
             sized = config.shard.sizes(lens[order], False)  # SP/CP: the padded widths
             evened = steps.even_ranks(sized, new_offsets, config, tuple(balance.cost), budget.cap)
-        return order[evened[0]], evened[1]  # what plan_items gives a step of equal ranks
+        rows = evened[0]
+        return order if rows is None else order[rows], evened[
+            1
+        ]  # what plan_items gives a step of equal ranks
     if not (balance.recut and w > 1 and lens.size):
         return order, new_offsets
     assigned = (costs[perm].reshape(w, g).sum(axis=1) / speeds).max()

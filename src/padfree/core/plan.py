@@ -315,19 +315,29 @@ def plan_items(
     shapes = cost.micro_shapes(lens, offsets, config.packed, anchors, shard=config.shard)
     cached: cost.Shapes | None = shapes  # the plan's shapes, unless the assignment reorders them
     if assign and config.world_size > 1:
-        perm = steps.assign_ranks(cost.micro_costs(shapes, config.cost), config.world_size, config.grad_accum)
+        costs = cost.micro_costs(shapes, config.cost)
+        perm = steps.assign_ranks(costs, config.world_size, config.grad_accum)
         order, offsets = _kernels.gather_segments(order, offsets, perm)
         lens = length[order]
         if steps.evens_ranks(config, items.anchors is not None or capacity.bounded(config)):
             coefs = config.cost.coefficients
             if config.packed:
-                held = None if items.anchors is None else items.anchors[order]
                 rows, offsets = steps.even_ranks(
-                    lens, offsets, config, coefs, cap, size[order], held, config.cost.drafter
+                    lens,
+                    offsets,
+                    config,
+                    coefs,
+                    cap,
+                    size,
+                    items.anchors,
+                    config.cost.drafter,
+                    costs[perm],
+                    order,
                 )
             else:
                 rows, offsets = steps.even_ranks(size[order], offsets, config, coefs, cap)
-            order, lens = order[rows], lens[rows]
+            if rows is not None:
+                order, lens = order[rows], lens[rows]
         anchors = None if items.anchors is None else items.anchors[order]
         cached = None
     sample_ids = order if items.sample is None else items.sample[order]

@@ -275,11 +275,13 @@ def even_ranks(
     sizes: np.ndarray | None = None,
     anchors: np.ndarray | None = None,
     drafter: tuple[float, float] = (0.0, 0.0),
-) -> tuple[np.ndarray, np.ndarray]:
+    costs: np.ndarray | None = None,
+    order: np.ndarray | None = None,
+) -> tuple[np.ndarray | None, np.ndarray]:
     """Even out the ranks of assigned steps of equal-speed ranks: where a step's slowest rank costs more than
     :data:`EVEN_TOLERANCE` above the mean, items move between the micro-batches of its ranks, and no item
     leaves its step, so the step mixing is untouched. Returns ``(perm, offsets)``: the items' new order
-    (indices into ``lens``) and the new micro-batch boundaries.
+    (indices into ``lens``; packed, ``None`` when no step needed evening) and the new micro-batch boundaries.
 
     Bucketed: whole rows move from the slowest rank's micro-batches to similar-length ones of other ranks
     (``count * longest <= budget``), kept when the slowest rank's cost drops (``_kernels.even_padded_steps``);
@@ -288,7 +290,9 @@ def even_ranks(
     another rank's row while both rows stay within ``budget`` in ``sizes``
     (:func:`padfree.core.capacity.sizes`, default ``lens``), an item weighing its own slots, attention and,
     with ``anchors``, ``drafter`` terms (``_kernels.even_packed_steps``); packed rows are filled by size,
-    not by cost, so a row of long (or anchor-rich) documents costs more than one of short ones.
+    not by cost, so a row of long (or anchor-rich) documents costs more than one of short ones; only the
+    steps above the tolerance (by the micro-batches' ``costs``, when the caller has them) are worked on;
+    ``sizes`` and ``anchors`` may be the epoch's, per item, that ``order`` puts in the order of ``lens``.
 
     >>> cfg = PlanConfig(strategy="bucketed", budget=8, world_size=2, grad_accum=1)
     >>> perm, offs = even_ranks(np.array([2, 2, 2, 2, 2]), np.array([0, 4, 5]), cfg, (1.0, 0.0, 0.0), 8)
@@ -304,8 +308,51 @@ def even_ranks(
     lens = lens.astype(np.int64, copy=False)
     offsets = offsets.astype(np.int64, copy=False)
     if config.packed:
-        alone = cost.item_shapes(lens, anchors)  # each item a row of its own
-        weight = cost.micro_costs(alone, cost.Coefficients(coefs[0], coefs[1], 0.0), drafter)
-        size = lens if sizes is None else sizes.astype(np.int64, copy=False)
-        return _kernels.even_packed_steps(size, weight, offsets, w, g, int(budget), coefs[2], EVEN_TOLERANCE)
+        return _even_packed(lens, offsets, w, g, coefs, int(budget), sizes, anchors, drafter, costs, order)
     return _kernels.even_padded_steps(lens, offsets, w, g, int(budget), coefs, EVEN_TOLERANCE)
+
+
+def _even_packed(
+    lens: np.ndarray,
+    offsets: np.ndarray,
+    w: int,
+    g: int,
+    coefs: np.ndarray,
+    budget: int,
+    sizes: np.ndarray | None,
+    anchors: np.ndarray | None,
+    drafter: tuple[float, float],
+    costs: np.ndarray | None,
+    order: np.ndarray | None,
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """:func:`even_ranks` of packed steps: the steps above :data:`EVEN_TOLERANCE` gathered and evened by
+    ``_kernels.even_packed_steps`` (an epoch of balanced steps costs one pass over its micro-batches)."""
+    k = w * g
+    model = cost.Coefficients(float(coefs[0]), float(coefs[1]), float(coefs[2]))
+    if costs is None:
+        held = None if anchors is None or order is None else anchors[order]
+        costs = cost.micro_costs(cost.micro_shapes(lens, offsets, True, held), model, drafter)
+    per_rank = costs.reshape(-1, w, g).sum(axis=2)
+    bad = np.flatnonzero(per_rank.max(axis=1) > (1.0 + EVEN_TOLERANCE) * per_rank.mean(axis=1))
+    if bad.size == 0:
+        return None, offsets
+    starts, ends = offsets[bad * k], offsets[(bad + 1) * k]
+    counts = ends - starts
+    base = np.concatenate(([0], np.cumsum(counts)[:-1]))  # each bad step's start among the gathered items
+    idx = np.repeat(starts - base, counts) + np.arange(int(counts.sum()))
+    bounds = offsets[bad[:, None] * k + np.arange(k)[None, :]] - (starts - base)[:, None]
+    local = np.append(bounds.ravel(), counts.sum())
+    sub_lens = lens[idx]
+    src = idx if order is None else order[idx]  # the gathered items among sizes and anchors
+    weight = cost.micro_costs(
+        cost.item_shapes(sub_lens, None if anchors is None else anchors[src]), model._replace(c=0.0), drafter
+    )  # each item a row of its own
+    size = sub_lens if sizes is None else sizes[src].astype(np.int64, copy=False)
+    sub_perm, sub_off = _kernels.even_packed_steps(size, weight, local, w, g, budget, model.c, EVEN_TOLERANCE)
+    perm = np.arange(lens.shape[0], dtype=np.int64)
+    perm[idx] = idx[sub_perm]
+    new_offsets = offsets.copy()
+    new_offsets[bad[:, None] * k + np.arange(k)[None, :]] = (
+        sub_off[:-1].reshape(-1, k) + (starts - base)[:, None]
+    )
+    return perm, new_offsets
