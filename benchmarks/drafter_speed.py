@@ -5,6 +5,7 @@ ranks on the seed_mix.
 
     PYTHONPATH=src python benchmarks/drafter_speed.py --quick --out benchmarks/results
     PYTHONPATH=src python benchmarks/drafter_speed.py --out benchmarks/results
+    PYTHONPATH=src python benchmarks/drafter_speed.py --imbalance-only --out benchmarks/results  # no models
 
 Arms and protocol: :mod:`lab.drafter` and benchmarks/README.md. Data: real chat, math and code
 samples (/work/shared/data/samples, or ``--data``) tokenized with the 32K SentencePiece tokenizer, loss on
@@ -80,6 +81,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lengths", type=Path, default=None,
                    help="lengths for the modeled imbalance (default: the bundled seed_mix)")  # fmt: skip
     p.add_argument("--world", type=int, default=8)
+    p.add_argument("--imbalance-only", action="store_true",
+                   help="recompute only the modeled imbalance of NAME.json under --out, with the recipe, "
+                   "anchor share, budget and seed it was run with, and rewrite NAME.json and NAME.md (the "
+                   "timed arms are planned at one rank: rank balancing does not change them)")  # fmt: skip
     p.add_argument("--imbalance-budget", type=int, default=16384)
     p.add_argument(
         "--target-config",
@@ -208,8 +213,36 @@ def targets(result: dict) -> dict:
     return out
 
 
+def rebalance(args: argparse.Namespace) -> int:
+    """``--imbalance-only``: the seed_mix imbalance columns and targets of an existing result, recomputed."""
+    path = args.out / f"{args.name}.json"
+    result = json.loads(path.read_text())
+    for key in ("recipe", "anchor_share", "imbalance_budget", "world", "seed", "ttt", "block_size"):
+        setattr(args, key, result["config"][key])
+    args.lengths = None if result["config"]["lengths"] is None else Path(result["config"]["lengths"])
+    for method, rows in result["method"].items():
+        recipe = recipe_of(args, method)
+        imb = seed_mix_imbalance(args, recipe, method_cost(recipe, hidden=4096, layers=32, vocab=128256))
+        for name in rows:
+            rows[name]["imbalance"] = imb.pop(name)
+        result["seed_mix"][method] = imb
+    result["targets"] = targets(result)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    md = (
+        f"# {args.name}\n\nrecipe {result['recipe']}; {result['samples']} samples, budget "
+        f"{result['config']['budget']}, {result['config']['micro']} micro-batches per arm; "
+        f"{result['seconds']:.0f} s (imbalance recomputed with --imbalance-only)\n"
+    )
+    md += table(result) + "\ntargets: " + json.dumps(result["targets"]) + "\n"
+    (args.out / f"{args.name}.md").write_text(md)
+    print(md)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.imbalance_only:
+        return rebalance(args)
     import torch
 
     from padfree.drafter.train import token_counts

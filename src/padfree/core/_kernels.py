@@ -872,3 +872,294 @@ def lpt_bins(lens: np.ndarray, n_bins: int, budget: int) -> np.ndarray:
         load[best] += lens[i]
         bin_of[i] = best
     return bin_of
+
+
+CANDIDATES = 16
+"""Items of the slowest rank that one round of :func:`even_packed_steps` tries (and 4x as many partners):
+a step of more is sampled, at a rotating offset."""
+
+ROUNDS_PER_MICRO = 4
+"""Rounds (changes tried) of :func:`even_packed_steps` per micro-batch of a step, at most (plus 64)."""
+
+
+@njit(cache=True, nogil=True)
+def even_packed_steps(
+    size: np.ndarray,
+    weight: np.ndarray,
+    offsets: np.ndarray,
+    world: int,
+    accum: int,
+    cap: int,
+    bin_cost: float,
+    tol: float,
+) -> tuple:
+    """Even out the ranks of every assigned packed step of equal-speed ranks by moving and swapping items
+    between its micro-batches.
+
+    Step ``s`` is micro-batches ``s*world*accum ..`` of ``offsets`` (rank ``r`` owns its ``r``-th ``accum``
+    of them); an item costs ``weight`` (its share of a packed row's cost) and takes ``size`` of the row's
+    ``cap``; a micro-batch costs the sum of its items' weights plus ``bin_cost``. Where a step's slowest rank
+    costs more than ``1 + tol`` times the mean, the best of these, repeated while one lowers the slowest
+    rank: move one of its items into another rank's micro-batch with room, or swap it for a lighter item of
+    another rank's micro-batch when both stay within ``cap``; a change is made only when both ranks it
+    touches end below the slowest rank's cost (so the sum of squared rank costs falls: it ends). The step
+    keeps its items; every micro-batch keeps the order of its items. Returns ``(perm, new_offsets)``: the
+    items in their new order (indices into ``size``) and the new micro-batch boundaries.
+    """
+    k = world * accum
+    n_steps = (offsets.shape[0] - 1) // k
+    perm = np.arange(size.shape[0])
+    new_off = offsets.copy()
+    load = np.empty(world)
+    room = np.empty(k, np.int64)
+    cnt = np.empty(k, np.int64)
+    for s in range(n_steps):
+        base = offsets[s * k]
+        end = offsets[(s + 1) * k]
+        n = end - base
+        if n < 2:
+            continue
+        bin_of = np.empty(n, np.int64)
+        load[:] = accum * bin_cost
+        for q in range(k):
+            room[q] = cap
+            cnt[q] = offsets[s * k + q + 1] - offsets[s * k + q]
+            for i in range(offsets[s * k + q] - base, offsets[s * k + q + 1] - base):
+                bin_of[i] = q
+                load[q // accum] += weight[base + i]
+                room[q] -= size[base + i]
+        if not load.max() > (1.0 + tol) * load.mean():
+            continue
+        changed = False
+        mine = np.empty(n, np.int64)
+        others = np.empty(n, np.int64)
+        goal = (1.0 + tol) * load.mean()
+        least = tol * load.mean() / 4.0  # a change must win at least this much
+        misses = 0
+        for it in range(min(4 * n, ROUNDS_PER_MICRO * k + 64)):
+            p = 0
+            for r in range(1, world):
+                if load[r] > load[p]:
+                    p = r
+            top = load[p]
+            if not top > goal:
+                break
+            n_mine = 0
+            n_others = 0
+            for i in range(n):
+                if bin_of[i] // accum == p:
+                    mine[n_mine] = i
+                    n_mine += 1
+                else:
+                    others[n_others] = i
+                    n_others += 1
+            # a step of many small items: a rotating sample of candidates bounds each round's work
+            step_i = max(1, n_mine // CANDIDATES)
+            step_j = max(1, n_others // (4 * CANDIDATES))
+            best = top
+            bi = -1
+            bj = -1
+            bv = -1
+            for a in range(it % step_i, n_mine, step_i):
+                i = mine[a]
+                u = bin_of[i]
+                wi = weight[base + i]
+                si = size[base + i]
+                for v in range(k):  # a move (that leaves its micro-batch an item)
+                    q = v // accum
+                    if q == p or room[v] < si or cnt[u] < 2:
+                        continue
+                    worst = max(top - wi, load[q] + wi)
+                    if worst < best:
+                        best, bi, bj, bv = worst, i, -1, v
+                for b in range(it % step_j, n_others, step_j):  # a swap
+                    j = others[b]
+                    v = bin_of[j]
+                    q = v // accum
+                    d = wi - weight[base + j]
+                    if d <= 0.0:
+                        continue
+                    sj = size[base + j]
+                    if room[u] + si < sj or room[v] + sj < si:
+                        continue
+                    worst = max(top - d, load[q] + d)
+                    if worst < best:
+                        best, bi, bj, bv = worst, i, j, v
+            if bi < 0 or not best < top - least:
+                misses += 1
+                if misses >= max(step_i, step_j):
+                    break
+                continue  # the next round samples other candidates
+            misses = 0
+            u = bin_of[bi]
+            q = bv // accum
+            d = weight[base + bi]
+            room[u] += size[base + bi]
+            room[bv] -= size[base + bi]
+            bin_of[bi] = bv
+            if bj < 0:
+                cnt[u] -= 1
+                cnt[bv] += 1
+            else:
+                d -= weight[base + bj]
+                room[bv] += size[base + bj]
+                room[u] -= size[base + bj]
+                bin_of[bj] = u
+            load[p] -= d
+            load[q] += d
+            changed = True
+        if not changed:
+            continue
+        count = cnt
+        fill = np.empty(k, np.int64)
+        fill[0] = base
+        for q in range(1, k):
+            fill[q] = fill[q - 1] + count[q - 1]
+        for q in range(k):
+            new_off[s * k + q + 1] = fill[q] + count[q]
+        for i in range(n):  # stable: each micro-batch keeps its items' order
+            q = bin_of[i]
+            perm[fill[q]] = base + i
+            fill[q] += 1
+    return perm, new_off
+
+
+@njit(cache=True, nogil=True)
+def _lpt_ratio(
+    c: np.ndarray, world: int, accum: int, load: np.ndarray, count: np.ndarray, rank_of: np.ndarray
+) -> float:
+    """Slowest rank / mean rank of one step's micro-batch costs ``c`` dealt, costliest first, each to the
+    least loaded rank with fewer than ``accum`` (the first phase of :func:`balance_ranks`); ``rank_of[:k]``,
+    ``load`` and ``count`` are left as dealt (``rank_of`` is ``2k`` long, its second half scratch)."""
+    k = c.shape[0]
+    order = rank_of[k:]  # scratch: the costs' order, costliest first (insertion sort: a step is short)
+    for t in range(k):
+        x = t
+        while x > 0 and c[order[x - 1]] < c[t]:
+            order[x] = order[x - 1]
+            x -= 1
+        order[x] = t
+    load[:] = 0.0
+    count[:] = 0
+    for t in range(k):
+        best = -1
+        for r in range(world):
+            if count[r] < accum and (best < 0 or load[r] < load[best]):
+                best = r
+        load[best] += c[order[t]]
+        count[best] += 1
+        rank_of[order[t]] = best
+    mean = load.mean()
+    return load.max() / mean if mean > 0 else 1.0
+
+
+NEAREST = 3
+"""Members of a column tried on each side of the cost a swap aims at (:func:`level_steps`)."""
+
+LEVEL_PASSES = 2
+"""Passes of :func:`level_steps` over the steps."""
+
+LEVEL_ALL_STEPS = 32
+"""An epoch of at most this many steps is levelled trying every swap of a step's members (each step
+has more weight in the epoch's mean, and there are few to try)."""
+
+
+@njit(cache=True, nogil=True)
+def level_steps(costs: np.ndarray, ids: np.ndarray, world: int, accum: int, tol: float) -> np.ndarray:
+    """Swap micro-batches of the same column between steps so that each step's ranks can be balanced.
+
+    Row ``t`` of ``costs`` (shape ``(n_steps, world*accum)``) is step ``t``'s micro-batch costs, column ``j``
+    its member of length stratum ``j``; ``ids`` names the micro-batches. For each step whose ranks, dealt
+    costliest first (:func:`_lpt_ratio`), end more than ``1 + tol`` above their mean, in order: a member of
+    its slowest rank may be swapped for a cheaper one of the same column in another step, or a member of its
+    fastest rank for a costlier one, the cost aimed at being the one that brings that rank to the mean (the
+    :data:`NEAREST` members on each side of it, found in the column's sorted costs); of these, the swap that
+    most lowers the sum of the two steps' ratios is made, when one does. Two passes. Every step keeps one
+    member of each column (a column's costs are only exchanged between steps). Returns the new ``ids``.
+    """
+    n_steps, k = costs.shape
+    c = costs.copy()
+    out = ids.copy()
+    if n_steps < 2:
+        return out
+    load = np.empty(world)
+    count = np.empty(world, np.int64)
+    rank_of = np.empty(2 * k, np.int64)
+    scratch = np.empty(2 * k, np.int64)
+    ratio = np.empty(n_steps)
+    for t in range(n_steps):
+        ratio[t] = _lpt_ratio(c[t], world, accum, load, count, scratch)
+    srt = np.empty((k, n_steps), np.int64)  # each column's steps by cost
+    pos = np.empty((k, n_steps), np.int64)  # each step's place in its column's order
+    vals = np.empty((k, n_steps))  # each column's costs in that order (fixed: swaps only move them)
+    for j in range(k):
+        srt[j] = np.argsort(c[:, j], kind="mergesort")
+        for r in range(n_steps):
+            pos[j, srt[j, r]] = r
+            vals[j, r] = c[srt[j, r], j]
+    a = np.empty(k)
+    b = np.empty(k)
+    for _ in range(LEVEL_PASSES):
+        for t in range(n_steps):
+            if not ratio[t] > 1.0 + tol:
+                continue
+            _lpt_ratio(c[t], world, accum, load, count, rank_of)
+            mean = load.mean()
+            slow = 0
+            fast = 0
+            for r in range(1, world):
+                if load[r] > load[slow]:
+                    slow = r
+                if load[r] < load[fast]:
+                    fast = r
+            best_gain = tol / 5.0  # a swap must win something the rank moves will not undo
+            bj = -1
+            bu = -1
+            br_t = 0.0
+            br_u = 0.0
+            for j in range(k):
+                r = rank_of[j]
+                if r == slow:
+                    aim = c[t, j] - (load[slow] - mean)
+                elif r == fast:
+                    aim = c[t, j] + (mean - load[fast])
+                elif n_steps > LEVEL_ALL_STEPS:
+                    continue
+                else:
+                    aim = c[t, j]
+                at = np.searchsorted(vals[j], aim)
+                lo, hi = max(0, at - NEAREST), min(n_steps, at + NEAREST)
+                if n_steps <= LEVEL_ALL_STEPS:  # a short epoch: every member of every column
+                    lo, hi = 0, n_steps
+                for x in range(lo, hi):
+                    u = srt[j, x]
+                    if u == t or c[u, j] == c[t, j]:
+                        continue
+                    a[:] = c[t]
+                    a[j] = c[u, j]
+                    rt = _lpt_ratio(a, world, accum, load, count, scratch)
+                    if not rt < ratio[t]:
+                        continue
+                    b[:] = c[u]
+                    b[j] = c[t, j]
+                    ru = _lpt_ratio(b, world, accum, load, count, scratch)
+                    gain = ratio[t] + ratio[u] - rt - ru
+                    if gain > best_gain:
+                        best_gain, bj, bu, br_t, br_u = gain, j, u, rt, ru
+            if bj < 0:
+                continue
+            x = c[t, bj]
+            c[t, bj] = c[bu, bj]
+            c[bu, bj] = x
+            y = out[t, bj]
+            out[t, bj] = out[bu, bj]
+            out[bu, bj] = y
+            pt = pos[bj, t]
+            pu = pos[bj, bu]
+            srt[bj, pt] = bu
+            srt[bj, pu] = t
+            pos[bj, t] = pu
+            pos[bj, bu] = pt
+            ratio[t] = br_t
+            ratio[bu] = br_u
+    return out

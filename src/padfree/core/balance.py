@@ -245,9 +245,26 @@ def step_layout(
     budget = Budget.of(config) if budget is None else budget
     drafting = anchors is not None or capacity.bounded(config)
     if not balance.recut and balance.speeds is None and steps.evens_ranks(config, drafting) and lens.size:
-        sized = config.shard.sizes(lens[order], False)  # SP/CP: the padded widths
-        evened = steps.even_ranks(sized, new_offsets, config, tuple(balance.cost), budget.cap)
-        return order[evened[0]], evened[1]  # what plan_items gives a bucketed step of equal ranks
+        if config.packed:
+            held = None if anchors is None else anchors[order]
+            sizes = capacity.sizes(lens[order], held, config, budget.cap)
+            evened = steps.even_ranks(
+                lens[order],
+                new_offsets,
+                config,
+                tuple(balance.cost),
+                budget.cap,
+                sizes,
+                held,
+                balance.drafter,
+            )
+        else:
+            sized = config.shard.sizes(lens[order], False)  # SP/CP: the padded widths
+            evened = steps.even_ranks(sized, new_offsets, config, tuple(balance.cost), budget.cap)
+        rows = evened[0]
+        return order if rows is None else order[rows], evened[
+            1
+        ]  # what plan_items gives a step of equal ranks
     if not (balance.recut and w > 1 and lens.size):
         return order, new_offsets
     assigned = (costs[perm].reshape(w, g).sum(axis=1) / speeds).max()

@@ -152,6 +152,23 @@ def _shapes(
     return Shapes(*base, total, blocks, blocks * longest / 2.0)
 
 
+def item_shapes(lens: np.ndarray, anchors: np.ndarray | None = None) -> Shapes:
+    """Each item as a packed row of its own: :func:`micro_shapes` of one item per micro-batch, element by
+    element (a packed item's share of its row's work).
+
+    >>> sh = item_shapes(np.array([3, 5]), np.array([1, 2]))
+    >>> sh.attn.tolist(), sh.reach.tolist()
+    ([9.0, 25.0], [1.5, 5.0])
+    """
+    lf = lens.astype(np.float64)
+    sq = lf * lf
+    count = np.ones(lf.shape[0], np.int64)
+    if anchors is None:
+        return Shapes(count, lf, lf, sq, sq)
+    af = anchors.astype(np.float64)
+    return Shapes(count, lf, lf, sq, sq, af, af, af * lf / 2.0)
+
+
 def work(shapes: Shapes, drafter: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
     """The linear work of each micro-batch in token slots: ``slots + wb*blocks + wr*reach`` with
     ``drafter = (wb, wr)`` (:attr:`padfree.core.config.CostModel.drafter`); the slots alone without drafter

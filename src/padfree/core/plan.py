@@ -277,8 +277,9 @@ def plan_items(
     :class:`~padfree.core.budget.Budget` (default: ``Budget.of(config)``). ``rng`` replaces the epoch's
     generator (:func:`epoch_rng`); the stream planner gives each window its own.
     ``assign=False`` leaves each step's micro-batches in their stratified order, not yet given to ranks: the
-    same steps (the same micro-batches in each) whatever the cost model, which the sampler then assigns one
-    step at a time (:func:`padfree.core.steps.assign_ranks` on one step gives what ``assign=True`` gives).
+    same steps (the same micro-batches in each) whatever cost model assigns them (bucketed steps are levelled
+    under ``config.cost`` alone, :func:`padfree.core.steps.level_steps`), which the sampler then assigns one
+    step at a time (:func:`padfree.core.balance.step_layout` on one step gives what ``assign=True`` gives).
     """
     t0 = time.perf_counter() if t0 is None else t0
     k = config.micro_per_step
@@ -299,7 +300,10 @@ def plan_items(
     at_cap = config if cap == config.budget else config.with_(budget=cap, sp=1, cp=1)  # sizes are padded
     order, offsets, strata, edges = REGISTRY[config.strategy].form(size, at_cap, rng)
     if strata is not None:
-        composed = steps.quantile_steps(order, offsets, size, k, cap, rng)
+        ranks = None  # steps levelled for the ranks under the configured cost model, assigned or not
+        if steps.levels_steps(config, items.anchors is not None or capacity.bounded(config)):
+            ranks = (config.world_size, config.grad_accum, tuple(config.cost.coefficients))
+        composed = steps.quantile_steps(order, offsets, size, k, cap, rng, ranks)
         if composed is None:  # the tail cannot be cut into whole steps: strata spread by token mass
             tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
             perm = steps.stratified_order(strata, tokens, rng)
@@ -311,12 +315,29 @@ def plan_items(
     shapes = cost.micro_shapes(lens, offsets, config.packed, anchors, shard=config.shard)
     cached: cost.Shapes | None = shapes  # the plan's shapes, unless the assignment reorders them
     if assign and config.world_size > 1:
-        perm = steps.assign_ranks(cost.micro_costs(shapes, config.cost), config.world_size, config.grad_accum)
+        costs = cost.micro_costs(shapes, config.cost)
+        perm = steps.assign_ranks(costs, config.world_size, config.grad_accum)
         order, offsets = _kernels.gather_segments(order, offsets, perm)
         lens = length[order]
         if steps.evens_ranks(config, items.anchors is not None or capacity.bounded(config)):
-            rows, offsets = steps.even_ranks(size[order], offsets, config, config.cost.coefficients, cap)
-            order, lens = order[rows], lens[rows]
+            coefs = config.cost.coefficients
+            if config.packed:
+                rows, offsets = steps.even_ranks(
+                    lens,
+                    offsets,
+                    config,
+                    coefs,
+                    cap,
+                    size,
+                    items.anchors,
+                    config.cost.drafter,
+                    costs[perm],
+                    order,
+                )
+            else:
+                rows, offsets = steps.even_ranks(size[order], offsets, config, coefs, cap)
+            if rows is not None:
+                order, lens = order[rows], lens[rows]
         anchors = None if items.anchors is None else items.anchors[order]
         cached = None
     sample_ids = order if items.sample is None else items.sample[order]

@@ -14,7 +14,8 @@ The plans are *unassigned* (``assign=False``): a step's micro-batches are in the
 yet given to ranks. Which rank runs which micro-batch is decided later, one step at a time, from a cost model
 and rank speeds that may change during the epoch; none of that can change which items a step holds, nor the
 order in which the rest of the epoch is handed to the next segment. So the rest of an epoch depends on the
-history alone, never on a cost model.
+history alone (and the configured cost model, fixed for the run, that levels bucketed steps), never on a
+fitted cost model or speeds.
 
 The history grows by one segment per *change of shape*, never with the number of samples. Pure numpy.
 """

@@ -4,14 +4,14 @@ A step is ``world_size * grad_accum`` consecutive micro-batches of the plan; ins
 slots ``r*grad_accum .. (r+1)*grad_accum - 1``. This module (1) orders micro-batches so that every step
 mixes strata in proportion to their token mass, (2) makes the micro-batch count a multiple of the step
 size without duplicating or dropping samples, (3) assigns micro-batches to ranks by modeled cost, and (4)
-evens out a bucketed step's ranks by moving rows between its micro-batches (:func:`even_ranks`).
+evens out a step's ranks by moving items between its micro-batches (:func:`even_ranks`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from padfree.core import _kernels
+from padfree.core import _kernels, cost
 from padfree.core.config import PlanConfig
 from padfree.errors import ConfigError
 
@@ -49,6 +49,7 @@ def quantile_steps(
     step_size: int,
     budget: int,
     rng: np.random.Generator,
+    ranks: tuple[int, int, tuple] | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """Compose whole padded steps that each sample the dataset's length distribution at ``step_size``
     quantiles (the bucketed strategy's steps).
@@ -62,8 +63,11 @@ def quantile_steps(
     ``step_size`` consecutive chunks of ``n`` micro-batches, and each chunk deals its micro-batches to the
     ``n`` steps in a fresh random order: step ``t`` holds one micro-batch from every ``1 / step_size`` of
     the length order (stratified sampling), and the steps differ only in which member of each chunk they
-    drew. Returns the new ``(order, offsets)``, whole steps in order; ``None`` when the tail cannot be cut
-    into its pieces (the caller then composes steps another way).
+    drew. With ``ranks = (world_size, grad_accum, (a, b, c))`` (the configured cost model) the steps whose
+    ranks could not be balanced then swap members of the same chunk with other steps
+    (:func:`level_steps`): each step still holds one micro-batch of every chunk. Returns the new ``(order,
+    offsets)``, whole steps in order; ``None`` when the tail cannot be cut into its pieces (the caller then
+    composes steps another way).
 
     >>> order, offsets = quantile_steps(np.arange(12), np.arange(0, 13, 2), np.arange(1, 13), 4, 24,
     ...                                 np.random.default_rng(0))
@@ -89,7 +93,10 @@ def quantile_steps(
         chunk = np.arange(body.shape[0]) // body_steps
         deal = np.argsort(rng.random((step_size, body_steps)), axis=1)  # each chunk's order of steps
         step = deal[chunk, np.arange(body.shape[0]) % body_steps]
-        o, f = _kernels.gather_segments(order, offsets, body[np.lexsort((chunk, step))])
+        dealt = body[np.lexsort((chunk, step))]  # step by step, chunk by chunk
+        if ranks is not None and ranks[0] > 1 and body_steps > 1:
+            dealt = level_steps(order, offsets, length, dealt.reshape(body_steps, step_size), *ranks).ravel()
+        o, f = _kernels.gather_segments(order, offsets, dealt)
         parts_order.append(o)
         parts_offsets.append(f)
     if n_tail:
@@ -107,6 +114,47 @@ def quantile_steps(
         return parts_order[0], parts_offsets[0]
     (o1, o2), (f1, f2) = parts_order, parts_offsets
     return np.concatenate((o1, o2)), np.concatenate((f1, f2[1:] + f1[-1]))
+
+
+LEVEL_TOLERANCE = 0.01
+"""A step whose ranks, dealt by cost, end at most this much above their mean is not levelled
+(:func:`level_steps`): what is left, :func:`even_ranks` moves rows for."""
+
+
+LEVEL_MAX_ACCUM = 2
+"""Steps are levelled (:func:`level_steps`) at up to this many micro-batches a rank: with more, the
+assignment and :func:`even_ranks` already level them (1.003 on the seed_mix at 8 x 4), and levelling would
+cost planning time for nothing."""
+
+
+def levels_steps(config: PlanConfig, drafting: bool) -> bool:
+    """Whether a bucketed plan's steps are levelled for its ranks (:func:`level_steps`): where its ranks are
+    evened (:func:`evens_ranks`), at up to :data:`LEVEL_MAX_ACCUM` micro-batches a rank."""
+    return evens_ranks(config, drafting) and not config.packed and config.grad_accum <= LEVEL_MAX_ACCUM
+
+
+def level_steps(
+    order: np.ndarray,
+    offsets: np.ndarray,
+    length: np.ndarray,
+    dealt: np.ndarray,
+    world_size: int,
+    grad_accum: int,
+    coefficients: tuple,
+) -> np.ndarray:
+    """``dealt`` (micro-batch ids, one row per step, one column per length chunk) with members of a column
+    swapped between steps so that more steps can be balanced over their ranks (``_kernels.level_steps``,
+    padded micro-batch costs under ``coefficients``). A step of quantile chunks mixes lengths, but which
+    member of a chunk it draws decides how its costs pair up: a lone long sample, or a chunk's least-filled
+    micro-batch, can leave no even split of the step over its ranks.
+
+    >>> level_steps(np.arange(4), np.arange(5), np.array([4, 2, 3, 1]), np.array([[0, 3], [1, 2]]), 2, 1,
+    ...             (1.0, 0.0, 0.0)).tolist()  # costs 4, 1 | 2, 3 (ratios 1.6, 1.2) -> 2, 1 | 4, 3
+    [[1, 3], [0, 2]]
+    """
+    coefs = cost.Coefficients(*(float(v) for v in coefficients[:3]))
+    costs = cost.micro_costs(cost.micro_shapes(length[order], offsets, False), coefs)[dealt]
+    return _kernels.level_steps(costs, dealt, world_size, grad_accum, LEVEL_TOLERANCE)
 
 
 def spread_tail(offsets: np.ndarray, step_size: int) -> np.ndarray:
@@ -209,30 +257,103 @@ def assign_ranks(
 
 
 def evens_ranks(config: PlanConfig, drafting: bool) -> bool:
-    """Whether :func:`even_ranks` applies: bucketed plans of several ranks (not a drafter plan, whose padded
-    micro-batches are bounded by more than tokens)."""
-    return config.strategy == "bucketed" and config.world_size > 1 and not drafting
+    """Whether :func:`even_ranks` applies: plans of several ranks, packed (not under SP/CP, whose padded rows
+    cost more than their items) or bucketed (not a drafter plan, whose padded micro-batches are bounded by
+    more than tokens)."""
+    if config.world_size <= 1 or config.chunked:
+        return False
+    if config.packed:
+        return not config.shard.active
+    return config.strategy == "bucketed" and not drafting
 
 
 def even_ranks(
-    lens: np.ndarray, offsets: np.ndarray, config: PlanConfig, coefficients: tuple, budget: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Even out the ranks of assigned bucketed steps of equal-speed ranks: where a step's slowest rank costs
-    more than :data:`EVEN_TOLERANCE` above the mean, whole rows move from its micro-batches to
-    similar-length ones of other ranks of the same step (``count * longest <= budget``), kept when the
-    slowest rank's cost drops (``_kernels.even_padded_steps``). Steps are composed by length quantile, and
-    a step whose longest quantile is a lone long sample leaves its rank short; no item leaves its step, so
-    the step mixing is untouched. Returns ``(perm, offsets)``: the rows' new order (indices into ``lens``)
-    and the new micro-batch boundaries.
+    lens: np.ndarray,
+    offsets: np.ndarray,
+    config: PlanConfig,
+    coefficients: tuple,
+    budget: int,
+    sizes: np.ndarray | None = None,
+    anchors: np.ndarray | None = None,
+    drafter: tuple[float, float] = (0.0, 0.0),
+    costs: np.ndarray | None = None,
+    order: np.ndarray | None = None,
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """Even out the ranks of assigned steps of equal-speed ranks: where a step's slowest rank costs more than
+    :data:`EVEN_TOLERANCE` above the mean, items move between the micro-batches of its ranks, and no item
+    leaves its step, so the step mixing is untouched. Returns ``(perm, offsets)``: the items' new order
+    (indices into ``lens``; packed, ``None`` when no step needed evening) and the new micro-batch boundaries.
+
+    Bucketed: whole rows move from the slowest rank's micro-batches to similar-length ones of other ranks
+    (``count * longest <= budget``), kept when the slowest rank's cost drops (``_kernels.even_padded_steps``);
+    steps are composed by length quantile, and a step whose longest quantile is a lone long sample leaves
+    its rank short. Packed: an item of the slowest rank moves to, or is swapped with a lighter one of,
+    another rank's row while both rows stay within ``budget`` in ``sizes``
+    (:func:`padfree.core.capacity.sizes`, default ``lens``), an item weighing its own slots, attention and,
+    with ``anchors``, ``drafter`` terms (``_kernels.even_packed_steps``); packed rows are filled by size,
+    not by cost, so a row of long (or anchor-rich) documents costs more than one of short ones; only the
+    steps above the tolerance (by the micro-batches' ``costs``, when the caller has them) are worked on;
+    ``sizes`` and ``anchors`` may be the epoch's, per item, that ``order`` puts in the order of ``lens``.
 
     >>> cfg = PlanConfig(strategy="bucketed", budget=8, world_size=2, grad_accum=1)
     >>> perm, offs = even_ranks(np.array([2, 2, 2, 2, 2]), np.array([0, 4, 5]), cfg, (1.0, 0.0, 0.0), 8)
     >>> perm.tolist(), offs.tolist()
     ([1, 2, 3, 0, 4], [0, 3, 5])
+    >>> cfg = cfg.with_(strategy="packed")
+    >>> perm, offs = even_ranks(np.array([4, 2, 1, 1]), np.array([0, 3, 4]), cfg, (1.0, 0.0, 0.0), 8)
+    >>> perm.tolist(), offs.tolist()
+    ([1, 2, 3, 0], [0, 3, 4])
     """
     coefs = np.asarray(coefficients[:3], dtype=np.float64)
     w, g = config.world_size, config.grad_accum
-    return _kernels.even_padded_steps(
-        lens.astype(np.int64, copy=False), offsets.astype(np.int64, copy=False), w, g, int(budget), coefs,
-        EVEN_TOLERANCE,
-    )  # fmt: skip
+    lens = lens.astype(np.int64, copy=False)
+    offsets = offsets.astype(np.int64, copy=False)
+    if config.packed:
+        return _even_packed(lens, offsets, w, g, coefs, int(budget), sizes, anchors, drafter, costs, order)
+    return _kernels.even_padded_steps(lens, offsets, w, g, int(budget), coefs, EVEN_TOLERANCE)
+
+
+def _even_packed(
+    lens: np.ndarray,
+    offsets: np.ndarray,
+    w: int,
+    g: int,
+    coefs: np.ndarray,
+    budget: int,
+    sizes: np.ndarray | None,
+    anchors: np.ndarray | None,
+    drafter: tuple[float, float],
+    costs: np.ndarray | None,
+    order: np.ndarray | None,
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """:func:`even_ranks` of packed steps: the steps above :data:`EVEN_TOLERANCE` gathered and evened by
+    ``_kernels.even_packed_steps`` (an epoch of balanced steps costs one pass over its micro-batches)."""
+    k = w * g
+    model = cost.Coefficients(float(coefs[0]), float(coefs[1]), float(coefs[2]))
+    if costs is None:
+        held = None if anchors is None or order is None else anchors[order]
+        costs = cost.micro_costs(cost.micro_shapes(lens, offsets, True, held), model, drafter)
+    per_rank = costs.reshape(-1, w, g).sum(axis=2)
+    bad = np.flatnonzero(per_rank.max(axis=1) > (1.0 + EVEN_TOLERANCE) * per_rank.mean(axis=1))
+    if bad.size == 0:
+        return None, offsets
+    starts, ends = offsets[bad * k], offsets[(bad + 1) * k]
+    counts = ends - starts
+    base = np.concatenate(([0], np.cumsum(counts)[:-1]))  # each bad step's start among the gathered items
+    idx = np.repeat(starts - base, counts) + np.arange(int(counts.sum()))
+    bounds = offsets[bad[:, None] * k + np.arange(k)[None, :]] - (starts - base)[:, None]
+    local = np.append(bounds.ravel(), counts.sum())
+    sub_lens = lens[idx]
+    src = idx if order is None else order[idx]  # the gathered items among sizes and anchors
+    weight = cost.micro_costs(
+        cost.item_shapes(sub_lens, None if anchors is None else anchors[src]), model._replace(c=0.0), drafter
+    )  # each item a row of its own
+    size = sub_lens if sizes is None else sizes[src].astype(np.int64, copy=False)
+    sub_perm, sub_off = _kernels.even_packed_steps(size, weight, local, w, g, budget, model.c, EVEN_TOLERANCE)
+    perm = np.arange(lens.shape[0], dtype=np.int64)
+    perm[idx] = idx[sub_perm]
+    new_offsets = offsets.copy()
+    new_offsets[bad[:, None] * k + np.arange(k)[None, :]] = (
+        sub_off[:-1].reshape(-1, k) + (starts - base)[:, None]
+    )
+    return perm, new_offsets
