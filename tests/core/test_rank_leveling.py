@@ -66,7 +66,7 @@ def test_levelled_steps_keep_one_member_of_every_length_chunk():
 def dflash_case(n: int = 150_000):
     """The seed_mix (first ``n`` samples, cut to 16384) with the specforge DFlash recipe's anchors, cost
     model of an 8B-like target and anchor budget (budget x 0.25), as benchmarks/drafter_speed.py plans it."""
-    from padfree.bench.drafter import supervised_after_first
+    from lab.drafter import supervised_after_first
     from padfree.data.length_files import bundled_seed_mix
     from padfree.drafter import recipes
     from padfree.drafter.methods import cost_model
