@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-import uuid
 from pathlib import Path
 
 import torch
@@ -62,7 +61,6 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from padfree.commands.common import COUNT, WARM, Bounded
-from padfree.core.fingerprint import explain
 from padfree.errors import PadfreeError, StateError, one_line
 from padfree.models import build_model
 from padfree.testing import seenlog
@@ -82,6 +80,7 @@ from padfree.torch.checkpoint import CheckpointDir
 from padfree.torch.chunked import run_step
 from padfree.torch.leak_probe import require_exact_packing
 from padfree.torch.lifecycle import EXIT_STOPPED, StopOnSignal, die_with_parent, launched_by_torchrun
+from padfree.torch.loop import check_resume, run_id, steps_of
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -125,24 +124,6 @@ def setup_distributed() -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def shared_run_id(rank: int, world: int) -> str:
-    """One id per launch, the same on every rank."""
-    run = [f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}" if rank == 0 else None]
-    if world > 1:
-        dist.broadcast_object_list(run, src=0)
-    return run[0]
-
-
-def steps_of(loader):
-    """Group a rank's micro-batches into optimizer steps (``info.last`` closes a step)."""
-    group = []
-    for batch in loader:
-        group.append(batch)
-        if batch.info.last:
-            yield group
-            group = []
-
-
 def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
@@ -171,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSignal) -> int:
     log = print if rank == 0 else (lambda *a, **k: None)
-    run = shared_run_id(rank, world)
+    run = run_id(rank, world)
     if ckpt is not None:
         ckpt.acquire(run)  # before any step: a second run on the directory is refused here
 
@@ -255,15 +236,7 @@ def resume_from(state: dict, ckpt: CheckpointDir, model, optimizer, sampler, sav
     """Load a checkpoint into the model, optimizer and sampler; returns its step. A checkpoint written under
     another configuration is one line naming what differs: the plan's fields, and ``saved`` vs ``now`` (a
     model's own options, e.g. the drafter's) where given."""
-    why = explain(saved, now or {}) if saved is not None else None
-    # which field differs, if any
-    why = why or explain(state["sampler"].get("identity"), sampler.identity, sampler=True)
-    if saved is not None and explain(saved, now or {}):
-        raise StateError(
-            f"{one_line(state['path'])}: the checkpoint belongs to another configuration ({why}); "
-            "resume with the options it was written with, or start this run in another --checkpoint-dir"
-        )
-    ckpt.check_fingerprints(state["sampler"].get("fingerprint"), sampler.fingerprint, why)
+    check_resume(state, ckpt, sampler, saved, now)
     try:  # every rank loads the same file: all fail alike, rank 0 says it
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])

@@ -125,20 +125,7 @@ class Recipe:
 
     def describe(self) -> str:
         """One line: the recipe and the values that set the drafter's work and its loss."""
-        if methods.get(self.method).uses_anchors:
-            w = {"exp": f"exp(-(k-1)/{self.gamma:g})", "dpace": f"D-PACE a={self.dpace_alpha:g}"}.get(
-                self.slot_weights, "uniform"
-            )
-            return (
-                f"recipe {self.name}: block {self.block_size}, anchors min(valid, {self.max_anchors})"
-                f"{'' if self.anchor_density == 1 else f' x{self.anchor_density:g}'}, {self.objective}, slot "
-                f"weights {w}, {self.normalization} mean"
-            )
-        vocab = "full vocabulary" if self.draft_vocab is None else f"draft vocabulary {self.draft_vocab}"
-        return (
-            f"recipe {self.name}: ttt {self.ttt}, step decay {self.step_decay:g}, gate loss_mask[t+k+"
-            f"{self.loss_gate}], {self.objective}, {vocab}, {self.normalization} mean"
-        )
+        return methods.get(self.method).recipe_line(self)
 
 
 _CHOICES = {
