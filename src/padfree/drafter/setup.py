@@ -71,6 +71,10 @@ class TargetShape:
         )
 
 
+DEFAULT_TARGET = TargetShape.common(hidden=4096, layers=32, vocab=32000)
+"""The target a setup assumes when none is given: 4096 wide, 32 layers, 32000 tokens (a Llama-2-7B shape)."""
+
+
 @dataclass(frozen=True)
 class DrafterSetup:
     """What a drafter run plans with (built by :func:`drafter_setup`).
@@ -189,8 +193,8 @@ def drafter_setup(
     recipe: Recipe,
     config: PlanConfig,
     *,
-    target: TargetShape,
     lengths: ArrayLike,
+    target: TargetShape = DEFAULT_TARGET,
     loss_counts: ArrayLike | None = None,
     loss_mask: ArrayLike | None = None,
     memory_gb: float | None = None,
@@ -202,6 +206,7 @@ def drafter_setup(
     """The drafter setup of ``recipe`` on ``target`` for samples of ``lengths``.
 
     Args:
+        target: the target's sizes (default :data:`DEFAULT_TARGET`).
         config: the plan config before the drafter (strategy, budget, overlong...); its cost is replaced by
             the drafter's unless ``cost`` is given (a measured one).
         loss_mask: the samples' loss masks, concatenated: exact anchor counts per sample. Else
@@ -290,4 +295,12 @@ def report(setup: DrafterSetup) -> dict:
     }
 
 
-__all__ = ["DrafterSetup", "TargetShape", "drafter_setup", "estimated_valid", "fused_layers", "report"]
+__all__ = [
+    "DEFAULT_TARGET",
+    "DrafterSetup",
+    "TargetShape",
+    "drafter_setup",
+    "estimated_valid",
+    "fused_layers",
+    "report",
+]

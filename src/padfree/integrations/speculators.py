@@ -42,6 +42,7 @@ from padfree.core.planner import make_plan
 from padfree.drafter import methods, recipes
 from padfree.drafter.feed import AnchorChoice, ShapeSet, trainer_kwargs
 from padfree.drafter.recipes import Recipe
+from padfree.drafter.setup import drafter_setup
 from padfree.errors import ConfigError, InputError
 from padfree.integrations._common import (
     BatchInfo,
@@ -49,7 +50,6 @@ from padfree.integrations._common import (
     PlannedBatch,
     check_rank,
     doc_anchors,
-    drafter_cost,
 )
 
 __all__ = [
@@ -161,7 +161,9 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
         self.lengths = validate_lengths(np.asarray(lengths).reshape(-1))  # one line for NaN, 0, 2.5...
         anchored = [m.name for m in methods.METHODS.values() if m.uses_anchors == (anchors is not None)]
         self.recipe = _recipe(anchored[0], recipe)
-        base = config or PlanConfig(strategy="packed", cost=drafter_cost(self.recipe))
+        base = (
+            config or drafter_setup(self.recipe, PlanConfig(strategy="packed"), lengths=self.lengths).config
+        )
         if not base.packed:
             raise ConfigError(
                 f"speculators trains one packed row per rank: use strategy packed (got {base.strategy})"
