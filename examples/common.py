@@ -10,10 +10,17 @@ from pathlib import Path
 import numpy as np
 
 from padfree import STRATEGIES, PlanConfig
-from padfree.commands.common import COUNT, NUMERIC, Bounded, OneLineParser
-from padfree.commands.lengths import add_data_arguments, assistant_path, format_options
 from padfree.core.config import OVERLONG
 from padfree.errors import PadfreeError, one_line
+from padfree.options import (
+    COUNT,
+    NUMERIC,
+    Bounded,
+    OneLineParser,
+    add_data_arguments,
+    assistant_path,
+    format_options,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 """Real chat, math, code and document samples and a 32K SentencePiece tokenizer, vendored in the repo."""

@@ -60,9 +60,9 @@ from common import (
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from padfree.commands.common import COUNT, WARM, Bounded
 from padfree.errors import PadfreeError, StateError, one_line
 from padfree.models import build_model
+from padfree.options import COUNT, WARM, Bounded
 from padfree.testing import seenlog
 from padfree.torch import (
     PackCollator,

@@ -60,13 +60,6 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from train import add_run_args, resume_from, setup_distributed, train_loop
 
-from padfree.commands.common import (
-    NUMERIC,
-    Bounded,
-    add_recipe_arguments,
-    check_device,
-    recipe_from_args,
-)
 from padfree.drafter import memory as drafter_memory
 from padfree.drafter.collate import DrafterCollator
 from padfree.drafter.export import (
@@ -88,6 +81,13 @@ from padfree.drafter.target import (
 )
 from padfree.drafter.train import build_models, loss_sums, token_counts
 from padfree.errors import ConfigError, PadfreeError
+from padfree.options import (
+    NUMERIC,
+    Bounded,
+    add_recipe_arguments,
+    check_device,
+    recipe_from_args,
+)
 from padfree.torch import PlanBatchSampler, PlannedDataset, all_reduce_sum, step_loss, sync_unless
 from padfree.torch.checkpoint import CheckpointDir
 from padfree.torch.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun

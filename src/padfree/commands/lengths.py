@@ -8,6 +8,7 @@ from pathlib import Path
 
 from padfree.commands.common import Bounded, check_input, check_output, writing
 from padfree.errors import ConfigError
+from padfree.options import add_data_arguments, assistant_path, format_options  # noqa: F401
 
 WORKERS = Bounded(int, 1, 256)
 
@@ -16,52 +17,6 @@ HELP = (
     "tokenize a dataset (.jsonl[.gz], .parquet, datasets folders; several files, globs, folders) and write "
     "per-sample token counts (.npy) plus loss-bearing counts beside them"
 )
-
-
-def add_data_arguments(p: argparse.ArgumentParser) -> None:
-    """The record-format options, shared with the training examples."""
-    from padfree.data.reading import MODES
-
-    p.add_argument(
-        "--format",
-        default="auto",
-        choices=MODES,
-        help="record format (default: detected per file from its first record or its columns)",
-    )
-    kind = p.add_mutually_exclusive_group()
-    kind.add_argument("--field", default=None, help="every record is a document in this field (e.g. text)")
-    kind.add_argument(
-        "--messages", default=None, help="every record is a chat in this field (list of {role, content})"
-    )
-    p.add_argument(
-        "--field-map",
-        action="append",
-        default=[],
-        metavar="KEY=NAME",
-        help="read field KEY under another NAME, e.g. conversations=dialog, from=speaker (repeatable)",
-    )
-    p.add_argument("--split", default=None, help="the split of a DatasetDict folder (save_to_disk)")
-    p.add_argument(
-        "--chat-template",
-        action="store_true",
-        help="render chats with the tokenizer's chat template (transformers folder); default rule: "
-        "[BOS] + role\\ncontent\\n + [EOS] per message",
-    )
-
-
-def format_options(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
-    """``(mode, field names)`` from the options of :func:`add_data_arguments`."""
-    from padfree.data.formats import parse_field_map
-    from padfree.data.reading import field_map
-
-    mode, field = args.format, None
-    for flag, forced in (("field", "text"), ("messages", "messages")):
-        value = getattr(args, flag)
-        if value:
-            if mode not in ("auto", forced):
-                raise ConfigError(f"--{flag} reads {forced} records; it contradicts --format {mode}")
-            mode, field = forced, value
-    return mode, field_map(mode, field, parse_field_map(args.field_map))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -94,11 +49,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-
-
-def assistant_path(out: Path) -> Path:
-    """``lengths.npy`` -> ``lengths.assistant.npy``."""
-    return out.with_name(out.name[: -len(".npy")] + ".assistant.npy")
 
 
 def run(args: argparse.Namespace) -> int:

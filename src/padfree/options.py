@@ -1,0 +1,272 @@
+"""The command-line option types and option groups that padfree's commands and a user's own training
+scripts share (the examples build their parsers from these): one-line usage errors, bounded numbers with their
+stated ranges (docs/errors.md lists them), the device check, the record-format options and the drafter recipe
+options, made from :data:`padfree.drafter.recipes.FIELDS`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from padfree.core.config import MAX_BUCKETS, MAX_BUDGET, MAX_MIX, MAX_RANKS, MAX_SEED, MAX_SHARD
+from padfree.errors import ConfigError, one_line
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr (no usage block) and exit code 2, as
+    every padfree error is: the CLI and the examples parse with it."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {one_line(message)}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+class Bounded:
+    """An argparse ``type=``: an integer (``kind=int``) or a finite number (``kind=float``) from ``lo`` to
+    ``hi`` (``lo`` excluded when ``above``). Anything else is a one-line usage error, exit 2:
+    ``padfree plan: error: argument --budget: must be an integer from 1 to 16777216 (got '0')``.
+
+    >>> Bounded(int, 1, 8)("3"), Bounded(float, 1, 2, above=True).range
+    (3, 'a number > 1 and <= 2')
+    """
+
+    def __init__(self, kind: type, lo: float, hi: float, *, above: bool = False) -> None:
+        self.kind, self.lo, self.hi, self.above = kind, lo, hi, above
+        self.__name__ = self.range  # argparse names the type in some messages
+
+    @property
+    def range(self) -> str:
+        if self.kind is int:
+            return f"an integer from {self.lo} to {self.hi}"
+        return f"a number {'>' if self.above else '>='} {self.lo:g} and <= {self.hi:g}"
+
+    def __call__(self, text: str) -> int | float:
+        try:
+            value = self.kind(text)
+        except (ValueError, OverflowError):
+            value = None
+        ok = value is not None and (
+            (value > self.lo if self.above else value >= self.lo)
+            and value <= self.hi
+            and (self.kind is int or math.isfinite(value))
+        )
+        if not ok:
+            raise argparse.ArgumentTypeError(f"must be {self.range} (got {text[:40]!r})")
+        return value
+
+    def __repr__(self) -> str:
+        return f"Bounded({self.range})"
+
+
+def bounded_list(text: str, kind: Bounded, option: str, most: int = 32) -> tuple:
+    """Up to ``most`` comma-separated values, each in ``kind``'s range (else a one-line ConfigError)."""
+    parts = [v.strip() for v in text.split(",") if v.strip()]
+    if not parts or len(parts) > most:
+        raise ConfigError(f"{option} takes 1 to {most} comma-separated values (got {len(parts)})")
+    try:
+        return tuple(kind(v) for v in parts)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"{option}: each value {exc}") from None
+
+
+def check_device(text: str | None, option: str = "--device") -> str:
+    """The torch device ``text`` names, checked on this machine before any work (``None``: ``cuda`` when
+    there is one, else ``cpu``): a name torch does not know, a device type padfree does not run on (``meta``,
+    ``mps``...) or a CUDA device this machine lacks is one :class:`ConfigError` line naming ``option``."""
+    import torch
+
+    if text is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError, TypeError):
+        raise ConfigError(f"{option} {text[:40]!r}: not a device name (cpu, cuda or cuda:N)") from None
+    if dev.type == "cpu":
+        return text
+    if dev.type != "cuda":
+        raise ConfigError(f"{option} {text}: padfree runs on cpu or cuda, not on {dev.type} devices")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ConfigError(f"{option} {text}: no CUDA device on this machine (use --device cpu)")
+    if dev.index is not None and dev.index >= count:
+        raise ConfigError(
+            f"{option} {text}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+        )
+    return text
+
+
+BUDGET = Bounded(int, 1, MAX_BUDGET)
+RANKS = Bounded(int, 1, MAX_RANKS)
+GROWTH = Bounded(float, 1, 1e9, above=True)
+BUCKETS = Bounded(int, 1, MAX_BUCKETS)
+MIX = Bounded(int, 1, MAX_MIX)
+SEED = Bounded(int, 0, MAX_SEED)
+THREADS = Bounded(int, 1, 1024)
+COUNT = Bounded(int, 1, 10**6)  # timed steps, repeats, samples
+WARM = Bounded(int, 0, 10**6)  # untimed steps
+VOCAB = Bounded(int, 2, 2**24)
+BLOCK = Bounded(int, 2, 1024)  # DFlash block size
+TTT = Bounded(int, 1, 64)  # EAGLE-3 test-time-training steps
+ANCHORS = Bounded(int, 1, 2**31 - 1)
+WIDTH = Bounded(int, 1, 2**20)
+LAYERS = Bounded(int, 1, 4096)
+BYTES = Bounded(int, 1, 16)
+SHARD = Bounded(int, 1, MAX_SHARD)  # SP / CP degrees
+
+NUMERIC: dict[str, Bounded] = {
+    "--budget": BUDGET,
+    "--world-size": RANKS,
+    "--grad-accum": RANKS,
+    "--gpus": RANKS,
+    "--growth": GROWTH,
+    "--buckets": BUCKETS,
+    "--sp": SHARD,
+    "--cp": SHARD,
+    "--mix": MIX,
+    "--seed": SEED,
+    "--epoch": SEED,
+    "--threads": THREADS,
+    "--repeats": COUNT,
+    "--steps": COUNT,
+    "--warmup": WARM,
+    "--vocab": VOCAB,
+    "--vocab-size": VOCAB,
+    "--block-size": BLOCK,
+    "--ttt": TTT,
+    "--max-anchors": ANCHORS,
+    "--anchor-budget": ANCHORS,
+    "--target-hidden": WIDTH,
+    "--target-layers": LAYERS,
+    "--cache-layers": LAYERS,
+    "--cache-bytes": BYTES,
+    "--draft-layers": LAYERS,
+}
+"""The range of each numeric option that more than one command defines, or that a command shares with the
+plan options: one name, one range, in every command (docs/errors.md lists them)."""
+
+
+def add_number(
+    p: argparse._ActionsContainer, flag: str, default: int | float | None, help_: str | None = None
+) -> None:
+    """Add the numeric option ``flag`` with its range from :data:`NUMERIC`.
+
+    >>> p = argparse.ArgumentParser()
+    >>> add_number(p, "--seed", 0, "seed (default 0)")
+    >>> p.parse_args(["--seed", "7"]).seed
+    7
+    """
+    p.add_argument(flag, type=NUMERIC[flag], default=default, help=help_)
+
+
+# ----- records -------------------------------------------------------------------------------------------
+def add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """The record-format options, shared with the training examples."""
+    from padfree.data.reading import MODES
+
+    p.add_argument(
+        "--format",
+        default="auto",
+        choices=MODES,
+        help="record format (default: detected per file from its first record or its columns)",
+    )
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--field", default=None, help="every record is a document in this field (e.g. text)")
+    kind.add_argument(
+        "--messages", default=None, help="every record is a chat in this field (list of {role, content})"
+    )
+    p.add_argument(
+        "--field-map",
+        action="append",
+        default=[],
+        metavar="KEY=NAME",
+        help="read field KEY under another NAME, e.g. conversations=dialog, from=speaker (repeatable)",
+    )
+    p.add_argument("--split", default=None, help="the split of a DatasetDict folder (save_to_disk)")
+    p.add_argument(
+        "--chat-template",
+        action="store_true",
+        help="render chats with the tokenizer's chat template (transformers folder); default rule: "
+        "[BOS] + role\\ncontent\\n + [EOS] per message",
+    )
+
+
+def format_options(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+    """``(mode, field names)`` from the options of :func:`add_data_arguments`."""
+    from padfree.data.formats import parse_field_map
+    from padfree.data.reading import field_map
+
+    mode, field = args.format, None
+    for flag, forced in (("field", "text"), ("messages", "messages")):
+        value = getattr(args, flag)
+        if value:
+            if mode not in ("auto", forced):
+                raise ConfigError(f"--{flag} reads {forced} records; it contradicts --format {mode}")
+            mode, field = forced, value
+    return mode, field_map(mode, field, parse_field_map(args.field_map))
+
+
+def assistant_path(out: Path) -> Path:
+    """``lengths.npy`` -> ``lengths.assistant.npy``."""
+    return out.with_name(out.name[: -len(".npy")] + ".assistant.npy")
+
+
+# ----- drafter recipes -------------------------------------------------------------------------------------
+def _optional_int(kind: Bounded):
+    """An argparse type: ``kind``, or ``none`` for no value (a recipe field that may be off)."""
+
+    def parse(text: str) -> int | float | str:
+        return "none" if text.strip().lower() == "none" else kind(text)
+
+    parse.__name__ = f"{kind.range} or none"
+    return parse
+
+
+def _yes_no(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("yes", "true", "on", "1"):
+        return True
+    if t in ("no", "false", "off", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"must be yes or no (got {text[:40]!r})")
+
+
+def add_recipe_arguments(p: argparse.ArgumentParser) -> None:
+    """``--recipe`` and one option per recipe field (:class:`padfree.drafter.recipes.Recipe`), each left unset
+    (``None``: the recipe's own value) unless given: ``--recipe speculators --block-size 8``."""
+    from padfree.drafter import recipes
+
+    g = p.add_argument_group("drafter recipe (default: the recipe's own value for every field)")
+    g.add_argument(
+        "--recipe",
+        choices=list(recipes.NAMES),
+        default=recipes.DEFAULT,
+        help=f"the published recipe to train as (default {recipes.DEFAULT}; docs/drafters.md)",
+    )
+    for name, rule in recipes.FIELDS.items():
+        flag = "--" + name.replace("_", "-")
+        if rule.kind == "choice":
+            g.add_argument(flag, choices=list(rule.choices), default=None, help=rule.help)
+        elif rule.kind == "bool":
+            g.add_argument(flag, type=_yes_no, default=None, metavar="yes|no", help=rule.help)
+        else:  # a number: one range for the option and the recipe (NUMERIC's where other commands share it)
+            kind = NUMERIC.get(flag) or Bounded(int if rule.kind == "int" else float, rule.lo, rule.hi,
+                                                above=rule.above)  # fmt: skip
+            g.add_argument(
+                flag, type=_optional_int(kind) if rule.optional else kind, default=None, help=rule.help
+            )
+
+
+def recipe_from_args(args: argparse.Namespace, method: str):
+    """The recipe ``--recipe`` names for ``method`` with every given field option applied (``none`` turns an
+    optional field off)."""
+    from padfree.drafter import recipes
+
+    changes = {k: getattr(args, k, None) for k in recipes.FIELDS}
+    base = recipes.get(args.recipe, method)
+    off = {k: None for k, v in changes.items() if v == "none"}
+    changed = recipes.override(base, **{k: v for k, v in changes.items() if v != "none"})
+    return dataclasses.replace(changed, **off) if off else changed  # type: ignore[arg-type]
