@@ -5,8 +5,8 @@ Your target:      python examples/train_drafter.py --target my_model/ --data cha
 Several ranks:    torchrun --nproc_per_node 2 examples/train_drafter.py --method eagle3 --grad-accum 2
 Kill and resume:  add --checkpoint-dir ckpt --checkpoint-every 5, then rerun with --resume (any world size)
 
-What it does (the data, plan, checkpoint, resume, seen-log and SIGTERM machinery is ``train.py``'s own:
-``train_loop``, ``add_run_args``, ``resume_from``, ``save``):
+What it does (the data, plan, checkpoint, resume, seen-log and SIGTERM machinery is the library's, as in
+``train.py``: :mod:`padfree.torch.loop`'s ``train_loop``, ``add_run_args``, ``resume_from``):
 - the target: ``--target DIR``, a local transformers causal-LM folder (config, safetensors weights,
   tokenizer: what ``save_pretrained`` writes; nothing is downloaded), loaded in ``--dtype`` on ``--device``,
   its tokenizer tokenizing the data; without it a tiny Llama with random weights, the data's token ids folded
@@ -58,7 +58,6 @@ from common import (
 )
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
-from train import add_run_args, resume_from, setup_distributed, train_loop
 
 from padfree.drafter import memory as drafter_memory
 from padfree.drafter.collate import DrafterCollator
@@ -91,7 +90,7 @@ from padfree.options import (
 from padfree.torch import PlanBatchSampler, PlannedDataset, all_reduce_sum, step_loss, sync_unless
 from padfree.torch.checkpoint import CheckpointDir
 from padfree.torch.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
-from padfree.torch.loop import run_id
+from padfree.torch.loop import add_run_args, resume_from, run_id, setup_distributed, train_loop
 
 IDENTITY = ("method", "draft_layers", "vocab_size", "target", "mask_token_id")
 """The options a drafter checkpoint is bound to besides its recipe's fields (a resume under others is refused,
@@ -202,14 +201,9 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     target, samples, lengths, loss_tokens = load_target_and_data(args)
     recipe = recipe_from_args(args, args.method)
     models = build_models(
-        args.method,
-        vocab=args.vocab_size,
-        seed=args.seed,
-        recipe=recipe,
-        target=target,
-        draft_layers=args.draft_layers,
-        counts=token_counts(samples, args.vocab_size),
-    )
+        args.method, vocab=args.vocab_size, seed=args.seed, recipe=recipe, target=target,
+        draft_layers=args.draft_layers, counts=token_counts(samples, args.vocab_size),
+    )  # fmt: skip
     options = {k: getattr(args, k) for k in IDENTITY} | {"target": args.target or "tiny"}
     # the options that bound the plan, by their own names (not the plan fields they set)
     options |= {"--memory-gb": args.memory_gb, "--anchor-budget": args.anchor_budget}
@@ -221,19 +215,17 @@ def train(args, rank, world, device, ckpt, stop) -> int:
         check_exportable(extra[META_KEY], fmt, format_option="--export-format", verifier_option=None)
     mask = np.concatenate([np.asarray(s["loss_mask"], bool) for s in samples])
     setup = drafter_setup(
-        recipe,
-        plan_config(args),
-        target=TargetShape.of_config(models.target.config),
-        lengths=lengths,
-        loss_mask=mask,
-        memory_gb=args.memory_gb,
-        anchor_budget=args.anchor_budget,
+        recipe, plan_config(args), target=TargetShape.of_config(models.target.config), lengths=lengths,
+        loss_mask=mask, memory_gb=args.memory_gb, anchor_budget=args.anchor_budget,
         draft_layers=args.draft_layers,
-    )
+    )  # fmt: skip
     setup.check_fit(lengths)
-    line = overlong_line(lengths, setup.cut, args.overlong, setup.limit_line())
-    if line:
-        log(line)
+    for line in (
+        overlong_line(lengths, setup.cut, args.overlong, setup.limit_line()),
+        unsupervised_line(mask, lengths, setup.cut, args.overlong),
+    ):
+        if line:
+            log(line)
     sampler = PlanBatchSampler(
         lengths, setup.config, loss_tokens=loss_tokens, anchors=setup.anchors, balance=args.balance,
         balance_every=args.balance_every,
@@ -243,12 +235,6 @@ def train(args, rank, world, device, ckpt, stop) -> int:
         args.method, recipe=recipe, seed=args.seed, layout=layout, mask_token_id=args.mask_token_id
     )
     loader = DataLoader(PlannedDataset(samples), batch_sampler=sampler, collate_fn=collate)
-    lost = unsupervised_after_cut(mask, lengths, setup.cut) if args.overlong == "truncate" else 0
-    if lost:
-        log(
-            f"{lost} of {len(samples)} samples keep no supervised token after --overlong {args.overlong} at "
-            f"{setup.cut} tokens: they are planned and trained with no loss"
-        )
     models.target.to(device)
     drafter = models.drafter.to(device)
     params = models.trainable()
@@ -376,6 +362,17 @@ class AnchorLog:
 def export_protects(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     """The folders ``--export-dir`` must not be nor lie in: the target and the checkpoint folder."""
     return [("the --target folder", args.target), ("the --checkpoint-dir folder", args.checkpoint_dir)]
+
+
+def unsupervised_line(mask: np.ndarray, lengths: np.ndarray, cut: int, overlong: str) -> str | None:
+    """What ``--overlong truncate`` at ``cut`` tokens leaves unsupervised, in one line (``None``: nothing)."""
+    lost = unsupervised_after_cut(mask, lengths, cut) if overlong == "truncate" else 0
+    if not lost:
+        return None
+    return (
+        f"{lost} of {len(lengths)} samples keep no supervised token after --overlong {overlong} at {cut} "
+        "tokens: they are planned and trained with no loss"
+    )
 
 
 def unsupervised_after_cut(mask: np.ndarray, lengths: np.ndarray, budget: int) -> int:
