@@ -96,3 +96,16 @@ def test_nothing_reaches_outside_the_repository() -> None:
             text = path.read_text()
             for needle in needles:
                 assert needle not in text or path == Path(__file__), f"{path.relative_to(ROOT)}: {needle}"
+
+
+def test_examples_import_the_library_not_the_commands() -> None:
+    """The examples are copyable recipes: they import padfree's library (``padfree.options`` for their
+    options, ``padfree.torch.loop`` for the epochs), never the CLI's ``padfree.commands``."""
+    bad = []
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            bad += [f"{path.name}: {n}" for n in names if n.startswith("padfree.commands")]
+    assert bad == []
