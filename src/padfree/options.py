@@ -253,8 +253,10 @@ def add_recipe_arguments(p: argparse.ArgumentParser) -> None:
         elif rule.kind == "bool":
             g.add_argument(flag, type=_yes_no, default=None, metavar="yes|no", help=rule.help)
         else:  # a number: one range for the option and the recipe (NUMERIC's where other commands share it)
-            kind = NUMERIC.get(flag) or Bounded(int if rule.kind == "int" else float, rule.lo, rule.hi,
-                                                above=rule.above)  # fmt: skip
+            lo, hi = rule.cli_range
+            kind = NUMERIC.get(flag) or Bounded(
+                int if rule.kind == "int" else float, lo, hi, above=rule.above
+            )
             g.add_argument(
                 flag, type=_optional_int(kind) if rule.optional else kind, default=None, help=rule.help
             )

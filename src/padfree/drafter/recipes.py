@@ -137,6 +137,8 @@ class FieldRule:
         kind: ``int``, ``float`` (finite), ``choice`` (one of ``choices``) or ``bool`` (``yes``/``no`` on the
             command line). lo, hi, above: the range of a number (``lo`` excluded when ``above``).
         optional: ``None`` (``none`` on the command line) is allowed too. help: the option's help.
+        cli_lo, cli_hi: the command line's narrower range, where it has one (a recipe built in Python may go
+            beyond what an option offers).
     """
 
     kind: str
@@ -146,6 +148,16 @@ class FieldRule:
     optional: bool = False
     choices: tuple[str, ...] = ()
     help: str | None = None
+    cli_lo: float | None = None
+    cli_hi: float | None = None
+
+    @property
+    def cli_range(self) -> tuple[float, float]:
+        """The range the command-line option takes."""
+        return (
+            self.lo if self.cli_lo is None else self.cli_lo,
+            self.hi if self.cli_hi is None else self.cli_hi,
+        )
 
     def error(self, name: str, value: object) -> str | None:
         """Why ``value`` cannot be field ``name`` (``None``: it can)."""
@@ -157,7 +169,11 @@ class FieldRule:
             return None
         ok = False
         if self.kind == "int":
-            what = f"an integer from {self.lo:g} to {self.hi:g}"
+            what = (
+                f"an integer >= {self.lo:g}"
+                if math.isinf(self.hi)
+                else f"an integer from {self.lo:g} to {self.hi:g}"
+            )
             if isinstance(value, int) and not isinstance(value, bool):
                 ok = self.lo <= value <= self.hi
         else:
@@ -168,12 +184,12 @@ class FieldRule:
 
 
 FIELDS: dict[str, FieldRule] = {
-    "block_size": FieldRule("int", 2, 1024, help="DFlash block size"),
-    "max_anchors": FieldRule("int", 1, 2**31 - 1, help="DFlash anchors per document at most"),
-    "ttt": FieldRule("int", 1, 64, help="EAGLE-3 test-time-training steps"),
+    "block_size": FieldRule("int", 2, help="DFlash block size", cli_hi=1024),
+    "max_anchors": FieldRule("int", 1, help="DFlash anchors per document at most", cli_hi=2**31 - 1),
+    "ttt": FieldRule("int", 1, help="EAGLE-3 test-time-training steps", cli_hi=64),
     "anchor_density": FieldRule("float", 0, 1, above=True, help="anchors per valid position before the cap"),
     "anchor_eligibility": FieldRule("choice", choices=("pair", "self")),
-    "anchor_margin": FieldRule("int", 0, 1024),
+    "anchor_margin": FieldRule("int", 0, cli_hi=1024),
     "objective": FieldRule("choice", choices=OBJECTIVES),
     "slot_weights": FieldRule("choice", choices=SLOT_WEIGHTS),
     "normalization": FieldRule("choice", choices=NORMALIZATIONS),
@@ -185,11 +201,13 @@ FIELDS: dict[str, FieldRule] = {
     "dpace_alpha": FieldRule("float", 0, 1, above=True),
     "step_decay": FieldRule("float", 0, 1, above=True, help="EAGLE-3 step weight"),
     "loss_gate": FieldRule("int", 0, 2, help="EAGLE-3 gate loss_mask[t+k+GATE]"),
-    "fused_layers": FieldRule("int", 1, 4096, help="target layers the drafter fuses"),
-    "sliding_window": FieldRule("int", 1, 2**20, optional=True, help="DFlash context window"),
+    "fused_layers": FieldRule("int", 1, help="target layers the drafter fuses", cli_hi=4096),
+    "sliding_window": FieldRule("int", 1, optional=True, help="DFlash context window", cli_hi=2**20),
     "causal_in_block": FieldRule("bool"),
     "noise": FieldRule("float", 0, 1e3, help="uniform noise on target states"),
-    "draft_vocab": FieldRule("int", 2, 2**24, optional=True, help="EAGLE-3 draft vocabulary"),
+    "draft_vocab": FieldRule(
+        "int", 1, optional=True, help="EAGLE-3 draft vocabulary", cli_lo=2, cli_hi=2**24
+    ),
     "head_trainable": FieldRule("bool"),
     "norm_before_fc": FieldRule("bool"),
 }
