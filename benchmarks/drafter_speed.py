@@ -41,10 +41,11 @@ from lab.drafter import (
     supervised_after_first,
 )
 from padfree.bench.machine import machine_info
-from padfree.core.config import CostModel
+from padfree.core.config import CostModel, PlanConfig
 from padfree.drafter import recipes
-from padfree.drafter.methods import METHODS, cost_model
+from padfree.drafter.methods import METHODS
 from padfree.drafter.recipes import Recipe
+from padfree.drafter.setup import TargetShape, drafter_setup
 
 SHARED = Path("/work/shared")
 CHAT = ["self_instruct_t0", "hh_rlhf_harmless_test", "gsm8k", "gpteacher_codegen",
@@ -129,9 +130,8 @@ def recipe_of(args: argparse.Namespace, method: str) -> Recipe:
 def method_cost(recipe: Recipe, *, hidden: int, layers: int, vocab: int) -> CostModel:
     """The drafter cost model of ``recipe``'s method for a target of these sizes (the recipe's block size, ttt
     and draft vocabulary, where it is smaller than the target's)."""
-    dv = recipe.draft_vocab if recipe.draft_vocab is not None and recipe.draft_vocab < vocab else None
-    return cost_model(recipe.method, block_size=recipe.block_size, ttt=recipe.ttt, hidden=hidden,
-                      layers=layers, vocab=vocab, draft_vocab=dv)  # fmt: skip
+    target = TargetShape.common(hidden=hidden, layers=layers, vocab=vocab)
+    return drafter_setup(recipe, PlanConfig(), target=target, lengths=np.zeros(0, np.int64)).cost
 
 
 def anchor_budget(args: argparse.Namespace, recipe: Recipe, budget: int) -> int | None:

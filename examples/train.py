@@ -40,10 +40,6 @@ What it does, top to bottom:
 from __future__ import annotations
 
 import argparse
-import os
-import time
-import uuid
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -61,17 +57,13 @@ from common import (
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from padfree.core.fingerprint import explain
-from padfree.errors import PadfreeError, StateError, one_line
+from padfree.errors import PadfreeError
 from padfree.models import build_model
-from padfree.options import COUNT, WARM, Bounded
-from padfree.testing import seenlog
 from padfree.torch import (
     PackCollator,
     PadCollator,
     PlanBatchSampler,
     PlannedDataset,
-    all_reduce_sum,
     global_loss_tokens,
     step_loss,
     sync_unless,
@@ -81,7 +73,8 @@ from padfree.torch.attention import attention_implementation
 from padfree.torch.checkpoint import CheckpointDir
 from padfree.torch.chunked import run_step
 from padfree.torch.leak_probe import require_exact_packing
-from padfree.torch.lifecycle import EXIT_STOPPED, StopOnSignal, die_with_parent, launched_by_torchrun
+from padfree.torch.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
+from padfree.torch.loop import add_run_args, resume_from, run_id, setup_distributed, train_loop
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -89,58 +82,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_data_and_model_args(p, chunked=True)
     add_run_args(p)
     return p.parse_args(argv)
-
-
-def add_run_args(p: argparse.ArgumentParser) -> None:
-    """Steps, clipping, checkpoints, resume, the seen-log, the log and rank balancing (``train_loop``'s)."""
-    p.add_argument(
-        "--max-steps", type=COUNT, default=None, help="stop after this many optimizer steps in all"
-    )
-    p.add_argument("--clip", type=Bounded(float, 0, 1e9), default=1.0, help="gradient norm clip (0: off)")
-    p.add_argument("--checkpoint-dir", default=None)
-    p.add_argument(
-        "--checkpoint-every", type=WARM, default=0, help="steps between checkpoints (0: only at the end)"
-    )
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if any")
-    p.add_argument("--seen-log", default=None, help="append one JSON line per consumed sample")
-    p.add_argument("--log-every", type=COUNT, default=10)
-    p.add_argument(
-        "--balance", default="static", choices=["static", "dynamic"],
-        help="dynamic: balance ranks from measured micro-batch times (PlanBatchSampler(balance=...))",
-    )  # fmt: skip
-    p.add_argument("--balance-every", type=COUNT, default=4, help="steps between timing exchanges (dynamic)")
-
-
-# ----- distributed and checkpoints ------------------------------------------------------------------------
-def setup_distributed() -> tuple[int, int, torch.device]:
-    """Join the process group when launched by torchrun (nccl on GPU, gloo on CPU); else one process."""
-    cuda = torch.cuda.is_available()
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return 0, 1, torch.device("cuda" if cuda else "cpu")
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo")
-    return dist.get_rank(), dist.get_world_size(), device
-
-
-def shared_run_id(rank: int, world: int) -> str:
-    """One id per launch, the same on every rank."""
-    run = [f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}" if rank == 0 else None]
-    if world > 1:
-        dist.broadcast_object_list(run, src=0)
-    return run[0]
-
-
-def steps_of(loader):
-    """Group a rank's micro-batches into optimizer steps (``info.last`` closes a step)."""
-    group = []
-    for batch in loader:
-        group.append(batch)
-        if batch.info.last:
-            yield group
-            group = []
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -171,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSignal) -> int:
     log = print if rank == 0 else (lambda *a, **k: None)
-    run = shared_run_id(rank, world)
+    run = run_id(rank, world)
     if ckpt is not None:
         ckpt.acquire(run)  # before any step: a second run on the directory is refused here
 
@@ -248,131 +189,6 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     dropped = dropped_samples(lengths, reach, args.overlong)
     return train_loop(
         args, rank, device, ckpt, stop, run, parts, count, micro_step, step=step, dropped=dropped
-    )
-
-
-def resume_from(state: dict, ckpt: CheckpointDir, model, optimizer, sampler, saved=None, now=None) -> int:
-    """Load a checkpoint into the model, optimizer and sampler; returns its step. A checkpoint written under
-    another configuration is one line naming what differs: the plan's fields, and ``saved`` vs ``now`` (a
-    model's own options, e.g. the drafter's) where given."""
-    why = explain(saved, now or {}) if saved is not None else None
-    # which field differs, if any
-    why = why or explain(state["sampler"].get("identity"), sampler.identity, sampler=True)
-    if saved is not None and explain(saved, now or {}):
-        raise StateError(
-            f"{one_line(state['path'])}: the checkpoint belongs to another configuration ({why}); "
-            "resume with the options it was written with, or start this run in another --checkpoint-dir"
-        )
-    ckpt.check_fingerprints(state["sampler"].get("fingerprint"), sampler.fingerprint, why)
-    try:  # every rank loads the same file: all fail alike, rank 0 says it
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
-        raise StateError(
-            f"{one_line(state['path'])}: the checkpoint's model or optimizer does not fit this run "
-            f"({type(exc).__name__}: {one_line(str(exc))[:200]}); resume with the model options it was "
-            "written with, or start this run in another --checkpoint-dir"
-        ) from None
-    sampler.load_state_dict(state["sampler"])
-    return int(state["step"])
-
-
-def train_loop(
-    args,
-    rank,
-    device,
-    ckpt,
-    stop,
-    run,
-    parts,
-    count,
-    micro_step,
-    *,
-    step=0,
-    after_step=None,
-    extra=None,
-    dropped=(),
-) -> int:
-    """The epochs: optimizer steps of ``micro_step(micro_batches, step_count) -> (loss_sum, tokens)`` with the
-    loss normalized by ``count(micro_batches)`` (the step's loss-bearing positions on all ranks), gradient
-    clipping, the seen-log, SIGTERM, checkpoints and the log; shared with ``train_drafter.py``.
-    ``parts`` are ``(sampler, loader, model, optimizer)``; ``after_step(micro_batches, run, epoch, step)``
-    runs after each optimizer step (before any checkpoint of it); ``extra`` goes into every checkpoint;
-    ``dropped``: the samples the plan leaves out on purpose (``--overlong drop``), said once in the seen-log
-    so its check does not count them lost."""
-    log = print if rank == 0 else (lambda *a, **k: None)
-    sampler, loader, model, optimizer = parts
-    if args.seen_log:
-        Path(args.seen_log).parent.mkdir(parents=True, exist_ok=True)
-    seen = os.open(args.seen_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.seen_log else None
-    if seen is not None and rank == 0:
-        seenlog.append_dropped(seen, run, dropped)
-    t_last, tokens_since, done = time.perf_counter(), 0, False
-    t_train = t_last
-    for epoch in range(sampler.epoch, args.epochs):
-        sampler.set_epoch(epoch)
-        for micro_batches in steps_of(loader):
-            step_tokens = count(micro_batches)
-            loss_sum, tokens = micro_step(micro_batches, step_tokens)
-            tokens_since += tokens
-            if args.clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-
-            if seen is not None:
-                ids = [i for b in micro_batches for i in b.info.indices]
-                if sampler.config.chunked:  # a document once, not once per chunk
-                    ids = [i for b in micro_batches for i, s in zip(b.info.indices, b.info.starts) if s == 0]
-                seenlog.append(seen, run, epoch, step - 1, rank, ids)
-            if after_step is not None:
-                after_step(micro_batches, run, epoch, step - 1)
-            if stop.agreed(device):
-                if ckpt is not None:
-                    save(ckpt, step, model, optimizer, sampler, extra)
-                log(f"stopped by {stop.received or 'a signal on another rank'} after step {step}")
-                return EXIT_STOPPED
-            if ckpt is not None and args.checkpoint_every and step % args.checkpoint_every == 0:
-                save(ckpt, step, model, optimizer, sampler, extra)
-            last = (args.max_steps is not None and step >= args.max_steps) or (
-                epoch == args.epochs - 1 and sampler.step >= sampler.steps_in_epoch
-            )
-            if step % args.log_every == 0 or last:  # the last step's loss is said even in a short run
-                totals = all_reduce_sum(
-                    torch.stack([loss_sum.double().cpu(), torch.tensor(float(tokens_since))]), device
-                )
-                dt = time.perf_counter() - t_last
-                log(
-                    f"epoch {epoch} step {step} ({sampler.step}/{sampler.steps_in_epoch}) "
-                    f"loss {totals[0].item() / max(step_tokens, 1):.4f} tokens/s {totals[1].item() / dt:,.0f}"
-                )
-                t_last, tokens_since = time.perf_counter(), 0
-            if args.max_steps is not None and step >= args.max_steps:
-                done = True
-                break
-        if done:
-            break
-    if ckpt is not None:
-        save(ckpt, step, model, optimizer, sampler, extra)
-    log(f"finished at step {step}, epoch {sampler.epoch} ({sampler.step}/{sampler.steps_in_epoch} steps)")
-    log(f"sampler after {time.perf_counter() - t_train:.1f} s of training: {sampler.balance_stats()}")
-    if seen is not None:
-        os.close(seen)
-    return 0
-
-
-def save(ckpt: CheckpointDir, step, model, optimizer, sampler, extra=None) -> None:
-    """Rank 0 saves once every rank has logged the step (the seen-log never lags a checkpoint)."""
-    ckpt.save(
-        step,
-        lambda: {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "sampler": sampler.state_dict(),
-            "step": step,
-            **(extra or {}),
-        },
     )
 
 

@@ -5,8 +5,8 @@ Your target:      python examples/train_drafter.py --target my_model/ --data cha
 Several ranks:    torchrun --nproc_per_node 2 examples/train_drafter.py --method eagle3 --grad-accum 2
 Kill and resume:  add --checkpoint-dir ckpt --checkpoint-every 5, then rerun with --resume (any world size)
 
-What it does (the data, plan, checkpoint, resume, seen-log and SIGTERM machinery is ``train.py``'s own:
-``train_loop``, ``add_run_args``, ``resume_from``, ``save``):
+What it does (the data, plan, checkpoint, resume, seen-log and SIGTERM machinery is the library's, as in
+``train.py``: :mod:`padfree.torch.loop`'s ``train_loop``, ``add_run_args``, ``resume_from``):
 - the target: ``--target DIR``, a local transformers causal-LM folder (config, safetensors weights,
   tokenizer: what ``save_pretrained`` writes; nothing is downloaded), loaded in ``--dtype`` on ``--device``,
   its tokenizer tokenizing the data; without it a tiny Llama with random weights, the data's token ids folded
@@ -16,7 +16,8 @@ What it does (the data, plan, checkpoint, resume, seen-log and SIGTERM machinery
 - a method with anchors (DFlash) counts each sample's anchors (:func:`padfree.core.anchors.anchor_counts`:
   the policy's quota from the loss mask alone) and gives them to :class:`padfree.torch.PlanBatchSampler`
   (``anchors=``), which keeps every micro-batch within ``--anchor-budget`` draft blocks (if set) and balances
-  ranks by the method's cost model (:func:`padfree.drafter.methods.cost_model`). Anchors themselves are chosen
+  ranks by the method's cost model; plan config, anchors, cost, memory bound and the expected peak are one
+  :func:`padfree.drafter.setup.drafter_setup`. Anchors themselves are chosen
   per document from ``(seed, epoch, sample id)`` by the collator, the same whatever the packing, rank or
   resume. Samples that keep no supervised token after ``--overlong truncate`` are counted and said.
 - target and drafter come from :func:`padfree.drafter.train.build_models`; every micro-batch the frozen target
@@ -31,7 +32,7 @@ What it does (the data, plan, checkpoint, resume, seen-log and SIGTERM machinery
   ``{"run", "epoch", "step", "rank", "index", "anchors"}``, for the kill/resume check that every sample
   trains with the same anchors (``tests/testing/test_train_drafter.py``).
 - a checkpoint records the drafter's options (resuming under others is one line naming them) and what
-  export needs (:func:`padfree.drafter.export.export_meta`): ``padfree export-drafter CKPT --format
+  export needs (:func:`padfree.drafter.export.checkpoint_extra`): ``padfree export-drafter CKPT --format
   dflash|speculators --out DIR`` writes a folder a server loads; ``--export-dir DIR`` does it at the end of
   training.
 """
@@ -39,7 +40,6 @@ What it does (the data, plan, checkpoint, resume, seen-log and SIGTERM machinery
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -58,13 +58,7 @@ from common import (
 )
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
-from train import add_run_args, resume_from, setup_distributed, shared_run_id, train_loop
 
-from padfree.core.anchors import anchor_counts
-from padfree.core.budget import Budget
-from padfree.core.cost import micro_shapes
-from padfree.core.items import make_items
-from padfree.core.planner import make_plan
 from padfree.drafter import memory as drafter_memory
 from padfree.drafter.collate import DrafterCollator
 from padfree.drafter.export import (
@@ -72,12 +66,11 @@ from padfree.drafter.export import (
     META_KEY,
     check_export_dir,
     check_exportable,
-    default_format,
+    checkpoint_extra,
     export_drafter,
-    export_meta,
 )
-from padfree.drafter.methods import METHODS, cost_model
-from padfree.drafter.recipes import check_drafts
+from padfree.drafter.methods import METHODS
+from padfree.drafter.setup import TargetShape, drafter_setup
 from padfree.drafter.target import (
     DTYPES,
     check_target_folder,
@@ -85,12 +78,19 @@ from padfree.drafter.target import (
     default_mask_token,
     load_target,
 )
-from padfree.drafter.train import TINY_TARGET, build_models, loss_sums, memory_model, token_counts
+from padfree.drafter.train import build_models, loss_sums, token_counts
 from padfree.errors import ConfigError, PadfreeError
-from padfree.options import NUMERIC, Bounded, add_recipe_arguments, check_device, recipe_from_args
+from padfree.options import (
+    NUMERIC,
+    Bounded,
+    add_recipe_arguments,
+    check_device,
+    recipe_from_args,
+)
 from padfree.torch import PlanBatchSampler, PlannedDataset, all_reduce_sum, step_loss, sync_unless
 from padfree.torch.checkpoint import CheckpointDir
 from padfree.torch.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
+from padfree.torch.loop import add_run_args, resume_from, run_id, setup_distributed, train_loop
 
 IDENTITY = ("method", "draft_layers", "vocab_size", "target", "mask_token_id")
 """The options a drafter checkpoint is bound to besides its recipe's fields (a resume under others is refused,
@@ -193,13 +193,107 @@ def main(argv: list[str] | None = None) -> int:
 
 def train(args, rank, world, device, ckpt, stop) -> int:
     log = print if rank == 0 else (lambda *a, **k: None)
-    run = shared_run_id(rank, world)
+    run = run_id(rank, world)
     if ckpt is not None:
         ckpt.acquire(run)
-    target = None
-    given_mask = args.mask_token_id is not None
     if args.export_dir:  # before any work: a bad output must not cost a finished run
         check_export_dir(args.export_dir, protect=export_protects(args))
+    target, samples, lengths, loss_tokens = load_target_and_data(args)
+    recipe = recipe_from_args(args, args.method)
+    models = build_models(
+        args.method, vocab=args.vocab_size, seed=args.seed, recipe=recipe, target=target,
+        draft_layers=args.draft_layers, counts=token_counts(samples, args.vocab_size),
+    )  # fmt: skip
+    options = {k: getattr(args, k) for k in IDENTITY} | {"target": args.target or "tiny"}
+    # the options that bound the plan, by their own names (not the plan fields they set)
+    options |= {"--memory-gb": args.memory_gb, "--anchor-budget": args.anchor_budget}
+    extra = checkpoint_extra(
+        models, mask_token_id=args.mask_token_id, target_path=args.target, options=options
+    )
+    fmt = args.export_format or models.method.export_format
+    if args.export_dir:
+        check_exportable(extra[META_KEY], fmt, format_option="--export-format", verifier_option=None)
+    mask = np.concatenate([np.asarray(s["loss_mask"], bool) for s in samples])
+    setup = drafter_setup(
+        recipe, plan_config(args), target=TargetShape.of_config(models.target.config), lengths=lengths,
+        loss_mask=mask, memory_gb=args.memory_gb, anchor_budget=args.anchor_budget,
+        draft_layers=args.draft_layers,
+    )  # fmt: skip
+    setup.check_fit(lengths)
+    for line in (
+        overlong_line(lengths, setup.cut, args.overlong, setup.limit_line()),
+        unsupervised_line(mask, lengths, setup.cut, args.overlong),
+    ):
+        if line:
+            log(line)
+    sampler = PlanBatchSampler(
+        lengths, setup.config, loss_tokens=loss_tokens, anchors=setup.anchors, balance=args.balance,
+        balance_every=args.balance_every,
+    )  # fmt: skip
+    layout = "packed" if setup.config.packed else "padded"
+    collate = DrafterCollator(
+        args.method, recipe=recipe, seed=args.seed, layout=layout, mask_token_id=args.mask_token_id
+    )
+    loader = DataLoader(PlannedDataset(samples), batch_sampler=sampler, collate_fn=collate)
+    models.target.to(device)
+    drafter = models.drafter.to(device)
+    params = models.trainable()
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    step = 0
+    state = ckpt.resume(device) if ckpt is not None and args.resume else None
+    if state is not None:
+        step = resume_from(
+            state, ckpt, drafter, optimizer, sampler, state.get("drafter", {}), extra["drafter"]
+        )
+        log(f"resumed from {state['path']} at step {step}, epoch {sampler.epoch}, world size {world}")
+        del state
+    if rank == 0:  # the plan the sampler made (planned once: the run trains this very plan)
+        log(setup.peak_line(sampler.plan, drafter_memory.resident_bytes()))
+    step_loss_module = DraftLoss(models)
+    ddp = DistributedDataParallel(step_loss_module) if world > 1 else step_loss_module
+    log(
+        f"run {run}: {args.method}, {recipe.describe()}, {len(samples)} samples, "
+        f"{int(lengths.sum())} tokens, {sum(p.numel() for p in params) / 1e6:.2f}M drafter params, "
+        f"{args.strategy} budget {args.budget}, world {world} x grad_accum {args.grad_accum}"
+    )
+
+    def count(micro_batches) -> float:
+        """The step's loss denominator on all ranks, as the recipe counts it (every rank calls it once per
+        step, before any forward)."""
+        return float(all_reduce_sum(sum(mb.denominator for mb in micro_batches), device).item())
+
+    def micro_step(micro_batches, denominator):
+        loss_sum = torch.zeros((), device=device)
+        for mb in micro_batches:
+            with sync_unless(ddp, mb.info.last), sampler.timed(ddp):
+                num, _ = ddp(mb)
+                total = num.sum()
+                step_loss(total, denominator, world).backward()
+            loss_sum += total.detach()
+        return loss_sum, sum(mb.positions for mb in micro_batches)
+
+    parts = (sampler, loader, drafter, optimizer)
+    with AnchorLog(args.anchor_log if setup.anchors is not None else None, rank) as anchor_log:
+        code = train_loop(
+            args, rank, device, ckpt, stop, run, parts, count, micro_step, step=step, after_step=anchor_log,
+            extra=extra, dropped=dropped_samples(lengths, setup.cut, args.overlong),
+        )  # fmt: skip
+    log(
+        f"peak memory {drafter_memory.peak_resident_bytes() / 2**30:.2f} GiB (this process's high-water mark)"
+    )
+    if code == 0 and args.export_dir and rank == 0:
+        state = {k: v.detach().cpu() for k, v in drafter.state_dict().items()}
+        out = export_drafter(state, extra[META_KEY], fmt, args.export_dir, protect=export_protects(args))
+        log(f"exported the drafter in {fmt} format to {out}")
+    return code
+
+
+def load_target_and_data(args):
+    """The target (``--target``'s folder, or ``None``: the tiny random one), and the data tokenized by its
+    tokenizer (token ids folded modulo ``--vocab-size`` for the tiny target); sets ``args.vocab_size``,
+    ``args.mask_token_id`` and ``args.target`` (resolved) from the target."""
+    target = None
+    given_mask = args.mask_token_id is not None
     if args.target is not None:
         args.tokenizer = str(check_target_folder(args.target))
         check_target_tokenizer(args.target)  # its tokenizer is its model's, before any option is blamed
@@ -224,189 +318,45 @@ def train(args, rank, world, device, ckpt, stop) -> int:
                 f"{args.target}: its tokenizer gives token id {int(s['input_ids'].max())}, outside the "
                 f"model's vocabulary of {args.vocab_size} (a tokenizer of another model?)"
             )
-    recipe = recipe_from_args(args, args.method)
-    tcfg = target.config if target is not None else None
-    shape = {
-        "hidden": tcfg.hidden_size if tcfg is not None else TINY_TARGET["hidden_size"],
-        "layers": tcfg.num_hidden_layers if tcfg is not None else TINY_TARGET["num_hidden_layers"],
-    }
-    models = build_models(
-        args.method,
-        vocab=args.vocab_size,
-        seed=args.seed,
-        recipe=recipe,
-        target=target,
-        draft_layers=args.draft_layers,
-        counts=token_counts(samples, args.vocab_size),
-    )
-    spec = models.method
-    meta = export_meta(models, mask_token_id=args.mask_token_id, target_path=args.target)
-    fmt = args.export_format or default_format(spec.name)
-    if args.export_dir:
-        check_exportable(meta, fmt, format_option="--export-format", verifier_option=None)
-    mask = np.concatenate([np.asarray(s["loss_mask"], bool) for s in samples])
-    offsets = np.concatenate(([0], np.cumsum(lengths)))
-    anchors = anchor_counts(mask, offsets, recipe.anchor_policy()) if spec.uses_anchors else None
-    check_drafts(recipe, anchors, lengths, int(mask.sum()))  # a run that drafts nothing trains zeros
-    cost = cost_model(spec.name, **shape, vocab=args.vocab_size, block_size=recipe.block_size, ttt=recipe.ttt)
-    config = plan_config(args).with_(
-        cost=cost, anchor_budget=args.anchor_budget if spec.uses_anchors else None
-    )
-    memory = memory_model(models)
-    if args.memory_gb is not None:
-        config = memory_bound(config, memory, args.memory_gb * 2**30, spec.uses_anchors, recipe.ttt)
-    cut = Budget.of(config).item  # where the plan cuts a sample: the budget, or less under --memory-gb
-    limit = None
-    if cut < args.budget:
-        limit = (
-            f"{cut} tokens, the longest document whose attention fits --memory-gb {args.memory_gb:g} "
-            f"({memory.source}; a row still holds up to --budget {args.budget} tokens)"
-        )
-        if args.overlong == "error" and int(lengths.max()) > cut:
-            raise ConfigError(
-                f"--memory-gb {args.memory_gb:g}: {int((lengths > cut).sum())} of {len(samples)} samples are "
-                f"longer than {limit}; raise --memory-gb, or choose --overlong truncate, split or drop"
-            )
-    if anchors is not None and config.anchor_budget is not None:  # as the plan will cut them
-        pieces = make_items(lengths, cut, args.overlong, anchors=anchors)
-        assert pieces.anchors is not None
-        if int(pieces.anchors.max()) > config.anchor_budget:
-            k = int(np.argmax(pieces.anchors))
-            n = config.anchor_budget
-            by = f"--anchor-budget {args.anchor_budget}; raise it, or lower --max-anchors"
-            if args.anchor_budget is None or n < args.anchor_budget:
-                by = (
-                    f"the {n} --memory-gb {args.memory_gb:g} leaves room for ({memory.source}); --memory-gb "
-                    f"{args.memory_gb:g} allows {n} draft blocks per micro-batch of --budget {args.budget} "
-                    f"tokens: pass --max-anchors {n}, raise --memory-gb or lower --budget"
-                )
-            raise ConfigError(
-                f"sample {int(pieces.sample_ids()[k])} has {int(pieces.anchors[k])} draft blocks (anchors) "
-                f"in its first {cut} tokens, more than a micro-batch may hold: {by}"
-            )
-    line = overlong_line(lengths, cut, args.overlong, limit)
-    if line:
-        log(line)
-    sampler = PlanBatchSampler(
-        lengths,
-        config,
-        loss_tokens=loss_tokens,
-        anchors=anchors,
-        balance=args.balance,
-        balance_every=args.balance_every,
-    )
-    layout = "packed" if config.packed else "padded"
-    collate = DrafterCollator(
-        args.method, recipe=recipe, seed=args.seed, layout=layout, mask_token_id=args.mask_token_id
-    )
-    loader = DataLoader(PlannedDataset(samples), batch_sampler=sampler, collate_fn=collate)
-    lost = unsupervised_after_cut(mask, offsets, cut) if args.overlong == "truncate" else 0
-    if lost:
-        log(
-            f"{lost} of {len(samples)} samples keep no supervised token after --overlong {args.overlong} at "
-            f"{cut} tokens: they are planned and trained with no loss"
-        )
+    return target, samples, lengths, loss_tokens
 
-    plan = make_plan(lengths, config.with_(world_size=world), sampler.epoch, anchors=anchors)
-    heaviest = float(
-        memory.micro_bytes(micro_shapes(plan.lengths, plan.offsets, plan.config.packed, plan.anchors)).max()
-    )
-    models.target.to(device)
-    drafter = models.drafter.to(device)
-    params = models.trainable()
-    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-    identity = {**{k: getattr(args, k) for k in IDENTITY}, "target": args.target or "tiny"}
-    identity.update(dataclasses.asdict(recipe))
-    identity.pop("source")
-    # the options that bound the plan, by their own names (the plan's fields they set, anchor_budget and
-    # attn_budget, are not what the user typed)
-    identity.update({"--memory-gb": args.memory_gb, "--anchor-budget": args.anchor_budget})
-    step = 0
-    state = ckpt.resume(device) if ckpt is not None and args.resume else None
-    if state is not None:
-        step = resume_from(state, ckpt, drafter, optimizer, sampler, state.get("drafter", {}), identity)
-        log(f"resumed from {state['path']} at step {step}, epoch {sampler.epoch}, world size {world}")
-        del state
-    if rank == 0:
-        base = drafter_memory.resident_bytes()
-        log(
-            f"expected peak memory {(base + heaviest) / 2**30:.2f} GiB: this process {base / 2**30:.2f} GiB "
-            f"+ its heaviest micro-batch {heaviest / 2**30:.2f} GiB ({memory.source})"
-        )
-    step_loss_module = DraftLoss(models)
-    ddp = DistributedDataParallel(step_loss_module) if world > 1 else step_loss_module
-    log(
-        f"run {run}: {args.method}, {recipe.describe()}, {len(samples)} samples, "
-        f"{int(lengths.sum())} tokens, {sum(p.numel() for p in params) / 1e6:.2f}M drafter params, "
-        f"{args.strategy} budget {args.budget}, world {world} x grad_accum {args.grad_accum}"
-    )
 
-    def count(micro_batches) -> float:
-        """The step's loss denominator on all ranks, as the recipe counts it (every rank calls it once per
-        step, before any forward)."""
-        return float(all_reduce_sum(sum(mb.denominator for mb in micro_batches), device).item())
+class AnchorLog:
+    """``--anchor-log FILE``: every trained sample's anchors, one JSON line per sample and step (``None``:
+    no log), written after each optimizer step (``train_loop``'s ``after_step``)."""
 
-    def micro_step(micro_batches, denominator):
-        loss_sum = torch.zeros((), device=device)
-        for mb in micro_batches:
-            with sync_unless(ddp, mb.info.last), sampler.timed(ddp):
-                num, _ = ddp(mb)
-                total = num.sum()
-                step_loss(total, denominator, world).backward()
-            loss_sum += total.detach()
-        return loss_sum, sum(mb.positions for mb in micro_batches)
+    def __init__(self, path: str | None, rank: int) -> None:
+        self.path, self.rank, self.fd = path, rank, None
 
-    anchor_fd = None
-    if args.anchor_log and spec.uses_anchors:
-        Path(args.anchor_log).parent.mkdir(parents=True, exist_ok=True)
-        anchor_fd = os.open(args.anchor_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    def __enter__(self) -> AnchorLog:
+        if self.path:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        return self
 
-    def log_anchors(micro_batches, run_id, epoch, at_step) -> None:
-        if anchor_fd is None:
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+    def __call__(self, micro_batches, run_id, epoch, at_step) -> None:
+        if self.fd is None:
             return
-        lines = []
-        for mb in micro_batches:
-            for sid, a in zip(mb.info.indices, mb.anchors_by_doc(), strict=True):
-                rec = {
+        lines = [
+            json.dumps(
+                {
                     "run": run_id,
                     "epoch": epoch,
                     "step": at_step,
-                    "rank": rank,
+                    "rank": self.rank,
                     "index": sid,
                     "anchors": a,
                 }
-                lines.append(json.dumps(rec))
+            )  # fmt: skip
+            for mb in micro_batches
+            for sid, a in zip(mb.info.indices, mb.anchors_by_doc(), strict=True)
+        ]
         if lines:
-            os.write(anchor_fd, ("\n" + "\n".join(lines) + "\n").encode())
-
-    try:
-        parts = (sampler, loader, drafter, optimizer)
-        dropped = dropped_samples(lengths, cut, args.overlong)
-        code = train_loop(
-            args,
-            rank,
-            device,
-            ckpt,
-            stop,
-            run,
-            parts,
-            count,
-            micro_step,
-            step=step,
-            after_step=log_anchors,
-            extra={"drafter": identity, META_KEY: meta},
-            dropped=dropped,
-        )
-        peak = drafter_memory.peak_resident_bytes()
-        log(f"peak memory {peak / 2**30:.2f} GiB (this process's high-water mark)")
-    finally:
-        if anchor_fd is not None:
-            os.close(anchor_fd)
-    if code == 0 and args.export_dir and rank == 0:
-        state = {k: v.detach().cpu() for k, v in drafter.state_dict().items()}
-        out = export_drafter(state, meta, fmt, args.export_dir, protect=export_protects(args))
-        log(f"exported the drafter in {fmt} format to {out}")
-    return code
+            os.write(self.fd, ("\n" + "\n".join(lines) + "\n").encode())
 
 
 def export_protects(args: argparse.Namespace) -> list[tuple[str, str | None]]:
@@ -414,28 +364,25 @@ def export_protects(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     return [("the --target folder", args.target), ("the --checkpoint-dir folder", args.checkpoint_dir)]
 
 
-def memory_bound(config, memory, limit: float, uses_anchors: bool, ttt: int):
-    """``config`` with its micro-batches' draft blocks (or EAGLE-3 attention) bounded so the heaviest takes at
-    most ``limit`` bytes of activations by ``memory``."""
-    if uses_anchors:
-        by_memory = drafter_memory.anchor_budget(memory, limit, config.budget)
-        return config.with_(anchor_budget=min(config.anchor_budget or by_memory, by_memory))
-    # padfree's EAGLE-3 drafter attends document by document on a packed row (memory.micro_bytes prices it
-    # so): the bound is per document there, not one T x T over the row (which cut rows far below --budget)
-    return config.with_(
-        attn_budget=drafter_memory.attention_budget(memory, limit, config.budget),
-        attn_extra=ttt - 1,
-        attn_per_document=config.packed,
+def unsupervised_line(mask: np.ndarray, lengths: np.ndarray, cut: int, overlong: str) -> str | None:
+    """What ``--overlong truncate`` at ``cut`` tokens leaves unsupervised, in one line (``None``: nothing)."""
+    lost = unsupervised_after_cut(mask, lengths, cut) if overlong == "truncate" else 0
+    if not lost:
+        return None
+    return (
+        f"{lost} of {len(lengths)} samples keep no supervised token after --overlong {overlong} at {cut} "
+        "tokens: they are planned and trained with no loss"
     )
 
 
-def unsupervised_after_cut(mask: np.ndarray, offsets: np.ndarray, budget: int) -> int:
-    """Samples (``mask[offsets[i]:offsets[i + 1]]`` their loss masks) with supervised tokens that keep none in
-    their first ``budget`` tokens, what ``--overlong truncate`` trains.
+def unsupervised_after_cut(mask: np.ndarray, lengths: np.ndarray, budget: int) -> int:
+    """Samples (of ``lengths``, ``mask`` their loss masks concatenated) with supervised tokens that keep none
+    in their first ``budget`` tokens, what ``--overlong truncate`` trains.
 
-    >>> unsupervised_after_cut(np.array([0, 0, 1, 1, 0, 0, 0]), np.array([0, 3, 4, 7]), 2)
+    >>> unsupervised_after_cut(np.array([0, 0, 1, 1, 0, 0, 0]), np.array([3, 1, 3]), 2)
     1
     """
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
     cs = np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))
     start, end = offsets[:-1], offsets[1:]
     head = cs[np.minimum(start + budget, end)] - cs[start]

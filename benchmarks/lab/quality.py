@@ -604,11 +604,11 @@ def run_job(job: Job) -> dict:
     trained, acceptance length (and per prompt), and why it was taken (``mark`` or ``epoch``)."""
     import torch
 
-    from padfree.core.anchors import anchor_counts
+    from padfree.core.config import PlanConfig
     from padfree.drafter import recipes
     from padfree.drafter.collate import DrafterCollator
     from padfree.drafter.export import default_format, export_models
-    from padfree.drafter.methods import cost_model
+    from padfree.drafter.setup import TargetShape, drafter_setup
     from padfree.drafter.target import default_mask_token, load_target
     from padfree.drafter.train import build_models, loss_sums, token_counts
 
@@ -648,23 +648,15 @@ def run_job(job: Job) -> dict:
     opt = torch.optim.AdamW(params, lr=job.lr, weight_decay=0.0)
     lengths = np.array([min(len(s["input_ids"]), job.budget) for s in samples], np.int64)
     spec = models.method
-    anchors = None
-    if spec.uses_anchors:
-        mask = np.concatenate([s["loss_mask"] for s in samples])
-        anchors = anchor_counts(
-            mask,
-            np.concatenate(([0], np.cumsum([len(s["input_ids"]) for s in samples]))),
-            recipe.anchor_policy(),
-        )
-    cfg = target.config
-    cost = cost_model(
-        spec.name,
-        hidden=cfg.hidden_size,
-        layers=cfg.num_hidden_layers,
-        vocab=vocab,
-        block_size=recipe.block_size,
-        ttt=recipe.ttt,
+    setup = drafter_setup(
+        recipe,
+        PlanConfig(strategy="packed", budget=job.budget, seed=job.seed, overlong="truncate"),
+        target=TargetShape.of_config(target.config),
+        lengths=np.array([len(s["input_ids"]) for s in samples], np.int64),
+        loss_mask=np.concatenate([s["loss_mask"] for s in samples]),
+        draft_layers=job.draft_layers,
     )
+    anchors, cost = setup.anchors, setup.cost
     padding = spec.load().field_padding
     fmt = default_format(spec.name)
     work = Path(job.workdir)

@@ -237,52 +237,20 @@ def add_recipe_arguments(p: argparse.ArgumentParser) -> None:
         default=recipes.DEFAULT,
         help=f"the published recipe to train as (default {recipes.DEFAULT}; docs/drafters.md)",
     )
-    add_number(g, "--block-size", None, "DFlash block size")
-    add_number(g, "--max-anchors", None, "DFlash anchors per document at most")
-    add_number(g, "--ttt", None, "EAGLE-3 test-time-training steps")
-    g.add_argument("--anchor-density", type=Bounded(float, 0, 1, above=True), default=None,
-                   help="anchors per valid position before the cap")  # fmt: skip
-    g.add_argument("--anchor-eligibility", choices=["pair", "self"], default=None)
-    g.add_argument("--anchor-margin", type=Bounded(int, 0, 1024), default=None)
-    for name, choices in (
-        ("objective", recipes.OBJECTIVES),
-        ("slot-weights", recipes.SLOT_WEIGHTS),
-        ("normalization", recipes.NORMALIZATIONS),
-        ("layer-rule", ("spread", "low_mid_high")),
-        ("out-of-vocab", ("drop", "keep")),
-        ("head-init", ("random", "target")),
-        ("fed-state", ("prenorm", "postnorm")),
-    ):
-        g.add_argument(f"--{name}", choices=list(choices), default=None)
-    g.add_argument(
-        "--gamma", type=Bounded(float, 0, 1e9, above=True), default=None, help="DFlash exp slot decay"
-    )
-    g.add_argument("--dpace-alpha", type=Bounded(float, 0, 1, above=True), default=None)
-    g.add_argument(
-        "--step-decay", type=Bounded(float, 0, 1, above=True), default=None, help="EAGLE-3 step weight"
-    )
-    g.add_argument(
-        "--loss-gate", type=Bounded(int, 0, 2), default=None, help="EAGLE-3 gate loss_mask[t+k+GATE]"
-    )
-    g.add_argument("--fused-layers", type=LAYERS, default=None, help="target layers the drafter fuses")
-    g.add_argument("--sliding-window", type=_optional_int(WIDTH), default=None, help="DFlash context window")
-    g.add_argument("--causal-in-block", type=_yes_no, default=None, metavar="yes|no")
-    g.add_argument(
-        "--noise", type=Bounded(float, 0, 1e3), default=None, help="uniform noise on target states"
-    )
-    g.add_argument("--draft-vocab", type=_optional_int(VOCAB), default=None, help="EAGLE-3 draft vocabulary")
-    g.add_argument("--head-trainable", type=_yes_no, default=None, metavar="yes|no")
-    g.add_argument("--norm-before-fc", type=_yes_no, default=None, metavar="yes|no")
-
-
-RECIPE_FIELDS = (
-    "block_size", "max_anchors", "ttt", "anchor_density", "anchor_eligibility", "anchor_margin", "objective",
-    "slot_weights", "normalization", "layer_rule", "out_of_vocab", "head_init", "fed_state", "gamma",
-    "dpace_alpha", "step_decay", "loss_gate", "fused_layers", "sliding_window", "causal_in_block", "noise",
-    "draft_vocab", "head_trainable", "norm_before_fc",
-)  # fmt: skip
-"""The recipe fields :func:`add_recipe_arguments` adds an option for (``--block-size`` sets
-``block_size``)."""
+    for name, rule in recipes.FIELDS.items():
+        flag = "--" + name.replace("_", "-")
+        if rule.kind == "choice":
+            g.add_argument(flag, choices=list(rule.choices), default=None, help=rule.help)
+        elif rule.kind == "bool":
+            g.add_argument(flag, type=_yes_no, default=None, metavar="yes|no", help=rule.help)
+        else:  # a number: one range for the option and the recipe (NUMERIC's where other commands share it)
+            lo, hi = rule.cli_range
+            kind = NUMERIC.get(flag) or Bounded(
+                int if rule.kind == "int" else float, lo, hi, above=rule.above
+            )
+            g.add_argument(
+                flag, type=_optional_int(kind) if rule.optional else kind, default=None, help=rule.help
+            )
 
 
 def recipe_from_args(args: argparse.Namespace, method: str):
@@ -290,7 +258,7 @@ def recipe_from_args(args: argparse.Namespace, method: str):
     optional field off)."""
     from padfree.drafter import recipes
 
-    changes = {k: getattr(args, k, None) for k in RECIPE_FIELDS}
+    changes = {k: getattr(args, k, None) for k in recipes.FIELDS}
     base = recipes.get(args.recipe, method)
     off = {k: None for k, v in changes.items() if v == "none"}
     changed = recipes.override(base, **{k: v for k, v in changes.items() if v != "none"})

@@ -100,3 +100,28 @@ def test_drafter_weights_survive_the_state():
     t = PlanBatchSampler(lengths, cfg.with_(cost=CostModel()), rank=0, world_size=2, anchors=anchors)
     t.load_state_dict(json.loads(json.dumps(state)))
     assert t.state_dict()["balance"] == state["balance"]
+
+
+def test_the_sampler_shows_the_plan_it_hands_out_planned_once(monkeypatch):
+    """``sampler.plan`` is the plan of the epoch the sampler yields (a report of its heaviest micro-batch
+    reads it): the micro-batches of planning the epoch at this shape (before they are given to ranks),
+    kept, and not planned again when the epoch runs."""
+    from padfree.core import cursor as cursor_mod
+    from padfree.core.planner import make_plan
+
+    def micro_batches(p):
+        return sorted(tuple(sorted(p.indices[a:b].tolist())) for a, b in zip(p.offsets[:-1], p.offsets[1:]))
+
+    lengths, anchors = data(120)
+    cfg = PlanConfig(strategy="packed", budget=1024, grad_accum=2, anchor_budget=64, cost=COST)
+    sampler = PlanBatchSampler(lengths, cfg, rank=0, world_size=2, anchors=anchors, epoch=1)
+    plan = sampler.plan
+    assert micro_batches(plan) == micro_batches(
+        make_plan(lengths, cfg.with_(world_size=2), 1, anchors=anchors)
+    )
+    calls = []
+    real = cursor_mod.replay
+    monkeypatch.setattr(cursor_mod, "replay", lambda *a, **k: calls.append(1) or real(*a, **k))
+    taken = [tuple(sorted(mb)) for mb in sampler if len(mb)]
+    assert sampler.plan is plan and calls == []  # the epoch ran on the plan already made
+    assert taken and set(taken) <= set(micro_batches(plan))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -150,23 +149,20 @@ def run(args: argparse.Namespace) -> int:
 
 def drafter_setup(args: argparse.Namespace, cfg, lengths):
     """The plan config, per-sample anchors (``None`` for a method without anchors) and the report of a
-    drafter setup (``--drafter``)."""
+    drafter setup (``--drafter``): :func:`padfree.drafter.setup.drafter_setup` of the options."""
     import numpy as np
 
-    from padfree.core.anchors import anchor_quota
     from padfree.data.length_files import assistant_path, read_loss_counts
     from padfree.drafter import memory as drafter_memory
-    from padfree.drafter.methods import DrafterShape
-    from padfree.drafter.methods import get as get_method
+    from padfree.drafter import setup as drafter
     from padfree.tools.simulate import offline_cache_bytes
 
-    spec = get_method(args.drafter)
-    recipe = recipe_from_args(args, spec.name)
+    recipe = recipe_from_args(args, args.drafter)
     aux = args.assistant
     if aux is None and args.lengths is not None and assistant_path(Path(args.lengths)).exists():
         aux = assistant_path(Path(args.lengths))
     lengths = np.asarray(lengths, dtype=np.int64)
-    loss = np.maximum(lengths - 1, 0) if aux is None else read_loss_counts(aux, lengths)
+    loss = None if aux is None else read_loss_counts(aux, lengths)
     target = target_sizes(args)
     if args.cache_layers is not None and args.cache_layers > target["layers"]:
         source = "--target" if args.target is not None else "--target-layers"
@@ -174,90 +170,35 @@ def drafter_setup(args: argparse.Namespace, cfg, lengths):
             f"--cache-layers {args.cache_layers}: the target has {target['layers']} layers "
             f"({source}); a hidden-state cache keeps at most one per layer"
         )
-    anchors = None
-    if spec.uses_anchors:
-        anchors = anchor_quota(
-            estimated_valid(loss, np.minimum(lengths, cfg.budget), recipe), recipe.anchor_policy()
-        )
-    dvocab = recipe.draft_vocab if not spec.uses_anchors and recipe.draft_vocab else None
-    shape = DrafterShape(
-        hidden=target["hidden"],
-        layers=target["layers"],
-        vocab=target["vocab"],
-        draft_layers=args.draft_layers if spec.uses_anchors else 1,
-        draft_vocab=dvocab,
+    setup = drafter.drafter_setup(
+        recipe,
+        cfg,
+        target=drafter.TargetShape(**target),
+        lengths=lengths,
+        loss_counts=loss,
+        memory_gb=args.memory_gb,
+        anchor_budget=args.anchor_budget,
+        draft_layers=args.draft_layers,
+        cost=None if args.cost is None else cfg.cost,
     )
-    if args.cost is None:
-        cfg = cfg.with_(cost=spec.cost(shape, recipe.block_size, recipe.ttt))
-    memory = memory_model(spec.uses_anchors, shape, recipe, target)
-    anchor_budget = args.anchor_budget if spec.uses_anchors else None
-    if args.memory_gb is not None:
-        mem = args.memory_gb * 2**30
-        if spec.uses_anchors:
-            by_memory = drafter_memory.anchor_budget(memory, mem, cfg.budget)
-            if anchor_budget is None or anchor_budget > by_memory:  # the memory binds
-                drafter_memory.check_anchors_fit(by_memory, anchors, mem, cfg.budget)
-            anchor_budget = min(anchor_budget or by_memory, by_memory)
-        else:
-            attn = drafter_memory.attention_budget(memory, mem, cfg.budget)
-            cfg = cfg.with_(attn_budget=attn, attn_extra=recipe.ttt - 1)
-    cfg = cfg.with_(anchor_budget=anchor_budget)
+    if setup.by_memory is not None and (args.anchor_budget is None or args.anchor_budget > setup.by_memory):
+        # the memory binds: a sample with more anchors than it allows cannot be planned
+        drafter_memory.check_anchors_fit(setup.by_memory, setup.anchors, args.memory_gb * 2**30, cfg.budget)
+    cfg = setup.config
     layers = args.cache_layers if args.cache_layers is not None else recipe.fused_layers + 1
     tokens = int(np.minimum(lengths, cfg.budget).sum())
     report = {
-        "method": spec.name,
-        "recipe": recipe.name,
-        "recipe_line": recipe.describe(),
-        "title": spec.title,
-        "uses_anchors": spec.uses_anchors,
+        **drafter.report(setup),
         "tokens": tokens,
-        "draft_blocks": int(anchors.sum()) if anchors is not None else 0,
-        "anchors_per_sample": float(anchors.mean()) if anchors is not None else 0.0,
         "cache_layers": layers,
-        "hidden": target["hidden"],
         "target": str(args.target) if args.target is not None else None,
         "cache_bytes_per_value": args.cache_bytes,
         "cache_bytes": offline_cache_bytes(tokens, layers, target["hidden"], args.cache_bytes),
         "loss_counts": str(aux) if aux is not None else "every token but the first",
-        "memory_model": dataclasses.asdict(memory),
-        "memory_gb": args.memory_gb,
     }
-    return cfg, anchors, report
-
-
-def memory_model(uses_anchors: bool, shape, recipe, sizes: dict | None = None):
-    """The drafter's activation memory model for a target of ``shape`` (``sizes``: its heads, key-value heads
-    and MLP width, :func:`target_sizes`; default the common shapes: heads of 128 dimensions, a quarter as
-    many key-value heads, an intermediate 3x the hidden size; the chunked LM head over the draft
-    vocabulary)."""
-    from padfree.drafter import memory as drafter_memory
-
-    heads = max(1, shape.hidden // 128)
-    sizes = sizes or {"heads": heads, "kv_heads": max(1, heads // 4), "intermediate": 3 * shape.hidden}
-    return drafter_memory.analytic(
-        uses_anchors,
-        hidden=shape.hidden,
-        heads=sizes["heads"],
-        kv_heads=sizes["kv_heads"],
-        intermediate=sizes["intermediate"],
-        draft_layers=shape.draft_layers,
-        fused_layers=recipe.fused_layers,
-        block_size=recipe.block_size,
-        ttt=recipe.ttt,
-        vocab=shape.draft_vocab or shape.vocab,
-        objective=recipe.objective,
-    )
-
-
-def estimated_valid(loss, tokens, recipe):
-    """Valid anchor positions per sample from counts alone (no masks): its supervised tokens, less the one a
-    ``pair`` rule needs after the anchor (a supervised run's last token), within the tokens the plan keeps and
-    the recipe's end margin. Exact for one supervised run per sample (an answer after its prompt); each
-    further run costs one more position."""
-    import numpy as np
-
-    tail = np.minimum(loss, np.maximum(tokens - recipe.anchor_margin, 0))
-    return np.maximum(tail - (1 if recipe.anchor_eligibility == "pair" else 0), 0)
+    order = ("method", "recipe", "recipe_line", "title", "uses_anchors", "tokens", "draft_blocks")
+    report = {**{k: report[k] for k in order}, **report}  # the keys in the order simulate --json gave them
+    return cfg, setup.anchors, report
 
 
 def _render(result: dict, seed_mix: bool) -> None:

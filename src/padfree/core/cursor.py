@@ -330,6 +330,12 @@ class Cursor:
         return self._step_cache
 
     @property
+    def plan(self) -> Plan:
+        """The plan of the current segment of the epoch (every rank's micro-batches, before they are given to
+        ranks): the one this cursor hands out, planned once and kept."""
+        return self._plan().plan
+
+    @property
     def step(self) -> int:
         """Whole steps of the current epoch consumed so far."""
         return self._plan().before + self.history[-1].steps

@@ -403,3 +403,26 @@ class DFlashDrafter(nn.Module):
 Config = DFlashConfig
 Drafter = DFlashDrafter
 field_padding = pad_anchor_slots
+
+
+def build(
+    recipe,
+    sizes: dict,
+    *,
+    n_fused: int,
+    draft_layers: int,
+    weights: tuple[torch.Tensor, torch.Tensor],
+    vocab: VocabMap | None,
+) -> DFlashDrafter:
+    """A DFlash drafter of the target's ``sizes`` (:func:`padfree.drafter.train.drafter_sizes`) under
+    ``recipe``: ``draft_layers`` layers over ``n_fused`` fused target layers, the target's embedding and head
+    ``weights``, a draft ``vocab`` or the full one."""
+    config = DFlashConfig(
+        **sizes,
+        num_layers=draft_layers,
+        block_size=recipe.block_size,
+        n_target_layers=n_fused,
+        sliding_window=recipe.sliding_window,
+        causal_in_block=recipe.causal_in_block,
+    )
+    return DFlashDrafter(config, weights[0], weights[1], vocab=vocab)

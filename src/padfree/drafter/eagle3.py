@@ -242,3 +242,28 @@ def field_padding(batch: DrafterBatch, mask_token_id: int = 1) -> DrafterBatch:
 
 Config = Eagle3Config
 Drafter = Eagle3Drafter
+
+
+def build(
+    recipe,
+    sizes: dict,
+    *,
+    n_fused: int,
+    draft_layers: int,
+    weights: tuple[torch.Tensor, torch.Tensor],
+    vocab: VocabMap | None,
+) -> Eagle3Drafter:
+    """An EAGLE-3 drafter of the target's ``sizes`` (:func:`padfree.drafter.train.drafter_sizes`) under
+    ``recipe`` (one decoder layer over three fused target layers: ``n_fused`` and ``draft_layers`` are the
+    method's own), the target's embedding and head ``weights``, a draft ``vocab`` or the full one."""
+    config = Eagle3Config(
+        **sizes, ttt=recipe.ttt, fed_state=recipe.fed_state, norm_before_fc=recipe.norm_before_fc
+    )
+    return Eagle3Drafter(
+        config,
+        weights[0],
+        weights[1],
+        vocab=vocab,
+        head_init=recipe.head_init,
+        head_trainable=recipe.head_trainable,
+    )

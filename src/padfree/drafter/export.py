@@ -77,6 +77,18 @@ def export_meta(models: Any, *, mask_token_id: int, target_path: str | Path | No
     }
 
 
+def checkpoint_extra(
+    models: Any, *, mask_token_id: int, target_path: str | Path | None, options: dict[str, Any]
+) -> dict[str, Any]:
+    """What every checkpoint of a drafter run carries beside its model, optimizer and sampler: ``"drafter"``,
+    the options the run is bound to (``options`` and the recipe's fields: a resume under others is refused,
+    naming them), and under :data:`META_KEY` what export needs (:func:`export_meta`)."""
+    identity = {**options, **dataclasses.asdict(models.recipe)}
+    identity.pop("source")
+    meta = export_meta(models, mask_token_id=mask_token_id, target_path=target_path)
+    return {"drafter": identity, META_KEY: meta}
+
+
 def default_format(method: str) -> str:
     """The export format of a drafter method (``dflash`` -> ``dflash``, ``eagle3`` -> ``speculators``)."""
     for fmt, m in METHOD_OF_FORMAT.items():

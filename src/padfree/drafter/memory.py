@@ -111,8 +111,22 @@ class MemoryModel:
         )
 
 
-def analytic(
-    uses_anchors: bool,
+def _common(
+    hidden: int, heads: int, kv_heads: int, draft_layers: int, fused_layers: int, vocab: int, objective: str,
+    chunk_bytes: int,
+) -> tuple[float, float]:  # fmt: skip
+    """``(fixed, per token)`` bytes every method keeps: one LM-head chunk of
+    :func:`padfree.drafter.objective.chunk_positions` (its copies by ``objective``), and per token the
+    target's fused layers and final states, the fused context and its keys/values."""
+    d = hidden // heads
+    act = COPIES_ACTIVATION * FLOAT
+    chunk = max(1, chunk_bytes // (16 * max(vocab, 1))) * vocab * FLOAT  # one chunk's float32 logits
+    fixed = float(LOGIT_COPIES.get(objective, 12.0) * chunk)
+    token = FLOAT * (2 * fused_layers + 3) * hidden + act * draft_layers * (hidden + 2 * kv_heads * d)
+    return fixed, token
+
+
+def block_memory(
     *,
     hidden: int,
     heads: int,
@@ -126,20 +140,35 @@ def analytic(
     objective: str = "data_ce",
     chunk_bytes: int = 256 * 2**20,
 ) -> MemoryModel:
-    """Coefficients from the sizes of a reference drafter (float32): what it keeps per token, per DFlash block
-    and per unit of reach, per EAGLE-3 ``l x l`` score and test-time-training step; one LM-head chunk of
-    :func:`padfree.drafter.objective.chunk_positions` fixed (its copies by ``objective``)."""
+    """DFlash's coefficients from the sizes of the reference drafter (float32): per token, per block (its
+    queries through every draft layer and their in-block scores) and per unit of reach (context scores)."""
+    fixed, token = _common(hidden, heads, kv_heads, draft_layers, fused_layers, vocab, objective, chunk_bytes)
     d = hidden // heads
     act = COPIES_ACTIVATION * FLOAT
-    chunk = max(1, chunk_bytes // (16 * max(vocab, 1))) * vocab * FLOAT  # one chunk's float32 logits
-    fixed = float(LOGIT_COPIES.get(objective, 12.0) * chunk)
-    # every token: the target's fused layers and final states (kept), the fused context and its keys/values
-    token = FLOAT * (2 * fused_layers + 3) * hidden + act * draft_layers * (hidden + 2 * kv_heads * d)
-    if uses_anchors:
-        per_query = act * draft_layers * (6 * hidden + 3 * intermediate + 2 * kv_heads * d)
-        block = block_size * (per_query + COPIES_ATTENTION * FLOAT * draft_layers * heads * block_size)
-        reach = 2 * block_size * COPIES_ATTENTION * FLOAT * draft_layers * heads
-        return MemoryModel(fixed, token, block, reach, 0.0, f"analytic dflash h{hidden} B{block_size}")
+    per_query = act * draft_layers * (6 * hidden + 3 * intermediate + 2 * kv_heads * d)
+    block = block_size * (per_query + COPIES_ATTENTION * FLOAT * draft_layers * heads * block_size)
+    reach = 2 * block_size * COPIES_ATTENTION * FLOAT * draft_layers * heads
+    return MemoryModel(fixed, token, block, reach, 0.0, f"analytic dflash h{hidden} B{block_size}")
+
+
+def unrolled_memory(
+    *,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    draft_layers: int = 1,
+    fused_layers: int = 3,
+    block_size: int = 16,
+    ttt: int = 7,
+    vocab: int = 32000,
+    objective: str = "data_ce",
+    chunk_bytes: int = 256 * 2**20,
+) -> MemoryModel:
+    """EAGLE-3's coefficients from the sizes of the reference drafter (float32): per token (its ``ttt``
+    steps' projections) and per ``l x l`` score and test-time-training step."""
+    fixed, token = _common(hidden, heads, kv_heads, draft_layers, fused_layers, vocab, objective, chunk_bytes)
+    d = hidden // heads
     per_step = COPIES_STEP * FLOAT * (8 * hidden + 3 * intermediate + 2 * kv_heads * d)
     return MemoryModel(
         fixed,
@@ -149,6 +178,12 @@ def analytic(
         COPIES_STEP_ATTENTION * FLOAT * heads * ttt,
         f"analytic eagle3 h{hidden} ttt{ttt}",
     )
+
+
+def analytic(blocks: bool, **sizes) -> MemoryModel:
+    """:func:`block_memory` (``blocks``: DFlash) or :func:`unrolled_memory` (EAGLE-3) of ``sizes``; a method's
+    own coefficients are :attr:`padfree.drafter.methods.Method.memory`."""
+    return (block_memory if blocks else unrolled_memory)(**sizes)
 
 
 def fit(rows: list[dict], source: str = "fit") -> MemoryModel:

@@ -26,9 +26,15 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
 
 from padfree.core.config import CostModel
+from padfree.drafter import memory as _memory
+from padfree.drafter.memory import MemoryModel
 from padfree.errors import ConfigError
+
+if TYPE_CHECKING:
+    from padfree.drafter.recipes import Recipe
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,66 @@ class DrafterShape:
 
 
 @dataclass(frozen=True)
+class MemorySizes:
+    """The sizes a method's activation memory model reads: the target's width, the drafter's heads,
+    key-value heads and MLP width, its layers, the target layers it fuses and its LM head's vocabulary."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    draft_layers: int = 1
+    fused_layers: int = 3
+    vocab: int = 32000
+
+
+class MethodModule(Protocol):
+    """What a method's torch module provides (mypy checks the modules against it in
+    :mod:`padfree.drafter.train`): its draft queries of a micro-batch, its drafter built from a recipe and
+    the target's sizes, and the pairs a leak check counts."""
+
+    @property
+    def Fields(self) -> type: ...  # noqa: N802 (the module's class)
+
+    def fields(self, contract: Any, options: Any, *, epoch: int, leaky: bool = False) -> Any: ...
+
+    def build(
+        self,
+        recipe: Recipe,
+        sizes: dict[str, Any],
+        *,
+        n_fused: int,
+        draft_layers: int,
+        weights: tuple,
+        vocab: Any,
+    ) -> Any: ...
+
+    def crossings(self, batch: Any) -> tuple[int, Any, Any]: ...
+
+    def field_padding(self, batch: Any, mask_token_id: int = 1) -> Any: ...
+
+
+def _recipe_memory(terms: Callable[..., MemoryModel]) -> Callable[[MemorySizes, Recipe], MemoryModel]:
+    """A method's memory model from its analytic terms (:mod:`padfree.drafter.memory`) at a recipe."""
+
+    def memory(sizes: MemorySizes, recipe: Recipe) -> MemoryModel:
+        return terms(
+            hidden=sizes.hidden,
+            heads=sizes.heads,
+            kv_heads=sizes.kv_heads,
+            intermediate=sizes.intermediate,
+            draft_layers=sizes.draft_layers,
+            fused_layers=sizes.fused_layers,
+            block_size=recipe.block_size,
+            ttt=recipe.ttt,
+            vocab=sizes.vocab,
+            objective=recipe.objective,
+        )
+
+    return memory
+
+
+@dataclass(frozen=True)
 class Method:
     """One drafter method.
 
@@ -68,6 +134,10 @@ class Method:
         fused_layers: target layers fused by default (an offline hidden-state cache keeps these plus the
         last). target_layers: ``(target layers, fused layers) -> layer ids`` (decoder layer outputs, from 0).
         cost: ``(shape, block_size, ttt) -> CostModel``: FLOP-derived, in target-forward token units.
+        memory: ``(sizes, recipe) -> MemoryModel``: the activation memory of a micro-batch
+            (:mod:`padfree.drafter.memory`).
+        recipe_line: ``recipe -> str``: the recipe's values that set this method's work and loss, one line.
+        export_format: the served format a checkpoint of this method exports to by default.
     """
 
     name: str
@@ -77,9 +147,12 @@ class Method:
     unit: str
     knob: str
     cost: Callable[[DrafterShape, int, int], CostModel]
+    memory: Callable[[MemorySizes, Recipe], MemoryModel]
+    recipe_line: Callable[[Recipe], str]
+    export_format: str
 
     def load(self) -> ModuleType:
-        """The method's torch module (needs torch)."""
+        """The method's torch module (needs torch; it provides :class:`MethodModule`)."""
         return importlib.import_module(self.module)
 
     def describe(self, block_size: int, ttt: int) -> str:
@@ -181,14 +254,55 @@ LAYER_RULES: dict[str, Callable[[int, int], tuple[int, ...]]] = {
 0)."""
 
 
-METHODS: dict[str, Method] = {
-    m.name: m
-    for m in (
-        Method("dflash", "DFlash", "padfree.drafter.dflash", True, "draft blocks", "block_size", block_cost),
-        Method("eagle3", "EAGLE-3", "padfree.drafter.eagle3", False, "draft positions", "ttt", unrolled_cost),
+def block_line(r: Recipe) -> str:
+    """DFlash's recipe line: block, anchors, objective, slot weights and normalization."""
+    w = {"exp": f"exp(-(k-1)/{r.gamma:g})", "dpace": f"D-PACE a={r.dpace_alpha:g}"}.get(
+        r.slot_weights, "uniform"
     )
-}
+    return (
+        f"recipe {r.name}: block {r.block_size}, anchors min(valid, {r.max_anchors})"
+        f"{'' if r.anchor_density == 1 else f' x{r.anchor_density:g}'}, {r.objective}, slot "
+        f"weights {w}, {r.normalization} mean"
+    )
+
+
+def unrolled_line(r: Recipe) -> str:
+    """EAGLE-3's recipe line: test-time-training steps, decay, gate, objective, vocabulary, normalization."""
+    vocab = "full vocabulary" if r.draft_vocab is None else f"draft vocabulary {r.draft_vocab}"
+    return (
+        f"recipe {r.name}: ttt {r.ttt}, step decay {r.step_decay:g}, gate loss_mask[t+k+"
+        f"{r.loss_gate}], {r.objective}, {vocab}, {r.normalization} mean"
+    )
+
+
+DFLASH = Method(
+    "dflash", "DFlash", "padfree.drafter.dflash", True, "draft blocks", "block_size", block_cost,
+    _recipe_memory(_memory.block_memory), block_line, "dflash",
+)  # fmt: skip
+EAGLE3 = Method(
+    "eagle3", "EAGLE-3", "padfree.drafter.eagle3", False, "draft positions", "ttt", unrolled_cost,
+    _recipe_memory(_memory.unrolled_memory), unrolled_line, "speculators",
+)  # fmt: skip
+
+METHODS: dict[str, Method] = {}
 """Every drafter method by name (the CLI's ``--method`` / ``--drafter`` choices are its keys)."""
+
+
+def register(method: Method) -> Method:
+    """Add ``method`` to :data:`METHODS` (a third method: its module and one ``register`` call)."""
+    if method.name in METHODS and METHODS[method.name] is not method:
+        raise ConfigError(f"drafter method {method.name!r} is registered already")
+    METHODS[method.name] = method
+    return method
+
+
+def unregister(name: str) -> None:
+    """Remove a method registered by :func:`register` (tests)."""
+    METHODS.pop(name, None)
+
+
+for _m in (DFLASH, EAGLE3):
+    register(_m)
 
 
 def get(name: str) -> Method:

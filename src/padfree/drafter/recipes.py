@@ -125,72 +125,101 @@ class Recipe:
 
     def describe(self) -> str:
         """One line: the recipe and the values that set the drafter's work and its loss."""
-        if methods.get(self.method).uses_anchors:
-            w = {"exp": f"exp(-(k-1)/{self.gamma:g})", "dpace": f"D-PACE a={self.dpace_alpha:g}"}.get(
-                self.slot_weights, "uniform"
-            )
-            return (
-                f"recipe {self.name}: block {self.block_size}, anchors min(valid, {self.max_anchors})"
-                f"{'' if self.anchor_density == 1 else f' x{self.anchor_density:g}'}, {self.objective}, slot "
-                f"weights {w}, {self.normalization} mean"
-            )
-        vocab = "full vocabulary" if self.draft_vocab is None else f"draft vocabulary {self.draft_vocab}"
+        return methods.get(self.method).recipe_line(self)
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    """What values a recipe field takes: the one table (:data:`FIELDS`) that :class:`Recipe` checks and
+    the CLI's recipe options (``padfree.commands.common.add_recipe_arguments``) are made from.
+
+    Attributes:
+        kind: ``int``, ``float`` (finite), ``choice`` (one of ``choices``) or ``bool`` (``yes``/``no`` on the
+            command line). lo, hi, above: the range of a number (``lo`` excluded when ``above``).
+        optional: ``None`` (``none`` on the command line) is allowed too. help: the option's help.
+        cli_lo, cli_hi: the command line's narrower range, where it has one (a recipe built in Python may go
+            beyond what an option offers).
+    """
+
+    kind: str
+    lo: float = 0.0
+    hi: float = math.inf
+    above: bool = False
+    optional: bool = False
+    choices: tuple[str, ...] = ()
+    help: str | None = None
+    cli_lo: float | None = None
+    cli_hi: float | None = None
+
+    @property
+    def cli_range(self) -> tuple[float, float]:
+        """The range the command-line option takes."""
         return (
-            f"recipe {self.name}: ttt {self.ttt}, step decay {self.step_decay:g}, gate loss_mask[t+k+"
-            f"{self.loss_gate}], {self.objective}, {vocab}, {self.normalization} mean"
+            self.lo if self.cli_lo is None else self.cli_lo,
+            self.hi if self.cli_hi is None else self.cli_hi,
         )
 
+    def error(self, name: str, value: object) -> str | None:
+        """Why ``value`` cannot be field ``name`` (``None``: it can)."""
+        if value is None and self.optional:
+            return None
+        if self.kind == "choice":
+            return None if value in self.choices else f"{name} must be one of {', '.join(self.choices)}"
+        if self.kind == "bool":
+            return None
+        ok = False
+        if self.kind == "int":
+            what = (
+                f"an integer >= {self.lo:g}"
+                if math.isinf(self.hi)
+                else f"an integer from {self.lo:g} to {self.hi:g}"
+            )
+            if isinstance(value, int) and not isinstance(value, bool):
+                ok = self.lo <= value <= self.hi
+        else:
+            what = f"a number in {'(' if self.above else '['}{self.lo:g}, {self.hi:g}]"
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                ok = (value > self.lo if self.above else value >= self.lo) and value <= self.hi
+        return None if ok else f"{name} must be {what}{' or none' if self.optional else ''}"
 
-_CHOICES = {
-    "objective": OBJECTIVES,
-    "slot_weights": SLOT_WEIGHTS,
-    "normalization": NORMALIZATIONS,
-    "anchor_eligibility": ("pair", "self"),
-    "layer_rule": ("spread", "low_mid_high"),
-    "out_of_vocab": ("drop", "keep"),
-    "head_init": ("random", "target"),
-    "fed_state": ("prenorm", "postnorm"),
+
+FIELDS: dict[str, FieldRule] = {
+    "block_size": FieldRule("int", 2, help="DFlash block size", cli_hi=1024),
+    "max_anchors": FieldRule("int", 1, help="DFlash anchors per document at most", cli_hi=2**31 - 1),
+    "ttt": FieldRule("int", 1, help="EAGLE-3 test-time-training steps", cli_hi=64),
+    "anchor_density": FieldRule("float", 0, 1, above=True, help="anchors per valid position before the cap"),
+    "anchor_eligibility": FieldRule("choice", choices=("pair", "self")),
+    "anchor_margin": FieldRule("int", 0, cli_hi=1024),
+    "objective": FieldRule("choice", choices=OBJECTIVES),
+    "slot_weights": FieldRule("choice", choices=SLOT_WEIGHTS),
+    "normalization": FieldRule("choice", choices=NORMALIZATIONS),
+    "layer_rule": FieldRule("choice", choices=("spread", "low_mid_high")),
+    "out_of_vocab": FieldRule("choice", choices=("drop", "keep")),
+    "head_init": FieldRule("choice", choices=("random", "target")),
+    "fed_state": FieldRule("choice", choices=("prenorm", "postnorm")),
+    "gamma": FieldRule("float", 0, 1e9, above=True, help="DFlash exp slot decay"),
+    "dpace_alpha": FieldRule("float", 0, 1, above=True),
+    "step_decay": FieldRule("float", 0, 1, above=True, help="EAGLE-3 step weight"),
+    "loss_gate": FieldRule("int", 0, 2, help="EAGLE-3 gate loss_mask[t+k+GATE]"),
+    "fused_layers": FieldRule("int", 1, help="target layers the drafter fuses", cli_hi=4096),
+    "sliding_window": FieldRule("int", 1, optional=True, help="DFlash context window", cli_hi=2**20),
+    "causal_in_block": FieldRule("bool"),
+    "noise": FieldRule("float", 0, 1e3, help="uniform noise on target states"),
+    "draft_vocab": FieldRule(
+        "int", 1, optional=True, help="EAGLE-3 draft vocabulary", cli_lo=2, cli_hi=2**24
+    ),
+    "head_trainable": FieldRule("bool"),
+    "norm_before_fc": FieldRule("bool"),
 }
-_INTS = {
-    "block_size": 2,
-    "max_anchors": 1,
-    "anchor_margin": 0,
-    "fused_layers": 1,
-    "ttt": 1,
-    "loss_gate": 0,
-}
+"""Every field a user may set, in the order the CLI lists them, with the values it takes."""
 
 
 def _check(r: Recipe) -> None:
-    for name, choices in _CHOICES.items():
-        if getattr(r, name) not in choices:
-            raise ConfigError(
-                f"recipe {r.name}: {name} must be one of {', '.join(choices)} (got {getattr(r, name)!r})"
-            )
-    for name, low in _INTS.items():
-        v = getattr(r, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise ConfigError(f"recipe {r.name}: {name} must be an integer >= {low} (got {v!r})")
-    if r.loss_gate > 2:
-        raise ConfigError(f"recipe {r.name}: loss_gate must be 0, 1 or 2 (got {r.loss_gate})")
-    for name, lo, hi, above in (
-        ("anchor_density", 0.0, 1.0, True),
-        ("gamma", 0.0, 1e9, True),
-        ("dpace_alpha", 0.0, 1.0, True),
-        ("noise", 0.0, 1e3, False),
-        ("step_decay", 0.0, 1.0, True),
-    ):
-        v = getattr(r, name)
-        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-        if not ok or not (v > lo if above else v >= lo) or v > hi:
-            raise ConfigError(
-                f"recipe {r.name}: {name} must be a number in {'(' if above else '['}{lo:g}, {hi:g}] "
-                f"(got {v!r})"
-            )
-    for name in ("sliding_window", "draft_vocab"):
-        v = getattr(r, name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ConfigError(f"recipe {r.name}: {name} must be an integer >= 1 or none (got {v!r})")
+    for name, rule in FIELDS.items():
+        value = getattr(r, name)
+        why = rule.error(name, value)
+        if why:
+            raise ConfigError(f"recipe {r.name}: {why} (got {value!r})")
     if r.slot_weights == "dpace" and r.normalization in ("weighted",):
         raise ConfigError(
             f"recipe {r.name}: D-PACE weights depend on the drafter's own confidence, known only after the "

@@ -15,7 +15,7 @@ recipe's rule; its attention, fed state, head and vocabulary follow the recipe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from torch import nn
 
 from padfree.drafter import methods, recipes
 from padfree.drafter.collate import DrafterBatch
-from padfree.drafter.memory import MemoryModel, analytic
+from padfree.drafter.memory import MemoryModel
 from padfree.drafter.objective import Queries, VocabMap, document_losses, with_document_noise
 from padfree.drafter.recipes import Recipe
 from padfree.drafter.target import (
@@ -36,6 +36,12 @@ from padfree.drafter.target import (
     shared_weights,
 )
 from padfree.errors import ConfigError
+
+if TYPE_CHECKING:
+    from padfree.drafter import dflash, eagle3
+
+    _DFLASH: methods.MethodModule = dflash  # mypy checks the methods' modules against the contract
+    _EAGLE3: methods.MethodModule = eagle3
 
 
 @dataclass
@@ -147,27 +153,14 @@ def build_models(
     vmap = draft_vocab(recipe, int(cfg.vocab_size), counts)
     mod = spec.load()
     torch.manual_seed(seed)
-    if spec.uses_anchors:
-        config = mod.Config(
-            **sizes,
-            num_layers=draft_layers,
-            block_size=recipe.block_size,
-            n_target_layers=len(layers),
-            sliding_window=recipe.sliding_window,
-            causal_in_block=recipe.causal_in_block,
-        )
-        drafter = mod.Drafter(config, *shared_weights(target), vocab=vmap)
-    else:
-        config = mod.Config(
-            **sizes, ttt=recipe.ttt, fed_state=recipe.fed_state, norm_before_fc=recipe.norm_before_fc
-        )
-        drafter = mod.Drafter(
-            config,
-            *shared_weights(target),
-            vocab=vmap,
-            head_init=recipe.head_init,
-            head_trainable=recipe.head_trainable,
-        )
+    drafter = mod.build(
+        recipe,
+        sizes,
+        n_fused=len(layers),
+        draft_layers=draft_layers,
+        weights=shared_weights(target),
+        vocab=vmap,
+    )
     models = DrafterModels(spec, target, layers, drafter, lm_head(target), recipe)
     if lr is not None:
         models.optimizer = torch.optim.AdamW(models.trainable(), lr=lr, weight_decay=0.0)
@@ -175,22 +168,20 @@ def build_models(
 
 
 def memory_model(models: DrafterModels) -> MemoryModel:
-    """The activation memory model (:func:`padfree.drafter.memory.analytic`) of these models' sizes."""
+    """The activation memory model of these models' sizes (their method's
+    :attr:`~padfree.drafter.methods.Method.memory`)."""
     cfg = models.target.config
     dcfg = models.drafter.cfg
-    return analytic(
-        models.method.uses_anchors,
+    sizes = methods.MemorySizes(
         hidden=cfg.hidden_size,
         heads=dcfg.num_heads,
         kv_heads=dcfg.num_kv_heads,
         intermediate=dcfg.intermediate_size,
         draft_layers=getattr(dcfg, "num_layers", 1),
         fused_layers=len(models.layers),
-        block_size=models.recipe.block_size,
-        ttt=models.recipe.ttt,
         vocab=int(models.drafter.lm_head.weight.shape[0]),
-        objective=models.recipe.objective,
     )
+    return models.method.memory(sizes, models.recipe)
 
 
 def zero_loss(params: list[nn.Parameter]) -> torch.Tensor:

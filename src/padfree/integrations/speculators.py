@@ -41,6 +41,7 @@ from padfree.core.plan import Plan, validate_anchors
 from padfree.core.planner import make_plan
 from padfree.drafter import methods, recipes
 from padfree.drafter.recipes import Recipe
+from padfree.drafter.setup import drafter_setup
 from padfree.errors import ConfigError, InputError
 from padfree.integrations._common import (
     BatchInfo,
@@ -49,7 +50,6 @@ from padfree.integrations._common import (
     PlannedBatch,
     check_rank,
     doc_anchors,
-    drafter_cost,
     forward_hooks,
     recipe_for,
 )
@@ -158,7 +158,9 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
         self.lengths = validate_lengths(np.asarray(lengths).reshape(-1))  # one line for NaN, 0, 2.5...
         anchored = [m.name for m in methods.METHODS.values() if m.uses_anchors == (anchors is not None)]
         self.recipe = recipe_for("speculators", anchored[0], recipe)
-        base = config or PlanConfig(strategy="packed", cost=drafter_cost(self.recipe))
+        base = (
+            config or drafter_setup(self.recipe, PlanConfig(strategy="packed"), lengths=self.lengths).config
+        )
         if not base.packed:
             raise ConfigError(
                 f"speculators trains one packed row per rank: use strategy packed (got {base.strategy})"

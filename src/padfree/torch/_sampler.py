@@ -23,6 +23,7 @@ from numpy.typing import ArrayLike
 
 from padfree.core.config import PlanConfig
 from padfree.core.cursor import Cursor, EpochSource, MicroBatch, MicroInfo
+from padfree.core.plan import Plan
 from padfree.errors import ConfigError, StateError
 from padfree.torch import _dataset
 from padfree.torch._balance import DynamicBalancer
@@ -132,6 +133,13 @@ class PlanBatchSampler:
     @property
     def epoch(self) -> int:
         return self.cursor.epoch
+
+    @property
+    def plan(self) -> Plan:
+        """The plan this sampler hands out in the current epoch (since the last resume: the segment planned
+        at this world size), every rank's micro-batches: planned once and kept, so a report of the plan
+        (its heaviest micro-batch, its steps) plans nothing twice."""
+        return self.cursor.plan
 
     @property
     def step(self) -> int:

@@ -1,0 +1,115 @@
+"""A third drafter method is its module and one registry line: a toy method (an EAGLE-3 with one
+test-time-training step and its own cost, memory and recipe line), defined here only, plans through the
+drafter setup, builds through ``build_models`` and trains one micro-batch."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from padfree import PlanConfig
+from padfree.core.config import CostModel
+from padfree.drafter import eagle3, methods
+from padfree.drafter.collate import DrafterCollator
+from padfree.drafter.memory import MemoryModel
+from padfree.drafter.recipes import Recipe
+from padfree.drafter.setup import TargetShape, drafter_setup
+from padfree.drafter.train import build_models, memory_model, train_micro
+from padfree.torch import PlanBatchSampler, PlannedDataset
+
+MODULE = "padfree_test_toy_method"
+
+
+def toy_cost(shape: methods.DrafterShape, block_size: int, ttt: int) -> CostModel:
+    return CostModel(a=1.0, b=1e-3 * shape.layers, c=0.0, source=f"toy h{shape.hidden}")
+
+
+def toy_memory(sizes: methods.MemorySizes, recipe: Recipe) -> MemoryModel:
+    return MemoryModel(fixed=1.0, per_token=8.0 * sizes.hidden, per_attention=4.0 * sizes.heads, source="toy")
+
+
+def toy_module() -> types.ModuleType:
+    """The toy method's torch side: EAGLE-3's fields and drafter, built with one step whatever the recipe."""
+    mod = types.ModuleType(MODULE)
+    mod.Fields = eagle3.Fields  # type: ignore[attr-defined]
+    mod.fields = eagle3.fields  # type: ignore[attr-defined]
+    mod.crossings = eagle3.crossings  # type: ignore[attr-defined]
+    mod.field_padding = eagle3.field_padding  # type: ignore[attr-defined]
+    mod.Config, mod.Drafter = eagle3.Config, eagle3.Drafter  # type: ignore[attr-defined]
+
+    def build(recipe, sizes, *, n_fused, draft_layers, weights, vocab):
+        return eagle3.build(recipe, sizes, n_fused=n_fused, draft_layers=1, weights=weights, vocab=vocab)
+
+    mod.build = build  # type: ignore[attr-defined]
+    return mod
+
+
+@pytest.fixture
+def toy():
+    sys.modules[MODULE] = toy_module()
+    method = methods.register(
+        methods.Method(
+            "toy",
+            "Toy",
+            MODULE,
+            False,
+            "draft positions",
+            "ttt",
+            toy_cost,
+            toy_memory,
+            lambda r: f"recipe {r.name}: toy, ttt {r.ttt}",
+            "speculators",
+        )  # fmt: skip
+    )
+    try:
+        yield method
+    finally:
+        methods.unregister("toy")
+        del sys.modules[MODULE]
+
+
+def test_a_toy_third_method_plans_builds_and_trains_through_the_setup(toy):
+    recipe = Recipe(
+        name="toy", method="toy", ttt=1, objective="kl", normalization="supervised",
+        layer_rule="low_mid_high", fused_layers=3, head_init="target", head_trainable=True,
+    )  # fmt: skip
+    assert recipe.describe() == "recipe toy: toy, ttt 1"
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(8, 40, size=12)
+    samples = [
+        {
+            "input_ids": rng.integers(2, 64, size=int(n)),
+            "loss_mask": (np.arange(n) >= n // 3).astype(np.int64),
+        }
+        for n in lengths
+    ]
+    mask = np.concatenate([s["loss_mask"] for s in samples]).astype(bool)
+    models = build_models("toy", vocab=64, seed=0, recipe=recipe, lr=1e-3)
+    target = TargetShape.of_config(models.target.config)
+    setup = drafter_setup(
+        recipe, PlanConfig(strategy="packed", budget=64), target=target, lengths=lengths, loss_mask=mask,
+        memory_gb=1.0,
+    )  # fmt: skip
+    assert setup.method is toy and setup.anchors is None
+    assert setup.config.cost.source == "toy h64" and setup.memory.source == "toy"
+    assert setup.memory == memory_model(models)  # the setup and the built models agree on the memory
+    assert setup.config.attn_budget is not None  # the memory bound holds the attention, as EAGLE-3's
+    sampler = PlanBatchSampler(lengths, setup.config, loss_tokens=mask_counts(samples), rank=0, world_size=1)
+    plan = sampler.plan
+    assert sorted(plan.indices.tolist()) == list(range(len(lengths)))
+    assert setup.heaviest_bytes(plan) > 0
+    collate = DrafterCollator("toy", recipe=recipe, seed=0, layout="packed", mask_token_id=1)
+    data = PlannedDataset(samples)
+    mb = next(iter(sampler))
+    batch = collate(data.__getitems__(mb))
+    before = [p.detach().clone() for p in models.trainable()]
+    assert train_micro(models, batch) > 0
+    assert any(not torch.equal(a, p) for a, p in zip(before, models.trainable(), strict=True))
+
+
+def mask_counts(samples: list[dict]) -> np.ndarray:
+    return np.array([max(int(s["loss_mask"][1:].sum()), 0) for s in samples], np.int64)
