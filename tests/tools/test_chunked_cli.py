@@ -50,6 +50,17 @@ def test_analyze_compares_chunked_with_packed(long_tail: Path, capsys: pytest.Ca
     assert "choose from sorted, random, bucketed, packed, chunked" in capsys.readouterr().err
 
 
+def test_chunked_with_sp_or_cp_is_refused_in_one_line(long_tail: Path, capsys: pytest.CaptureFixture) -> None:
+    for cmd in (
+        ["plan", str(long_tail), "--strategy=chunked", "--budget=512", "--sp=2", "--out=-"],
+        ["analyze", str(long_tail), "--strategies=packed,chunked", "--budget=512", "--cp=2"],
+    ):
+        assert main(cmd) == 2
+        err = capsys.readouterr().err
+        assert "chunked strategy is not planned with sp or cp > 1" in err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
 def test_the_report_says_what_truncation_and_splitting_cost_and_what_chunked_does() -> None:
     from padfree import PlanConfig
     from padfree.tools.analyze import measure
