@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -155,8 +155,9 @@ def _takes(model: torch.nn.Module, name: str) -> bool:
 
 
 def _shared_mask(model: torch.nn.Module) -> bool:
-    """Whether a chunk over earlier chunks' keys gets one prepared 4D mask (``sdpa``, ``eager`` and padfree's
-    attention, which hand a 4D mask on as it is; SDPA on CPU would save its own float copy in every layer)."""
+    """Whether a chunk's attention over earlier chunks' keys runs block by block with no mask
+    (:mod:`padfree.torch.past_attention`): for ``sdpa``, ``eager`` and ``padfree_varlen`` models; others read
+    the past through the cache, with their own mask."""
     inner: Any = getattr(model, "module", model)
     impl = getattr(getattr(inner, "config", None), "_attn_implementation", None)
     return impl in ("sdpa", "eager", "padfree_varlen")
@@ -201,22 +202,28 @@ def _forward(
     cache = _cache_class()()
     n_past = sum(int(chunk[_kv_layer(chunk)][0].shape[-2]) for chunk in kv) if kv else 0
     cache.n_past = n_past
+    blockwise = _shared_mask(model)  # the past read block by block (past_attention), else through the cache
+    past: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     for layer in range(len(kv[0]) if kv else 0):
         if len(kv[0][layer]) == 1:  # a short-conv layer: the previous chunk's conv state only
             cache.conv[layer] = kv[-1][layer][0]
-            continue
-        keys, values = _layer_past(kv, layer)
-        cache.update(keys, values, layer)  # the cache keeps its own copy: this one goes now
-        del keys, values
+        elif blockwise:
+            past[layer] = [(chunk[layer][0], chunk[layer][1]) for chunk in kv]
+        else:
+            keys, values = _layer_past(kv, layer)
+            cache.update(keys, values, layer)  # the cache keeps its own copy: this one goes now
+            del keys, values
     cache.recording = True
     pos = torch.arange(start, start + ids.shape[0], device=ids.device)[None]
     extra: dict[str, Any] = {} if loss or not _takes(model, "logits_to_keep") else {"logits_to_keep": 1}
-    if n_past and _shared_mask(model):  # one additive mask for every layer, not a copy per layer
-        kv_len = n_past + ids.shape[0]
-        dtype = kv[0][_kv_layer(kv[0])][0].dtype
-        mask = torch.full((ids.shape[0], kv_len), torch.finfo(dtype).min, dtype=dtype, device=ids.device)
-        extra["attention_mask"] = mask.triu_(kv_len - ids.shape[0] + 1)[None, None]
-    out = model(input_ids=ids[None], position_ids=pos, use_cache=True, **{keyword: cache}, **extra)
+    with _blockwise(model, past, blockwise) as served:
+        out = model(input_ids=ids[None], position_ids=pos, use_cache=True, **{keyword: cache}, **extra)
+    attention = {layer for layer, state in cache.added.items() if len(state) == 2}
+    if blockwise and served != attention:
+        raise ConfigError(
+            f"chunked training's attention ran in layers {sorted(served)[:8]}, not in every attention layer "
+            f"{sorted(attention)[:8]}: this model's attention does not follow its config's implementation"
+        )
     total = out.logits.new_zeros(())
     if loss:
         logits = out.logits[0]
@@ -231,6 +238,26 @@ def _forward(
         )
     added = [cache.added[layer] for layer in range(n_layers)]
     return _Chunk(total, added)
+
+
+@contextlib.contextmanager
+def _blockwise(model: torch.nn.Module, past: dict, on: bool) -> Iterator[set[int]]:
+    """Run the model's attention as :mod:`padfree.torch.past_attention` over ``past`` (``on``), its own
+    implementation restored after; yields the layers it served."""
+    if not on:
+        yield set()
+        return
+    from padfree.torch import past_attention
+
+    past_attention.register()
+    cfg: Any = getattr(model, "module", model).config
+    before = cfg._attn_implementation
+    cfg._attn_implementation = past_attention.NAME
+    try:
+        with past_attention.past_blocks(past) as served:
+            yield served
+    finally:
+        cfg._attn_implementation = before
 
 
 def _kv_layer(chunk: KV) -> int:
