@@ -45,7 +45,15 @@ def test_analyze_compares_chunked_with_packed(long_tail: Path, capsys: pytest.Ca
     assert out["chunked"]["padding_efficiency"] == 1.0 and out["chunked"]["imbalance"] < 1.05
     assert out["chunked"]["chunked"] == out["packed"]["truncated"] > 0  # the same documents, kept whole
     assert main([*args[:-1], "--strategies=packed,chunked", "--overlong=truncate"]) == 0
-    assert "documents chunked (whole context)" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "documents chunked (whole context)" in text
+    verdict = [line for line in text.splitlines() if line.startswith("long documents: ")]
+    assert len(verdict) == 1 and "truncation drops" in verdict[0] and "trains them whole" in verdict[0]
+    assert main([*args, "--strategies=packed,chunked", "--overlong=truncate"]) == 0
+    long_docs = json.loads(capsys.readouterr().out)["long_documents"]
+    assert long_docs["chunked"]["truncated"] == 0 and long_docs["text"] in verdict[0]
+    assert main([*args, "--strategies=packed,bucketed", "--overlong=truncate"]) == 0
+    assert "long_documents" not in json.loads(capsys.readouterr().out)  # said only when both were planned
     assert main([*args, "--strategies=chunked,nope"]) == 2
     assert "choose from sorted, random, bucketed, packed, chunked" in capsys.readouterr().err
 
