@@ -3,7 +3,8 @@
     PYTHONPATH=src python benchmarks/chunked.py --out benchmarks/results
 
 1. gradients: a document of 1..8 chunks trained with ``padfree.torch.chunked.chunked_backward`` vs whole, in
-   float32, tiny Llama and tiny Qwen3 (random weights): the largest relative difference over the parameters;
+   float32, tiny Llama, tiny Qwen3 and tiny LFM2 (short convolutions + attention; random weights): the
+   largest difference over the parameters, relative to each parameter's largest gradient;
 2. peak memory: one forward+backward of a document of 1x..8x the chunk size, whole vs chunked, each in a
    fresh process (peak RSS over the RSS after the model was built);
    split into the state kept of the earlier chunks (their keys/values and the gradient of them, linear in
@@ -112,9 +113,14 @@ def gradients(max_chunks: int = 8, chunk: int = 32) -> list[dict]:
     from padfree.torch.chunked import chunked_backward
 
     rows = []
-    for family in ("tiny-llama", "tiny-qwen3"):
+    for family in ("tiny-llama", "tiny-qwen3", "tiny-lfm2"):
         if family == "tiny-qwen3":
             cfg = transformers.Qwen3Config(**GRAD_MODEL, head_dim=16, use_cache=False)
+            torch.manual_seed(0)
+            model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+        elif family == "tiny-lfm2":  # the hybrid: short convolutions carry their conv state across chunks
+            types = ["conv", "full_attention"] * 2
+            cfg = transformers.Lfm2Config(**GRAD_MODEL | {"num_hidden_layers": 4}, layer_types=types)
             torch.manual_seed(0)
             model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
         else:
@@ -420,15 +426,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak", nargs=2, metavar=("MODE", "LENGTH"), help=argparse.SUPPRESS)
     p.add_argument("--samples", type=int, default=300)
     p.add_argument("--render", action="store_true", help="only write chunked.md again from chunked.json")
-    p.add_argument("--sets-only", action="store_true", help="run seed_mix and the 32K-64K tail again only")
+    p.add_argument(
+        "--only", choices=["gradients", "sets"], help="run one part again, the rest from chunked.json"
+    )
     args = p.parse_args(argv)
     if args.peak:
         print(json.dumps(peak_worker(args.peak[0], int(args.peak[1]))))
         return 0
-    if args.render or args.sets_only:
+    if args.render or args.only:
         result = json.loads((args.out / "chunked.json").read_text())
-        if args.sets_only:
+        if args.only == "sets":
             result |= extra_sets()
+        elif args.only == "gradients":
+            result["gradients"] = gradients()
     else:
         result = {
             "command": "PYTHONPATH=src python benchmarks/chunked.py --out benchmarks/results",
