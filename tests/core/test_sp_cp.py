@@ -51,6 +51,9 @@ def test_shard_degrees_are_validated_in_one_line():
         PlanConfig(budget=2**20, sp=8, cp=4)
     with pytest.raises(ConfigError, match="not planned with sp or cp"):
         PlanConfig(strategy="packed", anchor_budget=10, cp=2)
+    for shard in ({"sp": 2}, {"cp": 2}, {"sp": 2, "cp": 4}):  # chunks carry a document's past: not sharded
+        with pytest.raises(ConfigError, match="chunked strategy is not planned with sp or cp > 1"):
+            PlanConfig(strategy="chunked", budget=512, **shard)
     assert PlanConfig(budget=2**19, sp=8, cp=4).shard == Shard(8, 4)
 
 

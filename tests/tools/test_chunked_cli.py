@@ -45,9 +45,28 @@ def test_analyze_compares_chunked_with_packed(long_tail: Path, capsys: pytest.Ca
     assert out["chunked"]["padding_efficiency"] == 1.0 and out["chunked"]["imbalance"] < 1.05
     assert out["chunked"]["chunked"] == out["packed"]["truncated"] > 0  # the same documents, kept whole
     assert main([*args[:-1], "--strategies=packed,chunked", "--overlong=truncate"]) == 0
-    assert "documents chunked (whole context)" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "documents chunked (whole context)" in text
+    verdict = [line for line in text.splitlines() if line.startswith("long documents: ")]
+    assert len(verdict) == 1 and "truncation drops" in verdict[0] and "trains them whole" in verdict[0]
+    assert main([*args, "--strategies=packed,chunked", "--overlong=truncate"]) == 0
+    long_docs = json.loads(capsys.readouterr().out)["long_documents"]
+    assert long_docs["chunked"]["truncated"] == 0 and long_docs["text"] in verdict[0]
+    assert main([*args, "--strategies=packed,bucketed", "--overlong=truncate"]) == 0
+    assert "long_documents" not in json.loads(capsys.readouterr().out)  # said only when both were planned
     assert main([*args, "--strategies=chunked,nope"]) == 2
     assert "choose from sorted, random, bucketed, packed, chunked" in capsys.readouterr().err
+
+
+def test_chunked_with_sp_or_cp_is_refused_in_one_line(long_tail: Path, capsys: pytest.CaptureFixture) -> None:
+    for cmd in (
+        ["plan", str(long_tail), "--strategy=chunked", "--budget=512", "--sp=2", "--out=-"],
+        ["analyze", str(long_tail), "--strategies=packed,chunked", "--budget=512", "--cp=2"],
+    ):
+        assert main(cmd) == 2
+        err = capsys.readouterr().err
+        assert "chunked strategy is not planned with sp or cp > 1" in err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
 def test_the_report_says_what_truncation_and_splitting_cost_and_what_chunked_does() -> None:

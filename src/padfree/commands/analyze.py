@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from padfree.commands.common import (
     add_plan_inputs,
@@ -45,11 +46,27 @@ def run(args: argparse.Namespace) -> int:
     lengths, path, name = load_lengths(args)
     result = analyze_strategies(lengths, configs, path=path, progress=not args.json)
     result["dataset"]["name"] = name
+    long_docs = long_documents(lengths, configs, result, path)
+    if long_docs is not None:
+        result["long_documents"] = long_docs
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         render_table(result)
+        if long_docs is not None:
+            print(f"long documents: {long_docs['text']}")
     warning = short_epoch(result)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def long_documents(lengths: Any, configs: dict, result: dict, path: str | None) -> dict | None:
+    """The report's word on samples over the budget (truncated, split, or chunked whole) when ``packed`` and
+    ``chunked`` were both analyzed: which one wins, from the plans just measured."""
+    from padfree.tools.report.chunked import chunked_numbers
+
+    measured = result["strategies"]
+    if "packed" not in measured or "chunked" not in measured:
+        return None
+    return chunked_numbers(lengths, configs["packed"], measured["packed"], path, chunked=measured["chunked"])

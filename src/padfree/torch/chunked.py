@@ -1,4 +1,4 @@
-"""Exact chunked training of one long document: each chunk attends to its earlier chunks' keys and values.
+"""Exact chunked training of one long document: each chunk reads its earlier chunks' keys/values, conv state.
 
 A document longer than a micro-batch's budget is cut into consecutive chunks (the ``chunked`` plan strategy
 keeps them in order, on one rank, in one step). :func:`chunked_backward` runs ChunkFlow's state-aware
@@ -13,6 +13,11 @@ only one chunk's activations are alive at a time::
 Only the keys and values of earlier chunks (``2 * layers * kv_heads * head_dim`` numbers per token) are kept
 for the whole document, and their gradients. ``keep`` chunks' activations may be kept from the forward pass
 instead of recomputed (ChunkFlow's K): less compute, more memory.
+
+Hybrids with short convolutions (LFM2, LFM2-MoE: :data:`CARRIED`) carry, per conv layer, the last
+``conv_L_cache`` inputs of its convolution instead: chunk ``k`` reads chunk ``k-1``'s conv state (a leaf, like
+the keys/values) and its backward sends that state its gradient, which the recomputed chunk ``k-1`` passes on.
+Models with any other token mixer (a recurrent or delta-rule state, ALiBi over the row, ...) are refused.
 
 The loss is the document's next-token cross-entropy summed over its labels (logits at ``t`` predict
 ``labels[t+1]``, across chunk boundaries too), times ``scale`` (the step normalizer of
@@ -32,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -41,8 +46,14 @@ import torch.nn.functional as F
 from padfree.errors import ConfigError
 from padfree.torch._collate import IGNORE
 
-KV = list[tuple[torch.Tensor, torch.Tensor]]
-"""One chunk's keys and values, per layer: ``(key, value)`` of shape ``(1, kv_heads, tokens, head_dim)``."""
+KV = list[tuple[torch.Tensor, ...]]
+"""One chunk's state, per layer: ``(key, value)`` of shape ``(1, kv_heads, tokens, head_dim)`` for an
+attention layer, ``(conv_state,)`` of shape ``(1, channels, <= kernel)`` (the conv's last inputs) for a
+short-conv layer."""
+
+CARRIED = frozenset({"Lfm2ShortConv", "Lfm2MoeShortConv"})
+"""The token mixers (:data:`padfree.torch.mixers.MIXERS` keys) whose state chunked training carries
+exactly."""
 
 
 def chunk_lengths(total: int, chunk: int | Sequence[int]) -> list[int]:
@@ -64,21 +75,77 @@ def chunk_lengths(total: int, chunk: int | Sequence[int]) -> list[int]:
 
 
 def _cache_class():
-    """A transformers ``DynamicCache`` that remembers the keys and values each layer adds (this chunk's)."""
+    """A transformers ``DynamicCache`` that remembers what each layer adds (this chunk's keys/values, or the
+    conv state it leaves) and hands short-conv layers the previous chunk's conv state, in the graph."""
     from transformers import DynamicCache
 
     class _RecordingCache(DynamicCache):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.added: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+            self.added: dict[int, tuple[torch.Tensor, ...]] = {}
+            self.conv: dict[int, torch.Tensor] = {}
             self.recording = False
+            self.n_past = 0
 
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
             if self.recording:
                 self.added[layer_idx] = (key_states, value_states)
             return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
+        def get_seq_length(self, layer_idx: int = 0) -> int:
+            added = [int(t[0].shape[-2]) for t in self.added.values() if len(t) == 2]
+            return self.n_past + max(added, default=0)
+
+        def is_recording_past(self, layer_idx: int) -> bool:
+            return True  # never the one-token decode path, which updates the conv state in place
+
+        def has_previous_state(self, layer_idx: int | None = None, state_idx: int | None = None) -> bool:
+            return bool(self.conv) if layer_idx is None else layer_idx in self.conv
+
+        def get_conv_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+            if state_idx:
+                raise ConfigError(
+                    f"chunked training carries one conv state per layer (layer {layer_idx} has more)"
+                )
+            return self.conv.get(layer_idx)
+
+        def update_conv_state(self, conv_states, layer_idx, state_idx=0, conv_kernel_size=None, **kwargs):
+            if state_idx or conv_kernel_size is None:
+                raise ConfigError(
+                    f"chunked training carries short-conv states of known kernel (layer {layer_idx}'s is not)"
+                )
+            past = self.conv.get(layer_idx)
+            full = (
+                conv_states if past is None else torch.cat([past.to(conv_states.dtype), conv_states], dim=-1)
+            )
+            if self.recording:
+                self.added[layer_idx] = (full[..., -int(conv_kernel_size) :],)
+            return full
+
+        def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+            raise ConfigError(
+                f"chunked training carries keys/values and short-conv states; layer {layer_idx} keeps a "
+                "recurrent state, which it does not carry"
+            )
+
+        update_recurrent_state = get_recurrent_state  # type: ignore[assignment]
+
     return _RecordingCache
+
+
+def check_carried(model: torch.nn.Module) -> None:
+    """Refuse, in one line, a model with a token mixer whose state chunked training does not carry exactly."""
+    from padfree.torch.mixers import mixer_key
+
+    inner: Any = getattr(model, "module", model)
+    other = sorted({k for m in inner.modules() if (k := mixer_key(m)) is not None and k not in CARRIED})
+    if other:
+        from padfree.torch.mixers import MIXERS
+
+        raise ConfigError(
+            f"chunked training carries keys/values and short-conv states ({', '.join(sorted(CARRIED))}); "
+            f"this model mixes tokens with {', '.join(other)} ({MIXERS[other[0]]}): train it packed or split"
+        )
 
 
 def _takes(model: torch.nn.Module, name: str) -> bool:
@@ -88,8 +155,9 @@ def _takes(model: torch.nn.Module, name: str) -> bool:
 
 
 def _shared_mask(model: torch.nn.Module) -> bool:
-    """Whether a chunk over earlier chunks' keys gets one prepared 4D mask (``sdpa``, ``eager`` and padfree's
-    attention, which hand a 4D mask on as it is; SDPA on CPU would save its own float copy in every layer)."""
+    """Whether a chunk's attention over earlier chunks' keys runs block by block with no mask
+    (:mod:`padfree.torch.past_attention`): for ``sdpa``, ``eager`` and ``padfree_varlen`` models; others read
+    the past through the cache, with their own mask."""
     inner: Any = getattr(model, "module", model)
     impl = getattr(getattr(inner, "config", None), "_attn_implementation", None)
     return impl in ("sdpa", "eager", "padfree_varlen")
@@ -132,20 +200,30 @@ def _forward(
     it; returns its loss sum (``loss=False``: only its keys/values, the LM head run on one position if the
     model can)."""
     cache = _cache_class()()
-    n_past = sum(int(chunk[0][0].shape[-2]) for chunk in kv)
+    n_past = sum(int(chunk[_kv_layer(chunk)][0].shape[-2]) for chunk in kv) if kv else 0
+    cache.n_past = n_past
+    blockwise = _shared_mask(model)  # the past read block by block (past_attention), else through the cache
+    past: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     for layer in range(len(kv[0]) if kv else 0):
-        keys, values = _layer_past(kv, layer)
-        cache.update(keys, values, layer)  # the cache keeps its own copy: this one goes now
-        del keys, values
+        if len(kv[0][layer]) == 1:  # a short-conv layer: the previous chunk's conv state only
+            cache.conv[layer] = kv[-1][layer][0]
+        elif blockwise:
+            past[layer] = [(chunk[layer][0], chunk[layer][1]) for chunk in kv]
+        else:
+            keys, values = _layer_past(kv, layer)
+            cache.update(keys, values, layer)  # the cache keeps its own copy: this one goes now
+            del keys, values
     cache.recording = True
     pos = torch.arange(start, start + ids.shape[0], device=ids.device)[None]
     extra: dict[str, Any] = {} if loss or not _takes(model, "logits_to_keep") else {"logits_to_keep": 1}
-    if n_past and _shared_mask(model):  # one additive mask for every layer, not a copy per layer
-        kv_len = n_past + ids.shape[0]
-        dtype = kv[0][0][0].dtype
-        mask = torch.full((ids.shape[0], kv_len), torch.finfo(dtype).min, dtype=dtype, device=ids.device)
-        extra["attention_mask"] = mask.triu_(kv_len - ids.shape[0] + 1)[None, None]
-    out = model(input_ids=ids[None], position_ids=pos, use_cache=True, **{keyword: cache}, **extra)
+    with _blockwise(model, past, blockwise) as served:
+        out = model(input_ids=ids[None], position_ids=pos, use_cache=True, **{keyword: cache}, **extra)
+    attention = {layer for layer, state in cache.added.items() if len(state) == 2}
+    if blockwise and served != attention:
+        raise ConfigError(
+            f"chunked training's attention ran in layers {sorted(served)[:8]}, not in every attention layer "
+            f"{sorted(attention)[:8]}: this model's attention does not follow its config's implementation"
+        )
     total = out.logits.new_zeros(())
     if loss:
         logits = out.logits[0]
@@ -155,18 +233,46 @@ def _forward(
     del out
     if len(cache.added) != n_layers:
         raise ConfigError(
-            f"chunked training needs a model whose {n_layers} layers all cache keys and values "
-            f"(got {len(cache.added)}): recurrent or shared-KV layers are not supported"
+            f"chunked training needs a model whose {n_layers} layers all cache keys and values or a conv "
+            f"state (got {len(cache.added)}): recurrent or shared-KV layers are not supported"
         )
     added = [cache.added[layer] for layer in range(n_layers)]
     return _Chunk(total, added)
+
+
+@contextlib.contextmanager
+def _blockwise(model: torch.nn.Module, past: dict, on: bool) -> Iterator[set[int]]:
+    """Run the model's attention as :mod:`padfree.torch.past_attention` over ``past`` (``on``), its own
+    implementation restored after; yields the layers it served."""
+    if not on:
+        yield set()
+        return
+    from padfree.torch import past_attention
+
+    past_attention.register()
+    cfg: Any = getattr(model, "module", model).config
+    before = cfg._attn_implementation
+    cfg._attn_implementation = past_attention.NAME
+    try:
+        with past_attention.past_blocks(past) as served:
+            yield served
+    finally:
+        cfg._attn_implementation = before
+
+
+def _kv_layer(chunk: KV) -> int:
+    """The first attention layer of a chunk's state (what counts its tokens)."""
+    for layer, state in enumerate(chunk):
+        if len(state) == 2:
+            return layer
+    raise ConfigError("chunked training needs at least one attention layer that caches keys and values")
 
 
 def _layer_past(kv: list[KV], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The earlier chunks' keys and values of one layer, concatenated in the graph: each chunk's own tensors
     are leaves that collect, in their ``.grad``, what every later chunk's backward sends them."""
     if len(kv) == 1:
-        return kv[0][layer]
+        return kv[0][layer][0], kv[0][layer][1]
     keys = torch.cat([chunk[layer][0] for chunk in kv], dim=-2)
     return keys, torch.cat([chunk[layer][1] for chunk in kv], dim=-2)
 
@@ -202,6 +308,7 @@ def chunked_backward(
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
         raise ConfigError(f"keep must be an integer >= 0 (got {keep!r})")
     _check_dropout(model)
+    check_carried(model)
     sizes = chunk_lengths(int(ids.shape[0]), chunk)
     starts = [sum(sizes[:k]) for k in range(len(sizes))]
     target = F.pad(lab[1:], (0, 1), value=IGNORE)  # logits at t predict labels[t+1], across chunks too
@@ -231,9 +338,7 @@ def chunked_backward(
         else:
             with torch.no_grad():
                 done = _forward(plain, *piece(k), starts[k], kv[:k], keyword, n_layers, loss=False)
-        kv.append(
-            [(key.detach().requires_grad_(), value.detach().requires_grad_()) for key, value in done.added]
-        )
+        kv.append([tuple(t.detach().requires_grad_() for t in state) for state in done.added])
         del done
     # backward, last chunk first: each chunk's loss plus the gradient later chunks sent to its keys/values
     total = 0.0
@@ -247,8 +352,8 @@ def chunked_backward(
             outputs: list[torch.Tensor] = [done.loss * scale]
             seeds: list[torch.Tensor | None] = [None]
             own = kv[k] if k < len(kv) else []
-            for (key, value), (leaf_k, leaf_v) in zip(done.added, own):
-                for t, leaf in ((key, leaf_k), (value, leaf_v)):
+            for state, leaves in zip(done.added, own):
+                for t, leaf in zip(state, leaves):
                     if leaf.grad is not None:
                         outputs.append(t)
                         seeds.append(leaf.grad)

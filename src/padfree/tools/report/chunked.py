@@ -15,11 +15,16 @@ CLOSE = 0.9
 
 
 def chunked_numbers(
-    lengths: np.ndarray, base: PlanConfig, packed: dict, path: str | None = None
+    lengths: np.ndarray,
+    base: PlanConfig,
+    packed: dict,
+    path: str | None = None,
+    chunked: dict | None = None,
 ) -> dict | None:
     """Samples over the budget under truncation, splitting and ``chunked`` (documents up to ``grad_accum``
     budgets trained whole, each chunk attending to its earlier chunks), with one sentence that says which
-    wins; ``None`` when no sample is over the budget. ``packed`` are the packed plan's metrics."""
+    wins; ``None`` when no sample is over the budget. ``packed`` are the packed plan's metrics, ``chunked``
+    the chunked plan's where already measured (``padfree analyze``)."""
     from padfree.tools.analyze import measure
 
     lens = np.asarray(lengths, dtype=np.int64)
@@ -47,7 +52,7 @@ def chunked_numbers(
     overlong = "truncate" if base.overlong in ("split", "error") else base.overlong
     cfg = base.with_(strategy="chunked", overlong=overlong)
     try:
-        m = measure(lens, cfg, path)
+        m = chunked if chunked is not None else measure(lens, cfg, path)
     except ConfigError as exc:  # planned in memory only
         out["text"] = f"chunked not measured: {exc}"
         return out
