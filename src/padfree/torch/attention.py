@@ -395,8 +395,9 @@ def _gpu_varlen(
 
 
 def varlen_attention(call: Call) -> torch.Tensor:
-    """transformers attention interface: ``query`` (B, Hq, T, D), ``key``/``value`` (B, Hkv, T, D) ->
-    ``(output (B, T, Hq, D), None)``. Documents never see each other; padded batches go to ``sdpa``."""
+    """``padfree_varlen`` on a call: ``query`` (B, Hq, T, D), ``key``/``value`` (B, Hkv, T, D) -> output
+    (B, T, Hq, D) (``(output, None)`` from :data:`varlen_attention_forward`, the transformers attention
+    interface). Documents never see each other; padded batches go to ``sdpa``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     query, key, value, kwargs = call.query, call.key, call.value, call.kwargs

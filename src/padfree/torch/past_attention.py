@@ -189,8 +189,9 @@ def past_blocks(past: Mapping[int, Sequence[Block]]) -> Iterator[set[int]]:
 
 
 def chunk_attention(call: Call) -> torch.Tensor:
-    """transformers attention interface for :data:`NAME`: ``query`` (1, Hq, T, D) over the layer's earlier
-    blocks and its own ``key``/``value`` (1, Hkv, T, D) -> ``(output (1, T, Hq, D), None)``."""
+    """:data:`NAME` on a call: ``query`` (1, Hq, T, D) over the layer's earlier blocks and its own
+    ``key``/``value`` (1, Hkv, T, D) -> output (1, T, Hq, D) (``(output, None)`` from
+    :data:`chunk_attention_forward`, the transformers attention interface)."""
     past = getattr(_state, "past", None)
     layer = getattr(call.module, "layer_idx", None)
     if past is None or layer is None:
