@@ -44,6 +44,8 @@ import torch
 
 from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
+from padfree.torch import _attn_common as common
+from padfree.torch._attn_common import Call
 from padfree.torch.boundaries import lengths_from_cu, lengths_from_position_ids
 
 NAME = "padfree_varlen"
@@ -174,8 +176,7 @@ def _doc_attention(
         )
     # soft-capped logits and sinks are not SDPA features: explicit scores, one document at a time
     if gqa:
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        k, v = common.repeat_heads(q, k, v)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if softcap is not None:
@@ -326,9 +327,8 @@ def _varlen_ok(
 
 def _call_varlen(fn, kwargs: dict, repeat_kv: bool, q, k, v, cu: torch.Tensor, max_len: int) -> torch.Tensor:
     """q (1, Hq, T, D), k/v (1, Hkv, T, D) -> (T, Hq, D) through torch's varlen_attn."""
-    if repeat_kv and k.shape[1] != q.shape[1]:
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    if repeat_kv:
+        k, v = common.repeat_heads(q, k, v)
     qt, kt, vt = (x[0].transpose(0, 1).contiguous() for x in (q, k, v))  # (T, H, D)
     return fn(qt, kt, vt, cu, cu, max_len, max_len, **kwargs)
 
@@ -394,26 +394,17 @@ def _gpu_varlen(
 # the transformers entry points
 
 
-def varlen_attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """transformers attention interface: ``query`` (B, Hq, T, D), ``key``/``value`` (B, Hkv, T, D) ->
-    ``(output (B, T, Hq, D), None)``. Documents never see each other; padded batches go to ``sdpa``."""
+def varlen_attention(call: Call) -> torch.Tensor:
+    """``padfree_varlen`` on a call: ``query`` (B, Hq, T, D), ``key``/``value`` (B, Hkv, T, D) -> output
+    (B, T, Hq, D) (``(output, None)`` from :data:`varlen_attention_forward`, the transformers attention
+    interface). Documents never see each other; padded batches go to ``sdpa``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    query, key, value, kwargs = call.query, call.key, call.value, call.kwargs
     batch, _, q_len, _ = query.shape
     is_causal = kwargs.get("is_causal")
-    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-    if attention_mask is not None or not is_causal or key.shape[2] != q_len:
+    is_causal = getattr(call.module, "is_causal", True) if is_causal is None else is_causal
+    if call.mask is not None or not is_causal or key.shape[2] != q_len:
         if key.shape[2] != q_len and _looks_packed(kwargs):
             raise ConfigError(
                 f"padfree_varlen: a packed row (cu_seq_lens_q / restarting position_ids) cannot use cached "
@@ -421,28 +412,17 @@ def varlen_attention_forward(
                 "call the model with use_cache=False for packed training, or train this model padded"
             )
         _state.path = "sdpa (padded batch or cached decoding)"
-        return sdpa_attention_forward(
-            module,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=dropout,
-            scaling=scaling,
-            softcap=softcap,
-            **kwargs,
-        )
+        sdpa_args = (call.module, query, key, value, call.mask, call.dropout, call.scaling)
+        return sdpa_attention_forward(*sdpa_args, softcap=call.softcap, **kwargs)[0]
     if kwargs.get("position_bias") is not None:
         raise ConfigError(
             "padfree_varlen: `position_bias` (a learned bias over the whole row) is not supported"
         )
-    sinks = kwargs.get("s_aux")
+    sinks, softcap, window = call.sinks, call.softcap, call.window
     if kwargs.get("output_attentions"):
         raise ConfigError(
             "padfree_varlen: output_attentions is not supported; use attn_implementation='eager'"
         )
-    if sliding_window is not None and sliding_window <= 0:
-        sliding_window = None
 
     lengths = _doc_lengths(kwargs, batch, q_len)
     query, key, value = _autocast_inputs(query, key, value)
@@ -452,7 +432,7 @@ def varlen_attention_forward(
         q, k, v = (x.transpose(0, 1).reshape(1, x.shape[1], -1, x.shape[3]) for x in (query, key, value))
     out, why = None, None
     if q.is_cuda and sinks is None:
-        out, path = _gpu_varlen(q, k, v, kwargs, lengths, scaling, dropout, sliding_window, softcap)
+        out, path = _gpu_varlen(q, k, v, kwargs, lengths, call.scaling, call.dropout, window, softcap)
         if out is None:
             why = path
         else:
@@ -467,8 +447,11 @@ def varlen_attention_forward(
             else "SDPA"
         )
         _state.path = f"per-document {kind} ({device}" + (f"; {why})" if why else ")")
-        out = _per_document(q, k, v, lengths, scaling, dropout, sliding_window, softcap, sinks)
-    return out.reshape(batch, q_len, *out.shape[1:]), None
+        out = _per_document(q, k, v, lengths, call.scaling, call.dropout, window, softcap, sinks)
+    return out.reshape(batch, q_len, *out.shape[1:])
+
+
+varlen_attention_forward = common.interface(varlen_attention, "varlen_attention_forward")
 
 
 def _autocast_inputs(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -507,35 +490,24 @@ def varlen_mask(
     if attention_mask is None and q_length == kv_length and plain:
         return None
     return sdpa_mask(
-        batch_size=batch_size,
-        q_length=q_length,
-        kv_length=kv_length,
-        q_offset=q_offset,
-        kv_offset=kv_offset,
-        attention_mask=attention_mask,
-        **kwargs,
+        batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs
     )
 
 
-def leaky_attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
+def leaky_attention(call: Call) -> torch.Tensor:
     """A deliberately WRONG implementation (``padfree_leaky``) for testing leak detectors such as
     ``padfree check-packing``: plain causal attention over the whole row, blind to document boundaries, so
     every document of a packed row sees the ones before it. Never train with it."""
+    query, key = call.query, call.key
     gqa = query.shape[1] != key.shape[1]
     out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa
+        query, key, call.value, dropout_p=call.dropout, is_causal=True, scale=call.scaling, enable_gqa=gqa
     )
     _state.path = "document-blind causal SDPA (deliberately leaky)"
-    return out.transpose(1, 2), None
+    return out.transpose(1, 2)
+
+
+leaky_attention_forward = common.interface(leaky_attention, "leaky_attention_forward")
 
 
 def register() -> bool:
@@ -544,15 +516,8 @@ def register() -> bool:
     global _registered
     if _registered:
         return True
-    try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface
-    except ImportError:
+    if not common.register({NAME: varlen_attention_forward, LEAKY: leaky_attention_forward}, varlen_mask):
         return False
-    AttentionInterface.register(NAME, varlen_attention_forward)
-    AttentionMaskInterface.register(NAME, varlen_mask)
-    AttentionInterface.register(LEAKY, leaky_attention_forward)
-    AttentionMaskInterface.register(LEAKY, varlen_mask)
     _install_on_build()
     _registered = True
     return True

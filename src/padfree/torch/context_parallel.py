@@ -28,15 +28,16 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import torch
 
 from padfree.errors import ConfigError
 from padfree.torch import attention as pa
+from padfree.torch._attn_common import Call, Forward, interface
+from padfree.torch._attn_common import register as register_attention
 from padfree.torch.collectives import all_gather, current
-from padfree.torch.sequence_parallel import row_boundaries, shift_labels
+from padfree.torch.sequence_parallel import row_boundaries, shard_at
 
 NAME = "padfree_zigzag_cp"
 BLIND = "padfree_blind_cp"
@@ -79,16 +80,7 @@ def shard_cp(batch: Mapping, rank: int, size: int) -> dict:
         raise ConfigError(
             f"CP: the document boundaries cover {int(cu[-1])} tokens, the row has {ids.shape[1]}"
         )
-    idx = torch.from_numpy(zigzag_indices(cu, rank, size))
-    out: dict[str, Any] = {
-        "input_ids": ids[:, idx],
-        "position_ids": torch.as_tensor(batch["position_ids"])[:, idx],
-    }
-    if batch.get("labels") is not None:
-        out["shift_labels"] = shift_labels(torch.as_tensor(batch["labels"]))[:, idx]
-    longest = int(torch.diff(cu).max())
-    out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu.clone(), max_length_q=longest, max_length_k=longest)
-    return out
+    return shard_at(batch, cu, torch.from_numpy(zigzag_indices(cu, rank, size)))
 
 
 def _layout(
@@ -112,27 +104,14 @@ def _layout(
     return out
 
 
-def _zigzag(per_document: bool, name: str):
-    def forward(
-        module: torch.nn.Module,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        dropout: float = 0.0,
-        scaling: float | None = None,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
-        **kwargs,
-    ) -> tuple[torch.Tensor, None]:
+def _zigzag(per_document: bool, name: str) -> Forward:
+    def forward(call: Call) -> torch.Tensor:
         g = current(name)
-        if query.shape[0] != 1 or attention_mask is not None:
-            raise ConfigError(
-                f"{name}: one packed row per rank, no attention_mask (got batch {query.shape[0]})"
-            )
-        if softcap is not None or kwargs.get("s_aux") is not None:
+        call.one_row(name)
+        query = call.query
+        if call.softcap is not None or call.sinks is not None:
             raise ConfigError(f"{name}: soft-capped logits and attention sinks are not in the CP reference")
-        cu = kwargs.get("cu_seq_lens_q")
+        cu = call.kwargs.get("cu_seq_lens_q")
         if cu is None:
             raise ConfigError(f"{name}: needs the full row's cu_seq_lens_q: use shard_cp")
         pos, keys_pos, doc, keys_doc = (t.to(query.device) for t in _layout(cu, g.rank, g.size))
@@ -140,27 +119,26 @@ def _zigzag(per_document: bool, name: str):
             raise ConfigError(
                 f"{name}: {query.shape[2]} local tokens, the zigzag layout gives this rank {pos.shape[0]}"
             )
-        k, v = all_gather(key, 2, g), all_gather(value, 2, g)  # (1, Hkv, T, D), keys in gathered order
+        k, v = all_gather(call.key, 2, g), all_gather(call.value, 2, g)  # (1, Hkv, T, D), in gathered order
         mask = keys_pos[None, :] <= pos[:, None]
         if per_document:
             mask &= keys_doc[None, :] == doc[:, None]
-        if sliding_window is not None and sliding_window > 0:
-            mask &= pos[:, None] - keys_pos[None, :] < sliding_window
+        if call.window is not None:
+            mask &= pos[:, None] - keys_pos[None, :] < call.window
         out = torch.nn.functional.scaled_dot_product_attention(
             query,
             k,
             v,
             attn_mask=mask,
-            dropout_p=dropout,
-            scale=scaling,
+            dropout_p=call.dropout,
+            scale=call.scaling,
             enable_gqa=query.shape[1] != k.shape[1],
         )
         pa._state.path = f"{name} (all-gathered K/V, {g.size} ranks)"
-        return out.transpose(1, 2).contiguous(), None
+        return out.transpose(1, 2).contiguous()
 
-    forward.__name__ = forward.__qualname__ = f"{name}_forward"
-    forward.__doc__ = f"transformers attention interface for ``{name}`` (see the module doc)."
-    return forward
+    doc = f"transformers attention interface for ``{name}`` (see the module doc)."
+    return interface(forward, f"{name}_forward", doc)
 
 
 zigzag_attention_forward = _zigzag(True, NAME)
@@ -170,15 +148,8 @@ blind_attention_forward = _zigzag(False, BLIND)
 def register() -> bool:
     """Register ``padfree_zigzag_cp`` and the ``padfree_blind_cp`` control with transformers (idempotent);
     ``False`` when transformers is not installed."""
-    if not pa.register():
-        return False
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    for name, fn in ((NAME, zigzag_attention_forward), (BLIND, blind_attention_forward)):
-        AttentionInterface.register(name, fn)
-        AttentionMaskInterface.register(name, pa.varlen_mask)
-    return True
+    forwards = {NAME: zigzag_attention_forward, BLIND: blind_attention_forward}
+    return pa.register() and register_attention(forwards, pa.varlen_mask)
 
 
 register()

@@ -34,6 +34,8 @@ from typing import Any
 import torch
 
 from padfree.errors import ConfigError
+from padfree.torch._attn_common import Call, interface, repeat_heads
+from padfree.torch._attn_common import register as register_attention
 
 NAME = "padfree_chunk"
 """The attention implementation a chunked forward runs under (only inside :func:`past_blocks`)."""
@@ -110,11 +112,6 @@ class _BlockAttention(torch.autograd.Function):
         return (dq.reshape(q.shape).to(q.dtype), None, *grads)
 
 
-def _expand(t: torch.Tensor, groups: int) -> torch.Tensor:
-    """A block's ``(1, Hkv, n, D)`` keys or values for ``Hkv * groups`` query heads (a block-sized copy)."""
-    return t if groups == 1 else t.repeat_interleave(groups, dim=1)
-
-
 class _FusedBlockAttention(torch.autograd.Function):
     """The same on CPU with torch's fused flash-attention kernel per block: the blocks' outputs merged by
     their log-sum-exp, and each block's backward given the merged output and log-sum-exp (exact: the
@@ -123,12 +120,11 @@ class _FusedBlockAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, scale: float, *flat: torch.Tensor) -> torch.Tensor:
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        groups = q.shape[1] // flat[0].shape[1]
         n_blocks = len(flat) // 2
         out: torch.Tensor | None = None
         lse = torch.empty(0)
         for j in range(n_blocks):
-            k, v = _expand(flat[2 * j], groups), _expand(flat[2 * j + 1], groups)
+            k, v = repeat_heads(q, flat[2 * j], flat[2 * j + 1])  # a block-sized copy for grouped heads
             o, l_j = flash(q, k, v, 0.0, j == n_blocks - 1, scale=scale)
             if out is None:
                 out, lse = o.to(_wide(q.dtype)), l_j
@@ -152,7 +148,7 @@ class _FusedBlockAttention(torch.autograd.Function):
         grads: list[torch.Tensor | None] = []
         dout = grad_out.contiguous()
         for j in range(n_blocks):
-            k, v = _expand(flat[2 * j], groups), _expand(flat[2 * j + 1], groups)
+            k, v = repeat_heads(q, flat[2 * j], flat[2 * j + 1])
             dq_j, dk, dv = backward(dout, q, k, v, out, lse, 0.0, j == n_blocks - 1, scale=ctx.scale)
             dq += dq_j
             if groups > 1:
@@ -192,36 +188,30 @@ def past_blocks(past: Mapping[int, Sequence[Block]]) -> Iterator[set[int]]:
         _state.past = before
 
 
-def chunk_attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """transformers attention interface for :data:`NAME`: ``query`` (1, Hq, T, D) over the layer's earlier
-    blocks and its own ``key``/``value`` (1, Hkv, T, D) -> ``(output (1, T, Hq, D), None)``."""
+def chunk_attention(call: Call) -> torch.Tensor:
+    """:data:`NAME` on a call: ``query`` (1, Hq, T, D) over the layer's earlier blocks and its own
+    ``key``/``value`` (1, Hkv, T, D) -> output (1, T, Hq, D) (``(output, None)`` from
+    :data:`chunk_attention_forward`, the transformers attention interface)."""
     past = getattr(_state, "past", None)
-    layer = getattr(module, "layer_idx", None)
+    layer = getattr(call.module, "layer_idx", None)
     if past is None or layer is None:
         raise ConfigError(f"{NAME} attention runs only inside padfree's chunked training")
-    if dropout or attention_mask is not None or kwargs.get("s_aux") is not None or softcap:
+    if call.dropout or call.mask is not None or call.sinks is not None or call.softcap:
         raise ConfigError(
             f"chunked training's attention takes no dropout, mask, sinks or softcap (layer {layer})"
         )
-    if sliding_window is not None and sliding_window > 0:
+    if call.window is not None:
         raise ConfigError(f"chunked training attends to the whole past: layer {layer} has a sliding window")
+    query, key = call.query, call.key
     if key.shape[2] != query.shape[2]:
         raise ConfigError(f"layer {layer}: {key.shape[2]} own keys for {query.shape[2]} queries")
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = block_attention(query, [*past.get(layer, ()), (key, value)], scale)
+    scale = call.scaling if call.scaling is not None else query.shape[-1] ** -0.5
+    out = block_attention(query, [*past.get(layer, ()), (key, call.value)], scale)
     _state.served.add(layer)
-    return out.transpose(1, 2).contiguous(), None
+    return out.transpose(1, 2).contiguous()
+
+
+chunk_attention_forward = interface(chunk_attention, "chunk_attention_forward")
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
@@ -229,10 +219,7 @@ def _no_mask(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def register() -> None:
-    """Register :data:`NAME` with transformers' attention and mask interfaces (idempotent)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    AttentionInterface.register(NAME, chunk_attention_forward)
-    AttentionMaskInterface.register(NAME, _no_mask)
+def register() -> bool:
+    """Register :data:`NAME` with transformers' attention and mask interfaces (idempotent); ``False`` when
+    transformers is not installed."""
+    return register_attention({NAME: chunk_attention_forward}, _no_mask)

@@ -27,13 +27,16 @@ those mixers would see only their shard.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from padfree.errors import ConfigError
 from padfree.torch import attention as pa
+from padfree.torch._attn_common import Call, Forward, interface, repeat_heads
+from padfree.torch._attn_common import register as register_attention
 from padfree.torch.collectives import all_to_all, current
 
 NAME = "padfree_ulysses"
@@ -79,13 +82,19 @@ def shard_sp(batch: Mapping, rank: int, size: int) -> dict:
     if int(cu[-1]) != total:
         raise ConfigError(f"SP: the document boundaries cover {int(cu[-1])} tokens, the row has {total}")
     n = total // size
-    cut = slice(rank * n, (rank + 1) * n)
+    return shard_at(batch, cu, slice(rank * n, (rank + 1) * n))
+
+
+def shard_at(batch: Mapping, cu: torch.Tensor, at: slice | torch.Tensor) -> dict:
+    """A rank's share of a packed row: ``input_ids``, ``position_ids`` and ``shift_labels`` (the full row's,
+    :func:`shift_labels`) at ``at`` (a slice or an index tensor along the row), and the full row's document
+    boundaries ``cu`` as ``cu_seq_lens_q`` / ``_k`` with its longest span as ``max_length_q`` / ``_k``."""
     out: dict[str, Any] = {
-        "input_ids": ids[:, cut],
-        "position_ids": torch.as_tensor(batch["position_ids"])[:, cut],
+        "input_ids": torch.as_tensor(batch["input_ids"])[:, at],
+        "position_ids": torch.as_tensor(batch["position_ids"])[:, at],
     }
     if batch.get("labels") is not None:
-        out["shift_labels"] = shift_labels(torch.as_tensor(batch["labels"]))[:, cut]
+        out["shift_labels"] = shift_labels(torch.as_tensor(batch["labels"]))[:, at]
     longest = int(torch.diff(cu).max())
     out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu.clone(), max_length_q=longest, max_length_k=longest)
     return out
@@ -104,84 +113,48 @@ def shard_loss_sum(logits: torch.Tensor, shift_labels: torch.Tensor) -> torch.Te
     )
 
 
-def _ulysses(inner, name: str):
-    def forward(
-        module: torch.nn.Module,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        dropout: float = 0.0,
-        scaling: float | None = None,
-        sliding_window: int | None = None,
-        softcap: float | None = None,
-        **kwargs,
-    ) -> tuple[torch.Tensor, None]:
+def _ulysses(inner: Callable[[Call], torch.Tensor], name: str) -> Forward:
+    def forward(call: Call) -> torch.Tensor:
         g = current(name)
-        if query.shape[0] != 1 or attention_mask is not None:
-            raise ConfigError(
-                f"{name}: one packed row per rank, no attention_mask (got batch {query.shape[0]})"
-            )
+        call.one_row(name)
+        query, key, value = call.query, call.key, call.value
         heads, kv_heads = query.shape[1], key.shape[1]
         if heads % g.size:
             raise ConfigError(f"{name}: {heads} query heads do not split over sp={g.size} ranks")
         if kv_heads % g.size:  # fewer key/value heads than ranks: every query head gets its own copy
-            rep = heads // kv_heads
-            key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
+            key, value = repeat_heads(query, key, value)
         q, k, v = (all_to_all(x, 1, 2, g) for x in (query, key, value))  # (1, H/sp, T, D)
         extra = {}
-        sinks = kwargs.get("s_aux")
+        sinks = call.sinks
         if sinks is not None:
             per = heads // g.size
             extra["s_aux"] = sinks[g.rank * per : (g.rank + 1) * per]
         for k_ in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "is_causal"):
-            if kwargs.get(k_) is not None:
-                extra[k_] = kwargs[k_]
+            if call.kwargs.get(k_) is not None:
+                extra[k_] = call.kwargs[k_]
         cu = extra.get("cu_seq_lens_q")
         if cu is None or int(cu[-1]) != q.shape[2]:
             have = "none" if cu is None else f"{int(cu[-1])} tokens"
             raise ConfigError(
                 f"{name}: needs the full row's cu_seq_lens_q ({q.shape[2]} tokens; got {have}): use shard_sp"
             )
-        if inner is pa.leaky_attention_forward:
-            out, _ = inner(module, q, k, v, None, dropout=dropout, scaling=scaling)
-        else:
-            out, _ = inner(
-                module,
-                q,
-                k,
-                v,
-                None,
-                dropout=dropout,
-                scaling=scaling,
-                sliding_window=sliding_window,
-                softcap=softcap,
-                **extra,
-            )
+        out = inner(dataclasses.replace(call, query=q, key=k, value=v, kwargs=extra))
         back = all_to_all(out.transpose(1, 2), 2, 1, g)  # (1, H, T/sp, D)
-        return back.transpose(1, 2).contiguous(), None
+        return back.transpose(1, 2).contiguous()
 
-    forward.__name__ = forward.__qualname__ = f"{name}_forward"
-    forward.__doc__ = f"transformers attention interface for ``{name}`` (see the module doc)."
-    return forward
+    doc = f"transformers attention interface for ``{name}`` (see the module doc)."
+    return interface(forward, f"{name}_forward", doc)
 
 
-ulysses_attention_forward = _ulysses(pa.varlen_attention_forward, NAME)
-ulysses_leaky_attention_forward = _ulysses(pa.leaky_attention_forward, LEAKY)
+ulysses_attention_forward = _ulysses(pa.varlen_attention, NAME)
+ulysses_leaky_attention_forward = _ulysses(pa.leaky_attention, LEAKY)
 
 
 def register() -> bool:
     """Register ``padfree_ulysses`` and ``padfree_ulysses_leaky`` with transformers (idempotent); ``False``
     when transformers is not installed."""
-    if not pa.register():
-        return False
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    for name, fn in ((NAME, ulysses_attention_forward), (LEAKY, ulysses_leaky_attention_forward)):
-        AttentionInterface.register(name, fn)
-        AttentionMaskInterface.register(name, pa.varlen_mask)
-    return True
+    forwards = {NAME: ulysses_attention_forward, LEAKY: ulysses_leaky_attention_forward}
+    return pa.register() and register_attention(forwards, pa.varlen_mask)
 
 
 register()
