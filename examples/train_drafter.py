@@ -70,6 +70,7 @@ from padfree.drafter.export import (
     export_drafter,
 )
 from padfree.drafter.methods import METHODS
+from padfree.drafter.options import add_recipe_arguments, recipe_from_args
 from padfree.drafter.setup import TargetShape, drafter_setup
 from padfree.drafter.target import (
     DTYPES,
@@ -80,13 +81,7 @@ from padfree.drafter.target import (
 )
 from padfree.drafter.train import build_models, loss_sums, token_counts
 from padfree.errors import ConfigError, PadfreeError
-from padfree.options import (
-    NUMERIC,
-    Bounded,
-    add_recipe_arguments,
-    check_device,
-    recipe_from_args,
-)
+from padfree.options import NUMERIC, Bounded, check_device
 from padfree.torch import PlanBatchSampler, PlannedDataset, all_reduce_sum, step_loss, sync_unless
 from padfree.torch.checkpoint import CheckpointDir
 from padfree.torch.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun

@@ -12,8 +12,9 @@ from typing import Any
 from padfree.commands.common import bounded_list, check_output, writing
 from padfree.drafter.methods import METHODS
 from padfree.drafter.methods import get as get_method
+from padfree.drafter.options import add_recipe_arguments, recipe_from_args
 from padfree.errors import ConfigError
-from padfree.options import BUDGET, add_number, add_recipe_arguments, check_device, recipe_from_args
+from padfree.options import BUDGET, add_number, check_device
 
 NAME = "calibrate"
 HELP = "time forward+backward+AdamW over padded shapes on this machine; fit time = a*slots + b*attention + c"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from padfree.commands.common import add_output_options, check_input
 from padfree.drafter.methods import METHODS
-from padfree.options import DOCS, MAX_TOKENS, add_recipe_arguments, recipe_from_args
+from padfree.drafter.options import add_recipe_arguments, recipe_from_args
+from padfree.options import DOCS, MAX_TOKENS
 
 MAX_ROW = 32768
 """Most tokens in the checked row: its dense masks hold row x row entries."""

@@ -19,8 +19,9 @@ from padfree.core.config import (
     CostModel,
     PlanConfig,
 )
+from padfree.drafter.options import add_recipe_arguments
 from padfree.errors import ConfigError, InputError, OutputError
-from padfree.options import Bounded, add_number, add_recipe_arguments
+from padfree.options import Bounded, add_number
 
 
 def bounded_list(text: str, kind: Bounded, option: str, most: int = 32) -> tuple:

@@ -15,8 +15,9 @@ from padfree.commands.common import (
     load_lengths,
 )
 from padfree.core.config import STRATEGIES
+from padfree.drafter.options import recipe_from_args
 from padfree.errors import ConfigError
-from padfree.options import add_number, recipe_from_args
+from padfree.options import add_number
 
 NAME = "simulate"
 HELP = "predict each strategy's training throughput on N GPUs (ranks wait for the slowest every step)"

@@ -131,7 +131,7 @@ class Recipe:
 @dataclass(frozen=True)
 class FieldRule:
     """What values a recipe field takes: the one table (:data:`FIELDS`) that :class:`Recipe` checks and
-    the CLI's recipe options (``padfree.commands.common.add_recipe_arguments``) are made from.
+    the CLI's recipe options (``padfree.drafter.options.add_recipe_arguments``) are made from.
 
     Attributes:
         kind: ``int``, ``float`` (finite), ``choice`` (one of ``choices``) or ``bool`` (``yes``/``no`` on the
