@@ -104,24 +104,28 @@ def test_drafter_weights_survive_the_state():
 
 def test_the_sampler_shows_the_plan_it_hands_out_planned_once(monkeypatch):
     """``sampler.plan`` is the plan of the epoch the sampler yields (a report of its heaviest micro-batch
-    reads it): the micro-batches of planning the epoch at this shape (before they are given to ranks),
-    kept, and not planned again when the epoch runs."""
+    reads it): the steps of planning the epoch at this shape (before their micro-batches are given to ranks
+    and evened, which moves items between a step's micro-batches, never between steps), kept, and not
+    planned again when the epoch runs."""
     from padfree.core import cursor as cursor_mod
     from padfree.core.planner import make_plan
 
-    def micro_batches(p):
-        return sorted(tuple(sorted(p.indices[a:b].tolist())) for a, b in zip(p.offsets[:-1], p.offsets[1:]))
+    def steps(p):
+        k = p.config.micro_per_step
+        return sorted(
+            tuple(sorted(p.indices[p.offsets[s * k] : p.offsets[(s + 1) * k]].tolist()))
+            for s in range(p.n_steps)
+        )
 
     lengths, anchors = data(120)
     cfg = PlanConfig(strategy="packed", budget=1024, grad_accum=2, anchor_budget=64, cost=COST)
     sampler = PlanBatchSampler(lengths, cfg, rank=0, world_size=2, anchors=anchors, epoch=1)
     plan = sampler.plan
-    assert micro_batches(plan) == micro_batches(
-        make_plan(lengths, cfg.with_(world_size=2), 1, anchors=anchors)
-    )
+    assert steps(plan) == steps(make_plan(lengths, cfg.with_(world_size=2), 1, anchors=anchors))
     calls = []
     real = cursor_mod.replay
     monkeypatch.setattr(cursor_mod, "replay", lambda *a, **k: calls.append(1) or real(*a, **k))
-    taken = [tuple(sorted(mb)) for mb in sampler if len(mb)]
+    taken = [sorted(mb) for mb in sampler if len(mb)]
     assert sampler.plan is plan and calls == []  # the epoch ran on the plan already made
-    assert taken and set(taken) <= set(micro_batches(plan))
+    step_of = {i: n for n, step in enumerate(steps(plan)) for i in step}
+    assert taken and all(len({step_of[i] for i in mb}) == 1 for mb in taken)

@@ -17,7 +17,7 @@ from numpy.typing import ArrayLike
 
 from padfree.core import _kernels, capacity, chunked, cost, steps
 from padfree.core.budget import Budget
-from padfree.core.config import PlanConfig
+from padfree.core.config import DEFAULT_COST, PlanConfig
 from padfree.core.items import Items, Report, make_items, validate_lengths
 from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
@@ -278,7 +278,8 @@ def plan_items(
     generator (:func:`epoch_rng`); the stream planner gives each window its own.
     ``assign=False`` leaves each step's micro-batches in their stratified order, not yet given to ranks: the
     same steps (the same micro-batches in each) whatever cost model assigns them (bucketed steps are levelled
-    under ``config.cost`` alone, :func:`padfree.core.steps.level_steps`), which the sampler then assigns one
+    under the default cost model, never the configured one, which a resume may change:
+    :func:`padfree.core.steps.level_steps`), which the sampler then assigns one
     step at a time (:func:`padfree.core.balance.step_layout` on one step gives what ``assign=True`` gives).
     """
     t0 = time.perf_counter() if t0 is None else t0
@@ -300,9 +301,10 @@ def plan_items(
     at_cap = config if cap == config.budget else config.with_(budget=cap, sp=1, cp=1)  # sizes are padded
     order, offsets, strata, edges = REGISTRY[config.strategy].form(size, at_cap, rng)
     if strata is not None:
-        ranks = None  # steps levelled for the ranks under the configured cost model, assigned or not
+        ranks = None  # steps levelled for the ranks, assigned or not, under a cost model the epoch keeps: the
+        # configured one is not in the fingerprint and may change at a resume, the epoch's steps may not
         if steps.levels_steps(config, items.anchors is not None or capacity.bounded(config)):
-            ranks = (config.world_size, config.grad_accum, tuple(config.cost.coefficients))
+            ranks = (config.world_size, config.grad_accum, tuple(DEFAULT_COST.coefficients))
         composed = steps.quantile_steps(order, offsets, size, k, cap, rng, ranks)
         if composed is None:  # the tail cannot be cut into whole steps: strata spread by token mass
             tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
