@@ -62,12 +62,12 @@ from torch.utils.data import DataLoader
 from padfree.drafter import memory as drafter_memory
 from padfree.drafter.collate import DrafterCollator
 from padfree.drafter.export import (
-    FORMATS,
     META_KEY,
     check_export_dir,
     check_exportable,
     checkpoint_extra,
     export_drafter,
+    formats,
 )
 from padfree.drafter.methods import METHODS
 from padfree.drafter.setup import TargetShape, drafter_setup
@@ -131,7 +131,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--export-format",
-        choices=list(FORMATS),
+        choices=list(formats()),
         default=None,
         help="--export-dir's format (default: dflash for DFlash, speculators for EAGLE-3)",
     )

@@ -75,7 +75,10 @@ class MemorySizes:
 class MethodModule(Protocol):
     """What a method's torch module provides (mypy checks the modules against it in
     :mod:`padfree.drafter.train`): its draft queries of a micro-batch, its drafter built from a recipe and
-    the target's sizes, and the pairs a leak check counts."""
+    the target's sizes, the pairs a leak check counts, and its export format's writer
+    (:mod:`padfree.drafter.export` dispatches to it): ``export_files(state, meta) -> (config, tensors)``
+    and ``check_export(meta, verifier_option=...)``, which refuses in one line what the format cannot
+    hold."""
 
     @property
     def Fields(self) -> type: ...  # noqa: N802 (the module's class)
@@ -96,6 +99,10 @@ class MethodModule(Protocol):
     def crossings(self, batch: Any) -> tuple[int, Any, Any]: ...
 
     def field_padding(self, batch: Any, mask_token_id: int = 1) -> Any: ...
+
+    def export_files(self, state: dict, meta: dict) -> tuple[dict, dict]: ...
+
+    def check_export(self, meta: dict, *, verifier_option: str | None = ...) -> None: ...
 
 
 def _recipe_memory(terms: Callable[..., MemoryModel]) -> Callable[[MemorySizes, Recipe], MemoryModel]:
@@ -137,7 +144,8 @@ class Method:
         memory: ``(sizes, recipe) -> MemoryModel``: the activation memory of a micro-batch
             (:mod:`padfree.drafter.memory`).
         recipe_line: ``recipe -> str``: the recipe's values that set this method's work and loss, one line.
-        export_format: the served format a checkpoint of this method exports to by default.
+        export_format: the served format a checkpoint of this method exports to (its module writes it:
+            ``export_files`` and ``check_export``); one method per format.
     """
 
     name: str
@@ -292,6 +300,9 @@ def register(method: Method) -> Method:
     """Add ``method`` to :data:`METHODS` (a third method: its module and one ``register`` call)."""
     if method.name in METHODS and METHODS[method.name] is not method:
         raise ConfigError(f"drafter method {method.name!r} is registered already")
+    holder = next((m for m in METHODS.values() if m.export_format == method.export_format), method)
+    if holder.name != method.name:
+        raise ConfigError(f"export format {method.export_format!r} holds {holder.name} drafters already")
     METHODS[method.name] = method
     return method
 
