@@ -146,6 +146,12 @@ class Method:
         recipe_line: ``recipe -> str``: the recipe's values that set this method's work and loss, one line.
         export_format: the served format a checkpoint of this method exports to (its module writes it:
             ``export_files`` and ``check_export``); one method per format.
+        speculators_kwargs: ``(recipe, max_anchors) -> keywords`` of vllm speculators' model class's
+            ``get_trainer_kwargs`` for the recipe (one line when speculators trains no such recipe); None:
+            speculators has no model of this method.
+        speculators_inputs: ``"module:function"`` building that model's forward inputs from a padfree batch,
+            ``(batch, target, *, shapes, noise) -> (inputs, anchor choice or None)``
+            (:func:`padfree.integrations.feed.speculators_inputs` dispatches to it; needs torch).
     """
 
     name: str
@@ -158,6 +164,8 @@ class Method:
     memory: Callable[[MemorySizes, Recipe], MemoryModel]
     recipe_line: Callable[[Recipe], str]
     export_format: str
+    speculators_kwargs: Callable[[Recipe, int | None], dict[str, Any]] | None = None
+    speculators_inputs: str | None = None
 
     def load(self) -> ModuleType:
         """The method's torch module (needs torch; it provides :class:`MethodModule`)."""
@@ -283,13 +291,47 @@ def unrolled_line(r: Recipe) -> str:
     )
 
 
+_LOSS_FN = {"argmax_ce": "ce", "kl": "kl_div"}
+_SLOT_WEIGHTS = {"dpace": "dpace", "exp": "fixed-exp-decay"}
+
+
+def block_trainer_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
+    """speculators' DFlash trainer keywords: ``loss_fn`` (``ce`` for ``argmax_ce``, ``kl_div`` for ``kl``),
+    slot weights (``dpace`` or ``fixed-exp-decay`` with the recipe's gamma), ``dpace_alpha`` and
+    ``max_anchors`` (the fixed anchor width; default the recipe's cap).
+
+    >>> from padfree.drafter.recipes import get as recipe
+    >>> block_trainer_kwargs(recipe("speculators", "dflash"), 64)["per_position_loss_weight"]
+    'dpace'
+    """
+    if r.objective not in _LOSS_FN or r.slot_weights not in _SLOT_WEIGHTS:
+        raise ConfigError(
+            f"recipe {r.name}: speculators' DFlash trains {' or '.join(_LOSS_FN)} with "
+            f"{' or '.join(_SLOT_WEIGHTS)} slot weights, not {r.objective} with {r.slot_weights}"
+        )
+    return {
+        "loss_fn": _LOSS_FN[r.objective],
+        "dflash_decay_gamma": r.gamma,
+        "max_anchors": r.max_anchors if max_anchors is None else int(max_anchors),
+        "per_position_loss_weight": _SLOT_WEIGHTS[r.slot_weights],
+        "dpace_alpha": r.dpace_alpha,
+    }
+
+
+def unrolled_trainer_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
+    """speculators' EAGLE-3 trainer keywords: KL loss, ``ttt_steps`` and ``ttt_step_loss_decay``."""
+    return {"loss_fn": "kl_div", "ttt_steps": r.ttt, "ttt_step_loss_decay": r.step_decay}
+
+
 DFLASH = Method(
     "dflash", "DFlash", "padfree.drafter.dflash", True, "draft blocks", "block_size", block_cost,
-    _recipe_memory(_memory.block_memory), block_line, "dflash",
+    _recipe_memory(_memory.block_memory), block_line, "dflash", block_trainer_kwargs,
+    "padfree.integrations.feed:dflash_inputs",
 )  # fmt: skip
 EAGLE3 = Method(
     "eagle3", "EAGLE-3", "padfree.drafter.eagle3", False, "draft positions", "ttt", unrolled_cost,
-    _recipe_memory(_memory.unrolled_memory), unrolled_line, "speculators",
+    _recipe_memory(_memory.unrolled_memory), unrolled_line, "speculators", unrolled_trainer_kwargs,
+    "padfree.integrations.feed:eagle3_feed",
 )  # fmt: skip
 
 METHODS: dict[str, Method] = {}
