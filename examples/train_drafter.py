@@ -106,7 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--anchor-budget", type=NUMERIC["--anchor-budget"], default=None, help="blocks per micro-batch"
     )
-    p.add_argument("--draft-layers", type=NUMERIC["--draft-layers"], default=1, help="DFlash draft layers")
+    free = " and ".join(m.title for m in METHODS.values() if m.draft_layers is None)
+    p.add_argument("--draft-layers", type=NUMERIC["--draft-layers"], default=1, help=f"{free} draft layers")
     p.add_argument("--anchor-log", default=None, help="append each trained sample's anchors (DFlash)")
     p.add_argument(
         "--memory-gb",
@@ -133,7 +134,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--export-format",
         choices=list(formats()),
         default=None,
-        help="--export-dir's format (default: dflash for DFlash, speculators for EAGLE-3)",
+        help="--export-dir's format (default: "
+        + ", ".join(f"{m.export_format} for {m.title}" for m in METHODS.values())
+        + ")",
     )
     p.add_argument(
         "--export-dir",

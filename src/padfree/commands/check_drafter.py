@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"anchor sets identical:            {'yes' if r.anchors_identical else 'NO'}")
     print(f"losses identical per document:    {'yes' if r.losses_match else 'NO'}")
     print(f"cross-document (query, key) pairs: {r.cross_pairs}")
-    if not spec.uses_anchors:
+    if spec.shifted_inputs:
         print(f"shifted inputs from another document: {r.cross_inputs}")
     print(f"labels crossing a document end:    {r.cross_labels}")
     print(f"  of inputs/labels crossing, supervised on this data: {r.cross_supervised}")

@@ -120,7 +120,7 @@ class DrafterCheck:
             parts.append(f"{self.cross_pairs} attended (query, key) pairs join two documents")
         crossing = self.cross_inputs + self.cross_labels
         if crossing:
-            what = "block labels" if methods.get(self.method).uses_anchors else "shifted inputs/labels"
+            what = methods.get(self.method).crossing
             latent = ": the leak is latent here" if self.cross_supervised == 0 else ""
             parts.append(
                 f"{crossing} {what} cross a document end ({self.cross_supervised} supervised on this data"

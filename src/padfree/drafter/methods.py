@@ -152,6 +152,13 @@ class Method:
         speculators_inputs: ``"module:function"`` building that model's forward inputs from a padfree batch,
             ``(batch, target, *, shapes, noise) -> (inputs, anchor choice or None)``
             (:func:`padfree.integrations.feed.speculators_inputs` dispatches to it; needs torch).
+        draft_layers: the drafter's layers where the method fixes them (EAGLE-3: one decoder layer); None:
+            the caller's choice (``--draft-layers``).
+        crossing: what of the drafter's labels (and fed inputs) can cross a document end, as
+            ``check-drafter`` names them.
+        shifted_inputs: the drafter is fed inputs shifted along the row (EAGLE-3's next tokens), which can
+            come from another document (``check-drafter`` counts them).
+        specforge_packed: SpecForge has a patched model that trains this method on packed rows.
     """
 
     name: str
@@ -166,10 +173,18 @@ class Method:
     export_format: str
     speculators_kwargs: Callable[[Recipe, int | None], dict[str, Any]] | None = None
     speculators_inputs: str | None = None
+    draft_layers: int | None = None
+    crossing: str = "labels"
+    shifted_inputs: bool = False
+    specforge_packed: bool = False
 
     def load(self) -> ModuleType:
         """The method's torch module (needs torch; it provides :class:`MethodModule`)."""
         return importlib.import_module(self.module)
+
+    def layers(self, draft_layers: int) -> int:
+        """The drafter's layers when ``draft_layers`` are asked for: the method's own where it fixes them."""
+        return draft_layers if self.draft_layers is None else self.draft_layers
 
     def describe(self, block_size: int, ttt: int) -> str:
         """The method with its own size: ``"dflash (block 16)"``, ``"eagle3 (ttt 7)"``."""
@@ -326,12 +341,13 @@ def unrolled_trainer_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any
 DFLASH = Method(
     "dflash", "DFlash", "padfree.drafter.dflash", True, "draft blocks", "block_size", block_cost,
     _recipe_memory(_memory.block_memory), block_line, "dflash", block_trainer_kwargs,
-    "padfree.integrations.feed:dflash_inputs",
+    "padfree.integrations.feed:dflash_inputs", crossing="block labels", specforge_packed=True,
 )  # fmt: skip
 EAGLE3 = Method(
     "eagle3", "EAGLE-3", "padfree.drafter.eagle3", False, "draft positions", "ttt", unrolled_cost,
     _recipe_memory(_memory.unrolled_memory), unrolled_line, "speculators", unrolled_trainer_kwargs,
-    "padfree.integrations.feed:eagle3_feed",
+    "padfree.integrations.feed:eagle3_feed", draft_layers=1, crossing="shifted inputs/labels",
+    shifted_inputs=True,
 )  # fmt: skip
 
 METHODS: dict[str, Method] = {}

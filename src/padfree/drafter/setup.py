@@ -215,7 +215,7 @@ def drafter_setup(
         memory_gb: bound the activations of every micro-batch (GiB): the draft blocks (DFlash) or the
             attention (EAGLE-3) a micro-batch holds.
         anchor_budget: draft blocks per micro-batch at most (DFlash).
-        draft_layers: the drafter's layers (DFlash).
+        draft_layers: the drafter's layers (where the method leaves them to the caller: DFlash).
         memory: the memory model (default: the method's analytic one for these sizes).
     """
     method = methods.get(recipe.method)
@@ -235,7 +235,7 @@ def drafter_setup(
     if loss_mask is not None:
         check_drafts(recipe, anchors, lens, supervised)  # a run that drafts nothing trains zeros
     dvocab = draft_vocab_size(recipe, target.vocab)
-    layers = draft_layers if method.uses_anchors else 1
+    layers = method.layers(draft_layers)
     shape = methods.DrafterShape(
         hidden=target.hidden,
         layers=target.layers,
