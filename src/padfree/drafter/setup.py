@@ -189,6 +189,15 @@ def estimated_valid(loss: np.ndarray, tokens: np.ndarray, recipe: Recipe) -> np.
     return np.maximum(tail - (1 if recipe.anchor_eligibility == "pair" else 0), 0)
 
 
+def sample_anchors(recipe: Recipe, lengths: ArrayLike, loss_mask: ArrayLike) -> np.ndarray | None:
+    """Draft blocks per sample that the planner counts for ``recipe`` (its anchor rule on each sample's loss
+    mask; ``loss_mask``: the samples' masks, concatenated); ``None`` for a method without anchors."""
+    if not methods.get(recipe.method).uses_anchors:
+        return None
+    offsets = np.concatenate(([0], np.cumsum(np.asarray(lengths, dtype=np.int64))))
+    return anchor_counts(np.asarray(loss_mask, dtype=bool), offsets, recipe.anchor_policy())
+
+
 def drafter_setup(
     recipe: Recipe,
     config: PlanConfig,
@@ -225,9 +234,7 @@ def drafter_setup(
     if loss_mask is not None:
         mask = np.asarray(loss_mask, dtype=bool)
         supervised = int(mask.sum())
-        if method.uses_anchors:
-            offsets = np.concatenate(([0], np.cumsum(lens)))
-            anchors = anchor_counts(mask, offsets, recipe.anchor_policy())
+        anchors = sample_anchors(recipe, lens, mask)
     elif method.uses_anchors:
         loss = np.maximum(lens - 1, 0) if loss_counts is None else np.asarray(loss_counts, dtype=np.int64)
         valid = estimated_valid(loss, np.minimum(lens, config.budget), recipe)
@@ -303,4 +310,5 @@ __all__ = [
     "estimated_valid",
     "fused_layers",
     "report",
+    "sample_anchors",
 ]
