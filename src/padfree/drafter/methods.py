@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from padfree.core.config import CostModel
 from padfree.drafter import memory as _memory
-from padfree.drafter.memory import MemoryModel
+from padfree.drafter.memory import MemoryModel, MemorySizes
 from padfree.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -56,20 +56,6 @@ class DrafterShape:
         )
         if min(self.hidden, self.layers, dh, self.draft_layers) < 1 or min(self.vocab, dv) < 0:
             raise ConfigError("drafter shape: sizes must be >= 1 and vocabularies >= 0")
-
-
-@dataclass(frozen=True)
-class MemorySizes:
-    """The sizes a method's activation memory model reads: the target's width, the drafter's heads,
-    key-value heads and MLP width, its layers, the target layers it fuses and its LM head's vocabulary."""
-
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    draft_layers: int = 1
-    fused_layers: int = 3
-    vocab: int = 32000
 
 
 class MethodModule(Protocol):
@@ -103,26 +89,6 @@ class MethodModule(Protocol):
     def export_files(self, state: dict, meta: dict) -> tuple[dict, dict]: ...
 
     def check_export(self, meta: dict, *, verifier_option: str | None = ...) -> None: ...
-
-
-def _recipe_memory(terms: Callable[..., MemoryModel]) -> Callable[[MemorySizes, Recipe], MemoryModel]:
-    """A method's memory model from its analytic terms (:mod:`padfree.drafter.memory`) at a recipe."""
-
-    def memory(sizes: MemorySizes, recipe: Recipe) -> MemoryModel:
-        return terms(
-            hidden=sizes.hidden,
-            heads=sizes.heads,
-            kv_heads=sizes.kv_heads,
-            intermediate=sizes.intermediate,
-            draft_layers=sizes.draft_layers,
-            fused_layers=sizes.fused_layers,
-            block_size=recipe.block_size,
-            ttt=recipe.ttt,
-            vocab=sizes.vocab,
-            objective=recipe.objective,
-        )
-
-    return memory
 
 
 @dataclass(frozen=True)
@@ -338,14 +304,24 @@ def unrolled_trainer_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any
     return {"loss_fn": "kl_div", "ttt_steps": r.ttt, "ttt_step_loss_decay": r.step_decay}
 
 
+def block_memory(sizes: MemorySizes, r: Recipe) -> MemoryModel:
+    """DFlash's activation memory at the recipe's block size and objective."""
+    return _memory.block_memory(sizes, block_size=r.block_size, objective=r.objective)
+
+
+def unrolled_memory(sizes: MemorySizes, r: Recipe) -> MemoryModel:
+    """EAGLE-3's activation memory at the recipe's test-time-training steps and objective."""
+    return _memory.unrolled_memory(sizes, ttt=r.ttt, objective=r.objective)
+
+
 DFLASH = Method(
     "dflash", "DFlash", "padfree.drafter.dflash", True, "draft blocks", "block_size", block_cost,
-    _recipe_memory(_memory.block_memory), block_line, "dflash", block_trainer_kwargs,
+    block_memory, block_line, "dflash", block_trainer_kwargs,
     "padfree.integrations.feed:dflash_inputs", crossing="block labels", specforge_packed=True,
 )  # fmt: skip
 EAGLE3 = Method(
     "eagle3", "EAGLE-3", "padfree.drafter.eagle3", False, "draft positions", "ttt", unrolled_cost,
-    _recipe_memory(_memory.unrolled_memory), unrolled_line, "speculators", unrolled_trainer_kwargs,
+    unrolled_memory, unrolled_line, "speculators", unrolled_trainer_kwargs,
     "padfree.integrations.feed:eagle3_feed", draft_layers=1, crossing="shifted inputs/labels",
     shifted_inputs=True,
 )  # fmt: skip
