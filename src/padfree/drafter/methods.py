@@ -118,6 +118,8 @@ class Method:
         speculators_inputs: ``"module:function"`` building that model's forward inputs from a padfree batch,
             ``(batch, target, *, shapes, noise) -> (inputs, anchor choice or None)``
             (:func:`padfree.integrations.feed.speculators_inputs` dispatches to it; needs torch).
+        speculators_head: ``recipe -> n``: the positions at each document's start that carry no loss in
+            speculators' packed row (EAGLE-3: ``ttt - 1``, where a shifted pair could join two documents).
         draft_layers: the drafter's layers where the method fixes them (EAGLE-3: one decoder layer); None:
             the caller's choice (``--draft-layers``).
         crossing: what of the drafter's labels (and fed inputs) can cross a document end, as
@@ -139,6 +141,7 @@ class Method:
     export_format: str
     speculators_kwargs: Callable[[Recipe, int | None], dict[str, Any]] | None = None
     speculators_inputs: str | None = None
+    speculators_head: Callable[[Recipe], int] = lambda r: 0
     draft_layers: int | None = None
     crossing: str = "labels"
     shifted_inputs: bool = False
@@ -322,8 +325,8 @@ DFLASH = Method(
 EAGLE3 = Method(
     "eagle3", "EAGLE-3", "padfree.drafter.eagle3", False, "draft positions", "ttt", unrolled_cost,
     unrolled_memory, unrolled_line, "speculators", unrolled_trainer_kwargs,
-    "padfree.integrations.feed:eagle3_feed", draft_layers=1, crossing="shifted inputs/labels",
-    shifted_inputs=True,
+    "padfree.integrations.feed:eagle3_feed", speculators_head=lambda r: r.ttt - 1, draft_layers=1,
+    crossing="shifted inputs/labels", shifted_inputs=True,
 )  # fmt: skip
 
 METHODS: dict[str, Method] = {}
