@@ -24,6 +24,7 @@ from padfree.drafter.recipes import Recipe
 from padfree.drafter.setup import TargetShape, drafter_setup
 from padfree.drafter.train import build_models, memory_model, train_micro
 from padfree.errors import ConfigError
+from padfree.integrations.feed import trainer_kwargs
 from padfree.torch import PlanBatchSampler, PlannedDataset
 
 MODULE = "padfree_test_toy_method"
@@ -155,6 +156,8 @@ def test_the_toy_method_exports_by_its_own_writer(toy, tmp_path):
         check_exportable(meta, "toy")
     with pytest.raises(ConfigError, match="this drafter is toy \\(export it with --format toy\\)"):
         check_exportable(meta, "speculators")
+    with pytest.raises(ConfigError, match="speculators has no Toy model to feed"):
+        trainer_kwargs(object(), recipe)
     with pytest.raises(ConfigError, match="holds toy drafters already"):
         methods.register(dataclasses.replace(toy, name="toy2"))
 
