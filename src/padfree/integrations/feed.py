@@ -143,10 +143,8 @@ def trainer_kwargs(
     (:attr:`~padfree.drafter.methods.Method.speculators_kwargs`: DFlash's loss, slot weights and anchor
     width ``max_anchors``, default the recipe's cap; EAGLE-3's ttt and step decay).
     ``loss_implementation="eager"`` runs without Triton (CPU)."""
-    train, _ = type(model).get_trainer_kwargs(
-        loss_implementation=loss_implementation,
-        **_speculators_method(recipe.method).speculators_kwargs(recipe, max_anchors),
-    )
+    keywords = _speculators_method(recipe.method).speculators_kwargs(recipe, max_anchors)
+    train, _ = type(model).get_trainer_kwargs(loss_implementation=loss_implementation, **keywords)
     return dict(train)
 
 
