@@ -72,7 +72,7 @@ def main() -> None:
                 row |= {"layout": layout, "leaky": leaky, "command": cmd}
                 try:
                     recipe = recipes.get(name, method)
-                    samples, row["passed_over"] = drafting_documents(read, a.docs, method, recipe)
+                    samples, row["passed_over"] = drafting_documents(read, a.docs, recipe)
                     r = check_drafter(method, samples, recipe=recipe, leaky=leaky, layout=layout)
                 except PadfreeError as e:  # what the CLI prints on one line with exit 2
                     row |= {"exit": 2, "verdict": "refused", "reason": str(e)}

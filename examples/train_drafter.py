@@ -62,12 +62,12 @@ from torch.utils.data import DataLoader
 from padfree.drafter import memory as drafter_memory
 from padfree.drafter.collate import DrafterCollator
 from padfree.drafter.export import (
-    FORMATS,
     META_KEY,
     check_export_dir,
     check_exportable,
     checkpoint_extra,
     export_drafter,
+    formats,
 )
 from padfree.drafter.methods import METHODS
 from padfree.drafter.options import add_recipe_arguments, recipe_from_args
@@ -101,7 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--anchor-budget", type=NUMERIC["--anchor-budget"], default=None, help="blocks per micro-batch"
     )
-    p.add_argument("--draft-layers", type=NUMERIC["--draft-layers"], default=1, help="DFlash draft layers")
+    free = " and ".join(m.title for m in METHODS.values() if m.draft_layers is None)
+    p.add_argument("--draft-layers", type=NUMERIC["--draft-layers"], default=1, help=f"{free} draft layers")
     p.add_argument("--anchor-log", default=None, help="append each trained sample's anchors (DFlash)")
     p.add_argument(
         "--memory-gb",
@@ -126,9 +127,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--export-format",
-        choices=list(FORMATS),
+        choices=list(formats()),
         default=None,
-        help="--export-dir's format (default: dflash for DFlash, speculators for EAGLE-3)",
+        help="--export-dir's format (default: "
+        + ", ".join(f"{m.export_format} for {m.title}" for m in METHODS.values())
+        + ")",
     )
     p.add_argument(
         "--export-dir",

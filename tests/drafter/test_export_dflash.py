@@ -16,7 +16,8 @@ import torch
 
 from padfree.drafter import recipes
 from padfree.drafter.collate import DrafterCollator
-from padfree.drafter.export import _dflash, export_meta, export_models
+from padfree.drafter.dflash import export_files
+from padfree.drafter.export import export_meta, export_models
 from padfree.drafter.target import load_target, run_target
 from padfree.drafter.train import build_models
 from padfree.errors import ConfigError
@@ -126,7 +127,7 @@ def test_zlab_window_gives_other_logits_than_trained(tmp_path, folder):
     """Why the refusal: z-lab's class, given the window in its config, is served with other attention."""
     m, _docs, batch, out, ours = _trained(folder, _recipe("speculators", 8))
     state = {k: v.detach() for k, v in m.drafter.state_dict().items()}
-    config, tensors = _dflash(state, export_meta(m, mask_token_id=MASK, target_path=folder))
+    config, tensors = export_files(state, export_meta(m, mask_token_id=MASK, target_path=folder))
     assert config["sliding_window"] == 8 and config["layer_types"] == ["sliding_attention"] * 2
     served = tmp_path / "served"
     served.mkdir()

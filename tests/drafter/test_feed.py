@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from padfree.core.anchors import AnchorPolicy
+from padfree.drafter import recipes
 from padfree.drafter.collate import DrafterCollator
 from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
-from padfree.integrations.feed import dflash_inputs, eagle3_inputs
+from padfree.integrations.feed import dflash_inputs, eagle3_inputs, speculators_inputs, trainer_kwargs
 
 
 def items(lens, seed=0):
@@ -109,3 +110,36 @@ def test_a_document_gets_the_same_noise_and_anchors_through_padfree_and_through_
         assert anchors[(anchors >= s.start) & (anchors < s.stop)].tolist() == want.tolist()
     other = DrafterCollator("dflash", policy, recipe=rec, seed=8, mask_token_id=49)(docs)
     assert not torch.equal(with_noise(target, other).hidden, mine)  # the seed enters the key
+
+
+class _Their:
+    """A speculators model class whose ``get_trainer_kwargs`` hands back the keywords it was given."""
+
+    @classmethod
+    def get_trainer_kwargs(cls, **kw):
+        return kw, {}
+
+
+def test_each_method_builds_its_own_speculators_inputs_and_trainer_kwargs():
+    b = DrafterCollator("dflash", AnchorPolicy(block_size=4, density=0.5, partial=False), mask_token_id=49)(
+        items([9, 30, 5, 22])
+    )
+    kw, choice = speculators_inputs(b, fake_target(b.contract))
+    theirs, their_choice = dflash_inputs(b, fake_target(b.contract))
+    assert choice is not None and torch.equal(choice.anchors, their_choice.anchors)
+    assert all(torch.equal(kw[k], theirs[k]) for k in theirs)
+    e = DrafterCollator("eagle3", ttt=3)(items([9, 30, 2, 22]))
+    kw, choice = speculators_inputs(e, fake_target(e.contract, layers=3))
+    assert choice is None and torch.equal(
+        kw["loss_mask"], eagle3_inputs(e, fake_target(e.contract, layers=3))["loss_mask"]
+    )
+    d = trainer_kwargs(
+        _Their(), recipes.get("speculators", "dflash"), max_anchors=64, loss_implementation="eager"
+    )
+    assert d["max_anchors"] == 64 and d["loss_implementation"] == "eager" and "ttt_steps" not in d
+    e3 = recipes.get("speculators", "eagle3")
+    assert trainer_kwargs(_Their(), e3)["ttt_steps"] == e3.ttt and "max_anchors" not in trainer_kwargs(
+        _Their(), e3
+    )
+    with pytest.raises(ConfigError, match="speculators' DFlash trains"):
+        trainer_kwargs(_Their(), recipes.get("specforge", "dflash"))

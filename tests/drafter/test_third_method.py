@@ -1,9 +1,12 @@
 """A third drafter method is its module and one registry line: a toy method (an EAGLE-3 with one
-test-time-training step and its own cost, memory and recipe line), defined here only, plans through the
-drafter setup, builds through ``build_models`` and trains one micro-batch."""
+test-time-training step and its own cost, memory, recipe line and export format), defined here only, plans
+through the drafter setup, builds through ``build_models``, trains one micro-batch and exports through
+``export_models`` by its own writer."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
 import types
 
@@ -15,10 +18,13 @@ from padfree import PlanConfig
 from padfree.core.config import CostModel
 from padfree.drafter import eagle3, methods
 from padfree.drafter.collate import DrafterCollator
+from padfree.drafter.export import check_exportable, default_format, export_meta, export_models, formats
 from padfree.drafter.memory import MemoryModel
 from padfree.drafter.recipes import Recipe
 from padfree.drafter.setup import TargetShape, drafter_setup
 from padfree.drafter.train import build_models, memory_model, train_micro
+from padfree.errors import ConfigError
+from padfree.integrations.feed import trainer_kwargs
 from padfree.torch import PlanBatchSampler, PlannedDataset
 
 MODULE = "padfree_test_toy_method"
@@ -44,7 +50,20 @@ def toy_module() -> types.ModuleType:
     def build(recipe, sizes, *, n_fused, draft_layers, weights, vocab):
         return eagle3.build(recipe, sizes, n_fused=n_fused, draft_layers=1, weights=weights, vocab=vocab)
 
+    def export_files(state, meta):
+        config = {
+            "architectures": ["ToyDrafter"],
+            "ttt": meta["recipe"]["ttt"],
+            "layers": meta["target_layers"],
+        }
+        return config, {f"toy.{k}": v for k, v in state.items()}
+
+    def check_export(meta, *, verifier_option="--verifier"):
+        if meta["mask_token_id"] != 1:
+            raise ConfigError("the toy format keeps mask token 1")
+
     mod.build = build  # type: ignore[attr-defined]
+    mod.export_files, mod.check_export = export_files, check_export  # type: ignore[attr-defined]
     return mod
 
 
@@ -62,7 +81,7 @@ def toy():
             toy_cost,
             toy_memory,
             lambda r: f"recipe {r.name}: toy, ttt {r.ttt}",
-            "speculators",
+            "toy",
         )  # fmt: skip
     )
     try:
@@ -109,6 +128,38 @@ def test_a_toy_third_method_plans_builds_and_trains_through_the_setup(toy):
     before = [p.detach().clone() for p in models.trainable()]
     assert train_micro(models, batch) > 0
     assert any(not torch.equal(a, p) for a, p in zip(before, models.trainable(), strict=True))
+
+
+def test_the_toy_method_exports_by_its_own_writer(toy, tmp_path):
+    from safetensors.torch import load_file
+
+    recipe = Recipe(
+        name="toy", method="toy", ttt=1, objective="kl", normalization="supervised",
+        layer_rule="low_mid_high", fused_layers=3, head_init="target", head_trainable=True,
+    )  # fmt: skip
+    models = build_models("toy", vocab=64, seed=0, recipe=recipe)
+    assert default_format("toy") == "toy" and formats() == ("dflash", "speculators", "toy")
+    out = export_models(models, "toy", tmp_path / "served", mask_token_id=1)
+    config = json.loads((out / "config.json").read_text())
+    assert config == {
+        "architectures": ["ToyDrafter"],
+        "ttt": 1,
+        "layers": list(models.layers),
+        "dtype": "float32",
+    }
+    written = load_file(str(out / "model.safetensors"))
+    state = models.drafter.state_dict()
+    assert sorted(written) == sorted(f"toy.{k}" for k in state)
+    assert all(torch.equal(written[f"toy.{k}"], v) for k, v in state.items())
+    meta = export_meta(models, mask_token_id=2)
+    with pytest.raises(ConfigError, match="the toy format keeps mask token 1"):
+        check_exportable(meta, "toy")
+    with pytest.raises(ConfigError, match="this drafter is toy \\(export it with --format toy\\)"):
+        check_exportable(meta, "speculators")
+    with pytest.raises(ConfigError, match="speculators has no Toy model to feed"):
+        trainer_kwargs(object(), recipe)
+    with pytest.raises(ConfigError, match="holds toy drafters already"):
+        methods.register(dataclasses.replace(toy, name="toy2"))
 
 
 def mask_counts(samples: list[dict]) -> np.ndarray:

@@ -84,7 +84,7 @@ SCAN = 20
 """check-drafter reads up to ``SCAN x --docs`` documents to find ``--docs`` that train."""
 
 
-def drafting_documents(docs: list[dict], n: int, method: str, recipe) -> tuple[list[dict], int]:
+def drafting_documents(docs: list[dict], n: int, recipe) -> tuple[list[dict], int]:
     """The first ``n`` of ``docs`` with at least one supervised draft position under ``recipe`` (DFlash: an
     anchor its rule allows; EAGLE-3: a loss token after the first), and how many were passed over. A
     document with none trains nothing packed or alone, so it has nothing to compare (the speculators DFlash
@@ -94,22 +94,18 @@ def drafting_documents(docs: list[dict], n: int, method: str, recipe) -> tuple[l
     >>> from padfree.drafter import recipes
     >>> short = {"input_ids": np.arange(20), "loss_mask": np.r_[np.zeros(12), np.ones(8)].astype(np.int8)}
     >>> long = {"input_ids": np.arange(40), "loss_mask": np.r_[np.zeros(8), np.ones(32)].astype(np.int8)}
-    >>> kept, skipped = drafting_documents([short, long], 2, "dflash", recipes.get("speculators", "dflash"))
+    >>> kept, skipped = drafting_documents([short, long], 2, recipes.get("speculators", "dflash"))
     >>> [len(d["input_ids"]) for d in kept], skipped
     ([40], 1)
     """
     import numpy as np
 
-    from padfree.core.anchors import anchor_counts
-    from padfree.drafter.methods import METHODS
+    from padfree.drafter.setup import sample_anchors
 
     masks = [np.asarray(d["loss_mask"]).astype(bool) for d in docs]
-    if METHODS[method].uses_anchors:
-        offsets = np.concatenate(([0], np.cumsum([m.size for m in masks])))
-        flat = np.concatenate(masks) if masks else np.zeros(0, bool)
-        drafts = anchor_counts(flat, offsets, recipe.anchor_policy()) > 0
-    else:
-        drafts = np.array([bool(m[1:].any()) for m in masks], bool)
+    flat = np.concatenate(masks) if masks else np.zeros(0, bool)
+    anchors = sample_anchors(recipe, [m.size for m in masks], flat)
+    drafts = anchors > 0 if anchors is not None else np.array([bool(m[1:].any()) for m in masks], bool)
     keep = np.flatnonzero(drafts)[:n]
     passed = int(keep[-1] + 1 - keep.size) if keep.size else len(docs)
     return [docs[i] for i in keep], passed
@@ -139,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             supervised_window(d, args.max_tokens)
             for d in load_samples(args.data, args.tokenizer, limit=SCAN * args.docs)
         ]
-        samples, passed = drafting_documents(read, args.docs, args.method, recipe)
+        samples, passed = drafting_documents(read, args.docs, recipe)
         if len(samples) < 2:
             raise ConfigError(
                 f"check-drafter: {', '.join(args.data)}: {len(samples)} of the first {len(read)} documents "
@@ -200,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"anchor sets identical:            {'yes' if r.anchors_identical else 'NO'}")
     print(f"losses identical per document:    {'yes' if r.losses_match else 'NO'}")
     print(f"cross-document (query, key) pairs: {r.cross_pairs}")
-    if not spec.uses_anchors:
+    if spec.shifted_inputs:
         print(f"shifted inputs from another document: {r.cross_inputs}")
     print(f"labels crossing a document end:    {r.cross_labels}")
     print(f"  of inputs/labels crossing, supervised on this data: {r.cross_supervised}")

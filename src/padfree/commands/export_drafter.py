@@ -17,14 +17,17 @@ HELP = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from padfree.drafter.methods import METHODS
+
+    held = ", ".join(f"{m.export_format} ({m.title} drafters)" for m in METHODS.values())
     p.add_argument(
         "checkpoint", help="a checkpoint file (step-NNNNNNNNN.pt) or a checkpoint folder (its newest)"
     )
     p.add_argument(
         "--format",
-        choices=["dflash", "speculators"],
+        choices=[m.export_format for m in METHODS.values()],
         default=None,
-        help="dflash (z-lab; DFlash drafters) or speculators (EAGLE-3 drafters); default: the drafter's",
+        help=f"{held}; default: the drafter's",
     )
     p.add_argument(
         "--out",

@@ -120,7 +120,7 @@ class DrafterCheck:
             parts.append(f"{self.cross_pairs} attended (query, key) pairs join two documents")
         crossing = self.cross_inputs + self.cross_labels
         if crossing:
-            what = "block labels" if methods.get(self.method).uses_anchors else "shifted inputs/labels"
+            what = methods.get(self.method).crossing
             latent = ": the leak is latent here" if self.cross_supervised == 0 else ""
             parts.append(
                 f"{crossing} {what} cross a document end ({self.cross_supervised} supervised on this data"
@@ -172,9 +172,9 @@ def check_memory(models, samples: list[dict], layout: str) -> None:
     drafter's activation model (:func:`padfree.drafter.train.memory_model`, a training micro-batch's, an upper
     bound for the check's no-gradient forward) on the batch's tokens, draft blocks (``block_size`` queries
     each, their ``B x B`` scores) and reach. Nothing is refused where the available memory is unknown."""
-    from padfree.core.anchors import anchor_counts
     from padfree.core.cost import micro_shapes
     from padfree.drafter import memory
+    from padfree.drafter.setup import sample_anchors
     from padfree.drafter.train import memory_model
 
     free = memory.available_bytes()
@@ -182,10 +182,7 @@ def check_memory(models, samples: list[dict], layout: str) -> None:
         return
     masks = [np.asarray(s["loss_mask"]).astype(bool) for s in samples]
     lengths = np.array([m.size for m in masks], np.int64)
-    anchors = None
-    if models.method.uses_anchors:
-        offsets = np.concatenate(([0], np.cumsum(lengths)))
-        anchors = anchor_counts(np.concatenate(masks), offsets, models.recipe.anchor_policy())
+    anchors = sample_anchors(models.recipe, lengths, np.concatenate(masks))
     shapes = micro_shapes(lengths, np.array([0, lengths.size]), layout == "packed", anchors)
     need = float(memory_model(models).micro_bytes(shapes)[0])
     if need > free:

@@ -28,6 +28,7 @@ from padfree.core.anchors import AnchorPolicy, anchor_quota, choose_anchors
 from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields, scale_of
 from padfree.drafter.contract import Contract
+from padfree.drafter.export import layer_config, max_positions, take
 from padfree.drafter.masks import (
     count_cross_pairs,
     dflash_block_mask,
@@ -426,3 +427,79 @@ def build(
         causal_in_block=recipe.causal_in_block,
     )
     return DFlashDrafter(config, weights[0], weights[1], vocab=vocab)
+
+
+def binding_window(meta: dict) -> int | None:
+    """The DFlash drafter's context window where it can bind: None when it has none or it spans the target's
+    whole context (no block ever sees fewer positions than without one)."""
+    window = meta["drafter"].get("sliding_window")
+    if window is None or int(window) >= max_positions(meta["target"]["config"]):
+        return None
+    return int(window)
+
+
+def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
+    """The ``dflash`` export format: z-lab's DFlash config and parameter names (the embedding and LM head
+    are the target's at serving time, so they are not written). A drafter trained causal inside its block
+    is served so (``is_causal``: each slot sees its block's earlier slots and the whole context, as
+    trained); a context window that cannot bind is left out (:func:`check_export` refuses one that can:
+    z-lab's class slides its window per query)."""
+    import transformers
+
+    d, t = meta["drafter"], meta["target"]["config"]
+    n = int(d["num_layers"])
+    window = binding_window(meta)
+    qwen = transformers.Qwen3Config(
+        vocab_size=int(t["vocab_size"]),
+        num_hidden_layers=n,
+        **layer_config(d, t),
+        use_sliding_window=window is not None,
+        sliding_window=window,
+        layer_types=["sliding_attention" if window is not None else "full_attention"] * n,
+    )
+    config = qwen.to_dict()
+    block = int(meta["recipe"]["block_size"])
+    config.update(
+        architectures=["DFlashDraftModel"],
+        num_target_layers=int(t["num_hidden_layers"]),
+        block_size=block,
+        is_causal=bool(d.get("causal_in_block")),
+        dflash_config={
+            "block_size": block,
+            "mask_token_id": int(meta["mask_token_id"]),
+            "target_layer_ids": [int(i) for i in meta["target_layers"]],
+        },
+    )
+    config.pop("transformers_version", None)
+    tensors = {name: take(state, name) for name in ("fc.weight", "hidden_norm.weight", "norm.weight")}
+    for i in range(n):
+        for part in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
+            tensors[f"layers.{i}.self_attn.{part}.weight"] = take(state, f"layers.{i}.{part}.weight")
+        for part in (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        ):
+            tensors[f"layers.{i}.{part}.weight"] = take(state, f"layers.{i}.{part}.weight")
+    return config, tensors
+
+
+def check_export(meta: dict, *, verifier_option: str | None = "--verifier") -> None:
+    """Refuse in one line what z-lab's DFlash format cannot hold: a draft vocabulary, a context window that
+    binds (``verifier_option``: the format names no verifier)."""
+    if meta.get("d2t") is not None:
+        raise ConfigError(
+            "z-lab's DFlash format has no draft vocabulary (the target's LM head drafts): train with the "
+            "full vocabulary (--draft-vocab none)"
+        )
+    window = binding_window(meta)
+    if window is not None:
+        recipe = (meta.get("recipe") or {}).get("name", "?")
+        raise ConfigError(
+            f"z-lab's DFlash format slides its window per query over [context; block], so a block's later "
+            f"slots see fewer positions; this drafter (recipe {recipe}) was trained with every block seeing "
+            f"the {window} positions before its anchor, which no z-lab config reproduces: served logits "
+            "would differ; train with --sliding-window none to export it in this format"
+        )

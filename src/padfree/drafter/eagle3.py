@@ -22,6 +22,7 @@ from torch import nn
 from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields
 from padfree.drafter.contract import Contract
+from padfree.drafter.export import layer_config, take
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
 from padfree.drafter.objective import VocabMap
 from padfree.drafter.target import TargetOutput
@@ -267,3 +268,96 @@ def build(
         head_init=recipe.head_init,
         head_trainable=recipe.head_trainable,
     )
+
+
+SPECULATORS_VERSION = "0.9.0"
+"""The speculators release whose EAGLE-3 format :func:`export_files` writes (and the tests load)."""
+
+
+def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
+    """The ``speculators`` export format: vllm speculators' EAGLE-3 config and parameter names, the
+    embedding and draft head included, and ``d2t`` (offsets ``target id - draft id``) and ``t2d`` (a boolean
+    mask over the target's vocabulary) where a draft vocabulary is used."""
+    import transformers
+
+    d, tgt = meta["drafter"], meta["target"]
+    t = tgt["config"]
+    vocab = int(t["vocab_size"])
+    layer = transformers.LlamaConfig(
+        vocab_size=vocab,
+        num_hidden_layers=1,
+        **layer_config(d, t),
+        mlp_bias=False,
+    ).to_diff_dict()
+    layer.pop("transformers_version", None)
+    d2t = meta.get("d2t")
+    draft_vocab = vocab if d2t is None else len(d2t)
+    config = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_config": layer,
+        "draft_vocab_size": draft_vocab,
+        "norm_before_residual": False,
+        "norm_before_fc": bool(d.get("norm_before_fc")),
+        "fc_norm": False,
+        "norm_output": d.get("fed_state") == "postnorm",
+        "embed_requires_grad": False,
+        "target_hidden_size": None,
+        "eagle_aux_hidden_state_layer_ids": [int(i) + 1 for i in meta["target_layers"]],
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": int(d["ttt"]),
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
+            "verifier": {
+                "name_or_path": tgt.get("path"),
+                "architectures": list(t.get("architectures") or [tgt["architecture"]]),
+            },
+        },
+    }
+    names = {
+        "embed_tokens.weight": "embed_tokens.weight",
+        "fc.weight": "fc.weight",
+        "input_layernorm.weight": "layers.0.input_layernorm.weight",
+        "hidden_norm.weight": "layers.0.hidden_norm.weight",
+        "q_proj.weight": "layers.0.self_attn.q_proj.weight",
+        "k_proj.weight": "layers.0.self_attn.k_proj.weight",
+        "v_proj.weight": "layers.0.self_attn.v_proj.weight",
+        "o_proj.weight": "layers.0.self_attn.o_proj.weight",
+        "post_attention_layernorm.weight": "layers.0.post_attention_layernorm.weight",
+        "mlp.gate_proj.weight": "layers.0.mlp.gate_proj.weight",
+        "mlp.up_proj.weight": "layers.0.mlp.up_proj.weight",
+        "mlp.down_proj.weight": "layers.0.mlp.down_proj.weight",
+        "norm.weight": "norm.weight",
+        "lm_head.weight": "lm_head.weight",
+    }
+    if d.get("norm_before_fc"):
+        names["fc_norm.weight"] = "input_norm.weight"
+    tensors = {theirs: take(state, ours) for ours, theirs in names.items()}
+    if d2t is not None:
+        ids = torch.tensor(d2t, dtype=torch.long)
+        tensors["d2t"] = ids - torch.arange(ids.shape[0])
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[ids] = True
+        tensors["t2d"] = t2d
+    return config, tensors
+
+
+def check_export(meta: dict, *, verifier_option: str | None = "--verifier") -> None:
+    """Refuse in one line what speculators' format cannot hold: a drafter with no verifier folder (the
+    format names it and loads its embedding and norm from it); ``verifier_option`` names the option that
+    gives one (None: the caller has none)."""
+    if not meta["target"].get("path"):
+        raise ConfigError(
+            "speculators' format names the verifier, the target folder a server runs, and loads its "
+            "embedding and norm from it: this drafter was trained on padfree's tiny random target; "
+            + (f"pass {verifier_option} DIR, or " if verifier_option else "")
+            + "train with --target DIR"
+        )

@@ -1,23 +1,17 @@
-"""Drafters in the formats servers load: DFlash as z-lab's ``dflash`` package reads it (SGLang and vLLM load
-the same folders), EAGLE-3 as vllm speculators' ``Eagle3DraftModel`` reads it.
+"""Drafters in the formats servers load, each written by its method's module (DFlash as z-lab's ``dflash``
+package reads it, EAGLE-3 as vllm speculators' ``Eagle3DraftModel`` reads it): what a checkpoint carries
+for export, which format holds which method (the registry's :attr:`Method.export_format`), the output
+folder's checks and the atomic write.
 
 A padfree checkpoint (``examples/train_drafter.py``) holds the drafter's weights (``state["model"]``) and,
 under ``state["drafter_export"]``, what a served drafter needs besides them (:func:`export_meta`): the
 method, the recipe, the drafter's sizes, the target layers it fuses, the mask token of its blocks and the
-target (its config and folder). :func:`export_drafter` writes ``config.json`` + ``model.safetensors``:
+target (its config and folder). :func:`export_drafter` writes ``config.json`` + ``model.safetensors`` from
+the ``(config, tensors)`` the method's module gives (``export_files(state, meta)``, refusing what its format
+cannot hold in ``check_export(meta, verifier_option=...)``): :func:`padfree.drafter.dflash.export_files`,
+:func:`padfree.drafter.eagle3.export_files`.
 
-- ``dflash``: a ``Qwen3Config`` of the drafter with ``num_target_layers`` and ``dflash_config {block_size,
-  mask_token_id, target_layer_ids}`` (decoder layer outputs from 0, as z-lab counts them), parameters named
-  as theirs (``layers.{i}.self_attn.q_proj.weight``, ``fc.weight``, ``hidden_norm.weight``, ``norm.weight``);
-  the embedding and LM head are the target's at serving time, so they are not written.
-- ``speculators``: their ``Eagle3SpeculatorConfig`` (``speculators_model_type: eagle3``, a Llama decoder
-  layer config, ``eagle_aux_hidden_state_layer_ids`` as Hugging Face ``hidden_states`` indices = padfree's
-  layer + 1, the verifier's folder and architecture, ``norm_before_fc``, ``norm_output`` for a post-norm fed
-  state), parameters named as theirs (``layers.0.self_attn.q_proj.weight``, ``layers.0.hidden_norm.weight``,
-  ``input_norm.weight``...), the embedding and the draft head included, and ``d2t`` (offsets ``target id -
-  draft id``) and ``t2d`` (a boolean mask over the target's vocabulary) where a draft vocabulary is used.
-
->>> FORMATS
+>>> formats()
 ('dflash', 'speculators')
 """
 
@@ -37,16 +31,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
+from padfree.drafter import methods
 from padfree.errors import ConfigError, InputError, OutputError, one_line
-
-FORMATS = ("dflash", "speculators")
-"""Export formats: z-lab's DFlash folders, vllm speculators' EAGLE-3 folders."""
-
-METHOD_OF_FORMAT = {"dflash": "dflash", "speculators": "eagle3"}
-"""The drafter method each format holds."""
-
-SPECULATORS_VERSION = "0.9.0"
-"""The speculators release whose EAGLE-3 format :func:`export_drafter` writes (and the tests load)."""
 
 META_KEY = "drafter_export"
 """Where a checkpoint keeps :func:`export_meta`."""
@@ -89,12 +75,22 @@ def checkpoint_extra(
     return {"drafter": identity, META_KEY: meta}
 
 
+def formats() -> tuple[str, ...]:
+    """The export formats of the registered methods (``--format`` / ``--export-format`` choices)."""
+    return tuple(m.export_format for m in methods.METHODS.values())
+
+
+def method_of_format(fmt: str) -> methods.Method:
+    """The registered method whose drafters ``fmt`` holds; else a one-line :class:`ConfigError`."""
+    for m in methods.METHODS.values():
+        if m.export_format == fmt:
+            return m
+    raise ConfigError(f"unknown export format {fmt!r}: choose {' or '.join(formats())}")
+
+
 def default_format(method: str) -> str:
     """The export format of a drafter method (``dflash`` -> ``dflash``, ``eagle3`` -> ``speculators``)."""
-    for fmt, m in METHOD_OF_FORMAT.items():
-        if m == method:
-            return fmt
-    raise ConfigError(f"no export format holds {method} drafters (formats: {', '.join(FORMATS)})")
+    return methods.get(method).export_format
 
 
 def with_verifier(meta: dict, verifier: str | Path | None) -> dict:
@@ -115,36 +111,15 @@ def check_exportable(
     (what ``train_drafter.py --export-dir`` checks before it trains). The line names the caller's options:
     ``format_option`` chooses the format, ``verifier_option`` (None: the caller has none) names the verifier
     (``export-drafter``'s by default; ``train_drafter.py`` passes ``--export-format`` and None)."""
-    if fmt not in FORMATS:
-        raise ConfigError(f"unknown export format {fmt!r}: choose {' or '.join(FORMATS)}")
+    held = method_of_format(fmt)
     method = meta.get("method")
-    if METHOD_OF_FORMAT[fmt] != method:
-        other = [f for f, m in METHOD_OF_FORMAT.items() if m == method]
+    if held.name != method:
+        other = [m.export_format for m in methods.METHODS.values() if m.name == method]
         raise ConfigError(
-            f"the {fmt} format holds {METHOD_OF_FORMAT[fmt]} drafters; this drafter is {method}"
+            f"the {fmt} format holds {held.name} drafters; this drafter is {method}"
             + (f" (export it with {format_option} {other[0]})" if other else "")
         )
-    if fmt == "dflash" and meta.get("d2t") is not None:
-        raise ConfigError(
-            "z-lab's DFlash format has no draft vocabulary (the target's LM head drafts): train with the "
-            "full vocabulary (--draft-vocab none)"
-        )
-    window = _binding_window(meta)
-    if fmt == "dflash" and window is not None:
-        recipe = (meta.get("recipe") or {}).get("name", "?")
-        raise ConfigError(
-            f"z-lab's DFlash format slides its window per query over [context; block], so a block's later "
-            f"slots see fewer positions; this drafter (recipe {recipe}) was trained with every block seeing "
-            f"the {window} positions before its anchor, which no z-lab config reproduces: served logits "
-            "would differ; train with --sliding-window none to export it in this format"
-        )
-    if fmt == "speculators" and not meta["target"].get("path"):
-        raise ConfigError(
-            "speculators' format names the verifier, the target folder a server runs, and loads its "
-            "embedding and norm from it: this drafter was trained on padfree's tiny random target; "
-            + (f"pass {verifier_option} DIR, or " if verifier_option else "")
-            + "train with --target DIR"
-        )
+    held.load().check_export(meta, verifier_option=verifier_option)
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
@@ -258,7 +233,7 @@ def export_drafter(
     dtype: str = "float32",
     protect: Iterable[tuple[str, str | Path | None]] = (),
 ) -> Path:
-    """Write the drafter of ``state`` + ``meta`` in ``fmt`` (:data:`FORMATS`) as the folder ``out`` and return
+    """Write the drafter of ``state`` + ``meta`` in ``fmt`` (:func:`formats`) as the folder ``out`` and return
     it. Atomic: the files are written into a temporary folder beside ``out``, then renamed into place (an
     earlier export there is replaced as a whole), so a reader or a killed export sees one export or the
     other, never one's weights under another's config. ``out`` is checked by :func:`check_export_dir`, never
@@ -268,7 +243,7 @@ def export_drafter(
     if dt is None:
         raise ConfigError(f"export dtype must be float32 or bfloat16 (got {dtype!r})")
     target = check_export_dir(out, protect=(("the target folder", meta["target"].get("path")), *protect))
-    config, tensors = (_dflash if fmt == "dflash" else _speculators)(state, meta)
+    config, tensors = method_of_format(fmt).load().export_files(state, meta)
     tensors = {k: (v.to(dt) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
     config["dtype"] = dtype
     try:
@@ -384,7 +359,7 @@ def export_models(
     return export_drafter(state, meta, fmt, out, dtype=dtype, protect=protect)
 
 
-def _layer_sizes(d: dict, t: dict) -> dict:
+def layer_config(d: dict, t: dict) -> dict:
     """The transformers config fields of the drafter's layers both formats write: its sizes (``d``, from the
     export meta), plain rotary embeddings with the target's base, the target's (``t``) context length; no
     biases, no tied embeddings."""
@@ -396,157 +371,26 @@ def _layer_sizes(d: dict, t: dict) -> dict:
         "head_dim": int(d["head_size"] or d["hidden_size"] // d["num_heads"]),
         "rms_norm_eps": float(d["eps"]),
         "rope_parameters": {"rope_type": "default", "rope_theta": float(d["rope_theta"])},
-        "max_position_embeddings": _max_positions(t),
+        "max_position_embeddings": max_positions(t),
         "tie_word_embeddings": False,
         "attention_bias": False,
     }
 
 
-def _take(state: dict, name: str) -> torch.Tensor:
+def take(state: dict, name: str) -> torch.Tensor:
+    """The checkpoint's drafter tensor ``name``; one line when it has none."""
     if name not in state:
         raise InputError(f"the checkpoint's drafter has no {name} (another drafter version?)")
     return state[name]
 
 
-def _max_positions(t: dict) -> int:
+def max_positions(t: dict) -> int:
     """The context length an export's config declares: the target's (``t``, its config)."""
     return int(t.get("max_position_embeddings") or 32768)
 
 
-def _binding_window(meta: dict) -> int | None:
-    """The DFlash drafter's context window where it can bind: None when it has none or it spans the target's
-    whole context (no block ever sees fewer positions than without one)."""
-    window = meta["drafter"].get("sliding_window")
-    if window is None or int(window) >= _max_positions(meta["target"]["config"]):
-        return None
-    return int(window)
-
-
-def _dflash(state: dict, meta: dict) -> tuple[dict, dict]:
-    """z-lab's DFlash config and parameter names. A drafter trained causal inside its block is served so
-    (``is_causal``: each slot sees its block's earlier slots and the whole context, as trained); a context
-    window that cannot bind is left out (:func:`check_exportable` refuses one that can: z-lab's class
-    slides its window per query)."""
-    import transformers
-
-    d, t = meta["drafter"], meta["target"]["config"]
-    n = int(d["num_layers"])
-    window = _binding_window(meta)
-    qwen = transformers.Qwen3Config(
-        vocab_size=int(t["vocab_size"]),
-        num_hidden_layers=n,
-        **_layer_sizes(d, t),
-        use_sliding_window=window is not None,
-        sliding_window=window,
-        layer_types=["sliding_attention" if window is not None else "full_attention"] * n,
-    )
-    config = qwen.to_dict()
-    block = int(meta["recipe"]["block_size"])
-    config.update(
-        architectures=["DFlashDraftModel"],
-        num_target_layers=int(t["num_hidden_layers"]),
-        block_size=block,
-        is_causal=bool(d.get("causal_in_block")),
-        dflash_config={
-            "block_size": block,
-            "mask_token_id": int(meta["mask_token_id"]),
-            "target_layer_ids": [int(i) for i in meta["target_layers"]],
-        },
-    )
-    config.pop("transformers_version", None)
-    tensors = {name: _take(state, name) for name in ("fc.weight", "hidden_norm.weight", "norm.weight")}
-    for i in range(n):
-        for part in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
-            tensors[f"layers.{i}.self_attn.{part}.weight"] = _take(state, f"layers.{i}.{part}.weight")
-        for part in (
-            "input_layernorm",
-            "post_attention_layernorm",
-            "mlp.gate_proj",
-            "mlp.up_proj",
-            "mlp.down_proj",
-        ):
-            tensors[f"layers.{i}.{part}.weight"] = _take(state, f"layers.{i}.{part}.weight")
-    return config, tensors
-
-
-def _speculators(state: dict, meta: dict) -> tuple[dict, dict]:
-    """vllm speculators' EAGLE-3 config and parameter names."""
-    import transformers
-
-    d, tgt = meta["drafter"], meta["target"]
-    t = tgt["config"]
-    vocab = int(t["vocab_size"])
-    layer = transformers.LlamaConfig(
-        vocab_size=vocab,
-        num_hidden_layers=1,
-        **_layer_sizes(d, t),
-        mlp_bias=False,
-    ).to_diff_dict()
-    layer.pop("transformers_version", None)
-    d2t = meta.get("d2t")
-    draft_vocab = vocab if d2t is None else len(d2t)
-    config = {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
-        "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": layer,
-        "draft_vocab_size": draft_vocab,
-        "norm_before_residual": False,
-        "norm_before_fc": bool(d.get("norm_before_fc")),
-        "fc_norm": False,
-        "norm_output": d.get("fed_state") == "postnorm",
-        "embed_requires_grad": False,
-        "target_hidden_size": None,
-        "eagle_aux_hidden_state_layer_ids": [int(i) + 1 for i in meta["target_layers"]],
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": int(d["ttt"]),
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "verifier": {
-                "name_or_path": tgt.get("path"),
-                "architectures": list(t.get("architectures") or [tgt["architecture"]]),
-            },
-        },
-    }
-    names = {
-        "embed_tokens.weight": "embed_tokens.weight",
-        "fc.weight": "fc.weight",
-        "input_layernorm.weight": "layers.0.input_layernorm.weight",
-        "hidden_norm.weight": "layers.0.hidden_norm.weight",
-        "q_proj.weight": "layers.0.self_attn.q_proj.weight",
-        "k_proj.weight": "layers.0.self_attn.k_proj.weight",
-        "v_proj.weight": "layers.0.self_attn.v_proj.weight",
-        "o_proj.weight": "layers.0.self_attn.o_proj.weight",
-        "post_attention_layernorm.weight": "layers.0.post_attention_layernorm.weight",
-        "mlp.gate_proj.weight": "layers.0.mlp.gate_proj.weight",
-        "mlp.up_proj.weight": "layers.0.mlp.up_proj.weight",
-        "mlp.down_proj.weight": "layers.0.mlp.down_proj.weight",
-        "norm.weight": "norm.weight",
-        "lm_head.weight": "lm_head.weight",
-    }
-    if d.get("norm_before_fc"):
-        names["fc_norm.weight"] = "input_norm.weight"
-    tensors = {theirs: _take(state, ours) for ours, theirs in names.items()}
-    if d2t is not None:
-        ids = torch.tensor(d2t, dtype=torch.long)
-        tensors["d2t"] = ids - torch.arange(ids.shape[0])
-        t2d = torch.zeros(vocab, dtype=torch.bool)
-        t2d[ids] = True
-        tensors["t2d"] = t2d
-    return config, tensors
-
-
 __all__ = [
-    "FORMATS",
     "META_KEY",
-    "METHOD_OF_FORMAT",
     "EXPORT_FILES",
     "check_export_dir",
     "check_exportable",
@@ -554,7 +398,12 @@ __all__ = [
     "export_drafter",
     "export_meta",
     "export_models",
+    "formats",
+    "layer_config",
+    "max_positions",
+    "method_of_format",
     "read_checkpoint",
     "read_checkpoint_file",
+    "take",
     "with_verifier",
 ]

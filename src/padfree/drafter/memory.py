@@ -111,79 +111,82 @@ class MemoryModel:
         )
 
 
-def _common(
-    hidden: int, heads: int, kv_heads: int, draft_layers: int, fused_layers: int, vocab: int, objective: str,
-    chunk_bytes: int,
-) -> tuple[float, float]:  # fmt: skip
+@dataclass(frozen=True)
+class MemorySizes:
+    """The sizes a method's activation memory model reads: the target's width, the drafter's heads,
+    key-value heads and MLP width, its layers, the target layers it fuses and its LM head's vocabulary."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    draft_layers: int = 1
+    fused_layers: int = 3
+    vocab: int = 32000
+
+
+def _common(s: MemorySizes, objective: str, chunk_bytes: int) -> tuple[float, float]:
     """``(fixed, per token)`` bytes every method keeps: one LM-head chunk of
     :func:`padfree.drafter.objective.chunk_positions` (its copies by ``objective``), and per token the
     target's fused layers and final states, the fused context and its keys/values."""
-    d = hidden // heads
+    d = s.hidden // s.heads
     act = COPIES_ACTIVATION * FLOAT
-    chunk = max(1, chunk_bytes // (16 * max(vocab, 1))) * vocab * FLOAT  # one chunk's float32 logits
+    chunk = max(1, chunk_bytes // (16 * max(s.vocab, 1))) * s.vocab * FLOAT  # one chunk's float32 logits
     fixed = float(LOGIT_COPIES.get(objective, 12.0) * chunk)
-    token = FLOAT * (2 * fused_layers + 3) * hidden + act * draft_layers * (hidden + 2 * kv_heads * d)
+    token = FLOAT * (2 * s.fused_layers + 3) * s.hidden + act * s.draft_layers * (
+        s.hidden + 2 * s.kv_heads * d
+    )
     return fixed, token
 
 
 def block_memory(
-    *,
-    hidden: int,
-    heads: int,
-    kv_heads: int,
-    intermediate: int,
-    draft_layers: int = 1,
-    fused_layers: int = 3,
-    block_size: int = 16,
-    ttt: int = 7,
-    vocab: int = 32000,
-    objective: str = "data_ce",
-    chunk_bytes: int = 256 * 2**20,
+    s: MemorySizes, *, block_size: int = 16, objective: str = "data_ce", chunk_bytes: int = 256 * 2**20
 ) -> MemoryModel:
     """DFlash's coefficients from the sizes of the reference drafter (float32): per token, per block (its
     queries through every draft layer and their in-block scores) and per unit of reach (context scores)."""
-    fixed, token = _common(hidden, heads, kv_heads, draft_layers, fused_layers, vocab, objective, chunk_bytes)
-    d = hidden // heads
+    fixed, token = _common(s, objective, chunk_bytes)
+    d = s.hidden // s.heads
     act = COPIES_ACTIVATION * FLOAT
-    per_query = act * draft_layers * (6 * hidden + 3 * intermediate + 2 * kv_heads * d)
-    block = block_size * (per_query + COPIES_ATTENTION * FLOAT * draft_layers * heads * block_size)
-    reach = 2 * block_size * COPIES_ATTENTION * FLOAT * draft_layers * heads
-    return MemoryModel(fixed, token, block, reach, 0.0, f"analytic dflash h{hidden} B{block_size}")
+    per_query = act * s.draft_layers * (6 * s.hidden + 3 * s.intermediate + 2 * s.kv_heads * d)
+    block = block_size * (per_query + COPIES_ATTENTION * FLOAT * s.draft_layers * s.heads * block_size)
+    reach = 2 * block_size * COPIES_ATTENTION * FLOAT * s.draft_layers * s.heads
+    return MemoryModel(fixed, token, block, reach, 0.0, f"analytic dflash h{s.hidden} B{block_size}")
 
 
 def unrolled_memory(
-    *,
-    hidden: int,
-    heads: int,
-    kv_heads: int,
-    intermediate: int,
-    draft_layers: int = 1,
-    fused_layers: int = 3,
-    block_size: int = 16,
-    ttt: int = 7,
-    vocab: int = 32000,
-    objective: str = "data_ce",
-    chunk_bytes: int = 256 * 2**20,
+    s: MemorySizes, *, ttt: int = 7, objective: str = "data_ce", chunk_bytes: int = 256 * 2**20
 ) -> MemoryModel:
     """EAGLE-3's coefficients from the sizes of the reference drafter (float32): per token (its ``ttt``
     steps' projections) and per ``l x l`` score and test-time-training step."""
-    fixed, token = _common(hidden, heads, kv_heads, draft_layers, fused_layers, vocab, objective, chunk_bytes)
-    d = hidden // heads
-    per_step = COPIES_STEP * FLOAT * (8 * hidden + 3 * intermediate + 2 * kv_heads * d)
+    fixed, token = _common(s, objective, chunk_bytes)
+    d = s.hidden // s.heads
+    per_step = COPIES_STEP * FLOAT * (8 * s.hidden + 3 * s.intermediate + 2 * s.kv_heads * d)
     return MemoryModel(
         fixed,
         token + ttt * per_step,
         0.0,
         0.0,
-        COPIES_STEP_ATTENTION * FLOAT * heads * ttt,
-        f"analytic eagle3 h{hidden} ttt{ttt}",
+        COPIES_STEP_ATTENTION * FLOAT * s.heads * ttt,
+        f"analytic eagle3 h{s.hidden} ttt{ttt}",
     )
 
 
-def analytic(blocks: bool, **sizes) -> MemoryModel:
-    """:func:`block_memory` (``blocks``: DFlash) or :func:`unrolled_memory` (EAGLE-3) of ``sizes``; a method's
-    own coefficients are :attr:`padfree.drafter.methods.Method.memory`."""
-    return (block_memory if blocks else unrolled_memory)(**sizes)
+def analytic(
+    blocks: bool,
+    *,
+    block_size: int = 16,
+    ttt: int = 7,
+    objective: str = "data_ce",
+    chunk_bytes: int = 256 * 2**20,
+    **sizes: int,
+) -> MemoryModel:
+    """:func:`block_memory` (``blocks``: DFlash) or :func:`unrolled_memory` (EAGLE-3) of ``sizes``
+    (:class:`MemorySizes`' fields); a method's own coefficients are
+    :attr:`padfree.drafter.methods.Method.memory`."""
+    s = MemorySizes(**sizes)
+    if blocks:
+        return block_memory(s, block_size=block_size, objective=objective, chunk_bytes=chunk_bytes)
+    return unrolled_memory(s, ttt=ttt, objective=objective, chunk_bytes=chunk_bytes)
 
 
 def fit(rows: list[dict], source: str = "fit") -> MemoryModel:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from padfree.core.config import CostModel
 from padfree.drafter import memory as _memory
-from padfree.drafter.memory import MemoryModel
+from padfree.drafter.memory import MemoryModel, MemorySizes
 from padfree.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -58,24 +58,13 @@ class DrafterShape:
             raise ConfigError("drafter shape: sizes must be >= 1 and vocabularies >= 0")
 
 
-@dataclass(frozen=True)
-class MemorySizes:
-    """The sizes a method's activation memory model reads: the target's width, the drafter's heads,
-    key-value heads and MLP width, its layers, the target layers it fuses and its LM head's vocabulary."""
-
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    draft_layers: int = 1
-    fused_layers: int = 3
-    vocab: int = 32000
-
-
 class MethodModule(Protocol):
     """What a method's torch module provides (mypy checks the modules against it in
     :mod:`padfree.drafter.train`): its draft queries of a micro-batch, its drafter built from a recipe and
-    the target's sizes, and the pairs a leak check counts."""
+    the target's sizes, the pairs a leak check counts, and its export format's writer
+    (:mod:`padfree.drafter.export` dispatches to it): ``export_files(state, meta) -> (config, tensors)``
+    and ``check_export(meta, verifier_option=...)``, which refuses in one line what the format cannot
+    hold."""
 
     @property
     def Fields(self) -> type: ...  # noqa: N802 (the module's class)
@@ -97,25 +86,9 @@ class MethodModule(Protocol):
 
     def field_padding(self, batch: Any, mask_token_id: int = 1) -> Any: ...
 
+    def export_files(self, state: dict, meta: dict) -> tuple[dict, dict]: ...
 
-def _recipe_memory(terms: Callable[..., MemoryModel]) -> Callable[[MemorySizes, Recipe], MemoryModel]:
-    """A method's memory model from its analytic terms (:mod:`padfree.drafter.memory`) at a recipe."""
-
-    def memory(sizes: MemorySizes, recipe: Recipe) -> MemoryModel:
-        return terms(
-            hidden=sizes.hidden,
-            heads=sizes.heads,
-            kv_heads=sizes.kv_heads,
-            intermediate=sizes.intermediate,
-            draft_layers=sizes.draft_layers,
-            fused_layers=sizes.fused_layers,
-            block_size=recipe.block_size,
-            ttt=recipe.ttt,
-            vocab=sizes.vocab,
-            objective=recipe.objective,
-        )
-
-    return memory
+    def check_export(self, meta: dict, *, verifier_option: str | None = ...) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -137,7 +110,23 @@ class Method:
         memory: ``(sizes, recipe) -> MemoryModel``: the activation memory of a micro-batch
             (:mod:`padfree.drafter.memory`).
         recipe_line: ``recipe -> str``: the recipe's values that set this method's work and loss, one line.
-        export_format: the served format a checkpoint of this method exports to by default.
+        export_format: the served format a checkpoint of this method exports to (its module writes it:
+            ``export_files`` and ``check_export``); one method per format.
+        speculators_kwargs: ``(recipe, max_anchors) -> keywords`` of vllm speculators' model class's
+            ``get_trainer_kwargs`` for the recipe (one line when speculators trains no such recipe); None:
+            speculators has no model of this method.
+        speculators_inputs: ``"module:function"`` building that model's forward inputs from a padfree batch,
+            ``(batch, target, *, shapes, noise) -> (inputs, anchor choice or None)``
+            (:func:`padfree.integrations.feed.speculators_inputs` dispatches to it; needs torch).
+        speculators_head: ``recipe -> n``: the positions at each document's start that carry no loss in
+            speculators' packed row (EAGLE-3: ``ttt - 1``, where a shifted pair could join two documents).
+        draft_layers: the drafter's layers where the method fixes them (EAGLE-3: one decoder layer); None:
+            the caller's choice (``--draft-layers``).
+        crossing: what of the drafter's labels (and fed inputs) can cross a document end, as
+            ``check-drafter`` names them.
+        shifted_inputs: the drafter is fed inputs shifted along the row (EAGLE-3's next tokens), which can
+            come from another document (``check-drafter`` counts them).
+        specforge_packed: SpecForge has a patched model that trains this method on packed rows.
     """
 
     name: str
@@ -150,10 +139,21 @@ class Method:
     memory: Callable[[MemorySizes, Recipe], MemoryModel]
     recipe_line: Callable[[Recipe], str]
     export_format: str
+    speculators_kwargs: Callable[[Recipe, int | None], dict[str, Any]] | None = None
+    speculators_inputs: str | None = None
+    speculators_head: Callable[[Recipe], int] = lambda r: 0
+    draft_layers: int | None = None
+    crossing: str = "labels"
+    shifted_inputs: bool = False
+    specforge_packed: bool = False
 
     def load(self) -> ModuleType:
         """The method's torch module (needs torch; it provides :class:`MethodModule`)."""
         return importlib.import_module(self.module)
+
+    def layers(self, draft_layers: int) -> int:
+        """The drafter's layers when ``draft_layers`` are asked for: the method's own where it fixes them."""
+        return draft_layers if self.draft_layers is None else self.draft_layers
 
     def describe(self, block_size: int, ttt: int) -> str:
         """The method with its own size: ``"dflash (block 16)"``, ``"eagle3 (ttt 7)"``."""
@@ -275,13 +275,58 @@ def unrolled_line(r: Recipe) -> str:
     )
 
 
+_LOSS_FN = {"argmax_ce": "ce", "kl": "kl_div"}
+_SLOT_WEIGHTS = {"dpace": "dpace", "exp": "fixed-exp-decay"}
+
+
+def block_trainer_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
+    """speculators' DFlash trainer keywords: ``loss_fn`` (``ce`` for ``argmax_ce``, ``kl_div`` for ``kl``),
+    slot weights (``dpace`` or ``fixed-exp-decay`` with the recipe's gamma), ``dpace_alpha`` and
+    ``max_anchors`` (the fixed anchor width; default the recipe's cap).
+
+    >>> from padfree.drafter.recipes import get as recipe
+    >>> block_trainer_kwargs(recipe("speculators", "dflash"), 64)["per_position_loss_weight"]
+    'dpace'
+    """
+    if r.objective not in _LOSS_FN or r.slot_weights not in _SLOT_WEIGHTS:
+        raise ConfigError(
+            f"recipe {r.name}: speculators' DFlash trains {' or '.join(_LOSS_FN)} with "
+            f"{' or '.join(_SLOT_WEIGHTS)} slot weights, not {r.objective} with {r.slot_weights}"
+        )
+    return {
+        "loss_fn": _LOSS_FN[r.objective],
+        "dflash_decay_gamma": r.gamma,
+        "max_anchors": r.max_anchors if max_anchors is None else int(max_anchors),
+        "per_position_loss_weight": _SLOT_WEIGHTS[r.slot_weights],
+        "dpace_alpha": r.dpace_alpha,
+    }
+
+
+def unrolled_trainer_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
+    """speculators' EAGLE-3 trainer keywords: KL loss, ``ttt_steps`` and ``ttt_step_loss_decay``."""
+    return {"loss_fn": "kl_div", "ttt_steps": r.ttt, "ttt_step_loss_decay": r.step_decay}
+
+
+def block_memory(sizes: MemorySizes, r: Recipe) -> MemoryModel:
+    """DFlash's activation memory at the recipe's block size and objective."""
+    return _memory.block_memory(sizes, block_size=r.block_size, objective=r.objective)
+
+
+def unrolled_memory(sizes: MemorySizes, r: Recipe) -> MemoryModel:
+    """EAGLE-3's activation memory at the recipe's test-time-training steps and objective."""
+    return _memory.unrolled_memory(sizes, ttt=r.ttt, objective=r.objective)
+
+
 DFLASH = Method(
     "dflash", "DFlash", "padfree.drafter.dflash", True, "draft blocks", "block_size", block_cost,
-    _recipe_memory(_memory.block_memory), block_line, "dflash",
+    block_memory, block_line, "dflash", block_trainer_kwargs,
+    "padfree.integrations.feed:dflash_inputs", crossing="block labels", specforge_packed=True,
 )  # fmt: skip
 EAGLE3 = Method(
     "eagle3", "EAGLE-3", "padfree.drafter.eagle3", False, "draft positions", "ttt", unrolled_cost,
-    _recipe_memory(_memory.unrolled_memory), unrolled_line, "speculators",
+    unrolled_memory, unrolled_line, "speculators", unrolled_trainer_kwargs,
+    "padfree.integrations.feed:eagle3_feed", speculators_head=lambda r: r.ttt - 1, draft_layers=1,
+    crossing="shifted inputs/labels", shifted_inputs=True,
 )  # fmt: skip
 
 METHODS: dict[str, Method] = {}
@@ -292,6 +337,9 @@ def register(method: Method) -> Method:
     """Add ``method`` to :data:`METHODS` (a third method: its module and one ``register`` call)."""
     if method.name in METHODS and METHODS[method.name] is not method:
         raise ConfigError(f"drafter method {method.name!r} is registered already")
+    holder = next((m for m in METHODS.values() if m.export_format == method.export_format), method)
+    if holder.name != method.name:
+        raise ConfigError(f"export format {method.export_format!r} holds {holder.name} drafters already")
     METHODS[method.name] = method
     return method
 

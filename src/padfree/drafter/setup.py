@@ -189,6 +189,15 @@ def estimated_valid(loss: np.ndarray, tokens: np.ndarray, recipe: Recipe) -> np.
     return np.maximum(tail - (1 if recipe.anchor_eligibility == "pair" else 0), 0)
 
 
+def sample_anchors(recipe: Recipe, lengths: ArrayLike, loss_mask: ArrayLike) -> np.ndarray | None:
+    """Draft blocks per sample that the planner counts for ``recipe`` (its anchor rule on each sample's loss
+    mask; ``loss_mask``: the samples' masks, concatenated); ``None`` for a method without anchors."""
+    if not methods.get(recipe.method).uses_anchors:
+        return None
+    offsets = np.concatenate(([0], np.cumsum(np.asarray(lengths, dtype=np.int64))))
+    return anchor_counts(np.asarray(loss_mask, dtype=bool), offsets, recipe.anchor_policy())
+
+
 def drafter_setup(
     recipe: Recipe,
     config: PlanConfig,
@@ -215,7 +224,7 @@ def drafter_setup(
         memory_gb: bound the activations of every micro-batch (GiB): the draft blocks (DFlash) or the
             attention (EAGLE-3) a micro-batch holds.
         anchor_budget: draft blocks per micro-batch at most (DFlash).
-        draft_layers: the drafter's layers (DFlash).
+        draft_layers: the drafter's layers (where the method leaves them to the caller: DFlash).
         memory: the memory model (default: the method's analytic one for these sizes).
     """
     method = methods.get(recipe.method)
@@ -225,9 +234,7 @@ def drafter_setup(
     if loss_mask is not None:
         mask = np.asarray(loss_mask, dtype=bool)
         supervised = int(mask.sum())
-        if method.uses_anchors:
-            offsets = np.concatenate(([0], np.cumsum(lens)))
-            anchors = anchor_counts(mask, offsets, recipe.anchor_policy())
+        anchors = sample_anchors(recipe, lens, mask)
     elif method.uses_anchors:
         loss = np.maximum(lens - 1, 0) if loss_counts is None else np.asarray(loss_counts, dtype=np.int64)
         valid = estimated_valid(loss, np.minimum(lens, config.budget), recipe)
@@ -235,7 +242,7 @@ def drafter_setup(
     if loss_mask is not None:
         check_drafts(recipe, anchors, lens, supervised)  # a run that drafts nothing trains zeros
     dvocab = draft_vocab_size(recipe, target.vocab)
-    layers = draft_layers if method.uses_anchors else 1
+    layers = method.layers(draft_layers)
     shape = methods.DrafterShape(
         hidden=target.hidden,
         layers=target.layers,
@@ -303,4 +310,5 @@ __all__ = [
     "estimated_valid",
     "fused_layers",
     "report",
+    "sample_anchors",
 ]

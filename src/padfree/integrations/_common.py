@@ -17,7 +17,7 @@ import numpy as np
 
 from padfree.core.anchors import AnchorPolicy, choose_anchors
 from padfree.core.balance import Balance
-from padfree.core.config import CostModel, PlanConfig
+from padfree.core.config import PlanConfig
 from padfree.core.cursor import Cursor, EpochSource
 from padfree.core.fingerprint import explain
 from padfree.core.position import Position
@@ -69,13 +69,6 @@ def doc_anchors(
         for s, n, sid in zip(starts, lengths, sample_ids, strict=True)
     ]
     return np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
-
-
-def drafter_cost(recipe: Recipe, **shape: int) -> CostModel:
-    """The drafter cost model padfree balances ranks with (:func:`padfree.drafter.methods.cost_model`) for
-    ``recipe``'s method, block size and ttt; ``shape``: the target's sizes (``hidden``, ``layers``,
-    ``vocab``)."""
-    return methods.cost_model(recipe.method, block_size=recipe.block_size, ttt=recipe.ttt, **shape)
 
 
 def check_rank(rank: int, world_size: int) -> None:

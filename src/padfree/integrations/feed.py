@@ -131,10 +131,6 @@ def anchors_patched(choice: Any) -> Iterator[None]:
         core.select_anchors = theirs
 
 
-_LOSS_FN = {"argmax_ce": "ce", "kl": "kl_div"}
-_SLOT_WEIGHTS = {"dpace": "dpace", "exp": "fixed-exp-decay"}
-
-
 def trainer_kwargs(
     model: Any,
     recipe: Recipe,
@@ -143,34 +139,37 @@ def trainer_kwargs(
     max_anchors: int | None = None,
 ) -> dict:
     """The keywords speculators' trainer passes to ``model`` (``train_call_kwargs``), from the model class's
-    own ``get_trainer_kwargs`` given the recipe's values: DFlash ``loss_fn`` (``ce`` for ``argmax_ce``,
-    ``kl_div`` for ``kl``), slot weights (``dpace`` or ``fixed-exp-decay`` with the recipe's gamma),
-    ``dpace_alpha`` and ``max_anchors`` (the fixed anchor width; default the recipe's cap); EAGLE-3
-    ``ttt_steps`` and ``ttt_step_loss_decay``. ``loss_implementation="eager"`` runs without Triton (CPU)."""
-    cls = type(model)
-    if methods.get(recipe.method).uses_anchors:
-        if recipe.objective not in _LOSS_FN or recipe.slot_weights not in _SLOT_WEIGHTS:
-            raise ConfigError(
-                f"recipe {recipe.name}: speculators' DFlash trains {' or '.join(_LOSS_FN)} with "
-                f"{' or '.join(_SLOT_WEIGHTS)} slot weights, not {recipe.objective} with "
-                f"{recipe.slot_weights}"
-            )
-        train, _ = cls.get_trainer_kwargs(
-            loss_fn=_LOSS_FN[recipe.objective],
-            loss_implementation=loss_implementation,
-            dflash_decay_gamma=recipe.gamma,
-            max_anchors=recipe.max_anchors if max_anchors is None else int(max_anchors),
-            per_position_loss_weight=_SLOT_WEIGHTS[recipe.slot_weights],
-            dpace_alpha=recipe.dpace_alpha,
-        )
-    else:
-        train, _ = cls.get_trainer_kwargs(
-            loss_fn="kl_div",
-            loss_implementation=loss_implementation,
-            ttt_steps=recipe.ttt,
-            ttt_step_loss_decay=recipe.step_decay,
-        )
+    own ``get_trainer_kwargs`` given the recipe's values as its method reads them
+    (:attr:`~padfree.drafter.methods.Method.speculators_kwargs`: DFlash's loss, slot weights and anchor
+    width ``max_anchors``, default the recipe's cap; EAGLE-3's ttt and step decay).
+    ``loss_implementation="eager"`` runs without Triton (CPU)."""
+    keywords = _speculators_method(recipe.method).speculators_kwargs(recipe, max_anchors)
+    train, _ = type(model).get_trainer_kwargs(loss_implementation=loss_implementation, **keywords)
     return dict(train)
+
+
+def speculators_inputs(
+    batch: DrafterBatch,
+    target: TargetOutput,
+    *,
+    shapes: ShapeSet | None = None,
+    noise: float | None = None,
+) -> tuple[dict, AnchorChoice | None]:
+    """``(forward inputs, anchor choice or None)`` for speculators' model of the batch's method, built by
+    the method's own feed (:func:`dflash_inputs`, :func:`eagle3_inputs`); an anchor choice goes in
+    :func:`anchors_patched` around the call."""
+    where = _speculators_method(batch.method).speculators_inputs
+    assert where is not None
+    module, name = where.split(":")
+    build = getattr(importlib.import_module(module), name)
+    return build(batch, target, shapes=shapes, noise=noise)
+
+
+def _speculators_method(name: str) -> Any:
+    m = methods.get(name)
+    if m.speculators_kwargs is None or m.speculators_inputs is None:
+        raise ConfigError(f"speculators has no {m.title} model to feed")
+    return m
 
 
 def _padded(kwargs: dict, shapes: ShapeSet | None) -> dict:
@@ -273,6 +272,13 @@ def eagle3_inputs(
         "position_ids": cat["pos"],
     }
     return _padded(kwargs, shapes)
+
+
+def eagle3_feed(
+    batch: DrafterBatch, target: TargetOutput, *, shapes: ShapeSet | None = None, noise: float | None = None
+) -> tuple[dict, None]:
+    """:func:`eagle3_inputs` at the batch's recipe's ttt, as :func:`speculators_inputs` returns it."""
+    return eagle3_inputs(batch, target, shapes=shapes, noise=noise), None
 
 
 def _prenorm(target: TargetOutput) -> torch.Tensor:

@@ -291,8 +291,11 @@ class PlanFeatureLoader:
         spec = methods.get(method)
         if layout not in ("padded", "packed"):
             raise ConfigError(f"layout must be padded or packed (got {layout!r})")
-        if layout == "packed" and not spec.uses_anchors:
-            raise ConfigError("packed rows need a patched model: only SpecForge's DFlash has one (install)")
+        if layout == "packed" and not spec.specforge_packed:
+            packed = " and ".join(m.title for m in methods.METHODS.values() if m.specforge_packed)
+            raise ConfigError(
+                f"packed rows need a patched model: only SpecForge's {packed} has one (install)"
+            )
         if config.packed != (layout == "packed"):
             raise ConfigError(
                 f"layout {layout} needs a {'packed' if layout == 'packed' else 'padded'} strategy"

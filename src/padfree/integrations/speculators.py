@@ -296,14 +296,16 @@ class PadfreeCollate:
         starts = (
             np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64) if lens else np.zeros(0, np.int64)
         )
-        if not methods.get(self.method).uses_anchors:
+        spec = methods.get(self.method)
+        gated = spec.speculators_head(self.recipe)
+        if gated > 0:  # no loss where a shifted pair could join two documents
             pos = (
                 torch.arange(width)
                 - torch.as_tensor(starts, dtype=torch.long)[out["document_ids"][0].clamp(min=0)]
             )
-            head = (pos < self.recipe.ttt - 1) & (out["document_ids"][0] >= 0)
+            head = (pos < gated) & (out["document_ids"][0] >= 0)
             out["loss_mask"] = out["loss_mask"] * ~head[None].to(out["loss_mask"].device)
-        else:
+        if spec.uses_anchors:
             mask = out["loss_mask"][0].numpy().astype(bool)
             a = doc_anchors(
                 mask, starts, lens, kept, policy=_policy(self.recipe), seed=self.seed, epoch=info.epoch
