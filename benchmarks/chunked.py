@@ -169,7 +169,7 @@ def modeled(lengths: np.ndarray, budget: int, accum: int) -> list[dict]:
     """Full-scale plans on 8 ranks (nothing trained): imbalance, modeled throughput, tokens not trained
     (truncation's; chunked's beyond ``grad_accum`` chunks), documents cut."""
     from padfree import PlanConfig
-    from padfree.tools.analyze import measure
+    from padfree.advice.analyze import measure
 
     rows = []
     for strategy, overlong in SETTINGS:

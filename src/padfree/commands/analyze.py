@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.tools.analyze import analyze_strategies, render_table, short_epoch
+    from padfree.advice.analyze import analyze_strategies, render_table, short_epoch
 
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in names if s not in REGISTRY]
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 def long_documents(lengths: Any, configs: dict, result: dict, path: str | None) -> dict | None:
     """The report's word on samples over the budget (truncated, split, or chunked whole) when ``packed`` and
     ``chunked`` were both analyzed: which one wins, from the plans just measured."""
-    from padfree.tools.report.chunked import chunked_numbers
+    from padfree.advice.report.chunked import chunked_numbers
 
     measured = result["strategies"]
     if "packed" not in measured or "chunked" not in measured:

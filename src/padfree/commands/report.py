@@ -64,7 +64,7 @@ def _process_started() -> float:
 
 def run(args: argparse.Namespace) -> int:
     t0 = _process_started()
-    from padfree.tools.report import write_report
+    from padfree.advice.report import write_report
 
     growths = bounded_list(args.growths, GROWTH, "--growths", most=16)
     counts = bounded_list(args.bucket_counts, BUCKETS, "--bucket-counts", most=16)
@@ -76,9 +76,9 @@ def run(args: argparse.Namespace) -> int:
     lengths, path, name = load_lengths(args)
     drafter = None
     if args.drafter is not None:
+        from padfree.advice.report import drafter_numbers
+        from padfree.advice.simulate import load_seconds_per_unit
         from padfree.commands.simulate import drafter_setup
-        from padfree.tools.report import drafter_numbers
-        from padfree.tools.simulate import load_seconds_per_unit
 
         cfg, anchors, setup = drafter_setup(args, base, lengths)
         spu = load_seconds_per_unit(args.cost)
@@ -109,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
 def drafter_line(d: dict) -> str:
     """The drafter setup's recommendation in one line, as the page leads with it: the plan, its predicted
     throughput against SpecForge-style random padded batches and its heaviest micro-batch's activations
-    (:func:`padfree.tools.report.memory_sentence`)."""
-    from padfree.tools.report import memory_sentence
+    (:func:`padfree.advice.report.memory_sentence`)."""
+    from padfree.advice.report import memory_sentence
 
     rec, base = d["recommendation"], d["specforge_random"]
     return (

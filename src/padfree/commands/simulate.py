@@ -80,14 +80,14 @@ def target_sizes(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.core.config import CostModel
-    from padfree.tools.simulate import (
+    from padfree.advice.simulate import (
         cost_warning,
         load_seconds_per_unit,
         motivating_ratios,
         parse_speeds,
         simulate,
     )
+    from padfree.core.config import CostModel
 
     if args.gpus is not None:
         args.world_size = args.gpus
@@ -152,10 +152,10 @@ def drafter_setup(args: argparse.Namespace, cfg, lengths):
     drafter setup (``--drafter``): :func:`padfree.drafter.setup.drafter_setup` of the options."""
     import numpy as np
 
+    from padfree.advice.simulate import offline_cache_bytes
     from padfree.data.length_files import assistant_path, read_loss_counts
     from padfree.drafter import memory as drafter_memory
     from padfree.drafter import setup as drafter
-    from padfree.tools.simulate import offline_cache_bytes
 
     recipe = recipe_from_args(args, args.drafter)
     aux = args.assistant
