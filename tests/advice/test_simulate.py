@@ -167,7 +167,7 @@ def test_drafter_blocks_by_hand():
 
 
 def test_simulate_cli_drafter_setup_and_cache_size(tmp_path, capsys):
-    from padfree.advice.simulate import offline_cache_bytes
+    from padfree.advice.drafter import offline_cache_bytes
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(20, 900, 3000)

@@ -10,6 +10,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,7 +21,10 @@ from padfree.core.config import (
     PlanConfig,
 )
 from padfree.errors import ConfigError, InputError, OutputError
-from padfree.options import Bounded, add_number, add_recipe_arguments
+from padfree.options import Bounded, add_number, add_recipe_arguments, recipe_from_args
+
+if TYPE_CHECKING:
+    from padfree.drafter.setup import TargetShape
 
 
 def bounded_list(text: str, kind: Bounded, option: str, most: int = 32) -> tuple:
@@ -167,7 +171,7 @@ TARGET_DEFAULTS = {"hidden": 4096, "layers": 32, "vocab": 128256}
 
 def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
     """The drafter-setup options (``--drafter`` and its shape, anchors and cache), shared by ``simulate``
-    and ``report``; :func:`padfree.commands.simulate.drafter_setup` reads them."""
+    and ``report``; :func:`drafter_from_args` reads them."""
     from padfree.drafter.methods import METHODS
 
     d = p.add_argument_group("drafter setup (a frozen target + a DFlash or EAGLE-3 drafter)")
@@ -207,3 +211,58 @@ def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
         "(DFlash) or attention (EAGLE-3) by padfree.drafter.memory's model; the report says each plan's peak",
     )
     add_recipe_arguments(p)
+
+
+def target_from_args(args: argparse.Namespace) -> TargetShape:
+    """The target of a drafter setup: ``--target DIR``'s config.json, else ``--target-hidden``,
+    ``--target-layers``, ``--vocab`` or their defaults with the common shapes
+    (:meth:`~padfree.drafter.setup.TargetShape.common`). Both at once is a one-line :class:`ConfigError`."""
+    from padfree.advice.drafter import target_of_folder
+    from padfree.drafter.setup import TargetShape
+
+    given = {"hidden": args.target_hidden, "layers": args.target_layers, "vocab": args.vocab}
+    if args.target is None:
+        return TargetShape.common(**{k: TARGET_DEFAULTS[k] if v is None else v for k, v in given.items()})
+    flags = {"hidden": "--target-hidden", "layers": "--target-layers", "vocab": "--vocab"}
+    both = [flags[k] for k, v in given.items() if v is not None]
+    if both:
+        raise ConfigError(f"{both[0]} and --target: the target folder's config.json gives its sizes")
+    return target_of_folder(Path(args.target))
+
+
+def drafter_from_args(
+    args: argparse.Namespace, config: PlanConfig, lengths: np.ndarray
+) -> tuple[PlanConfig, np.ndarray | None, dict]:
+    """The drafter setup of ``--drafter`` and its options (:func:`add_drafter_arguments`), priced by
+    :func:`padfree.advice.drafter.priced_setup`: the plan config, per-sample anchors and the report.
+    ``--assistant`` defaults to the loss counts beside ``--lengths`` when present."""
+    from padfree.advice.drafter import priced_setup
+    from padfree.data.length_files import assistant_path, read_loss_counts
+
+    recipe = recipe_from_args(args, args.drafter)
+    aux = args.assistant
+    if aux is None and args.lengths is not None and assistant_path(Path(args.lengths)).exists():
+        aux = assistant_path(Path(args.lengths))
+    lengths = np.asarray(lengths, dtype=np.int64)
+    target = target_from_args(args)
+    if args.cache_layers is not None and args.cache_layers > target.layers:
+        source = "--target" if args.target is not None else "--target-layers"
+        raise ConfigError(
+            f"--cache-layers {args.cache_layers}: the target has {target.layers} layers "
+            f"({source}); a hidden-state cache keeps at most one per layer"
+        )
+    return priced_setup(
+        recipe,
+        config,
+        target=target,
+        lengths=lengths,
+        loss_counts=None if aux is None else read_loss_counts(aux, lengths),
+        memory_gb=args.memory_gb,
+        anchor_budget=args.anchor_budget,
+        draft_layers=args.draft_layers,
+        cost=None if args.cost is None else config.cost,
+        cache_layers=args.cache_layers,
+        cache_bytes=args.cache_bytes,
+        target_name=None if args.target is None else str(args.target),
+        loss_counts_name=None if aux is None else str(aux),
+    )

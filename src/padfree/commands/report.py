@@ -14,6 +14,7 @@ from padfree.commands.common import (
     bounded_list,
     check_output,
     config_from_args,
+    drafter_from_args,
     load_lengths,
     writing,
 )
@@ -78,9 +79,8 @@ def run(args: argparse.Namespace) -> int:
     if args.drafter is not None:
         from padfree.advice.report import drafter_numbers
         from padfree.advice.simulate import load_seconds_per_unit
-        from padfree.commands.simulate import drafter_setup
 
-        cfg, anchors, setup = drafter_setup(args, base, lengths)
+        cfg, anchors, setup = drafter_from_args(args, base, lengths)
         spu = load_seconds_per_unit(args.cost)
         drafter = drafter_numbers(lengths, cfg, anchors, setup, spu, path)
     with writing(args.out, "the report"):

@@ -60,8 +60,7 @@ def drafter_numbers(
     path: str | None = None,
 ) -> dict:
     """The report's drafter section: ``setup`` (method, recipe, tokens, offline hidden-state cache size,
-    memory
-    model: what ``padfree.commands.simulate.drafter_setup`` returns) and, per strategy, the predicted
+    memory model: what :func:`padfree.advice.drafter.priced_setup` returns) and, per strategy, the predicted
     throughput of the drafter setup (:func:`padfree.advice.simulate.simulate` with the drafter's anchors and
     cost model) and the activation peak its heaviest micro-batch takes; beside them what users run today,
     SpecForge-style random padded batches (a fixed sample count, tokens padded to the longest, anchor slots to
