@@ -216,3 +216,14 @@ def test_each_command_imports_no_other_command_and_the_library_no_command() -> N
     for m in library:
         bad = sorted(n for n in _imports_any(mods[m]) if _in(n, ("padfree.commands", "padfree.cli")))
         assert not bad, f"{m} imports {', '.join(bad)} (the library never reaches up into the command line)"
+
+
+def test_examples_import_no_other_example() -> None:
+    """Each example is one copyable file: what examples share lives in the library (``padfree.options``,
+    ``padfree.data``, ``padfree.torch.loop``), never in a module beside them."""
+    examples = sorted((ROOT / "examples").glob("*.py"))
+    local = {p.stem for p in examples} | {p.name for p in (ROOT / "examples").iterdir() if p.is_dir()}
+    assert {"train", "train_drafter", "hf_trainer"} <= local
+    for path in examples:
+        bad = sorted(n for n in _imports_any(path) if n.split(".")[0] in local)
+        assert not bad, f"{path.relative_to(ROOT)} imports {', '.join(bad)} (move it into the library)"
