@@ -8,10 +8,8 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike
 
-from padfree.core.config import CostModel, PlanConfig
 from padfree.drafter import memory as drafter_memory
-from padfree.drafter.recipes import Recipe
-from padfree.drafter.setup import TargetShape, drafter_setup, report
+from padfree.drafter.setup import DrafterSetup, TargetShape, report
 from padfree.errors import ConfigError
 
 REPORT_ORDER = ("method", "recipe", "recipe_line", "title", "uses_anchors", "tokens", "draft_blocks")
@@ -53,53 +51,35 @@ def target_of_folder(folder: Path) -> TargetShape:
 
 
 def priced_setup(
-    recipe: Recipe,
-    config: PlanConfig,
-    *,
-    target: TargetShape,
+    setup: DrafterSetup,
     lengths: ArrayLike,
-    loss_counts: ArrayLike | None = None,
-    memory_gb: float | None = None,
-    anchor_budget: int | None = None,
-    draft_layers: int = 5,
-    cost: CostModel | None = None,
+    *,
     cache_layers: int | None = None,
     cache_bytes: int = 2,
     target_name: str | None = None,
     loss_counts_name: str | None = None,
-) -> tuple[PlanConfig, np.ndarray | None, dict]:
-    """The plan config, per-sample anchors (``None`` for a method without anchors) and the report of the
-    drafter setup of ``recipe`` on ``target``: :func:`padfree.drafter.setup.report` with the tokens an epoch
-    trains and the offline cache of ``cache_layers`` target layers (default: the recipe's fused layers and
-    the last) at ``cache_bytes`` per value; ``target_name`` and ``loss_counts_name`` say where the target and
-    the loss counts came from (``None``: sizes given, every token but the first). A sample with more anchors
-    than ``memory_gb`` lets a micro-batch hold is a one-line error."""
-    lens = np.asarray(lengths, dtype=np.int64)
-    setup = drafter_setup(
-        recipe,
-        config,
-        target=target,
-        lengths=lens,
-        loss_counts=loss_counts,
-        memory_gb=memory_gb,
-        anchor_budget=anchor_budget,
-        draft_layers=draft_layers,
-        cost=cost,
-    )
-    if setup.by_memory is not None and (anchor_budget is None or anchor_budget > setup.by_memory):
+) -> dict:
+    """The report of a drafter setup (:func:`padfree.drafter.setup.drafter_setup`) on samples of ``lengths``:
+    :func:`padfree.drafter.setup.report` with the tokens an epoch trains and the offline cache of
+    ``cache_layers`` target layers (default: the recipe's fused layers and the last) at ``cache_bytes`` per
+    value; ``target_name`` and ``loss_counts_name`` say where the target and the loss counts came from
+    (``None``: sizes given, every token but the first). A sample with more anchors than the setup's
+    ``memory_gb`` lets a micro-batch hold is a one-line error."""
+    bound = setup.anchor_budget
+    if setup.by_memory is not None and (bound is None or bound > setup.by_memory):
         # the memory binds: a sample with more anchors than it allows cannot be planned
-        assert memory_gb is not None and setup.anchors is not None
-        drafter_memory.check_anchors_fit(setup.by_memory, setup.anchors, memory_gb * 2**30, config.budget)
-    cfg = setup.config
-    layers = cache_layers if cache_layers is not None else recipe.fused_layers + 1
-    tokens = int(np.minimum(lens, cfg.budget).sum())
+        assert setup.memory_gb is not None and setup.anchors is not None
+        limit = setup.memory_gb * 2**30
+        drafter_memory.check_anchors_fit(setup.by_memory, setup.anchors, limit, setup.config.budget)
+    layers = cache_layers if cache_layers is not None else setup.recipe.fused_layers + 1
+    tokens = int(np.minimum(np.asarray(lengths, dtype=np.int64), setup.config.budget).sum())
     out = {
         **report(setup),
         "tokens": tokens,
         "cache_layers": layers,
         "target": target_name,
         "cache_bytes_per_value": cache_bytes,
-        "cache_bytes": offline_cache_bytes(tokens, layers, target.hidden, cache_bytes),
+        "cache_bytes": offline_cache_bytes(tokens, layers, setup.target.hidden, cache_bytes),
         "loss_counts": loss_counts_name or "every token but the first",
     }
-    return cfg, setup.anchors, {**{k: out[k] for k in REPORT_ORDER}, **out}
+    return {**{k: out[k] for k in REPORT_ORDER}, **out}

@@ -233,11 +233,13 @@ def target_from_args(args: argparse.Namespace) -> TargetShape:
 def drafter_from_args(
     args: argparse.Namespace, config: PlanConfig, lengths: np.ndarray
 ) -> tuple[PlanConfig, np.ndarray | None, dict]:
-    """The drafter setup of ``--drafter`` and its options (:func:`add_drafter_arguments`), priced by
-    :func:`padfree.advice.drafter.priced_setup`: the plan config, per-sample anchors and the report.
+    """The drafter setup of ``--drafter`` and its options (:func:`add_drafter_arguments`)
+    (:func:`padfree.drafter.setup.drafter_setup`): its plan config, per-sample anchors and report
+    (:func:`padfree.advice.drafter.priced_setup`).
     ``--assistant`` defaults to the loss counts beside ``--lengths`` when present."""
     from padfree.advice.drafter import priced_setup
     from padfree.data.length_files import assistant_path, read_loss_counts
+    from padfree.drafter.setup import drafter_setup
 
     recipe = recipe_from_args(args, args.drafter)
     aux = args.assistant
@@ -251,7 +253,7 @@ def drafter_from_args(
             f"--cache-layers {args.cache_layers}: the target has {target.layers} layers "
             f"({source}); a hidden-state cache keeps at most one per layer"
         )
-    return priced_setup(
+    setup = drafter_setup(
         recipe,
         config,
         target=target,
@@ -261,8 +263,13 @@ def drafter_from_args(
         anchor_budget=args.anchor_budget,
         draft_layers=args.draft_layers,
         cost=None if args.cost is None else config.cost,
+    )
+    report = priced_setup(
+        setup,
+        lengths,
         cache_layers=args.cache_layers,
         cache_bytes=args.cache_bytes,
         target_name=None if args.target is None else str(args.target),
         loss_counts_name=None if aux is None else str(aux),
     )
+    return setup.config, setup.anchors, report
