@@ -388,13 +388,15 @@ def model_overrides(args: argparse.Namespace) -> dict:
     return overrides
 
 
-def plan_config(args: argparse.Namespace) -> PlanConfig:
-    """The plan both examples train with: samples longer than the budget follow ``--overlong`` (default
-    ``error``: the plan refuses them with one line, as ``padfree plan`` does)."""
-    return PlanConfig(
-        strategy=args.strategy,
-        budget=args.budget,
-        grad_accum=args.grad_accum,
-        seed=args.seed,
-        overlong=args.overlong,
-    )
+PLAN_OPTIONS = ("budget", "world_size", "grad_accum", "growth", "buckets", "mix", "seed", "overlong",
+                "sp", "cp")  # fmt: skip
+"""The :class:`PlanConfig` fields the command line and the examples take as options, under the same names."""
+
+
+def plan_config(args: argparse.Namespace, strategy: str | None = None, **given: Any) -> PlanConfig:
+    """The plan of the options ``args`` holds (each of :data:`PLAN_OPTIONS` it has; the others keep their
+    defaults) for ``strategy`` (default ``--strategy``), with ``given`` on top. Samples longer than the
+    budget follow ``--overlong`` (default ``error``: the plan refuses them with one line, as ``padfree
+    plan`` does)."""
+    values = {k: getattr(args, k) for k in PLAN_OPTIONS if hasattr(args, k)}
+    return PlanConfig(strategy=strategy or args.strategy, **{**values, **given})

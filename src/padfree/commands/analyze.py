@@ -12,10 +12,10 @@ from padfree.commands.common import (
     add_shard_options,
     config_from_args,
     load_lengths,
+    strategies_from_args,
 )
 from padfree.core.config import STRATEGIES
 from padfree.core.strategies import REGISTRY
-from padfree.errors import ConfigError
 
 NAME = "analyze"
 HELP = "compare the strategies on a lengths file: padding, balance, diversity, planning time"
@@ -36,12 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from padfree.advice.analyze import analyze_strategies, render_table, short_epoch
 
-    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    bad = [s for s in names if s not in REGISTRY]
-    if bad or not names:
-        raise ConfigError(
-            f"unknown strategy {bad[0] if bad else '(none)'!r}: choose from {', '.join(REGISTRY)}"
-        )
+    names = strategies_from_args(args.strategies, REGISTRY)
     configs = {s: config_from_args(args, s) for s in names}
     lengths, path, name = load_lengths(args)
     result = analyze_strategies(lengths, configs, path=path, progress=not args.json)

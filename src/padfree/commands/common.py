@@ -8,7 +8,7 @@ import argparse
 import contextlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +21,7 @@ from padfree.core.config import (
     PlanConfig,
 )
 from padfree.errors import ConfigError, InputError, OutputError
-from padfree.options import Bounded, add_number, add_recipe_arguments, recipe_from_args
+from padfree.options import Bounded, add_number, add_recipe_arguments, plan_config, recipe_from_args
 
 if TYPE_CHECKING:
     from padfree.drafter.setup import TargetShape
@@ -147,22 +147,21 @@ def load_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str | None, str]
     )
 
 
+def strategies_from_args(text: str, known: Iterable[str]) -> list[str]:
+    """``--strategies``: comma-separated names, each one of ``known`` (else a one-line ConfigError)."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in names if s not in known]
+    if bad or not names:
+        choices = ", ".join(known)
+        raise ConfigError(f"unknown strategy {bad[0] if bad else '(none)'!r}: choose from {choices}")
+    return names
+
+
 def config_from_args(args: argparse.Namespace, strategy: str) -> PlanConfig:
+    """The plan options (:func:`add_plan_options`, :func:`add_shard_options`) as a :class:`PlanConfig` of
+    ``strategy``, its cost model read from ``--cost``."""
     cost: CostModel = DEFAULT_COST if args.cost is None else CostModel.load(args.cost)
-    return PlanConfig(
-        strategy=strategy,
-        budget=args.budget,
-        world_size=args.world_size,
-        grad_accum=args.grad_accum,
-        growth=args.growth,
-        buckets=args.buckets,
-        mix=args.mix,
-        seed=args.seed,
-        overlong=args.overlong,
-        cost=cost,
-        sp=getattr(args, "sp", 1),
-        cp=getattr(args, "cp", 1),
-    )
+    return plan_config(args, strategy, cost=cost)
 
 
 TARGET_DEFAULTS = {"hidden": 4096, "layers": 32, "vocab": 128256}

@@ -13,9 +13,9 @@ from padfree.commands.common import (
     config_from_args,
     drafter_from_args,
     load_lengths,
+    strategies_from_args,
 )
 from padfree.core.config import STRATEGIES
-from padfree.errors import ConfigError
 from padfree.options import add_number
 
 NAME = "simulate"
@@ -61,12 +61,7 @@ def run(args: argparse.Namespace) -> int:
         speeds = parse_speeds(args.speeds, args.gpus)
         args.world_size = speeds.size
     true_cost = CostModel.load(args.true_cost) if args.true_cost is not None else None
-    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    bad = [s for s in names if s not in STRATEGIES]
-    if bad or not names:
-        raise ConfigError(
-            f"unknown strategy {bad[0] if bad else '(none)'!r}: choose from {', '.join(STRATEGIES)}"
-        )
+    names = strategies_from_args(args.strategies, STRATEGIES)
     cfg = config_from_args(args, names[0])
     spu = load_seconds_per_unit(args.true_cost or args.cost)  # a bad file is a one-line ConfigError
     warning = cost_warning(args.cost)
