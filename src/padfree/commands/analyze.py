@@ -10,6 +10,7 @@ from typing import Any
 from padfree.commands.common import (
     add_plan_inputs,
     add_shard_options,
+    add_strategies_option,
     config_from_args,
     load_lengths,
     strategies_from_args,
@@ -24,10 +25,9 @@ HELP = "compare the strategies on a lengths file: padding, balance, diversity, p
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_plan_inputs(p, required=False)
     add_shard_options(p)
-    p.add_argument(
-        "--strategies",
-        default=",".join(STRATEGIES),
-        help=f"comma-separated strategies to compare (default {','.join(STRATEGIES)}; also: chunked, whose "
+    add_strategies_option(
+        p,
+        f"comma-separated strategies to compare (default {','.join(STRATEGIES)}; also: chunked, whose "
         "documents up to grad-accum x budget tokens train whole in chunks)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

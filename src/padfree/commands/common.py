@@ -14,12 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from padfree.core.config import (
-    DEFAULT_COST,
-    OVERLONG,
-    CostModel,
-    PlanConfig,
-)
+from padfree.core.config import DEFAULT_COST, OVERLONG, STRATEGIES, CostModel, PlanConfig
 from padfree.errors import ConfigError, InputError, OutputError
 from padfree.options import Bounded, add_number, add_recipe_arguments, plan_config, recipe_from_args
 
@@ -145,6 +140,11 @@ def load_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str | None, str]
         str(args.lengths),
         str(args.lengths),
     )
+
+
+def add_strategies_option(p: argparse.ArgumentParser, help_: str) -> None:
+    """``--strategies`` (default: every strategy), read by :func:`strategies_from_args`."""
+    p.add_argument("--strategies", default=",".join(STRATEGIES), help=help_)
 
 
 def strategies_from_args(text: str, known: Iterable[str]) -> list[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from padfree.commands.common import (
     add_drafter_arguments,
     add_plan_inputs,
+    add_strategies_option,
     config_from_args,
     drafter_from_args,
     load_lengths,
@@ -25,7 +26,7 @@ HELP = "predict each strategy's training throughput on N GPUs (ranks wait for th
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_plan_inputs(p, required=False)
     add_number(p, "--gpus", None, "GPUs (ranks); overrides --world-size")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated strategies")
+    add_strategies_option(p, "comma-separated strategies")
     p.add_argument("--no-naive", action="store_true", help="leave out the naive bucketing baseline")
     p.add_argument(
         "--speeds",
