@@ -381,11 +381,20 @@ def run_example(main: Callable[[], Any]) -> None:
 
 
 def model_overrides(args: argparse.Namespace) -> dict:
-    """The ``--model-set`` overrides (values parsed as JSON) plus ``--vocab-size``."""
-    overrides = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.model_set)}
-    if args.vocab_size:
-        overrides["vocab_size"] = args.vocab_size
-    return overrides
+    """The ``--model-set KEY=VALUE`` overrides (a value parsed as JSON where it is JSON, else the string)
+    plus ``--vocab-size``; an entry without ``=`` is a one-line :class:`ConfigError`."""
+    out = {}
+    for kv in args.model_set:
+        if "=" not in kv:
+            raise ConfigError(f"--model-set takes KEY=VALUE (got {kv!r})")
+        k, v = kv.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    if args.vocab_size is not None:
+        out["vocab_size"] = args.vocab_size
+    return out
 
 
 PLAN_OPTIONS = ("budget", "world_size", "grad_accum", "growth", "buckets", "mix", "seed", "overlong",
