@@ -4,7 +4,7 @@ low while composition stays fresh, and are ranks balanced?
 Sweeps every length file in a folder (default ``../shared/data/lengths``) plus sets built from them (random
 subsets of seed_mix from 1K to 300K samples, and mixtures of several files) x budgets {8192, 16384} x world
 {4, 8} x grad-accum {1, 2, 4}, planning epochs 0 and 1 with ``padfree analyze``'s function
-(:func:`padfree.tools.analyze.measure`). Samples longer than the budget are truncated (``--overlong
+(:func:`padfree.advice.analyze.measure`). Samples longer than the budget are truncated (``--overlong
 truncate``), as a user of those files must choose.
 
 Targets (issue 12, item 3), each reported met / not met:
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from padfree.advice.analyze import measure
 from padfree.core.config import PlanConfig
 from padfree.core.strategies import resolved_mix
-from padfree.tools.analyze import measure
 
 BUDGETS = (8192, 16384)
 SHAPES = [(w, g) for w in (4, 8) for g in (1, 2, 4)]

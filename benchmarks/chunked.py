@@ -169,7 +169,7 @@ def modeled(lengths: np.ndarray, budget: int, accum: int) -> list[dict]:
     """Full-scale plans on 8 ranks (nothing trained): imbalance, modeled throughput, tokens not trained
     (truncation's; chunked's beyond ``grad_accum`` chunks), documents cut."""
     from padfree import PlanConfig
-    from padfree.tools.analyze import measure
+    from padfree.advice.analyze import measure
 
     rows = []
     for strategy, overlong in SETTINGS:
@@ -208,6 +208,7 @@ def throughput(
     from padfree.torch import PackCollator, PadCollator, PlanBatchSampler, PlannedDataset, token_loss_sum
     from padfree.torch.attention import attention_implementation
     from padfree.torch.chunked import run_step
+    from padfree.torch.loop import steps_of
 
     torch.set_num_threads(1)
     if lengths is None:
@@ -237,13 +238,10 @@ def throughput(
         sampler = PlanBatchSampler(lengths, cfg, world_size=1, rank=0)
         collate = PackCollator(chunked=cfg.chunked) if cfg.packed else PadCollator(pad_to_multiple_of=8)
         loader = torch.utils.data.DataLoader(PlannedDataset(data), batch_sampler=sampler, collate_fn=collate)
-        trained, step = 0, []
+        trained = 0
         t = time.perf_counter()
-        for batch in loader:
-            step.append(batch)
-            if not batch.info.last:
-                continue
-            scale = 1.0 / max(batch.info.step_tokens or 1, 1)
+        for step in steps_of(loader):
+            scale = 1.0 / max(step[-1].info.step_tokens or 1, 1)
             if cfg.chunked:
                 _, tokens = run_step(model, step, scale)
             else:
@@ -255,7 +253,6 @@ def throughput(
                     tokens += mb.tokens
             trained += tokens
             model.zero_grad(set_to_none=True)
-            step = []
         seconds = time.perf_counter() - t
         key = (strategy, b, overlong)
         if key in rows and rows[key]["seconds"] <= seconds:

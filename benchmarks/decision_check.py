@@ -3,7 +3,7 @@
 On every length set in ``--lengths`` (each ``*.npy``; an ``.assistant.npy`` holds the loss-bearing counts
 of its set, not a set: ``padfree report`` takes no loss counts, so they are skipped) and in
 ``fixtures/lengths`` (files equal byte for byte are one set), at shapes 1x4, 2x4, 4x4, 8x4 and budgets
-4096, 8192, 16384, the report's own :func:`padfree.tools.report.decision.build_report` (what
+4096, 8192, 16384, the report's own :func:`padfree.advice.report.decision.build_report` (what
 ``padfree report --overlong truncate`` runs, window by window on large sets; only the page's figures are
 left out) measures the strategies and the frontier, and its decision is taken with and without
 ``--no-packing`` (the same measured points; ``--no-packing`` is the call ``build_report`` makes itself).
@@ -36,8 +36,8 @@ from unittest import mock
 
 import numpy as np
 
+from padfree.advice.report import decision
 from padfree.core.config import PlanConfig
-from padfree.tools.report import decision
 
 BUDGETS = (4096, 8192, 16384)
 SHAPES = ((1, 4), (2, 4), (4, 4), (8, 4))

@@ -116,8 +116,8 @@ def predict(scenario: dict, lengths_path: Path, args: argparse.Namespace, worlds
     """What ``padfree simulate --speeds ... --true-cost ...`` predicts for the scenario: the plan balances
     by padfree's default cost model, the true cost is the dynamic run's own refit (seconds), the slow rank
     takes 1.5x as long; dynamic / static per strategy at each world size."""
+    from padfree.advice.simulate import simulate
     from padfree.core.config import CostModel, PlanConfig
-    from padfree.tools.simulate import simulate
 
     lengths = np.minimum(np.load(lengths_path).astype(np.int64), args.budget)
     lengths = lengths[lengths > 1]

@@ -1,6 +1,6 @@
 """The family sweep as a result table: every causal-LM family of the installed transformers, packed exactly?
 
-Runs :func:`padfree.tools.families.sweep` (the same as ``padfree check-packing --all-families``) in a few
+Runs :func:`padfree.checks.families.sweep` (the same as ``padfree check-packing --all-families``) in a few
 worker processes (families are independent; a family that crashes its process is reported, not lost), with
 float32 verdicts, then re-probes every exact family under ``torch.autocast(bfloat16)``: the perturbation probe
 must be 0 there too (beyond the expert-grouping allowance of MoE families). Writes ``families.json`` and
@@ -26,7 +26,7 @@ def _run(names: list[str]) -> list[dict]:
     import transformers
 
     torch.set_num_threads(1)
-    from padfree.tools.families import check_family, sweep
+    from padfree.checks.families import check_family, sweep
 
     rows = [asdict(r) for r in sweep(names)]
     transformers.logging.set_verbosity_error()
@@ -46,7 +46,7 @@ def _bf16_probe(family: str, _check) -> dict:
     import transformers
 
     import padfree.torch.attention as pa
-    from padfree.tools.families import causal_families, tiny_config
+    from padfree.checks.families import causal_families, tiny_config
     from padfree.torch.leak_probe import probe_leak
 
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
-    from padfree.tools.families import causal_families
+    from padfree.checks.families import causal_families
 
     names = list(causal_families()) if args.families is None else args.families.split(",")
     shards = [names[i :: args.jobs] for i in range(args.jobs)]

@@ -112,13 +112,13 @@ def other_worker(lengths: np.ndarray, cfg, strategy: str, args: argparse.Namespa
     t, c = time.perf_counter(), time.process_time()
     extra: dict = {}
     if args.what == "analyze":
-        from padfree.tools.analyze import analyze_strategies
+        from padfree.advice.analyze import analyze_strategies
 
         m = analyze_strategies(lengths, {strategy: cfg})["strategies"][strategy]
         extra = {k: m[k] for k in ("padding_efficiency", "step_divergence", "cobatch_repeat", "imbalance")}
         extra["micro_batches"] = m["micro_batches"]
     elif args.what == "report":
-        from padfree.tools.report import write_report
+        from padfree.advice.report import write_report
 
         growths = tuple(float(g) for g in args.report_growths.split(","))
         counts = tuple(int(b) for b in args.report_bucket_counts.split(","))

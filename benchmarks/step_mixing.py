@@ -4,7 +4,7 @@ sets, by micro-batches per step, with the floor that explains the gap where ther
 On every chat length set in ``--lengths`` (full-chat lengths, both tokenizers; 2K-55K samples) plus random
 subsets of seed_mix (30K and 300K), at budgets {4096, 8192, 16384} and shapes 1x4, 2x4, 4x4, 8x4, 8x8 (4 to
 64 micro-batches per step), plans epochs 0 and 1 with ``padfree analyze``'s function
-(:func:`padfree.tools.analyze.measure`, overlong samples truncated) for:
+(:func:`padfree.advice.analyze.measure`, overlong samples truncated) for:
 
 - ``random``: a fresh shuffle, the reference;
 - ``bucketed``: the default bucketed plan, steps composed by length quantile
@@ -34,9 +34,9 @@ from unittest import mock
 
 import numpy as np
 
+from padfree.advice.analyze import measure
 from padfree.core import steps
 from padfree.core.config import PlanConfig
-from padfree.tools.analyze import measure
 
 BUDGETS = (4096, 8192, 16384)
 SHAPES = ((1, 4), (2, 4), (4, 4), (8, 4), (8, 8))

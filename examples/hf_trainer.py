@@ -20,27 +20,25 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 import numpy as np
-from common import (
-    add_data_and_model_args,
-    load_training_data,
-    model_overrides,
-    overlong_line,
-    plan_config,
-    run_example,
-)
 from transformers import TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
+from padfree.core.items import overlong_line
 from padfree.hf import PadfreeTrainer, padfree_sft_trainer
 from padfree.models import build_model
+from padfree.options import add_data_and_model_args, model_overrides, plan_config, run_example, training_data
 from padfree.torch.attention import attention_implementation
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+"""Real chat, math, code and document samples and a 32K SentencePiece tokenizer, vendored in the repo."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_data_and_model_args(p, chunked=True)
+    add_data_and_model_args(p, FIXTURES, chunked=True)
     p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps in all (default: --epochs)")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: only the last)")
@@ -53,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None):
     """Run the training; returns the Trainer (its ``state.log_history`` holds the losses)."""
     args = parse_args(argv)
-    samples, lengths, loss_tokens = load_training_data(args)
+    samples, lengths, loss_tokens = training_data(args)
     overrides = model_overrides(args)
     if args.vocab_size:
         for s in samples:

@@ -40,25 +40,24 @@ What it does, top to bottom:
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from common import (
-    add_data_and_model_args,
-    dropped_samples,
-    load_training_data,
-    model_overrides,
-    overlong_line,
-    parser,
-    plan_config,
-    planned_tokens,
-    run_example,
-)
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from padfree.core.items import dropped_samples, overlong_line, planned_tokens
 from padfree.errors import PadfreeError
 from padfree.models import build_model
+from padfree.options import (
+    add_data_and_model_args,
+    example_parser,
+    model_overrides,
+    plan_config,
+    run_example,
+    training_data,
+)
 from padfree.torch import (
     PackCollator,
     PadCollator,
@@ -76,10 +75,13 @@ from padfree.torch.leak_probe import require_exact_packing
 from padfree.torch.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
 from padfree.torch.loop import add_run_args, resume_from, run_id, setup_distributed, train_loop
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+"""Real chat, math, code and document samples and a 32K SentencePiece tokenizer, vendored in the repo."""
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = parser(__doc__)
-    add_data_and_model_args(p, chunked=True)
+    p = example_parser(__doc__)
+    add_data_and_model_args(p, FIXTURES, chunked=True)
     add_run_args(p)
     return p.parse_args(argv)
 
@@ -116,7 +118,7 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     if ckpt is not None:
         ckpt.acquire(run)  # before any step: a second run on the directory is refused here
 
-    samples, lengths, loss_tokens = load_training_data(args)
+    samples, lengths, loss_tokens = training_data(args)
     config = plan_config(args)
     sampler = PlanBatchSampler(
         lengths, config, loss_tokens=loss_tokens, balance=args.balance, balance_every=args.balance_every

@@ -46,19 +46,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import (
-    FIXTURES,
-    add_data_and_model_args,
-    dropped_samples,
-    load_training_data,
-    overlong_line,
-    parser,
-    plan_config,
-    run_example,
-)
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from padfree.core.items import dropped_samples, overlong_line
 from padfree.drafter import memory as drafter_memory
 from padfree.drafter.collate import DrafterCollator
 from padfree.drafter.export import (
@@ -81,7 +72,16 @@ from padfree.drafter.target import (
 )
 from padfree.drafter.train import build_models, loss_sums, token_counts
 from padfree.errors import ConfigError, PadfreeError
-from padfree.options import NUMERIC, Bounded, check_device
+from padfree.options import (
+    NUMERIC,
+    Bounded,
+    add_data_and_model_args,
+    check_device,
+    example_parser,
+    plan_config,
+    run_example,
+    training_data,
+)
 from padfree.torch import PlanBatchSampler, PlannedDataset, all_reduce_sum, step_loss, sync_unless
 from padfree.torch.checkpoint import CheckpointDir
 from padfree.torch.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
@@ -92,9 +92,13 @@ IDENTITY = ("method", "draft_layers", "vocab_size", "target", "mask_token_id")
 naming them)."""
 
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+"""Real chat, math, code and document samples and a 32K SentencePiece tokenizer, vendored in the repo."""
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = parser(__doc__)
-    add_data_and_model_args(p)
+    p = example_parser(__doc__)
+    add_data_and_model_args(p, FIXTURES)
     add_run_args(p)
     p.add_argument("--method", default="dflash", choices=list(METHODS))
     add_recipe_arguments(p)
@@ -307,7 +311,7 @@ def load_target_and_data(args):
             f"{'--mask-token-id' if given_mask else 'the target tokenizer’s mask/pad/unknown token'} "
             f"{args.mask_token_id} is outside the vocabulary of {args.vocab_size}"
         )
-    samples, lengths, loss_tokens = load_training_data(args)
+    samples, lengths, loss_tokens = training_data(args)
     for s in samples:
         if target is None:
             s["input_ids"] = s["input_ids"] % args.vocab_size

@@ -116,10 +116,8 @@ def refusals() -> Refusals:
 def example():
     """``examples/train_drafter.py`` as a module (``main(argv)``, ``run_example``), for the drafter tests."""
     import importlib.util
-    import sys
 
     root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "examples"))
     spec = importlib.util.spec_from_file_location(
         "train_drafter_example", root / "examples" / "train_drafter.py"
     )

@@ -498,3 +498,22 @@ def test_fingerprint_is_the_same_for_int32_and_int64_and_chunked(monkeypatch: py
     }
     h.update(json.dumps(fields, sort_keys=True).encode())
     assert a == h.hexdigest()[:32]
+
+
+def test_the_examples_and_bench_read_model_and_plan_options_alike():
+    """``padfree bench`` and the examples share ``padfree.options``: ``--model-set`` without ``=`` is one
+    line, a value that is not JSON stays a string; the plan options become the same PlanConfig fields."""
+    import argparse
+
+    from padfree.options import model_overrides, plan_config
+
+    ns = argparse.Namespace
+    with pytest.raises(ConfigError, match="--model-set takes KEY=VALUE"):
+        model_overrides(ns(model_set=["hidden_size"], vocab_size=None))
+    got = model_overrides(ns(model_set=["hidden_size=32", "act=gelu"], vocab_size=64))
+    assert got == {"hidden_size": 32, "act": "gelu", "vocab_size": 64}
+    args = ns(strategy="packed", budget=256, grad_accum=2, seed=3, overlong="truncate", lr=0.1)
+    cfg = plan_config(args)
+    got_cfg = (cfg.strategy, cfg.budget, cfg.grad_accum, cfg.seed, cfg.overlong)
+    assert got_cfg == ("packed", 256, 2, 3, "truncate") and cfg.world_size == PlanConfig().world_size
+    assert plan_config(args, "bucketed", world_size=4).world_size == 4

@@ -15,7 +15,7 @@ CONSTANTS = {
     "padfree.core.balance": ("SPEED_MEAN_TOLERANCE",),
     "padfree.core.refit": ("SPEED_RATIO", "MAX_COEF", "MIN_SECONDS", "MAX_SECONDS", "OUTLIER", "MEDIAN_MIN",
                            "MIN_SHARE"),
-    "padfree.tools.simulate": ("SPEED_FACTORS",),
+    "padfree.advice.simulate": ("SPEED_FACTORS",),
     "padfree.data.tokenizer": ("PIECE_CHARS", "MAX_UNCUT_CHARS"),
     "padfree.data.formats": ("MAX_MESSAGES",),
 }  # fmt: skip

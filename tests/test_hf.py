@@ -41,7 +41,6 @@ from padfree.torch import (  # noqa: E402
 from padfree.torch.attention import attention_implementation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))  # the examples import examples/common.py
 FIXTURES = ROOT / "fixtures"
 TINY = [f"{k}={v}" for k, v in TINY_MODEL.items() if k != "vocab_size"]
 TINY_KW = {**TINY_MODEL, "vocab_size": 64}

@@ -196,3 +196,34 @@ def test_examples_import_the_library_not_the_commands() -> None:
     for path in examples:
         bad = sorted(n for n in _imports_any(path) if _in(n, ("padfree.commands", "padfree.cli")))
         assert not bad, f"{path.relative_to(ROOT)} imports {', '.join(bad)}"
+
+
+_SHARED = "padfree.commands.common"
+"""What the commands share: their common options and output checks."""
+
+
+def test_each_command_imports_no_other_command_and_the_library_no_command() -> None:
+    """A command is a thin shell: it imports the library and what the commands share
+    (``padfree.commands.common``), never another command; no library module imports a command."""
+    mods = _modules()
+    commands = sorted(m for m in mods if _in(m, ("padfree.commands",)) and m != "padfree.commands")
+    assert "padfree.commands.simulate" in commands and "padfree.commands.report" in commands
+    for m in commands:
+        names = _imports_any(mods[m])
+        bad = sorted(n for n in names if n.startswith("padfree.commands.") and not _in(n, (_SHARED,)))
+        assert not bad, f"{m} imports {', '.join(bad)} (move what both need into the library or common)"
+    library = sorted(m for m in mods if not _in(m, ("padfree.commands", "padfree.cli", "padfree.__main__")))
+    for m in library:
+        bad = sorted(n for n in _imports_any(mods[m]) if _in(n, ("padfree.commands", "padfree.cli")))
+        assert not bad, f"{m} imports {', '.join(bad)} (the library never reaches up into the command line)"
+
+
+def test_examples_import_no_other_example() -> None:
+    """Each example is one copyable file: what examples share lives in the library (``padfree.options``,
+    ``padfree.data``, ``padfree.torch.loop``), never in a module beside them."""
+    examples = sorted((ROOT / "examples").glob("*.py"))
+    local = {p.stem for p in examples} | {p.name for p in (ROOT / "examples").iterdir() if p.is_dir()}
+    assert {"train", "train_drafter", "hf_trainer"} <= local
+    for path in examples:
+        bad = sorted(n for n in _imports_any(path) if n.split(".")[0] in local)
+        assert not bad, f"{path.relative_to(ROOT)} imports {', '.join(bad)} (move it into the library)"

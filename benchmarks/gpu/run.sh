@@ -97,7 +97,7 @@ step 150 "varlen kernel: GQA, sliding window, backward" "$PY" - "$DEVICE" "$CP" 
 import json, sys, time
 import torch
 import padfree.torch.attention as pa
-from padfree.tools.packing_check import check_packing
+from padfree.checks.packing import check_packing
 device, out = sys.argv[1], sys.argv[2]
 rows = []
 for model, over in [("tiny-llama", {"num_key_value_heads": 2}), ("tiny-mistral", {"sliding_window": 16}),
@@ -173,7 +173,7 @@ step 150 "family sweep on the GPU (hybrids, fused kernels where installed)" "$PY
   --families lfm2,lfm3,qwen3_5_text,qwen3_next,olmo_hybrid,mamba,bamba,nemotron_h,granitemoehybrid,jamba,minimax,recurrent_gemma,rwkv,zaya,llama,gpt_oss,mixtral \
   --device "$DEVICE"
 step 120 "pytest subset" "$PY" -m pytest -q -x -p no:cacheprovider -n 4 tests/torch/test_attention.py \
-  tests/tools/test_packing_check.py tests/torch/test_gpu_paths.py
+  tests/checks/test_packing_check.py tests/torch/test_gpu_paths.py
 
 # optional: the same in float32 for padded sorted vs packed (per-document SDPA there), when time is left
 if [ $((DEADLINE - SECONDS)) -gt 100 ]; then

@@ -1,16 +1,31 @@
 """The options padfree's command line and its example training loops parse with: the one-line usage-error
-parser, numbers with their stated ranges (docs/errors.md lists them all), the device check, and the record
-format and drafter recipe option groups."""
+parser, numbers with their stated ranges (docs/errors.md lists them all), the device check, the record
+format option group, and the examples' data, plan and model options."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
 
-from padfree.core.config import MAX_BUCKETS, MAX_BUDGET, MAX_MIX, MAX_RANKS, MAX_SEED, MAX_SHARD
-from padfree.errors import ConfigError, one_line
+import numpy as np
+
+from padfree.core.config import (
+    MAX_BUCKETS,
+    MAX_BUDGET,
+    MAX_MIX,
+    MAX_RANKS,
+    MAX_SEED,
+    MAX_SHARD,
+    OVERLONG,
+    STRATEGIES,
+    PlanConfig,
+)
+from padfree.errors import ConfigError, PadfreeError, one_line
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -202,3 +217,134 @@ def format_options(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
                 raise ConfigError(f"--{flag} reads {forced} records; it contradicts --format {mode}")
             mode, field = forced, value
     return mode, field_map(mode, field, parse_field_map(args.field_map))
+
+
+# ----- the example training loops' options ----------------------------------------------------------------
+def example_parser(doc: str) -> argparse.ArgumentParser:
+    """An example's argument parser: a bad option is one line and exit code 2, as in the ``padfree`` CLI."""
+    return OneLineParser(description=doc.splitlines()[0])
+
+
+def add_data_and_model_args(p: argparse.ArgumentParser, fixtures: Path, chunked: bool = False) -> None:
+    """``--data``, ``--tokenizer``, the plan shape, the loss and a tiny model built from a config; ``--data``
+    and ``--tokenizer`` default to the real samples and tokenizer in ``fixtures`` (the repository's
+    ``fixtures/``), ``chunked``: the loop trains the ``chunked`` strategy too, and takes ``--keep-chunks``."""
+    p.add_argument(
+        "--data",
+        nargs="+",
+        default=[str(fixtures / "samples/*.jsonl.gz")],
+        help="files, globs or folders of records (.jsonl[.gz], .parquet, datasets folders): as "
+        "`padfree lengths` reads them",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=str(fixtures / "tokenizers/llama_sp32k.model"),
+        help="SentencePiece .model, tokenizer.json, or a transformers tokenizer folder",
+    )
+    add_data_arguments(p)
+    p.add_argument(
+        "--lengths",
+        default=None,
+        help="a lengths file made by `padfree lengths` on the same data and options: the plan uses it, and "
+        "any sample whose tokens differ from it stops the run",
+    )
+    p.add_argument("--strategy", default="packed", choices=[*STRATEGIES, *(["chunked"] if chunked else [])])
+    if chunked:
+        p.add_argument(
+            "--keep-chunks",
+            type=COUNT,
+            default=0,
+            help="chunked: chunks of a long document whose activations are kept instead of recomputed "
+            "(default 0: one chunk's activations alive at a time)",
+        )
+    p.add_argument("--budget", type=NUMERIC["--budget"], default=2048, help="tokens per micro-batch")
+    p.add_argument(
+        "--overlong",
+        default="error",
+        choices=OVERLONG,
+        help="samples longer than the budget, as in `padfree plan`: error (default), truncate, split, drop",
+    )
+    p.add_argument(
+        "--grad-accum", type=NUMERIC["--grad-accum"], default=1, help="micro-batches per rank per step"
+    )
+    p.add_argument("--epochs", type=COUNT, default=1)
+    p.add_argument("--seed", type=NUMERIC["--seed"], default=0)
+    p.add_argument("--limit-samples", type=COUNT, default=None, help="use the first N samples")
+    p.add_argument("--loss-on", default="assistant", choices=["assistant", "all"])
+    p.add_argument("--model", default="tiny-llama", help="padfree.models name or a config directory")
+    p.add_argument(
+        "--model-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a model config field, e.g. hidden_size=64 (repeatable)",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=NUMERIC["--vocab-size"],
+        default=None,
+        help="model vocabulary smaller than the tokenizer's: token ids are folded modulo it "
+        "(a speed knob for CPU smoke tests; leave unset for real training)",
+    )
+    p.add_argument("--lr", type=Bounded(float, 0, 1e3, above=True), default=1e-3)
+
+
+def training_data(args: argparse.Namespace) -> tuple[list[dict], np.ndarray, np.ndarray]:
+    """``(samples, lengths, loss_tokens)`` of the options :func:`add_data_and_model_args` added
+    (:func:`padfree.data.samples.load_training_data`)."""
+    from padfree.data.samples import load_training_data
+
+    mode, names = format_options(args)
+    return load_training_data(
+        args.data,
+        args.tokenizer,
+        lengths_file=args.lengths,
+        limit=args.limit_samples,
+        loss_on=args.loss_on,
+        mode=mode,
+        fields=names,
+        split=args.split,
+        chat_template=args.chat_template,
+    )
+
+
+def run_example(main: Callable[[], Any]) -> None:
+    """Run ``main()`` and exit with its code; a padfree error (bad data, a lengths file that disagrees, a
+    checkpoint directory owned by another run) is one line and exit 2."""
+    try:
+        code = main()
+    except PadfreeError as exc:
+        print(f"{Path(sys.argv[0]).name}: error: {one_line(str(exc))}", file=sys.stderr)
+        raise SystemExit(2) from None
+    raise SystemExit(code if isinstance(code, int) else 0)  # hf_trainer's main returns its Trainer
+
+
+def model_overrides(args: argparse.Namespace) -> dict:
+    """The ``--model-set KEY=VALUE`` overrides (a value parsed as JSON where it is JSON, else the string)
+    plus ``--vocab-size``; an entry without ``=`` is a one-line :class:`ConfigError`."""
+    out = {}
+    for kv in args.model_set:
+        if "=" not in kv:
+            raise ConfigError(f"--model-set takes KEY=VALUE (got {kv!r})")
+        k, v = kv.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    if args.vocab_size is not None:
+        out["vocab_size"] = args.vocab_size
+    return out
+
+
+PLAN_OPTIONS = ("budget", "world_size", "grad_accum", "growth", "buckets", "mix", "seed", "overlong",
+                "sp", "cp")  # fmt: skip
+"""The :class:`PlanConfig` fields the command line and the examples take as options, under the same names."""
+
+
+def plan_config(args: argparse.Namespace, strategy: str | None = None, **given: Any) -> PlanConfig:
+    """The plan of the options ``args`` holds (each of :data:`PLAN_OPTIONS` it has; the others keep their
+    defaults) for ``strategy`` (default ``--strategy``), with ``given`` on top. Samples longer than the
+    budget follow ``--overlong`` (default ``error``: the plan refuses them with one line, as ``padfree
+    plan`` does)."""
+    values = {k: getattr(args, k) for k in PLAN_OPTIONS if hasattr(args, k)}
+    return PlanConfig(strategy=strategy or args.strategy, **{**values, **given})

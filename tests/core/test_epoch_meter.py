@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from padfree import CostModel, PlanConfig
+from padfree.advice.analyze import measure
 from padfree.core.metrics import CoBatchMap, EpochMeter, cobatch_repeat, item_counts, plan_metrics
 from padfree.core.planner import make_plan, plan_pieces
-from padfree.tools.analyze import measure
 
 STRATEGIES = ("sorted", "random", "bucketed", "packed")
 EXACT = ("steps", "micro_batches", "truncated", "split", "dropped", "buckets")

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from padfree.advice.analyze import measure, short_epoch
 from padfree.cli import main
 from padfree.core import _kernels, mixing
 from padfree.core.batching import bucket_edges
@@ -17,7 +18,6 @@ from padfree.core.config import PlanConfig
 from padfree.core.planner import make_plan
 from padfree.core.steps import complete_last_step, spread_tail
 from padfree.core.strategies import resolved_mix
-from padfree.tools.analyze import measure, short_epoch
 
 
 def _costs(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> np.ndarray:

@@ -170,8 +170,8 @@ def test_the_core_plans_int32_items_like_int64(lengths: np.ndarray, strategy: st
 def test_analyze_measures_stream_plans_with_window_progress(
     lengths: np.ndarray, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ):
+    from padfree.advice.analyze import analyze_strategies
     from padfree.core import stream
-    from padfree.tools.analyze import analyze_strategies
 
     monkeypatch.setattr(plan_module, "STREAM_THRESHOLD", 10_000)
     monkeypatch.setattr(stream, "DEFAULT_WINDOW", 5_000)

@@ -258,11 +258,9 @@ def test_lone_surrogates_are_replaced_and_said(
 
 
 def _example(name: str):  # noqa: ANN202
-    """Import examples/NAME.py (it imports examples/common.py)."""
+    """Import examples/NAME.py."""
     import importlib.util
 
-    if str(ROOT / "examples") not in sys.path:
-        sys.path.insert(0, str(ROOT / "examples"))
     spec = importlib.util.spec_from_file_location(f"{name}_example", ROOT / "examples" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -88,11 +88,9 @@ def test_main_in_process_leaves_no_signal_handler_and_refuses_an_owned_directory
 ):
     import importlib.util
     import signal
-    import sys
 
     from padfree.torch.checkpoint import CheckpointDir
 
-    sys.path.insert(0, str(ROOT / "examples"))
     spec = importlib.util.spec_from_file_location("train_example", TRAIN)
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)
@@ -113,9 +111,7 @@ def test_a_checkpoint_of_another_model_is_one_line_exit_2(tmp_path, fixtures_dir
     """The model options are not part of the sampler's identity: a resume with another model shape reaches
     ``load_state_dict``, whose RuntimeError (a size mismatch) is one line naming the checkpoint."""
     import importlib.util
-    import sys
 
-    sys.path.insert(0, str(ROOT / "examples"))
     spec = importlib.util.spec_from_file_location("train_example", TRAIN)
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)

@@ -171,7 +171,7 @@ def test_gpu_varlen_with_this_torch_never_raises(monkeypatch) -> None:
 
 def test_autocast_hands_the_kernel_one_low_precision_dtype(monkeypatch) -> None:
     # rotary embeddings return float32 q/k next to a bf16 v under autocast; a fused kernel needs all bf16
-    from padfree.tools.packing_check import check_packing
+    from padfree.checks.packing import check_packing
 
     seen = []
     kernel = pa._per_document

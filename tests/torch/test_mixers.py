@@ -9,12 +9,12 @@ import pytest
 import torch
 from transformers import TrainingArguments
 
+from padfree.checks.families import check_family, sweep
 from padfree.cli import main
 from padfree.core.config import PlanConfig
 from padfree.errors import ConfigError
 from padfree.hf import PadfreeTrainer
 from padfree.models import build_model
-from padfree.tools.families import check_family, sweep
 from padfree.torch import PackCollator
 from padfree.torch.leak_probe import leaking_modules, probe_leak, require_exact_packing
 from padfree.torch.mixers import mixers_of, per_document_mixers
@@ -61,7 +61,7 @@ def test_whole_row_mixers_leak_in_both_dtypes_and_per_document_is_exact(hybrid_d
 
 
 def test_bf16_tolerance_alone_would_have_passed_the_leak(tmp_path) -> None:
-    from padfree.tools.packing_check import check_packing
+    from padfree.checks.packing import check_packing
 
     d = tmp_path / "lfm2"
     d.mkdir()

@@ -17,7 +17,7 @@ DOCS = (13, 29, 5, 18)  # odd lengths: every document gets pads under CP, the ro
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("mode", ["sp", "cp"])
 def test_sharded_row_equals_unsharded(family, mode):
-    from padfree.tools.sharded_check import check_sharded
+    from padfree.checks.sharded import check_sharded
 
     r = check_sharded(family, overrides=SMALL, doc_lengths=DOCS, seed=3, **{mode: 2})
     assert r.impl == ("padfree_ulysses" if mode == "sp" else "padfree_zigzag_cp")
@@ -30,7 +30,7 @@ def test_sharded_row_equals_unsharded(family, mode):
 
 @pytest.mark.parametrize("mode", ["sp", "cp"])
 def test_document_blind_sharding_is_caught(mode):
-    from padfree.tools.sharded_check import check_sharded
+    from padfree.checks.sharded import check_sharded
 
     r = check_sharded("tiny-llama", overrides=SMALL, doc_lengths=DOCS, attn="leaky", **{mode: 2})
     assert r.impl == ("padfree_ulysses_leaky" if mode == "sp" else "padfree_blind_cp")

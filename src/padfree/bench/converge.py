@@ -174,6 +174,7 @@ def train_one(
 ) -> dict:
     """One strategy's run: held-out curve, per-step train losses, wall time."""
     from padfree.torch import PlanBatchSampler, PlannedDataset
+    from padfree.torch.loop import steps_of
 
     trainer = Trainer.of(cfg, REGISTRY[strategy].packed)
     budget = budget or cfg.budget
@@ -186,12 +187,8 @@ def train_one(
     tokens, next_eval, epoch, train_s = 0, cfg.every, 0, 0.0
     while tokens < cfg.train_tokens:
         sampler.set_epoch(epoch)
-        group: list = []
-        for mb in sampler:
-            group.append(mb)
-            if not mb.info.last:
-                continue
-            step_tokens = int(mb.info.step_tokens or 0)
+        for group in steps_of(sampler):
+            step_tokens = int(group[-1].info.step_tokens or 0)
             lr = lr_at(tokens, cfg)
             t0 = time.perf_counter()
             loss = 0.0
@@ -212,7 +209,6 @@ def train_one(
                     "epoch": epoch,
                 }
             )
-            group = []
             if tokens >= next_eval or tokens >= cfg.train_tokens:
                 curve.append(
                     {"tokens": tokens, "loss": evaluate(trainer, eval_items, eval_plan), "step": len(steps)}

@@ -10,12 +10,13 @@ from typing import Any
 from padfree.commands.common import (
     add_plan_inputs,
     add_shard_options,
+    add_strategies_option,
     config_from_args,
     load_lengths,
+    strategies_from_args,
 )
 from padfree.core.config import STRATEGIES
 from padfree.core.strategies import REGISTRY
-from padfree.errors import ConfigError
 
 NAME = "analyze"
 HELP = "compare the strategies on a lengths file: padding, balance, diversity, planning time"
@@ -24,24 +25,18 @@ HELP = "compare the strategies on a lengths file: padding, balance, diversity, p
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_plan_inputs(p, required=False)
     add_shard_options(p)
-    p.add_argument(
-        "--strategies",
-        default=",".join(STRATEGIES),
-        help=f"comma-separated strategies to compare (default {','.join(STRATEGIES)}; also: chunked, whose "
+    add_strategies_option(
+        p,
+        f"comma-separated strategies to compare (default {','.join(STRATEGIES)}; also: chunked, whose "
         "documents up to grad-accum x budget tokens train whole in chunks)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.tools.analyze import analyze_strategies, render_table, short_epoch
+    from padfree.advice.analyze import analyze_strategies, render_table, short_epoch
 
-    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    bad = [s for s in names if s not in REGISTRY]
-    if bad or not names:
-        raise ConfigError(
-            f"unknown strategy {bad[0] if bad else '(none)'!r}: choose from {', '.join(REGISTRY)}"
-        )
+    names = strategies_from_args(args.strategies, REGISTRY)
     configs = {s: config_from_args(args, s) for s in names}
     lengths, path, name = load_lengths(args)
     result = analyze_strategies(lengths, configs, path=path, progress=not args.json)
@@ -64,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 def long_documents(lengths: Any, configs: dict, result: dict, path: str | None) -> dict | None:
     """The report's word on samples over the budget (truncated, split, or chunked whole) when ``packed`` and
     ``chunked`` were both analyzed: which one wins, from the plans just measured."""
-    from padfree.tools.report.chunked import chunked_numbers
+    from padfree.advice.report.chunked import chunked_numbers
 
     measured = result["strategies"]
     if "packed" not in measured or "chunked" not in measured:

@@ -13,7 +13,18 @@ import numpy as np
 
 from padfree.commands.common import check_input, check_output, writing
 from padfree.errors import ConfigError
-from padfree.options import BUDGET, COUNT, FRACTION, LR, POOL, TOKENS, Bounded, add_number, check_device
+from padfree.options import (
+    BUDGET,
+    COUNT,
+    FRACTION,
+    LR,
+    POOL,
+    TOKENS,
+    Bounded,
+    add_number,
+    check_device,
+    model_overrides,
+)
 
 NAME = "bench"
 HELP = (
@@ -128,21 +139,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _overrides(args: argparse.Namespace) -> dict:
-    out = {}
-    for kv in args.model_set:
-        if "=" not in kv:
-            raise ConfigError(f"--model-set takes KEY=VALUE (got {kv!r})")
-        k, v = kv.split("=", 1)
-        try:
-            out[k] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k] = v
-    if args.vocab_size is not None:
-        out["vocab_size"] = args.vocab_size
-    return out
-
-
 def _vocab(args: argparse.Namespace, overrides: dict) -> int:
     from padfree.models import build_config
 
@@ -191,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     command = (
         "padfree " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["bench"] else ""
     )
-    overrides = _overrides(args)
+    overrides = model_overrides(args)
     if args.converge and args.dtype != "float32":
         raise ConfigError("--dtype bfloat16 is for the throughput bench; --converge trains in float32")
     if args.converge:

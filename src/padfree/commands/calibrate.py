@@ -69,8 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.tools.calibrate import calibrate, default_lengths, torch_train_step
-    from padfree.tools.simulate import HELD_OUT_WARN
+    from padfree.advice.calibrate import calibrate, default_lengths, torch_train_step
+    from padfree.advice.simulate import HELD_OUT_WARN
 
     check_output(args.out, "the cost model")
     # read before anything is built, with --quick too (it used to drop them unread)
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             )
     anchors_per_token = None
     if args.drafter is not None:
-        from padfree.tools.calibrate import torch_drafter_step
+        from padfree.advice.calibrate import torch_drafter_step
 
         if device != "cpu":
             raise ConfigError("calibrate --drafter times the reference drafters on the CPU: use --device cpu")

@@ -79,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    from padfree.tools.families import as_json, summary, sweep
+    from padfree.checks.families import as_json, summary, sweep
 
     names = None if args.families is None else [f.strip() for f in args.families.split(",") if f.strip()]
     log = None if args.json else lambda r: print(r.line(), flush=True)
@@ -93,8 +93,8 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 
 def run_sharded(args: argparse.Namespace) -> int:
+    from padfree.checks.sharded import check_sharded
     from padfree.errors import ConfigError
-    from padfree.tools.sharded_check import check_sharded
 
     flag = "--sp" if args.sp > 1 else "--cp"
     others = {
@@ -138,7 +138,7 @@ def run_sharded(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.tools.packing_check import check_packing
+    from padfree.checks.packing import check_packing
 
     if args.all_families or args.families is not None:
         return run_sweep(args)

@@ -8,20 +8,19 @@ import argparse
 import contextlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from padfree.core.config import (
-    DEFAULT_COST,
-    OVERLONG,
-    CostModel,
-    PlanConfig,
-)
-from padfree.drafter.options import add_recipe_arguments
+from padfree.core.config import DEFAULT_COST, OVERLONG, STRATEGIES, CostModel, PlanConfig
+from padfree.drafter.options import add_recipe_arguments, recipe_from_args
 from padfree.errors import ConfigError, InputError, OutputError
-from padfree.options import Bounded, add_number
+from padfree.options import Bounded, add_number, plan_config
+
+if TYPE_CHECKING:
+    from padfree.drafter.setup import TargetShape
 
 
 def bounded_list(text: str, kind: Bounded, option: str, most: int = 32) -> tuple:
@@ -144,22 +143,26 @@ def load_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str | None, str]
     )
 
 
+def add_strategies_option(p: argparse.ArgumentParser, help_: str) -> None:
+    """``--strategies`` (default: every strategy), read by :func:`strategies_from_args`."""
+    p.add_argument("--strategies", default=",".join(STRATEGIES), help=help_)
+
+
+def strategies_from_args(text: str, known: Iterable[str]) -> list[str]:
+    """``--strategies``: comma-separated names, each one of ``known`` (else a one-line ConfigError)."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in names if s not in known]
+    if bad or not names:
+        choices = ", ".join(known)
+        raise ConfigError(f"unknown strategy {bad[0] if bad else '(none)'!r}: choose from {choices}")
+    return names
+
+
 def config_from_args(args: argparse.Namespace, strategy: str) -> PlanConfig:
+    """The plan options (:func:`add_plan_options`, :func:`add_shard_options`) as a :class:`PlanConfig` of
+    ``strategy``, its cost model read from ``--cost``."""
     cost: CostModel = DEFAULT_COST if args.cost is None else CostModel.load(args.cost)
-    return PlanConfig(
-        strategy=strategy,
-        budget=args.budget,
-        world_size=args.world_size,
-        grad_accum=args.grad_accum,
-        growth=args.growth,
-        buckets=args.buckets,
-        mix=args.mix,
-        seed=args.seed,
-        overlong=args.overlong,
-        cost=cost,
-        sp=getattr(args, "sp", 1),
-        cp=getattr(args, "cp", 1),
-    )
+    return plan_config(args, strategy, cost=cost)
 
 
 TARGET_DEFAULTS = {"hidden": 4096, "layers": 32, "vocab": 128256}
@@ -168,7 +171,7 @@ TARGET_DEFAULTS = {"hidden": 4096, "layers": 32, "vocab": 128256}
 
 def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
     """The drafter-setup options (``--drafter`` and its shape, anchors and cache), shared by ``simulate``
-    and ``report``; :func:`padfree.commands.simulate.drafter_setup` reads them."""
+    and ``report``; :func:`drafter_from_args` reads them."""
     from padfree.drafter.methods import METHODS
 
     d = p.add_argument_group("drafter setup (a frozen target + a DFlash or EAGLE-3 drafter)")
@@ -208,3 +211,65 @@ def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
         "(DFlash) or attention (EAGLE-3) by padfree.drafter.memory's model; the report says each plan's peak",
     )
     add_recipe_arguments(p)
+
+
+def target_from_args(args: argparse.Namespace) -> TargetShape:
+    """The target of a drafter setup: ``--target DIR``'s config.json, else ``--target-hidden``,
+    ``--target-layers``, ``--vocab`` or their defaults with the common shapes
+    (:meth:`~padfree.drafter.setup.TargetShape.common`). Both at once is a one-line :class:`ConfigError`."""
+    from padfree.advice.drafter import target_of_folder
+    from padfree.drafter.setup import TargetShape
+
+    given = {"hidden": args.target_hidden, "layers": args.target_layers, "vocab": args.vocab}
+    if args.target is None:
+        return TargetShape.common(**{k: TARGET_DEFAULTS[k] if v is None else v for k, v in given.items()})
+    flags = {"hidden": "--target-hidden", "layers": "--target-layers", "vocab": "--vocab"}
+    both = [flags[k] for k, v in given.items() if v is not None]
+    if both:
+        raise ConfigError(f"{both[0]} and --target: the target folder's config.json gives its sizes")
+    return target_of_folder(Path(args.target))
+
+
+def drafter_from_args(
+    args: argparse.Namespace, config: PlanConfig, lengths: np.ndarray
+) -> tuple[PlanConfig, np.ndarray | None, dict]:
+    """The drafter setup of ``--drafter`` and its options (:func:`add_drafter_arguments`)
+    (:func:`padfree.drafter.setup.drafter_setup`): its plan config, per-sample anchors and report
+    (:func:`padfree.advice.drafter.priced_setup`).
+    ``--assistant`` defaults to the loss counts beside ``--lengths`` when present."""
+    from padfree.advice.drafter import priced_setup
+    from padfree.data.length_files import assistant_path, read_loss_counts
+    from padfree.drafter.setup import drafter_setup
+
+    recipe = recipe_from_args(args, args.drafter)
+    aux = args.assistant
+    if aux is None and args.lengths is not None and assistant_path(Path(args.lengths)).exists():
+        aux = assistant_path(Path(args.lengths))
+    lengths = np.asarray(lengths, dtype=np.int64)
+    target = target_from_args(args)
+    if args.cache_layers is not None and args.cache_layers > target.layers:
+        source = "--target" if args.target is not None else "--target-layers"
+        raise ConfigError(
+            f"--cache-layers {args.cache_layers}: the target has {target.layers} layers "
+            f"({source}); a hidden-state cache keeps at most one per layer"
+        )
+    setup = drafter_setup(
+        recipe,
+        config,
+        target=target,
+        lengths=lengths,
+        loss_counts=None if aux is None else read_loss_counts(aux, lengths),
+        memory_gb=args.memory_gb,
+        anchor_budget=args.anchor_budget,
+        draft_layers=args.draft_layers,
+        cost=None if args.cost is None else config.cost,
+    )
+    report = priced_setup(
+        setup,
+        lengths,
+        cache_layers=args.cache_layers,
+        cache_bytes=args.cache_bytes,
+        target_name=None if args.target is None else str(args.target),
+        loss_counts_name=None if aux is None else str(aux),
+    )
+    return setup.config, setup.anchors, report

@@ -14,6 +14,7 @@ from padfree.commands.common import (
     bounded_list,
     check_output,
     config_from_args,
+    drafter_from_args,
     load_lengths,
     writing,
 )
@@ -64,7 +65,7 @@ def _process_started() -> float:
 
 def run(args: argparse.Namespace) -> int:
     t0 = _process_started()
-    from padfree.tools.report import write_report
+    from padfree.advice.report import write_report
 
     growths = bounded_list(args.growths, GROWTH, "--growths", most=16)
     counts = bounded_list(args.bucket_counts, BUCKETS, "--bucket-counts", most=16)
@@ -76,11 +77,10 @@ def run(args: argparse.Namespace) -> int:
     lengths, path, name = load_lengths(args)
     drafter = None
     if args.drafter is not None:
-        from padfree.commands.simulate import drafter_setup
-        from padfree.tools.report import drafter_numbers
-        from padfree.tools.simulate import load_seconds_per_unit
+        from padfree.advice.report import drafter_numbers
+        from padfree.advice.simulate import load_seconds_per_unit
 
-        cfg, anchors, setup = drafter_setup(args, base, lengths)
+        cfg, anchors, setup = drafter_from_args(args, base, lengths)
         spu = load_seconds_per_unit(args.cost)
         drafter = drafter_numbers(lengths, cfg, anchors, setup, spu, path)
     with writing(args.out, "the report"):
@@ -109,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
 def drafter_line(d: dict) -> str:
     """The drafter setup's recommendation in one line, as the page leads with it: the plan, its predicted
     throughput against SpecForge-style random padded batches and its heaviest micro-batch's activations
-    (:func:`padfree.tools.report.memory_sentence`)."""
-    from padfree.tools.report import memory_sentence
+    (:func:`padfree.advice.report.memory_sentence`)."""
+    from padfree.advice.report import memory_sentence
 
     rec, base = d["recommendation"], d["specforge_random"]
     return (

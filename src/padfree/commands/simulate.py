@@ -8,15 +8,15 @@ import sys
 from pathlib import Path
 
 from padfree.commands.common import (
-    TARGET_DEFAULTS,
     add_drafter_arguments,
     add_plan_inputs,
+    add_strategies_option,
     config_from_args,
+    drafter_from_args,
     load_lengths,
+    strategies_from_args,
 )
 from padfree.core.config import STRATEGIES
-from padfree.drafter.options import recipe_from_args
-from padfree.errors import ConfigError
 from padfree.options import add_number
 
 NAME = "simulate"
@@ -26,7 +26,7 @@ HELP = "predict each strategy's training throughput on N GPUs (ranks wait for th
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_plan_inputs(p, required=False)
     add_number(p, "--gpus", None, "GPUs (ranks); overrides --world-size")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated strategies")
+    add_strategies_option(p, "comma-separated strategies")
     p.add_argument("--no-naive", action="store_true", help="leave out the naive bucketing baseline")
     p.add_argument(
         "--speeds",
@@ -45,50 +45,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
-def target_sizes(args: argparse.Namespace) -> dict:
-    """The target's sizes for a drafter setup: from ``--target DIR``'s config.json (its heads, key-value heads
-    and MLP width too), else ``--target-hidden``, ``--target-layers``, ``--vocab`` or their defaults (heads
-    of 128 dimensions, a quarter as many key-value heads, an MLP 3x the hidden size: the common shapes). Both
-    at once is a one-line :class:`ConfigError`."""
-    given = {"hidden": args.target_hidden, "layers": args.target_layers, "vocab": args.vocab}
-    if args.target is None:
-        sizes = {k: TARGET_DEFAULTS[k] if v is None else v for k, v in given.items()}
-        heads = max(1, sizes["hidden"] // 128)
-        return {**sizes, "heads": heads, "kv_heads": max(1, heads // 4), "intermediate": 3 * sizes["hidden"]}
-    flags = {"hidden": "--target-hidden", "layers": "--target-layers", "vocab": "--vocab"}
-    both = [flags[k] for k, v in given.items() if v is not None]
-    if both:
-        raise ConfigError(f"{both[0]} and --target: the target folder's config.json gives its sizes")
-    from padfree.models import read_config_json
-
-    if not Path(args.target).is_dir():
-        raise ConfigError(f"{args.target}: target not found (give a local folder written by save_pretrained)")
-    cfg = read_config_json(Path(args.target))
-    cfg = {**cfg, **(cfg.get("text_config") or {})}  # a multimodal config keeps its decoder's sizes there
-    need = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")
-    missing = [k for k in need if not isinstance(cfg.get(k), int) or cfg[k] <= 0]
-    if missing:
-        raise ConfigError(f"{Path(args.target) / 'config.json'}: no {missing[0]} (a positive integer)")
-    heads = cfg["num_attention_heads"]
-    return {
-        "hidden": cfg["hidden_size"],
-        "layers": cfg["num_hidden_layers"],
-        "vocab": cfg["vocab_size"],
-        "heads": heads,
-        "kv_heads": int(cfg.get("num_key_value_heads") or heads),
-        "intermediate": int(cfg.get("intermediate_size") or 4 * cfg["hidden_size"]),
-    }
-
-
 def run(args: argparse.Namespace) -> int:
-    from padfree.core.config import CostModel
-    from padfree.tools.simulate import (
+    from padfree.advice.simulate import (
         cost_warning,
         load_seconds_per_unit,
         motivating_ratios,
         parse_speeds,
         simulate,
     )
+    from padfree.core.config import CostModel
 
     if args.gpus is not None:
         args.world_size = args.gpus
@@ -97,12 +62,7 @@ def run(args: argparse.Namespace) -> int:
         speeds = parse_speeds(args.speeds, args.gpus)
         args.world_size = speeds.size
     true_cost = CostModel.load(args.true_cost) if args.true_cost is not None else None
-    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    bad = [s for s in names if s not in STRATEGIES]
-    if bad or not names:
-        raise ConfigError(
-            f"unknown strategy {bad[0] if bad else '(none)'!r}: choose from {', '.join(STRATEGIES)}"
-        )
+    names = strategies_from_args(args.strategies, STRATEGIES)
     cfg = config_from_args(args, names[0])
     spu = load_seconds_per_unit(args.true_cost or args.cost)  # a bad file is a one-line ConfigError
     warning = cost_warning(args.cost)
@@ -111,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     lengths, path, name = load_lengths(args)
     anchors, drafter = None, None
     if args.drafter is not None:
-        cfg, anchors, drafter = drafter_setup(args, cfg, lengths)
+        cfg, anchors, drafter = drafter_from_args(args, cfg, lengths)
     result = simulate(
         lengths,
         cfg,
@@ -146,60 +106,6 @@ def run(args: argparse.Namespace) -> int:
             f"{drafter['cache_bytes_per_value']} bytes)"
         )
     return 0
-
-
-def drafter_setup(args: argparse.Namespace, cfg, lengths):
-    """The plan config, per-sample anchors (``None`` for a method without anchors) and the report of a
-    drafter setup (``--drafter``): :func:`padfree.drafter.setup.drafter_setup` of the options."""
-    import numpy as np
-
-    from padfree.data.length_files import assistant_path, read_loss_counts
-    from padfree.drafter import memory as drafter_memory
-    from padfree.drafter import setup as drafter
-    from padfree.tools.simulate import offline_cache_bytes
-
-    recipe = recipe_from_args(args, args.drafter)
-    aux = args.assistant
-    if aux is None and args.lengths is not None and assistant_path(Path(args.lengths)).exists():
-        aux = assistant_path(Path(args.lengths))
-    lengths = np.asarray(lengths, dtype=np.int64)
-    loss = None if aux is None else read_loss_counts(aux, lengths)
-    target = target_sizes(args)
-    if args.cache_layers is not None and args.cache_layers > target["layers"]:
-        source = "--target" if args.target is not None else "--target-layers"
-        raise ConfigError(
-            f"--cache-layers {args.cache_layers}: the target has {target['layers']} layers "
-            f"({source}); a hidden-state cache keeps at most one per layer"
-        )
-    setup = drafter.drafter_setup(
-        recipe,
-        cfg,
-        target=drafter.TargetShape(**target),
-        lengths=lengths,
-        loss_counts=loss,
-        memory_gb=args.memory_gb,
-        anchor_budget=args.anchor_budget,
-        draft_layers=args.draft_layers,
-        cost=None if args.cost is None else cfg.cost,
-    )
-    if setup.by_memory is not None and (args.anchor_budget is None or args.anchor_budget > setup.by_memory):
-        # the memory binds: a sample with more anchors than it allows cannot be planned
-        drafter_memory.check_anchors_fit(setup.by_memory, setup.anchors, args.memory_gb * 2**30, cfg.budget)
-    cfg = setup.config
-    layers = args.cache_layers if args.cache_layers is not None else recipe.fused_layers + 1
-    tokens = int(np.minimum(lengths, cfg.budget).sum())
-    report = {
-        **drafter.report(setup),
-        "tokens": tokens,
-        "cache_layers": layers,
-        "target": str(args.target) if args.target is not None else None,
-        "cache_bytes_per_value": args.cache_bytes,
-        "cache_bytes": offline_cache_bytes(tokens, layers, target["hidden"], args.cache_bytes),
-        "loss_counts": str(aux) if aux is not None else "every token but the first",
-    }
-    order = ("method", "recipe", "recipe_line", "title", "uses_anchors", "tokens", "draft_blocks")
-    report = {**{k: report[k] for k in order}, **report}  # the keys in the order simulate --json gave them
-    return cfg, setup.anchors, report
 
 
 def _render(result: dict, seed_mix: bool) -> None:

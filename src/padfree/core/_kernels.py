@@ -602,6 +602,32 @@ def recut_padded(
 
 
 @njit(cache=True, nogil=True)
+def _place_bins(
+    bin_of: np.ndarray,
+    count: np.ndarray,
+    base: int,
+    n: int,
+    first: int,
+    perm: np.ndarray,
+    new_off: np.ndarray,
+) -> None:
+    """Lay out a step's re-cut micro-batches: the ``n`` entries from ``base`` go to their bins ``bin_of`` in
+    bin order, stably (each micro-batch keeps its entries' order); ``count`` entries per bin; the bins'
+    offsets go to ``new_off[first + 1 :]``."""
+    k = count.shape[0]
+    fill = np.empty(k, np.int64)
+    fill[0] = base
+    for q in range(1, k):
+        fill[q] = fill[q - 1] + count[q - 1]
+    for q in range(k):
+        new_off[first + q + 1] = fill[q] + count[q]
+    for i in range(n):
+        q = bin_of[i]
+        perm[fill[q]] = base + i
+        fill[q] += 1
+
+
+@njit(cache=True, nogil=True)
 def even_padded_steps(
     lens: np.ndarray, offsets: np.ndarray, world: int, accum: int, budget: int, cost: np.ndarray, tol: float
 ) -> tuple:
@@ -680,16 +706,7 @@ def even_padded_steps(
             load[q // accum] += count[q] * (a * ln + b * ln * ln) + c
         if not load.max() < before:
             continue
-        fill = np.empty(k, np.int64)
-        fill[0] = base
-        for q in range(1, k):
-            fill[q] = fill[q - 1] + count[q - 1]
-        for q in range(k):
-            new_off[s * k + q + 1] = fill[q] + count[q]
-        for i in range(end - base):  # stable: each micro-batch keeps its rows' order
-            q = bin_of[i]
-            perm[fill[q]] = base + i
-            fill[q] += 1
+        _place_bins(bin_of, count, base, end - base, s * k, perm, new_off)
     return perm, new_off
 
 
@@ -1010,17 +1027,7 @@ def even_packed_steps(
             changed = True
         if not changed:
             continue
-        count = cnt
-        fill = np.empty(k, np.int64)
-        fill[0] = base
-        for q in range(1, k):
-            fill[q] = fill[q - 1] + count[q - 1]
-        for q in range(k):
-            new_off[s * k + q + 1] = fill[q] + count[q]
-        for i in range(n):  # stable: each micro-batch keeps its items' order
-            q = bin_of[i]
-            perm[fill[q]] = base + i
-            fill[q] += 1
+        _place_bins(bin_of, cnt, base, n, s * k, perm, new_off)
     return perm, new_off
 
 

@@ -171,3 +171,55 @@ def make_items(
     start = piece_no * budget
     length = np.minimum(lengths[sample] - start, budget)
     return Items(length, sample, start, n, split=n_over, anchors=None if anchors is None else anchors[sample])
+
+
+def planned_tokens(lengths: np.ndarray, budget: int, overlong: str) -> int:
+    """Tokens the plan trains on once ``overlong`` has been applied to ``lengths``.
+
+    >>> planned_tokens(np.array([3, 10, 5]), 4, "truncate"), planned_tokens(np.array([3, 10, 5]), 4, "drop")
+    (11, 3)
+    """
+    if overlong == "truncate":
+        return int(np.minimum(lengths, budget).sum())
+    if overlong == "drop":
+        return int(lengths[lengths <= budget].sum())
+    return int(lengths.sum())
+
+
+def dropped_samples(lengths: np.ndarray, budget: int, overlong: str) -> np.ndarray:
+    """The samples ``--overlong drop`` leaves out (those longer than the budget; none under other policies).
+
+    >>> dropped_samples(np.array([3, 10, 5]), 4, "drop").tolist(), dropped_samples(np.array([10]), 4, "split")
+    ([1, 2], array([], dtype=int64))
+    """
+    if overlong != "drop":
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.asarray(lengths) > budget).astype(np.int64)
+
+
+def overlong_line(lengths: np.ndarray, budget: int, overlong: str, limit: str | None = None) -> str | None:
+    """The one line that says what ``--overlong`` did to the samples longer than ``budget`` tokens, where the
+    plan cuts them (None when there are none; under ``error`` the plan has refused them already). ``limit``
+    says what sets that cut (default: ``the budget of N tokens``).
+
+    >>> print(overlong_line(np.array([3, 10, 5]), 4, "truncate"))  # doctest: +NORMALIZE_WHITESPACE
+    --overlong truncate: 2 of 3 samples are longer than the budget of 4 tokens (longest 10): truncated to
+    4 tokens, 7 of 18 tokens not trained (38.9%)
+    """
+    over = lengths > budget
+    n = int(over.sum())
+    if n == 0 or overlong == "error":
+        return None
+    total = int(lengths.sum())
+    lost = total - planned_tokens(lengths, budget, overlong)
+    what = {
+        "truncate": f"truncated to {budget} tokens, {lost} of {total} tokens not trained",
+        "split": f"split into pieces of at most {budget} tokens, every token trained",
+        "drop": f"dropped, {lost} of {total} tokens not trained",
+    }[overlong]
+    limit = limit or f"the budget of {budget} tokens"
+    pct = f" ({100.0 * lost / total:.1f}%)" if lost else ""
+    return (
+        f"--overlong {overlong}: {n} of {lengths.shape[0]} samples are longer than {limit} "
+        f"(longest {int(lengths.max())}): {what}{pct}"
+    )

@@ -111,3 +111,45 @@ def check_lengths(samples: SampleSet, lengths: np.ndarray, path: str, what: str 
             path=path,
             sample=i,
         )
+
+
+def load_training_data(
+    data: str | Path | Sequence[str | Path],
+    tokenizer: str | Path,
+    *,
+    lengths_file: str | Path | None = None,
+    limit: int | None = None,
+    loss_on: str = "assistant",
+    mode: str = "auto",
+    fields: Mapping[str, str] | None = None,
+    split: str | None = None,
+    chat_template: bool = False,
+) -> tuple[SampleSet, np.ndarray, np.ndarray]:
+    """``(samples, lengths, loss_tokens)``: the samples tokenized by padfree's one rule
+    (:func:`load_samples`), whole; with ``lengths_file`` (``padfree lengths`` output) the plan gets the
+    file's lengths, each checked against its sample, and so are the loss-bearing counts beside it
+    (``loss_on="assistant"``). Samples longer than the budget follow the plan's overlong policy, as in
+    ``padfree plan``."""
+    from padfree.data.length_files import assistant_path, read_lengths
+
+    samples = load_samples(
+        data,
+        tokenizer,
+        limit,
+        loss_on,
+        None,
+        mode=mode,
+        fields=fields,
+        split=split,
+        chat_template=chat_template,
+    )
+    loss_tokens = loss_tokens_of(samples)
+    if not lengths_file:
+        return samples, np.array([len(s["input_ids"]) for s in samples], np.int64), loss_tokens
+    lengths = read_lengths(lengths_file)[:limit]
+    check_lengths(samples, lengths, str(lengths_file))
+    aux = assistant_path(Path(lengths_file))
+    if loss_on == "assistant" and aux.exists():
+        loss_file = np.load(aux, allow_pickle=False)[:limit]  # may hold zeros: not read_lengths
+        check_lengths(samples, loss_file, str(aux), "loss-bearing tokens")
+    return samples, lengths, loss_tokens

@@ -3,11 +3,11 @@ import json
 import numpy as np
 import pytest
 
+from padfree.advice.simulate import motivating_ratios, simulate, simulate_batches
 from padfree.baselines import naive_bucketed
 from padfree.cli import main
 from padfree.core.buckets import bucket_of, growth_edges
 from padfree.core.config import CostModel, PlanConfig
-from padfree.tools.simulate import motivating_ratios, simulate, simulate_batches
 
 
 def test_padded_by_hand():
@@ -167,7 +167,7 @@ def test_drafter_blocks_by_hand():
 
 
 def test_simulate_cli_drafter_setup_and_cache_size(tmp_path, capsys):
-    from padfree.tools.simulate import offline_cache_bytes
+    from padfree.advice.drafter import offline_cache_bytes
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(20, 900, 3000)

@@ -25,7 +25,7 @@ def chunked_numbers(
     budgets trained whole, each chunk attending to its earlier chunks), with one sentence that says which
     wins; ``None`` when no sample is over the budget. ``packed`` are the packed plan's metrics, ``chunked``
     the chunked plan's where already measured (``padfree analyze``)."""
-    from padfree.tools.analyze import measure
+    from padfree.advice.analyze import measure
 
     lens = np.asarray(lengths, dtype=np.int64)
     budget, accum = base.budget, base.grad_accum

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from padfree.advice.report import Point, broken, build_report, limits, recommend
 from padfree.cli import main
 from padfree.core.config import PlanConfig
 from padfree.core.metrics import modeled_throughput
 from padfree.core.planner import make_plan
-from padfree.tools.report import Point, broken, build_report, limits, recommend
 
 
 @pytest.fixture(scope="module")

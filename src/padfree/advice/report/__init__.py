@@ -7,7 +7,7 @@ and random), the per-rank load of the recommended plan, and a recommendation wit
 Images are PNGs embedded as base64 data URIs; the page loads nothing from anywhere. matplotlib is imported
 only in :mod:`.figures` (the ``report`` extra).
 
-    decision.py  measure (through tools/analyze.measure) and choose   -> numbers (report.json)
+    decision.py  measure (through advice/analyze.measure) and choose   -> numbers (report.json)
     figures.py   numbers + lengths -> PNGs
     html.py      numbers + PNGs -> index.html
 """
@@ -20,9 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.core.config import STRATEGIES, PlanConfig
-from padfree.core.items import validate_lengths
-from padfree.tools.report.decision import (
+from padfree.advice.report.decision import (
     BUCKET_COUNTS,
     GROWTHS,
     MIXES,
@@ -32,8 +30,10 @@ from padfree.tools.report.decision import (
     limits,
     recommend,
 )
-from padfree.tools.report.figures import render_figures
-from padfree.tools.report.html import render_html
+from padfree.advice.report.figures import render_figures
+from padfree.advice.report.html import render_html
+from padfree.core.config import STRATEGIES, PlanConfig
+from padfree.core.items import validate_lengths
 
 __all__ = [
     "BUCKET_COUNTS",
@@ -60,17 +60,16 @@ def drafter_numbers(
     path: str | None = None,
 ) -> dict:
     """The report's drafter section: ``setup`` (method, recipe, tokens, offline hidden-state cache size,
-    memory
-    model: what ``padfree.commands.simulate.drafter_setup`` returns) and, per strategy, the predicted
-    throughput of the drafter setup (:func:`padfree.tools.simulate.simulate` with the drafter's anchors and
+    memory model: what :func:`padfree.advice.drafter.priced_setup` returns) and, per strategy, the predicted
+    throughput of the drafter setup (:func:`padfree.advice.simulate.simulate` with the drafter's anchors and
     cost model) and the activation peak its heaviest micro-batch takes; beside them what users run today,
     SpecForge-style random padded batches (a fixed sample count, tokens padded to the longest, anchor slots to
     the most anchors: :func:`padfree.baselines.fixed_count`), and the recommendation: the fastest padfree
     plan."""
+    from padfree.advice.simulate import simulate, simulate_batches
     from padfree.baselines import fixed_count
     from padfree.core.items import make_items
     from padfree.drafter.memory import MemoryModel
-    from padfree.tools.simulate import simulate, simulate_batches
 
     memory = MemoryModel(**setup["memory_model"])
     sim = simulate(

@@ -1,7 +1,7 @@
 """The report's decision: measure the strategies and a frontier of bucketed plans, then choose one plan and
 say why in numbers.
 
-Every plan is measured with :func:`padfree.tools.analyze.measure` (epoch 1; co-batch repeat from epoch 0).
+Every plan is measured with :func:`padfree.advice.analyze.measure` (epoch 1; co-batch repeat from epoch 0).
 Modeled throughput = real tokens / sum over steps of the modeled cost of the step's most loaded rank (a
 synchronous step waits for its slowest rank), reported relative to ``sorted``.
 
@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from padfree.advice.analyze import analyze_strategies, measure, short_epoch
+from padfree.advice.report.chunked import chunked_numbers
 from padfree.core.config import STRATEGIES, PlanConfig
 from padfree.core.items import validate_lengths
 from padfree.core.mixing import REPEAT_CAP, REPEAT_FLOOR, repeat_limit
 from padfree.core.plan import Plan
 from padfree.core.planner import plan_pieces
 from padfree.core.strategies import REGISTRY
-from padfree.tools.analyze import analyze_strategies, measure, short_epoch
-from padfree.tools.report.chunked import chunked_numbers
 
 GROWTHS = (1.1, 1.25, 1.5, 2.0)
 BUCKET_COUNTS = (2, 4, 8, 16, 32)

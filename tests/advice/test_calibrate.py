@@ -4,10 +4,7 @@ import numpy as np
 import pytest
 from conftest import TINY_MODEL
 
-from padfree.cli import main
-from padfree.core.config import CostModel
-from padfree.errors import ConfigError
-from padfree.tools.calibrate import (
+from padfree.advice.calibrate import (
     Shape,
     calibrate,
     default_lengths,
@@ -19,6 +16,9 @@ from padfree.tools.calibrate import (
     shape_grid,
     torch_train_step,
 )
+from padfree.cli import main
+from padfree.core.config import CostModel
+from padfree.errors import ConfigError
 
 TINY = {**TINY_MODEL, "max_position_embeddings": 256}
 
@@ -127,7 +127,7 @@ def test_real_step_end_to_end_and_cost_file_round_trip(tmp_path, capsys):
 
 
 def test_cli_quick_writes_cost_file(tmp_path, monkeypatch, capsys):
-    import padfree.tools.calibrate as cal_mod
+    import padfree.advice.calibrate as cal_mod
 
     real = cal_mod.torch_train_step
     monkeypatch.setattr(cal_mod, "torch_train_step", lambda *a, **k: real(*a, **(k | TINY)))
@@ -173,7 +173,7 @@ def test_fit_keeps_a_per_token_cost_on_pure_overhead():
 
 def test_cli_lengths_are_checked_and_used_with_quick_too(tmp_path, monkeypatch, capsys):
     # issue 28: --quick dropped --lengths unread: 70 values (the bound is 64) or one above the budget passed
-    import padfree.tools.calibrate as cal_mod
+    import padfree.advice.calibrate as cal_mod
 
     out = str(tmp_path / "c.json")
     many = ",".join(str(v) for v in range(1, 71))

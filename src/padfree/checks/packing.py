@@ -7,7 +7,7 @@ see each other while the loss still goes down. The verdict is the probe (:mod:`p
 change the first document, no later logit may move), decisive in every dtype, beside the packed-vs-alone
 comparison, which only a tolerance can judge:
 
->>> from padfree.tools.packing_check import check_packing
+>>> from padfree.checks.packing import check_packing
 >>> r = check_packing("tiny-llama", "padfree_varlen", overrides={"vocab_size": 64, "num_hidden_layers": 1})
 >>> r.leaked, r.path
 (False, 'per-document SDPA (CPU)')

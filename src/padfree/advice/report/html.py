@@ -129,7 +129,7 @@ def _drafter(d: dict) -> str:
     """The drafter setup's section, first on the page when the report has one: its recommendation beside what
     users run today (SpecForge-style random padded batches), predicted throughput, padding (tokens and anchor
     slots), rank imbalance and the activation peak per strategy, and the offline cache size."""
-    from padfree.tools.report import memory_sentence
+    from padfree.advice.report import memory_sentence
 
     e = html.escape
     secs = any("tokens_per_second" in r for r in d["strategies"].values())

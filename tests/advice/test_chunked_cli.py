@@ -71,8 +71,8 @@ def test_chunked_with_sp_or_cp_is_refused_in_one_line(long_tail: Path, capsys: p
 
 def test_the_report_says_what_truncation_and_splitting_cost_and_what_chunked_does() -> None:
     from padfree import PlanConfig
-    from padfree.tools.analyze import measure
-    from padfree.tools.report.chunked import chunked_numbers
+    from padfree.advice.analyze import measure
+    from padfree.advice.report.chunked import chunked_numbers
 
     rng = np.random.default_rng(2)
     lengths = np.minimum(rng.lognormal(5.0, 1.0, 800).astype(np.int64) + 1, 2000)

@@ -4,7 +4,7 @@ machine's per-block and per-reach costs beside its token, attention and per-step
 import numpy as np
 import pytest
 
-from padfree.tools.calibrate import DrafterShape, Shape, calibrate, design, drafter_grid
+from padfree.advice.calibrate import DrafterShape, Shape, calibrate, design, drafter_grid
 
 
 def test_the_fit_recovers_the_drafter_terms_of_a_synthetic_machine():

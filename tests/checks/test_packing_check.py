@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from padfree.checks.packing import check_packing
 from padfree.cli import main
-from padfree.tools.packing_check import check_packing
 
 
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-gemma"])

@@ -104,16 +104,6 @@ def parse_speeds(text: str, world_size: int | None = None) -> np.ndarray:
     return out
 
 
-def offline_cache_bytes(tokens: int, layers: int, hidden: int, bytes_per_value: int = 2) -> int:
-    """Size of an offline hidden-state cache: ``tokens x layers x hidden x bytes`` (every token's hidden
-    states of the drafter's target layers, e.g. bf16: 2 bytes).
-
-    >>> offline_cache_bytes(1_000_000, 3, 4096) / 2**30  # 1M tokens, 3 layers of a 4096-wide target
-    22.88818359375
-    """
-    return int(tokens) * int(layers) * int(hidden) * int(bytes_per_value)
-
-
 def simulate_batches(
     lens: np.ndarray,
     offsets: np.ndarray,
