@@ -144,6 +144,34 @@ def test_loader_keeps_their_interface_and_deals_every_sample_once(tmp_path, feat
         next(iter(ranks[0]))
 
 
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_without_a_config_the_loader_plans_with_the_drafter_setup(features, layout):
+    """No ``config``: the plan is the drafter setup's for the recipe (its cost model) on the index's lengths,
+    at the index's ``max_len`` tokens (and the gap behind each packed document); every sample dealt once."""
+    from padfree.core.config import PlanConfig
+    from padfree.drafter.setup import drafter_setup
+    from padfree.integrations import specforge as sf
+    from support.peers import import_peer
+
+    data = import_peer("specforge", "algorithms.common.dflash_family_data")
+    store = import_peer("specforge", "runtime.data_plane.feature_store")
+    refs = refs_of(features)
+    index = sf.build_index(refs, max_len=BUDGET, recipe=recipe(), cache_dir=features)
+    ld = sf.PlanFeatureLoader(
+        store.LocalFeatureStore("t"), refs, index=index, collate_fn=data.build_collator(),
+        per_sample_transform=data.build_offline_normalizer(BUDGET), layout=layout, recipe=recipe(),
+        rank=0, world_size=1,
+    )  # fmt: skip
+    gap = recipe().block_size - 1 if layout == "packed" else 0
+    wanted = PlanConfig(strategy="packed" if layout == "packed" else "bucketed", budget=BUDGET + gap)
+    setup = drafter_setup(recipe(), wanted, lengths=index.lengths)
+    assert ld.config.cost == setup.config.cost != PlanConfig().cost
+    assert ld.config.budget == BUDGET + gap and ld.config.packed == (layout == "packed")
+    ids = sorted(int(i) for b in ld for i in b.tensors["padfree_sample_ids"])
+    assert ids == list(range(N))
+    ld.close()
+
+
 def grads(model):
     return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
 

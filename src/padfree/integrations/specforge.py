@@ -52,6 +52,7 @@ from padfree.core.plan import Plan
 from padfree.core.planner import make_plan
 from padfree.drafter import methods
 from padfree.drafter.recipes import Recipe
+from padfree.drafter.setup import drafter_setup
 from padfree.errors import ConfigError, InputError
 from padfree.integrations._common import (
     ElasticEpochs,
@@ -240,7 +241,9 @@ class PlanFeatureLoader:
         index: their :class:`LengthIndex` (:func:`build_index`).
         config: the :class:`~padfree.PlanConfig` (``budget``: tokens per micro-batch, ``count x longest``
             padded, the row's tokens packed; ``anchor_budget``: DFlash blocks per micro-batch; ``grad_accum``:
-            their accumulation steps). Its world size comes from ``world_size``.
+            their accumulation steps). Its world size comes from ``world_size``. Default: the drafter
+            setup's (:func:`padfree.drafter.setup.drafter_setup`) for the recipe on the index's lengths, a
+            ``packed`` or ``bucketed`` plan as ``layout`` asks, ``index.max_len`` tokens per micro-batch.
         collate_fn, per_sample_transform: their algorithm's offline collator and normalizer
             (``build_collator()``, ``build_offline_normalizer(max_len)``); ``layout="packed"`` uses padfree's
             packed collate instead of ``collate_fn``.
@@ -264,7 +267,7 @@ class PlanFeatureLoader:
         refs: Sequence[Any],
         *,
         index: LengthIndex,
-        config: PlanConfig,
+        config: PlanConfig | None = None,
         collate_fn: Callable[[list], dict] | None = None,
         per_sample_transform: Callable[[dict], dict] | None = None,
         layout: str = "padded",
@@ -296,6 +299,13 @@ class PlanFeatureLoader:
             raise ConfigError(
                 f"packed rows need a patched model: only SpecForge's {packed} has one (install)"
             )
+        self.recipe = recipe_for("specforge", method, recipe)
+        if config is None:  # the drafter's own plan: its cost model, on the index's lengths
+            gap = self.recipe.block_size - 1 if layout == "packed" else 0  # the gap behind each document
+            plan = PlanConfig(
+                strategy="packed" if layout == "packed" else "bucketed", budget=index.max_len + gap
+            )
+            config = drafter_setup(self.recipe, plan, lengths=index.lengths).config
         if config.packed != (layout == "packed"):
             raise ConfigError(
                 f"layout {layout} needs a {'packed' if layout == 'packed' else 'padded'} strategy"
@@ -305,7 +315,6 @@ class PlanFeatureLoader:
         if layout == "padded" and collate_fn is None:
             raise ConfigError("padded rows use their algorithm's collator: pass collate_fn=build_collator()")
         self.rank, self.world_size = this_rank(rank, world_size)
-        self.recipe = recipe_for("specforge", method, recipe)
         self.config = config.with_(world_size=self.world_size)
         self.layout, self.shapes, self.index = layout, shapes, index
         self.gap = self.recipe.block_size - 1 if layout == "packed" else 0
