@@ -243,7 +243,8 @@ class PlanFeatureLoader:
             padded, the row's tokens packed; ``anchor_budget``: DFlash blocks per micro-batch; ``grad_accum``:
             their accumulation steps). Its world size comes from ``world_size``. Default: the drafter
             setup's (:func:`padfree.drafter.setup.drafter_setup`) for the recipe on the index's lengths, a
-            ``packed`` or ``bucketed`` plan as ``layout`` asks, ``index.max_len`` tokens per micro-batch.
+            ``packed`` or ``bucketed`` plan as ``layout`` asks, ``index.max_len`` tokens per micro-batch (and
+            the gap behind each document of a packed row).
         collate_fn, per_sample_transform: their algorithm's offline collator and normalizer
             (``build_collator()``, ``build_offline_normalizer(max_len)``); ``layout="packed"`` uses padfree's
             packed collate instead of ``collate_fn``.
@@ -300,11 +301,10 @@ class PlanFeatureLoader:
                 f"packed rows need a patched model: only SpecForge's {packed} has one (install)"
             )
         self.recipe = recipe_for("specforge", method, recipe)
+        self.gap = self.recipe.block_size - 1 if layout == "packed" else 0  # behind each packed document
         if config is None:  # the drafter's own plan: its cost model, on the index's lengths
-            gap = self.recipe.block_size - 1 if layout == "packed" else 0  # the gap behind each document
-            plan = PlanConfig(
-                strategy="packed" if layout == "packed" else "bucketed", budget=index.max_len + gap
-            )
+            strategy = "packed" if layout == "packed" else "bucketed"
+            plan = PlanConfig(strategy=strategy, budget=index.max_len + self.gap)
             config = drafter_setup(self.recipe, plan, lengths=index.lengths).config
         if config.packed != (layout == "packed"):
             raise ConfigError(
@@ -317,7 +317,6 @@ class PlanFeatureLoader:
         self.rank, self.world_size = this_rank(rank, world_size)
         self.config = config.with_(world_size=self.world_size)
         self.layout, self.shapes, self.index = layout, shapes, index
-        self.gap = self.recipe.block_size - 1 if layout == "packed" else 0
         self._plan_lengths = index.lengths + self.gap
         self._anchors = index.anchors if spec.uses_anchors else None
         self._epochs = ElasticEpochs(
