@@ -6,36 +6,41 @@ BIN    := $(VENV)/bin
 # what the README's quick start uses without torch: report (matplotlib), io (parquet), hf (the tokenizers
 # `padfree lengths` reads). The torch parts of the quick start say their one command next to them.
 EXTRAS_DEMO := report,io,hf
-EXTRAS_DEV  := dev,torch,hf,io,report,bench,peers
+EXTRAS_DEV  := dev,torch,hf,trainer,io,report,bench,peers
+# the lock: every version `make demo`, `make test` and CI install, so a fresh machine reproduces the last green
+# run (users still install padfree with the ranges of pyproject.toml). `make lock` writes it anew from the
+# newest releases the ranges allow; `make compat` tries those releases without writing it.
+LOCK := constraints.txt
+PIP_LOCKED = $(BIN)/python -m pip install -q -c $(LOCK)
 
-.PHONY: demo test lint format setup setup-dev drafter browser bench-plan clean
+.PHONY: demo test lint format setup setup-dev drafter browser bench-plan clean lock compat
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.demo-installed: pyproject.toml Makefile | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS_DEMO)]"
+$(VENV)/.demo-installed: pyproject.toml Makefile $(LOCK) | $(BIN)/python
+	$(PIP_LOCKED) -e ".[$(EXTRAS_DEMO)]"
 	touch $@
 
-$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS_DEV)]"
+$(VENV)/.dev-installed: pyproject.toml $(LOCK) | $(BIN)/python
+	$(PIP_LOCKED) -e ".[$(EXTRAS_DEV)]"
 	touch $@
 
 # the drafter trainers' own packages, for the tests and benchmarks that run their code beside padfree's: their
 # pins are not ours, so their wheels go in without dependencies (tests/support/peers.py says what imports)
 PEERS := dflash==0.1.0 speculators==0.9.0 specforge==0.2.0
-$(VENV)/.peers-installed: Makefile | $(VENV)/.dev-installed
-	$(BIN)/python -m pip install -q --no-deps $(PEERS)
+$(VENV)/.peers-installed: Makefile $(LOCK) | $(VENV)/.dev-installed
+	$(PIP_LOCKED) --no-deps $(PEERS)
 	touch $@
 
 # the README's drafter walk-through: padfree with torch and transformers, the peers' wheels without their pins
 # (speculators 0.9.0's would take transformers back to 5.19 and move huggingface_hub), and what their model
 # modules import (the `peers` extra); it fails if huggingface_hub's version moved, and checks the imports
 HUB_VERSION = $(BIN)/python -c "import importlib.metadata as m; print(m.version('huggingface_hub'))"
-$(VENV)/.drafter-installed: pyproject.toml Makefile | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[torch,hf,peers]"
-	@hub=$$($(HUB_VERSION)) && $(BIN)/python -m pip install -q --no-deps $(PEERS) && now=$$($(HUB_VERSION)) && \
+$(VENV)/.drafter-installed: pyproject.toml Makefile $(LOCK) | $(BIN)/python
+	$(PIP_LOCKED) -e ".[torch,hf,peers]"
+	@hub=$$($(HUB_VERSION)) && $(PIP_LOCKED) --no-deps $(PEERS) && now=$$($(HUB_VERSION)) && \
 	  { [ "$$hub" = "$$now" ] || { echo "huggingface_hub moved from $$hub to $$now"; exit 1; }; } && \
 	  echo "huggingface_hub $$now (unchanged)"
 	$(BIN)/python -c "from dflash import DFlashDraftModel; from speculators.models.eagle3 import Eagle3DraftModel"
@@ -70,5 +75,33 @@ test: setup-dev lint
 bench-plan: setup-dev
 	$(BIN)/python benchmarks/plan_speed.py --out benchmarks/results
 
+# the lock anew: a throw-away venv gets the newest releases the ranges allow (torch stays 2.13.0, the CPU
+# wheel), the peers without their pins, and its versions become $(LOCK). Run `make test` after it.
+LOCK_VENV := build/lock-venv
+lock:
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LOCK_VENV)/bin/python -m pip install -q -e ".[$(EXTRAS_DEV)]"
+	$(LOCK_VENV)/bin/python -m pip install -q --no-deps $(PEERS)
+	{ echo "# make lock: the versions make demo, make test and CI install (pip -c); users get the ranges of"; \
+	  echo "# pyproject.toml. Made with Python $$($(LOCK_VENV)/bin/python -c 'import platform; print(platform.python_version())')."; \
+	  $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable --all | grep -v '^padfree' | sed 's/+cpu$$//'; } > $(LOCK)
+
+# the newest allowed releases, not the lock: the family sweep and the exactness tests under them, and what
+# changed per family against the sweep committed under the lock (build/compat/compat.md). Not part of make test.
+COMPAT_VENV := .venv-compat
+COMPAT_TESTS := tests/torch/test_mixers.py tests/torch/test_attention.py tests/checks tests/torch/test_sp_cp_attention.py
+compat:
+	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install -q --upgrade pip
+	$(COMPAT_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[$(EXTRAS_DEV)]"
+	$(COMPAT_VENV)/bin/python -m pip install -q --no-deps $(PEERS)
+	mkdir -p build/compat
+	$(COMPAT_VENV)/bin/python -m pip freeze --exclude-editable | grep -v '^padfree' > build/compat/versions.txt
+	$(COMPAT_VENV)/bin/python benchmarks/families.py --out build/compat --jobs 2
+	$(COMPAT_VENV)/bin/python benchmarks/compat.py --lock benchmarks/results/families.json \
+	  --new build/compat/families.json --out build/compat --versions $(LOCK) build/compat/versions.txt
+	$(COMPAT_VENV)/bin/python -m pytest -n 2 -q $(COMPAT_TESTS) | tee build/compat/tests.txt
+
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(COMPAT_VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -210,12 +210,19 @@ def test_drafter_against_a_qwen3_5_style_target_passes_check_drafter(tmp_path, c
 
 
 def test_check_packing_families_from_the_command_line(capsys) -> None:
-    assert main(["check-packing", "--families", "qwen3,bart,falcon", "--json"]) == 0
+    # what each family's status is belongs to the installed transformers (falcon turned exact in 5.25): the
+    # command must report what the sweep finds under the installed release, whatever that is; only padfree's
+    # own promises are pinned (its reference family packs exactly; an encoder-decoder is out of scope)
+    families = ["qwen3", "bart", "gpt_neo", "mpt"]
+    expected = {r.family: r.status for r in sweep(families)}
+    assert expected["qwen3"] == "exact" and expected["bart"] == "out of scope"
+    assert main(["check-packing", "--families", ",".join(families), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
-    status = {r["family"]: r["status"] for r in got["families"]}
-    assert status == {"qwen3": "exact", "bart": "out of scope", "falcon": "refused"}
-    assert got["summary"] == {"exact": 1, "refused": 1, "not buildable": 0, "out of scope": 1}
-    falcon = next(r for r in got["families"] if r["family"] == "falcon")
-    assert "not under padfree_varlen" in falcon["detail"] and "--strategy bucketed" in falcon["detail"]
+    assert {r["family"]: r["status"] for r in got["families"]} == expected
+    statuses = ("exact", "refused", "not buildable", "out of scope")
+    assert got["summary"] == {s: sum(v == s for v in expected.values()) for s in statuses}
+    for row in got["families"]:  # a refusal says why and what to do instead, whichever family it is
+        if row["status"] == "refused":
+            assert "not under padfree_varlen" in row["detail"] and "--strategy bucketed" in row["detail"]
     assert main(["check-packing", "--families", "no_such_family"]) == 2
     assert "no_such_family: not a causal-LM family" in capsys.readouterr().err
