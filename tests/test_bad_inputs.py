@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import HANG_S
 
 from padfree import PlanConfig
 from padfree.cli import build_parser, main
@@ -424,7 +425,7 @@ def test_no_traceback_in_a_real_process(row_id: str, tmp_path: Path):
     argv, path = _argv(row, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     res = subprocess.run(
-        [sys.executable, "-m", "padfree.cli", *argv], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-m", "padfree.cli", *argv], capture_output=True, text=True, env=env, timeout=HANG_S
     )
     assert res.returncode == 2
     assert "Traceback" not in res.stderr

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from conftest import TINY_MODEL  # noqa: E402
+from conftest import HANG_S, TINY_MODEL  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
 
@@ -282,7 +282,7 @@ def test_ddp_two_ranks_equals_plain_loop_over_the_whole_step(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(ROOT / "tests" / "hf_ddp_worker.py"), str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     data, lengths = w.ddp_data()

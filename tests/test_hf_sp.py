@@ -14,6 +14,7 @@ import torch
 
 pytest.importorskip("accelerate")
 from accelerate.parallelism_config import ParallelismConfig  # noqa: E402
+from conftest import HANG_S
 from transformers import TrainingArguments  # noqa: E402
 
 from padfree import PlanConfig  # noqa: E402
@@ -32,7 +33,7 @@ def test_padfree_sp_and_cp_steps_equal_the_unsharded_rows(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(ROOT / "tests" / "hf_sp_worker.py"), str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     items, lengths = w.data()
     for name, (shard, _average) in w.RUNS.items():

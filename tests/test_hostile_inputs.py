@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import HANG_S
 
 from padfree.cli import build_parser, main
 from padfree.options import Bounded
@@ -59,7 +60,7 @@ def _one_line(code: int, lines: list[str], *patterns: str) -> str:
     return lines[0]
 
 
-def _proc(argv: list[str], timeout: float = 120, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
+def _proc(argv: list[str], timeout: float = HANG_S, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, "-m", "padfree", *map(str, argv)]
     return subprocess.run(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env, timeout=timeout)
@@ -267,7 +268,7 @@ def test_a_fifo_or_device_as_any_input_is_refused_without_blocking(lengths_txt, 
         argv = ["check-drafter", "--data", lengths_txt, "--tokenizer", tmp_path / name]
         cases.append((argv, r"tokenizer is not a regular file"))
     for argv, rule in cases:  # a real process each: a bug would block, and the timeout would say so
-        res = _proc(argv, timeout=60)
+        res = _proc(argv, timeout=HANG_S)
         assert res.returncode == 2 and len(res.stderr.splitlines()) == 1, res.stderr
         assert re.search(rule, res.stderr) and "Traceback" not in res.stderr, res.stderr
 
@@ -388,7 +389,9 @@ def test_numba_caches_in_the_temporary_folder_when_neither_usual_place_is_writab
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HOME": "/dev/null"}
     env.pop("XDG_CACHE_HOME", None)
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG_S
+    )
     assert res.returncode == 0, res.stderr
     import tempfile
 

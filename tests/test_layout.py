@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import HANG_S
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 
@@ -183,7 +185,9 @@ def test_torch_free_modules_load_without_torch() -> None:
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchdata', 'transformers')))"
     )
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG_S
+    )
     assert out.returncode == 0, out.stderr[-500:]
     assert out.stdout.strip() == "[]", f"importing them loaded {out.stdout.strip()[:300]}"
 

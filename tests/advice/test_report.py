@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import HANG_S
 
 from padfree.advice.report import Point, broken, build_report, limits, recommend
 from padfree.cli import main
@@ -80,7 +81,7 @@ def test_page_renders_every_image_in_headless_chromium(page: Path, tmp_path: Pat
         "--dump-dom",
         (page / "index.html").resolve().as_uri(),
     ]
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=90).stdout
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S).stdout
     body = re.search(r"<body[^>]*>", dom)
     assert body is not None, dom[:500]
     assert f'data-images-loaded="{n_img}"' in body.group(0), body.group(0)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import HANG_S
 
 from padfree.cli import main
 from padfree.data.samples import load_samples
@@ -242,7 +243,7 @@ def test_lone_surrogates_are_replaced_and_said(
             capture_output=True,
             text=True,
             env=env,
-            timeout=120,
+            timeout=HANG_S,
         )
         assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
         outs.append((np.load(out), res.stderr.splitlines()))
