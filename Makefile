@@ -97,7 +97,7 @@ compat:
 	$(COMPAT_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[$(EXTRAS_DEV)]"
 	$(COMPAT_VENV)/bin/python -m pip install -q --no-deps $(PEERS)
 	mkdir -p build/compat
-	$(COMPAT_VENV)/bin/python -m pip freeze --exclude-editable | grep -v '^padfree' > build/compat/versions.txt
+	$(COMPAT_VENV)/bin/python -m pip freeze --exclude-editable --all | grep -v "^padfree" > build/compat/versions.txt
 	$(COMPAT_VENV)/bin/python benchmarks/families.py --out build/compat --jobs 2
 	$(COMPAT_VENV)/bin/python benchmarks/compat.py --lock benchmarks/results/families.json \
 	  --new build/compat/families.json --out build/compat --versions $(LOCK) build/compat/versions.txt
