@@ -132,7 +132,7 @@ and at epoch ends, seeds, tokens per micro-batch, block size and ttt (None: the 
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--out", type=Path, required=True, help="directory for NAME.json, NAME.md and NAME.png")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="smaller target, data and budgets (a few minutes)")

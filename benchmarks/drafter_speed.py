@@ -53,7 +53,7 @@ CHAT = ["self_instruct_t0", "hh_rlhf_harmless_test", "gsm8k", "gpteacher_codegen
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="fewer samples and micro-batches (~9 CPU minutes)")
     p.add_argument("--out", type=Path, required=True, help="directory for NAME.json and NAME.md")
     p.add_argument("--name", default=None, help="file stem (default drafter_speed[_quick])")

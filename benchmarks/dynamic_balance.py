@@ -39,7 +39,7 @@ TINY = {"vocab_size": 4096, "hidden_size": 128, "intermediate_size": 344, "num_h
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="2 ranks, fewer steps (~15 min on 2 shared cores)")
     p.add_argument("--out", type=Path, default=None, help="directory for NAME.json and NAME.md")
     p.add_argument("--name", default=None, help="file stem (default dynamic_balance[_quick])")

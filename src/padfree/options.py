@@ -30,7 +30,12 @@ from padfree.errors import ConfigError, PadfreeError, one_line
 
 class OneLineParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage errors are one line on stderr (no usage block) and exit code 2, as
-    every padfree error is: the CLI and the examples parse with it."""
+    every padfree error is: the CLI and the examples parse with it. It never reads an abbreviation of a long
+    option (``allow_abbrev=False``, forced): ``--sp 2`` must not silently become ``--split 2``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {one_line(message)}", file=sys.stderr)
