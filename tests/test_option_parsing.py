@@ -66,3 +66,26 @@ def test_an_example_does_not_read_an_abbreviation_as_another_option(capsys: pyte
     with pytest.raises(SystemExit) as stop:
         train.parse_args(["--spl", "2"])
     assert stop.value.code == 2 and "unrecognized arguments: --spl 2" in capsys.readouterr().err
+
+
+def test_every_scripts_device_is_checked_when_its_options_are_parsed() -> None:
+    """A benchmark's ``--device bogus`` (or ``cuda`` without CUDA) is a usage error, not a failure deep in a
+    run: ``type=device_option`` (the commands and examples call ``check_device`` before any work)."""
+    import argparse
+
+    from padfree.options import device_option
+
+    bad, seen = [], 0
+    for path in sorted((ROOT / "benchmarks").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            call = isinstance(node, ast.Call) and _name(node.func) == "add_argument" and node.args
+            if not (call and isinstance(node.args[0], ast.Constant) and node.args[0].value == "--device"):
+                continue
+            seen += 1
+            kind = next((k.value for k in node.keywords if k.arg == "type"), None)
+            if not (isinstance(kind, ast.Name) and kind.id == "device_option"):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert seen >= 3 and not bad, bad
+    assert device_option("cpu") == "cpu"
+    with pytest.raises(argparse.ArgumentTypeError, match="'bogus': not a device name"):
+        device_option("bogus")

@@ -105,6 +105,15 @@ def check_device(text: str | None, option: str = "--device") -> str:
     return text
 
 
+def device_option(text: str) -> str:
+    """An argparse ``type=`` for a script's ``--device``: :func:`check_device` when the options are parsed,
+    its refusal a one-line usage error (exit 2) before any work."""
+    try:
+        return check_device(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--device ")) from None
+
+
 BUDGET = Bounded(int, 1, MAX_BUDGET)
 RANKS = Bounded(int, 1, MAX_RANKS)
 GROWTH = Bounded(float, 1, 1e9, above=True)
