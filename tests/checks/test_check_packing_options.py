@@ -21,6 +21,9 @@ CONFIGS = {
     "gemma2": {**SMALL, "model_type": "gemma2", "num_hidden_layers": 2, "head_dim": 8},  # soft-capping
     "mamba": {"model_type": "mamba", "vocab_size": 96, "hidden_size": 32, "state_size": 4,
               "num_hidden_layers": 2, "expand": 2},
+    "gpt_oss": {**SMALL, "model_type": "gpt_oss", "num_hidden_layers": 2, "head_dim": 8,
+                "intermediate_size": 32, "num_local_experts": 2, "num_experts_per_tok": 1,
+                "sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]},  # sinks
     "lfm2": {**SMALL, "model_type": "lfm2", "num_hidden_layers": 2,
              "layer_types": ["conv", "full_attention"]},
 }  # fmt: skip
@@ -106,6 +109,8 @@ def test_a_device_is_checked_once_up_front(argv: list, capsys, monkeypatch, tmp_
         ("gemma2", "--cp", "padfree CP (cp=2): this model's attention soft-caps its scores "
          "(attn_logit_softcapping=50) in model.layers.0.self_attn, which padfree's CP attention does not "
          "compute; train it without CP"),
+        ("gpt_oss", "--cp", "padfree CP (cp=2): this model's attention has sinks (a learned logit per head) "
+         "in model.layers.0.self_attn, which padfree's CP attention does not compute; train it without CP"),
         ("mamba", "--sp", "padfree SP (sp=2): this model has convolutions or recurrences (Mamba selective "
          "scan: a hybrid or recurrent model), which would see only their shard; train it without SP/CP"),
         ("lfm2", "--sp", "padfree SP (sp=2): this model has convolutions or recurrences (short convolution: "
@@ -130,7 +135,9 @@ def test_a_model_sp_cp_cannot_shard_is_refused_as_the_trainer_refuses_it(
     assert line == f"padfree: error: {refused.value}"
 
 
-def test_sp_runs_a_soft_capping_model_that_cp_refuses(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """The refusal is CP's only: SP computes soft-capped scores (per document, after the all-to-all)."""
-    assert main(["check-packing", "--model", str(_folder(tmp_path, "gemma2")), "--sp", "2"]) == 0
+@pytest.mark.parametrize("family", ["gemma2", "gpt_oss"])
+def test_sp_runs_what_cp_refuses(family: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The refusal is CP's only: SP computes soft-capped scores and sinks (per document, after the
+    all-to-all)."""
+    assert main(["check-packing", "--model", str(_folder(tmp_path, family)), "--sp", "2"]) == 0
     assert "OK: the shards reproduce the unsharded row" in capsys.readouterr().out

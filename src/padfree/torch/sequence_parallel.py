@@ -69,7 +69,7 @@ def check_shardable(model: torch.nn.Module, sp: int = 1, cp: int = 1) -> None:
                 feature = (
                     f"soft-caps its scores (attn_logit_softcapping={cap:g})"
                     if cap is not None
-                    else "has attention sinks"
+                    else "has sinks (a learned logit per head)"
                 )
                 raise ConfigError(
                     f"{what}: this model's attention {feature} in {name or 'the model'}, which padfree's CP "
