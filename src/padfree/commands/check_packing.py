@@ -74,13 +74,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "line each: exact / refused (why) / not buildable (why) / out of scope",
     )
     p.add_argument(
-        "--families", default=None, help="the family sweep over these model types only (comma-separated)"
+        "--families",
+        default=None,
+        help="the family sweep over these model types only (comma-separated; each checked once)",
     )
     add_output_options(p, "print the result as one JSON object", "seed for weights and tokens (default 0)")
 
 
 MODEL, ATTN = "tiny-llama", "padfree_varlen"
 """What ``--model`` and ``--attn`` default to outside the family sweep (which takes neither)."""
+
+
+def _model_and_attn(args: argparse.Namespace) -> tuple[str, str]:
+    """``--model`` and ``--attn`` of a one-model check, their defaults where not given."""
+    return (MODEL if args.model is None else args.model, ATTN if args.attn is None else args.attn)
 
 
 def sweep_families(args: argparse.Namespace) -> list[str] | None:
@@ -145,7 +152,8 @@ def run_sharded(args: argparse.Namespace) -> int:
     if any(others.values()):
         drop = ", ".join(k for k, v in others.items() if v)
         raise ConfigError(f"check-packing {flag}: runs float32 on CPU ranks (gloo) only; drop {drop}")
-    r = check_sharded(args.model or MODEL, sp=args.sp, cp=args.cp, attn=args.attn or ATTN, seed=args.seed)
+    model, attn = _model_and_attn(args)
+    r = check_sharded(model, sp=args.sp, cp=args.cp, attn=attn, seed=args.seed)
     bad = r.leaked or not r.exact
     if args.json:
         print(json.dumps({**dataclasses.asdict(r), "leaked": r.leaked, "exact": r.exact}))
@@ -183,9 +191,10 @@ def run(args: argparse.Namespace) -> int:
         return run_sweep(args, device)
     if args.sp > 1 or args.cp > 1:
         return run_sharded(args)
+    model, attn = _model_and_attn(args)
     r = check_packing(
-        args.model or MODEL,
-        args.attn or ATTN,
+        model,
+        attn,
         use_cache=args.use_cache,
         tolerance=args.tolerance,
         seed=args.seed,
