@@ -60,7 +60,7 @@ def by_band(p0: Plan, p1: Plan) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args()
     datasets = {"seed_mix": bundled_seed_mix().astype(np.int64)}

@@ -70,7 +70,7 @@ def measure(tok_folder: Path, lines: list[bytes], repeats: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--tokenizer-json", type=Path, default=None, help="default: the vendored deepseek_v3 one")
     p.add_argument("--repeats", type=int, default=8)
     p.add_argument("--out", type=Path, default=None, help="write chat_template_speed.json here")

@@ -32,7 +32,7 @@ def main() -> None:
     from padfree.drafter.methods import METHODS
     from padfree.errors import PadfreeError
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--tokenizers", type=Path, default=TOKENIZERS)
     p.add_argument("--docs", type=int, default=6)

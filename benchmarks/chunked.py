@@ -418,7 +418,7 @@ def extra_sets() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--peak", nargs=2, metavar=("MODE", "LENGTH"), help=argparse.SUPPRESS)
     p.add_argument("--samples", type=int, default=300)

@@ -77,7 +77,7 @@ def markdown(s: dict, sources: list[str]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("runs", nargs="+", type=Path, help="converge JSON files (one per seed)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--name", default="converge_seeds")

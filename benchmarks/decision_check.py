@@ -351,7 +351,7 @@ def rescore(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--lengths", type=Path, action="append", required=True, help="folder of *.npy sets")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", default=None, help="comma-separated substrings: only matching sets")

@@ -24,7 +24,7 @@ import numpy as np
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--per-file", type=int, default=60)
     p.add_argument("--rows", type=int, default=6, help="packed micro-batches timed")

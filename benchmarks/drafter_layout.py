@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--recipe", choices=recipes.NAMES, default=recipes.DEFAULT)

@@ -48,6 +48,7 @@ from lab.quality import (  # noqa: E402
     save_data,
     split,
 )
+from padfree.options import device_option  # noqa: E402
 
 MODES = {
     "smoke": {
@@ -132,7 +133,7 @@ and at epoch ends, seeds, tokens per micro-batch, block size and ttt (None: the 
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--out", type=Path, required=True, help="directory for NAME.json, NAME.md and NAME.png")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="smaller target, data and budgets (a few minutes)")
@@ -153,7 +154,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--target-dir", type=Path, default=None, help="the target folder (default OUT/target)")
     p.add_argument("--data", type=Path, default=ROOT / "fixtures" / "samples", help="folder of the chat sets")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device_option, default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the target's dtype")
     p.add_argument(
         "--attention",

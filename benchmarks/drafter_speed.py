@@ -46,6 +46,7 @@ from padfree.drafter import recipes
 from padfree.drafter.methods import METHODS
 from padfree.drafter.recipes import Recipe
 from padfree.drafter.setup import TargetShape, drafter_setup
+from padfree.options import device_option
 
 SHARED = Path("/work/shared")
 CHAT = ["self_instruct_t0", "hh_rlhf_harmless_test", "gsm8k", "gpteacher_codegen",
@@ -53,7 +54,7 @@ CHAT = ["self_instruct_t0", "hh_rlhf_harmless_test", "gsm8k", "gpteacher_codegen
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="fewer samples and micro-batches (~9 CPU minutes)")
     p.add_argument("--out", type=Path, required=True, help="directory for NAME.json and NAME.md")
     p.add_argument("--name", default=None, help="file stem (default drafter_speed[_quick])")
@@ -94,7 +95,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="a public target's sizes (random weights) instead of --hidden/--layers/--vocab",
     )
     p.add_argument(
-        "--device", default="cpu", help="cpu, or cuda (seconds are then synchronized wall seconds)"
+        "--device",
+        type=device_option,
+        default="cpu",
+        help="cpu, or cuda (seconds are then synchronized wall seconds)",
     )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="bfloat16: autocast")
     p.add_argument("--attention", default=None, choices=["dense", "mask", "flex"],

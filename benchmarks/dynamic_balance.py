@@ -30,6 +30,7 @@ from lab import child_env
 from lab.dynamic_balance import SLOW_FACTOR, Run, has_dynamic, summarize
 from padfree.bench.machine import machine_info
 from padfree.data.length_files import bundled_seed_mix
+from padfree.options import device_option
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG_DOCS = ["llamafactory_c4_wiki_docs.mistral_v1.npy", "python_stdlib_code.mistral_v1.npy"]
@@ -39,7 +40,7 @@ TINY = {"vocab_size": 4096, "hidden_size": 128, "intermediate_size": 344, "num_h
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="2 ranks, fewer steps (~15 min on 2 shared cores)")
     p.add_argument("--out", type=Path, default=None, help="directory for NAME.json and NAME.md")
     p.add_argument("--name", default=None, help="file stem (default dynamic_balance[_quick])")
@@ -56,7 +57,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--balance-every", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--static-only", action="store_true", help="run the static assignment alone")
-    p.add_argument("--device", default="cpu", help="cpu, or cuda: every rank trains on the one GPU")
+    p.add_argument(
+        "--device", type=device_option, default="cpu", help="cpu, or cuda: every rank trains on the one GPU"
+    )
     p.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE", help="model field")
     args = p.parse_args(argv)
     args.worlds = [int(w) for w in (args.worlds or ("2" if args.quick else "2,4")).split(",")]

@@ -110,7 +110,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--families", default=None, help="comma-separated model types (default: all)")

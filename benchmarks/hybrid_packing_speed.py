@@ -113,7 +113,7 @@ def run_family(family: str, subset: np.ndarray, budget: int, seed: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--lengths", type=Path, default=None, help="lengths .npy (default ../shared seed_mix)")
     ap.add_argument("--samples", type=int, default=400)
     ap.add_argument("--budget", type=int, default=4096)

@@ -440,7 +440,7 @@ def table(res: dict) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--out", required=True, help="folder for integration_gain.json and .md")
     ap.add_argument("--quick", action="store_true", help="20K samples, fewer timed micro-batches (~2 min)")
     ap.add_argument("--seed", type=int, default=0)

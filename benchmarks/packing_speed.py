@@ -76,7 +76,7 @@ def packed_batch(lengths: np.ndarray, gen: torch.Generator, vocab: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--lengths", type=Path, default=None, help="lengths .npy (default ../shared seed_mix)")
     ap.add_argument("--budget", type=int, default=4096)
     ap.add_argument("--samples", type=int, default=4000, help="random subset of the lengths to plan")

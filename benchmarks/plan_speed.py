@@ -46,7 +46,7 @@ VARIANTS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--big", type=int, default=10_000_000, help="samples of the resampled set (0: skip)")
     p.add_argument("--cap", type=float, default=300.0, help="seconds allowed for one epoch of one method")

@@ -43,7 +43,7 @@ def document(mb: float, seed: int = 0) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--mb", type=float, default=50.0)
     p.add_argument("--out", default=None)
     args = p.parse_args()

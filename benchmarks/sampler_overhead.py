@@ -174,7 +174,7 @@ def train_step_seconds(train_budget: int, accum: int, repeats: int) -> tuple[flo
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--budget", type=int, default=16384, help="sampler token budget per micro-batch")
     p.add_argument("--world-size", type=int, default=8)
     p.add_argument("--grad-accum", type=int, default=4)

@@ -64,7 +64,7 @@ def worker(n: int, strategy: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--sizes", type=int, nargs="+", default=[30_000_000, 100_000_000])
     p.add_argument("--strategies", nargs="+", default=["bucketed", "packed"])
     p.add_argument("--budget", type=int, default=16384)

@@ -209,7 +209,7 @@ def _markdown(rows: list[dict], meta: dict) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--sizes", default="10000000,30000000,100000000")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--modes", default="auto", help="auto (make_plan decides), stream, memory")

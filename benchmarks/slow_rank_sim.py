@@ -37,7 +37,7 @@ def measure(per_rank: list, speeds: tuple, packed: bool, first_step: int = 4) ->
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("lengths", help="a .npy length file")
     p.add_argument("--samples", type=int, default=6000, help="a random subset of this many samples")
     p.add_argument("--strategies", default="bucketed,sorted,random,packed")

@@ -39,7 +39,7 @@ TINY = ["--vocab-size", "512", "--model-set", "hidden_size=32", "--model-set", "
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--kills", type=int, default=20)
     p.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--samples", type=int, default=300)

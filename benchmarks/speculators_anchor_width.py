@@ -36,7 +36,7 @@ VOCAB = 2048
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("budget", type=int, help="batch_max_length")
     ap.add_argument("width", type=int, help="anchor width W (their --max-anchors)")
     ap.add_argument("--samples", type=int, default=200)

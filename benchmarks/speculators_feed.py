@@ -175,7 +175,7 @@ def eagle3(ecore, target, items, vocab, ttt):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--speculators", required=True, help="folder holding the unpacked speculators package")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--docs", type=int, default=4)

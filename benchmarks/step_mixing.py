@@ -204,7 +204,7 @@ def summarize(cases: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--lengths", default=str(Path(__file__).resolve().parents[2] / "shared/data/lengths"))
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--only", default=None, help="comma-separated substrings of set names")

@@ -37,7 +37,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     add_data_and_model_args(p, FIXTURES, chunked=True)
     p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps in all (default: --epochs)")
     p.add_argument("--output-dir", required=True)

@@ -219,7 +219,7 @@ def worker_main(argv: list[str]) -> int:
 
     import torch.distributed as dist
 
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--spec", required=True)
     p.add_argument("--modes", default="static,dynamic")
     p.add_argument("--out", required=True)

@@ -241,7 +241,7 @@ def render_markdown(result: dict) -> str:
 
 
 def _worker_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--worker", required=True)
     args = p.parse_args(argv)
     case = Case(**json.loads(args.worker))

@@ -447,7 +447,6 @@ class _ShardedRows:
 
         from padfree.torch import context_parallel as cpm
         from padfree.torch import sequence_parallel as spm
-        from padfree.torch.mixers import mixers_of
 
         sp, cp = plan_config.sp, plan_config.cp
         if sp > 1 and cp > 1:
@@ -456,11 +455,7 @@ class _ShardedRows:
             raise ConfigError(
                 f"padfree SP/CP shards packed rows: use strategy 'packed' (got {plan_config.strategy!r})"
             )
-        if mixers_of(model):
-            raise ConfigError(
-                "padfree SP/CP: this model has convolutions or recurrences (a hybrid), which would see only "
-                "their shard; train it without SP/CP"
-            )
+        spm.check_shardable(model, sp, cp)
         if not dist.is_available() or not dist.is_initialized():
             raise ConfigError("padfree SP/CP needs torch.distributed (launch with torchrun or accelerate)")
         self.size = sp * cp

@@ -30,7 +30,12 @@ from padfree.errors import ConfigError, PadfreeError, one_line
 
 class OneLineParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage errors are one line on stderr (no usage block) and exit code 2, as
-    every padfree error is: the CLI and the examples parse with it."""
+    every padfree error is: the CLI and the examples parse with it. It never reads an abbreviation of a long
+    option (``allow_abbrev=False``, forced): ``--sp 2`` must not silently become ``--split 2``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {one_line(message)}", file=sys.stderr)
@@ -98,6 +103,15 @@ def check_device(text: str | None, option: str = "--device") -> str:
             f"{option} {text}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
         )
     return text
+
+
+def device_option(text: str) -> str:
+    """An argparse ``type=`` for a script's ``--device``: :func:`check_device` when the options are parsed,
+    its refusal a one-line usage error (exit 2) before any work."""
+    try:
+        return check_device(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--device ")) from None
 
 
 BUDGET = Bounded(int, 1, MAX_BUDGET)

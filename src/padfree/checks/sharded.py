@@ -111,12 +111,7 @@ def check_sharded(
     net = build_model(
         model, attn_implementation="padfree_varlen", seed=seed, max_params=2**26, **(overrides or {})
     )
-    heads = int(net.config.num_attention_heads)
-    if mode == "sp" and heads % degree:
-        raise ConfigError(
-            f"check-packing --sp {degree}: the model's {heads} attention heads do not split over "
-            f"{degree} ranks"
-        )
+    spm.check_shardable(net, sp, cp)  # the Trainer's refusal: a hybrid, CP's soft-capping, SP's heads
     gen = torch.Generator().manual_seed(seed)
     docs = [torch.randint(1, net.config.vocab_size, (n,), generator=gen) for n in doc_lengths]
     row = PackCollator(sp=sp, cp=cp)([{"input_ids": d.numpy()} for d in docs])

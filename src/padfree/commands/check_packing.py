@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 from padfree.commands.common import add_output_options
+from padfree.errors import ConfigError
 from padfree.options import TOLERANCE, add_number, check_device
 
 NAME = "check-packing"
@@ -19,13 +20,13 @@ HELP = (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
-        default="tiny-llama",
+        default=None,
         help="tiny-llama (default), tiny-mistral, tiny-qwen2, tiny-gemma, tiny-qwen3, or a directory with "
         "config.json",
     )
     p.add_argument(
         "--attn",
-        default="padfree_varlen",
+        default=None,
         help="attention implementation: padfree_varlen (default), sdpa, eager, ..., or leaky "
         "(document-blind causal attention, deliberately wrong, to see a leak caught)",
     )
@@ -73,17 +74,62 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "line each: exact / refused (why) / not buildable (why) / out of scope",
     )
     p.add_argument(
-        "--families", default=None, help="the family sweep over these model types only (comma-separated)"
+        "--families",
+        default=None,
+        help="the family sweep over these model types only (comma-separated; each checked once)",
     )
     add_output_options(p, "print the result as one JSON object", "seed for weights and tokens (default 0)")
 
 
-def run_sweep(args: argparse.Namespace) -> int:
+MODEL, ATTN = "tiny-llama", "padfree_varlen"
+"""What ``--model`` and ``--attn`` default to outside the family sweep (which takes neither)."""
+
+
+def _model_and_attn(args: argparse.Namespace) -> tuple[str, str]:
+    """``--model`` and ``--attn`` of a one-model check, their defaults where not given."""
+    return (MODEL if args.model is None else args.model, ATTN if args.attn is None else args.attn)
+
+
+def sweep_families(args: argparse.Namespace) -> list[str] | None:
+    """The families ``--families`` names (each once, in the order given; ``None``: ``--all-families``), after
+    refusing in one line every option the sweep cannot honour: it builds each family's own tiny config
+    under padfree_varlen, unsharded, its mixers per document, without a cache."""
+    flag = "--families" if args.families is not None else "--all-families"
+    if args.all_families and args.families is not None:
+        raise ConfigError("check-packing: give --all-families or --families NAMES, not both")
+    ignored = {
+        "--model": args.model is not None,
+        "--attn": args.attn not in (None, ATTN),
+        "--whole-row-mixers": args.whole_row_mixers,
+        "--use-cache": args.use_cache,
+        "--sp": args.sp > 1,
+        "--cp": args.cp > 1,
+        "--tolerance": args.tolerance is not None,
+    }
+    if any(ignored.values()):
+        drop = ", ".join(k for k, v in ignored.items() if v)
+        raise ConfigError(
+            f"check-packing {flag}: the family sweep checks each family's own tiny config under "
+            f"padfree_varlen, unsharded, its mixers per document, without a cache, at its own tolerance; "
+            f"drop {drop}, or drop {flag} to check one model with {'them' if ', ' in drop else 'it'}"
+        )
+    if args.families is None:
+        return None
+    names = list(dict.fromkeys(f.strip() for f in args.families.split(",") if f.strip()))
+    if not names:
+        raise ConfigError(
+            f"check-packing --families {args.families!r}: names no family; give model types separated by "
+            "commas (e.g. llama,qwen3) or --all-families"
+        )
+    return names
+
+
+def run_sweep(args: argparse.Namespace, device: str) -> int:
     from padfree.checks.families import as_json, summary, sweep
 
-    names = None if args.families is None else [f.strip() for f in args.families.split(",") if f.strip()]
+    names = sweep_families(args)
     log = None if args.json else lambda r: print(r.line(), flush=True)
-    results = sweep(names, seed=args.seed, log=log, device=args.device)
+    results = sweep(names, seed=args.seed, log=log, device=device)
     counts = summary(results)
     if args.json:
         print(json.dumps({"families": as_json(results), "summary": counts}))
@@ -94,7 +140,6 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 def run_sharded(args: argparse.Namespace) -> int:
     from padfree.checks.sharded import check_sharded
-    from padfree.errors import ConfigError
 
     flag = "--sp" if args.sp > 1 else "--cp"
     others = {
@@ -107,7 +152,8 @@ def run_sharded(args: argparse.Namespace) -> int:
     if any(others.values()):
         drop = ", ".join(k for k, v in others.items() if v)
         raise ConfigError(f"check-packing {flag}: runs float32 on CPU ranks (gloo) only; drop {drop}")
-    r = check_sharded(args.model, sp=args.sp, cp=args.cp, attn=args.attn, seed=args.seed)
+    model, attn = _model_and_attn(args)
+    r = check_sharded(model, sp=args.sp, cp=args.cp, attn=attn, seed=args.seed)
     bad = r.leaked or not r.exact
     if args.json:
         print(json.dumps({**dataclasses.asdict(r), "leaked": r.leaked, "exact": r.exact}))
@@ -140,17 +186,19 @@ def run_sharded(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from padfree.checks.packing import check_packing
 
+    device = check_device(args.device)  # once, before any model is built: a bad one is one line
     if args.all_families or args.families is not None:
-        return run_sweep(args)
+        return run_sweep(args, device)
     if args.sp > 1 or args.cp > 1:
         return run_sharded(args)
+    model, attn = _model_and_attn(args)
     r = check_packing(
-        args.model,
-        args.attn,
+        model,
+        attn,
         use_cache=args.use_cache,
         tolerance=args.tolerance,
         seed=args.seed,
-        device=check_device(args.device),
+        device=device,
         dtype=args.dtype,
         mixers_apart=not args.whole_row_mixers,
     )

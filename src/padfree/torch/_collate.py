@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from padfree.core.config import MAX_BUDGET, MAX_SHARD
 from padfree.core.shard import Shard, round_up
 from padfree.errors import ConfigError
 from padfree.torch._dataset import warn_if_unplanned
@@ -247,8 +248,11 @@ class PackCollator:
 
     def __init__(self, pad_token_id: int = 0, chunked: bool = False, *, sp: int = 1, cp: int = 1) -> None:
         for v in (sp, cp):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"sp and cp must be integers >= 1 (got sp={sp!r}, cp={cp!r})")
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_SHARD:
+                raise ConfigError(
+                    f"PackCollator: sp and cp must be integers from 1 to {MAX_SHARD} "
+                    f"(got sp={sp!r}, cp={cp!r})"
+                )
         self.pad_token_id = pad_token_id
         self.chunked = chunked
         self.shard = Shard(sp, cp)
@@ -265,6 +269,14 @@ class PackCollator:
         else:  # empty micro-batch: one placeholder token with no loss
             ids, lab, n = np.array([self.pad_token_id]), np.array([IGNORE]), [1]
         sh = self.shard
+        if sh.active:  # the padded row's size, before anything of that size is allocated
+            padded = int(padded_spans(np.asarray(n, dtype=np.int64), sh).sum())
+            if padded > MAX_BUDGET:
+                raise ConfigError(
+                    f"PackCollator(sp={sh.sp}, cp={sh.cp}): {len(n)} documents of {real} tokens pad to a row "
+                    f"of {padded} tokens, over {MAX_BUDGET} (a plan's row holds at most sp x cp x budget <= "
+                    f"{MAX_BUDGET}); collate the plan's micro-batches with the plan's sp and cp"
+                )
         layout = packed_layout(n, sp=sh.sp, cp=sh.cp)
         if sh.active:  # each document at its padded span's start, pads without loss
             cu = layout["cu_seq_lens_q_padded"].numpy().astype(np.int64)

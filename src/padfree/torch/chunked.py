@@ -179,6 +179,20 @@ def _check_dropout(model: torch.nn.Module) -> None:
         )
 
 
+def _check_recompute(model: torch.nn.Module) -> None:
+    """Gradient (activation) checkpointing turns off the key/value cache each chunk hands the next one, and
+    chunked training already recomputes each chunk's forward itself: refuse it, naming it as the cause."""
+    inner: Any = getattr(model, "module", model)
+    if any(getattr(m, "gradient_checkpointing", False) is True for m in inner.modules()):
+        raise ConfigError(
+            "chunked training cannot run under gradient checkpointing: it recomputes each chunk's forward "
+            "itself and needs the key/value cache that checkpointing turns off; turn gradient checkpointing "
+            "off (gradient_checkpointing=False in the training arguments, or the model's "
+            "activation_checkpointing_disable() or gradient_checkpointing_disable()): chunked training keeps "
+            "one chunk's activations alive at a time already (keep / --keep-chunks keeps more)"
+        )
+
+
 class _Chunk:
     """One chunk's forward: its loss and the keys/values it added (graph tensors)."""
 
@@ -308,6 +322,7 @@ def chunked_backward(
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
         raise ConfigError(f"keep must be an integer >= 0 (got {keep!r})")
     _check_dropout(model)
+    _check_recompute(model)
     check_carried(model)
     sizes = chunk_lengths(int(ids.shape[0]), chunk)
     starts = [sum(sizes[:k]) for k in range(len(sizes))]

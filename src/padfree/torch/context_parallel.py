@@ -73,8 +73,10 @@ def shard_cp(batch: Mapping, rank: int, size: int) -> dict:
         raise ConfigError(
             f"context parallelism shards one packed row (input_ids (1, T), got {tuple(ids.shape)})"
         )
+    if not size >= 1:
+        raise ConfigError(f"CP: size must be an integer >= 1, the CP degree (got {size!r})")
     if not 0 <= rank < size:
-        raise ConfigError(f"CP: rank {rank} is not in 0..{size - 1}")
+        raise ConfigError(f"CP: rank {rank!r} is not in 0..{size - 1} (the ranks of cp={size})")
     cu = row_boundaries(batch)
     if int(cu[-1]) != ids.shape[1]:
         raise ConfigError(

@@ -44,6 +44,44 @@ LEAKY = "padfree_ulysses_leaky"
 IGNORE = -100
 
 
+def check_shardable(model: torch.nn.Module, sp: int = 1, cp: int = 1) -> None:
+    """Refuse, in one :class:`ConfigError` line naming the cause, a model that padfree's SP (``sp`` > 1) or
+    CP (``cp`` > 1) cannot shard exactly: convolutions or recurrences (a hybrid or recurrent model: each
+    would see only its shard), under CP soft-capped attention scores or attention sinks (not in the CP
+    reference), under SP query heads that do not split over the ranks. The one check the Trainer and
+    ``padfree check-packing --sp/--cp`` make before any work."""
+    from padfree.torch.mixers import mixers_of
+
+    if sp <= 1 and cp <= 1:
+        return
+    what = f"padfree SP (sp={sp})" if sp > 1 else f"padfree CP (cp={cp})"
+    mixers = sorted(set(mixers_of(model).values()))
+    if mixers:
+        raise ConfigError(
+            f"{what}: this model has convolutions or recurrences ({', '.join(mixers[:4])}: a hybrid or "
+            "recurrent model), which would see only their shard; train it without SP/CP"
+        )
+    if cp > 1:
+        for name, module in model.named_modules():
+            cap = getattr(module, "attn_logit_softcapping", None)
+            sinks = getattr(module, "sinks", None)
+            if cap is not None or isinstance(sinks, torch.Tensor):
+                feature = (
+                    f"soft-caps its scores (attn_logit_softcapping={cap:g})"
+                    if cap is not None
+                    else "has sinks (a learned logit per head)"
+                )
+                raise ConfigError(
+                    f"{what}: this model's attention {feature} in {name or 'the model'}, which padfree's CP "
+                    "attention does not compute; train it without CP (padfree's SP computes it)"
+                )
+    config: Any = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_attention_heads", None)
+    if sp > 1 and isinstance(heads, int) and heads % sp:
+        raise ConfigError(f"{what}: the model's {heads} attention heads do not split over {sp} ranks")
+
+
 def row_boundaries(batch: Mapping) -> torch.Tensor:
     """The document boundaries a sharded row's attention uses: the padded spans (``cu_seq_lens_q_padded``
     of a :class:`~padfree.torch.PackCollator` with ``sp``/``cp``; each document's pads after its real tokens,
@@ -73,7 +111,11 @@ def shard_sp(batch: Mapping, rank: int, size: int) -> dict:
             f"sequence parallelism shards one packed row (input_ids of shape (1, T), got {tuple(ids.shape)})"
         )
     total = ids.shape[1]
-    if not 0 <= rank < size or total % size:
+    if not size >= 1:
+        raise ConfigError(f"SP: size must be an integer >= 1, the SP degree (got {size!r})")
+    if not 0 <= rank < size:
+        raise ConfigError(f"SP: rank {rank!r} is not in 0..{size - 1} (the ranks of sp={size})")
+    if total % size:
         raise ConfigError(
             f"SP: a row of {total} tokens does not split into {size} equal shards "
             f"(plan and collate with sp={size})"
