@@ -101,7 +101,7 @@ compat:
 	$(COMPAT_VENV)/bin/python benchmarks/families.py --out build/compat --jobs 2
 	$(COMPAT_VENV)/bin/python benchmarks/compat.py --lock benchmarks/results/families.json \
 	  --new build/compat/families.json --out build/compat --versions $(LOCK) build/compat/versions.txt
-	$(COMPAT_VENV)/bin/python -m pytest -n 2 -q $(COMPAT_TESTS) | tee build/compat/tests.txt
+	$(COMPAT_VENV)/bin/python -m pytest -n 2 $(COMPAT_TESTS) | tee build/compat/tests.txt
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
