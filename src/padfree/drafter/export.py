@@ -93,14 +93,51 @@ def default_format(method: str) -> str:
     return methods.get(method).export_format
 
 
-def with_verifier(meta: dict, verifier: str | Path | None) -> dict:
+VERIFIER_FIELDS = (
+    ("model_type", "architecture"),
+    ("hidden_size", "hidden size"),
+    ("num_hidden_layers", "layers"),
+    ("vocab_size", "vocabulary"),
+)
+"""The target config fields a verifier must share with the target a drafter was trained on: the drafter
+fuses that architecture's hidden states of that width from those layers, and drafts in that vocabulary."""
+
+
+def _shape(config: dict) -> dict[str, object]:
+    """The :data:`VERIFIER_FIELDS` of a transformers config (a multimodal one's text config holds the
+    sizes)."""
+    text = config.get("text_config")
+    inner: dict = text if isinstance(text, dict) else {}
+    return {k: config.get(k, inner.get(k)) for k, _ in VERIFIER_FIELDS}
+
+
+def _describe(shape: dict[str, object]) -> str:
+    return (
+        f"a {shape['model_type']} target of hidden size {shape['hidden_size']}, {shape['num_hidden_layers']} "
+        f"layers, vocabulary {shape['vocab_size']}"
+    )
+
+
+def with_verifier(meta: dict, verifier: str | Path | None, *, option: str = "--verifier") -> dict:
     """``meta`` with the target folder a server runs set to ``verifier`` (unchanged when ``None``); checked
-    to be a target folder."""
+    to be a target folder of the architecture and sizes the drafter was trained on (:data:`VERIFIER_FIELDS`),
+    else one :class:`ConfigError` line naming ``option``, the folder and what differs."""
     if verifier is None:
         return meta
     from padfree.drafter.target import check_target_folder
+    from padfree.models import read_config_json
 
-    path = str(check_target_folder(verifier).resolve())
+    folder = check_target_folder(verifier)
+    trained, given = _shape(meta["target"]["config"]), _shape(read_config_json(folder))
+    differ = [label for k, label in VERIFIER_FIELDS if trained[k] != given[k]]
+    if differ:
+        raise ConfigError(
+            f"{option} {one_line(str(verifier))}: {_describe(given)}; this drafter was trained on "
+            f"{_describe(trained)} ({' and '.join(differ)} differ{'s' if len(differ) == 1 else ''}): a "
+            "server would feed it hidden states it never saw; pass the target it was trained on or one of "
+            "the same architecture and sizes"
+        )
+    path = str(folder.resolve())
     return {**meta, "target": {**meta["target"], "path": path}}
 
 
@@ -232,18 +269,25 @@ def export_drafter(
     *,
     dtype: str = "float32",
     protect: Iterable[tuple[str, str | Path | None]] = (),
+    source: str | Path | None = None,
 ) -> Path:
     """Write the drafter of ``state`` + ``meta`` in ``fmt`` (:func:`formats`) as the folder ``out`` and return
-    it. Atomic: the files are written into a temporary folder beside ``out``, then renamed into place (an
-    earlier export there is replaced as a whole), so a reader or a killed export sees one export or the
-    other, never one's weights under another's config. ``out`` is checked by :func:`check_export_dir`, never
-    the target folder (``meta``'s) or another ``protect`` folder; a write that fails is one line naming it."""
+    it (``source``: the checkpoint file they were read from, named by an error about its tensors). Atomic:
+    the files are written into a temporary folder beside ``out``, then renamed into place (an earlier export
+    there is replaced as a whole), so a reader or a killed export sees one export or the other, never one's
+    weights under another's config. ``out`` is checked by :func:`check_export_dir`, never the target folder
+    (``meta``'s) or another ``protect`` folder; a write that fails is one line naming it."""
     check_exportable(meta, fmt)
     dt = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
     if dt is None:
         raise ConfigError(f"export dtype must be float32 or bfloat16 (got {dtype!r})")
     target = check_export_dir(out, protect=(("the target folder", meta["target"].get("path")), *protect))
-    config, tensors = method_of_format(fmt).load().export_files(state, meta)
+    try:
+        config, tensors = method_of_format(fmt).load().export_files(state, meta)
+    except InputError as exc:  # the checkpoint's tensors: the file they came from is named
+        if exc.path is not None or source is None:
+            raise
+        raise InputError(exc.rule, path=one_line(str(source))) from None
     tensors = {k: (v.to(dt) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
     config["dtype"] = dtype
     try:
@@ -380,7 +424,10 @@ def layer_config(d: dict, t: dict) -> dict:
 def take(state: dict, name: str) -> torch.Tensor:
     """The checkpoint's drafter tensor ``name``; one line when it has none."""
     if name not in state:
-        raise InputError(f"the checkpoint's drafter has no {name} (another drafter version?)")
+        raise InputError(
+            f"the checkpoint's drafter has no tensor {name} (of {len(state)}): damaged, or written by "
+            "another drafter version"
+        )
     return state[name]
 
 
