@@ -249,3 +249,46 @@ def test_a_checkpoint_missing_a_tensor_names_the_file_and_the_tensor(tmp_path, c
     line = _one_error(capsys)
     assert f"padfree: error: {damaged}: the checkpoint's drafter has no tensor fc.weight" in line, line
     assert not (tmp_path / "served").exists()
+
+
+@pytest.mark.parametrize("output", ["--export-dir", "--anchor-log"])
+def test_every_output_the_run_cannot_write_is_refused_before_training(tmp_path, example, output, capsys):
+    if output == "--export-dir":
+        # a name the folder fits but the export's temporary folder beside it (".NAME.PID.XXXXXXXX.tmp")
+        # does not: found only after training, the drafter lost, before it was probed as it is written
+        path = tmp_path / ("s" * 239)
+        said = f"{path}: cannot write the exported drafter (File name too long)"
+    else:
+        (tmp_path / "file").write_text("")
+        path = tmp_path / "file" / "anchors.jsonl"  # under a file: no folder can hold it
+        said = f"{path}: cannot write the --anchor-log file"
+    with pytest.raises(SystemExit) as info:
+        example.run_example(lambda: example.main([*TINY, "--max-steps", "1", output, str(path)]))
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and said in err[0], err
+    assert "run " not in captured.out and "finished at step" not in captured.out
+
+
+@pytest.mark.parametrize("fails", ["weights", "rename"])
+def test_a_failed_export_leaves_a_non_empty_export_folder_whole(tmp_path, ckpt, fails, monkeypatch, capsys):
+    from padfree.drafter import export
+
+    out = tmp_path / "served"
+    assert cli(["export-drafter", str(ckpt), "--out", str(out)]) == 0
+    before = _files(out)
+    if fails == "weights":
+        from safetensors import torch as st
+
+        monkeypatch.setattr(st, "save_file", mock.Mock(side_effect=OSError(28, "No space left on device")))
+    else:  # no atomic exchange, and the new folder cannot take the old one's place
+        real = export.os.rename
+        monkeypatch.setattr(export, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(
+            export.os,
+            "rename",
+            lambda a, b: real(a, b) if Path(b) != out else (_ for _ in ()).throw(OSError(5, "I/O error")),
+        )
+    assert cli(["export-drafter", str(ckpt), "--out", str(out), "--dtype", "bfloat16"]) == 2
+    assert f"{out}: cannot write the exported drafter" in _one_error(capsys)
+    assert _files(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["served"]

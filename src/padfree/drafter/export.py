@@ -220,6 +220,14 @@ def check_export_dir(out: str | Path, *, protect: Iterable[tuple[str, str | Path
     checkpoint folder) nor inside one, and beside a folder that takes a new entry. Else one
     :class:`OutputError` line naming it."""
     p = Path(out)
+    try:
+        return _check_export_dir(p, protect)
+    except OSError as exc:  # a name too long, a path through a file...
+        reason = _reason(exc)
+        raise OutputError(f"cannot write the exported drafter ({reason})", path=one_line(str(p))) from None
+
+
+def _check_export_dir(p: Path, protect: Iterable[tuple[str, str | Path | None]]) -> Path:
     if p.is_symlink():
         raise OutputError(
             "is a symbolic link: an export is written as a folder of its own; give the real path", path=str(p)
@@ -254,11 +262,22 @@ def check_export_dir(out: str | Path, *, protect: Iterable[tuple[str, str | Path
     probe = real.parent
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    try:  # what the export does first: a temporary folder beside the output
-        os.rmdir(tempfile.mkdtemp(prefix=f".{real.name}.", suffix=".probe", dir=probe))
+    try:  # what the export does first, as it does it: a temporary folder beside the output, a file in it
+        tmp = _temp_beside(probe, real.name)
+        try:
+            with open(tmp / "config.json", "w") as fh:
+                fh.write("{}\n")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     except OSError as exc:
-        raise OutputError(f"cannot write the exported drafter ({exc.strerror or exc})", path=str(p)) from None
+        raise OutputError(f"cannot write the exported drafter ({_reason(exc)})", path=str(p)) from None
     return p
+
+
+def _temp_beside(parent: Path, name: str) -> Path:
+    """A new temporary folder in ``parent`` for an export to ``parent / name`` (:func:`_remove_stale` knows
+    its name: this process's id in it)."""
+    return Path(tempfile.mkdtemp(prefix=f".{name}.{os.getpid()}.", suffix=".tmp", dir=parent))
 
 
 def export_drafter(
@@ -309,7 +328,7 @@ def _write_atomically(out: Path, config: dict, tensors: dict[str, torch.Tensor])
     parent = out.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(parent, out.name)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=parent))
+    tmp = _temp_beside(parent, out.name)
     try:
         os.chmod(tmp, 0o755)
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -325,7 +344,7 @@ def _write_atomically(out: Path, config: dict, tensors: dict[str, torch.Tensor])
         if not (out.is_dir() and not out.is_symlink()):
             os.rename(tmp, out)
         elif not _exchange(tmp, out):  # no atomic exchange here: the earlier export moves aside first
-            aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=parent))
+            aside = _temp_beside(parent, out.name)
             os.replace(out, aside)
             try:
                 os.rename(tmp, out)
