@@ -53,6 +53,7 @@ def test_a_run_ends_with_one_summary_line_and_tokens_per_second(capsys, monkeypa
     assert len(summary) == 1 and "static balance (configured cost model, 1 rank)" in summary[0], end
     assert "{" not in summary[0] and "Coefficients(" not in summary[0]
     assert "\r" not in captured.err and "━" not in captured.err  # stderr is no terminal here: no bar
+    assert "epoch 0 step 1 (" in captured.out  # the first step is said at once (--log-every is 10)
 
 
 def test_the_bar_shows_on_a_terminal_and_not_under_quiet(capsys, monkeypatch):

@@ -169,7 +169,7 @@ def train_loop(
     seen = os.open(args.seen_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.seen_log else None
     if seen is not None and rank == 0:
         seenlog.append_dropped(seen, run, dropped)
-    t_last, tokens_since, done = time.perf_counter(), 0, False
+    t_last, tokens_since, done, first = time.perf_counter(), 0, False, step + 1
     t_train, tokens_run = t_last, 0
     bars = rank == 0 and bars_wanted(getattr(args, "quiet", False))
     with progress_bar("training", _steps_left(args, sampler, step), enabled=bars) as advance:
@@ -206,7 +206,8 @@ def train_loop(
                 last = (args.max_steps is not None and step >= args.max_steps) or (
                     epoch == args.epochs - 1 and sampler.step >= sampler.steps_in_epoch
                 )
-                if step % args.log_every == 0 or last:  # the last step's loss is said even in a short run
+                # the run's first step (how fast it goes) and its last are said even off the --log-every grid
+                if step % args.log_every == 0 or last or step == first:
                     totals = all_reduce_sum(
                         torch.stack([loss_sum.double().cpu(), torch.tensor(float(tokens_since))]), device
                     )
