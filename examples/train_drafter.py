@@ -284,7 +284,16 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     )
     if code == 0 and args.export_dir and rank == 0:
         state = {k: v.detach().cpu() for k, v in drafter.state_dict().items()}
-        out = export_drafter(state, extra[META_KEY], fmt, args.export_dir, protect=export_protects(args))
+        try:
+            out = export_drafter(state, extra[META_KEY], fmt, args.export_dir, protect=export_protects(args))
+        except OutputError as exc:  # checked before training; failed since (a full device...)
+            if ckpt is None:
+                raise
+            raise OutputError(
+                f"{exc.rule}; the trained drafter is checkpointed in {args.checkpoint_dir}: export it with "
+                f"padfree export-drafter {args.checkpoint_dir} --out DIR",
+                path=exc.path,
+            ) from None
         log(f"exported the drafter in {fmt} format to {out}")
     return code
 

@@ -292,3 +292,20 @@ def test_a_failed_export_leaves_a_non_empty_export_folder_whole(tmp_path, ckpt, 
     assert cli(["export-drafter", str(ckpt), "--out", str(out), "--dtype", "bfloat16"]) == 2
     assert f"{out}: cannot write the exported drafter" in _one_error(capsys)
     assert _files(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["served"]
+
+
+def test_an_export_failing_after_training_says_where_the_drafter_is(tmp_path, example, monkeypatch, capsys):
+    from safetensors import torch as st
+
+    monkeypatch.setattr(st, "save_file", mock.Mock(side_effect=OSError(28, "No space left on device")))
+    run, out = tmp_path / "ckpt", tmp_path / "served"
+    args = [*TINY, "--max-steps", "1", "--checkpoint-dir", str(run), "--export-dir", str(out)]
+    with pytest.raises(SystemExit) as info:
+        example.run_example(lambda: example.main(args))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1, err
+    assert f"{out}: cannot write the exported drafter (No space left on device)" in err[0], err
+    assert (
+        f"the trained drafter is checkpointed in {run}: export it with padfree export-drafter {run}" in err[0]
+    )
+    assert list(run.glob("step-*.pt")) and not out.exists()
