@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator
 
 def bars_wanted(quiet: bool = False) -> bool:
     """Whether a long run shows a progress bar: not under ``quiet``, not under CI (``CI`` set), and only
-    when stderr is a terminal.
+    when stderr and stdout are both a terminal (while the bar is shown, the run's printed lines go above it
+    through stderr's console: with stdout sent to a file they would leave the file).
 
     >>> bars_wanted(quiet=True)
     False
@@ -19,8 +20,8 @@ def bars_wanted(quiet: bool = False) -> bool:
     if quiet or os.environ.get("CI", "").lower() not in ("", "0", "false"):
         return False
     try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):  # a closed or replaced stderr
+        return sys.stderr.isatty() and sys.stdout.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stream
         return False
 
 

@@ -35,10 +35,14 @@ class _Tty(io.StringIO):
 def test_bars_only_on_a_terminal_off_under_ci_and_quiet(monkeypatch):
     monkeypatch.delenv("CI", raising=False)
     monkeypatch.setattr(sys, "stderr", _Tty())
+    monkeypatch.setattr(sys, "stdout", _Tty())
     assert progress.bars_wanted() and not progress.bars_wanted(quiet=True)
     monkeypatch.setenv("CI", "true")
     assert not progress.bars_wanted()
     monkeypatch.delenv("CI")
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # the run's lines to a file: they must stay there
+    assert not progress.bars_wanted()
+    monkeypatch.setattr(sys, "stdout", _Tty())
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # a log file or a pipe
     assert not progress.bars_wanted()
 
@@ -92,6 +96,7 @@ def test_hf_trainer_keeps_the_trainers_bar_on_a_terminal(tmp_path, monkeypatch, 
     import transformers
 
     monkeypatch.setattr(sys, "stderr", _Tty())
+    monkeypatch.setattr(sys, "stdout", _Tty())
     monkeypatch.delenv("CI", raising=False)
     seen = {}
 
