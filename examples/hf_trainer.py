@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None):
             s["input_ids"] = s["input_ids"] % args.vocab_size
     config = plan_config(args)
     reach = args.budget * args.grad_accum if args.strategy == "chunked" else args.budget
-    line = overlong_line(lengths, reach, args.overlong)
+    limit = f"the chunked reach of {reach} tokens (--grad-accum {args.grad_accum} x --budget {args.budget})"
+    line = overlong_line(lengths, reach, args.overlong, limit if args.strategy == "chunked" else None)
     if line:
         print(line)
     model = build_model(

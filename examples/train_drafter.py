@@ -379,9 +379,13 @@ def check_outputs(args: argparse.Namespace) -> None:
     for option, path in (("--anchor-log", args.anchor_log), ("--seen-log", args.seen_log)):
         if not path:
             continue
-        try:
+        try:  # an existing log opened for appending; else created and removed (a refused run leaves none)
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+            if os.path.lexists(path):
+                os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+            else:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                os.unlink(path)
         except OSError as exc:
             raise OutputError(f"cannot write the {option} file ({exc.strerror or exc})", path=path) from None
 

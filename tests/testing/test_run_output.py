@@ -122,3 +122,12 @@ def test_the_trainer_reports_tokens_per_second(tmp_path, capsys):
     fetched = final["train_tokens_per_second"] * final["train_runtime"]
     assert trainer._padfree_tokens > 0 and abs(fetched - trainer._padfree_tokens) <= 1e-3 * fetched + 1
     assert "tokens/s" in capsys.readouterr().out
+
+
+def test_a_chunked_run_names_its_reach_not_the_budget(capsys):
+    args = [*TINY[4:], "--max-steps", "1", "--budget", "64", "--strategy", "chunked", "--grad-accum", "2"]
+    assert TINY[:4] == ["--max-steps", "2", "--budget", "256"] and _example("train").main(args) == 0
+    out = capsys.readouterr().out
+    assert "samples are longer than the chunked reach of 128 tokens (--grad-accum 2 x --budget 64)" in out, (
+        out
+    )
