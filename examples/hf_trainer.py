@@ -30,6 +30,7 @@ from padfree.core.items import overlong_line
 from padfree.hf import PadfreeTrainer, padfree_sft_trainer
 from padfree.models import build_model
 from padfree.options import add_data_and_model_args, model_overrides, plan_config, run_example, training_data
+from padfree.progress import bars_wanted
 from padfree.torch.attention import attention_implementation
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -45,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if any")
     p.add_argument("--trainer", default="hf", choices=["hf", "sft"], help="transformers.Trainer or trl")
     p.add_argument("--logging-steps", type=int, default=1)
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress bar (there is none off a terminal or under CI)"
+    )
     return p.parse_args(argv)
 
 
@@ -58,7 +62,8 @@ def main(argv: list[str] | None = None):
             s["input_ids"] = s["input_ids"] % args.vocab_size
     config = plan_config(args)
     reach = args.budget * args.grad_accum if args.strategy == "chunked" else args.budget
-    line = overlong_line(lengths, reach, args.overlong)
+    limit = f"the chunked reach of {reach} tokens (--grad-accum {args.grad_accum} x --budget {args.budget})"
+    line = overlong_line(lengths, reach, args.overlong, limit if args.strategy == "chunked" else None)
     if line:
         print(line)
     model = build_model(
@@ -77,7 +82,7 @@ def main(argv: list[str] | None = None):
         "save_steps": args.save_steps or 10**9,
         "seed": args.seed,
         "use_cpu": not _cuda(),
-        "disable_tqdm": True,
+        "disable_tqdm": not bars_wanted(args.quiet),  # the Trainer's bar, on a terminal only
     }
     plan = {"lengths": lengths, "plan_config": config, "loss_tokens": loss_tokens}
     if args.strategy == "chunked":  # long documents' chunks attend to their earlier chunks
@@ -102,14 +107,15 @@ def main(argv: list[str] | None = None):
     else:
         trainer = PadfreeTrainer(model=model, args=TrainingArguments(**common), train_dataset=samples, **plan)
     resume = get_last_checkpoint(args.output_dir) if args.resume and os.path.isdir(args.output_dir) else None
-    trainer.train(resume_from_checkpoint=resume)
+    metrics = trainer.train(resume_from_checkpoint=resume).metrics
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     if trainer.args.process_index == 0:
+        speed = f", {metrics['train_tokens_per_second']:,.0f} tokens/s" if metrics else ""
         print(
-            f"{args.strategy}: {trainer.state.global_step} steps, attention "
+            f"{args.strategy}: {trainer.state.global_step} steps{speed}, attention "
             f"{model.config._attn_implementation}, first/last loss {losses[0]:.4f}/{losses[-1]:.4f}"
             if losses
-            else f"{args.strategy}: {trainer.state.global_step} steps"
+            else f"{args.strategy}: {trainer.state.global_step} steps{speed}"
         )
     return trainer
 

@@ -152,7 +152,8 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
 
     n_params = sum(p.numel() for p in model.parameters())
     reach = args.budget * args.grad_accum if chunked else args.budget  # chunked: longest trained whole
-    line = overlong_line(lengths, reach, args.overlong)
+    limit = f"the chunked reach of {reach} tokens (--grad-accum {args.grad_accum} x --budget {args.budget})"
+    line = overlong_line(lengths, reach, args.overlong, limit if chunked else None)
     if line:
         log(line)
     log(

@@ -71,7 +71,7 @@ from padfree.drafter.target import (
     load_target,
 )
 from padfree.drafter.train import build_models, loss_sums, token_counts
-from padfree.errors import ConfigError, PadfreeError
+from padfree.errors import ConfigError, OutputError, PadfreeError
 from padfree.options import (
     NUMERIC,
     Bounded,
@@ -198,8 +198,7 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     run = run_id(rank, world)
     if ckpt is not None:
         ckpt.acquire(run)
-    if args.export_dir:  # before any work: a bad output must not cost a finished run
-        check_export_dir(args.export_dir, protect=export_protects(args))
+    check_outputs(args)  # before any work: a bad output must not cost a finished run
     target, samples, lengths, loss_tokens = load_target_and_data(args)
     recipe = recipe_from_args(args, args.method)
     models = build_models(
@@ -285,7 +284,16 @@ def train(args, rank, world, device, ckpt, stop) -> int:
     )
     if code == 0 and args.export_dir and rank == 0:
         state = {k: v.detach().cpu() for k, v in drafter.state_dict().items()}
-        out = export_drafter(state, extra[META_KEY], fmt, args.export_dir, protect=export_protects(args))
+        try:
+            out = export_drafter(state, extra[META_KEY], fmt, args.export_dir, protect=export_protects(args))
+        except OutputError as exc:  # checked before training; failed since (a full device...)
+            if ckpt is None:
+                raise
+            raise OutputError(
+                f"{exc.rule}; the trained drafter is checkpointed in {args.checkpoint_dir}: export it with "
+                f"padfree export-drafter {args.checkpoint_dir} --out DIR",
+                path=exc.path,
+            ) from None
         log(f"exported the drafter in {fmt} format to {out}")
     return code
 
@@ -359,6 +367,27 @@ class AnchorLog:
         ]
         if lines:
             os.write(self.fd, ("\n" + "\n".join(lines) + "\n").encode())
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every output of the run checked writable before it loads or trains anything (the checkpoint folder
+    is, by taking its lock): ``--export-dir`` as the export writes it (a temporary folder beside it, a file
+    in it), ``--anchor-log`` and ``--seen-log`` opened for appending, as the run opens them. Else one
+    :class:`OutputError` line naming the option and the path."""
+    if args.export_dir:
+        check_export_dir(args.export_dir, protect=export_protects(args))
+    for option, path in (("--anchor-log", args.anchor_log), ("--seen-log", args.seen_log)):
+        if not path:
+            continue
+        try:  # an existing log opened for appending; else created and removed (a refused run leaves none)
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            if os.path.lexists(path):
+                os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+            else:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                os.unlink(path)
+        except OSError as exc:
+            raise OutputError(f"cannot write the {option} file ({exc.strerror or exc})", path=path) from None
 
 
 def export_protects(args: argparse.Namespace) -> list[tuple[str, str | None]]:

@@ -254,6 +254,7 @@ class PadfreeTrainerMixin(_TrainerBase):
         self._padfree_chain: EpochChain | None = None
         self._padfree_state: dict | None = None
         self._padfree_info: MicroInfo | None = None
+        self._padfree_tokens = 0  # the plan's tokens this process fetched in this train() call
         self.callback_handler.callbacks.insert(0, _PlanEpoch(self))
 
     # ----- data --------------------------------------------------------------------------------------------
@@ -346,11 +347,29 @@ class PadfreeTrainerMixin(_TrainerBase):
                     for b in group[:-1]:
                         b.padfree_chunks = []
                     group[-1].padfree_chunks = group
+        self._padfree_tokens += sum(sum(b.info.lengths) for b in batches if hasattr(b, "info"))
         info = getattr(batches[-1], "info", None) if batches else None
         if info is not None and self._padfree_chain is not None:
             self._padfree_state = self._padfree_chain.state_after(info)
             self._padfree_info = info
         return batches, num_items
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        self._padfree_tokens = 0
+        return super().train(*args, **kwargs)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """The Trainer's log; its end-of-training metrics gain ``train_tokens_per_second``: the plan's tokens
+        (padding excluded) of every data-parallel rank over ``train_runtime`` (under a token budget samples
+        per second mean little). Every process logs them, so the one sum over processes is safe here."""
+        if "train_runtime" in logs:
+            from padfree.torch._distributed import all_reduce_sum
+
+            cfg = self.padfree_sampler.config
+            mine = torch.tensor(float(self._padfree_tokens), dtype=torch.float64)
+            tokens = float(all_reduce_sum(mine, self.args.device).item()) / (cfg.sp * cfg.cp)
+            logs["train_tokens_per_second"] = round(tokens / max(float(logs["train_runtime"]), 1e-9), 3)
+        super().log(logs, start_time)
 
     def padfree_epoch(self) -> float | None:
         """Plan epochs done, as a fraction, after the last step fetched (None before the first): what the

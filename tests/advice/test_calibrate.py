@@ -198,3 +198,48 @@ def test_cli_lengths_are_checked_and_used_with_quick_too(tmp_path, monkeypatch, 
     assert main(["calibrate", "--quick", "--lengths", "32,128", "--device", "cpu", "--out", out]) == 2
     assert "stopped before timing" in capsys.readouterr().err
     assert seen == {"budget": 256, "lengths": [32, 128]}
+
+
+def test_cli_shows_a_bar_of_timed_steps_on_a_terminal(tmp_path, monkeypatch, capsys):
+    import padfree.advice.calibrate as cal_mod
+    import padfree.commands.calibrate as cmd
+    from padfree import progress
+
+    real = cal_mod.torch_train_step
+    calls = []
+
+    def step(*a, **k):
+        inner = real(*a, **(k | TINY))
+
+        def counted(*call):
+            calls.append(call)
+            return inner(*call)
+
+        return counted
+
+    ticks = []
+
+    def bar(description, total, *, enabled):
+        ctx = progress.progress_bar(description, total, enabled=False)
+        ticks.append(enabled)
+        real_enter = ctx.__enter__
+
+        class Wrap:
+            def __enter__(self):
+                real_enter()
+                return lambda n=1, description=None: ticks.append(n)
+
+            def __exit__(self, *exc):
+                return ctx.__exit__(*exc)
+
+        return Wrap()
+
+    monkeypatch.setattr(cal_mod, "torch_train_step", step)
+    monkeypatch.setattr(cmd, "progress_bar", bar)
+    monkeypatch.setattr(cmd, "bars_wanted", lambda quiet=False: not quiet)  # as on a terminal
+    out = tmp_path / "c.json"
+    assert main(["calibrate", "--quick", "--device", "cpu", "--out", str(out), "--json"]) == 0
+    assert ticks[0] is True and ticks[1:] == [1] * len(calls) and len(calls) > 1  # one tick a timed step
+    ticks.clear()
+    assert main(["calibrate", "--quick", "--device", "cpu", "--out", str(out), "--json", "--quiet"]) == 0
+    assert ticks[0] is False

@@ -34,7 +34,9 @@ def test_plan_writes_chunks_with_their_starts(long_tail: Path, capsys: pytest.Ca
         prev = [r for r in recs if r["step"] == step and r["rank"] == rank and r["micro"] == micro - 1]
         assert prev and prev[0]["indices"] == [sample] and prev[0]["starts"] == [start - 512]
     assert main([*args, "--out=-"]) == 2  # a 3000-token document is over 4 x 512 tokens
-    assert "longer than the budget of 2048" in capsys.readouterr().err
+    err = capsys.readouterr().err  # the reach named as such; chunked cannot split, so split is not offered
+    assert "longer than the chunked reach of 2048 tokens (grad_accum 4 x budget 512)" in err, err
+    assert "--grad-accum" in err and "truncate or drop" in err and "split or drop" not in err
 
 
 def test_analyze_compares_chunked_with_packed(long_tail: Path, capsys: pytest.CaptureFixture) -> None:
@@ -90,3 +92,14 @@ def test_the_report_says_what_truncation_and_splitting_cost_and_what_chunked_doe
     one = chunked_numbers(lengths, base.with_(grad_accum=1), packed)
     assert one is not None and "raise grad-accum" in one["text"]
     assert chunked_numbers(np.minimum(lengths, 512), base, packed) is None  # nothing over the budget
+
+
+def test_analyze_compares_chunked_without_overlong(long_tail: Path, capsys: pytest.CaptureFixture) -> None:
+    # without --overlong, comparing chunked truncates what the others cannot hold (docs/chunked.md)
+    args = ["analyze", str(long_tail), "--budget=512", "--world-size=2", "--grad-accum=8", "--json"]
+    assert main([*args, "--strategies=packed,chunked"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["strategies"]["packed"]["truncated"] > 0 and out["strategies"]["chunked"]["truncated"] == 0
+    assert out["long_documents"]["over_budget"] == out["strategies"]["packed"]["truncated"]
+    assert main([*args, "--strategies=packed"]) == 2  # without chunked: the overlong default is still error
+    assert "longer than the budget of 512 tokens" in capsys.readouterr().err

@@ -454,3 +454,53 @@ def test_report_drafter_memory_figure_names_its_path_and_options_that_work(
 def example_parser(example):
     """``examples/train_drafter.py``'s ``parse_args`` (the ``example`` fixture of tests/conftest.py)."""
     return example.parse_args
+
+
+def _report(tmp_path: Path, *extra: str) -> dict:
+    lengths = tmp_path / "gsm8k.npy"
+    if not lengths.exists():
+        shutil.copy(Path(__file__).resolve().parents[2] / "fixtures/lengths/gsm8k.cl100k.npy", lengths)
+    out = tmp_path / "site"
+    args = ["report", str(lengths), "--out", str(out), "--budget", "4096", "--world-size", "2"]
+    args += ["--growths", "1.25", "--bucket-counts", "4", "--mixes", "4"]
+    assert main([*args, *extra]) == 0
+    return json.loads((out / "report.json").read_text())
+
+
+def test_the_packing_recommendation_names_the_check_on_the_users_model(tmp_path: Path, capsys) -> None:
+    rec = _report(tmp_path)["recommendation"]
+    assert rec["label"] == "packed" and "assumed" not in rec["text"]
+    assert "run `padfree check-packing --model DIR` on it, or give `padfree report --model DIR`" in rec["why"]
+    numbers = _report(tmp_path, "--model", "tiny-llama")
+    rec = numbers["recommendation"]
+    assert numbers["packing_check"]["exact"] is True and rec["label"] == "packed"
+    assert "checked: `padfree check-packing --model tiny-llama` says OK on llama" in rec["why"], rec["why"]
+    assert "checked: `padfree check-packing --model tiny-llama`" in capsys.readouterr().err
+
+
+def test_a_model_whose_packing_leaks_gets_a_padded_plan(tmp_path: Path, monkeypatch) -> None:
+    import dataclasses
+
+    from padfree.checks import packing
+
+    real = packing.check_packing
+
+    def leaky(model, *a, **k):  # the user's model as if its attention were document-blind
+        return dataclasses.replace(real(model, "leaky"), model=model)
+
+    monkeypatch.setattr(packing, "check_packing", leaky)
+    numbers = _report(tmp_path, "--model", "tiny-llama")
+    rec = numbers["recommendation"]
+    assert numbers["packing_check"]["exact"] is False and not numbers["packing_supported"]
+    assert rec["label"] != "packed" and "says LEAK on llama" in rec["why"], rec["why"]
+
+
+def test_report_model_refusals_are_one_line(tmp_path: Path, capsys) -> None:
+    lengths = Path(__file__).resolve().parents[2] / "fixtures/lengths/gsm8k.cl100k.npy"
+    base = ["report", str(lengths), "--out", str(tmp_path / "site")]
+    assert main([*base, "--model", str(tmp_path / "nowhere"), "--no-packing"]) == 2
+    assert "give --no-packing instead" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main([*base, "--model", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config.json" in err[0], err

@@ -79,7 +79,7 @@ def test_loss_tokens_count_a_chunked_document_once() -> None:
 
 def test_documents_past_the_reach_follow_the_overlong_policy() -> None:
     lens = np.array([10, 5 * BUDGET, 30, 60, 2 * BUDGET])
-    with pytest.raises(OverlongError, match="longer than the budget of 1024"):
+    with pytest.raises(OverlongError, match=r"longer than the chunked reach of 1024 tokens \(grad_accum 4 x"):
         make_plan(lens, PlanConfig("chunked", BUDGET, 1, 4))
     kept = make_plan(lens, PlanConfig("chunked", BUDGET, 1, 4, overlong="drop"))
     assert 1 not in kept.indices and kept.dropped == 1

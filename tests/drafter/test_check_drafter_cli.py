@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from padfree.cli import main
+from padfree.errors import ConfigError
 
 
 @pytest.mark.parametrize("method", ["dflash", "eagle3"])
@@ -222,3 +224,27 @@ def test_a_check_larger_than_the_memory_available_is_refused_in_one_line(monkeyp
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "with 7 test-time-training steps need about" in err[0], err
     assert "lower --ttt, --docs or --max-tokens" in err[0], err
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [["--anchor-margin", "200"], ["--recipe", "speculators", "--max-tokens", "16"]],
+)
+def test_a_margin_that_leaves_no_anchor_is_named_not_blamed_on_loss_tokens(opts, capsys):
+    # the bundled documents have loss tokens; the recipe's margin is what leaves no document an anchor
+    assert main(["check-drafter", *opts]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no loss tokens" not in err[0], err
+    margin = opts[1] if opts[0] == "--anchor-margin" else "16"
+    assert "no anchor fits within the anchor margin" in err[0], err
+    assert f"a + {margin} (the anchor margin" in err[0], err
+    assert "documents have loss tokens" in err[0] and "lower --anchor-margin" in err[0], err
+
+
+def test_prompts_only_still_say_no_loss_tokens():
+    from padfree.drafter import recipes
+    from padfree.drafter.check import check_drafter
+
+    doc = {"input_ids": np.arange(40), "loss_mask": np.zeros(40, np.int8)}
+    with pytest.raises(ConfigError, match="nothing to compare: no loss tokens in any of the 2 documents"):
+        check_drafter("dflash", [doc, doc], recipe=recipes.get("specforge", "dflash"))

@@ -118,8 +118,11 @@ def test_an_export_never_overwrites_the_target_folder(tmp_path, hf_json, ckpt, e
     target = save_target_folder(tmp_path / "target", hf_json, family="llama")
     before = _files(target)
     capsys.readouterr()
-    assert cli(["export-drafter", str(ckpt), "--verifier", str(target), "--out", str(target)]) == 2
-    assert f"{target}: is the target folder" in _one_error(capsys)
+    trained = torch.load(ckpt / "step-000000002.pt", weights_only=True)[META_KEY]["target"]["config"]
+    verifier = _verifier_like(tmp_path / "verifier", trained)
+    kept = _files(verifier)
+    assert cli(["export-drafter", str(ckpt), "--verifier", str(verifier), "--out", str(verifier)]) == 2
+    assert f"{verifier}: is the target folder" in _one_error(capsys) and _files(verifier) == kept
     with pytest.raises(SystemExit) as info:  # checked before the target is even loaded
         example.run_example(
             lambda: example.main(
@@ -205,3 +208,104 @@ def test_the_example_names_its_own_export_options(tmp_path, example, args, said,
     err = captured.err.strip().splitlines()
     assert info.value.code == 2 and len(err) == 1 and said in err[0] and not_said not in err[0], err
     assert "finished at step" not in captured.out and not out.exists()
+
+
+def _verifier_like(folder: Path, config: dict) -> Path:
+    """A target folder whose config is ``config`` (the weights and tokenizer are only looked for)."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes(b"")
+    (folder / "tokenizer.json").write_text("{}")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("change", "differs"),
+    [
+        ({"hidden_size": 96, "num_hidden_layers": 5}, "(hidden size and layers differ)"),
+        ({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}, "(architecture differs)"),
+        ({"vocab_size": 4096}, "(vocabulary differs)"),
+    ],
+)
+def test_a_verifier_of_other_sizes_or_architecture_is_refused(tmp_path, ckpt, change, differs, capsys):
+    trained = torch.load(ckpt / "step-000000002.pt", weights_only=True)[META_KEY]["target"]["config"]
+    other = _verifier_like(tmp_path / "other", {**trained, **change})
+    out = tmp_path / "served"
+    assert cli(["export-drafter", str(ckpt), "--verifier", str(other), "--out", str(out)]) == 2
+    line = _one_error(capsys)
+    assert f"--verifier {other}: a " in line and "this drafter was trained on a llama target" in line, line
+    assert differs in line and not out.exists()
+    same = _verifier_like(tmp_path / "same", trained)  # a fine-tune of the very target is its verifier
+    assert cli(["export-drafter", str(ckpt), "--verifier", str(same), "--out", str(out)]) == 0
+
+
+def test_a_checkpoint_missing_a_tensor_names_the_file_and_the_tensor(tmp_path, ckpt, capsys):
+    state = torch.load(ckpt / "step-000000002.pt", weights_only=True)
+    del state["model"]["fc.weight"]
+    damaged = tmp_path / "old" / "step-000000002.pt"
+    damaged.parent.mkdir()
+    torch.save(state, damaged)
+    assert cli(["export-drafter", str(damaged), "--out", str(tmp_path / "served")]) == 2
+    line = _one_error(capsys)
+    assert f"padfree: error: {damaged}: the checkpoint's drafter has no tensor fc.weight" in line, line
+    assert not (tmp_path / "served").exists()
+
+
+@pytest.mark.parametrize("output", ["--export-dir", "--anchor-log"])
+def test_every_output_the_run_cannot_write_is_refused_before_training(tmp_path, example, output, capsys):
+    if output == "--export-dir":
+        # a name the folder fits but the export's temporary folder beside it (".NAME.PID.XXXXXXXX.tmp")
+        # does not: found only after training, the drafter lost, before it was probed as it is written
+        path = tmp_path / ("s" * 239)
+        said = f"{path}: cannot write the exported drafter (File name too long)"
+    else:
+        (tmp_path / "file").write_text("")
+        path = tmp_path / "file" / "anchors.jsonl"  # under a file: no folder can hold it
+        said = f"{path}: cannot write the --anchor-log file"
+    with pytest.raises(SystemExit) as info:
+        example.run_example(lambda: example.main([*TINY, "--max-steps", "1", output, str(path)]))
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and said in err[0], err
+    assert "run " not in captured.out and "finished at step" not in captured.out
+
+
+@pytest.mark.parametrize("fails", ["weights", "rename"])
+def test_a_failed_export_leaves_a_non_empty_export_folder_whole(tmp_path, ckpt, fails, monkeypatch, capsys):
+    from padfree.drafter import export
+
+    out = tmp_path / "served"
+    assert cli(["export-drafter", str(ckpt), "--out", str(out)]) == 0
+    before = _files(out)
+    if fails == "weights":
+        from safetensors import torch as st
+
+        monkeypatch.setattr(st, "save_file", mock.Mock(side_effect=OSError(28, "No space left on device")))
+    else:  # no atomic exchange, and the new folder cannot take the old one's place
+        real = export.os.rename
+        monkeypatch.setattr(export, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(
+            export.os,
+            "rename",
+            lambda a, b: real(a, b) if Path(b) != out else (_ for _ in ()).throw(OSError(5, "I/O error")),
+        )
+    assert cli(["export-drafter", str(ckpt), "--out", str(out), "--dtype", "bfloat16"]) == 2
+    assert f"{out}: cannot write the exported drafter" in _one_error(capsys)
+    assert _files(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["served"]
+
+
+def test_an_export_failing_after_training_says_where_the_drafter_is(tmp_path, example, monkeypatch, capsys):
+    from safetensors import torch as st
+
+    monkeypatch.setattr(st, "save_file", mock.Mock(side_effect=OSError(28, "No space left on device")))
+    run, out = tmp_path / "ckpt", tmp_path / "served"
+    args = [*TINY, "--max-steps", "1", "--checkpoint-dir", str(run), "--export-dir", str(out)]
+    with pytest.raises(SystemExit) as info:
+        example.run_example(lambda: example.main(args))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1, err
+    assert f"{out}: cannot write the exported drafter (No space left on device)" in err[0], err
+    assert (
+        f"the trained drafter is checkpointed in {run}: export it with padfree export-drafter {run}" in err[0]
+    )
+    assert list(run.glob("step-*.pt")) and not out.exists()

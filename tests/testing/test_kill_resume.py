@@ -70,4 +70,4 @@ def test_sigkill_and_resume_with_dynamic_balancing_consume_every_sample_once(tmp
     assert first.killed and not second.killed, out.read_text()[-3000:]
     report = seenlog.check_exactly_once(seenlog.read(seen), n, epochs=2)
     assert report["ok"] and report["runs"] == 2 and report["counted"] == 2 * n, report
-    assert "'fitted': True" in out.read_text().rsplit("sampler after", 1)[-1]
+    assert "cost fitted to measured times" in out.read_text().rsplit("sampler after", 1)[-1]

@@ -18,6 +18,11 @@ from padfree.commands.common import (
 from padfree.core.config import STRATEGIES
 from padfree.core.strategies import REGISTRY
 
+OVERLONG_WITH_CHUNKED = "truncate"
+"""``--overlong`` when ``chunked`` is among the strategies and none is given: samples over the budget are
+truncated by the other strategies (what ``chunked`` is compared against) and, over grad-accum x budget, by
+chunked itself (which cannot split)."""
+
 NAME = "analyze"
 HELP = "compare the strategies on a lengths file: padding, balance, diversity, planning time"
 
@@ -28,8 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_strategies_option(
         p,
         f"comma-separated strategies to compare (default {','.join(STRATEGIES)}; also: chunked, whose "
-        "documents up to grad-accum x budget tokens train whole in chunks)",
+        "documents up to grad-accum x budget tokens train whole in chunks; with chunked, --overlong "
+        "defaults to truncate, so the others truncate what chunked would train whole)",
     )
+    p.set_defaults(overlong=None)  # error; truncate when chunked is compared (see run)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -37,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
     from padfree.advice.analyze import analyze_strategies, render_table, short_epoch
 
     names = strategies_from_args(args.strategies, REGISTRY)
+    if (
+        args.overlong is None
+    ):  # chunked plans long documents whole: the others' default can only truncate them
+        args.overlong = OVERLONG_WITH_CHUNKED if any(REGISTRY[s].chunked for s in names) else "error"
     configs = {s: config_from_args(args, s) for s in names}
     lengths, path, name = load_lengths(args)
     result = analyze_strategies(lengths, configs, path=path, progress=not args.json)

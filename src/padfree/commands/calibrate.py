@@ -15,6 +15,7 @@ from padfree.drafter.methods import get as get_method
 from padfree.drafter.options import add_recipe_arguments, recipe_from_args
 from padfree.errors import ConfigError
 from padfree.options import BUDGET, add_number, check_device
+from padfree.progress import bars_wanted, progress_bar
 
 NAME = "calibrate"
 HELP = "time forward+backward+AdamW over padded shapes on this machine; fit time = a*slots + b*attention + c"
@@ -65,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "d*blocks + e*reach",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress bar (there is none off a terminal or under CI)"
+    )
     add_recipe_arguments(p)
 
 
@@ -123,29 +127,37 @@ def run(args: argparse.Namespace) -> int:
         def progress(i, s, t):
             print(f"  {s.count:>5d} x {s.length:<6d} {t * 1e3:9.1f} ms", flush=True)
 
-    cal = calibrate(
-        step,
-        budget,
-        lengths,
-        fractions=fractions,
-        repeats=repeats,
-        warmup=warmup,
-        prime=bool(args.quick),
-        source=f"calibrate {args.drafter or args.model} {args.attn} {device}",
-        meta={
-            "model": args.model,
-            "attn": args.attn,
-            "device": device,
-            "threads": torch.get_num_threads(),
-            "step": "forward+backward+AdamW step (the update's time is inside c)"
-            if args.drafter is None
-            else f"{args.drafter}: target forward (no grad), drafter loss, backward, AdamW (update in c)",
-            "drafter": args.drafter,
-            "command": "padfree " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        },
-        progress=progress,
-        anchors_per_token=anchors_per_token,
-    )
+    # a bar of timed steps on a terminal: the rounds say nothing until the end
+    with progress_bar("calibrating: timed steps", None, enabled=bars_wanted(args.quiet)) as advance:
+
+        def counted(*call):
+            out = step(*call)
+            advance()
+            return out
+
+        cal = calibrate(
+            counted,
+            budget,
+            lengths,
+            fractions=fractions,
+            repeats=repeats,
+            warmup=warmup,
+            prime=bool(args.quick),
+            source=f"calibrate {args.drafter or args.model} {args.attn} {device}",
+            meta={
+                "model": args.model,
+                "attn": args.attn,
+                "device": device,
+                "threads": torch.get_num_threads(),
+                "step": "forward+backward+AdamW step (the update's time is inside c)"
+                if args.drafter is None
+                else f"{args.drafter}: target forward (no grad), drafter loss, backward, AdamW (update in c)",
+                "drafter": args.drafter,
+                "command": "padfree " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+            },
+            progress=progress,
+            anchors_per_token=anchors_per_token,
+        )
     with writing(args.out, "the cost model"):
         cal.save(args.out)
     if args.json:

@@ -100,13 +100,9 @@ def drafting_documents(docs: list[dict], n: int, recipe) -> tuple[list[dict], in
     """
     import numpy as np
 
-    from padfree.drafter.setup import sample_anchors
+    from padfree.drafter.check import drafts
 
-    masks = [np.asarray(d["loss_mask"]).astype(bool) for d in docs]
-    flat = np.concatenate(masks) if masks else np.zeros(0, bool)
-    anchors = sample_anchors(recipe, [m.size for m in masks], flat)
-    drafts = anchors > 0 if anchors is not None else np.array([bool(m[1:].any()) for m in masks], bool)
-    keep = np.flatnonzero(drafts)[:n]
+    keep = np.flatnonzero(drafts(recipe, docs))[:n]
     passed = int(keep[-1] + 1 - keep.size) if keep.size else len(docs)
     return [docs[i] for i in keep], passed
 
@@ -137,10 +133,13 @@ def run(args: argparse.Namespace) -> int:
         ]
         samples, passed = drafting_documents(read, args.docs, recipe)
         if len(samples) < 2:
+            from padfree.drafter.check import why_nothing_drafts
+
+            why = f" ({why_nothing_drafts(recipe, read)})" if read and not samples else ""
             raise ConfigError(
                 f"check-drafter: {', '.join(args.data)}: {len(samples)} of the first {len(read)} documents "
                 f"have a supervised draft position under recipe {recipe.name} (--max-tokens "
-                f"{args.max_tokens}); at least 2 are needed to compare packed with alone"
+                f"{args.max_tokens}){why}; at least 2 are needed to compare packed with alone"
             )
         source = ", ".join(args.data) + (
             f" ({passed} documents without a supervised draft position passed over)" if passed else ""

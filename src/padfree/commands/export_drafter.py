@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     protect = [("the target folder the drafter was trained on", meta["target"].get("path"))]
     protect.append(("the checkpoint folder", folder))
     served = with_verifier(meta, args.verifier)
-    out = export_drafter(state, served, fmt, args.out, dtype=args.dtype, protect=protect)
+    out = export_drafter(state, served, fmt, args.out, dtype=args.dtype, protect=protect, source=path)
     layers = ", ".join(str(i) for i in meta["target_layers"])
     n = sum(v.numel() for k, v in state.items() if not k.startswith(("embed_tokens.", "lm_head.")))
     newest = f", the newest intact ({len(passed)} newer damaged)" if passed else ""

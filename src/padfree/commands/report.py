@@ -18,6 +18,7 @@ from padfree.commands.common import (
     load_lengths,
     writing,
 )
+from padfree.errors import ConfigError, one_line
 from padfree.options import BUCKETS, GROWTH, MIX
 
 NAME = "report"
@@ -49,6 +50,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the model's attention cannot keep packed documents apart: recommend a padded plan",
     )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="your model (a folder with config.json, or a tiny-* name): run `padfree check-packing --model` "
+        "on it and let its verdict decide packing (default: packing assumed, the check named in the page)",
+    )
 
 
 def _process_started() -> float:
@@ -74,7 +81,12 @@ def run(args: argparse.Namespace) -> int:
     for g in growths:
         base.with_(growth=g)  # the growth's bucket count at this budget, checked before any work
     check_output(args.out, "the report", folder=True)
+    if args.model is not None and args.no_packing:
+        raise ConfigError(
+            "report: --model runs the packing check that decides packing; give --no-packing instead"
+        )
     lengths, path, name = load_lengths(args)
+    packing_check = None if args.model is None else packing_verdict(args.model)
     drafter = None
     if args.drafter is not None:
         from padfree.advice.report import drafter_numbers
@@ -94,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
             bucket_counts=counts,
             mixes=mixes,
             packing=not args.no_packing,
+            packing_check=packing_check,
             t0=t0,
             drafter=drafter,
         )
@@ -104,6 +117,34 @@ def run(args: argparse.Namespace) -> int:
         print(f"long documents: {numbers['chunked']['text']}", file=sys.stderr)
     print(f"({time.perf_counter() - t0:.1f} s; numbers in {args.out / 'report.json'})", file=sys.stderr)
     return 0
+
+
+def packing_verdict(model: str) -> dict:
+    """``padfree check-packing --model MODEL`` (padfree's varlen attention, float32, CPU) as the report
+    records it: ``{"model", "exact", "detail"}``. A model the check cannot build or run is one line (exit
+    2) that says how to go on: check it alone, or pass --no-packing."""
+    from padfree.checks.packing import check_packing
+
+    if Path(model).is_dir():
+        from padfree.models import read_config_json
+
+        read_config_json(Path(model))  # a missing or broken config is the user's file: named, exit 2
+    try:
+        r = check_packing(model)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"report --model {model}: the packing check cannot run ({one_line(str(exc))}); run `padfree "
+            "check-packing --model` on it alone, or pass --no-packing for a padded plan"
+        ) from None
+    if r.leaked:
+        why = (
+            f"changing document 1 moves later documents by {r.probe_diff:.3g}"
+            if r.probe_leaked
+            else f"packed vs alone differ by {r.max_logit_diff:.3g} > {r.tolerance:g}"
+        )
+        return {"model": model, "exact": False, "detail": f"LEAK on {r.family}, path {r.path}: {why}"}
+    detail = f"OK on {r.family}, path {r.path}: packed vs alone {r.max_logit_diff:.3g} <= {r.tolerance:g}"
+    return {"model": model, "exact": True, "detail": detail}
 
 
 def drafter_line(d: dict) -> str:

@@ -16,7 +16,7 @@ everything else follows from the config. Three numbers, because three stages rea
 >>> from padfree.core.config import PlanConfig
 >>> cfg = PlanConfig(strategy="packed", budget=1000, attn_budget=250_000)
 >>> Budget.of(cfg), Budget.of(cfg, 400)
-(Budget(item=500, plan=1000, cap=500), Budget(item=500, plan=400, cap=400))
+(Budget(item=500, plan=1000, cap=500, chunks=1), Budget(item=500, plan=400, cap=400, chunks=1))
 """
 
 from __future__ import annotations
@@ -37,18 +37,21 @@ class Budget:
             fills a micro-batch up to it, using the headroom a dynamic plan left.
         plan: what the strategy fills micro-batches to (the segment's config budget).
         cap: what one micro-batch formed at ``plan`` may hold; item sizes are counted in these tokens.
+        chunks: the chunks ``item`` spans (a chunked plan's grad_accum: its reach; else 1), for the words of
+            the overlong error.
     """
 
     item: int
     plan: int
     cap: int
+    chunks: int = 1
 
     @classmethod
     def of(cls, config: PlanConfig, plan: int | None = None) -> Budget:
         """The budget of a segment of ``config`` (the run's) planned at ``plan`` tokens (``None``: the
         config's budget)."""
         at = config if plan is None or plan == config.budget else config.with_(budget=plan)
-        item = item_cap(config)
+        item, chunks = item_cap(config), 1
         if REGISTRY[config.strategy].chunked:  # documents up to grad_accum chunks train whole
-            item *= config.grad_accum
-        return cls(item, at.budget, token_cap(at))
+            chunks = config.grad_accum
+        return cls(item * chunks, at.budget, token_cap(at), chunks)

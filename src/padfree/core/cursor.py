@@ -137,7 +137,8 @@ class EpochSource:
         counts = None if anchors is None else validate_anchors(anchors, arr)
         items = None
         if window is None:
-            items = make_items(arr, Budget.of(config).item, config.overlong, anchors=counts)
+            at = Budget.of(config)
+            items = make_items(arr, at.item, config.overlong, anchors=counts, chunks=at.chunks)
         loss = None
         if loss_tokens is not None:
             loss = np.asarray(loss_tokens)

@@ -121,19 +121,44 @@ class Items:
 
 
 def check_overlong(
-    n_over: int, n: int, first: int, longest: int, budget: int, overlong: str, path: str | None
+    n_over: int,
+    n: int,
+    first: int,
+    longest: int,
+    budget: int,
+    overlong: str,
+    path: str | None,
+    chunks: int = 1,
 ) -> None:
     """Raise what the overlong policy forbids, the same for every planner: any sample over the budget under
-    ``overlong='error'``; every sample over it under ``'drop'`` (nothing would be left to train on)."""
+    ``overlong='error'``; every sample over it under ``'drop'`` (nothing would be left to train on).
+    ``chunks > 1``: ``budget`` is a chunked plan's reach, ``chunks`` (grad_accum) budgets, said so; chunked
+    cannot split.
+
+    >>> try:
+    ...     check_overlong(1, 3, 2, 9000, 8192, "error", None, chunks=4)
+    ... except OverlongError as exc:
+    ...     print(str(exc)[:85])
+    1 sample(s) longer than the chunked reach of 8192 tokens (grad_accum 4 x budget 2048)
+    """
+    limit = f"the budget of {budget} tokens"
+    how = "raise the budget (budget=, --budget) or choose an overlong policy (overlong=, --overlong: "
+    how += "truncate, split or drop)"
+    if chunks > 1:
+        limit = f"the chunked reach of {budget} tokens (grad_accum {chunks} x budget {budget // chunks})"
+        how = (
+            "raise the budget or grad_accum (budget=, grad_accum=, --budget, --grad-accum) or choose an "
+            "overlong policy (overlong=, --overlong: truncate or drop; chunked trains a document whole or "
+            "not at all, it cannot split one)"
+        )
     if n_over and overlong == "error":
         raise OverlongError(
-            f"{n_over} sample(s) longer than the budget of {budget} tokens (first: sample {first}, "
-            f"longest: {longest} tokens); raise the budget (budget=, --budget) or choose an overlong policy "
-            "(overlong=, --overlong: truncate, split or drop)",
+            f"{n_over} sample(s) longer than {limit} (first: sample {first}, longest: {longest} tokens); "
+            + how,
             path=path,
         )
     if overlong == "drop" and n_over == n:
-        raise OverlongError(f"every sample is longer than the budget of {budget} tokens", path=path)
+        raise OverlongError(f"every sample is longer than {limit}", path=path)
 
 
 def make_items(
@@ -142,9 +167,11 @@ def make_items(
     overlong: str,
     path: str | None = None,
     anchors: np.ndarray | None = None,
+    chunks: int = 1,
 ) -> Items:
     """Apply the overlong policy: samples longer than ``budget`` raise, are truncated, split or dropped.
-    ``anchors`` (per sample, drafter plans) follow their samples: see :class:`Items`.
+    ``anchors`` (per sample, drafter plans) follow their samples: see :class:`Items`; ``chunks``: see
+    :func:`check_overlong`.
 
     >>> it = make_items(np.array([3, 10, 4]), budget=4, overlong="split")
     >>> it.length.tolist(), it.sample.tolist(), it.start.tolist()
@@ -156,7 +183,7 @@ def make_items(
     n = int(lengths.shape[0])
     if n_over == 0:
         return Items(lengths, None, None, n, anchors=anchors)
-    check_overlong(n_over, n, int(np.argmax(over)), int(lengths.max()), budget, overlong, path)
+    check_overlong(n_over, n, int(np.argmax(over)), int(lengths.max()), budget, overlong, path, chunks)
     if overlong == "truncate":
         return Items(np.minimum(lengths, budget), None, None, n, truncated=n_over, anchors=anchors)
     if overlong == "drop":

@@ -238,7 +238,7 @@ def plan_in_memory(
     lengths = validate_lengths(lengths, path)
     budget = Budget.of(config)
     counts = None if anchors is None else validate_anchors(anchors, lengths, path)
-    items = make_items(lengths, budget.item, config.overlong, path, anchors=counts)
+    items = make_items(lengths, budget.item, config.overlong, path, anchors=counts, chunks=budget.chunks)
     return plan_items(items, config, epoch, budget=budget, t0=t0, assign=assign)
 
 

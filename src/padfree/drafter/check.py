@@ -201,6 +201,51 @@ def check_memory(models, samples: list[dict], layout: str) -> None:
         )
 
 
+def drafts(recipe, samples: list[dict]) -> np.ndarray:
+    """Which of ``samples`` have a supervised draft position under ``recipe``: an anchor its rule allows
+    (methods with anchors), else a loss token after the first."""
+    from padfree.drafter.setup import sample_anchors
+
+    masks = [np.asarray(d["loss_mask"]).astype(bool) for d in samples]
+    flat = np.concatenate(masks) if masks else np.zeros(0, bool)
+    anchors = sample_anchors(recipe, [m.size for m in masks], flat)
+    if anchors is not None:
+        return np.asarray(anchors) > 0
+    return np.array([bool(m[1:].any()) for m in masks], bool)
+
+
+def why_nothing_drafts(recipe, samples: list[dict]) -> str:
+    """Why no document of ``samples`` has a supervised draft position under ``recipe``, with the numbers:
+    no loss token at all, or (methods with anchors) loss tokens but no anchor within the recipe's margin.
+
+    >>> from padfree.drafter import recipes
+    >>> doc = {"input_ids": np.arange(12), "loss_mask": np.r_[np.zeros(4), np.ones(8)].astype(np.int8)}
+    >>> print(why_nothing_drafts(recipes.get("speculators", "dflash"), [doc, doc]))  # doctest: +ELLIPSIS
+    no anchor fits within the anchor margin: 2 of 2 documents have loss tokens (16 in all), but an anchor...
+    """
+    masks = [np.asarray(d["loss_mask"]).astype(bool) for d in samples]
+    with_loss = sum(bool(m.any()) for m in masks)
+    if not with_loss:
+        return (
+            f"no loss tokens in any of the {len(samples)} documents; use data with assistant turns (or "
+            "--loss-on all), or raise --max-tokens"
+        )
+    longest = max(m.size for m in masks)
+    supervised = sum(int(m.sum()) for m in masks)
+    if methods.get(recipe.method).uses_anchors:
+        return (
+            f"no anchor fits within the anchor margin: {with_loss} of {len(samples)} documents have loss "
+            f"tokens ({supervised} in all), but an anchor needs a supervised position a with a + "
+            f"{recipe.anchor_margin} (the anchor margin of recipe {recipe.name}) below its document's "
+            f"length and the longest document is {longest} tokens (block size {recipe.block_size}); lower "
+            "--anchor-margin or --block-size, or raise --max-tokens"
+        )
+    return (
+        f"no supervised draft position under recipe {recipe.name}: {with_loss} of {len(samples)} documents "
+        f"have loss tokens ({supervised} in all), none after a document's first token"
+    )
+
+
 def check_drafter(
     method: str = "dflash",
     samples: list[dict] | None = None,
@@ -253,6 +298,8 @@ def check_drafter(
         target=None if target == "tiny-llama" else frozen_target(target, vocab, seed),
     )
     recipe = models.recipe
+    if not drafts(recipe, samples).any():  # before any forward: say why, not what it leads to
+        raise ConfigError(f"check-drafter: nothing to compare: {why_nothing_drafts(recipe, samples)}")
     check_memory(models, samples, layout)
     packed = DrafterCollator(
         method, recipe=recipe, seed=seed, mask_token_id=mask_id, leaky=leaky, layout=layout
@@ -295,10 +342,7 @@ def check_drafter(
         loss = (float(num[d]), float(den[d]), float(n1[0]), float(d1[0]))
         results.append(DocResult(d, int(c.doc_lengths[d]), int(lm.sum()), a_p, a_1, *loss))
     if not any(r.den_alone for r in results):
-        raise ConfigError(
-            "check-drafter: no document has a supervised draft position (no loss tokens in any "
-            "document): nothing to compare; raise --max-tokens or use data with assistant turns"
-        )
+        raise ConfigError(f"check-drafter: nothing to compare: {why_nothing_drafts(recipe, samples)}")
     return DrafterCheck(
         method,
         leaky,

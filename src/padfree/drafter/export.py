@@ -93,14 +93,51 @@ def default_format(method: str) -> str:
     return methods.get(method).export_format
 
 
-def with_verifier(meta: dict, verifier: str | Path | None) -> dict:
+VERIFIER_FIELDS = (
+    ("model_type", "architecture"),
+    ("hidden_size", "hidden size"),
+    ("num_hidden_layers", "layers"),
+    ("vocab_size", "vocabulary"),
+)
+"""The target config fields a verifier must share with the target a drafter was trained on: the drafter
+fuses that architecture's hidden states of that width from those layers, and drafts in that vocabulary."""
+
+
+def _shape(config: dict) -> dict[str, object]:
+    """The :data:`VERIFIER_FIELDS` of a transformers config (a multimodal one's text config holds the
+    sizes)."""
+    text = config.get("text_config")
+    inner: dict = text if isinstance(text, dict) else {}
+    return {k: config.get(k, inner.get(k)) for k, _ in VERIFIER_FIELDS}
+
+
+def _describe(shape: dict[str, object]) -> str:
+    return (
+        f"a {shape['model_type']} target of hidden size {shape['hidden_size']}, {shape['num_hidden_layers']} "
+        f"layers, vocabulary {shape['vocab_size']}"
+    )
+
+
+def with_verifier(meta: dict, verifier: str | Path | None, *, option: str = "--verifier") -> dict:
     """``meta`` with the target folder a server runs set to ``verifier`` (unchanged when ``None``); checked
-    to be a target folder."""
+    to be a target folder of the architecture and sizes the drafter was trained on (:data:`VERIFIER_FIELDS`),
+    else one :class:`ConfigError` line naming ``option``, the folder and what differs."""
     if verifier is None:
         return meta
     from padfree.drafter.target import check_target_folder
+    from padfree.models import read_config_json
 
-    path = str(check_target_folder(verifier).resolve())
+    folder = check_target_folder(verifier)
+    trained, given = _shape(meta["target"]["config"]), _shape(read_config_json(folder))
+    differ = [label for k, label in VERIFIER_FIELDS if trained[k] != given[k]]
+    if differ:
+        raise ConfigError(
+            f"{option} {one_line(str(verifier))}: {_describe(given)}; this drafter was trained on "
+            f"{_describe(trained)} ({' and '.join(differ)} differ{'s' if len(differ) == 1 else ''}): a "
+            "server would feed it hidden states it never saw; pass the target it was trained on or one of "
+            "the same architecture and sizes"
+        )
+    path = str(folder.resolve())
     return {**meta, "target": {**meta["target"], "path": path}}
 
 
@@ -183,6 +220,14 @@ def check_export_dir(out: str | Path, *, protect: Iterable[tuple[str, str | Path
     checkpoint folder) nor inside one, and beside a folder that takes a new entry. Else one
     :class:`OutputError` line naming it."""
     p = Path(out)
+    try:
+        return _check_export_dir(p, protect)
+    except OSError as exc:  # a name too long, a path through a file...
+        reason = _reason(exc)
+        raise OutputError(f"cannot write the exported drafter ({reason})", path=one_line(str(p))) from None
+
+
+def _check_export_dir(p: Path, protect: Iterable[tuple[str, str | Path | None]]) -> Path:
     if p.is_symlink():
         raise OutputError(
             "is a symbolic link: an export is written as a folder of its own; give the real path", path=str(p)
@@ -217,11 +262,22 @@ def check_export_dir(out: str | Path, *, protect: Iterable[tuple[str, str | Path
     probe = real.parent
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    try:  # what the export does first: a temporary folder beside the output
-        os.rmdir(tempfile.mkdtemp(prefix=f".{real.name}.", suffix=".probe", dir=probe))
+    try:  # what the export does first, as it does it: a temporary folder beside the output, a file in it
+        tmp = _temp_beside(probe, real.name)
+        try:
+            with open(tmp / "config.json", "w") as fh:
+                fh.write("{}\n")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     except OSError as exc:
-        raise OutputError(f"cannot write the exported drafter ({exc.strerror or exc})", path=str(p)) from None
+        raise OutputError(f"cannot write the exported drafter ({_reason(exc)})", path=str(p)) from None
     return p
+
+
+def _temp_beside(parent: Path, name: str) -> Path:
+    """A new temporary folder in ``parent`` for an export to ``parent / name`` (:func:`_remove_stale` knows
+    its name: this process's id in it)."""
+    return Path(tempfile.mkdtemp(prefix=f".{name}.{os.getpid()}.", suffix=".tmp", dir=parent))
 
 
 def export_drafter(
@@ -232,18 +288,25 @@ def export_drafter(
     *,
     dtype: str = "float32",
     protect: Iterable[tuple[str, str | Path | None]] = (),
+    source: str | Path | None = None,
 ) -> Path:
     """Write the drafter of ``state`` + ``meta`` in ``fmt`` (:func:`formats`) as the folder ``out`` and return
-    it. Atomic: the files are written into a temporary folder beside ``out``, then renamed into place (an
-    earlier export there is replaced as a whole), so a reader or a killed export sees one export or the
-    other, never one's weights under another's config. ``out`` is checked by :func:`check_export_dir`, never
-    the target folder (``meta``'s) or another ``protect`` folder; a write that fails is one line naming it."""
+    it (``source``: the checkpoint file they were read from, named by an error about its tensors). Atomic:
+    the files are written into a temporary folder beside ``out``, then renamed into place (an earlier export
+    there is replaced as a whole), so a reader or a killed export sees one export or the other, never one's
+    weights under another's config. ``out`` is checked by :func:`check_export_dir`, never the target folder
+    (``meta``'s) or another ``protect`` folder; a write that fails is one line naming it."""
     check_exportable(meta, fmt)
     dt = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
     if dt is None:
         raise ConfigError(f"export dtype must be float32 or bfloat16 (got {dtype!r})")
     target = check_export_dir(out, protect=(("the target folder", meta["target"].get("path")), *protect))
-    config, tensors = method_of_format(fmt).load().export_files(state, meta)
+    try:
+        config, tensors = method_of_format(fmt).load().export_files(state, meta)
+    except InputError as exc:  # the checkpoint's tensors: the file they came from is named
+        if exc.path is not None or source is None:
+            raise
+        raise InputError(exc.rule, path=one_line(str(source))) from None
     tensors = {k: (v.to(dt) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
     config["dtype"] = dtype
     try:
@@ -265,7 +328,7 @@ def _write_atomically(out: Path, config: dict, tensors: dict[str, torch.Tensor])
     parent = out.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(parent, out.name)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=parent))
+    tmp = _temp_beside(parent, out.name)
     try:
         os.chmod(tmp, 0o755)
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -281,7 +344,7 @@ def _write_atomically(out: Path, config: dict, tensors: dict[str, torch.Tensor])
         if not (out.is_dir() and not out.is_symlink()):
             os.rename(tmp, out)
         elif not _exchange(tmp, out):  # no atomic exchange here: the earlier export moves aside first
-            aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=parent))
+            aside = _temp_beside(parent, out.name)
             os.replace(out, aside)
             try:
                 os.rename(tmp, out)
@@ -380,7 +443,10 @@ def layer_config(d: dict, t: dict) -> dict:
 def take(state: dict, name: str) -> torch.Tensor:
     """The checkpoint's drafter tensor ``name``; one line when it has none."""
     if name not in state:
-        raise InputError(f"the checkpoint's drafter has no {name} (another drafter version?)")
+        raise InputError(
+            f"the checkpoint's drafter has no tensor {name} (of {len(state)}): damaged, or written by "
+            "another drafter version"
+        )
     return state[name]
 
 

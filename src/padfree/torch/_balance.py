@@ -249,3 +249,52 @@ class DynamicBalancer:
 def _digest(balance: Balance, where: tuple) -> float:
     text = json.dumps([list(where), balance.to_state()], sort_keys=True)
     return float(int(hashlib.sha256(text.encode()).hexdigest()[:12], 16))
+
+
+def balance_summary(stats: dict[str, Any]) -> str:
+    """One human line for :meth:`padfree.torch.PlanBatchSampler.balance_stats` (what a run prints at its end,
+    in place of the raw dict): the balance in force, how it was learned, and the sampler's own time.
+    A ``"dynamic"`` balance fitted to measured times says so: ``"cost fitted to measured times"``.
+
+    >>> stats = {"mode": "static", "fitted": False, "speeds": (1.0, 1.0), "plan_budget": 256,
+    ...     "sampler_seconds": 0.0012, "sampler_first_step_seconds": 0.0004, "exchanges": 0}
+    >>> print(balance_summary(stats))  # doctest: +ELLIPSIS
+    static balance (configured cost model, 2 ranks), plan budget 256, sampler time 1.2 ms (0.4 ms to the ...
+    """
+    speeds = tuple(stats.get("speeds") or (1.0,))
+    ranks = f"{len(speeds)} rank{'s' if len(speeds) != 1 else ''}"
+    parts = [f"{stats.get('mode', 'static')} balance"]
+    if stats.get("fitted"):
+        err = stats.get("heldout_rel_error")
+        held = f", held-out error {err:.1%}" if isinstance(err, float) and np.isfinite(err) else ""
+        parts[0] += f" (cost fitted to measured times{held}, {ranks}"
+        if len(speeds) > 1:
+            parts[0] += f", rank speeds {min(speeds):.2f}-{max(speeds):.2f}"
+        parts[0] += ")"
+    else:
+        parts[0] += f" (configured cost model, {ranks})"
+    if stats.get("exchanges"):
+        dropped = int(stats.get("dropped_times") or 0)
+        parts.append(
+            f"{stats['exchanges']} timing exchanges of {stats.get('records', 0)} micro-batch times"
+            + (f" ({dropped} screened out)" if dropped else "")
+            + f", {_duration(float(stats.get('sync_seconds') or 0.0))} in them"
+        )
+    if stats.get("plan_budget"):
+        parts.append(f"plan budget {stats['plan_budget']}")
+    busy, first = stats.get("sampler_seconds"), stats.get("sampler_first_step_seconds")
+    if busy is not None:
+        parts.append(
+            f"sampler time {_duration(float(busy))}"
+            + (f" ({_duration(float(first))} to the first step)" if first else "")
+        )
+    return ", ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as ms below a second, else s.
+
+    >>> _duration(0.0123), _duration(2.5)
+    ('12.3 ms', '2.50 s')
+    """
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"

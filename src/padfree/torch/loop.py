@@ -26,7 +26,9 @@ import torch.distributed as dist
 from padfree.core.fingerprint import explain
 from padfree.errors import StateError, one_line
 from padfree.options import COUNT, WARM, Bounded
+from padfree.progress import bars_wanted, progress_bar
 from padfree.testing import seenlog
+from padfree.torch._balance import balance_summary
 from padfree.torch._distributed import all_reduce_sum
 from padfree.torch.checkpoint import CheckpointDir
 from padfree.torch.lifecycle import EXIT_STOPPED, StopOnSignal
@@ -93,6 +95,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         help="dynamic: balance ranks from measured micro-batch times (PlanBatchSampler(balance=...))",
     )  # fmt: skip
     p.add_argument("--balance-every", type=COUNT, default=4, help="steps between timing exchanges (dynamic)")
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress bar (there is none off a terminal or under CI)"
+    )
 
 
 def setup_distributed() -> tuple[int, int, torch.device]:
@@ -164,59 +169,86 @@ def train_loop(
     seen = os.open(args.seen_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.seen_log else None
     if seen is not None and rank == 0:
         seenlog.append_dropped(seen, run, dropped)
-    t_last, tokens_since, done = time.perf_counter(), 0, False
-    t_train = t_last
-    for epoch in range(sampler.epoch, args.epochs):
-        sampler.set_epoch(epoch)
-        for micro_batches in steps_of(loader):
-            step_tokens = count(micro_batches)
-            loss_sum, tokens = micro_step(micro_batches, step_tokens)
-            tokens_since += tokens
-            if args.clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
+    t_last, tokens_since, done, first = time.perf_counter(), 0, False, step + 1
+    t_train, tokens_run = t_last, 0
+    bars = rank == 0 and bars_wanted(getattr(args, "quiet", False))
+    with progress_bar("training", _steps_left(args, sampler, step), enabled=bars) as advance:
+        for epoch in range(sampler.epoch, args.epochs):
+            sampler.set_epoch(epoch)
+            for micro_batches in steps_of(loader):
+                step_tokens = count(micro_batches)
+                loss_sum, tokens = micro_step(micro_batches, step_tokens)
+                tokens_since += tokens
+                tokens_run += tokens
+                if args.clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                advance()
 
-            if seen is not None:
-                ids = [i for b in micro_batches for i in b.info.indices]
-                if sampler.config.chunked:  # a document once, not once per chunk
-                    ids = [i for b in micro_batches for i, s in zip(b.info.indices, b.info.starts) if s == 0]
-                seenlog.append(seen, run, epoch, step - 1, rank, ids)
-            if after_step is not None:
-                after_step(micro_batches, run, epoch, step - 1)
-            if stop.agreed(device):
-                if ckpt is not None:
+                if seen is not None:
+                    ids = [i for b in micro_batches for i in b.info.indices]
+                    if sampler.config.chunked:  # a document once, not once per chunk
+                        ids = [
+                            i for b in micro_batches for i, s in zip(b.info.indices, b.info.starts) if s == 0
+                        ]
+                    seenlog.append(seen, run, epoch, step - 1, rank, ids)
+                if after_step is not None:
+                    after_step(micro_batches, run, epoch, step - 1)
+                if stop.agreed(device):
+                    if ckpt is not None:
+                        save(ckpt, step, model, optimizer, sampler, extra)
+                    log(f"stopped by {stop.received or 'a signal on another rank'} after step {step}")
+                    return EXIT_STOPPED
+                if ckpt is not None and args.checkpoint_every and step % args.checkpoint_every == 0:
                     save(ckpt, step, model, optimizer, sampler, extra)
-                log(f"stopped by {stop.received or 'a signal on another rank'} after step {step}")
-                return EXIT_STOPPED
-            if ckpt is not None and args.checkpoint_every and step % args.checkpoint_every == 0:
-                save(ckpt, step, model, optimizer, sampler, extra)
-            last = (args.max_steps is not None and step >= args.max_steps) or (
-                epoch == args.epochs - 1 and sampler.step >= sampler.steps_in_epoch
-            )
-            if step % args.log_every == 0 or last:  # the last step's loss is said even in a short run
-                totals = all_reduce_sum(
-                    torch.stack([loss_sum.double().cpu(), torch.tensor(float(tokens_since))]), device
+                last = (args.max_steps is not None and step >= args.max_steps) or (
+                    epoch == args.epochs - 1 and sampler.step >= sampler.steps_in_epoch
                 )
-                dt = time.perf_counter() - t_last
-                log(
-                    f"epoch {epoch} step {step} ({sampler.step}/{sampler.steps_in_epoch}) "
-                    f"loss {totals[0].item() / max(step_tokens, 1):.4f} tokens/s {totals[1].item() / dt:,.0f}"
-                )
-                t_last, tokens_since = time.perf_counter(), 0
-            if args.max_steps is not None and step >= args.max_steps:
-                done = True
+                # the run's first step (how fast it goes) and its last are said even off the --log-every grid
+                if step % args.log_every == 0 or last or step == first:
+                    totals = all_reduce_sum(
+                        torch.stack([loss_sum.double().cpu(), torch.tensor(float(tokens_since))]), device
+                    )
+                    dt = time.perf_counter() - t_last
+                    loss = totals[0].item() / max(step_tokens, 1)
+                    log(
+                        f"epoch {epoch} step {step} ({sampler.step}/{sampler.steps_in_epoch}) "
+                        f"loss {loss:.4f} tokens/s {totals[1].item() / dt:,.0f}"
+                    )
+                    advance(0, description=f"epoch {epoch} loss {loss:.4f}")
+                    t_last, tokens_since = time.perf_counter(), 0
+                if args.max_steps is not None and step >= args.max_steps:
+                    done = True
+                    break
+            if done:
                 break
-        if done:
-            break
     if ckpt is not None:
         save(ckpt, step, model, optimizer, sampler, extra)
-    log(f"finished at step {step}, epoch {sampler.epoch} ({sampler.step}/{sampler.steps_in_epoch} steps)")
-    log(f"sampler after {time.perf_counter() - t_train:.1f} s of training: {sampler.balance_stats()}")
+    seconds = time.perf_counter() - t_train
+    tokens_all = all_reduce_sum(torch.tensor(float(tokens_run)), device).item()  # every rank, once
+    log(
+        f"finished at step {step}, epoch {sampler.epoch} ({sampler.step}/{sampler.steps_in_epoch} steps): "
+        f"{tokens_all:,.0f} tokens in {seconds:.1f} s, {tokens_all / max(seconds, 1e-9):,.0f} tokens/s"
+    )
+    summary = balance_summary(sampler.balance_stats())
+    log(f"sampler after {seconds:.1f} s of training: {summary}")
     if seen is not None:
         os.close(seen)
     return 0
+
+
+def _steps_left(args: argparse.Namespace, sampler: Any, step: int) -> int | None:
+    """Optimizer steps this run has left (the progress bar's total): to ``--max-steps`` or to the end of the
+    last epoch, whichever comes first (``None``: not known)."""
+    per_epoch = getattr(sampler, "steps_in_epoch", None)
+    left = None
+    if isinstance(per_epoch, int):
+        left = max((args.epochs - sampler.epoch) * per_epoch - sampler.step, 0)
+    if args.max_steps is not None:
+        left = max(args.max_steps - step, 0) if left is None else min(left, max(args.max_steps - step, 0))
+    return left
 
 
 def save(

@@ -135,12 +135,17 @@ def build_report(
     bucket_counts: tuple[int, ...] = BUCKET_COUNTS,
     mixes: tuple[int, ...] = MIXES,
     packing: bool = True,
+    packing_check: dict | None = None,
 ) -> tuple[dict, dict[str, Plan]]:
     """Measure the strategies and the frontier and choose a plan. Returns ``(numbers, plans)`` where
     ``plans`` holds the epoch-1 plan of the recommendation (``"recommended"``) and the bucketed plan whose
     edges the histogram draws (``"edges"``); of an epoch planned window by window, their first window (no
-    whole plan of a huge epoch is ever held: every number comes from :func:`measure`, window by window)."""
+    whole plan of a huge epoch is ever held: every number comes from :func:`measure`, window by window).
+    ``packing_check``: the verdict of ``padfree check-packing`` on the user's model (``{"model", "exact",
+    "detail"}``, :func:`packing_note`), which then decides ``packing`` and is said in the recommendation."""
     t0 = time.perf_counter()
+    if packing_check is not None:
+        packing = bool(packing_check["exact"])
     lengths = validate_lengths(lengths, path, compact=True)  # int32 stays int32 (100M: 400 MB, not 800)
     configs = {s: base.with_(strategy=s) for s in STRATEGIES}
     result = analyze_strategies(lengths, configs, path=path)
@@ -161,7 +166,7 @@ def build_report(
     ref = result["strategies"]["sorted"]["modeled_throughput"]
     for p in points:
         p.metrics["relative_throughput"] = p.metrics["modeled_throughput"] / ref
-    rec = recommend(points, packing, base.micro_per_step)
+    rec = recommend(points, packing, base.micro_per_step, packing_check)
     rec["short_epoch"] = short_epoch(result)
     if rec["short_epoch"]:
         rec["text"] += " " + rec["short_epoch"][0].upper() + rec["short_epoch"][1:] + "."
@@ -194,13 +199,33 @@ def build_report(
             "imbalance": chosen.metrics["imbalance"],
         },
         "packing_supported": packing,
+        "packing_check": packing_check,
         "chunked": chunked_numbers(lengths, base, result["strategies"]["packed"], path),
         "measure_seconds": round(time.perf_counter() - t0, 2),
     }
     return numbers, {"recommended": plan, "edges": edge_plan}
 
 
-def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
+def packing_note(check: dict | None) -> str:
+    """Where the packing assumption comes from, for the recommendation: the check run on the user's model
+    (``check``), or how to run it.
+
+    >>> packing_note(None)[:60]
+    'not checked on your model: run `padfree check-packing --mode'
+    >>> packing_note({"model": "m/", "exact": True, "detail": "OK"})
+    'checked: `padfree check-packing --model m/` says OK'
+    """
+    if check is None:
+        return (
+            "not checked on your model: run `padfree check-packing --model DIR` on it, or give "
+            "`padfree report --model DIR` to run it here; pass --no-packing if it leaks"
+        )
+    return f"checked: `padfree check-packing --model {check['model']}` says {check['detail']}"
+
+
+def recommend(
+    points: list[Point], packing: bool, micro_per_step: int, packing_check: dict | None = None
+) -> dict:
     """Choose a plan (the rule of docs/lengths-and-report.md, "The decision").
 
     1. Eligible: plans that break no rule of :func:`broken` (composition not frozen, co-batch repeat and
@@ -271,8 +296,9 @@ def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
     gap = _gap(chosen, rand, micro_per_step)
     if chosen.config.packed:
         why = (
-            "it meets every rule and the model's attention can keep packed documents apart (assumed; pass "
-            "--no-packing if it cannot), so bins of whole documents carry no padding and mix lengths freely"
+            f"it meets every rule and the model's attention can keep packed documents apart "
+            f"({packing_note(packing_check)}), so bins of whole documents carry no padding and mix lengths "
+            "freely"
         )
     elif chosen is traded:
         why = (
@@ -284,10 +310,14 @@ def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
         why = "no plan meets every rule; this one breaks the fewest: " + "; ".join(failing[chosen.label])
     else:
         why = f"the highest modeled throughput among the {len(padded)} padded plans that meet every rule"
-        if not packing:
-            why += " (packing is off: the model's attention cannot keep packed documents apart)"
         if gap:
             why += f"; {gap}"
+    if not packing:  # whichever padded plan: why not packed
+        why = (
+            "packing is off: the model's attention cannot keep packed documents apart"
+            + (f" ({packing_note(packing_check)})" if packing_check is not None else "")
+            + f"; {why}"
+        )
     alt = None
     if chosen.config.packed and best_padded is not None:
         bm = best_padded.metrics
@@ -317,6 +347,7 @@ def recommend(points: list[Point], packing: bool, micro_per_step: int) -> dict:
         "alternative": alt,
         "near_miss": near_miss,
         "mixing_gap": gap,
+        "packing_check": packing_check,
         "eligible": [p.label for p in eligible],
         "rejected": {k: v for k, v in failing.items() if v},
         "criteria": {
