@@ -18,7 +18,9 @@
   DDP's gradient averaging, exactly as ``padfree.torch.step_loss`` does. With
   ``average_tokens_across_devices=False`` the count handed over is ``step tokens / world size`` instead,
   which gives the same gradient. When the plan cannot know the count (a custom loss-token count on truncated
-  or split samples) the Trainer's own count (``labels[..., 1:] != -100``, gathered over ranks) is used.
+  or split samples) the step's ``labels != -100`` are counted and summed over the ranks once per step
+  (:func:`padfree.torch.global_loss_tokens`; the ranks of an SP/CP group hold the same rows and count once),
+  and handed over the same way.
 - **packed rows** (strategy ``packed``): :class:`~padfree.torch.PackCollator` returns ``input_ids``,
   ``labels``, ``position_ids``, ``cu_seq_lens_q/k`` and ``max_length_q/k``; the loader bypasses the Trainer's
   column removal, so all of them reach ``model(**batch)``. Load the model with
@@ -362,7 +364,7 @@ class PadfreeTrainerMixin(_TrainerBase):
 
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device):
         infos: list[MicroInfo] = [getattr(b, "info", None) for b in batch_samples]  # type: ignore[misc]
-        if not infos or any(i is None or i.step_tokens is None for i in infos):
+        if not infos or any(i is None for i in infos) or "labels" not in batch_samples[0]:
             return super()._get_num_items_in_batch(batch_samples, device)
         first = infos[0]
         one_step = all((i.epoch, i.step) == (first.epoch, first.step) for i in infos)
@@ -371,10 +373,15 @@ class PadfreeTrainerMixin(_TrainerBase):
                 f"the Trainer grouped {len(infos)} micro-batches across plan steps "
                 f"{sorted({(i.epoch, i.step) for i in infos})}; expected {first.grad_accum} of one step"
             )
-        tokens = max(int(first.step_tokens or 0), 1)
-        ranks = (
-            first.world_size * self.padfree_sampler.config.sp * self.padfree_sampler.config.cp
-        )  # every process
+        config = self.padfree_sampler.config
+        group = config.sp * config.cp  # processes that share one data-parallel rank's rows
+        if first.step_tokens is None:  # a cut sample with a custom loss count: count its labels
+            from padfree.torch._loss import global_loss_tokens
+
+            tokens = max(global_loss_tokens(batch_samples, device, shared=group), 1)
+        else:
+            tokens = max(int(first.step_tokens), 1)
+        ranks = first.world_size * group  # every process
         if self.args.average_tokens_across_devices or ranks == 1:
             return torch.tensor(tokens, device=device)  # compute_loss multiplies by the number of processes
         return torch.tensor(tokens / ranks, dtype=torch.float64, device=device)
