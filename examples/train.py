@@ -22,8 +22,11 @@ What it does, top to bottom:
   micro-batch), ``--grad-accum`` micro-batches per rank per optimizer step; gradients are all-reduced only
   on the last one (``no_sync`` before), and every micro-batch's loss is ``sum of token losses / tokens of
   the whole step on all ranks``, so the step's gradient is exactly the full-batch token mean.
-- builds a transformers Llama from a config with random weights (``padfree.models.build_model``, no
-  download); packed rows use padfree's varlen attention when available, else sdpa.
+- builds a transformers Llama from a config with random weights (``padfree.models.load_model``, no
+  download); ``--model DIR`` with saved weights (``save_pretrained``) and no ``--model-set``/``--vocab-size``
+  loads them with ``from_pretrained``. Packed rows use padfree's varlen attention when available, else
+  sdpa; a model that cannot train packed stops with one line naming why (:func:`padfree.models.
+  packing_refusal`, the same sentence as ``padfree check-packing --model DIR``).
 - every ``--checkpoint-every`` steps rank 0 writes model, optimizer and sampler state atomically (temp
   file + ``os.replace``); ``--resume`` continues from the latest one at any world size: the sampler
   re-plans the rest of the epoch over the new ranks, every sample still exactly once per epoch.
@@ -48,8 +51,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from padfree.core.items import dropped_samples, overlong_line, planned_tokens
-from padfree.errors import PadfreeError
-from padfree.models import build_model
+from padfree.errors import ConfigError, PadfreeError
+from padfree.models import load_model, require_packable
 from padfree.options import (
     add_data_and_model_args,
     example_parser,
@@ -71,7 +74,6 @@ from padfree.torch import (
 from padfree.torch.attention import attention_implementation
 from padfree.torch.checkpoint import CheckpointDir
 from padfree.torch.chunked import run_step
-from padfree.torch.leak_probe import require_exact_packing
 from padfree.torch.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
 from padfree.torch.loop import add_run_args, resume_from, run_id, setup_distributed, train_loop
 
@@ -137,9 +139,16 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
         for s in samples:
             s["input_ids"] = s["input_ids"] % args.vocab_size
     attn = attention_implementation(args.strategy)
-    model = build_model(args.model, attn_implementation=attn, seed=args.seed, **overrides).to(device)
+    where = f"--strategy {args.strategy} on {args.model}"
+    model = load_model(args.model, attn, args.seed, where=where, **overrides).to(device)
+    vocab, top = int(model.config.vocab_size), max((int(s["input_ids"].max()) for s in samples), default=0)
+    if top >= vocab:
+        raise ConfigError(
+            f"--model {args.model}: its vocabulary holds {vocab} tokens, the tokenized data has id {top}; "
+            "use the model's own tokenizer (--tokenizer) or fold the ids with --vocab-size"
+        )
     if config.packed:
-        require_exact_packing(model, f"--strategy {args.strategy} on {args.model}")
+        require_packable(model, where)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
 
     step = 0

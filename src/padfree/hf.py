@@ -92,10 +92,10 @@ from torch.utils.data import DataLoader, Dataset
 from padfree.core.config import PlanConfig
 from padfree.core.cursor import MicroInfo
 from padfree.errors import ConfigError, StateError
+from padfree.models import require_packable
 from padfree.torch._collate import PackCollator, PadCollator
 from padfree.torch._dataset import PlannedDataset
 from padfree.torch._sampler import MicroBatch, PlanBatchSampler
-from padfree.torch.leak_probe import require_exact_packing
 
 STATE_FILE = "padfree_sampler.json"
 
@@ -237,7 +237,7 @@ class PadfreeTrainerMixin(_TrainerBase):
                 "normalization cannot be applied; pass compute_loss_func"
             )
         if plan_config.packed and isinstance(self.model, torch.nn.Module):
-            require_exact_packing(self.model, f"{type(self).__name__} with a packed plan")
+            require_packable(self.model, f"{type(self).__name__} with a packed plan")
         self.padfree_shard: _ShardedRows | None = None
         if group > 1:
             self.padfree_shard = _ShardedRows(self.model, plan_config, targs.process_index, targs.world_size)
