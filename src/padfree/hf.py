@@ -37,11 +37,12 @@
   steps, with an epoch-based schedule training ends when the plan's epochs run out (the progress bar's total
   may then be off). A checkpoint without the file (not written by this class) is refused.
 
-- **sequence / context parallelism**: padfree's own (``PlanConfig(sp=N)`` or ``cp=N``, packed): consecutive
-  ranks ``N`` at a time share a data-parallel rank's micro-batches and each runs its shard of the row with
-  ``padfree_ulysses`` / ``padfree_zigzag_cp`` attention (:class:`_ShardedRows`). accelerate's
-  ``ParallelismConfig(cp_size)`` (one causal mask over the packed row) and ``sp_size`` (DeepSpeed ALST,
-  CUDA only) are refused in one line naming the fix (:func:`refuse_parallelism`).
+- **sequence / context parallelism**: padfree's own (``PlanConfig(sp=N)`` or ``cp=N``, packed, launched
+  with ``torchrun``): consecutive ranks ``N`` at a time share a data-parallel rank's micro-batches and each
+  runs its shard of the row with ``padfree_ulysses`` / ``padfree_zigzag_cp`` attention
+  (:class:`~padfree.torch.sharded_rows.ShardedRows`, the same code as ``examples/train.py --sp/--cp``).
+  accelerate's ``ParallelismConfig(cp_size)`` (one causal mask over the packed row) and ``sp_size``
+  (DeepSpeed ALST, CUDA only) are refused in one line naming the fix (:func:`refuse_parallelism`).
 
 Not supported (refused with :class:`~padfree.errors.ConfigError`): ``DataParallel`` (several GPUs in one
 process), tensor parallelism, accelerate's context/sequence parallelism, fractional ``num_train_epochs``, and
@@ -96,6 +97,7 @@ from padfree.models import require_packable
 from padfree.torch._collate import PackCollator, PadCollator
 from padfree.torch._dataset import PlannedDataset
 from padfree.torch._sampler import MicroBatch, PlanBatchSampler
+from padfree.torch.sharded_rows import ShardedRows
 
 STATE_FILE = "padfree_sampler.json"
 
@@ -238,9 +240,9 @@ class PadfreeTrainerMixin(_TrainerBase):
             )
         if plan_config.packed and isinstance(self.model, torch.nn.Module):
             require_packable(self.model, f"{type(self).__name__} with a packed plan")
-        self.padfree_shard: _ShardedRows | None = None
+        self.padfree_shard: ShardedRows | None = None
         if group > 1:
-            self.padfree_shard = _ShardedRows(self.model, plan_config, targs.process_index, targs.world_size)
+            self.padfree_shard = ShardedRows(self.model, plan_config, targs.process_index, targs.world_size)
             options.update(dp_rank=targs.process_index // group, dp_size=targs.world_size // group)
         if plan_config.chunked and getattr(self.accelerator, "scaler", None) is not None:
             raise ConfigError("chunked plans run their own backward passes: use bf16 or float32, not fp16")
@@ -329,7 +331,8 @@ class PadfreeTrainerMixin(_TrainerBase):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The Trainer's loss; with padfree SP/CP (``plan_config.sp`` / ``cp`` > 1) this rank's shard of the
-        packed row runs inside its group (:class:`_ShardedRows`), scored against the row's shifted labels."""
+        packed row runs inside its group (:class:`~padfree.torch.sharded_rows.ShardedRows`), scored against
+        the row's shifted labels."""
         if self.padfree_shard is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         loss, outputs = self.padfree_shard.loss(model, inputs, num_items_in_batch)
@@ -442,51 +445,6 @@ def refuse_parallelism(pc: Any, plan_config: PlanConfig) -> None:
         )
     if int(getattr(pc, "tp_size", 1) or 1) > 1:
         raise ConfigError("tensor parallelism is not supported with padfree plans")
-
-
-class _ShardedRows:
-    """padfree's own SP (Ulysses, :mod:`padfree.torch.sequence_parallel`) or CP (zigzag reference,
-    :mod:`padfree.torch.context_parallel`) inside the Trainer: consecutive ranks ``sp * cp`` at a time form a
-    group that shares one data-parallel rank's micro-batches; each runs its shard of the packed row."""
-
-    def __init__(self, model: Any, plan_config: PlanConfig, rank: int, world: int) -> None:
-        import torch.distributed as dist
-
-        from padfree.torch import context_parallel as cpm
-        from padfree.torch import sequence_parallel as spm
-        from padfree.torch.mixers import mixers_of
-
-        sp, cp = plan_config.sp, plan_config.cp
-        if sp > 1 and cp > 1:
-            raise ConfigError(f"padfree SP and CP together (sp={sp}, cp={cp}) are not supported: use one")
-        if not plan_config.packed or plan_config.chunked:
-            raise ConfigError(
-                f"padfree SP/CP shards packed rows: use strategy 'packed' (got {plan_config.strategy!r})"
-            )
-        if mixers_of(model):
-            raise ConfigError(
-                "padfree SP/CP: this model has convolutions or recurrences (a hybrid), which would see only "
-                "their shard; train it without SP/CP"
-            )
-        if not dist.is_available() or not dist.is_initialized():
-            raise ConfigError("padfree SP/CP needs torch.distributed (launch with torchrun or accelerate)")
-        self.size = sp * cp
-        self.rank = rank % self.size
-        groups = [dist.new_group(list(range(s, s + self.size))) for s in range(0, world, self.size)]
-        self.group = groups[rank // self.size]  # every rank creates every group, in the same order
-        self.shard = spm.shard_sp if sp > 1 else cpm.shard_cp
-        self.loss_sum = spm.shard_loss_sum
-        model.set_attn_implementation(spm.NAME if sp > 1 else cpm.NAME)
-
-    def loss(self, model: Any, inputs: Any, num_items_in_batch: Any) -> tuple[torch.Tensor, Any]:
-        from padfree.torch.collectives import shard_group
-
-        shard = self.shard(inputs, self.rank, self.size)
-        labels = shard.pop("shift_labels")
-        with shard_group(self.group):
-            outputs = model(**shard, use_cache=False)
-        den = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
-        return self.loss_sum(outputs.logits, labels) / den, outputs
 
 
 class PadfreeTrainer(PadfreeTrainerMixin, transformers.Trainer):
