@@ -6,14 +6,16 @@
         --output-dir runs/hf
     python examples/hf_trainer.py ... --resume                   # continue from the latest checkpoint
     torchrun --nproc_per_node 2 examples/hf_trainer.py ...        # DDP: each rank gets its share of the plan
+    torchrun --nproc_per_node 2 examples/hf_trainer.py --strategy packed --sp 2 ...   # or --cp 2: SP / CP
     python examples/hf_trainer.py ... --trainer sft              # the same through trl.SFTTrainer
 
 Data and loss as in ``examples/train.py`` (:func:`padfree.data.samples.load_samples`: any ``--tokenizer``
 kind, ``--loss-on assistant|all``, samples longer than ``--budget`` by ``--overlong`` (error by default;
 what truncate/split/drop did is said in one line), ``--lengths FILE`` from ``padfree lengths``, checked
-sample by sample). The model is built from a
-config with random weights (:func:`padfree.models.build_model`); packed rows use padfree's varlen
-attention when available. Nothing is downloaded; CPU works (``--use-cpu`` is implied without a GPU).
+sample by sample). The model is built from a config with random weights (:func:`padfree.models.load_model`;
+a folder's saved weights when it has them); packed rows use padfree's varlen attention when available;
+``--sp N`` / ``--cp N`` shard every packed row over N ranks (``torchrun``, a multiple of N processes).
+Nothing is downloaded; CPU works (``--use-cpu`` is implied without a GPU).
 """
 
 from __future__ import annotations
@@ -28,8 +30,15 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from padfree.core.items import overlong_line
 from padfree.hf import PadfreeTrainer, padfree_sft_trainer
-from padfree.models import build_model
-from padfree.options import add_data_and_model_args, model_overrides, plan_config, run_example, training_data
+from padfree.models import load_model
+from padfree.options import (
+    add_data_and_model_args,
+    add_number,
+    model_overrides,
+    plan_config,
+    run_example,
+    training_data,
+)
 from padfree.progress import bars_wanted
 from padfree.torch.attention import attention_implementation
 
@@ -40,6 +49,8 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     add_data_and_model_args(p, FIXTURES, chunked=True)
+    add_number(p, "--sp", 1, "packed rows sharded over this many ranks by Ulysses sequence parallelism")
+    add_number(p, "--cp", 1, "packed rows sharded over this many ranks by zigzag context parallelism")
     p.add_argument("--max-steps", type=int, default=-1, help="optimizer steps in all (default: --epochs)")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: only the last)")
@@ -61,14 +72,21 @@ def main(argv: list[str] | None = None):
         for s in samples:
             s["input_ids"] = s["input_ids"] % args.vocab_size
     config = plan_config(args)
-    reach = args.budget * args.grad_accum if args.strategy == "chunked" else args.budget
-    limit = f"the chunked reach of {reach} tokens (--grad-accum {args.grad_accum} x --budget {args.budget})"
-    line = overlong_line(lengths, reach, args.overlong, limit if args.strategy == "chunked" else None)
+    group = config.sp * config.cp
+    reach = args.budget * (args.grad_accum if args.strategy == "chunked" else group)
+    limit = None
+    if args.strategy == "chunked":
+        limit = (
+            f"the chunked reach of {reach} tokens (--grad-accum {args.grad_accum} x --budget {args.budget})"
+        )
+    elif group > 1:
+        limit = f"the row of {reach} tokens (--budget {args.budget} x {group} ranks)"
+    line = overlong_line(lengths, reach, args.overlong, limit)
     if line:
         print(line)
-    model = build_model(
-        args.model, attn_implementation=attention_implementation(args.strategy), seed=args.seed, **overrides
-    )
+    where = f"--strategy {args.strategy} on {args.model}"
+    attn = attention_implementation(args.strategy)
+    model = load_model(args.model, attn, args.seed, where=where, **overrides)
     common = {
         "output_dir": args.output_dir,
         "gradient_accumulation_steps": args.grad_accum,

@@ -4,6 +4,8 @@ One process:      python examples/train.py --strategy packed --budget 2048 --ove
 Long documents:   python examples/train.py --strategy chunked --budget 1024 --grad-accum 8 (up to 8K tokens,
                   each trained whole in chunks of 1024 that attend to their earlier chunks)
 Several ranks:    torchrun --nproc_per_node 2 examples/train.py --strategy bucketed --grad-accum 2
+SP / CP:          torchrun --nproc_per_node 2 examples/train.py --strategy packed --sp 2 (or --cp 2): every
+                  packed row is sharded over 2 ranks (Ulysses sequence / zigzag context parallelism)
 Kill and resume:  add --checkpoint-dir ckpt --checkpoint-every 10, then rerun with --resume (any world size)
 
 What it does, top to bottom:
@@ -22,8 +24,15 @@ What it does, top to bottom:
   micro-batch), ``--grad-accum`` micro-batches per rank per optimizer step; gradients are all-reduced only
   on the last one (``no_sync`` before), and every micro-batch's loss is ``sum of token losses / tokens of
   the whole step on all ranks``, so the step's gradient is exactly the full-batch token mean.
-- builds a transformers Llama from a config with random weights (``padfree.models.build_model``, no
-  download); packed rows use padfree's varlen attention when available, else sdpa.
+- builds a transformers Llama from a config with random weights (``padfree.models.load_model``, no
+  download); ``--model DIR`` with saved weights (``save_pretrained``) and no ``--model-set``/``--vocab-size``
+  loads them with ``from_pretrained``. Packed rows use padfree's varlen attention when available, else
+  sdpa; a model that cannot train packed stops with one line naming why (:func:`padfree.models.
+  packing_refusal`, the same sentence as ``padfree check-packing --model DIR``).
+- ``--sp N`` / ``--cp N`` (packed only, under ``torchrun`` with a multiple of N processes): N consecutive
+  ranks share each micro-batch and each runs its shard of the packed row
+  (:class:`padfree.torch.sharded_rows.ShardedRows`, the same code as ``PadfreeTrainer``); the step's
+  gradient equals the unsharded run's. Models with convolutions or recurrences (hybrids) are refused.
 - every ``--checkpoint-every`` steps rank 0 writes model, optimizer and sampler state atomically (temp
   file + ``os.replace``); ``--resume`` continues from the latest one at any world size: the sampler
   re-plans the rest of the epoch over the new ranks, every sample still exactly once per epoch.
@@ -48,10 +57,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from padfree.core.items import dropped_samples, overlong_line, planned_tokens
-from padfree.errors import PadfreeError
-from padfree.models import build_model
+from padfree.errors import ConfigError, PadfreeError
+from padfree.models import load_model, require_packable
 from padfree.options import (
     add_data_and_model_args,
+    add_number,
     example_parser,
     model_overrides,
     plan_config,
@@ -71,9 +81,9 @@ from padfree.torch import (
 from padfree.torch.attention import attention_implementation
 from padfree.torch.checkpoint import CheckpointDir
 from padfree.torch.chunked import run_step
-from padfree.torch.leak_probe import require_exact_packing
 from padfree.torch.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
 from padfree.torch.loop import add_run_args, resume_from, run_id, setup_distributed, train_loop
+from padfree.torch.sharded_rows import ShardedRows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 """Real chat, math, code and document samples and a 32K SentencePiece tokenizer, vendored in the repo."""
@@ -82,6 +92,8 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = example_parser(__doc__)
     add_data_and_model_args(p, FIXTURES, chunked=True)
+    add_number(p, "--sp", 1, "packed rows sharded over this many ranks by Ulysses sequence parallelism")
+    add_number(p, "--cp", 1, "packed rows sharded over this many ranks by zigzag context parallelism")
     add_run_args(p)
     return p.parse_args(argv)
 
@@ -120,12 +132,26 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
 
     samples, lengths, loss_tokens = training_data(args)
     config = plan_config(args)
+    group = config.sp * config.cp  # ranks that share each micro-batch (SP/CP), 1 without
+    if group > 1 and (not config.packed or config.chunked):
+        raise ConfigError(f"--sp/--cp shard packed rows: use --strategy packed (got {args.strategy})")
+    if group > 1 and world % group:
+        raise ConfigError(
+            f"--sp/--cp: {group} processes share each micro-batch, but the world size is {world}: launch a "
+            f"multiple of {group} (torchrun --nproc_per_node {group} examples/train.py ...)"
+        )
+    ranks = {"dp_rank": rank // group, "dp_size": world // group} if group > 1 else {}
     sampler = PlanBatchSampler(
-        lengths, config, loss_tokens=loss_tokens, balance=args.balance, balance_every=args.balance_every
+        lengths,
+        config,
+        loss_tokens=loss_tokens,
+        balance=args.balance,
+        balance_every=args.balance_every,
+        **ranks,
     )
     chunked = args.strategy == "chunked"
     if args.strategy in ("packed", "chunked"):
-        collator = PackCollator(chunked=chunked)
+        collator = PackCollator(chunked=chunked, sp=config.sp, cp=config.cp)
     else:
         collator = PadCollator(pad_to_multiple_of=8)
     loader = DataLoader(
@@ -137,9 +163,17 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
         for s in samples:
             s["input_ids"] = s["input_ids"] % args.vocab_size
     attn = attention_implementation(args.strategy)
-    model = build_model(args.model, attn_implementation=attn, seed=args.seed, **overrides).to(device)
+    where = f"--strategy {args.strategy} on {args.model}"
+    model = load_model(args.model, attn, args.seed, where=where, **overrides).to(device)
+    vocab, top = int(model.config.vocab_size), max((int(s["input_ids"].max()) for s in samples), default=0)
+    if top >= vocab:
+        raise ConfigError(
+            f"--model {args.model}: its vocabulary holds {vocab} tokens, the tokenized data has id {top}; "
+            "use the model's own tokenizer (--tokenizer) or fold the ids with --vocab-size"
+        )
     if config.packed:
-        require_exact_packing(model, f"--strategy {args.strategy} on {args.model}")
+        require_packable(model, where)
+    sharded = ShardedRows(model, config, rank, world) if group > 1 else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
 
     step = 0
@@ -151,16 +185,24 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     ddp = DistributedDataParallel(model) if world > 1 else model
 
     n_params = sum(p.numel() for p in model.parameters())
-    reach = args.budget * args.grad_accum if chunked else args.budget  # chunked: longest trained whole
-    limit = f"the chunked reach of {reach} tokens (--grad-accum {args.grad_accum} x --budget {args.budget})"
-    line = overlong_line(lengths, reach, args.overlong, limit if chunked else None)
+    # the longest sample trained whole: chunked, the step's chunks; under SP/CP, the sharded row
+    reach = args.budget * (args.grad_accum if chunked else group)
+    limit = None
+    if chunked:
+        limit = (
+            f"the chunked reach of {reach} tokens (--grad-accum {args.grad_accum} x --budget {args.budget})"
+        )
+    elif group > 1:
+        limit = f"the row of {reach} tokens (--budget {args.budget} x {group} ranks)"
+    line = overlong_line(lengths, reach, args.overlong, limit)
     if line:
         log(line)
     log(
         f"run {run}: {len(samples)} samples, {planned_tokens(lengths, reach, args.overlong)} tokens, "
         f"{n_params / 1e6:.1f}M params, "
         f"{args.strategy} budget {args.budget}, world {world} x grad_accum {args.grad_accum}, "
-        f"attention {attn}"
+        f"attention {model.config._attn_implementation}"
+        + (f", {group} ranks per row ({'sp' if config.sp > 1 else 'cp'})" if group > 1 else "")
     )
 
     def micro_step(micro_batches, step_tokens):
@@ -176,23 +218,28 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
             labels = inputs.pop("labels")
             # timed: this micro-batch's compute, up to its last gradient (not DDP's all-reduce wait)
             with sync_unless(ddp, batch.info.last), sampler.timed(ddp):
-                logits = ddp(**inputs).logits
-                token_losses = token_loss_sum(logits, labels)
+                if sharded is not None:  # this rank's shard of the row, scored on the row's labels
+                    token_losses = sharded.loss_sum(ddp, {**inputs, "labels": labels})[0]
+                else:
+                    token_losses = token_loss_sum(ddp(**inputs).logits, labels)
                 step_loss(token_losses, step_tokens, world).backward()
             loss_sum += token_losses.detach()
-            tokens += batch.tokens
+            tokens += batch.tokens if rank % group == 0 else 0  # a shared row's tokens counted once
         return loss_sum, tokens
 
     def count(micro_batches):
         # tokens carrying loss in the whole step (all ranks, all micro-batches): known from the plan
         step_tokens = micro_batches[0].info.step_tokens
-        return global_loss_tokens(micro_batches, device) if step_tokens is None else step_tokens
+        if step_tokens is None:  # the ranks of an SP/CP group hold the same rows: counted once
+            return global_loss_tokens(micro_batches, device, shared=group)
+        return step_tokens
 
     parts = (sampler, loader, model, optimizer)
     dropped = dropped_samples(lengths, reach, args.overlong)
     return train_loop(
-        args, rank, device, ckpt, stop, run, parts, count, micro_step, step=step, dropped=dropped
-    )
+        args, rank, device, ckpt, stop, run, parts, count, micro_step, step=step, dropped=dropped,
+        seen_here=rank % group == 0,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

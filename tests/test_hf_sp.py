@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_padfree_sp_and_cp_steps_equal_the_unsharded_rows(tmp_path):
+    """Also with truncated and split samples whose loss tokens the plan cannot count: the count of
+    every process then holds the rows of an SP/CP group once per rank, and must count them once."""
     sys.path.insert(0, str(ROOT / "tests"))
     import hf_sp_worker as w
 
@@ -35,24 +37,30 @@ def test_padfree_sp_and_cp_steps_equal_the_unsharded_rows(tmp_path):
            str(ROOT / "tests" / "hf_sp_worker.py"), str(tmp_path)]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    items, lengths = w.data()
-    for name, (shard, _average) in w.RUNS.items():
-        config = w.config(shard)
+    for name, (shard, _average, overlong) in w.RUNS.items():
+        items, lengths, loss = w.data(overlong)
+        config = w.config(shard, overlong)
         seen = [json.loads((tmp_path / f"seen-{name}-{r}.json").read_text()) for r in (0, 1)]
         assert seen[0] == seen[1] and seen[0]["dp"] == [0, 1]  # both ranks of the group: the same rows
-        sampler = PlanBatchSampler(lengths, config, dp_rank=0, dp_size=1)
+        sampler = PlanBatchSampler(lengths, config, loss_tokens=loss, dp_rank=0, dp_size=1)
         micro = list(sampler)[: config.grad_accum]
         assert seen[0]["seen"][: config.grad_accum] == [list(map(int, mb)) for mb in micro]
         model = build_model("tiny-llama", attn_implementation="padfree_varlen", seed=2, **w.TINY_KW)
         collate = PackCollator(**shard)
-        tokens = micro[0].info.step_tokens
+        batches = [collate(PlannedDataset(items).__getitems__(mb)) for mb in micro]
+        tokens = sum(b.loss_tokens for b in batches)  # the unsharded rows' own count
+        if overlong == "error":
+            assert tokens == micro[0].info.step_tokens
+        else:  # the step holds a cut sample and the plan leaves the count to the Trainer
+            assert micro[0].info.step_tokens is None
+            pieces = [(i, n) for mb in micro for i, n in zip(mb.info.indices, mb.info.lengths)]
+            assert any(n < lengths[i] for i, n in pieces)
         padded = 0
-        for mb in micro:
-            batch = collate(PlannedDataset(items).__getitems__(mb))
+        for batch in batches:
             padded += batch["input_ids"].shape[1] - batch.tokens
             inputs = {k: v for k, v in batch.items() if k != "labels"}
             (token_loss_sum(model(**inputs).logits, batch["labels"]) / tokens).backward()
-        assert padded > 0  # the rows were padded for the shards
+        assert padded > 0 or overlong != "error"  # the rows were padded for the shards
         with torch.no_grad():
             for p in model.parameters():
                 p -= w.LR * p.grad

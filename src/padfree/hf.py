@@ -18,7 +18,9 @@
   DDP's gradient averaging, exactly as ``padfree.torch.step_loss`` does. With
   ``average_tokens_across_devices=False`` the count handed over is ``step tokens / world size`` instead,
   which gives the same gradient. When the plan cannot know the count (a custom loss-token count on truncated
-  or split samples) the Trainer's own count (``labels[..., 1:] != -100``, gathered over ranks) is used.
+  or split samples) the step's ``labels != -100`` are counted and summed over the ranks once per step
+  (:func:`padfree.torch.global_loss_tokens`; the ranks of an SP/CP group hold the same rows and count once),
+  and handed over the same way.
 - **packed rows** (strategy ``packed``): :class:`~padfree.torch.PackCollator` returns ``input_ids``,
   ``labels``, ``position_ids``, ``cu_seq_lens_q/k`` and ``max_length_q/k``; the loader bypasses the Trainer's
   column removal, so all of them reach ``model(**batch)``. Load the model with
@@ -35,11 +37,12 @@
   steps, with an epoch-based schedule training ends when the plan's epochs run out (the progress bar's total
   may then be off). A checkpoint without the file (not written by this class) is refused.
 
-- **sequence / context parallelism**: padfree's own (``PlanConfig(sp=N)`` or ``cp=N``, packed): consecutive
-  ranks ``N`` at a time share a data-parallel rank's micro-batches and each runs its shard of the row with
-  ``padfree_ulysses`` / ``padfree_zigzag_cp`` attention (:class:`_ShardedRows`). accelerate's
-  ``ParallelismConfig(cp_size)`` (one causal mask over the packed row) and ``sp_size`` (DeepSpeed ALST,
-  CUDA only) are refused in one line naming the fix (:func:`refuse_parallelism`).
+- **sequence / context parallelism**: padfree's own (``PlanConfig(sp=N)`` or ``cp=N``, packed, launched
+  with ``torchrun``): consecutive ranks ``N`` at a time share a data-parallel rank's micro-batches and each
+  runs its shard of the row with ``padfree_ulysses`` / ``padfree_zigzag_cp`` attention
+  (:class:`~padfree.torch.sharded_rows.ShardedRows`, the same code as ``examples/train.py --sp/--cp``).
+  accelerate's ``ParallelismConfig(cp_size)`` (one causal mask over the packed row) and ``sp_size``
+  (DeepSpeed ALST, CUDA only) are refused in one line naming the fix (:func:`refuse_parallelism`).
 
 Not supported (refused with :class:`~padfree.errors.ConfigError`): ``DataParallel`` (several GPUs in one
 process), tensor parallelism, accelerate's context/sequence parallelism, fractional ``num_train_epochs``, and
@@ -90,10 +93,11 @@ from torch.utils.data import DataLoader, Dataset
 from padfree.core.config import PlanConfig
 from padfree.core.cursor import MicroInfo
 from padfree.errors import ConfigError, StateError
+from padfree.models import require_packable
 from padfree.torch._collate import PackCollator, PadCollator
 from padfree.torch._dataset import PlannedDataset
 from padfree.torch._sampler import MicroBatch, PlanBatchSampler
-from padfree.torch.leak_probe import require_exact_packing
+from padfree.torch.sharded_rows import ShardedRows
 
 STATE_FILE = "padfree_sampler.json"
 
@@ -235,10 +239,10 @@ class PadfreeTrainerMixin(_TrainerBase):
                 "normalization cannot be applied; pass compute_loss_func"
             )
         if plan_config.packed and isinstance(self.model, torch.nn.Module):
-            require_exact_packing(self.model, f"{type(self).__name__} with a packed plan")
-        self.padfree_shard: _ShardedRows | None = None
+            require_packable(self.model, f"{type(self).__name__} with a packed plan")
+        self.padfree_shard: ShardedRows | None = None
         if group > 1:
-            self.padfree_shard = _ShardedRows(self.model, plan_config, targs.process_index, targs.world_size)
+            self.padfree_shard = ShardedRows(self.model, plan_config, targs.process_index, targs.world_size)
             options.update(dp_rank=targs.process_index // group, dp_size=targs.world_size // group)
         if plan_config.chunked and getattr(self.accelerator, "scaler", None) is not None:
             raise ConfigError("chunked plans run their own backward passes: use bf16 or float32, not fp16")
@@ -328,7 +332,8 @@ class PadfreeTrainerMixin(_TrainerBase):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The Trainer's loss; with padfree SP/CP (``plan_config.sp`` / ``cp`` > 1) this rank's shard of the
-        packed row runs inside its group (:class:`_ShardedRows`), scored against the row's shifted labels."""
+        packed row runs inside its group (:class:`~padfree.torch.sharded_rows.ShardedRows`), scored against
+        the row's shifted labels."""
         if self.padfree_shard is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         loss, outputs = self.padfree_shard.loss(model, inputs, num_items_in_batch)
@@ -381,7 +386,7 @@ class PadfreeTrainerMixin(_TrainerBase):
 
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device):
         infos: list[MicroInfo] = [getattr(b, "info", None) for b in batch_samples]  # type: ignore[misc]
-        if not infos or any(i is None or i.step_tokens is None for i in infos):
+        if not infos or any(i is None for i in infos) or "labels" not in batch_samples[0]:
             return super()._get_num_items_in_batch(batch_samples, device)
         first = infos[0]
         one_step = all((i.epoch, i.step) == (first.epoch, first.step) for i in infos)
@@ -390,10 +395,15 @@ class PadfreeTrainerMixin(_TrainerBase):
                 f"the Trainer grouped {len(infos)} micro-batches across plan steps "
                 f"{sorted({(i.epoch, i.step) for i in infos})}; expected {first.grad_accum} of one step"
             )
-        tokens = max(int(first.step_tokens or 0), 1)
-        ranks = (
-            first.world_size * self.padfree_sampler.config.sp * self.padfree_sampler.config.cp
-        )  # every process
+        config = self.padfree_sampler.config
+        group = config.sp * config.cp  # processes that share one data-parallel rank's rows
+        if first.step_tokens is None:  # a cut sample with a custom loss count: count its labels
+            from padfree.torch._loss import global_loss_tokens
+
+            tokens = max(global_loss_tokens(batch_samples, device, shared=group), 1)
+        else:
+            tokens = max(int(first.step_tokens), 1)
+        ranks = first.world_size * group  # every process
         if self.args.average_tokens_across_devices or ranks == 1:
             return torch.tensor(tokens, device=device)  # compute_loss multiplies by the number of processes
         return torch.tensor(tokens / ranks, dtype=torch.float64, device=device)
@@ -454,46 +464,6 @@ def refuse_parallelism(pc: Any, plan_config: PlanConfig) -> None:
         )
     if int(getattr(pc, "tp_size", 1) or 1) > 1:
         raise ConfigError("tensor parallelism is not supported with padfree plans")
-
-
-class _ShardedRows:
-    """padfree's own SP (Ulysses, :mod:`padfree.torch.sequence_parallel`) or CP (zigzag reference,
-    :mod:`padfree.torch.context_parallel`) inside the Trainer: consecutive ranks ``sp * cp`` at a time form a
-    group that shares one data-parallel rank's micro-batches; each runs its shard of the packed row."""
-
-    def __init__(self, model: Any, plan_config: PlanConfig, rank: int, world: int) -> None:
-        import torch.distributed as dist
-
-        from padfree.torch import context_parallel as cpm
-        from padfree.torch import sequence_parallel as spm
-
-        sp, cp = plan_config.sp, plan_config.cp
-        if sp > 1 and cp > 1:
-            raise ConfigError(f"padfree SP and CP together (sp={sp}, cp={cp}) are not supported: use one")
-        if not plan_config.packed or plan_config.chunked:
-            raise ConfigError(
-                f"padfree SP/CP shards packed rows: use strategy 'packed' (got {plan_config.strategy!r})"
-            )
-        spm.check_shardable(model, sp, cp)
-        if not dist.is_available() or not dist.is_initialized():
-            raise ConfigError("padfree SP/CP needs torch.distributed (launch with torchrun or accelerate)")
-        self.size = sp * cp
-        self.rank = rank % self.size
-        groups = [dist.new_group(list(range(s, s + self.size))) for s in range(0, world, self.size)]
-        self.group = groups[rank // self.size]  # every rank creates every group, in the same order
-        self.shard = spm.shard_sp if sp > 1 else cpm.shard_cp
-        self.loss_sum = spm.shard_loss_sum
-        model.set_attn_implementation(spm.NAME if sp > 1 else cpm.NAME)
-
-    def loss(self, model: Any, inputs: Any, num_items_in_batch: Any) -> tuple[torch.Tensor, Any]:
-        from padfree.torch.collectives import shard_group
-
-        shard = self.shard(inputs, self.rank, self.size)
-        labels = shard.pop("shift_labels")
-        with shard_group(self.group):
-            outputs = model(**shard, use_cache=False)
-        den = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
-        return self.loss_sum(outputs.logits, labels) / den, outputs
 
 
 class PadfreeTrainer(PadfreeTrainerMixin, transformers.Trainer):

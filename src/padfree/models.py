@@ -1,5 +1,7 @@
 """Small causal LMs built from configs with random weights (nothing is downloaded): what ``calibrate``,
-``check-packing``, ``bench`` and the examples train.
+``check-packing``, ``bench`` and the examples train; a saved folder loaded as the user loads it
+(:func:`load_model`); and the one sentence every entry point refuses packed training of a model with
+(:func:`packing_refusal`, :func:`require_packable`).
 
 Needs the ``hf`` extra (transformers) and torch.
 
@@ -16,7 +18,10 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from padfree.errors import ConfigError
+from padfree.errors import ConfigError, one_line
+
+PADDED = "use a padded strategy instead (--strategy bucketed, PlanConfig(strategy='bucketed'))"
+"""The way out of every packing refusal: padded rows never mix documents."""
 
 # name -> (transformers config class name, extra fields)
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -152,3 +157,133 @@ def build_model(
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation)
     model.config.use_cache = False
     return model
+
+
+# ----- loading a saved folder, and refusing packed training in one sentence ------------------------------
+WEIGHTS = ("*.safetensors", "pytorch_model*.bin")
+
+
+def has_weights(path: Path) -> bool:
+    """Whether a model folder holds saved weights (what ``save_pretrained`` writes), not only a config."""
+    return any(any(path.glob(pattern)) for pattern in WEIGHTS)
+
+
+def loads_saved(name_or_dir: str, overrides: dict) -> bool:
+    """Whether :func:`load_model` takes ``name_or_dir``'s saved weights (a folder with weights, no overrides)
+    rather than building it from its config with random weights."""
+    path = Path(name_or_dir)
+    return name_or_dir not in FAMILIES and not overrides and path.is_dir() and has_weights(path)
+
+
+def packing_refusal(
+    where: str, family: str, exc: BaseException | None = None, attn: str = "padfree_varlen"
+) -> ConfigError:
+    """The one-line :class:`ConfigError` that refuses packed training of ``family`` (a ``model_type``) at
+    ``where``: the family's reason as the family sweep words it (:data:`padfree.checks.families.WHY`), else
+    what failed (``exc``) under ``attn``; always naming the way out. Every entry point (``check-packing
+    --model``, :class:`~padfree.hf.PadfreeTrainer`, ``examples/train.py``, ``examples/train_drafter.py
+    --target``) refuses with it."""
+    from padfree.checks.families import WHY
+
+    failed = "" if exc is None else f" ({type(exc).__name__}: {one_line(' '.join(str(exc).split()))[:160]})"
+    why = WHY.get(family)
+    if why is None:
+        why = f"it does not run packed rows with attention {attn!r}{failed}"
+    elif failed:
+        why += failed
+    return ConfigError(f"{where}: {family} cannot train on packed rows: {why}; {PADDED}")
+
+
+def family_of(name_or_dir: str) -> str:
+    """The ``model_type`` of a built-in tiny family or a folder's ``config.json`` (the name itself when it
+    has none)."""
+    if name_or_dir in FAMILIES:
+        return build_config(name_or_dir).model_type
+    path = Path(name_or_dir)
+    try:
+        return str(read_config_json(path)["model_type"])
+    except ConfigError:
+        return name_or_dir
+
+
+def attention_refusal(name_or_dir: str, attn: str, where: str) -> ConfigError | None:
+    """:func:`packing_refusal` when the model cannot even be built with ``attn`` while it builds with its
+    default attention (both from its config, on the meta device: no weights); ``None`` when the attention
+    is not what fails (a bad folder, bad weights)."""
+    import torch
+    import transformers
+
+    try:
+        cfg = build_config(name_or_dir)
+        with torch.device("meta"):
+            transformers.AutoModelForCausalLM.from_config(cfg)  # its default attention
+    except Exception:
+        return None
+    try:
+        with torch.device("meta"):
+            transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
+    except Exception as exc:
+        return packing_refusal(where, str(cfg.model_type), exc, attn)
+    return None
+
+
+def load_model(
+    name_or_dir: str = "tiny-llama",
+    attn_implementation: str = "sdpa",
+    seed: int = 0,
+    max_params: int | None = None,
+    where: str | None = None,
+    **overrides,
+):
+    """The model as the user gets it: a folder with saved weights through ``from_pretrained`` (offline, its
+    weights, ``attn_implementation``; ``use_cache`` off), anything else through :func:`build_model` (random
+    weights). Under padfree's packed attention a model that cannot be built is :func:`packing_refusal`
+    (``where``: who asks; default the model's name)."""
+    import torch
+    import transformers
+
+    packed = attn_implementation.startswith("padfree_")
+    if packed:
+        import padfree.torch.attention  # noqa: F401  (registers padfree_varlen / padfree_leaky with transformers)
+    path = Path(name_or_dir)
+    where = where or name_or_dir
+    try:
+        if not loads_saved(name_or_dir, overrides):
+            return build_model(name_or_dir, attn_implementation, seed, max_params, **overrides)
+        cfg = build_config(name_or_dir)
+        if max_params is not None and param_count(cfg) > max_params:
+            return build_model(name_or_dir, attn_implementation, seed, max_params)  # its one-line refusal
+        from padfree.drafter.target import quiet_transformers
+
+        torch.manual_seed(seed)
+        with quiet_transformers():  # its load report and progress bar: many lines
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(path), local_files_only=True, attn_implementation=attn_implementation, dtype=torch.float32
+            )
+    except ConfigError:
+        raise
+    except Exception as exc:  # transformers raises many types for a model it cannot build
+        refusal = attention_refusal(name_or_dir, attn_implementation, where) if packed else None
+        if refusal is not None:
+            raise refusal from None
+        text = one_line(" ".join(str(exc).split()))[:200] or type(exc).__name__
+        raise ConfigError(f"{where}: transformers cannot load a causal LM from it ({text})") from None
+    model.config.use_cache = False
+    return model
+
+
+def require_packable(model: Any, where: str) -> None:
+    """Refuse packed training of ``model`` at ``where`` in one line: a model whose packed forward fails is
+    :func:`packing_refusal`, one whose documents see each other is the leak guard's line
+    (:func:`padfree.torch.leak_probe.require_exact_packing`)."""
+    from padfree.torch.leak_probe import require_exact_packing
+
+    try:
+        require_exact_packing(model, where)
+    except ConfigError:
+        raise
+    except Exception as exc:  # the family's own code fails on a packed row
+        cfg = getattr(model, "config", None)
+        family = str(getattr(cfg, "model_type", type(model).__name__))
+        attn = str(getattr(cfg, "_attn_implementation", None) or "its attention")
+        raise packing_refusal(where, family, exc, attn) from None

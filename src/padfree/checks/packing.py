@@ -50,6 +50,8 @@ class PackingCheck:
         mixers: the token mixers padfree ran per document (class names).
         device, dtype: where the model ran, and its compute dtype (``bfloat16``: float32 weights under
             ``torch.autocast``).
+        weights: ``saved`` (a folder's weights, loaded with ``from_pretrained`` as a user loads it) or
+            ``random`` (built from the config).
     """
 
     model: str
@@ -66,6 +68,7 @@ class PackingCheck:
     probe_diff: float = 0.0
     probe_allowance: float = 0.0
     mixers: tuple[str, ...] = ()
+    weights: str = "random"
 
     @property
     def probe_leaked(self) -> bool:
@@ -93,8 +96,9 @@ def check_packing(
     dtype: str = "float32",
     mixers_apart: bool = True,
 ) -> PackingCheck:
-    """Build ``model`` (a built-in tiny family or a local config directory; random weights, float32) with
-    attention ``attn`` (any registered implementation, or ``leaky``: document-blind causal attention, for
+    """Load ``model`` (a built-in tiny family or a local directory: its saved weights through
+    ``from_pretrained`` when it has them, as a user loads it, else random weights from its config; float32)
+    with attention ``attn`` (any registered implementation, or ``leaky``: document-blind causal attention, for
     testing), run the packed row (PackCollator layout: restarting ``position_ids`` and ``cu_seq_lens_*``) and
     each document alone, and report the largest logit difference.
 
@@ -107,7 +111,7 @@ def check_packing(
     import torch
 
     import padfree.torch.attention as pa
-    from padfree.models import build_model
+    from padfree.models import family_of, load_model, loads_saved, packing_refusal
     from padfree.torch.leak_probe import packed_inputs, probe_leak
     from padfree.torch.mixers import mixers_of, per_document_mixers
 
@@ -119,14 +123,14 @@ def check_packing(
         raise ConfigError(f"check-packing: --device {device}: no CUDA device here")
     tolerance = TOLERANCE[dtype] if tolerance is None else tolerance
     impl = ALIASES.get(attn, attn)
+    where = f"check-packing --model {model}"
     try:
-        net = build_model(
-            model, attn_implementation=impl, seed=seed, max_params=MAX_PARAMS, **(overrides or {})
-        )
+        net = load_model(model, impl, seed, MAX_PARAMS, where=where, **(overrides or {}))
     except (ValueError, KeyError) as exc:
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(f"check-packing: cannot build {model} with attention {attn!r}: {exc}") from exc
+    weights = "saved" if loads_saved(model, overrides or {}) else "random"
     try:
         net = net.to(device)
     except (RuntimeError, AssertionError) as exc:  # an unknown device name
@@ -158,10 +162,12 @@ def check_packing(
                 autocast=torch.bfloat16 if dtype == "bfloat16" else None,
                 seq_idx=mixers_apart,
             )
-    except (ValueError, RuntimeError, TypeError, NotImplementedError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        text = " ".join(str(exc).split())[:240] or type(exc).__name__
+    except ConfigError:
+        raise
+    except Exception as exc:  # the family's own code fails on a packed row: the entry points' one sentence
+        if mixers_apart:
+            raise packing_refusal(where, family_of(model), exc, impl) from None
+        text = " ".join(str(exc).split())[:240] or type(exc).__name__  # the whole-row layout, on request
         raise ConfigError(f"check-packing: {model} refuses the packed row ({text})") from None
     diffs = [(p - a).abs().max().item() for p, a in zip(logits.split(list(doc_lengths)), alone, strict=True)]
     mixers = tuple(sorted({type(net.get_submodule(q)).__name__ for q in mixers_of(net)}))
@@ -180,4 +186,5 @@ def check_packing(
         probe_diff=probe.diff,
         probe_allowance=probe.allowance,
         mixers=mixers,
+        weights=weights,
     )

@@ -206,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**dataclasses.asdict(r), "leaked": r.leaked}))
         return 1 if r.leaked else 0
     print(f"model:          {r.model} ({r.family})")
+    loaded = "saved, loaded with from_pretrained" if r.weights == "saved" else "random, built from the config"
+    print(f"weights:        {loaded}")
     print(f"attention:      {r.attn}{' with use_cache=True' if r.use_cache else ''}")
     print(f"device, dtype:  {r.device}, {r.dtype}{' (autocast)' if r.dtype != 'float32' else ''}")
     print(f"path used:      {r.path}")

@@ -116,6 +116,12 @@ def load_target(
                 ignore_mismatched_sizes=True,  # reported below, naming the tensor, instead of raised
             )
     except Exception as exc:  # transformers raises many types for a folder it cannot load
+        if attn.startswith("padfree_"):  # the family's one sentence, as every entry point says it
+            from padfree.models import attention_refusal
+
+            refusal = attention_refusal(str(p), attn, f"--target {p}")
+            if refusal is not None:
+                raise refusal from None
         text = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise ConfigError(f"{p}: transformers cannot load a causal LM from it ({text})") from None
     model, info = loaded
@@ -132,9 +138,9 @@ def load_target(
 def _refuse_leaks(model: Any, attn: str, where: str) -> None:
     """A target the drafter sees packed rows through must keep its documents apart (the leak probe)."""
     if attn.startswith("padfree_varlen"):
-        from padfree.torch.leak_probe import require_exact_packing
+        from padfree.models import require_packable
 
-        require_exact_packing(model, f"{where}: packed drafter training against this target")
+        require_packable(model, f"{where}: packed drafter training against this target")
 
 
 @contextlib.contextmanager

@@ -36,8 +36,10 @@ def step_loss(loss_sum: torch.Tensor, step_tokens: float, world_size: int = 1) -
     return loss_sum * (world_size / den if den > 0 else 0.0)
 
 
-def global_loss_tokens(batches: list, device: torch.device | str = "cpu") -> int:
+def global_loss_tokens(batches: list, device: torch.device | str = "cpu", shared: int = 1) -> int:
     """Fallback when the plan does not know a step's token count: count ``labels != -100`` over this rank's
-    micro-batches of the step and all-reduce (every rank must call it, once per step)."""
+    micro-batches of the step and all-reduce (every rank must call it, once per step). ``shared``: how many
+    ranks hold the same rows (``sp * cp``: the ranks of a sequence- or context-parallel group each hold the
+    whole row), whose counts the sum holds that many times."""
     local = sum(int((b["labels"] != IGNORE).sum()) for b in batches)
-    return int(all_reduce_sum(local, device).item())
+    return int(all_reduce_sum(local, device).item()) // max(shared, 1)

@@ -527,7 +527,8 @@ def _install_on_build() -> None:
     """Every model built with ``padfree_varlen`` (``from_config``, ``from_pretrained``,
     ``set_attn_implementation``) gets its token mixers kept per document
     (:func:`padfree.torch.mixers.keep_documents_apart`), so a hybrid model fed PackCollator's batch is exact
-    with nothing more to call."""
+    with nothing more to call; also after the ``kernels`` library puts a layer's own forward back
+    (``from_pretrained`` and every ``train()`` / ``eval()`` switch of a loaded model do)."""
     from transformers import PreTrainedModel
 
     from padfree.torch.mixers import keep_documents_apart
@@ -554,7 +555,21 @@ def _install_on_build() -> None:
 
     PreTrainedModel.post_init = post_init_then_apart  # type: ignore[method-assign]
     PreTrainedModel.set_attn_implementation = set_impl_then_apart  # type: ignore[method-assign]
+    for name in ("set_use_kernels", "reset_kernels"):  # kernelize() resets the mixers' forward
+        original = getattr(PreTrainedModel, name, None)
+        if original is not None:
+            setattr(PreTrainedModel, name, _then_apart(original, _apart_if_packed))
     PreTrainedModel._padfree_hooked = True  # type: ignore[attr-defined]
+
+
+def _then_apart(method: Any, apart: Any) -> Any:
+    @functools.wraps(method)
+    def then_apart(self, *args, **kwargs):
+        out = method(self, *args, **kwargs)
+        apart(self)
+        return out
+
+    return then_apart
 
 
 def attention_implementation(strategy: str) -> str:

@@ -154,6 +154,7 @@ def train_loop(
     after_step: Callable[[list, str, int, int], None] | None = None,
     extra: dict | None = None,
     dropped: Iterable[int] = (),
+    seen_here: bool = True,
 ) -> int:
     """The epochs: optimizer steps of ``micro_step(micro_batches, step_count) -> (loss_sum, tokens)`` with the
     loss normalized by ``count(micro_batches)`` (the step's loss-bearing positions on all ranks), gradient
@@ -161,12 +162,14 @@ def train_loop(
     ``parts`` are ``(sampler, loader, model, optimizer)``; ``after_step(micro_batches, run, epoch, step)``
     runs after each optimizer step (before any checkpoint of it); ``extra`` goes into every checkpoint;
     ``dropped``: the samples the plan leaves out on purpose (``--overlong drop``), said once in the seen-log
-    so its check does not count them lost."""
+    so its check does not count them lost; ``seen_here``: whether this rank writes the seen-log (under
+    SP/CP only the first rank of each group, whose rows the others share)."""
     log = print if rank == 0 else (lambda *a, **k: None)
     sampler, loader, model, optimizer = parts
     if args.seen_log:
         Path(args.seen_log).parent.mkdir(parents=True, exist_ok=True)
-    seen = os.open(args.seen_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.seen_log else None
+    logged = args.seen_log if seen_here else None
+    seen = os.open(logged, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if logged else None
     if seen is not None and rank == 0:
         seenlog.append_dropped(seen, run, dropped)
     t_last, tokens_since, done, first = time.perf_counter(), 0, False, step + 1

@@ -272,6 +272,7 @@ def _per_document_forward(module: torch.nn.Module, original: Callable[..., Any])
                 KERNEL_PATH[type(module).__name__] = False
         return run_per_document(original, lengths, batch, args, kwargs)
 
+    forward._padfree_per_document = True  # type: ignore[attr-defined]
     return forward
 
 
@@ -290,7 +291,7 @@ def keep_documents_apart(model: torch.nn.Module, names: Sequence[str] | None = N
         model._padfree_bounds = True  # type: ignore[assignment]
     for qname, mod in model.named_modules():
         if mixer_key(mod) in wanted or type(mod).__name__ in wanted:
-            if not getattr(mod, "_padfree_per_document", False):
+            if not getattr(mod.forward, "_padfree_per_document", False):  # also after `kernels` reset it
                 mod.forward = _per_document_forward(mod, mod.forward)
                 mod._padfree_per_document = True
             wrapped.append(qname)
