@@ -237,13 +237,13 @@ class PlanBatchSampler:
         return self.cursor.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume at the exact next micro-batch, at this sampler's world size (at another one the rest of the
-        epoch is re-planned over the new ranks). The state's balance (cost model, rank speeds) decides the
-        rest of its epoch whatever this sampler's config says (a half-done step keeps its ranks' shares, the
-        epoch ends as it would have without the interruption); the config's cost model applies again from the
-        next epoch, and at another world size the speeds start afresh. A foreign or damaged state, or one that
-        cannot be continued exactly, raises :class:`StateError` in one line that says why (checked and
-        restored by :meth:`padfree.core.cursor.Cursor.load_state_dict`)."""
+        """Resume at the exact next micro-batch (a chunked plan: its step's first), at this sampler's world
+        size (at another one the rest of the epoch is re-planned over the new ranks). The state's balance
+        (cost model, rank speeds) decides the rest of its epoch whatever this sampler's config says (a
+        half-done step keeps its ranks' shares); the config's cost model applies again from the next epoch,
+        and at another world size the speeds start afresh. A foreign or damaged state, or one that cannot
+        be continued exactly, raises :class:`StateError` in one line that says why (checked and restored
+        by :meth:`padfree.core.cursor.Cursor.load_state_dict`)."""
         self.cursor.load_state_dict(state)
         self._synced = None
         if self._dynamic is not None:
