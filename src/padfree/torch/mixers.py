@@ -12,8 +12,10 @@ one document into the start of the next, silently. Here every such module runs o
 
 Which modules mix is a table (:data:`MIXERS`: class names, or ``family.Class`` where a name is too plain),
 filled from ``padfree check-packing --all-families``, which localises a leak to the module that causes it.
-Boundaries come from the outermost model call (``cu_seq_lens_q`` or restarting ``position_ids``) and from
-each decoder layer's own keywords, so a layer recomputed under gradient checkpointing splits the same way.
+Boundaries come from the outermost model call and from each decoder layer's own keywords, through the one
+reader :func:`padfree.torch.boundaries.read_boundaries`; a decoder layer checkpointed by transformers replays
+in the backward pass with the boundaries its forward ran with (bound into its checkpoint, not read from the
+thread), so several forwards before a backward, or a backward in another thread, split the same way.
 Importing :mod:`padfree.torch.attention`
 makes every model built or switched to ``attn_implementation="padfree_varlen"`` install this by itself.
 
