@@ -98,6 +98,25 @@ def test_checkpointed_mixers_replay_with_their_own_boundaries(
     _assert_grads(model, expected)
 
 
+@pytest.mark.parametrize("family", ["lfm2", "mamba"])
+def test_layers_wrapped_by_torch_checkpoint_wrapper_replay_exactly(family: str) -> None:
+    """torch's checkpoint_wrapper (what FSDP's activation checkpointing applies) replays a layer with its
+    hooks: the layer finds the boundaries of the forward it replays, after another row's forward too."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    model = _model(family, "padfree_varlen").train()
+    inner = model.model if hasattr(model, "model") else model.backbone
+    for i, layer in enumerate(inner.layers):
+        inner.layers[i] = checkpoint_wrapper(layer)
+    rows = _docs(model.config.vocab_size)
+    expected = list(_alone_grads(family, rows).values())
+    (_packed(model, rows[0]) + _packed(model, rows[1])).backward()
+    got = [p.grad for p in model.parameters() if p.grad is not None]
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        assert float((g - e).norm() / e.norm().clamp_min(1e-12)) < 1e-4
+
+
 def test_a_replay_padfree_cannot_see_is_refused_in_one_line() -> None:
     """A mixer recomputed in backward by a checkpoint that runs no hook of padfree's: refused, not guessed."""
     model = _model("lfm2", "padfree_varlen").train()

@@ -125,11 +125,13 @@ def read_boundaries(kwargs: dict, batch: int, seq: int, who: str = "padfree") ->
     Read once per set of tensors (every layer of a forward gets the same ones)."""
     present = tuple((k, kwargs[k]) for k in _SOURCES if isinstance(kwargs.get(k), torch.Tensor))
     key = (tuple((k, id(t), t._version) for k, t in present), batch, seq)
-    hit = getattr(_cache, "hit", None)
-    if hit is not None and hit[0] == key and all(r() is t for r, (_, t) in zip(hit[1], present, strict=True)):
-        return hit[2]
+    hits: list = getattr(_cache, "hits", None) or []
+    for k, refs, bounds in hits:
+        if k == key and all(r() is t for r, (_, t) in zip(refs, present, strict=True)):
+            return bounds
     bounds = _read(dict(present), batch, seq, who)
-    _cache.hit = (key, tuple(weakref.ref(t) for _, t in present), bounds)
+    # a few sets: the model's call, its layers' and its attention's keywords alternate within one forward
+    _cache.hits = [(key, tuple(weakref.ref(t) for _, t in present), bounds), *hits[:3]]
     return bounds
 
 
@@ -139,7 +141,9 @@ def _read(kw: dict, batch: int, seq: int, who: str) -> Boundaries | None:
         pos = kw.get("position_ids")
         if pos is None or pos.dim() > 2 or pos.shape[-1] != seq:
             return None
-        lengths = lengths_from_position_ids(pos.expand(batch, -1) if pos.dim() == 2 else pos)
+        if pos.dim() == 2 and pos.shape[0] not in (1, batch):
+            raise ConfigError(f"{who}: position_ids hold {pos.shape[0]} rows, the batch {batch}")
+        lengths = lengths_from_position_ids(pos.reshape(-1, seq).expand(batch, -1))
         return Boundaries(tuple(lengths), tuple(lengths), batch)
     for side in ("", "_padded"):
         q, k = kw.get(f"cu_seq_lens_q{side}"), kw.get(f"cu_seq_lens_k{side}")

@@ -176,15 +176,18 @@ def run_per_document(
     )
 
 
-def _row_shape(args: tuple, kwargs: dict) -> tuple[int, int] | None:
+def _row_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
     x = kwargs.get("input_ids")
     if x is None:
         x = kwargs.get("inputs_embeds", kwargs.get("hidden_states"))
     if x is None and args:
         x = args[0]
-    if isinstance(x, torch.Tensor) and x.dim() >= 2:
-        return int(x.shape[0]), int(x.shape[1])
-    return None
+    return x if isinstance(x, torch.Tensor) and x.dim() >= 2 else None
+
+
+def _row_shape(args: tuple, kwargs: dict) -> tuple[int, int] | None:
+    x = _row_tensor(args, kwargs)
+    return None if x is None else (int(x.shape[0]), int(x.shape[1]))
 
 
 _REPLAYS: OrderedDict[tuple, Boundaries | None] = OrderedDict()
@@ -221,9 +224,9 @@ def _push_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tupl
     replay = not st and _in_backward()
     if bounds is None and st:
         bounds = st[-1]  # an inner model or a decoder layer called without boundaries inherits its caller's
-    elif bounds is None and replay:  # a layer replayed in backward by a checkpoint that runs its hooks
+    elif bounds is None and replay and key is not None:  # a layer replayed by a checkpoint that runs hooks
         with _replays_lock:
-            bounds = _REPLAYS.get(key, UNKNOWN) if key is not None else UNKNOWN
+            bounds = _REPLAYS.get(key, UNKNOWN)
     if key is not None and not replay and not isinstance(bounds, _Unknown):
         with _replays_lock:
             _REPLAYS[key] = bounds
@@ -250,8 +253,8 @@ def _restart_positions(module: torch.nn.Module, args: tuple, kwargs: dict, bound
     want = bounds.position_ids().reshape(batch, -1)
     pos = kwargs.get("position_ids")
     if pos is None:
-        device = next((t.device for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
-        return args, {**kwargs, "position_ids": want.to(device)}
+        x = _row_tensor(args, kwargs)
+        return args, {**kwargs, "position_ids": want.to(None if x is None else x.device)}
     if isinstance(pos, torch.Tensor) and pos.dim() <= 2 and pos.shape[-1] == want.shape[-1]:
         got = pos.expand(batch, -1).reshape(-1).to("cpu", torch.int64)
         starts = torch.tensor(bounds.document_starts(), dtype=torch.int64)
