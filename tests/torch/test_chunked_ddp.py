@@ -25,7 +25,7 @@ def _tiny_model():
     return build_model("tiny-llama", attn_implementation="sdpa", seed=1, **cfg).double()
 
 
-def _checks(rank: int, world: int) -> None:
+def _checks(rank: int, world: int, explicit_sync: bool) -> None:
     from padfree.torch import PackCollator, PlanBatchSampler, PlannedDataset, sync_unless, token_loss_sum
     from padfree.torch.chunked import run_step
 
@@ -54,7 +54,10 @@ def _checks(rank: int, world: int) -> None:
             continue
         before = len(calls)
         tokens = batch.info.step_tokens
-        run_step(ddp, step, world / tokens, sync=lambda final: sync_unless(ddp, final))
+        if explicit_sync:
+            run_step(ddp, step, world / tokens, sync=lambda final: sync_unless(ddp, final))
+        else:  # no sync given: a DDP model still reduces once per step (it reduced once per row, and hung)
+            run_step(ddp, step, world / tokens)
         per_step.append(len(calls) - before)
         chunked += sum(1 for b in step if b.info.starts and b.info.starts[0] > 0)
         pieces += [p for b in step for p in zip(b.info.indices, b.info.starts, b.info.lengths, strict=True)]
@@ -93,7 +96,8 @@ def _checks(rank: int, world: int) -> None:
 
 def _worker(rank: int, world: int, store_file: str) -> None:
     with gloo_group(rank, world, store_file):
-        _checks(rank, world)
+        _checks(rank, world, explicit_sync=True)
+        _checks(rank, world, explicit_sync=False)
 
 
 DEADLINE = 240.0  # seconds for the whole run (about 60 s on two loaded cores)
