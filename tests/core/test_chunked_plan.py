@@ -146,3 +146,39 @@ def test_make_items_cuts_at_the_reach() -> None:
     assert Budget.of(cfg).item == 4 * BUDGET
     items = make_items(np.array([5 * BUDGET, 3]), Budget.of(cfg).item, cfg.overlong)
     assert items.length.tolist() == [4 * BUDGET, 3]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_state_saved_between_chunks_resumes_at_the_steps_start(world: int) -> None:
+    """A chunked step runs whole (run_step, the Trainer): a state saved inside it, here between two chunks
+    of one document, resumes at the step's first micro-batch, so the document trains from its first chunk
+    and every token of the epoch is trained once (issue 41)."""
+    lens = long_tail(200, seed=5, top=4 * BUDGET)
+    cfg = PlanConfig("chunked", BUDGET, world, 4, seed=1)
+    source = EpochSource.of(lens, cfg)
+    plan = make_plan(lens, cfg, 0)
+    g = 4
+    # the first step whose rank 0 lane holds a chunk that continues its document, and that chunk's slot
+    k = next(k for k in range(plan.n_micro) if plan.starts[plan.offsets[k]] > 0 and k % (world * g) < g)
+    step, j = divmod(k, world * g)
+    first = [Cursor(source, cfg, r) for r in range(world)]
+    done = [[c.take() for _ in range(step * g)] for c in first]  # whole steps, trained
+    for c in first:
+        for _ in range(j):
+            c.take()  # handed out, not yet trained: the step had not run
+    state = json.loads(json.dumps(first[0].state_dict()))
+    assert state["partial"] == j > 0
+    rest = []
+    for r in range(world):
+        c = Cursor(EpochSource.of(lens, cfg), cfg, r)
+        c.load_state_dict(state)
+        assert c.partial == 0 and c.remaining() == (plan.n_steps - step) * g
+        nxt = _drain(c)
+        assert len(nxt) % g == 0
+        rest.append(nxt)
+    ids, starts, lengths = _flat([n for part in done for n in part] + [n for part in rest for n in part])
+    tokens = np.bincount(ids, weights=lengths, minlength=lens.shape[0])
+    np.testing.assert_array_equal(tokens, lens)  # every token once: none lost, none twice
+    resumed = rest[0][: j + 1]
+    doc = resumed[j].info.indices[0]
+    assert [n.info.starts[0] for n in resumed if n.info.indices == (doc,)][0] == 0  # from its first chunk

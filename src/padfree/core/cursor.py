@@ -255,7 +255,10 @@ class Cursor:
         segment budgets against the ones this config plans at, the position against the state's own plan,
         and a mid-step state's handed-out micro-batches against what its balance gives them now
         (:func:`padfree.core.position.check_taken`). A refused state raises :class:`StateError` (one line)
-        and leaves the cursor where it was."""
+        and leaves the cursor where it was. A chunked plan's mid-step state resumes at its step's first
+        micro-batch: such a step trains whole, once all of it is handed out
+        (:func:`padfree.torch.chunked.run_step`, the Trainer), so nothing of it was trained, and a long
+        document's later chunk cannot train without its first (every rank rewinds alike)."""
         budgets: dict[int, tuple[int | None, ...]] = {}
 
         def allowed(world: int) -> tuple[int | None, ...]:  # the budgets a segment at ``world`` may record
@@ -275,6 +278,8 @@ class Cursor:
         except StateError:
             self.restore(before)
             raise
+        if self.config.chunked:  # a chunked step runs whole: none of it was trained, a chunk needs its first
+            self.partial = 0
         self.spent = False
 
     def plan_steps(self, epoch: int, history: list[Segment]) -> int:

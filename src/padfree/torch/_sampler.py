@@ -26,7 +26,7 @@ from padfree.core.cursor import Cursor, EpochSource, MicroBatch, MicroInfo
 from padfree.core.plan import Plan
 from padfree.errors import ConfigError, StateError
 from padfree.torch import _dataset
-from padfree.torch._balance import DynamicBalancer
+from padfree.torch._balance import balance_stats, balancer, check_balance
 from padfree.torch._distributed import data_parallel
 
 if TYPE_CHECKING:
@@ -99,10 +99,7 @@ class PlanBatchSampler:
         dp_size: int | None = None,
         dp_group: object = None,
     ) -> None:
-        if balance not in ("static", "dynamic"):
-            raise ConfigError(f"balance must be 'static' or 'dynamic' (got {balance!r})")
-        if isinstance(balance_every, bool) or not isinstance(balance_every, int) or balance_every < 1:
-            raise ConfigError(f"balance_every must be an integer >= 1 (got {balance_every!r})")
+        check_balance(balance, balance_every)
         src = EpochSource.of(lengths, config, loss_tokens, window, anchors)
         if balance == "dynamic" and config.shard.active:
             raise ConfigError("balance='dynamic' does not re-cut SP/CP plans yet; use balance='static'")
@@ -119,11 +116,8 @@ class PlanBatchSampler:
         self.cursor = Cursor(src, self.config, rank, epoch=epoch, dynamic=dynamic, headroom=balance_headroom)
         self.fingerprint, self.identity = self.cursor.fingerprint, self.cursor.identity
         self._lengths = src.lengths
-        self._dynamic = None
-        if dynamic and world_size > 1:
-            capacity = 2 * balance_every * config.grad_accum
-            scale = (float(config.budget), float(config.budget) ** 2)
-            self._dynamic = DynamicBalancer(world_size, capacity, scale, balance_exchange)
+        steps = balance_every if dynamic and world_size > 1 else 0  # 0: no balancer (static or one rank)
+        self._dynamic = balancer(world_size, steps, config.grad_accum, config.budget, balance_exchange)
         self._synced: tuple[int, int] | None = None  # (epoch, step) of the last exchange
         self._busy = 0.0  # seconds spent yielding micro-batches (planning included), for balance_stats
         self._busy_first: float | None = None  # ... until the end of the first step
@@ -232,22 +226,9 @@ class PlanBatchSampler:
         ``sync_seconds`` (this rank's time in exchanges and refits) and
         ``sampler_seconds`` (all of its time yielding micro-batches: planning, layouts, exchanges), of which
         ``sampler_first_step_seconds`` until its first step was out (planning, loading compiled kernels)."""
-        b, d = self.cursor.balance, self._dynamic
-        return {
-            "mode": self.balance,
-            "cost": b.cost,
-            "fitted": b.fitted,
-            "speeds": b.speeds or (1.0,) * self.world_size,
-            "recut": b.recut,
-            "heldout_rel_error": None if d is None else d.heldout_error,
-            "exchanges": 0 if d is None else d.exchanges,
-            "records": 0 if d is None else d.records,
-            "dropped_times": 0 if d is None else d.dropped,
-            "sync_seconds": 0.0 if d is None else d.sync_seconds,
-            "sampler_seconds": self._busy,
-            "sampler_first_step_seconds": self._busy_first or 0.0,
-            "plan_budget": self.cursor.history[-1].budget or self.config.budget,
-        }
+        busy = (self._busy, self._busy_first or 0.0)
+        budget = self.cursor.history[-1].budget or self.config.budget
+        return balance_stats(self.balance, self.cursor.balance, self._dynamic, self.world_size, busy, budget)
 
     # ----- state -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -256,13 +237,13 @@ class PlanBatchSampler:
         return self.cursor.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume at the exact next micro-batch, at this sampler's world size (at another one the rest of the
-        epoch is re-planned over the new ranks). The state's balance (cost model, rank speeds) decides the
-        rest of its epoch whatever this sampler's config says (a half-done step keeps its ranks' shares, the
-        epoch ends as it would have without the interruption); the config's cost model applies again from the
-        next epoch, and at another world size the speeds start afresh. A foreign or damaged state, or one that
-        cannot be continued exactly, raises :class:`StateError` in one line that says why (checked and
-        restored by :meth:`padfree.core.cursor.Cursor.load_state_dict`)."""
+        """Resume at the exact next micro-batch (a chunked plan: its step's first), at this sampler's world
+        size (at another one the rest of the epoch is re-planned over the new ranks). The state's balance
+        (cost model, rank speeds) decides the rest of its epoch whatever this sampler's config says (a
+        half-done step keeps its ranks' shares); the config's cost model applies again from the next epoch,
+        and at another world size the speeds start afresh. A foreign or damaged state, or one that cannot
+        be continued exactly, raises :class:`StateError` in one line that says why (checked and restored
+        by :meth:`padfree.core.cursor.Cursor.load_state_dict`)."""
         self.cursor.load_state_dict(state)
         self._synced = None
         if self._dynamic is not None:

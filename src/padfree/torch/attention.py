@@ -37,7 +37,6 @@ import functools
 import importlib.util
 import inspect
 import threading
-import weakref
 from typing import Any
 
 import torch
@@ -46,7 +45,8 @@ from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 from padfree.torch import _attn_common as common
 from padfree.torch._attn_common import Call
-from padfree.torch.boundaries import lengths_from_cu, lengths_from_position_ids
+from padfree.torch.boundaries import lengths_from_cu, lengths_from_position_ids  # noqa: F401 (re-exported)
+from padfree.torch.mixers import attention_lengths
 
 NAME = "padfree_varlen"
 LEAKY = "padfree_leaky"
@@ -101,49 +101,11 @@ def prepare_for_packing(model: torch.nn.Module, attn_implementation: str = NAME)
 # document boundaries
 
 
-def _cached_lengths(source: torch.Tensor, compute) -> list[int]:
-    """``compute(source)``, once per tensor object: every layer of one forward pass receives the same
-    ``cu_seq_lens_q`` / ``position_ids`` tensor, so boundaries are derived (and copied to the host) once."""
-    hit = getattr(_state, "cache", None)
-    if hit is not None:
-        ref, version, lengths = hit
-        if ref() is source and source._version == version:
-            return lengths
-    lengths = compute(source)
-    _state.cache = (weakref.ref(source), source._version, lengths)
-    return lengths
-
-
 def _row_cu(kwargs: dict, side: str = "q") -> torch.Tensor | None:
     """The row's document boundaries: ``cu_seq_lens_{side}_padded`` of a row laid out for SP/CP (THD: each
     document's pads after its real tokens, inside its span), else ``cu_seq_lens_{side}``."""
     cu = kwargs.get(f"cu_seq_lens_{side}_padded")
     return kwargs.get(f"cu_seq_lens_{side}") if cu is None else cu
-
-
-def _doc_lengths(kwargs: dict, batch: int, seq: int) -> list[int]:
-    cu = _row_cu(kwargs)
-    if cu is not None:
-        cu_k = _row_cu(kwargs, "k")
-        if cu_k is not None and cu_k is not cu and not torch.equal(cu_k.to(cu.device), cu):
-            raise ConfigError(
-                "padfree_varlen: cu_seq_lens_k differs from cu_seq_lens_q (self-attention only)"
-            )
-        lengths = _cached_lengths(cu, lengths_from_cu)
-    else:
-        pos = kwargs.get("position_ids")
-        if pos is None:
-            return [seq] * batch
-        if pos.shape[-1] != seq:
-            raise ConfigError(f"padfree_varlen: position_ids cover {pos.shape[-1]} tokens, the row has {seq}")
-        if pos.dim() == 2 and pos.shape[0] != batch:
-            pos = pos.expand(batch, -1)
-        lengths = _cached_lengths(pos, lengths_from_position_ids)
-    if sum(lengths) != batch * seq or min(lengths, default=1) < 1:
-        raise ConfigError(
-            f"padfree_varlen: document boundaries cover {sum(lengths)} tokens, the batch holds {batch}x{seq}"
-        )
-    return lengths
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -424,7 +386,7 @@ def varlen_attention(call: Call) -> torch.Tensor:
             "padfree_varlen: output_attentions is not supported; use attn_implementation='eager'"
         )
 
-    lengths = _doc_lengths(kwargs, batch, q_len)
+    lengths = attention_lengths(call.module, kwargs, batch, q_len, NAME)
     query, key, value = _autocast_inputs(query, key, value)
     if batch == 1:
         q, k, v = query, key, value

@@ -313,7 +313,8 @@ def chunked_backward(
             backward pass (0: one chunk's activations alive at a time).
         sync: ``sync(final)`` is the context every forward/backward runs in; ``final`` is True only for the
             last backward (chunk 0's), e.g. ``lambda final: sync_unless(ddp, info.last and final)`` so DDP
-            reduces gradients once per step.
+            reduces gradients once per step. Default: for a DDP model, one reduction at chunk 0's backward
+            (this document is the step); else nothing.
     """
     ids = input_ids.reshape(-1)
     lab = labels.reshape(-1)
@@ -324,6 +325,8 @@ def chunked_backward(
     _check_dropout(model)
     _check_recompute(model)
     check_carried(model)
+    if sync is None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        sync = _reduce_once(model)  # one reduction, at chunk 0's backward: never a rank left unsynced
     sizes = chunk_lengths(int(ids.shape[0]), chunk)
     starts = [sum(sizes[:k]) for k in range(len(sizes))]
     target = F.pad(lab[1:], (0, 1), value=IGNORE)  # logits at t predict labels[t+1], across chunks too
@@ -384,6 +387,13 @@ def chunked_backward(
 # one optimizer step of a chunked plan
 
 
+def _reduce_once(ddp: torch.nn.Module) -> Callable[[bool], contextlib.AbstractContextManager]:
+    """``sync(final)`` for a DDP model: ``no_sync`` except for the final backward."""
+    from padfree.torch._distributed import sync_unless
+
+    return lambda final: sync_unless(ddp, final)
+
+
 def step_documents(micro_batches: Sequence[Any]) -> list[list[Any]]:
     """A rank's micro-batches of one step, grouped by document: a micro-batch whose one item is a chunk that
     continues its document (``info.starts[0] > 0``) joins the micro-batch before it; every other micro-batch
@@ -423,9 +433,14 @@ def run_step(
 
     ``sync(final)`` wraps every forward and backward; ``final`` is True for the step's last backward only
     (e.g. ``lambda final: sync_unless(ddp, final)``), so DDP all-reduces once per step, as with any plan.
+    Without it a DDP model gets exactly that: reducing at every row's or document's backward would run as
+    many all-reduces as this rank has groups, which differs between ranks (a long document is one group,
+    four short rows are four), and the ranks' collectives would no longer pair up (a hang).
     """
     from padfree.torch._loss import token_loss_sum
 
+    if sync is None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        sync = _reduce_once(model)  # once per row would differ between ranks and hang the collectives
     ctx = sync if sync is not None else (lambda final: contextlib.nullcontext())
     groups = step_documents(micro_batches)
     loss_sum: torch.Tensor | None = None

@@ -12,8 +12,10 @@ one document into the start of the next, silently. Here every such module runs o
 
 Which modules mix is a table (:data:`MIXERS`: class names, or ``family.Class`` where a name is too plain),
 filled from ``padfree check-packing --all-families``, which localises a leak to the module that causes it.
-Boundaries come from the outermost model call (``cu_seq_lens_q`` or restarting ``position_ids``) and from
-each decoder layer's own keywords, so a layer recomputed under gradient checkpointing splits the same way.
+Boundaries come from the outermost model call and from each decoder layer's own keywords, through the one
+reader :func:`padfree.torch.boundaries.read_boundaries`; a decoder layer checkpointed by transformers replays
+in the backward pass with the boundaries its forward ran with (bound into its checkpoint, not read from the
+thread), so several forwards before a backward, or a backward in another thread, split the same way.
 Importing :mod:`padfree.torch.attention`
 makes every model built or switched to ``attn_implementation="padfree_varlen"`` install this by itself.
 
@@ -26,14 +28,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from padfree.errors import ConfigError
-from padfree.torch.boundaries import lengths_from_cu, lengths_from_position_ids
+from padfree.torch.boundaries import Boundaries, read_boundaries
 
 # class name -> what it is (for messages and the sweep's table). Each runs per document when a packed row
 # has more than one; a fast kernel that takes ``cu_seqlens``/``seq_idx`` itself is listed in KERNELS.
@@ -75,14 +79,25 @@ MIXERS: dict[str, str] = {
     "CpmAntAttention": "position-bias attention over the row",
 }
 
-_state = threading.local()
+_state = threading.local()  # per thread: the stack of boundaries of the calls in progress
 
 
-def _stack() -> list[list[int] | None]:
-    s = getattr(_state, "stack", None)
-    if s is None:
-        s = _state.stack = []
-    return s
+def _stack() -> list[Boundaries | None]:
+    st = getattr(_state, "stack", None)
+    if st is None:
+        st = _state.stack = []
+    return st
+
+
+@contextlib.contextmanager
+def _bounded(bounds: Boundaries | None) -> Iterator[None]:
+    """``bounds`` on this thread's stack for the block (a call, or a checkpointed layer's replay)."""
+    st = _stack()
+    st.append(bounds)
+    try:
+        yield
+    finally:
+        st.pop()
 
 
 def split_like(x: Any, total: int, start: int, end: int, batch: int = 1, row: int = 0) -> Any:
@@ -161,58 +176,147 @@ def run_per_document(
     )
 
 
-def lengths_of(kwargs: dict, batch: int, seq: int) -> list[int] | None:
-    """Document lengths of a packed call (``cu_seq_lens_q``, else restarting ``position_ids``), or ``None``
-    when the call carries neither (one document per row)."""
-    cu = kwargs.get("cu_seq_lens_q")
-    if cu is not None:
-        lengths = lengths_from_cu(cu)
-    else:
-        pos = kwargs.get("position_ids")
-        if not isinstance(pos, torch.Tensor) or pos.shape[-1] != seq or pos.dim() > 2:
-            return None
-        lengths = lengths_from_position_ids(pos.expand(batch, -1) if pos.dim() == 2 else pos)
-    if len(lengths) <= batch or sum(lengths) != batch * seq:
-        return None
-    return lengths
-
-
-def _row_shape(args: tuple, kwargs: dict) -> tuple[int, int] | None:
+def _row_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
     x = kwargs.get("input_ids")
     if x is None:
         x = kwargs.get("inputs_embeds", kwargs.get("hidden_states"))
     if x is None and args:
         x = args[0]
-    if isinstance(x, torch.Tensor) and x.dim() >= 2:
-        return int(x.shape[0]), int(x.shape[1])
+    return x if isinstance(x, torch.Tensor) and x.dim() >= 2 else None
+
+
+def _row_shape(args: tuple, kwargs: dict) -> tuple[int, int] | None:
+    x = _row_tensor(args, kwargs)
+    return None if x is None else (int(x.shape[0]), int(x.shape[1]))
+
+
+_REPLAYS: OrderedDict[tuple, Boundaries | None] = OrderedDict()
+"""(layer, its input's storage and shape) -> the boundaries it ran with: a layer replayed in the backward pass
+by a checkpoint that re-runs its hooks finds them here (its saved input keeps that storage)."""
+_REPLAYS_KEPT = 4096
+_replays_lock = threading.Lock()
+
+
+def _input_key(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+    x = args[0] if args else kwargs.get("hidden_states")
+    if not isinstance(x, torch.Tensor) or x.layout != torch.strided:
+        return None
+    return (id(module), x.device, x.data_ptr(), tuple(x.shape), x.dtype)
+
+
+class _Unknown:
+    """Boundaries that cannot be known: a layer replayed in the backward pass by a checkpoint padfree does not
+    see, its forward's boundaries gone."""
+
+
+UNKNOWN = _Unknown()
+
+
+def _push_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Read this call's boundaries (:func:`padfree.torch.boundaries.read_boundaries`) or inherit its
+    caller's, and push them; a model's outermost call also gets positions restarting per document."""
+    shape = _row_shape(args, kwargs)
+    who = f"padfree: {type(module).__name__}"
+    own = None if shape is None else read_boundaries(kwargs, *shape, who=who)
+    bounds: Boundaries | _Unknown | None = own if own is not None and own.packed else None
+    st = _stack()
+    key = _input_key(module, args, kwargs) if getattr(module, "_padfree_layer", False) else None
+    replay = not st and _in_backward()
+    if bounds is None and st:
+        bounds = st[-1]  # an inner model or a decoder layer called without boundaries inherits its caller's
+    elif bounds is None and replay and key is not None:  # a layer replayed by a checkpoint that runs hooks
+        with _replays_lock:
+            bounds = _REPLAYS.get(key, UNKNOWN)
+    if key is not None and not replay and not isinstance(bounds, _Unknown):
+        with _replays_lock:
+            _REPLAYS[key] = bounds
+            _REPLAYS.move_to_end(key)
+            while len(_REPLAYS) > _REPLAYS_KEPT:
+                _REPLAYS.popitem(last=False)
+    st.append(bounds)  # type: ignore[arg-type]
+    if key is not None:
+        _bind_checkpoint(module)
+    elif not getattr(module, "_padfree_layer", False) and isinstance(own, Boundaries):
+        return _restart_positions(module, args, kwargs, own)
     return None
 
 
-def _push_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-    shape = _row_shape(args, kwargs)
-    lengths = None if shape is None else lengths_of(kwargs, *shape)
-    stack = _stack()
-    outer = stack[-1] if stack else None
-    if lengths is None and outer is not None and (shape is None or sum(outer) == shape[0] * shape[1]):
-        lengths = outer  # an inner model or a decoder layer called without boundaries inherits its caller's
-    if not stack:
-        _state.last = lengths  # kept after the pass: a checkpointed layer recomputed in backward finds it
-    stack.append(lengths)
+def _restart_positions(module: torch.nn.Module, args: tuple, kwargs: dict, bounds: Boundaries):
+    """A packed call (``cu_seq_lens_q``) to a model that takes ``position_ids``: none given, the positions
+    restarting per document are given (each document is then at the positions it has alone); given but
+    continuing across a document's start, the call is refused in one line."""
+    if not bounds.packed or not bounds.covers(*(_row_shape(args, kwargs) or (0, 0))) or args[1:]:
+        return None
+    if "position_ids" not in _parameters(module):
+        return None
+    batch = bounds.rows
+    want = bounds.position_ids().reshape(batch, -1)
+    pos = kwargs.get("position_ids")
+    if pos is None:
+        x = _row_tensor(args, kwargs)
+        return args, {**kwargs, "position_ids": want.to(None if x is None else x.device)}
+    if isinstance(pos, torch.Tensor) and pos.dim() <= 2 and pos.shape[-1] == want.shape[-1]:
+        got = pos.expand(batch, -1).reshape(-1).to("cpu", torch.int64)
+        starts = torch.tensor(bounds.document_starts(), dtype=torch.int64)
+        bad = torch.nonzero(got[starts] != 0).reshape(-1)
+        if bad.numel():
+            i = int(bad[0])
+            raise ConfigError(
+                f"padfree: position_ids do not restart at document {i} of cu_seq_lens_q (token "
+                f"{int(starts[i])} has position {int(got[starts[i]])}): the model would place it after the "
+                "documents before it; pass PackCollator's position_ids (restarting at 0), or none"
+            )
+    return None
+
+
+_PARAMETERS: dict[type, frozenset[str]] = {}
+
+
+def _parameters(module: torch.nn.Module) -> frozenset[str]:
+    """The keywords the module's forward takes (per class, read once)."""
+    cls = type(module)
+    if cls not in _PARAMETERS:
+        try:
+            _PARAMETERS[cls] = frozenset(inspect.signature(module.forward).parameters)
+        except (TypeError, ValueError):
+            _PARAMETERS[cls] = frozenset()
+    return _PARAMETERS[cls]
+
+
+def _bind_checkpoint(layer: torch.nn.Module) -> None:
+    """transformers checkpoints a decoder layer's ``forward`` inside its hooks, through the layer's
+    ``_gradient_checkpointing_func``: wrap it so that the replay in the backward pass (reentrant or not, in
+    any thread, after any number of other forwards) runs with the boundaries this forward ran with."""
+    func = getattr(layer, "_gradient_checkpointing_func", None)
+    if func is None or getattr(func, "_padfree_bounds", False):
+        return
+
+    @functools.wraps(func)
+    def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        st = _stack()
+        bounds = st[-1] if st else None
+
+        def replay(*a: Any, **k: Any) -> Any:
+            with _bounded(bounds):
+                return function(*a, **k)
+
+        return func(replay, *args, **kwargs)
+
+    checkpoint._padfree_bounds = True  # type: ignore[attr-defined]
+    layer._gradient_checkpointing_func = checkpoint  # type: ignore[assignment]
 
 
 def _pop_hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-    stack = _stack()
-    if stack:
-        stack.pop()
+    st = _stack()
+    if st:
+        st.pop()
 
 
-def current_lengths() -> list[int] | None:
-    """The document lengths of the packed call in progress (or, in the backward pass, of the last one: a layer
-    recomputed under gradient checkpointing), ``None`` outside one."""
-    stack = _stack()
-    if stack:
-        return stack[-1]
-    return getattr(_state, "last", None) if _in_backward() else None
+def current_boundaries() -> Boundaries | _Unknown | None:
+    """The boundaries of the packed call in progress in this thread (a layer replayed in the backward pass
+    under gradient checkpointing: those of the forward it replays), ``None`` outside one."""
+    st = _stack()
+    return st[-1] if st else None
 
 
 def _in_backward() -> bool:
@@ -221,6 +325,36 @@ def _in_backward() -> bool:
 
 def _has_row_kwargs(kwargs: dict) -> bool:
     return kwargs.get("seq_idx") is not None or kwargs.get("cu_seq_lens_q") is not None
+
+
+def attention_lengths(module: torch.nn.Module, kwargs: dict, batch: int, seq: int, impl: str) -> list[int]:
+    """The document spans a ``padfree_varlen`` attention call keeps apart (the rows themselves when the call
+    carries no boundaries), read by the one reader the mixers use. Refused in one line: boundaries that do not
+    cover the call, ``position_ids`` of another length, and a packed row reaching a model configured with
+    ``padfree_varlen`` by hand (its token mixers and positions were not set up by padfree)."""
+    who = f"{impl}: {type(module).__name__}"
+    bounds = read_boundaries(kwargs, batch, seq, who=impl)
+    pos = kwargs.get("position_ids")
+    if bounds is None:
+        if isinstance(pos, torch.Tensor) and pos.shape[-1] != seq:
+            raise ConfigError(f"{impl}: position_ids cover {pos.shape[-1]} tokens, the row has {seq}")
+        return [seq] * batch
+    if not bounds.covers(batch, seq):
+        raise ConfigError(
+            f"{impl}: document boundaries cover {bounds.total} tokens, the batch holds {batch}x{seq}"
+        )
+    cfg = getattr(module, "config", None)
+    if bounds.packed and getattr(cfg, "_attn_implementation", None) == impl and not _prepared(module):
+        raise ConfigError(
+            f"{who} was not prepared by padfree (its config names {impl} by hand), so its token mixers "
+            "and positions would run across the packed documents: build the model with "
+            f"attn_implementation='{impl}' or call padfree.torch.attention.prepare_for_packing(model)"
+        )
+    return list(bounds.spans)
+
+
+def _prepared(module: torch.nn.Module) -> bool:
+    return bool(getattr(module, "_padfree_apart", False))
 
 
 KERNEL_PATH: dict[str, bool] = {}
@@ -242,38 +376,60 @@ def per_document_mixers(on: bool = True) -> Iterator[None]:
 
 
 def _per_document_forward(module: torch.nn.Module, original: Callable[..., Any]) -> Callable[..., Any]:
+    name = type(module).__name__
+
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
         if getattr(_state, "off", False):
             return original(*args, **kwargs)
-        lengths = current_lengths()
+        st = _stack()
+        bounds = st[-1] if st else None
+        if isinstance(bounds, _Unknown) or (not st and _in_backward()):
+            raise ConfigError(
+                f"padfree: {name} is recomputed in the backward pass without the document boundaries of "
+                "its forward (a checkpoint wrapper padfree does not see): enable gradient checkpointing "
+                "with model.gradient_checkpointing_enable()"
+            )
         x = kwargs.get("hidden_states", kwargs.get("hidden", args[0] if args else None))
         alone = {k: v for k, v in kwargs.items() if k not in _ROW_KWARGS}  # one document per row
-        if lengths is None or not isinstance(x, torch.Tensor) or x.dim() != 3:
+        if bounds is None or not bounds.packed or not isinstance(x, torch.Tensor) or x.dim() != 3:
             return original(*args, **alone)
         batch, seq = int(x.shape[0]), int(x.shape[1])
-        if sum(lengths) != batch * seq:
-            if seq == 1 or not _in_backward():
-                return original(*args, **alone)  # cached decoding, or another model's call
+        if not bounds.covers(batch, seq):
+            if seq == 1:
+                return original(*args, **alone)  # cached decoding
             raise ConfigError(
-                f"padfree: {type(module).__name__} recomputed on a row of {batch}x{seq} tokens while the "
-                f"packed boundaries cover {sum(lengths)}: run each forward's backward before the next forward"
+                f"padfree: {name} runs on {batch}x{seq} tokens of a row whose documents cover "
+                f"{bounds.total} (a shard of a sequence- or context-parallel row): a token mixer cannot "
+                "keep documents apart on a shard; train this model without sp/cp"
             )
-        if len(lengths) == batch:
-            return original(*args, **alone)
-        if x.is_cuda and KERNEL_PATH.get(type(module).__name__) is not False and _has_row_kwargs(kwargs):
+        if x.is_cuda and KERNEL_PATH.get(name) is not False and _has_row_kwargs(kwargs):
             try:  # transformers' own fused kernel keeps documents apart from cu_seqlens / seq_idx
-                out = original(*args, **kwargs)
-                KERNEL_PATH[type(module).__name__] = True
+                out = original(*args, **{**kwargs, **_kernel_kwargs(kwargs, bounds, x.device)})
+                KERNEL_PATH[name] = True
                 return out
             except ValueError as exc:  # "can't keep packed sequences apart without <kernel>"
                 if "packed sequences apart" not in str(exc):
                     raise
-                KERNEL_PATH[type(module).__name__] = False
-        return run_per_document(original, lengths, batch, args, kwargs)
+                KERNEL_PATH[name] = False
+        return run_per_document(original, bounds.spans, batch, args, kwargs)
 
     forward._padfree_per_document = True  # type: ignore[attr-defined]
     return forward
+
+
+def _kernel_kwargs(kwargs: dict, bounds: Boundaries, device: torch.device) -> dict:
+    """The row keywords a fused kernel reads, all from ``bounds`` (a THD row's padded spans included)."""
+    out: dict[str, Any] = {}
+    if "seq_idx" in kwargs:
+        out["seq_idx"] = bounds.seq_idx(device)
+    for k in ("cu_seq_lens_q", "cu_seq_lens_k", "cu_seqlens"):
+        if k in kwargs:
+            out[k] = bounds.cu_seqlens(device=device)
+    for k in ("max_length_q", "max_length_k"):
+        if k in kwargs:
+            out[k] = bounds.max_length
+    return out
 
 
 def keep_documents_apart(model: torch.nn.Module, names: Sequence[str] | None = None) -> list[str]:
@@ -290,6 +446,7 @@ def keep_documents_apart(model: torch.nn.Module, names: Sequence[str] | None = N
         model.register_forward_hook(_pop_hook, with_kwargs=True, always_call=True)
         model._padfree_bounds = True  # type: ignore[assignment]
     for qname, mod in model.named_modules():
+        mod._padfree_apart = True  # its attention may take packed rows (attention_lengths)
         if mixer_key(mod) in wanted or type(mod).__name__ in wanted:
             if not getattr(mod.forward, "_padfree_per_document", False):  # also after `kernels` reset it
                 mod.forward = _per_document_forward(mod, mod.forward)

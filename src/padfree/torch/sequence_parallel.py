@@ -37,6 +37,7 @@ from padfree.errors import ConfigError
 from padfree.torch import attention as pa
 from padfree.torch._attn_common import Call, Forward, interface, repeat_heads
 from padfree.torch._attn_common import register as register_attention
+from padfree.torch.boundaries import read_boundaries
 from padfree.torch.collectives import all_to_all, current
 
 NAME = "padfree_ulysses"
@@ -83,14 +84,17 @@ def check_shardable(model: torch.nn.Module, sp: int = 1, cp: int = 1) -> None:
 
 
 def row_boundaries(batch: Mapping) -> torch.Tensor:
-    """The document boundaries a sharded row's attention uses: the padded spans (``cu_seq_lens_q_padded``
-    of a :class:`~padfree.torch.PackCollator` with ``sp``/``cp``; each document's pads after its real tokens,
-    so they change none of its real tokens), else ``cu_seq_lens_q``."""
-    cu = batch.get("cu_seq_lens_q_padded")
-    cu = batch.get("cu_seq_lens_q") if cu is None else cu
-    if cu is None:
+    """The document boundaries a sharded row's attention uses (int32, empty documents dropped), read by
+    :func:`padfree.torch.boundaries.read_boundaries`: the padded spans (``cu_seq_lens_q_padded`` of a
+    :class:`~padfree.torch.PackCollator` with ``sp``/``cp``; each document's pads after its real tokens, so
+    they change none of its real tokens), else ``cu_seq_lens_q``."""
+    if batch.get("cu_seq_lens_q_padded") is None and batch.get("cu_seq_lens_q") is None:
         raise ConfigError("a sharded row needs its document boundaries (cu_seq_lens_q): use PackCollator")
-    return torch.as_tensor(cu).to(torch.int32)
+    row = {k: torch.as_tensor(v) for k, v in batch.items() if k.startswith("cu_seq_lens_") and v is not None}
+    ids = torch.as_tensor(batch["input_ids"])
+    bounds = read_boundaries(row, 1, int(ids.shape[-1]), who="SP/CP")  # the one reader, attention's too
+    assert bounds is not None
+    return bounds.cu_seqlens()
 
 
 def shift_labels(labels: torch.Tensor) -> torch.Tensor:
