@@ -14,7 +14,8 @@ from padfree.options import WORKERS, add_data_arguments, format_options
 NAME = "lengths"
 HELP = (
     "tokenize a dataset (.jsonl[.gz], .parquet, datasets folders; several files, globs, folders) and write "
-    "per-sample token counts (.npy) plus loss-bearing counts beside them"
+    "per-sample token counts (.npy) plus loss-bearing counts beside them; tokenized data (a seq_len or "
+    "input_ids column, Megatron .bin/.idx, datatrove .ds) is read, not tokenized again"
 )
 
 
@@ -25,13 +26,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "data",
         nargs="+",
         help=".jsonl, .jsonl.gz, .parquet, datasets folders, globs or folders of such files (counted in "
-        "the order given, as one dataset)",
+        "the order given, as one dataset); or tokenized data: datasets folders / parquet files with a "
+        "seq_len or input_ids column, Megatron PREFIX.bin/.idx, datatrove .ds shards or their folders (read)",
     )
     p.add_argument(
         "--tokenizer",
         type=Path,
-        required=True,
-        help="SentencePiece .model, tokenizer.json, or a local transformers tokenizer folder",
+        default=None,
+        help="SentencePiece .model, tokenizer.json, or a local transformers tokenizer folder (needed to "
+        "count raw records; tokenized data is read without it)",
+    )
+    p.add_argument(
+        "--column",
+        default=None,
+        help="tokenized data: the lengths column (default seq_len, else input_ids)",
+    )
+    p.add_argument(
+        "--tokenize",
+        action="store_true",
+        help="tokenize every source by padfree's rule even when it holds token ids",
     )
     add_data_arguments(p)
     p.add_argument(
@@ -57,6 +70,16 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out.suffix != ".npy":
         raise ConfigError(f"--out must name a .npy file (got {args.out})")
+    if not args.tokenize:
+        from padfree.data.readers import tokenized_sources
+
+        if tokenized_sources(args.data, args.split):
+            return _read_tokenized(args)
+    if args.tokenizer is None:
+        raise ConfigError(
+            "--tokenizer is required to count raw records (none of the data holds token ids: a seq_len or "
+            "input_ids column, Megatron .bin/.idx, datatrove .ds)"
+        )
     check_input(args.tokenizer, "tokenizer")  # the data sources: padfree.data.records checks each file
     check_output(args.out, "the lengths")
     check_output(assistant_path(args.out), "the loss-bearing lengths")
@@ -96,4 +119,44 @@ def run(args: argparse.Namespace) -> int:
             f"each replaced by U+FFFD (first: {res.replaced[1]})",
             file=sys.stderr,
         )
+    return 0
+
+
+def _read_tokenized(args: argparse.Namespace) -> int:
+    """Lengths of tokenized data, read (:mod:`padfree.data.readers`), written as ``padfree lengths`` writes
+    counts; a format without a loss mask writes no loss-bearing file (and removes a stale one) and says so."""
+    import time
+
+    import numpy as np
+
+    from padfree.data.readers import read_tokenized
+
+    t0 = time.perf_counter()
+    check_output(args.out, "the lengths")
+    check_output(assistant_path(args.out), "the loss-bearing lengths")
+    res = read_tokenized(args.data, args.column, args.split)
+    if res.lengths.shape[0] == 0:
+        raise ConfigError(f"no samples in {', '.join(s for s, _ in res.sources[:3])}")
+    dtype = np.int32 if int(res.lengths.max(initial=0)) < 2**31 else np.int64
+    aux = assistant_path(args.out)
+    with writing(args.out, "the lengths"):
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        np.save(args.out, res.lengths.astype(dtype))
+        if res.loss_tokens is not None:
+            np.save(aux, res.loss_tokens.astype(dtype))
+        else:
+            aux.unlink(missing_ok=True)  # a stale one would pair old loss counts with these lengths
+    q = np.percentile(res.lengths, [50, 99])
+    src = f"{len(res.sources)} sources, " if len(res.sources) > 1 else ""
+    loss = (
+        f"loss-bearing {int(res.loss_tokens.sum()):,} tokens in {aux}"
+        if res.loss_tokens is not None
+        else f"no loss-bearing counts written ({res.note})"
+    )
+    print(
+        f"{args.out}: {res.lengths.shape[0]:,} samples, {int(res.lengths.sum()):,} tokens "
+        f"(p50 {q[0]:.0f}, p99 {q[1]:.0f}, max {int(res.lengths.max()):,}) read from {res.fmt} token ids "
+        f"(not tokenized again); {loss}; {src}{time.perf_counter() - t0:.2f} s",
+        file=sys.stderr,
+    )
     return 0
