@@ -60,6 +60,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="token-count cache (default $PADFREE_CACHE_DIR or ~/.cache/padfree)",
     )
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        help="count on a Ray cluster (HOST:PORT, ray://HOST:PORT, auto; no address: a local one of --workers "
+        "CPUs), past one machine: needs pip install 'padfree[ray]' and the data readable by the workers",
+    )
+    p.add_argument(
+        "--shards",
+        type=Path,
+        default=None,
+        help="--ray: where the counted shards and their manifest go (default: OUT without .npy + .shards/)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -84,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.out, "the lengths")
     check_output(assistant_path(args.out), "the loss-bearing lengths")
     mode, names = format_options(args)
+    if args.ray is not None:
+        return _count_on_ray(args, mode, names)
     res = count_lengths(
         args.data,
         args.tokenizer,
@@ -157,6 +174,44 @@ def _read_tokenized(args: argparse.Namespace) -> int:
         f"{args.out}: {res.lengths.shape[0]:,} samples, {int(res.lengths.sum()):,} tokens "
         f"(p50 {q[0]:.0f}, p99 {q[1]:.0f}, max {int(res.lengths.max()):,}) read from {res.fmt} token ids "
         f"(not tokenized again); {loss}; {src}{time.perf_counter() - t0:.2f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _count_on_ray(args: argparse.Namespace, mode: str, names: dict) -> int:
+    """``--ray``: count on a Ray cluster (:mod:`padfree.data.ray_lengths`), write as the local count does."""
+    import numpy as np
+
+    from padfree.data.ray_lengths import count_on_ray
+
+    shards = args.shards or args.out.with_name(args.out.name[: -len(".npy")] + ".shards")
+    check_output(shards, "the shards", folder=True)
+    address = None if args.ray == "local" else args.ray
+    res = count_on_ray(
+        args.data,
+        args.tokenizer,
+        shards,
+        address=address,
+        mode=mode,
+        fields=names,
+        split=args.split,
+        chat_template=args.chat_template,
+        workers=args.workers if address is None else None,
+    )
+    dtype = np.int32 if int(res.lengths.max(initial=0)) < 2**31 else np.int64
+    aux = assistant_path(args.out)
+    with writing(args.out, "the lengths"):
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        np.save(args.out, res.lengths.astype(dtype))
+        np.save(aux, res.loss_tokens.astype(dtype))
+    n = res.lengths.shape[0]
+    print(
+        f"{args.out}: {n:,} samples, {int(res.lengths.sum()):,} tokens counted on Ray ({res.workers} "
+        "workers, "
+        f"{res.n_shards} shards in {shards}, merged by their manifest); loss-bearing "
+        f"{int(res.loss_tokens.sum()):,} tokens in {aux}; {res.seconds:.2f} s "
+        f"({n / res.seconds:,.0f} samples/s)",
         file=sys.stderr,
     )
     return 0
