@@ -121,9 +121,13 @@ def compile_part(
             from torch._inductor.compile_fx import compile_fx
 
             return compile_fx(gm, example_inputs)
+        from functorch.compile import make_boxed_func
         from torch._dynamo.backends.common import aot_autograd
 
-        return aot_autograd(fw_compiler=lambda g, _: g, bw_compiler=lambda g, _: g)(gm, example_inputs)
+        def boxed(g, _):  # noqa: ANN001, ANN202
+            return make_boxed_func(g.forward)
+
+        return aot_autograd(fw_compiler=boxed, bw_compiler=boxed)(gm, example_inputs)
 
     model = LM()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
