@@ -40,13 +40,24 @@ def test_count_records_is_the_one_rule(fixtures_dir: Path, sp_model: Path) -> No
 def test_local_ray_cluster_counts_exactly_what_padfree_lengths_does(
     fixtures_dir: Path, sp_model: Path, tmp_path: Path, capsys
 ) -> None:
+    import gzip
+
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     data = [str(fixtures_dir / "samples" / n) for n in DATA]
+    with gzip.open(data[2], "rt", encoding="utf-8") as f:  # the same chats as parquet row groups and datasets
+        chats = [json.loads(x) for x in f][:300]
+    pq.write_table(pa.Table.from_pylist(chats), tmp_path / "chats.parquet", row_group_size=70)
+    datasets.Dataset.from_list(chats).save_to_disk(str(tmp_path / "chats_ds"))
+    data += [str(tmp_path / "chats.parquet"), str(tmp_path / "chats_ds")]
     ref = tmp_path / "ref.npy"
     assert main(["lengths", *data, "--tokenizer", str(sp_model), "--out", str(ref), "--no-cache",
                  "--workers", "1", "--quiet"]) == 0  # fmt: skip
     out = tmp_path / "ray.npy"
-    assert main(["lengths", *data, "--tokenizer", str(sp_model), "--out", str(out), "--ray",
-                 "--workers", "2"]) == 0  # fmt: skip
+    assert main(["lengths", *data, "--tokenizer", str(sp_model), "--out", str(out), "--ray", "--workers", "2",
+                 "--rows-per-shard", "128"]) == 0  # fmt: skip
     assert "counted on Ray (2 workers" in capsys.readouterr().err
     np.testing.assert_array_equal(np.load(out), np.load(ref))
     np.testing.assert_array_equal(
@@ -54,7 +65,8 @@ def test_local_ray_cluster_counts_exactly_what_padfree_lengths_does(
     )
     shards = tmp_path / "ray.shards"
     manifest = json.loads((shards / "manifest.json").read_text())
-    assert [Path(s["path"]).name for s in manifest["sources"]] == DATA
+    assert [Path(s["path"]).name for s in manifest["sources"]] == [*DATA, "chats.parquet", "chats_ds"]
+    assert len(manifest["shards"]) > len(data)
     assert all(s["sha256"] and s["rows"] > 0 for s in manifest["sources"])
     # the merge refuses shards counted with another tokenizer, or under another rule, in one line
     other = tmp_path / "other.model"

@@ -9,9 +9,10 @@ from pathlib import Path
 from padfree.commands.common import check_input, check_output, writing
 from padfree.data.length_files import assistant_path
 from padfree.errors import ConfigError
-from padfree.options import WORKERS, add_data_arguments, format_options
+from padfree.options import WORKERS, Bounded, add_data_arguments, format_options
 
 NAME = "lengths"
+ROWS = Bounded(int, 1, 2**31 - 1)  # --rows-per-shard
 HELP = (
     "tokenize a dataset (.jsonl[.gz], .parquet, datasets folders; several files, globs, folders) and write "
     "per-sample token counts (.npy) plus loss-bearing counts beside them; tokenized data (a seq_len or "
@@ -68,6 +69,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="ADDRESS",
         help="count on a Ray cluster (HOST:PORT, ray://HOST:PORT, auto; no address: a local one of --workers "
         "CPUs), past one machine: needs pip install 'padfree[ray]' and the data readable by the workers",
+    )
+    p.add_argument(
+        "--rows-per-shard",
+        type=ROWS,
+        default=None,
+        help="--ray: records per shard (default: about 4 shards per worker, 256 to 16384 records each)",
     )
     p.add_argument(
         "--shards",
@@ -198,6 +205,7 @@ def _count_on_ray(args: argparse.Namespace, mode: str, names: dict) -> int:
         split=args.split,
         chat_template=args.chat_template,
         workers=args.workers if address is None else None,
+        rows_per_shard=args.rows_per_shard,
     )
     dtype = np.int32 if int(res.lengths.max(initial=0)) < 2**31 else np.int64
     aux = assistant_path(args.out)

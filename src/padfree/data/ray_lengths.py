@@ -201,20 +201,37 @@ class _CountRanges:
     def _count(self, spec: dict, a: int, b: int, size: int) -> tuple[np.ndarray, np.ndarray, str]:
         src = _source_of(spec)
         jsonl = src.kind == "jsonl"
-        chunk = next((c for c in records.iter_chunks(src, spec["columns"], size) if c.first == a), None)
-        if chunk is None or len(chunk.values) != b - a:
+        values = _range_values(src, spec["columns"], a, b, size)
+        if values is None or len(values) != b - a:
             z = np.zeros(0, np.int64)
-            return (
-                z,
-                z,
-                json.dumps([src.name, jsonl, a, f"rows {a}..{b - 1} not found (the source changed?)"]),
-            )
-        res = encode_chunk(self.tok, chunk.values, jsonl, spec["format"], self.names)
+            missing = f"rows {a}..{b - 1} not found (the source changed?)"
+            return z, z, json.dumps([src.name, jsonl, a, missing])
+        res = encode_chunk(self.tok, values, jsonl, spec["format"], self.names)
         if res.error is not None or res.encoded is None:
             assert res.error is not None
             z = np.zeros(0, np.int64)
             return z, z, json.dumps([src.name, jsonl, a + res.error[0], res.error[1]])
         return res.encoded.lengths, res.encoded.loss_tokens, ""
+
+
+def _range_values(src: records.Source, columns: list[str] | None, a: int, b: int, size: int) -> list | None:
+    """Records ``a .. b - 1`` of a source, as :func:`padfree.data.records.iter_chunks` gives them: a parquet
+    file's row groups that hold them, a ``datasets`` folder's slice; a ``.jsonl`` file read up to them."""
+    cols = columns or []
+    if src.kind == "parquet":
+        f = records._parquet(src)
+        md = f.metadata
+        ends = np.cumsum([0] + [md.row_group(i).num_rows for i in range(md.num_row_groups)])
+        groups = [i for i in range(md.num_row_groups) if ends[i] < b and ends[i + 1] > a]
+        if not groups:
+            return None
+        table = f.read_row_groups(groups, columns=cols, use_threads=False)
+        return list(table.slice(a - int(ends[groups[0]]), b - a).to_pylist())
+    if src.kind == "datasets":
+        batch = records._load_dataset(src).select_columns(cols)[a:b]
+        return [dict(zip(cols, vals, strict=True)) for vals in zip(*(batch[c] for c in cols), strict=True)]
+    chunk = next((c for c in records.iter_chunks(src, columns, size) if c.first == a), None)
+    return None if chunk is None else chunk.values
 
 
 def count_on_ray(
