@@ -208,8 +208,15 @@ class PadfreeTrainerMixin(_TrainerBase):
         refuse_parallelism(getattr(targs_given, "parallelism_config", None), plan_config)
         group = plan_config.sp * plan_config.cp
         if collator is None:
-            packed = PackCollator(chunked=plan_config.chunked, sp=plan_config.sp, cp=plan_config.cp)
-            collator = packed if plan_config.packed else PadCollator(pad_to_multiple_of=8)
+            shapes = plan_config.shapes
+            packed = PackCollator(
+                chunked=plan_config.chunked, sp=plan_config.sp, cp=plan_config.cp, shapes=shapes
+            )
+            collator = (
+                packed
+                if plan_config.packed
+                else PadCollator(pad_to_multiple_of=None if shapes else 8, shapes=shapes)
+            )
         self.padfree_keep_chunks = keep_chunks
         kwargs.setdefault("data_collator", collator)
         super().__init__(*args, **kwargs)

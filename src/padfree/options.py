@@ -351,7 +351,7 @@ def model_overrides(args: argparse.Namespace) -> dict:
 
 
 PLAN_OPTIONS = ("budget", "world_size", "grad_accum", "growth", "buckets", "mix", "seed", "overlong",
-                "sp", "cp")  # fmt: skip
+                "sp", "cp", "shapes")  # fmt: skip
 """The :class:`PlanConfig` fields the command line and the examples take as options, under the same names."""
 
 

@@ -121,6 +121,26 @@ def add_shard_options(p: argparse.ArgumentParser) -> None:
     add_number(
         p, "--cp", 1, "context-parallel degree: packed documents padded to a multiple of 2 x cp (default 1)"
     )
+    p.add_argument(
+        "--shapes",
+        type=shapes_option,
+        default=None,
+        help="row lengths a compiler keeps: a granularity (512: every row a multiple of it) or the allowed "
+        "lengths (1024,2048,4096); rows are padded up to the next one, counted as padding",
+    )
+
+
+def shapes_option(text: str) -> int | tuple[int, ...]:
+    """``--shapes``: ``512`` (a granularity) or ``1024,2048,4096`` (the allowed row lengths)."""
+    try:
+        vals = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer or a comma-separated list of integers (got {text[:40]!r})"
+        ) from None
+    if any(not 1 <= v <= 2**24 for v in vals):
+        raise argparse.ArgumentTypeError(f"row lengths must be from 1 to {2**24} (got {text[:40]!r})")
+    return vals[0] if len(vals) == 1 and "," not in text else tuple(vals)
 
 
 def add_plan_inputs(p: argparse.ArgumentParser, required: bool) -> None:

@@ -9,12 +9,14 @@ from pathlib import Path
 from padfree.commands.common import check_input, check_output, writing
 from padfree.data.length_files import assistant_path
 from padfree.errors import ConfigError
-from padfree.options import WORKERS, add_data_arguments, format_options
+from padfree.options import WORKERS, Bounded, add_data_arguments, format_options
 
 NAME = "lengths"
+ROWS = Bounded(int, 1, 2**31 - 1)  # --rows-per-shard
 HELP = (
     "tokenize a dataset (.jsonl[.gz], .parquet, datasets folders; several files, globs, folders) and write "
-    "per-sample token counts (.npy) plus loss-bearing counts beside them"
+    "per-sample token counts (.npy) plus loss-bearing counts beside them; tokenized data (a seq_len or "
+    "input_ids column, Megatron .bin/.idx, datatrove .ds) is read, not tokenized again"
 )
 
 
@@ -25,13 +27,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "data",
         nargs="+",
         help=".jsonl, .jsonl.gz, .parquet, datasets folders, globs or folders of such files (counted in "
-        "the order given, as one dataset)",
+        "the order given, as one dataset); or tokenized data: datasets folders / parquet files with a "
+        "seq_len or input_ids column, Megatron PREFIX.bin/.idx, datatrove .ds shards or their folders (read)",
     )
     p.add_argument(
         "--tokenizer",
         type=Path,
-        required=True,
-        help="SentencePiece .model, tokenizer.json, or a local transformers tokenizer folder",
+        default=None,
+        help="SentencePiece .model, tokenizer.json, or a local transformers tokenizer folder (needed to "
+        "count raw records; tokenized data is read without it)",
+    )
+    p.add_argument(
+        "--column",
+        default=None,
+        help="tokenized data: the lengths column (default seq_len, else input_ids)",
+    )
+    p.add_argument(
+        "--tokenize",
+        action="store_true",
+        help="tokenize every source by padfree's rule even when it holds token ids",
     )
     add_data_arguments(p)
     p.add_argument(
@@ -47,6 +61,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="token-count cache (default $PADFREE_CACHE_DIR or ~/.cache/padfree)",
     )
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        help="count on a Ray cluster (HOST:PORT, ray://HOST:PORT, auto; no address: a local one of --workers "
+        "CPUs), past one machine: needs pip install 'padfree[ray]' and the data readable by the workers",
+    )
+    p.add_argument(
+        "--rows-per-shard",
+        type=ROWS,
+        default=None,
+        help="--ray: records per shard (default: about 4 shards per worker, 256 to 16384 records each)",
+    )
+    p.add_argument(
+        "--shards",
+        type=Path,
+        default=None,
+        help="--ray: where the counted shards and their manifest go (default: OUT without .npy + .shards/)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -57,10 +92,22 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out.suffix != ".npy":
         raise ConfigError(f"--out must name a .npy file (got {args.out})")
+    if not args.tokenize:
+        from padfree.data.readers import tokenized_sources
+
+        if tokenized_sources(args.data, args.split):
+            return _read_tokenized(args)
+    if args.tokenizer is None:
+        raise ConfigError(
+            "--tokenizer is required to count raw records (none of the data holds token ids: a seq_len or "
+            "input_ids column, Megatron .bin/.idx, datatrove .ds)"
+        )
     check_input(args.tokenizer, "tokenizer")  # the data sources: padfree.data.records checks each file
     check_output(args.out, "the lengths")
     check_output(assistant_path(args.out), "the loss-bearing lengths")
     mode, names = format_options(args)
+    if args.ray is not None:
+        return _count_on_ray(args, mode, names)
     res = count_lengths(
         args.data,
         args.tokenizer,
@@ -96,4 +143,83 @@ def run(args: argparse.Namespace) -> int:
             f"each replaced by U+FFFD (first: {res.replaced[1]})",
             file=sys.stderr,
         )
+    return 0
+
+
+def _read_tokenized(args: argparse.Namespace) -> int:
+    """Lengths of tokenized data, read (:mod:`padfree.data.readers`), written as ``padfree lengths`` writes
+    counts; a format without a loss mask writes no loss-bearing file (and removes a stale one) and says so."""
+    import time
+
+    import numpy as np
+
+    from padfree.data.readers import read_tokenized
+
+    t0 = time.perf_counter()
+    check_output(args.out, "the lengths")
+    check_output(assistant_path(args.out), "the loss-bearing lengths")
+    res = read_tokenized(args.data, args.column, args.split)
+    if res.lengths.shape[0] == 0:
+        raise ConfigError(f"no samples in {', '.join(s for s, _ in res.sources[:3])}")
+    dtype = np.int32 if int(res.lengths.max(initial=0)) < 2**31 else np.int64
+    aux = assistant_path(args.out)
+    with writing(args.out, "the lengths"):
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        np.save(args.out, res.lengths.astype(dtype))
+        if res.loss_tokens is not None:
+            np.save(aux, res.loss_tokens.astype(dtype))
+        else:
+            aux.unlink(missing_ok=True)  # a stale one would pair old loss counts with these lengths
+    q = np.percentile(res.lengths, [50, 99])
+    src = f"{len(res.sources)} sources, " if len(res.sources) > 1 else ""
+    loss = (
+        f"loss-bearing {int(res.loss_tokens.sum()):,} tokens in {aux}"
+        if res.loss_tokens is not None
+        else f"no loss-bearing counts written ({res.note})"
+    )
+    print(
+        f"{args.out}: {res.lengths.shape[0]:,} samples, {int(res.lengths.sum()):,} tokens "
+        f"(p50 {q[0]:.0f}, p99 {q[1]:.0f}, max {int(res.lengths.max()):,}) read from {res.fmt} token ids "
+        f"(not tokenized again); {loss}; {src}{time.perf_counter() - t0:.2f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _count_on_ray(args: argparse.Namespace, mode: str, names: dict) -> int:
+    """``--ray``: count on a Ray cluster (:mod:`padfree.data.ray_lengths`), write as the local count does."""
+    import numpy as np
+
+    from padfree.data.ray_lengths import count_on_ray
+
+    shards = args.shards or args.out.with_name(args.out.name[: -len(".npy")] + ".shards")
+    check_output(shards, "the shards", folder=True)
+    address = None if args.ray == "local" else args.ray
+    res = count_on_ray(
+        args.data,
+        args.tokenizer,
+        shards,
+        address=address,
+        mode=mode,
+        fields=names,
+        split=args.split,
+        chat_template=args.chat_template,
+        workers=args.workers if address is None else None,
+        rows_per_shard=args.rows_per_shard,
+    )
+    dtype = np.int32 if int(res.lengths.max(initial=0)) < 2**31 else np.int64
+    aux = assistant_path(args.out)
+    with writing(args.out, "the lengths"):
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        np.save(args.out, res.lengths.astype(dtype))
+        np.save(aux, res.loss_tokens.astype(dtype))
+    n = res.lengths.shape[0]
+    print(
+        f"{args.out}: {n:,} samples, {int(res.lengths.sum()):,} tokens counted on Ray ({res.workers} "
+        "workers, "
+        f"{res.n_shards} shards in {shards}, merged by their manifest); loss-bearing "
+        f"{int(res.loss_tokens.sum()):,} tokens in {aux}; {res.seconds:.2f} s "
+        f"({n / res.seconds:,.0f} samples/s)",
+        file=sys.stderr,
+    )
     return 0

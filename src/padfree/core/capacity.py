@@ -45,7 +45,7 @@ def token_cap(config: PlanConfig) -> int:
     >>> token_cap(cfg), token_cap(doc), item_cap(doc)
     (28, 100, 28)
     """
-    if config.shard.active:  # SP/CP: the group's row (attention bounds are refused with them)
+    if config.shard.pads:  # SP/CP or shapes: the group's padded row (attention bounds are refused with SP/CP)
         return config.shard.capacity(config.budget)
     if config.attn_budget is None or not config.packed or config.attn_per_document:
         return config.budget
@@ -85,7 +85,7 @@ def sizes(
     :func:`token_cap`) under every capacity in force (see the module). Raises a one-line
     :class:`ConfigError` for an item that no micro-batch can hold."""
     if not bounded(config):
-        return config.shard.sizes(length, config.packed)  # the lengths unless SP/CP pad them
+        return config.shard.sizes(length, config.packed)  # the lengths unless SP/CP or shapes pad them
     cap = token_cap(config) if cap is None else cap
     size = length.astype(np.int64)
     if config.anchor_budget is not None and anchors is not None:
@@ -110,4 +110,6 @@ def sizes(
                 "smaller budget"
             )
         size = np.maximum(size, np.ceil(weights * cap / config.attn_budget).astype(np.int64))
+    if config.shard.pads and not config.packed:  # a padded row's width is a declared shape
+        size = config.shard.row_length(size)
     return size

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from padfree.core.cost import Coefficients
-from padfree.core.shard import Shard
+from padfree.core.shard import Shard, check_shapes
 from padfree.core.strategies import REGISTRY, STRATEGIES
 from padfree.errors import ConfigError
 
@@ -193,6 +193,13 @@ class PlanConfig:
             ``sp`` (``cp * lcm(2, sp)`` with CP); padded rows pad their width to that multiple. The padding
             counts in every metric and in the modeled cost that balances ranks (see
             :mod:`padfree.core.shard`).
+        shapes: the row lengths a compiler keeps (``torch.compile``, CUDA graphs record a graph per shape):
+            ``None`` (default: rows as long as their tokens); a granularity (``512``: every padded width and
+            packed row total a multiple of it, with SP/CP of both multiples); or the allowed row lengths
+            (``(1024, 2048, 4096)``, :func:`padfree.core.shard.geometric_shapes`), each a multiple of the
+            SP/CP row multiple. Rows are padded up to the next shape, that padding counts as padding in
+            every metric, and the largest shape within ``sp * cp * budget`` is the row's capacity
+            (:meth:`padfree.core.shard.Shard.capacity`): longer samples are overlong.
     """
 
     strategy: str = "bucketed"
@@ -211,6 +218,7 @@ class PlanConfig:
     attn_per_document: bool = False
     sp: int = 1
     cp: int = 1
+    shapes: int | tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in REGISTRY:
@@ -274,6 +282,16 @@ class PlanConfig:
                 f"({self.attn_extra}) weights"
             )
         self._check_shard()
+        base = Shard(self.sp, self.cp) if isinstance(self.sp, int) and isinstance(self.cp, int) else Shard()
+        shapes = check_shapes(self.shapes, base.row_multiple, base.group * self.budget)
+        object.__setattr__(self, "shapes", shapes)  # normalized: a sorted tuple, or an int
+        if shapes is not None and self.attn_budget is not None:
+            raise ConfigError(
+                "shapes with attn_budget are not planned yet (a padded width materialises more attention "
+                "than its tokens); plan eager EAGLE-3 without shapes"
+            )
+        if shapes is not None and self.chunked:
+            raise ConfigError("the chunked strategy is not planned with shapes (its chunks are not padded)")
 
     def _check_shard(self) -> None:
         """``sp`` and ``cp``: integers from 1 to :data:`MAX_SHARD`, their rows within :data:`MAX_BUDGET`."""
@@ -297,8 +315,8 @@ class PlanConfig:
 
     @property
     def shard(self) -> Shard:
-        """The SP/CP degrees as a :class:`~padfree.core.shard.Shard`."""
-        return Shard(self.sp, self.cp)
+        """The SP/CP degrees and the shapes as a :class:`~padfree.core.shard.Shard`."""
+        return Shard(self.sp, self.cp, self.shapes)
 
     @property
     def micro_per_step(self) -> int:
@@ -325,4 +343,8 @@ class PlanConfig:
         for name in ("sp", "cp"):  # present when set, so configs without them read as before
             if d[name] == 1:
                 del d[name]
+        if d["shapes"] is None:
+            del d["shapes"]
+        elif isinstance(d["shapes"], tuple):
+            d["shapes"] = list(d["shapes"])
         return d

@@ -131,7 +131,7 @@ def _shapes(
     real = np.add.reduceat(lf, starts)
     real_attn = np.add.reduceat(lf * lf, starts)
     longest = np.maximum.reduceat(lf, starts)
-    if shard is not None and shard.active:
+    if shard is not None and shard.pads:
         if packed:
             slots, attn = padded_rows(lf, starts, shard)
         else:

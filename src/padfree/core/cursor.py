@@ -197,10 +197,10 @@ class Cursor:
     ) -> None:
         if not 0 <= rank < config.world_size:
             raise ConfigError(f"rank {rank} outside world size {config.world_size}")
-        if dynamic and config.shard.active:  # its re-cuts fill rows past the group's padded row
+        if dynamic and config.shard.pads:  # its re-cuts fill rows past the group's padded row
             raise ConfigError(
-                "balance='dynamic' does not re-cut SP/CP plans yet (its re-cuts do not pad documents and "
-                "rows for the shard); use balance='static'"
+                "balance='dynamic' does not re-cut SP/CP plans yet, nor shapes plans (its re-cuts do not "
+                "pad documents and rows for the shard or the shapes); use balance='static'"
             )
         self.source = source
         self.config = config

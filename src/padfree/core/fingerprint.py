@@ -57,6 +57,8 @@ def fingerprint_and_identity(
     for name in ("sp", "cp"):  # only when set: the fingerprints of plans without them stay what they were
         if getattr(config, name) != 1:
             fields[name] = getattr(config, name)
+    if config.shapes is not None:  # only when set, as sp and cp
+        fields["shapes"] = config.shapes if isinstance(config.shapes, int) else list(config.shapes)
     if config.attn_budget is not None:
         fields["attn_extra"] = config.attn_extra
         if config.attn_per_document:

@@ -36,7 +36,7 @@ def fill(plan: Plan) -> float:
 def row_budget(config: PlanConfig) -> int:
     """The tokens one micro-batch may hold: the budget, or under SP/CP the group's row
     (:meth:`padfree.core.shard.Shard.capacity`); samples longer than it are overlong."""
-    return config.shard.capacity(config.budget) if config.shard.active else config.budget
+    return config.shard.capacity(config.budget) if config.shard.pads else config.budget
 
 
 def compute_efficiency(plan: Plan) -> float:

@@ -263,7 +263,7 @@ def evens_ranks(config: PlanConfig, drafting: bool) -> bool:
     if config.world_size <= 1 or config.chunked:
         return False
     if config.packed:
-        return not config.shard.active
+        return not config.shard.pads
     return config.strategy == "bucketed" and not drafting
 
 

@@ -27,9 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from padfree.core.anchors import AnchorPolicy
+from padfree.core.shard import Shard, check_shapes
 from padfree.drafter import methods, recipes
 from padfree.drafter.contract import Contract, build_contract
 from padfree.drafter.objective import loss_scale
@@ -173,6 +175,10 @@ class DrafterCollator:
         layout: ``"packed"`` (one row, per-document attention) or ``"padded"`` (a row per sample).
         mask_token_id: DFlash's mask token. ttt: EAGLE-3 test-time-training steps (overrides the recipe's).
         leaky: build the field's row-level fields instead (for checks only).
+        shapes: the plan's ``shapes`` (:mod:`padfree.core.shard`): rows are the next declared length.
+        anchor_shapes: DFlash: the block tensor's anchors per row (the packed row's, the padded rows' most)
+            padded to the next declared count (:func:`padfree.drafter.dflash.pad_anchor_slots`: extra blocks
+            computed, never supervised), so a compiled drafter sees a small set of shapes too.
     """
 
     def __init__(
@@ -187,8 +193,14 @@ class DrafterCollator:
         mask_token_id: int = 0,
         ttt: int | None = None,
         leaky: bool = False,
+        shapes: int | tuple[int, ...] | None = None,
+        anchor_shapes: int | tuple[int, ...] | None = None,
     ) -> None:
         self.method = methods.get(method)
+        self.shapes = check_shapes(shapes)
+        self.anchor_shapes = check_shapes(anchor_shapes)
+        if self.anchor_shapes is not None and self.method.name != "dflash":
+            raise ConfigError(f"anchor_shapes sizes DFlash's block tensor; {self.method.name} has no anchors")
         if ttt is not None and (isinstance(ttt, bool) or not isinstance(ttt, int) or ttt < 1):
             raise ConfigError(f"ttt must be an integer >= 1 (got {ttt!r})")
         recipe = recipe or recipes.get(recipes.DEFAULT, self.method.name)
@@ -220,12 +232,20 @@ class DrafterCollator:
             pad_token_id=self.options.pad_token_id,
             sample_ids=[p.sample_id for p in ps],
             starts=[p.start for p in ps],
+            shapes=self.shapes,
         )
         f = self._module.fields(c, opts, epoch=epoch, leaky=self.leaky)
         scale, den = scale_of(f, c, opts.recipe)
-        return DrafterBatch(
+        batch = DrafterBatch(
             c, self.method.name, f, int(f.supervised.sum()), info, epoch, opts.recipe, opts.seed, scale, den
         )
+        if self.anchor_shapes is not None:
+            per_row = (
+                [len(a) for a in f.anchors_by_doc] if c.layout == "padded" else [int(f.anchors.shape[0])]
+            )
+            most = Shard(shapes=self.anchor_shapes).row_length(np.array([max(1, *per_row)]))[0]
+            batch = self._module.pad_anchor_slots(batch, opts.mask_token_id, int(most))
+        return batch
 
 
 def scale_of(fields: Any, contract: Contract, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor]:

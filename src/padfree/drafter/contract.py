@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from padfree.core.shard import Shard, check_shapes
 from padfree.errors import ConfigError, InputError
 from padfree.torch._collate import packed_layout
 
@@ -73,6 +74,7 @@ class Contract:
     doc_lengths: tuple[int, ...]
     sample_ids: tuple[int, ...]
     starts: tuple[int, ...]
+    shapes: int | tuple[int, ...] | None = None
 
     @property
     def n_docs(self) -> int:
@@ -95,7 +97,9 @@ class Contract:
         """Flat ranges that attention never crosses, in order, covering every position: each document of a
         packed row, each padded row (its padding included: what a padded batch computes)."""
         if self.layout == "packed":
-            return [self.doc_slice(d) for d in range(self.n_docs)]
+            docs = [self.doc_slice(d) for d in range(self.n_docs)]
+            end = self.doc_starts[-1] + self.doc_lengths[-1] if docs else 0
+            return docs + ([slice(end, self.width)] if end < self.width else [])  # a shapes= tail
         w = int(self.input_ids.shape[1])
         return [slice(r * w, (r + 1) * w) for r in range(int(self.input_ids.shape[0]))]
 
@@ -103,7 +107,7 @@ class Contract:
         """Keyword arguments for a transformers causal LM: packed rows carry ``cu_seq_lens_*`` (padfree's
         per-document attention and flash-attention varlen read them), padded rows an ``attention_mask``."""
         if self.layout == "packed":
-            return {"input_ids": self.input_ids, **packed_layout(self.doc_lengths)}
+            return {"input_ids": self.input_ids, **packed_layout(self.doc_lengths, shapes=self.shapes)}
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
 
 
@@ -127,8 +131,12 @@ def build_contract(
     pad_token_id: int = 0,
     sample_ids: Sequence[int] | None = None,
     starts: Sequence[int] | None = None,
+    shapes: int | tuple[int, ...] | None = None,
 ) -> Contract:
     """The contract of ``docs`` (a sequence of ``(input_ids, loss_mask)`` pairs) laid out as ``layout``.
+
+    ``shapes`` (a plan's, :mod:`padfree.core.shard`): the packed row's length, or the padded rows' width, is
+    the next declared row length (the extra positions are padding: document -1, no loss).
 
     ``sample_ids`` / ``starts`` record which dataset sample (and which piece of it) each document is; the
     DFlash anchors are drawn from them. A document with no token, a mask of another length or a negative
@@ -144,11 +152,12 @@ def build_contract(
     if len(sids) != n or len(offs) != n:
         raise ConfigError(f"{n} documents but {len(sids)} sample ids and {len(offs)} starts")
     lens = np.array([p[0].shape[0] for p in pairs], np.int64)
+    rows_of = Shard(shapes=check_shapes(shapes))
     if layout == "packed":
-        rows, width = 1, int(lens.sum())
+        rows, width = 1, int(rows_of.row_length(np.array([lens.sum()]))[0])
         doc_starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
     else:
-        rows, width = n, int(lens.max())
+        rows, width = n, int(rows_of.row_length(np.array([lens.max()]))[0])
         doc_starts = np.arange(n, dtype=np.int64) * width
     size = rows * width
     ids = np.full(size, pad_token_id, np.int64)
@@ -188,4 +197,5 @@ def build_contract(
         doc_lengths=tuple(int(x) for x in lens),
         sample_ids=sids,
         starts=offs,
+        shapes=rows_of.shapes,
     )

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from padfree.core.config import MAX_BUDGET, MAX_SHARD
-from padfree.core.shard import Shard, round_up
+from padfree.core.shard import Shard, check_shapes, round_up
 from padfree.errors import ConfigError
 from padfree.torch._dataset import warn_if_unplanned
 
@@ -113,7 +113,7 @@ def pieces(items: list, chunked: bool = False) -> list[tuple[np.ndarray, np.ndar
     return out
 
 
-def packed_layout(lengths, *, sp: int = 1, cp: int = 1) -> dict:
+def packed_layout(lengths, *, sp: int = 1, cp: int = 1, shapes: int | tuple[int, ...] | None = None) -> dict:
     """Where the documents of one packed row sit, as transformers' padding-free path and flash-attention
     varlen read it: ``position_ids`` restarting at 0 per document ``(1, T)``, ``cu_seq_lens_q`` /
     ``cu_seq_lens_k`` (int32 boundaries ``0 .. T``), ``max_length_q`` / ``max_length_k`` (the longest
@@ -128,6 +128,10 @@ def packed_layout(lengths, *, sp: int = 1, cp: int = 1) -> dict:
     ``position_ids``, ``seq_idx`` and ``max_length_q`` / ``_k`` follow the padded spans. ``sp = cp = 1``: the
     layout above, unchanged.
 
+    With ``shapes`` (a plan's, :mod:`padfree.core.shard`) the row's length is the next declared shape, its
+    tail in the last document's span (the tail is causal-after every real token, so none of them sees it);
+    without SP/CP ``cu_seq_lens_q`` / ``_k`` then hold the padded spans.
+
     >>> lay = packed_layout([3, 2])
     >>> lay["position_ids"].tolist(), lay["cu_seq_lens_q"].tolist(), lay["max_length_q"]
     ([[0, 1, 2, 0, 1]], [0, 3, 5], 3)
@@ -138,8 +142,8 @@ def packed_layout(lengths, *, sp: int = 1, cp: int = 1) -> dict:
     ([0, 3, 5], [0, 4, 8], 4)
     """
     lens = np.asarray(lengths, dtype=np.int64).reshape(-1)
-    shard = Shard(int(sp), int(cp))
-    spans = padded_spans(lens, shard) if shard.active else lens
+    shard = Shard(int(sp), int(cp), shapes)
+    spans = padded_spans(lens, shard) if shard.pads else lens
     cu = np.concatenate([[0], np.cumsum(spans)])
     pos = np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1], spans)
     cu_t = torch.from_numpy(cu.astype(np.int32))
@@ -168,7 +172,7 @@ def padded_spans(lens: np.ndarray, shard: Shard) -> np.ndarray:
     spans = round_up(lens, shard.doc_multiple)
     if spans.shape[0]:
         spans = spans.copy()
-        spans[-1] += int(round_up(np.array([spans.sum()]), shard.row_multiple)[0] - spans.sum())
+        spans[-1] += int(shard.row_length(np.array([spans.sum()]))[0] - spans.sum())
     return spans
 
 
@@ -185,6 +189,9 @@ class PadCollator:
     Returns ``input_ids``, ``attention_mask`` (1 on real tokens) and ``labels`` (-100 on padding and on
     each row's first token). An empty micro-batch becomes one row of one padding token with no loss.
 
+    ``shapes`` (the plan's ``shapes`` option): the width is the next declared row length, so a compiled model
+    sees a small set of shapes.
+
     ``attention_mask=False`` leaves the mask out. Training a *causal* LM on right-padded rows needs none: a
     real token attends only to earlier positions, which are all real, and the pads after them carry no
     loss, so the logits and gradients at real tokens are the same (``tests/test_torch_collate.py``), while
@@ -198,13 +205,19 @@ class PadCollator:
     """
 
     def __init__(
-        self, pad_token_id: int = 0, pad_to_multiple_of: int | None = None, attention_mask: bool = True
+        self,
+        pad_token_id: int = 0,
+        pad_to_multiple_of: int | None = None,
+        attention_mask: bool = True,
+        *,
+        shapes: int | tuple[int, ...] | None = None,
     ) -> None:
         if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
             raise ConfigError(f"pad_to_multiple_of must be >= 1 (got {pad_to_multiple_of})")
         self.pad_token_id = pad_token_id
         self.pad_to_multiple_of = pad_to_multiple_of
         self.attention_mask = attention_mask
+        self.rows = Shard(shapes=check_shapes(shapes, pad_to_multiple_of or 1))
 
     def __call__(self, items: list) -> Batch:
         ps = pieces(items)
@@ -212,6 +225,8 @@ class PadCollator:
         width = max([1, *n])
         if self.pad_to_multiple_of:
             width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        if self.rows.pads:  # the next declared shape (a plan's shapes= option)
+            width = int(self.rows.row_length(np.array([width]))[0])
         rows = max(1, len(ps))
         input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
         labels = torch.full((rows, width), IGNORE, dtype=torch.long)
@@ -236,7 +251,8 @@ class PackCollator:
     Returns ``input_ids``, ``labels`` (-100 on each document's first token), ``position_ids`` (restarting at
     0 per document), and ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (int32 document boundaries, 0 ... total)
     with ``max_length_q`` / ``max_length_k`` (the longest document, a Python int). With ``sp`` / ``cp`` (the
-    plan's) the row is padded for sharding and carries the THD layout (:func:`packed_layout`).
+    plan's) the row is padded for sharding and carries the THD layout (:func:`packed_layout`); with ``shapes``
+    (the plan's) its length is the next declared row length.
 
     ``chunked=True`` (a ``chunked`` plan, trained with :func:`padfree.torch.chunked.run_step`): a chunk that
     continues its document keeps its first label, which the document's earlier chunk predicts.
@@ -246,7 +262,15 @@ class PackCollator:
     ([[-100, 6, 7, -100, 9]], [[0, 1, 2, 0, 1]], [0, 3, 5], 3)
     """
 
-    def __init__(self, pad_token_id: int = 0, chunked: bool = False, *, sp: int = 1, cp: int = 1) -> None:
+    def __init__(
+        self,
+        pad_token_id: int = 0,
+        chunked: bool = False,
+        *,
+        sp: int = 1,
+        cp: int = 1,
+        shapes: int | tuple[int, ...] | None = None,
+    ) -> None:
         for v in (sp, cp):
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_SHARD:
                 raise ConfigError(
@@ -255,7 +279,7 @@ class PackCollator:
                 )
         self.pad_token_id = pad_token_id
         self.chunked = chunked
-        self.shard = Shard(sp, cp)
+        self.shard = Shard(sp, cp, check_shapes(shapes, Shard(sp, cp).row_multiple))
 
     def __call__(self, items: list) -> Batch:
         ps = pieces(items, self.chunked)
@@ -277,9 +301,9 @@ class PackCollator:
                     f"of {padded} tokens, over {MAX_BUDGET} (a plan's row holds at most sp x cp x budget <= "
                     f"{MAX_BUDGET}); collate the plan's micro-batches with the plan's sp and cp"
                 )
-        layout = packed_layout(n, sp=sh.sp, cp=sh.cp)
-        if sh.active:  # each document at its padded span's start, pads without loss
-            cu = layout["cu_seq_lens_q_padded"].numpy().astype(np.int64)
+        layout = packed_layout(n, sp=sh.sp, cp=sh.cp, shapes=sh.shapes)
+        if sh.pads:  # each document at its padded span's start, pads without loss
+            cu = layout["cu_seq_lens_q_padded" if sh.active else "cu_seq_lens_q"].numpy().astype(np.int64)
             lens = np.asarray(n, dtype=np.int64)
             at = np.repeat(cu[:-1], lens) + np.arange(ids.shape[0]) - np.repeat(np.cumsum(lens) - lens, lens)
             ids_p = np.full(int(cu[-1]), self.pad_token_id, dtype=np.int64)

@@ -101,8 +101,10 @@ class PlanBatchSampler:
     ) -> None:
         check_balance(balance, balance_every)
         src = EpochSource.of(lengths, config, loss_tokens, window, anchors)
-        if balance == "dynamic" and config.shard.active:
-            raise ConfigError("balance='dynamic' does not re-cut SP/CP plans yet; use balance='static'")
+        if balance == "dynamic" and config.shard.pads:
+            raise ConfigError(
+                "balance='dynamic' does not re-cut SP/CP plans yet, nor shapes plans; use balance='static'"
+            )
         group = config.shard.group
         rank, world_size = data_parallel(
             rank, world_size, dp_rank=dp_rank, dp_size=dp_size, dp_group=dp_group, group=group,
