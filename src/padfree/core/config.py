@@ -193,6 +193,13 @@ class PlanConfig:
             ``sp`` (``cp * lcm(2, sp)`` with CP); padded rows pad their width to that multiple. The padding
             counts in every metric and in the modeled cost that balances ranks (see
             :mod:`padfree.core.shard`).
+        sources: weighted sources, ``((name, weight), ...)``: every step holds each source's share
+            ``weight / sum(weights)`` of the step, counted in ``unit``, within one document
+            (:mod:`padfree.core.sources`; the lengths are then given per source). ``None``: one pool.
+        unit: what a source's weight counts: ``documents``, ``tokens`` or ``loss`` (supervised tokens).
+        epoch_steps, epoch_tokens: the length of an epoch of sources, in optimizer steps or in tokens
+            (rounded up to whole steps); at most one. Default: the tokens of all sources together. Each
+            source's repetition (upsampled or capped) follows from it and the weights.
     """
 
     strategy: str = "bucketed"
@@ -211,6 +218,11 @@ class PlanConfig:
     attn_per_document: bool = False
     sp: int = 1
     cp: int = 1
+    # ----- weighted sources (padfree.core.sources): None plans one pool of samples, as before -----------
+    sources: tuple[tuple[str, float], ...] | None = None
+    unit: str = "tokens"
+    epoch_steps: int | None = None
+    epoch_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in REGISTRY:
@@ -274,6 +286,14 @@ class PlanConfig:
                 f"({self.attn_extra}) weights"
             )
         self._check_shard()
+        self._check_sources()
+
+    def _check_sources(self) -> None:
+        """Weighted sources: named, unique, weights finite and > 0, a known unit, at most one epoch length
+        (:mod:`padfree.core.sources`); without sources the unit and epoch length must stay unset."""
+        from padfree.core.sources import check_source_config  # the sources module imports this one
+
+        check_source_config(self)
 
     def _check_shard(self) -> None:
         """``sp`` and ``cp``: integers from 1 to :data:`MAX_SHARD`, their rows within :data:`MAX_BUDGET`."""
@@ -325,4 +345,9 @@ class PlanConfig:
         for name in ("sp", "cp"):  # present when set, so configs without them read as before
             if d[name] == 1:
                 del d[name]
+        if self.sources is None:  # the same: configs without sources read as before
+            for name in ("sources", "unit", "epoch_steps", "epoch_tokens"):
+                del d[name]
+        else:
+            d["sources"] = [list(s) for s in self.sources]
         return d
