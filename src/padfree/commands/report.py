@@ -11,11 +11,13 @@ from pathlib import Path
 from padfree.commands.common import (
     add_drafter_arguments,
     add_plan_inputs,
+    add_source_options,
     bounded_list,
     check_output,
     config_from_args,
     drafter_from_args,
     load_lengths,
+    sources_from_args,
     writing,
 )
 from padfree.options import BUCKETS, GROWTH, MIX
@@ -49,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the model's attention cannot keep packed documents apart: recommend a padded plan",
     )
+    add_source_options(p)
 
 
 def _process_started() -> float:
@@ -74,7 +77,17 @@ def run(args: argparse.Namespace) -> int:
     for g in growths:
         base.with_(growth=g)  # the growth's bucket count at this budget, checked before any work
     check_output(args.out, "the report", folder=True)
-    lengths, path, name = load_lengths(args)
+    mixed = None
+    if args.source:  # the report of all sources' samples together, and the weighted plan's section
+        from padfree.core import sources
+
+        strategy = "bucketed" if args.no_packing else "packed"
+        cfg, per_source, loss = sources_from_args(args, base.with_(strategy=strategy))
+        data = sources.source_data(per_source, cfg, loss)
+        mixed = sources.report_numbers(sources.plan_sources(data, cfg, 0)[0], data)
+        lengths, path, name = data.lengths, None, " + ".join(data.names)
+    else:
+        lengths, path, name = load_lengths(args)
     drafter = None
     if args.drafter is not None:
         from padfree.advice.report import drafter_numbers
@@ -96,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
             packing=not args.no_packing,
             t0=t0,
             drafter=drafter,
+            sources=mixed,
         )
     if drafter is not None:
         print(f"{args.out / 'index.html'}: {drafter_line(numbers['drafter'])}", file=sys.stderr)

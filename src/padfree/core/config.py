@@ -291,8 +291,6 @@ class PlanConfig:
     def _check_sources(self) -> None:
         """Weighted sources: named, unique, weights finite and > 0, a known unit, at most one epoch length
         (:mod:`padfree.core.sources`); without sources the unit and epoch length must stay unset."""
-        from padfree.core.sources import check_source_config  # the sources module imports this one
-
         check_source_config(self)
 
     def _check_shard(self) -> None:
@@ -351,3 +349,62 @@ class PlanConfig:
         else:
             d["sources"] = [list(s) for s in self.sources]
         return d
+
+
+# ----- weighted sources (padfree.core.sources plans them) ------------------------------------------------
+UNITS = ("documents", "tokens", "loss")
+"""What a source's weight counts: samples, tokens, or supervised (loss-bearing) tokens."""
+MAX_SOURCES = 256
+"""The most weighted sources of one plan."""
+
+
+def check_source_config(config: PlanConfig) -> None:
+    """The source fields of ``config`` (see :class:`~padfree.core.config.PlanConfig`), one
+    :class:`ConfigError` line naming the source and the rule."""
+    if config.sources is None:
+        if config.epoch_steps is not None or config.epoch_tokens is not None or config.unit != "tokens":
+            raise ConfigError("unit, epoch_steps and epoch_tokens apply to weighted sources only (sources=)")
+        return
+    if not isinstance(config.sources, tuple) or not 1 <= len(config.sources) <= MAX_SOURCES:
+        raise ConfigError(f"sources must be a tuple of 1 to {MAX_SOURCES} (name, weight) pairs")
+    seen: set[str] = set()
+    for entry in config.sources:
+        if not isinstance(entry, tuple) or len(entry) != 2:
+            raise ConfigError(f"sources: each entry is a (name, weight) pair (got {entry!r:.60})")
+        name, weight = entry
+        if not isinstance(name, str) or not name or len(name) > 200 or any(c in name for c in "=:,\n"):
+            raise ConfigError(
+                f"source {name!r:.60}: a name is a non-empty string of at most 200 characters without "
+                "'=', ':', ',' or a newline"
+            )
+        if name in seen:
+            raise ConfigError(f"source {name!r}: named twice (source names must be unique)")
+        seen.add(name)
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float))
+            or not math.isfinite(weight)
+            or weight <= 0
+        ):
+            raise ConfigError(f"source {name!r}: weight must be a finite number > 0 (got {weight!r})")
+    if config.unit not in UNITS:
+        raise ConfigError(f"unknown unit {config.unit!r}: a source weight counts {', '.join(UNITS)}")
+    for key in ("epoch_steps", "epoch_tokens"):
+        v = getattr(config, key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**62):
+            raise ConfigError(f"{key} must be an integer >= 1 (got {v!r})")
+    if config.epoch_steps is not None and config.epoch_tokens is not None:
+        raise ConfigError(
+            "give the epoch of sources in steps or in tokens, not both (epoch_steps, epoch_tokens)"
+        )
+    if config.strategy not in ("packed", "bucketed"):
+        raise ConfigError(
+            f"weighted sources are planned with the packed or bucketed strategy (got {config.strategy!r})"
+        )
+    if config.overlong not in ("error", "truncate"):
+        raise ConfigError(
+            f"weighted sources take overlong 'error' or 'truncate' (got {config.overlong!r}): a split or "
+            "dropped sample would change what a source's share counts"
+        )
+    if config.shard.active or config.anchor_budget is not None or config.attn_budget is not None:
+        raise ConfigError("weighted sources are not planned with sp/cp > 1 or drafter bounds yet")

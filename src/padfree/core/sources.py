@@ -27,7 +27,6 @@ resume checks them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -37,13 +36,15 @@ from numpy.typing import ArrayLike
 
 from padfree.core import _kernels, cost, steps
 from padfree.core._kernels import njit
+from padfree.core.budget import Budget
+from padfree.core.config import UNITS, check_source_config
 from padfree.core.items import Report, validate_lengths
+from padfree.core.plan import Plan
 from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError, OverlongError, StateError
 
 if TYPE_CHECKING:
     from padfree.core.config import PlanConfig
-    from padfree.core.plan import Plan
     from padfree.core.replay import Segment
 
 __all__ = [
@@ -59,62 +60,7 @@ __all__ = [
     "step_shares",
 ]
 
-UNITS = ("documents", "tokens", "loss")
-"""What a source's weight counts: samples, tokens, or supervised (loss-bearing) tokens."""
-MAX_SOURCES = 256
 _STREAM = 0x50C  # the sources' random streams (passes, within-step order)
-
-
-def check_source_config(config: PlanConfig) -> None:
-    """The source fields of ``config`` (see :class:`~padfree.core.config.PlanConfig`), one
-    :class:`ConfigError` line naming the source and the rule."""
-    if config.sources is None:
-        if config.epoch_steps is not None or config.epoch_tokens is not None or config.unit != "tokens":
-            raise ConfigError("unit, epoch_steps and epoch_tokens apply to weighted sources only (sources=)")
-        return
-    if not isinstance(config.sources, tuple) or not 1 <= len(config.sources) <= MAX_SOURCES:
-        raise ConfigError(f"sources must be a tuple of 1 to {MAX_SOURCES} (name, weight) pairs")
-    seen: set[str] = set()
-    for entry in config.sources:
-        if not isinstance(entry, tuple) or len(entry) != 2:
-            raise ConfigError(f"sources: each entry is a (name, weight) pair (got {entry!r:.60})")
-        name, weight = entry
-        if not isinstance(name, str) or not name or len(name) > 200 or any(c in name for c in "=:,\n"):
-            raise ConfigError(
-                f"source {name!r:.60}: a name is a non-empty string of at most 200 characters without "
-                "'=', ':', ',' or a newline"
-            )
-        if name in seen:
-            raise ConfigError(f"source {name!r}: named twice (source names must be unique)")
-        seen.add(name)
-        if (
-            isinstance(weight, bool)
-            or not isinstance(weight, (int, float))
-            or not math.isfinite(weight)
-            or weight <= 0
-        ):
-            raise ConfigError(f"source {name!r}: weight must be a finite number > 0 (got {weight!r})")
-    if config.unit not in UNITS:
-        raise ConfigError(f"unknown unit {config.unit!r}: a source weight counts {', '.join(UNITS)}")
-    for key in ("epoch_steps", "epoch_tokens"):
-        v = getattr(config, key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**62):
-            raise ConfigError(f"{key} must be an integer >= 1 (got {v!r})")
-    if config.epoch_steps is not None and config.epoch_tokens is not None:
-        raise ConfigError(
-            "give the epoch of sources in steps or in tokens, not both (epoch_steps, epoch_tokens)"
-        )
-    if config.strategy not in ("packed", "bucketed"):
-        raise ConfigError(
-            f"weighted sources are planned with the packed or bucketed strategy (got {config.strategy!r})"
-        )
-    if config.overlong not in ("error", "truncate"):
-        raise ConfigError(
-            f"weighted sources take overlong 'error' or 'truncate' (got {config.overlong!r}): a split or "
-            "dropped sample would change what a source's share counts"
-        )
-    if config.shard.active or config.anchor_budget is not None or config.attn_budget is not None:
-        raise ConfigError("weighted sources are not planned with sp/cp > 1 or drafter bounds yet")
 
 
 @dataclass(frozen=True)
@@ -373,8 +319,6 @@ def epoch_length(data: SourceData, config: PlanConfig) -> tuple[int | None, int]
         return config.epoch_steps, 0
     if config.epoch_tokens is not None:
         return None, config.epoch_tokens
-    from padfree.core.budget import Budget
-
     return None, int(np.minimum(data.lengths, Budget.of(config).item).sum())
 
 
@@ -462,9 +406,6 @@ def plan_sources(
     ``config``'s shape: steps composed by the deficit rule (see the module), then formed into micro-batches
     and (``assign``) given to ranks. Returns the plan and the :class:`Counters` after each of its steps
     (``counters[0]`` is ``start``)."""
-    from padfree.core.budget import Budget
-    from padfree.core.plan import Plan
-
     k_src = len(data.names)
     start = Counters.zero(k_src) if start is None else start
     if len(start.drawn) != k_src:
@@ -611,8 +552,6 @@ def one_document(data: SourceData, config: PlanConfig) -> float:
     (up to the item budget) or in loss tokens."""
     if data.unit == "documents":
         return 1.0
-    from padfree.core.budget import Budget
-
     lens = np.minimum(data.lengths, Budget.of(config).item)
     if data.unit == "tokens":
         return max(float(lens.max()), 1.0)
@@ -677,3 +616,36 @@ def source_token_sums(
     if mask is not None:
         keep &= np.asarray(mask, dtype=bool).reshape(-1)
     return np.bincount(s[keep], weights=v[keep], minlength=n_sources)[:n_sources]
+
+
+def measure(plan: Plan, data: SourceData) -> dict:
+    """A plan of sources in numbers: steps, padding efficiency, rank imbalance (max / mean modeled cost over
+    a step's ranks: mean and p99 over steps), each step's share error (in documents: max and mean) and
+    the repetition per source (:func:`repetition`)."""
+    from padfree.core import metrics
+
+    err = share_error(plan, data)
+    ratio = np.zeros(0)
+    if plan.n_steps and plan.assigned:
+        ranks = plan.rank_costs()
+        ratio = ranks.max(axis=1) / np.maximum(ranks.mean(axis=1), 1e-300)
+    return {
+        "unit": data.unit,
+        "steps": plan.n_steps,
+        "padding_efficiency": metrics.padding_efficiency(plan) if plan.n_micro else 1.0,
+        "imbalance_mean": float(ratio.mean()) if ratio.size else 1.0,
+        "imbalance_p99": float(np.quantile(ratio, 0.99)) if ratio.size else 1.0,
+        "share_error_max": float(err.max()) if err.size else 0.0,
+        "share_error_mean": float(err.mean()) if err.size else 0.0,
+        "sources": repetition(plan, data),
+    }
+
+
+def report_numbers(plan: Plan, data: SourceData) -> dict:
+    """The report's section of weighted sources: :func:`measure`, the strategy and every step's units per
+    source (:func:`step_shares`) for its plot."""
+    return {
+        **measure(plan, data),
+        "strategy": plan.config.strategy,
+        "step_shares": step_shares(plan, data).round(3).tolist(),
+    }
