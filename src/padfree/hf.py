@@ -254,6 +254,8 @@ class PadfreeTrainerMixin(_TrainerBase):
         self._padfree_chain: EpochChain | None = None
         self._padfree_state: dict | None = None
         self._padfree_info: MicroInfo | None = None
+        self._padfree_sources: torch.Tensor | None = None  # the micro-batch's per-token sources
+        self._padfree_by_source: torch.Tensor | None = None  # per-source loss sums and tokens since a log
         self.callback_handler.callbacks.insert(0, _PlanEpoch(self))
 
     # ----- data --------------------------------------------------------------------------------------------
@@ -299,6 +301,7 @@ class PadfreeTrainerMixin(_TrainerBase):
         group = getattr(inputs, "padfree_chunks", None)
         if group is not None:
             return self._chunked_step(model, group, num_items_in_batch)
+        self._padfree_sources = getattr(inputs, "source_ids", None)  # the Trainer's copy drops attributes
         with self.padfree_sampler.timed(model, getattr(inputs, "info", None)):
             return super().training_step(model, inputs, num_items_in_batch)
 
@@ -328,12 +331,40 @@ class PadfreeTrainerMixin(_TrainerBase):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The Trainer's loss; with padfree SP/CP (``plan_config.sp`` / ``cp`` > 1) this rank's shard of the
         packed row runs inside its group (:class:`_ShardedRows`), scored against the row's shifted labels."""
+        sources, self._padfree_sources = self._padfree_sources, None
+        if self.padfree_shard is None and sources is not None and "labels" in inputs:
+            loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
+            self._padfree_note_sources(outputs, inputs["labels"], sources)
+            return (loss, outputs) if return_outputs else loss
         if self.padfree_shard is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         loss, outputs = self.padfree_shard.loss(model, inputs, num_items_in_batch)
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * self.accelerator.num_processes  # undoes DDP's average over every rank, as Trainer
         return (loss, outputs) if return_outputs else loss
+
+    # ----- weighted sources ------------------------------------------------------------------------------
+    def _padfree_note_sources(self, outputs: Any, labels: torch.Tensor, sources: torch.Tensor) -> None:
+        """Add this micro-batch's per-source loss sums and tokens (:func:`padfree.torch.source_loss_sums`)."""
+        from padfree.torch._loss import source_loss_sums
+
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
+        n = len(self.padfree_sampler.config.sources or ())
+        sums = source_loss_sums(logits, labels, sources, n)
+        self._padfree_by_source = sums if self._padfree_by_source is None else self._padfree_by_source + sums
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """The Trainer's log, plus with weighted sources ``loss_<name>``: each source's mean token loss since
+        the last log, over all ranks (every process logs, so the sums are reduced here)."""
+        if "loss" in logs and self._padfree_by_source is not None:
+            from padfree.torch._distributed import all_reduce_sum
+
+            sums = all_reduce_sum(self._padfree_by_source, self._padfree_by_source.device).cpu()
+            self._padfree_by_source = None
+            for j, (name, _) in enumerate(self.padfree_sampler.config.sources or ()):
+                if sums[1, j] > 0:
+                    logs[f"loss_{name}"] = round(float(sums[0, j] / sums[1, j]), 4)
+        super().log(logs, *args, **kwargs)
 
     # ----- loss normalization ------------------------------------------------------------------------------
     def get_batch_samples(self, epoch_iterator, num_batches, device):
