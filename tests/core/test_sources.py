@@ -239,6 +239,8 @@ def test_plans_without_sources_read_as_before() -> None:
     assert not {"sources", "unit", "epoch_steps", "epoch_tokens"} & set(cfg.to_dict())
     mixed = _cfg("tokens").to_dict()
     assert mixed["sources"] == [["chat", 0.6], ["code", 0.25], ["math", 0.15]]
+    back = PlanConfig(**{k: v for k, v in mixed.items() if k != "cost"})  # a JSON round trip
+    assert back.sources == WEIGHTS
 
 
 def test_token_sums_per_source() -> None:

@@ -291,6 +291,10 @@ class PlanConfig:
     def _check_sources(self) -> None:
         """Weighted sources: named, unique, weights finite and > 0, a known unit, at most one epoch length
         (:mod:`padfree.core.sources`); without sources the unit and epoch length must stay unset."""
+        if isinstance(self.sources, list):  # as JSON gives them back (to_dict writes lists)
+            object.__setattr__(
+                self, "sources", tuple(tuple(e) if isinstance(e, list) else e for e in self.sources)
+            )
         check_source_config(self)
 
     def _check_shard(self) -> None:
