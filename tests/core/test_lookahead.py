@@ -16,6 +16,7 @@ from padfree.core.lookahead import (
     window_for_steps,
     window_steps,
 )
+from padfree.data.length_streams import ParquetLengths
 from padfree.errors import ConfigError
 
 
@@ -88,3 +89,25 @@ def test_bad_windows_are_one_line() -> None:
     with pytest.raises(ConfigError, match="length must be >= 1"):
         list(window_steps(ArrayLengths(np.array([5, 0, 3] * 20)), cfg.with_(world_size=1), 30))
     assert window_for_steps(2, cfg, 512.0) == 2 * 8 * 2
+
+
+def test_parquet_shards_stream_in_order_and_seek(tmp_path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    lengths = _lengths(900, 4)
+    files = []
+    for j, (a, b) in enumerate(((0, 250), (250, 610), (610, 900))):
+        f = tmp_path / f"shard{j}.parquet"
+        pq.write_table(pa.table({"length": lengths[a:b]}), f, row_group_size=64)
+        files.append(str(f))
+    src = ParquetLengths(files)
+    assert np.array_equal(src.read(0, 900), lengths)
+    assert np.array_equal(src.read(230, 400), lengths[230:630])  # across shards and row groups
+    assert src.read(890, 50).tolist() == lengths[890:].tolist() and src.read(900, 5).shape == (0,)
+    cfg = PlanConfig(strategy="packed", budget=1024, world_size=2, grad_accum=2, seed=1)
+    whole = list(window_steps(ArrayLengths(lengths), cfg, 120))
+    from_shards = list(window_steps(src, cfg, 120))
+    assert _ids(from_shards) == _ids(whole)
+    state = whole[9].state_after  # resumed over the shards: the rest of the same plan
+    rest = list(window_steps(ParquetLengths(files), cfg, 120, state=state))
+    assert _ids(whole[:10]) + _ids(rest) == _ids(whole)

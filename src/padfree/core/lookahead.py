@@ -16,8 +16,10 @@ one round's plan.
 The state that continues a stream (:class:`WindowState`) is the round's start: its index and shape, the
 stream position read so far, the window's ids and lengths, and the steps of the round already given out. At
 the same shape the round is planned again and continues at that step; at another world size the round's
-given-out steps are taken out and a new round starts at the new shape. A stream that cannot seek
-(:class:`IteratorLengths`) is refused for exact resume in one line.
+given-out steps are taken out and a new round starts at the new shape. Streams: :class:`ArrayLengths` (a
+length column in memory), :class:`padfree.data.length_streams.ParquetLengths` (a length column of parquet
+shards, in order, seekable), :class:`IteratorLengths` (an iterator: it cannot seek, so it is refused for
+exact resume in one line).
 """
 
 from __future__ import annotations
