@@ -266,6 +266,8 @@ class PadfreeTrainerMixin(_TrainerBase):
         self._padfree_state: dict | None = None
         self._padfree_info: MicroInfo | None = None
         self._padfree_tokens = 0  # the plan's tokens this process fetched in this train() call
+        self._padfree_sources: torch.Tensor | None = None  # the micro-batch's per-token sources
+        self._padfree_by_source: torch.Tensor | None = None  # per-source loss sums and tokens since a log
         self.callback_handler.callbacks.insert(0, _PlanEpoch(self))
 
     # ----- data --------------------------------------------------------------------------------------------
@@ -311,6 +313,7 @@ class PadfreeTrainerMixin(_TrainerBase):
         group = getattr(inputs, "padfree_chunks", None)
         if group is not None:
             return self._chunked_step(model, group, num_items_in_batch)
+        self._padfree_sources = getattr(inputs, "source_ids", None)  # the Trainer's copy drops attributes
         with self.padfree_sampler.timed(model, getattr(inputs, "info", None)):
             return super().training_step(model, inputs, num_items_in_batch)
 
@@ -341,12 +344,49 @@ class PadfreeTrainerMixin(_TrainerBase):
         """The Trainer's loss; with padfree SP/CP (``plan_config.sp`` / ``cp`` > 1) this rank's shard of the
         packed row runs inside its group (:class:`~padfree.torch.sharded_rows.ShardedRows`), scored against
         the row's shifted labels."""
+        sources, self._padfree_sources = self._padfree_sources, None
+        if self.padfree_shard is None and sources is not None and "labels" in inputs:
+            loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
+            self._padfree_note_sources(outputs, inputs["labels"], sources)
+            return (loss, outputs) if return_outputs else loss
         if self.padfree_shard is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         loss, outputs = self.padfree_shard.loss(model, inputs, num_items_in_batch)
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * self.accelerator.num_processes  # undoes DDP's average over every rank, as Trainer
         return (loss, outputs) if return_outputs else loss
+
+    # ----- weighted sources ------------------------------------------------------------------------------
+    def _padfree_note_sources(self, outputs: Any, labels: torch.Tensor, sources: torch.Tensor) -> None:
+        """Add this micro-batch's per-source loss sums and tokens (:func:`padfree.torch.source_loss_sums`)."""
+        from padfree.torch._loss import source_loss_sums
+
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
+        n = len(self.padfree_sampler.config.sources or ())
+        sums = source_loss_sums(logits, labels, sources, n)
+        self._padfree_by_source = sums if self._padfree_by_source is None else self._padfree_by_source + sums
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """The Trainer's log, plus with weighted sources ``loss_<name>``: each source's mean token loss since
+        the last log, over all ranks; and in the end-of-training metrics ``train_tokens_per_second``: the
+        plan's tokens (padding excluded) of every data-parallel rank over ``train_runtime`` (under a token
+        budget samples per second mean little). Every process logs, so summing over processes is safe."""
+        if "train_runtime" in logs:
+            from padfree.torch._distributed import all_reduce_sum
+
+            cfg = self.padfree_sampler.config
+            mine = torch.tensor(float(self._padfree_tokens), dtype=torch.float64)
+            tokens = float(all_reduce_sum(mine, self.args.device).item()) / (cfg.sp * cfg.cp)
+            logs["train_tokens_per_second"] = round(tokens / max(float(logs["train_runtime"]), 1e-9), 3)
+        if "loss" in logs and self._padfree_by_source is not None:
+            from padfree.torch._distributed import all_reduce_sum
+
+            sums = all_reduce_sum(self._padfree_by_source, self._padfree_by_source.device).cpu()
+            self._padfree_by_source = None
+            for j, (name, _) in enumerate(self.padfree_sampler.config.sources or ()):
+                if sums[1, j] > 0:
+                    logs[f"loss_{name}"] = round(float(sums[0, j] / sums[1, j]), 4)
+        super().log(logs, *args, **kwargs)
 
     # ----- loss normalization ------------------------------------------------------------------------------
     def get_batch_samples(self, epoch_iterator, num_batches, device):
@@ -369,19 +409,6 @@ class PadfreeTrainerMixin(_TrainerBase):
     def train(self, *args: Any, **kwargs: Any) -> Any:
         self._padfree_tokens = 0
         return super().train(*args, **kwargs)
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """The Trainer's log; its end-of-training metrics gain ``train_tokens_per_second``: the plan's tokens
-        (padding excluded) of every data-parallel rank over ``train_runtime`` (under a token budget samples
-        per second mean little). Every process logs them, so the one sum over processes is safe here."""
-        if "train_runtime" in logs:
-            from padfree.torch._distributed import all_reduce_sum
-
-            cfg = self.padfree_sampler.config
-            mine = torch.tensor(float(self._padfree_tokens), dtype=torch.float64)
-            tokens = float(all_reduce_sum(mine, self.args.device).item()) / (cfg.sp * cfg.cp)
-            logs["train_tokens_per_second"] = round(tokens / max(float(logs["train_runtime"]), 1e-9), 3)
-        super().log(logs, start_time)
 
     def padfree_epoch(self) -> float | None:
         """Plan epochs done, as a fraction, after the last step fetched (None before the first): what the

@@ -168,6 +168,8 @@ NUMERIC: dict[str, Bounded] = {
     "--cache-layers": LAYERS,
     "--cache-bytes": BYTES,
     "--draft-layers": LAYERS,
+    "--epoch-steps": Bounded(int, 1, 2**62),  # weighted sources: an epoch in optimizer steps
+    "--epoch-tokens": Bounded(int, 1, 2**62),  # ... or in tokens
 }
 """The range of each numeric option that more than one command defines, or that a command shares with the
 plan options: one name, one range, in every command (docs/errors.md lists them)."""

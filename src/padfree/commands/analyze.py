@@ -10,9 +10,11 @@ from typing import Any
 from padfree.commands.common import (
     add_plan_inputs,
     add_shard_options,
+    add_source_options,
     add_strategies_option,
     config_from_args,
     load_lengths,
+    sources_from_args,
     strategies_from_args,
 )
 from padfree.core.config import STRATEGIES
@@ -38,6 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.set_defaults(overlong=None)  # error; truncate when chunked is compared (see run)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_source_options(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         args.overlong is None
     ):  # chunked plans long documents whole: the others' default can only truncate them
         args.overlong = OVERLONG_WITH_CHUNKED if any(REGISTRY[s].chunked for s in names) else "error"
+    if args.source:
+        return analyze_sources(args, names)
     configs = {s: config_from_args(args, s) for s in names}
     lengths, path, name = load_lengths(args)
     result = analyze_strategies(lengths, configs, path=path, progress=not args.json)
@@ -76,3 +81,34 @@ def long_documents(lengths: Any, configs: dict, result: dict, path: str | None) 
     if "packed" not in measured or "chunked" not in measured:
         return None
     return chunked_numbers(lengths, configs["packed"], measured["packed"], path, chunked=measured["chunked"])
+
+
+def analyze_sources(args: argparse.Namespace, names: list[str]) -> int:
+    """``--source``: the packed and bucketed plans of the weighted sources (the strategies that plan them),
+    in numbers: padding, rank balance, each step's share error and each source's repetition."""
+    from padfree.core import sources
+
+    names = [s for s in names if s in ("packed", "bucketed")] or ["packed", "bucketed"]
+    result: dict[str, Any] = {"strategies": {}}
+    for s in names:
+        cfg, lengths, loss = sources_from_args(args, config_from_args(args, s))
+        data = sources.source_data(lengths, cfg, loss)
+        plan, _ = sources.plan_sources(data, cfg, 0)
+        result["strategies"][s] = sources.measure(plan, data)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    first = next(iter(result["strategies"].values()))
+    print(f"weighted sources, unit {first['unit']}: share error in documents (a step's worst source)")
+    print(f"{'strategy':<10}{'steps':>7}{'padding eff':>13}{'imbalance':>11}{'p99':>8}{'share err max':>15}")
+    for s, m in result["strategies"].items():
+        print(
+            f"{s:<10}{m['steps']:>7}{m['padding_efficiency']:>13.4f}{m['imbalance_mean']:>11.4f}"
+            f"{m['imbalance_p99']:>8.4f}{m['share_error_max']:>15.3f}"
+        )
+    for name, r in first["sources"].items():
+        print(
+            f"  {name}: weight {r['weight']:.3f}, {r['drawn']:,} of {r['samples']:,} samples drawn "
+            f"({r['passes']:.2f} passes)"
+        )
+    return 0

@@ -163,6 +163,75 @@ def load_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str | None, str]
     )
 
 
+# ----- weighted sources (padfree.core.sources) -----------------------------------------------------------
+def add_source_options(p: argparse.ArgumentParser) -> None:
+    """``--source NAME=FILE:WEIGHT`` (repeated), ``--unit``, ``--epoch-steps`` / ``--epoch-tokens``: plan a
+    weighted mixture of length files instead of one (:func:`sources_from_args` reads them)."""
+    g = p.add_argument_group("weighted sources (instead of one lengths file)")
+    g.add_argument(
+        "--source",
+        action="append",
+        default=None,
+        metavar="NAME=FILE:WEIGHT",
+        help="a named lengths file and its weight; repeat it for every source. Every step then holds each "
+        "source's share of the step in --unit, within one document (loss tokens from FILE.assistant.npy "
+        "beside a .npy when present)",
+    )
+    g.add_argument(
+        "--unit", default="tokens", help="what a weight counts: documents, tokens or loss (default tokens)"
+    )
+    add_number(g, "--epoch-steps", None, "an epoch of sources in optimizer steps")
+    add_number(g, "--epoch-tokens", None, "an epoch of sources in tokens (default: every source's tokens)")
+
+
+def parse_source(text: str) -> tuple[str, Path, float]:
+    """``NAME=FILE:WEIGHT`` as ``(name, file, weight)``; a malformed one is one line naming the rule."""
+    name, eq, rest = text.partition("=")
+    file, colon, weight = rest.rpartition(":")
+    if not eq or not colon or not name or not file:
+        raise ConfigError(f"--source {text!r}: write it NAME=FILE:WEIGHT (e.g. chat=chat.npy:0.6)")
+    try:
+        w = float(weight)
+    except ValueError:
+        raise ConfigError(f"source {name!r}: weight must be a finite number > 0 (got {weight!r})") from None
+    return name, Path(file), w
+
+
+def sources_from_args(
+    args: argparse.Namespace, config: PlanConfig
+) -> tuple[PlanConfig, dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+    """``config`` with the sources of ``--source``, ``--unit`` and the epoch length, each source's lengths
+    and, when every ``.npy`` source has its ``.assistant.npy`` beside it, their loss tokens."""
+    from padfree.data.length_files import assistant_path, read_lengths, read_loss_counts
+
+    if getattr(args, "lengths", None) is not None:
+        raise ConfigError("give one lengths file or --source NAME=FILE:WEIGHT options, not both")
+    parsed = [parse_source(t) for t in args.source]
+    cfg = config.with_(
+        sources=tuple((n, w) for n, _, w in parsed),
+        unit=args.unit,
+        epoch_steps=args.epoch_steps,
+        epoch_tokens=args.epoch_tokens,
+    )
+    lengths: dict[str, np.ndarray] = {}
+    loss: dict[str, np.ndarray] = {}
+    for name, file, _ in parsed:
+        if name in lengths:
+            raise ConfigError(f"source {name!r}: named twice (source names must be unique)")
+        check_input(file, f"lengths of source {name!r}")
+        try:
+            arr = read_lengths(file, field=args.field, column=args.column)
+        except InputError as exc:
+            raise InputError(f"source {name!r}: {exc.rule}", path=str(file)) from None
+        if arr.shape[0] == 0:
+            raise ConfigError(f"source {name!r}: empty (a source needs at least one sample)")
+        lengths[name] = arr
+        aux = assistant_path(file) if file.suffix == ".npy" else None
+        if aux is not None and aux.exists():
+            loss[name] = np.minimum(read_loss_counts(aux, arr), np.maximum(arr - 1, 0))
+    return cfg, lengths, loss if len(loss) == len(lengths) else None
+
+
 def add_strategies_option(p: argparse.ArgumentParser, help_: str) -> None:
     """``--strategies`` (default: every strategy), read by :func:`strategies_from_args`."""
     p.add_argument("--strategies", default=",".join(STRATEGIES), help=help_)

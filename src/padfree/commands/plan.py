@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING
 from padfree.commands.common import (
     add_plan_inputs,
     add_shard_options,
+    add_source_options,
     check_output,
     config_from_args,
     load_lengths,
+    sources_from_args,
     writing,
 )
 from padfree.errors import ConfigError
@@ -32,8 +34,14 @@ HELP = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_plan_inputs(p, required=True)
+    add_plan_inputs(p, required=False)
+    for action in p._actions:  # required unless the plan is of weighted sources
+        if action.dest == "lengths":
+            action.help = (
+                "lengths file (.npy, .txt one integer a line, .jsonl, .parquet); or --source options"
+            )
     add_shard_options(p)
+    add_source_options(p)
     p.add_argument(
         "--strategy",
         default="bucketed",
@@ -69,6 +77,12 @@ def run(args: argparse.Namespace) -> int:
     to_stdout = str(args.out) == "-"
     if not to_stdout:
         check_output(args.out, "the plan")
+    if args.source:
+        return write_sources_plan(args, cfg)
+    if args.lengths is None:
+        raise ConfigError(
+            "padfree plan: give a lengths file (or weighted sources: --source NAME=FILE:WEIGHT)"
+        )
     lengths, path, _ = load_lengths(args)
     if args.degree == "per-batch":
         return write_group_plan(args, plan_degrees(lengths, cfg, args.epoch, comm=args.comm, path=path))
@@ -83,6 +97,35 @@ def run(args: argparse.Namespace) -> int:
 
     summary = f"{p.n_micro} micro-batches in {p.n_steps} steps"
     return write_lines(args, lines(), summary, p.n_samples, (p.truncated, p.split, p.dropped))
+
+
+def write_sources_plan(args: argparse.Namespace, config: object) -> int:
+    """``--source``: the plan of weighted sources, one micro-batch a line with each sample's ``"sources"``
+    (its source's index); sample ids count through the sources in the order given. What the weights cost
+    (passes over each source, the worst step's share error) goes to standard error."""
+    from padfree.core import sources
+    from padfree.core.config import PlanConfig
+
+    assert isinstance(config, PlanConfig)
+    if args.degree != "fixed":
+        raise ConfigError("--degree per-batch does not plan weighted sources; leave it fixed")
+    cfg, lengths, loss = sources_from_args(args, config)
+    data = sources.source_data(lengths, cfg, loss)
+    p, _ = sources.plan_sources(data, cfg, args.epoch)
+    cut = p.truncated > 0
+
+    def lines():
+        for j, rec in enumerate(p.records()):
+            rec["sources"] = data.source_of(rec["indices"]).tolist()
+            if cut:
+                rec["lengths"] = p.lengths[p.offsets[j] : p.offsets[j + 1]].tolist()
+            yield json.dumps(rec, separators=(",", ":")) + "\n"
+
+    summary = f"{p.n_micro} micro-batches in {p.n_steps} steps"
+    code = write_lines(args, lines(), summary, p.n_samples, (p.truncated, p.split, p.dropped))
+    for line in sources.summary_lines(p, data):
+        print(line, file=sys.stderr)
+    return code
 
 
 def write_group_plan(args: argparse.Namespace, gp: GroupPlan) -> int:

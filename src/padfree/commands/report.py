@@ -11,11 +11,13 @@ from pathlib import Path
 from padfree.commands.common import (
     add_drafter_arguments,
     add_plan_inputs,
+    add_source_options,
     bounded_list,
     check_output,
     config_from_args,
     drafter_from_args,
     load_lengths,
+    sources_from_args,
     writing,
 )
 from padfree.errors import ConfigError, one_line
@@ -56,6 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="your model (a folder with config.json, or a tiny-* name): run `padfree check-packing --model` "
         "on it and let its verdict decide packing (default: packing assumed, the check named in the page)",
     )
+    add_source_options(p)
 
 
 def _process_started() -> float:
@@ -85,8 +88,18 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "report: --model runs the packing check that decides packing; give --no-packing instead"
         )
-    lengths, path, name = load_lengths(args)
     packing_check = None if args.model is None else packing_verdict(args.model)
+    mixed = None
+    if args.source:  # the report of all sources' samples together, and the weighted plan's section
+        from padfree.core import sources
+
+        strategy = "bucketed" if args.no_packing else "packed"
+        cfg, per_source, loss = sources_from_args(args, base.with_(strategy=strategy))
+        data = sources.source_data(per_source, cfg, loss)
+        mixed = sources.report_numbers(sources.plan_sources(data, cfg, 0)[0], data)
+        lengths, path, name = data.lengths, None, " + ".join(data.names)
+    else:
+        lengths, path, name = load_lengths(args)
     drafter = None
     if args.drafter is not None:
         from padfree.advice.report import drafter_numbers
@@ -109,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
             packing_check=packing_check,
             t0=t0,
             drafter=drafter,
+            sources=mixed,
         )
     if drafter is not None:
         print(f"{args.out / 'index.html'}: {drafter_line(numbers['drafter'])}", file=sys.stderr)

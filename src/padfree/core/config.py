@@ -200,6 +200,13 @@ class PlanConfig:
             SP/CP row multiple. Rows are padded up to the next shape, that padding counts as padding in
             every metric, and the largest shape within ``sp * cp * budget`` is the row's capacity
             (:meth:`padfree.core.shard.Shard.capacity`): longer samples are overlong.
+        sources: weighted sources, ``((name, weight), ...)``: every step holds each source's share
+            ``weight / sum(weights)`` of the step, counted in ``unit``, within one document
+            (:mod:`padfree.core.sources`; the lengths are then given per source). ``None``: one pool.
+        unit: what a source's weight counts: ``documents``, ``tokens`` or ``loss`` (supervised tokens).
+        epoch_steps, epoch_tokens: the length of an epoch of sources, in optimizer steps or in tokens
+            (rounded up to whole steps); at most one. Default: the tokens of all sources together. Each
+            source's repetition (upsampled or capped) follows from it and the weights.
     """
 
     strategy: str = "bucketed"
@@ -219,6 +226,11 @@ class PlanConfig:
     sp: int = 1
     cp: int = 1
     shapes: int | tuple[int, ...] | None = None
+    # ----- weighted sources (padfree.core.sources): None plans one pool of samples, as before -----------
+    sources: tuple[tuple[str, float], ...] | None = None
+    unit: str = "tokens"
+    epoch_steps: int | None = None
+    epoch_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in REGISTRY:
@@ -292,6 +304,16 @@ class PlanConfig:
             )
         if shapes is not None and self.chunked:
             raise ConfigError("the chunked strategy is not planned with shapes (its chunks are not padded)")
+        self._check_sources()
+
+    def _check_sources(self) -> None:
+        """Weighted sources: named, unique, weights finite and > 0, a known unit, at most one epoch length
+        (:mod:`padfree.core.sources`); without sources the unit and epoch length must stay unset."""
+        if isinstance(self.sources, list):  # as JSON gives them back (to_dict writes lists)
+            object.__setattr__(
+                self, "sources", tuple(tuple(e) if isinstance(e, list) else e for e in self.sources)
+            )
+        check_source_config(self)
 
     def _check_shard(self) -> None:
         """``sp`` and ``cp``: integers from 1 to :data:`MAX_SHARD`, their rows within :data:`MAX_BUDGET`."""
@@ -347,4 +369,70 @@ class PlanConfig:
             del d["shapes"]
         elif isinstance(d["shapes"], tuple):
             d["shapes"] = list(d["shapes"])
+        if self.sources is None:  # the same: configs without sources read as before
+            for name in ("sources", "unit", "epoch_steps", "epoch_tokens"):
+                del d[name]
+        else:
+            d["sources"] = [list(s) for s in self.sources]
         return d
+
+
+# ----- weighted sources (padfree.core.sources plans them) ------------------------------------------------
+UNITS = ("documents", "tokens", "loss")
+"""What a source's weight counts: samples, tokens, or supervised (loss-bearing) tokens."""
+MAX_SOURCES = 256
+"""The most weighted sources of one plan."""
+
+
+def check_source_config(config: PlanConfig) -> None:
+    """The source fields of ``config`` (see :class:`~padfree.core.config.PlanConfig`), one
+    :class:`ConfigError` line naming the source and the rule."""
+    if config.sources is None:
+        if config.epoch_steps is not None or config.epoch_tokens is not None or config.unit != "tokens":
+            raise ConfigError("unit, epoch_steps and epoch_tokens apply to weighted sources only (sources=)")
+        return
+    if not isinstance(config.sources, tuple) or not 1 <= len(config.sources) <= MAX_SOURCES:
+        raise ConfigError(f"sources must be a tuple of 1 to {MAX_SOURCES} (name, weight) pairs")
+    seen: set[str] = set()
+    for entry in config.sources:
+        if not isinstance(entry, tuple) or len(entry) != 2:
+            raise ConfigError(f"sources: each entry is a (name, weight) pair (got {entry!r:.60})")
+        name, weight = entry
+        if not isinstance(name, str) or not name or len(name) > 200 or any(c in name for c in "=:,\n"):
+            raise ConfigError(
+                f"source {name!r:.60}: a name is a non-empty string of at most 200 characters without "
+                "'=', ':', ',' or a newline"
+            )
+        if name in seen:
+            raise ConfigError(f"source {name!r}: named twice (source names must be unique)")
+        seen.add(name)
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float))
+            or not math.isfinite(weight)
+            or weight <= 0
+        ):
+            raise ConfigError(f"source {name!r}: weight must be a finite number > 0 (got {weight!r})")
+    if config.unit not in UNITS:
+        raise ConfigError(f"unknown unit {config.unit!r}: a source weight counts {', '.join(UNITS)}")
+    for key in ("epoch_steps", "epoch_tokens"):
+        v = getattr(config, key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**62):
+            raise ConfigError(f"{key} must be an integer >= 1 (got {v!r})")
+    if config.epoch_steps is not None and config.epoch_tokens is not None:
+        raise ConfigError(
+            "give the epoch of sources in steps or in tokens, not both (epoch_steps, epoch_tokens)"
+        )
+    if config.strategy not in ("packed", "bucketed"):
+        raise ConfigError(
+            f"weighted sources are planned with the packed or bucketed strategy (got {config.strategy!r})"
+        )
+    if config.overlong not in ("error", "truncate"):
+        raise ConfigError(
+            f"weighted sources take overlong 'error' or 'truncate' (got {config.overlong!r}): a split or "
+            "dropped sample would change what a source's share counts"
+        )
+    if config.shard.active or config.anchor_budget is not None or config.attn_budget is not None:
+        raise ConfigError("weighted sources are not planned with sp/cp > 1 or drafter bounds yet")
+    if config.shapes is not None:
+        raise ConfigError("weighted sources are not planned with shapes yet: plan them without shapes")

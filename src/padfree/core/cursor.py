@@ -26,6 +26,7 @@ one step's layout in memory; everything it yields is a pure function of its
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -42,7 +43,8 @@ from padfree.core.plan import Plan, validate_anchors
 from padfree.core.planner import planning_window
 from padfree.core.position import Position, check_taken, from_state, step_loss_tokens, to_state
 from padfree.core.replay import Segment, replay
-from padfree.core.state_check import segment_budgets
+from padfree.core.sources import Counters, SourceData, replay_sources, source_data
+from padfree.core.state_check import DIGEST, seal, segment_budgets
 from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError, StateError
 
@@ -63,6 +65,7 @@ class MicroInfo:
         lengths: tokens of each sample's piece (shorter than the sample when truncated or split).
         indices: the sample ids (as in the ``MicroBatch`` list), e.g. for a log of consumed samples.
         anchors: a drafter plan's draft blocks (anchors) of each sample (``None`` without anchors).
+        sources: a plan of weighted sources: each sample's source (its index in ``config.sources``).
     """
 
     epoch: int
@@ -77,6 +80,7 @@ class MicroInfo:
     lengths: tuple[int, ...]
     indices: tuple[int, ...] = ()
     anchors: tuple[int, ...] | None = None
+    sources: tuple[int, ...] | None = None
 
 
 class MicroBatch(list):
@@ -104,13 +108,16 @@ class Next(NamedTuple):
 class EpochSource:
     """What every epoch is planned from: the validated lengths, their items (in memory) or the window size
     (window by window: every per-sample array int32), and the loss-bearing tokens per sample (``None``:
-    ``length - 1``), and a drafter plan's anchors per sample (``None``: not a drafter plan)."""
+    ``length - 1``), and a drafter plan's anchors per sample (``None``: not a drafter plan); with weighted
+    sources, their :class:`~padfree.core.sources.SourceData` (``lengths`` and ``loss`` are then every
+    source's, in the config's order)."""
 
     lengths: np.ndarray
     items: Items | None
     window: int | None
     loss: np.ndarray | None
     anchors: np.ndarray | None = None
+    mixture: SourceData | None = None
 
     @classmethod
     def of(
@@ -123,7 +130,13 @@ class EpochSource:
     ) -> EpochSource:
         """Validate ``lengths`` and ``loss_tokens`` (one count per sample, each in ``0 .. length-1``) for
         planning window by window, ``window`` samples each, or when it is ``None`` as
-        :func:`padfree.core.planner.planning_window` decides by size (in memory up to its threshold)."""
+        :func:`padfree.core.planner.planning_window` decides by size (in memory up to its threshold).
+        With ``config.sources``, ``lengths`` (and ``loss_tokens``) map each source's name to its own."""
+        if config.sources is not None:
+            if window is not None or anchors is not None:
+                raise ConfigError("weighted sources are planned in memory, without anchors (no window)")
+            data = source_data(lengths, config, loss_tokens)  # type: ignore[arg-type]
+            return cls(data.lengths, None, None, data.loss, None, data)
         window = planning_window(lengths, True if window is not None else None, window)
         arr = validate_lengths(lengths, compact=window is not None)
         if window is not None:  # lengths are validated <= 2**31 - 1
@@ -159,6 +172,7 @@ class _PlanCache(NamedTuple):
     budget: Budget  # the segment's
     before: int  # steps of the epoch before the plan's segment
     step_tokens: np.ndarray  # loss tokens of each step of the plan (-1: unknown)
+    trace: list[Counters] | None = None  # weighted sources: the counters after each step of the plan
 
 
 class _StepCache(NamedTuple):
@@ -210,7 +224,11 @@ class Cursor:
         # the planning budget new segments record (None: the config's)
         self.budget = dynamic_budget(config, source.lengths, headroom) if dynamic else None
         self.features = dynamic and config.world_size > 1
+        if source.mixture is not None and dynamic:
+            raise ConfigError("weighted sources are balanced statically for now; use balance='static'")
         self.fingerprint, self.identity = fingerprint_and_identity(source.lengths, config, source.anchors)
+        if source.mixture is not None:  # the sources' names, weights, sizes, unit and epoch decide the plan
+            self.fingerprint, self.identity = _with_sources(self.fingerprint, self.identity, source, config)
         self.epoch = int(epoch)
         self.history = [self._fresh()]
         self.partial = 0  # micro-batches of the current (unfinished) step already taken
@@ -247,7 +265,19 @@ class Cursor:
         in force and, mid-step, the digest of the step's micro-batches already handed out.
         JSON-serializable, O(resumes)."""
         mode = "dynamic" if self.dynamic else "static"
-        return to_state(self.fingerprint, self.position, mode, self.identity, self.taken())
+        state = to_state(self.fingerprint, self.position, mode, self.identity, self.taken())
+        if self.source.mixture is None:
+            return state
+        body = {k: v for k, v in state.items() if k != DIGEST}
+        return seal({**body, "sources": self.counters().to_state()})
+
+    def counters(self) -> Counters:
+        """Weighted sources: the counters (samples drawn and units per source, the epoch's units and
+        tokens) at the current step boundary; their deficits decide the coming steps."""
+        cache = self._plan()
+        if cache.trace is None:
+            raise ConfigError("counters belong to a plan of weighted sources")
+        return cache.trace[self.history[-1].steps]
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` at this cursor's shape (at another world size the rest of the epoch is
@@ -275,6 +305,8 @@ class Cursor:
         self.restore(pos)
         try:
             check_taken(state, self.taken())  # mid-step: the step's handed-out part is unchanged
+            if self.source.mixture is not None:
+                _check_counters(state, self.counters())
         except StateError:
             self.restore(before)
             raise
@@ -298,8 +330,14 @@ class Cursor:
 
     # ----- the plan of the current segment ---------------------------------------------------------------
     def _replay(self, epoch: int, history: list[Segment]) -> tuple[Plan, int]:
+        return self._replay_traced(epoch, history)[:2]
+
+    def _replay_traced(self, epoch: int, history: list[Segment]) -> tuple[Plan, int, list[Counters] | None]:
         src = self.source
-        return replay(src.items, self.config, epoch, history, lengths=src.lengths, window=src.window)
+        if src.mixture is not None:
+            return replay_sources(src.mixture, self.config, epoch, history)
+        plan, before = replay(src.items, self.config, epoch, history, lengths=src.lengths, window=src.window)
+        return plan, before, None
 
     def _plan(self, epoch: int | None = None, history: list[Segment] | None = None) -> _PlanCache:
         """The unassigned plan of the last segment of ``history`` in ``epoch`` (default: the current
@@ -309,10 +347,10 @@ class Cursor:
         key = _key(epoch, history)
         if self._plan_cache is None or self._plan_cache.key != key:
             self._plan_cache = self._step_cache = None  # free the old plan before making the next
-            plan, before = self._replay(epoch, history)
+            plan, before, trace = self._replay_traced(epoch, history)
             tokens = step_loss_tokens(plan, self.source.lengths, self.source.loss)
             budget = Budget.of(self.config, history[-1].budget)
-            self._plan_cache = _PlanCache(key, plan, budget, before, tokens)
+            self._plan_cache = _PlanCache(key, plan, budget, before, tokens, trace)
         return self._plan_cache
 
     def _layout(self, cache: _PlanCache, s: int) -> _StepCache:
@@ -413,6 +451,9 @@ class Cursor:
             lengths=tuple(plan.lengths[pos].tolist()),
             indices=tuple(ids),
             anchors=None if plan.anchors is None else tuple(plan.anchors[pos].tolist()),
+            sources=None
+            if self.source.mixture is None
+            else tuple(self.source.mixture.source_of(ids).tolist()),
         )
         if j == g - 1:
             self.history[-1] = replace(self.history[-1], steps=s + 1)
@@ -428,3 +469,31 @@ def _key(epoch: int, history: list[Segment]) -> tuple:
     """What decides the plan of the last segment of ``history`` (its steps run so far do not)."""
     last = history[-1]
     return (epoch, tuple(history[:-1]), last.world_size, last.grad_accum, last.budget)
+
+
+def _with_sources(
+    fingerprint: str, identity: dict, source: EpochSource, config: PlanConfig
+) -> tuple[str, dict]:
+    """The fingerprint and identity of a plan of weighted sources: the plain ones with the sources' names,
+    weights and sizes, the unit and the epoch length folded in."""
+    assert source.mixture is not None
+    extra = {
+        "sources": [[n, float(w)] for n, w in config.sources or ()],
+        "source_sizes": source.mixture.sizes.tolist(),
+        "unit": config.unit,
+        "epoch_steps": config.epoch_steps,
+        "epoch_tokens": config.epoch_tokens,
+    }
+    h = hashlib.sha256(fingerprint.encode())
+    h.update(json.dumps(extra, sort_keys=True).encode())
+    return h.hexdigest()[:32], {**identity, **extra}
+
+
+def _check_counters(state: dict, counters: Counters) -> None:
+    """A state of weighted sources records the counters its history gives (samples drawn and units per
+    source): else its deficits were edited, or it belongs to another planner."""
+    if state.get("sources") != counters.to_state():
+        raise StateError(
+            "malformed sampler state: its source counters (samples drawn and deficits per source) do not "
+            "match what its history replays to; resume from an unedited checkpoint"
+        )

@@ -83,6 +83,11 @@ def make_plan(
     (0, True)
     """
     t0 = time.perf_counter()
+    if config.sources is not None:  # weighted sources: lengths per source, composed step by step
+        from padfree.core import sources
+
+        data = sources.source_data(lengths, config)  # type: ignore[arg-type]
+        return sources.plan_sources(data, config, check_epoch(epoch))[0]
     epoch, window = _route(lengths, epoch, stream, window)
     if window is not None:
         if REGISTRY[config.strategy].chunked:

@@ -33,7 +33,7 @@ True
 from padfree.torch._collate import PackCollator, PadCollator
 from padfree.torch._dataset import PlannedDataset
 from padfree.torch._distributed import all_reduce_sum, sync_unless
-from padfree.torch._loss import global_loss_tokens, step_loss, token_loss_sum
+from padfree.torch._loss import global_loss_tokens, source_loss_sums, step_loss, token_loss_sum
 from padfree.torch._sampler import PlanBatchSampler
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "PlannedDataset",
     "all_reduce_sum",
     "global_loss_tokens",
+    "source_loss_sums",
     "step_loss",
     "sync_unless",
     "token_loss_sum",

@@ -29,12 +29,15 @@ IGNORE = -100
 
 class Batch(dict):
     """Model inputs (``model(**batch)``) plus, as attributes, ``info`` (the micro-batch's
-    :class:`~padfree.torch._sampler.MicroInfo` or ``None``), ``loss_tokens`` (labels != -100) and ``tokens``
-    (real, non-padding tokens)."""
+    :class:`~padfree.torch._sampler.MicroInfo` or ``None``), ``loss_tokens`` (labels != -100), ``tokens``
+    (real, non-padding tokens) and, for a plan of weighted sources, ``source_ids``: each token's source (its
+    index in ``config.sources``; -1 on padding), shaped like ``labels``, so the loss of a packed row splits
+    by source (:func:`padfree.torch.source_losses`). ``None`` without sources."""
 
     info: object = None
     loss_tokens: int = 0
     tokens: int = 0
+    source_ids: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -176,11 +179,24 @@ def padded_spans(lens: np.ndarray, shard: Shard) -> np.ndarray:
     return spans
 
 
-def _finish(batch: Batch, items: list, labels: torch.Tensor, tokens: int) -> Batch:
+def _finish(
+    batch: Batch, items: list, labels: torch.Tensor, tokens: int, source_ids: np.ndarray | None = None
+) -> Batch:
     batch.info = getattr(items, "info", None)
     batch.loss_tokens = int((labels != IGNORE).sum())
     batch.tokens = tokens
+    if source_ids is not None:
+        batch.source_ids = torch.from_numpy(source_ids.astype(np.int64)).reshape(labels.shape)
     return batch
+
+
+def item_sources(items: list) -> np.ndarray | None:
+    """Each item's source (a plan of weighted sources: ``info.sources``), or ``None``."""
+    info = getattr(items, "info", None)
+    found = getattr(info, "sources", None)
+    if found is None or len(found) != len(items):
+        return None
+    return np.asarray(found, dtype=np.int64)
 
 
 class PadCollator:
@@ -241,7 +257,13 @@ class PadCollator:
             batch = Batch(input_ids=input_ids, attention_mask=mask, labels=labels)
         else:
             batch = Batch(input_ids=input_ids, labels=labels)
-        return _finish(batch, items, labels, sum(n))
+        src = item_sources(items)
+        per_token = None
+        if src is not None:
+            per_token = np.full((rows, width), -1, np.int64)
+            for r, length in enumerate(n):
+                per_token[r, :length] = src[r]
+        return _finish(batch, items, labels, sum(n), per_token)
 
 
 class PackCollator:
@@ -285,13 +307,18 @@ class PackCollator:
         ps = pieces(items, self.chunked)
         n = [p[0].shape[0] for p in ps]
         real = int(sum(n))
+        src = item_sources(items)
+        per_token = None
         if real > 0:
+            if src is not None:
+                per_token = np.repeat(src, n)
             ps = [p for p in ps if p[0].shape[0] > 0]
             n = [p[0].shape[0] for p in ps]
             ids = np.concatenate([p[0] for p in ps])
             lab = np.concatenate([p[1] for p in ps])
         else:  # empty micro-batch: one placeholder token with no loss
             ids, lab, n = np.array([self.pad_token_id]), np.array([IGNORE]), [1]
+            per_token = None if src is None else np.array([-1])
         sh = self.shard
         if sh.active:  # the padded row's size, before anything of that size is allocated
             padded = int(padded_spans(np.asarray(n, dtype=np.int64), sh).sum())
@@ -310,6 +337,10 @@ class PackCollator:
             lab_p = np.full(int(cu[-1]), IGNORE, dtype=np.int64)
             ids_p[at], lab_p[at] = ids, lab
             ids, lab = ids_p, lab_p
+            if per_token is not None:  # the placeholder of an empty row too
+                src_p = np.full(int(cu[-1]), -1, dtype=np.int64)
+                src_p[at] = per_token
+                per_token = src_p
         labels = torch.from_numpy(lab.astype(np.int64))[None]
         batch = Batch(input_ids=torch.from_numpy(ids.astype(np.int64))[None], labels=labels, **layout)
-        return _finish(batch, items, labels, real)
+        return _finish(batch, items, labels, real, per_token)

@@ -28,6 +28,34 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
+def source_loss_sums(
+    logits: torch.Tensor, labels: torch.Tensor, source_ids: torch.Tensor, n_sources: int
+) -> torch.Tensor:
+    """Per-source sums of next-token cross-entropy and the tokens they count, shape ``(2, n_sources)``: row 0
+    the loss sums, row 1 the loss-bearing tokens (a label's source is the source of its position, from the
+    collators' ``batch.source_ids``). For logging and DoReMi-style reweighting: computed without gradient
+    (one more cross-entropy over the logits), so the training loss is unchanged. Sum over micro-batches and
+    ranks, then divide row 0 by row 1 for each source's mean loss.
+
+    >>> logits = torch.zeros(1, 4, 3)
+    >>> sums = source_loss_sums(logits, torch.tensor([[-100, 1, -100, 2]]), torch.tensor([[0, 0, 1, 1]]), 2)
+    >>> sums[1].tolist(), round(sums[0, 0].item() / sums[1, 0].item(), 4)  # ln 3 each
+    ([1.0, 1.0], 1.0986)
+    """
+    with torch.no_grad():
+        target = F.pad(labels[:, 1:].to(logits.device), (0, 1), value=IGNORE).reshape(-1)
+        src = F.pad(source_ids[:, 1:].to(logits.device), (0, 1), value=-1).reshape(-1)
+        flat = logits.detach().reshape(-1, logits.shape[-1])
+        if flat.dtype in (torch.float16, torch.bfloat16):
+            flat = flat.float()
+        keep = (target != IGNORE) & (src >= 0)
+        losses = F.cross_entropy(flat[keep], target[keep], reduction="none").double()
+        out = torch.zeros(2, n_sources, dtype=torch.float64, device=logits.device)
+        out[0].index_add_(0, src[keep], losses)
+        out[1].index_add_(0, src[keep], torch.ones_like(losses))
+    return out
+
+
 def step_loss(loss_sum: torch.Tensor, step_tokens: float, world_size: int = 1) -> torch.Tensor:
     """The micro-batch's share of the step loss: ``loss_sum * world_size / step_tokens`` (``world_size``
     undoes DDP's gradient averaging). ``step_tokens`` is the step's denominator on all ranks: its loss-bearing

@@ -50,9 +50,14 @@ class PlanBatchSampler:
 
     Args:
         lengths: tokens of every sample (as the collator will see them, before truncation or splitting).
+            With weighted sources (``config.sources``): a mapping of each source's name to its lengths;
+            sample ids then count through the sources in the config's order (a ``ConcatDataset`` of them),
+            every step holds each source's share (:mod:`padfree.core.sources`), ``MicroInfo.sources`` says
+            each sample's source and the state records the sources' counters. Static balance only.
         config: the plan config; its ``world_size`` is replaced by the real one.
         loss_tokens: loss-bearing tokens of every sample: label positions after the first token (with all
-            tokens as labels, ``length - 1``; the default). Used to give every micro-batch its step's total.
+            tokens as labels, ``length - 1``; the default); per source (a mapping) with weighted sources.
+            Used to give every micro-batch its step's total.
         rank, world_size: the data-parallel rank and size; default to ``torch.distributed`` when initialized,
             else ``0`` and ``config.world_size``.
         dp_rank, dp_size, dp_group: with SP/CP (``config.sp`` / ``config.cp`` > 1) every GPU of a group of

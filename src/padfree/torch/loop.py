@@ -148,7 +148,7 @@ def train_loop(
     run: str,
     parts: tuple[Any, Any, torch.nn.Module, torch.optim.Optimizer],
     count: Callable[[list], Any],
-    micro_step: Callable[[list, Any], tuple[torch.Tensor, int]],
+    micro_step: Callable[[list, Any], tuple],
     *,
     step: int = 0,
     after_step: Callable[[list, str, int, int], None] | None = None,
@@ -163,7 +163,11 @@ def train_loop(
     runs after each optimizer step (before any checkpoint of it); ``extra`` goes into every checkpoint;
     ``dropped``: the samples the plan leaves out on purpose (``--overlong drop``), said once in the seen-log
     so its check does not count them lost; ``seen_here``: whether this rank writes the seen-log (under
-    SP/CP only the first rank of each group, whose rows the others share)."""
+    SP/CP only the first rank of each group, whose rows the others share).
+
+    With weighted sources ``micro_step`` may return a third value, its micro-batches' per-source loss sums
+    and loss tokens (:func:`padfree.torch.source_loss_sums`, shape ``(2, sources)``): the log then says each
+    source's mean loss since the last log line, over all ranks."""
     log = print if rank == 0 else (lambda *a, **k: None)
     sampler, loader, model, optimizer = parts
     if args.seen_log:
@@ -174,13 +178,19 @@ def train_loop(
         seenlog.append_dropped(seen, run, dropped)
     t_last, tokens_since, done, first = time.perf_counter(), 0, False, step + 1
     t_train, tokens_run = t_last, 0
+    names = [n for n, _ in sampler.config.sources or ()]
+    by_source: torch.Tensor | None = None  # per-source loss sums and tokens since the last log line
     bars = rank == 0 and bars_wanted(getattr(args, "quiet", False))
     with progress_bar("training", _steps_left(args, sampler, step), enabled=bars) as advance:
         for epoch in range(sampler.epoch, args.epochs):
             sampler.set_epoch(epoch)
             for micro_batches in steps_of(loader):
                 step_tokens = count(micro_batches)
-                loss_sum, tokens = micro_step(micro_batches, step_tokens)
+                result = micro_step(micro_batches, step_tokens)
+                loss_sum, tokens = result[0], result[1]
+                if len(result) > 2 and result[2] is not None:
+                    part = result[2].detach().double().cpu()
+                    by_source = part if by_source is None else by_source + part
                 tokens_since += tokens
                 tokens_run += tokens
                 if args.clip > 0:
@@ -221,6 +231,9 @@ def train_loop(
                         f"loss {loss:.4f} tokens/s {totals[1].item() / dt:,.0f}"
                     )
                     advance(0, description=f"epoch {epoch} loss {loss:.4f}")
+                    if by_source is not None and names:
+                        log(source_loss_line(all_reduce_sum(by_source, device).cpu(), names))
+                        by_source = None
                     t_last, tokens_since = time.perf_counter(), 0
                 if args.max_steps is not None and step >= args.max_steps:
                     done = True
@@ -252,6 +265,20 @@ def _steps_left(args: argparse.Namespace, sampler: Any, step: int) -> int | None
     if args.max_steps is not None:
         left = max(args.max_steps - step, 0) if left is None else min(left, max(args.max_steps - step, 0))
     return left
+
+
+def source_loss_line(sums: torch.Tensor, names: list[str]) -> str:
+    """Each source's mean loss from its ``(2, sources)`` loss sums and tokens (:func:`padfree.torch.
+    source_loss_sums`), for the log: ``loss by source: chat 1.2345 (1,024 tokens), ...``.
+
+    >>> source_loss_line(torch.tensor([[2.0, 0.0], [4.0, 0.0]]), ["chat", "code"])
+    'loss by source: chat 0.5000 (4 tokens), code - (0 tokens)'
+    """
+    parts = []
+    for j, name in enumerate(names):
+        loss, n = float(sums[0, j]), int(sums[1, j])
+        parts.append(f"{name} {loss / n:.4f} ({n:,} tokens)" if n else f"{name} - (0 tokens)")
+    return "loss by source: " + ", ".join(parts)
 
 
 def save(

@@ -154,10 +154,12 @@ def write_report(
     *,
     t0: float | None = None,
     drafter: dict | None = None,
+    sources: dict | None = None,
     **kwargs: object,
 ) -> dict:
     """Build the report and write ``out_dir/index.html`` and ``out_dir/report.json``; returns the numbers.
-    ``drafter`` (:func:`drafter_numbers`) adds the drafter setup's section.
+    ``drafter`` (:func:`drafter_numbers`) adds the drafter setup's section, ``sources``
+    (:func:`padfree.core.sources.report_numbers`) the weighted sources' section.
 
     ``numbers["seconds"]`` is the wall time from ``t0`` (default: this call) to the page being rendered,
     so a caller that passes the start of its run (reading the lengths included) reports the run's time.
@@ -166,6 +168,8 @@ def write_report(
     numbers, _ = build_report(lengths, base, **kwargs)  # type: ignore[arg-type]
     if drafter is not None:
         numbers["drafter"] = drafter
+    if sources is not None:  # weighted sources: each step's share per source and what the weights cost
+        numbers["sources"] = sources
     lengths = validate_lengths(lengths, kwargs.get("path"), compact=True)  # type: ignore[arg-type]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,27 @@ def render_figures(lengths: np.ndarray, numbers: dict) -> dict[str, tuple[str, s
         "frontier": ("Efficiency-diversity frontier", _fig_frontier(plt, numbers)),
         "rank_load": ("Rank load per step", _fig_rank_load(plt, numbers)),
     }
+    if numbers.get("sources"):
+        figs["sources"] = ("Each source's share of every step", _fig_sources(plt, numbers["sources"]))
     return figs
+
+
+def _fig_sources(plt, src: dict) -> str:  # noqa: ANN001
+    """Each step's share of each source (stacked, in the weights' unit), its weight dashed."""
+    shares = np.asarray(src["step_shares"], dtype=np.float64)
+    frac = shares / np.maximum(shares.sum(axis=1, keepdims=True), 1e-300)
+    fig, ax = plt.subplots(figsize=(10, 3.4))
+    steps = np.arange(frac.shape[0])
+    ax.stackplot(steps, frac.T, labels=list(src["sources"]), alpha=0.85)
+    edge = np.cumsum([r["weight"] for r in src["sources"].values()])[:-1]
+    for y in edge:
+        ax.axhline(y, color="black", lw=0.8, ls="--")
+    ax.set_xlim(0, max(frac.shape[0] - 1, 1))
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(f"share of the step ({src['unit']})")
+    ax.legend(loc="upper right", fontsize=8, ncol=min(4, len(src["sources"])))
+    return _png(plt, fig)
 
 
 def _png(plt, fig) -> str:  # noqa: ANN001
