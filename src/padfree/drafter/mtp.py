@@ -121,7 +121,8 @@ class MTPDrafter(nn.Module):
         self, hidden: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, segments: list, mask
     ) -> torch.Tensor:
         """One MTP step: ``hidden`` ``(T, H)`` and the fed ``tokens`` ``(T,)`` -> the step's output. Attention
-        causal inside each of ``segments`` (``mask`` None), or under ``mask`` (dense boolean or BlockMask)."""
+        causal inside each of ``segments`` (``(slice, None)`` a document, ``(slice, document ids)`` a padded
+        row; ``mask`` None), or under ``mask`` (dense boolean or BlockMask)."""
         c, d = self.cfg, self.cfg.head_dim
         e = self.token_layernorm(self.embed_tokens(tokens))
         x = self.input_proj(torch.cat([e, self.hidden_layernorm(hidden)], -1))
@@ -130,21 +131,24 @@ class MTPDrafter(nn.Module):
         k = rope(self.k_norm(self.k_proj(y).view(-1, c.num_kv_heads, d)).transpose(0, 1), pos, c.rope_theta)
         v = self.v_proj(y).view(-1, c.num_kv_heads, d).transpose(0, 1)
         if mask is None:
-            gqa = c.num_heads != c.num_kv_heads
-            parts = [
-                nn.functional.scaled_dot_product_attention(
-                    q[None, :, s], k[None, :, s], v[None, :, s], is_causal=True, enable_gqa=gqa
-                )[0]
-                .transpose(0, 1)
-                .reshape(s.stop - s.start, -1)
-                for s in segments
-            ]
+            parts = [self._causal(q[:, s], k[:, s], v[:, s], doc) for s, doc in segments]
             a = torch.cat(parts) if parts else q.new_zeros(0, c.num_heads * d)
         else:
             a = attend(q, k, v, mask)
         x = x + self.o_proj(a)
         x = x + self.mlp(self.post_attention_layernorm(x))
         return self.final_layernorm(x)
+
+    def _causal(self, q, k, v, doc: torch.Tensor | None) -> torch.Tensor:
+        """Causal attention over one segment: a document (``doc`` None) or a padded row (its padding sees
+        itself only, as under the one mask)."""
+        if doc is not None:
+            return attend(q, k, v, eagle3_dense_mask(doc, 0))
+        gqa = self.cfg.num_heads != self.cfg.num_kv_heads
+        out = nn.functional.scaled_dot_product_attention(
+            q[None], k[None], v[None], is_causal=True, enable_gqa=gqa
+        )
+        return out[0].transpose(0, 1).reshape(q.shape[1], -1)
 
     def forward(self, target_hidden: torch.Tensor, batch: DrafterBatch, attention: str = "dense") -> list:
         """Every step's output ``(T, H)``. ``target_hidden``: the target's last layer ``(1, T, H)``.
@@ -160,7 +164,7 @@ class MTPDrafter(nn.Module):
             mask = eagle3_dense_mask(doc, 0)
         elif attention == "flex":
             mask = eagle3_block_mask(doc, 0)
-        segments = batch.contract.segments()
+        segments = [(s, doc[s] if bool((doc[s] < 0).any()) else None) for s in batch.contract.segments()]
         h = target_hidden[0]
         outs = []
         for k in range(f.ttt):
