@@ -258,7 +258,7 @@ def test_the_export_needs_a_verifier_and_the_full_vocabulary():
 
     models = build_models("mtp", vocab=64)
     meta = export_meta(models, mask_token_id=0)
-    with pytest.raises(ConfigError, match="speculators' format names the verifier"):
+    with pytest.raises(ConfigError, match="MTP format names the verifier.*embedding and LM head"):
         check_exportable(meta, "speculators-mtp")
     with pytest.raises(ConfigError, match="no draft vocabulary"):
         check_exportable({**meta, "d2t": [0, 1]}, "speculators-mtp")

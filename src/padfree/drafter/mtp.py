@@ -273,4 +273,10 @@ def check_export(meta: dict, *, verifier_option: str | None = "--verifier") -> N
     embedding and LM head from it), a draft vocabulary."""
     if meta.get("d2t") is not None:
         raise ConfigError("speculators' MTP format has no draft vocabulary: train with --draft-vocab none")
-    eagle3.check_export(meta, verifier_option=verifier_option)
+    if not meta["target"].get("path"):
+        raise ConfigError(
+            "speculators' MTP format names the verifier, the target folder a server runs, and loads its "
+            "embedding and LM head from it: this drafter was trained on padfree's tiny random target; "
+            + (f"pass {verifier_option} DIR, or " if verifier_option else "")
+            + "train with --target DIR"
+        )
