@@ -274,11 +274,11 @@ def test_train_drafter_method_mtp_trains_against_a_target_folder_and_exports(
 
     import_peer("speculators")
     out, ckpt = tmp_path / "served", tmp_path / "ckpt"
-    args = ["--method", "mtp", "--target", str(folder), "--limit-samples", "6", "--budget", "256",
-            "--max-steps", "2", "--checkpoint-dir", str(ckpt), "--export-dir", str(out)]  # fmt: skip
+    args = ["--method", "mtp", "--target", str(folder), "--limit-samples", "4", "--budget", "128",
+            "--max-steps", "1", "--checkpoint-dir", str(ckpt), "--export-dir", str(out)]  # fmt: skip
     assert example.main(args) == 0
     said = capsys.readouterr().out
-    assert "recipe speculators: 3 steps" in said and "finished at step 2" in said, said[-2000:]
+    assert "recipe speculators: 3 steps" in said and "finished at step 1" in said, said[-2000:]
     state, meta = read_checkpoint(ckpt)
     assert meta["method"] == "mtp"
     target = load_target(folder)
