@@ -147,7 +147,7 @@ def step(models, items, layout="packed", leaky=False, norm=None):
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
-@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+@pytest.mark.parametrize("method", ["dflash", "eagle3", "mtp"])
 def test_packed_and_padded_rows_train_like_each_document_alone(method, recipe, target):
     """Under each recipe a packed row (and padded rows) gives every document the numerator and denominator it
     gets alone, and the step's gradient is the sum of the documents' gradients alone over the step's
@@ -176,7 +176,7 @@ def test_packed_and_padded_rows_train_like_each_document_alone(method, recipe, t
         assert torch.allclose(g, a, atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+@pytest.mark.parametrize("method", ["dflash", "eagle3", "mtp"])
 def test_row_level_batches_change_the_documents_losses(method, target):
     rng = np.random.default_rng(3)
     lens = [30, 25, 40]
@@ -190,7 +190,7 @@ def test_row_level_batches_change_the_documents_losses(method, target):
 
 
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+@pytest.mark.parametrize("method", ["dflash", "eagle3", "mtp"])
 def test_flex_block_mask_path_gives_the_dense_result(method, target):
     """The GPU path (flex attention over the same predicate) agrees with the dense CPU path; checked here in
     the forward pass (flex attention has no CPU backward in this torch)."""
@@ -212,7 +212,7 @@ def test_flex_block_mask_path_gives_the_dense_result(method, target):
 
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("layout", ["packed", "padded"])
-@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+@pytest.mark.parametrize("method", ["dflash", "eagle3", "mtp"])
 def test_segmented_default_path_equals_one_mask_over_the_flat_row(target, method, layout, recipe):
     """The default CPU path runs attention segment by segment (documents of a packed row, padded rows; DFlash
     with each query's context and own block only, EAGLE-3 with T x (T + k) scores per step); the same as SDPA

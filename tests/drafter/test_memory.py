@@ -49,7 +49,7 @@ def test_a_memory_budget_bounds_every_micro_batch_of_a_plan():
 @pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads the resident high-water mark in /proc"
 )
-@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+@pytest.mark.parametrize("method", ["dflash", "eagle3", "mtp"])
 def test_analytic_model_tracks_a_measured_micro_batch_peak(method):
     """One packed micro-batch at the recipe's density with a 16K vocabulary: the peak it adds to the process
     (``VmHWM`` reset before it, freed heap returned first) is within the analytic model's reach."""

@@ -1,6 +1,6 @@
 """padfree.integrations.speculators in speculators' own data plane (their 0.9.0 wheel): their ArrowDataset and
-CollateFn, padfree's sampler, collate wrapper and model hook, their DFlash and EAGLE-3 models forward and
-backward; documents train as alone; at 2 gloo ranks under their Trainer's own epoch loop, SIGKILLed and
+CollateFn, padfree's sampler, collate wrapper and model hook, their DFlash, EAGLE-3 and MTP models forward
+and backward; documents train as alone; at 2 gloo ranks under their Trainer's own epoch loop, SIGKILLed and
 resumed through their fast-resume hooks, every sample trains exactly once per epoch."""
 
 import json
@@ -57,6 +57,8 @@ def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1, resume_dir
     rec = recipe(method)
     if method == "dflash":
         model = drafters.speculators_dflash(target, (1, 3), block_size=BLOCK, mask_token_id=VOCAB - 1)
+    elif method == "mtp":
+        model = drafters.speculators_mtp(target, steps=rec.ttt)
     else:
         model = drafters.speculators_eagle3(target, low_mid_high(6), ttt=rec.ttt)
     transfer = drafters.TargetTransfer(target, samples, feed.target_layers(model))
@@ -68,7 +70,10 @@ def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1, resume_dir
         resume_dir=resume_dir,
     )  # fmt: skip
     data = import_peer("speculators", "train.data")
-    shift = import_peer("speculators", "models.eagle3.data").shift_batch if method == "eagle3" else None
+    shift = {
+        "eagle3": lambda: import_peer("speculators", "models.eagle3.data").shift_batch,
+        "mtp": lambda: import_peer("speculators", "models.mtp.data").shift_batch_mtp,
+    }.get(method, lambda: None)()
     their = data.CollateFn(BUDGET, 64, len(model.target_layer_ids), torch.float32, preprocess=shift)
     collate = sp.PadfreeCollate(their, method=method, recipe=rec, seed=seed, shapes=sampler.shapes)
     loader = DataLoader(PlannedDataset(ds), batch_sampler=sampler, collate_fn=collate)
@@ -83,7 +88,7 @@ def alone(ds, collate, sid, epoch):
     return collate(PlannedDataset(ds).__getitems__(PlannedBatch([sid], BatchInfo(epoch, 0, np.array([sid])))))
 
 
-@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+@pytest.mark.parametrize("method", ["dflash", "eagle3", "mtp"])
 def test_their_pipeline_trains_each_document_as_alone(tmp_path, samples, target, method):
     from padfree.core.anchors import choose_anchors
     from padfree.integrations import speculators as sp
@@ -121,10 +126,14 @@ def test_their_pipeline_trains_each_document_as_alone(tmp_path, samples, target,
             in_row = float(model(**one, **kwargs)[1])
             by_itself = float(model(**alone(ds, collate, sid, 1), **kwargs)[1])
         assert abs(in_row - by_itself) < 1e-5 * max(1.0, abs(by_itself)), (method, d, in_row, by_itself)
-    if method == "eagle3":  # the first ttt - 1 positions of every document carry no loss
+    if method in ("eagle3", "mtp"):  # EAGLE-3: the first ttt - 1 positions of every document carry no loss
+        head = {"eagle3": recipe("eagle3").ttt - 1, "mtp": recipe("mtp").ttt + 1}[method]  # MTP: K + 1
         doc, mask = batch["document_ids"][0], batch["loss_mask"][0]
         for d in range(len(ids)):
-            assert not mask[doc == d][: recipe("eagle3").ttt - 1].any()
+            assert not mask[doc == d][:head].any()
+    if method == "mtp":  # and K + 1 loss-free positions after the last document, the queries valid_len drops
+        n = int((batch["document_ids"][0] >= 0).sum())
+        assert batch["input_ids"].shape[1] >= n + recipe("mtp").ttt + 1
     handle.remove()
 
 
@@ -387,3 +396,41 @@ def test_a_nan_length_is_named_as_nan():
 
     with pytest.raises(InputError, match=r"^sample 1: length must be a positive integer \(got nan\)$"):
         sp.PadfreeMultipackSampler(BUDGET, np.array([30.0, np.nan, 50.0]), 1, 0)
+
+
+def test_mtp_rows_keep_documents_apart_where_every_token_carries_loss(tmp_path, samples, target):
+    """MTP on documents whose first tokens carry loss, in a row their CollateFn fills to ``max_len``: without
+    padfree's gate their ``k + 2`` shift labels one document's queries with the next one's first tokens, and
+    without the tail their ``valid_len`` drops the last document's final queries; with both every document of
+    the row trains as alone."""
+    from padfree.integrations import feed
+    from padfree.integrations import speculators as sp
+    from padfree.integrations._common import BatchInfo, PlannedBatch
+    from padfree.torch import PlannedDataset
+    from support import drafters
+    from support.peers import import_peer
+
+    rec = recipe("mtp")
+    docs = [{**s, "loss_mask": np.ones(len(s["input_ids"]), np.int64)} for s in samples[:3]]
+    full = sum(len(s["input_ids"]) for s in docs)
+    model = drafters.speculators_mtp(target, steps=rec.ttt)
+    transfer = drafters.TargetTransfer(target, docs, feed.target_layers(model))
+    ds = drafters.speculators_dataset(tmp_path / "data", docs, max_len=full, transfer=transfer)
+    data = import_peer("speculators", "train.data")
+    shift = import_peer("speculators", "models.mtp.data").shift_batch_mtp
+    their = data.CollateFn(full, 64, 1, torch.float32, preprocess=shift)
+    collate = sp.PadfreeCollate(their, method="mtp", recipe=rec)
+    kwargs = sp.trainer_kwargs(model, rec)
+
+    def rows(sids):
+        return collate(PlannedDataset(ds).__getitems__(PlannedBatch(sids, BatchInfo(0, 0, np.array(sids)))))
+
+    row = rows([0, 1, 2])
+    assert row["input_ids"].shape[1] == full + rec.ttt + 1  # their row was full: the tail extends it
+    with torch.no_grad():
+        for d in range(3):
+            in_row = float(
+                model(**{**row, "loss_mask": row["loss_mask"] * (row["document_ids"] == d)}, **kwargs)[1]
+            )
+            alone = float(model(**rows([d]), **kwargs)[1])
+            assert abs(in_row - alone) < 1e-5 * max(1.0, alone), (d, in_row, alone)

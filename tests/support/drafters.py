@@ -98,6 +98,28 @@ def speculators_eagle3(target: Any, layers: tuple[int, ...], *, ttt: int, seed: 
     )  # fmt: skip
 
 
+def speculators_mtp(target: Any, *, steps: int, seed: int = 0) -> Any:
+    """speculators' ``MTPDraftModel`` (SDPA attention, a Qwen3 layer of :data:`DRAFT_SIZES`) reading the last
+    layer of ``target``, with the target's embedding and LM head (their ``load_verifier_weights``)."""
+    from transformers import Qwen3Config
+
+    pkg = import_peer("speculators", "models.mtp")
+    tl = Qwen3Config(
+        **{**DRAFT_SIZES, "num_hidden_layers": int(target.config.num_hidden_layers)},
+        vocab_size=int(target.config.vocab_size),
+    )
+    tl._attn_implementation = "sdpa"
+    cfg = pkg.MTPSpeculatorConfig(
+        transformer_layer_config=tl, speculators_config=_speculators_config("mtp", target, steps)
+    )
+    torch.manual_seed(seed)
+    model = pkg.MTPDraftModel(cfg)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+        model.lm_head.weight.copy_(target.get_output_embeddings().weight)
+    return model
+
+
 def specforge_dflash(
     target: Any,
     layers: tuple[int, ...],

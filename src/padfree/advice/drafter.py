@@ -71,7 +71,7 @@ def priced_setup(
         assert setup.memory_gb is not None and setup.anchors is not None
         limit = setup.memory_gb * 2**30
         drafter_memory.check_anchors_fit(setup.by_memory, setup.anchors, limit, setup.config.budget)
-    layers = cache_layers if cache_layers is not None else setup.recipe.fused_layers + 1
+    layers = cache_layers if cache_layers is not None else setup.cache_layers
     tokens = int(np.minimum(np.asarray(lengths, dtype=np.int64), setup.config.budget).sum())
     out = {
         **report(setup),

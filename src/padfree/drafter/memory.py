@@ -171,6 +171,25 @@ def unrolled_memory(
     )
 
 
+def stepped_memory(
+    s: MemorySizes, *, ttt: int = 3, objective: str = "data_ce", chunk_bytes: int = 256 * 2**20
+) -> MemoryModel:
+    """MTP's coefficients from the sizes of the reference drafter (float32): per token its ``ttt`` steps
+    (each projects ``[embedding ; hidden]`` down, runs the draft layer and a final norm: EAGLE-3's step plus
+    the projection's input) and per ``l x l`` causal score and step."""
+    fixed, token = _common(s, objective, chunk_bytes)
+    d = s.hidden // s.heads
+    per_step = COPIES_STEP * FLOAT * (10 * s.hidden + 3 * s.intermediate + 2 * s.kv_heads * d)
+    return MemoryModel(
+        fixed,
+        token + ttt * per_step,
+        0.0,
+        0.0,
+        COPIES_STEP_ATTENTION * FLOAT * s.heads * ttt,
+        f"analytic mtp h{s.hidden} steps{ttt}",
+    )
+
+
 def analytic(
     blocks: bool,
     *,

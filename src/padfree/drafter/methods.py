@@ -9,7 +9,7 @@ and the methods' own modules asks the registry instead of comparing names, so a 
 DSpark) is one more entry here plus its own module.
 
 >>> sorted(METHODS)
-['dflash', 'eagle3']
+['dflash', 'eagle3', 'mtp']
 >>> get("dflash").uses_anchors, get("eagle3").uses_anchors
 (True, False)
 >>> LAYER_RULES["spread"](36, 5), LAYER_RULES["low_mid_high"](36, 3)
@@ -17,7 +17,7 @@ DSpark) is one more entry here plus its own module.
 >>> get("medusa")
 Traceback (most recent call last):
 ...
-padfree.errors.ConfigError: unknown drafter method 'medusa': choose dflash or eagle3
+padfree.errors.ConfigError: unknown drafter method 'medusa': choose dflash or eagle3 or mtp
 """
 
 from __future__ import annotations
@@ -119,7 +119,10 @@ class Method:
             ``(batch, target, *, shapes, noise) -> (inputs, anchor choice or None)``
             (:func:`padfree.integrations.feed.speculators_inputs` dispatches to it; needs torch).
         speculators_head: ``recipe -> n``: the positions at each document's start that carry no loss in
-            speculators' packed row (EAGLE-3: ``ttt - 1``, where a shifted pair could join two documents).
+            speculators' packed row (EAGLE-3: ``ttt - 1``, where a shifted pair could join two documents;
+            MTP: ``ttt + 1``).
+        speculators_tail: loss-free positions speculators' row needs after its last document (MTP: ``ttt +
+            1``, the queries their class drops at a row's end).
         draft_layers: the drafter's layers where the method fixes them (EAGLE-3: one decoder layer); None:
             the caller's choice (``--draft-layers``).
         crossing: what of the drafter's labels (and fed inputs) can cross a document end, as
@@ -142,6 +145,7 @@ class Method:
     speculators_kwargs: Callable[[Recipe, int | None], dict[str, Any]] | None = None
     speculators_inputs: str | None = None
     speculators_head: Callable[[Recipe], int] = lambda r: 0
+    speculators_tail: Callable[[Recipe], int] = lambda r: 0
     draft_layers: int | None = None
     crossing: str = "labels"
     shifted_inputs: bool = False
@@ -246,9 +250,43 @@ def unrolled_cost(shape: DrafterShape, block_size: int, ttt: int) -> CostModel:
     )
 
 
+def last_layer(n_layers: int, n_fused: int = 1) -> tuple[int, ...]:
+    """MTP's one layer: the target's last decoder layer (its output before the final norm, what
+    speculators' ``verifier_last_hidden_states`` holds). ``n_fused`` must be 1.
+
+    >>> last_layer(36)
+    (35,)
+    """
+    if n_fused != 1 or n_layers < 1:
+        raise ConfigError(f"MTP reads the target's last layer only (got {n_fused} fused of {n_layers})")
+    return (n_layers - 1,)
+
+
+def stepped_cost(shape: DrafterShape, block_size: int, ttt: int) -> CostModel:
+    """MTP: per token, ``ttt`` steps each projecting ``[embedding ; hidden]`` (2h -> dh) and running the
+    draft layer forward and backward with its own causal attention over the document: it scales with tokens
+    and attention, so it folds into ``a`` and ``b``.
+
+    >>> m = stepped_cost(DrafterShape(hidden=64, layers=2, vocab=100), 16, 3)
+    >>> m.a, 0 < m.b < 1
+    (1.0, True)
+    """
+    if ttt < 1:
+        raise ConfigError(f"drafter shape: ttt must be >= 1 (got {ttt})")
+    target, t_attn, draft, d_attn, dh = _flops(shape)
+    per_token = target + ttt * (6.0 * 2 * shape.hidden * dh + draft)
+    return CostModel(
+        a=1.0,
+        b=(t_attn + ttt * d_attn) / per_token,
+        c=0.0,
+        source=f"drafter mtp h{shape.hidden} l{shape.layers} dh{dh}",
+    )
+
+
 LAYER_RULES: dict[str, Callable[[int, int], tuple[int, ...]]] = {
     "spread": spread_layers,
     "low_mid_high": low_mid_high,
+    "last": last_layer,
 }
 """Target-layer rules by name: ``(target layers, fused layers) -> layer ids`` (decoder layer outputs, from
 0)."""
@@ -307,6 +345,25 @@ def unrolled_trainer_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any
     return {"loss_fn": "kl_div", "ttt_steps": r.ttt, "ttt_step_loss_decay": r.step_decay}
 
 
+def stepped_line(r: Recipe) -> str:
+    """MTP's recipe line: steps, their weights, objective, normalization."""
+    return (
+        f"recipe {r.name}: {r.ttt} steps, step weights {r.step_decay:g}^k normalised, label "
+        f"x[t+k+2] gated by its own loss mask, {r.objective}, full vocabulary, {r.normalization} mean"
+    )
+
+
+def stepped_trainer_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
+    """speculators' MTP trainer keywords: ``num_speculative_steps`` and ``step_weight_beta`` (their class
+    turns them into the normalised step weights)."""
+    return {"num_speculative_steps": r.ttt, "step_weight_beta": r.step_decay}
+
+
+def stepped_memory(sizes: MemorySizes, r: Recipe) -> MemoryModel:
+    """MTP's activation memory at the recipe's steps and objective."""
+    return _memory.stepped_memory(sizes, ttt=r.ttt, objective=r.objective)
+
+
 def block_memory(sizes: MemorySizes, r: Recipe) -> MemoryModel:
     """DFlash's activation memory at the recipe's block size and objective."""
     return _memory.block_memory(sizes, block_size=r.block_size, objective=r.objective)
@@ -326,6 +383,13 @@ EAGLE3 = Method(
     "eagle3", "EAGLE-3", "padfree.drafter.eagle3", False, "draft positions", "ttt", unrolled_cost,
     unrolled_memory, unrolled_line, "speculators", unrolled_trainer_kwargs,
     "padfree.integrations.feed:eagle3_feed", speculators_head=lambda r: r.ttt - 1, draft_layers=1,
+    crossing="shifted inputs/labels", shifted_inputs=True,
+)  # fmt: skip
+
+MTP = Method(
+    "mtp", "MTP", "padfree.drafter.mtp", False, "draft positions", "ttt", stepped_cost, stepped_memory,
+    stepped_line, "speculators-mtp", stepped_trainer_kwargs, "padfree.integrations.feed:mtp_feed",
+    speculators_head=lambda r: r.ttt + 1, speculators_tail=lambda r: r.ttt + 1, draft_layers=1,
     crossing="shifted inputs/labels", shifted_inputs=True,
 )  # fmt: skip
 
@@ -349,7 +413,7 @@ def unregister(name: str) -> None:
     METHODS.pop(name, None)
 
 
-for _m in (DFLASH, EAGLE3):
+for _m in (DFLASH, EAGLE3, MTP):
     register(_m)
 
 

@@ -193,7 +193,7 @@ FIELDS: dict[str, FieldRule] = {
     "objective": FieldRule("choice", choices=OBJECTIVES),
     "slot_weights": FieldRule("choice", choices=SLOT_WEIGHTS),
     "normalization": FieldRule("choice", choices=NORMALIZATIONS),
-    "layer_rule": FieldRule("choice", choices=("spread", "low_mid_high")),
+    "layer_rule": FieldRule("choice", choices=tuple(methods.LAYER_RULES)),
     "out_of_vocab": FieldRule("choice", choices=("drop", "keep")),
     "head_init": FieldRule("choice", choices=("random", "target")),
     "fed_state": FieldRule("choice", choices=("prenorm", "postnorm")),
@@ -226,6 +226,8 @@ def _check(r: Recipe) -> None:
             "forward; the weighted mean needs its denominator before it: use normalization document or "
             "supervised"
         )
+    if r.layer_rule == "last" and r.fused_layers != 1:
+        raise ConfigError(f"recipe {r.name}: the last rule reads 1 layer (got fused_layers {r.fused_layers})")
     if r.layer_rule == "low_mid_high" and r.fused_layers != 3:
         raise ConfigError(
             f"recipe {r.name}: the low_mid_high rule fuses 3 layers (got fused_layers {r.fused_layers})"
@@ -302,6 +304,25 @@ PRESETS: dict[tuple[str, str], Recipe] = {
             fed_state="postnorm",
             norm_before_fc=True,
         ),
+        Recipe(
+            name="speculators",
+            method="mtp",
+            source="vllm speculators 0.9.0 (the wheel padfree tests against): models/mtp/core.py "
+            "(num_speculative_steps 3, compute_step_weights beta 0.6 normalised (FastMTP arXiv:2509.18362 "
+            "eq. 2), cross-entropy on input_ids[t+k+2] under loss_mask[t+k+2], each step's mean over its "
+            "labelled positions, summed over steps; verifier_last_hidden_states only; embed_tokens and "
+            "lm_head the verifier's, frozen; no draft vocabulary); models/mtp/data.py (no noise)",
+            objective="data_ce",
+            normalization="document",
+            fused_layers=1,
+            layer_rule="last",
+            ttt=3,
+            step_decay=0.6,
+            loss_gate=2,
+            draft_vocab=None,
+            head_init="target",
+            head_trainable=False,
+        ),
     )
 }
 """Every preset by ``(name, method)``."""
@@ -313,7 +334,15 @@ DEFAULT = "specforge"
 
 
 def get(name: str, method: str) -> Recipe:
-    """The preset ``name`` for ``method``; anything else is a one-line :class:`ConfigError`."""
+    """The preset ``name`` for ``method``; anything else is a one-line :class:`ConfigError`. The default
+    name (:data:`DEFAULT`) gives a method that has no such preset (MTP: SpecForge trains none) its first
+    preset: the recipe a bare ``--method mtp`` trains.
+
+    >>> get(DEFAULT, "mtp").name
+    'speculators'
+    """
+    if name == DEFAULT and (name, method) not in PRESETS:
+        name = next((n for n, m in PRESETS if m == method), name)
     try:
         return PRESETS[(name, method)]
     except (KeyError, TypeError):

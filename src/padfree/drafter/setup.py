@@ -163,6 +163,14 @@ class DrafterSetup:
             f"({self.memory.source})"
         )
 
+    @property
+    def cache_layers(self) -> int:
+        """Target layers an offline hidden-state cache keeps per token: the recipe's fused layers and the
+        last (the target's logits), the last counted once where the drafter reads it itself (MTP)."""
+        n = self.target.layers
+        fused = methods.LAYER_RULES[self.recipe.layer_rule](n, self.recipe.fused_layers)
+        return self.recipe.fused_layers + (0 if n - 1 in fused else 1)
+
     def describe(self) -> str:
         """One line: the method with its own size and the recipe."""
         return f"{self.method.describe(self.recipe.block_size, self.recipe.ttt)}, {self.recipe.describe()}"

@@ -38,10 +38,11 @@ from padfree.drafter.target import (
 from padfree.errors import ConfigError
 
 if TYPE_CHECKING:
-    from padfree.drafter import dflash, eagle3
+    from padfree.drafter import dflash, eagle3, mtp
 
     _DFLASH: methods.MethodModule = dflash  # mypy checks the methods' modules against the contract
     _EAGLE3: methods.MethodModule = eagle3
+    _MTP: methods.MethodModule = mtp
 
 
 @dataclass
@@ -216,7 +217,7 @@ def loss_sums(models: DrafterModels, batch: DrafterBatch, attention: str = "dens
         with torch.no_grad():
             out = run_target(models.target, c, models.layers)
     drafter = models.drafter
-    out = as_float(out, drafter.fc.weight.dtype)
+    out = as_float(out, drafter.lm_head.weight.dtype)
     hidden, block = drafter.queries(with_noise(out, batch), batch, attention)
     sup = f.supervised.reshape(-1).to(hidden.device)
     recipe = batch.recipe

@@ -1,4 +1,5 @@
-"""Feeding vllm speculators' own drafters (``DFlashDraftModel``, ``Eagle3DraftModel``) from padfree batches.
+"""Feeding vllm speculators' own drafters (``DFlashDraftModel``, ``Eagle3DraftModel``, ``MTPDraftModel``)
+from padfree batches.
 
 Their inputs, their trainer's call arguments, their layer numbering, and shapes a compiled model keeps.
 
@@ -25,6 +26,9 @@ module does about each of their conventions:
   :func:`eagle3_inputs` lays out each document in their shifted convention (``shift_batch``: tokens
   ``1..L-1``, hidden states ``0..L-2``) and takes the loss off each document's first ``ttt - 1`` positions,
   exactly where a pair could join two documents; a document alone gets the same rule.
+* **MTP shifts.** Their ``MTPDraftModel`` shifts labels by ``k + 2`` over the whole row and drops the row's
+  last ``K + 1`` positions as queries: :func:`mtp_inputs` takes the loss off each document's first ``K + 1``
+  positions and ends the row with ``K + 1`` loss-free positions.
 * **Noise.** Their dataset adds uniform noise ``+-std`` to ``hidden_states`` (``AddUniformNoise``, 0.05 at
   c05b95b3; the 0.9.0 wheel adds none; the speculators recipe's ``noise``). Here it is drawn per document
   from (seed, epoch, sample id, piece start) (:mod:`padfree.core.document_rng`), so a document gets the same
@@ -279,6 +283,58 @@ def eagle3_feed(
 ) -> tuple[dict, None]:
     """:func:`eagle3_inputs` at the batch's recipe's ttt, as :func:`speculators_inputs` returns it."""
     return eagle3_inputs(batch, target, shapes=shapes, noise=noise), None
+
+
+def mtp_inputs(
+    batch: DrafterBatch,
+    target: TargetOutput,
+    *,
+    shapes: ShapeSet | None = None,
+    noise: float | None = None,
+) -> dict:
+    """Forward inputs for speculators' ``MTPDraftModel`` on a padfree MTP batch (its target output read at
+    the target's last layer, :func:`padfree.drafter.methods.last_layer`): documents back to back, positions
+    restarting at 0 per document (transformers' causal mask reads them as packed documents), no loss on each
+    document's first ``K + 1`` positions (``K``: the recipe's steps), and ``K + 1`` loss-free positions after
+    the last document (pad token, zero hidden state). A document alone gets the same rule.
+
+    Why: their step ``k`` scores position ``t`` against ``input_ids[t + k + 2]`` and ``loss_mask[t + k + 2]``
+    over the whole row. A label joins two documents only when it is among the first ``k + 2 <= K + 1``
+    positions of a document, which carry no loss here; every supervised pair and every token fed on the way
+    to it then lies inside one document. They also drop the row's last ``K + 1`` positions as queries
+    (``valid_len``): those are the tail, so every document keeps all of its queries, as padfree's own MTP
+    drafter trains it. The price is ``K - 1`` labels per document (positions ``2 .. K``; a chat's first
+    turn, which carries no loss anyway)."""
+    c = batch.contract
+    if c is None:
+        raise ConfigError("mtp_inputs: an empty micro-batch has nothing to draft")
+    tail = methods.get(batch.method).speculators_tail(batch.recipe) if batch.recipe is not None else 0
+    gated = methods.get(batch.method).speculators_head(batch.recipe) if batch.recipe is not None else 0
+    keep = torch.cat(
+        [torch.arange(c.doc_starts[d], c.doc_starts[d] + n) for d, n in enumerate(c.doc_lengths)]
+    )
+    pos = c.flat("position_ids")[0][keep]
+    mask = c.flat("loss_mask")[0][keep] & (pos >= gated)
+    doc = c.flat("document_ids")[0][keep]
+    hid = _noise(batch, target, noise)[0][keep]
+    ids = c.flat("input_ids")[0][keep]
+    kwargs = {
+        "hidden_states": hid[None],
+        "input_ids": ids[None],
+        "loss_mask": mask.long()[None],
+        "document_ids": doc[None],
+        "position_ids": pos[None],
+    }
+    n = int(ids.shape[0])
+    width = n + tail if shapes is None else shapes.width(n + tail)
+    return pad_rows(kwargs, n, width)
+
+
+def mtp_feed(
+    batch: DrafterBatch, target: TargetOutput, *, shapes: ShapeSet | None = None, noise: float | None = None
+) -> tuple[dict, None]:
+    """:func:`mtp_inputs`, as :func:`speculators_inputs` returns it."""
+    return mtp_inputs(batch, target, shapes=shapes, noise=noise), None
 
 
 def _prenorm(target: TargetOutput) -> torch.Tensor:

@@ -13,7 +13,10 @@ row per rank per step -> ``model(**batch, **train_call_kwargs)``).
   lengths, plus ``padfree_sample_ids``, ``padfree_epoch`` and (DFlash) ``padfree_anchors`` /
   ``padfree_anchor_valid``: each document's anchors chosen from its own loss mask and (seed, epoch, sample
   id), at a fixed anchor width. EAGLE-3 rows lose the loss on each document's first ``ttt - 1`` positions,
-  where their row-wide ``align_for_step`` would pair two documents.
+  where their row-wide ``align_for_step`` would pair two documents; MTP rows on each document's first ``K +
+  1`` (their row-wide ``k + 2`` label shift) and end with ``K + 1`` loss-free positions (the queries their
+  ``valid_len`` drops), so every document keeps all of its queries (:func:`padfree.integrations.feed.
+  mtp_inputs`).
 * :func:`install` hooks their model: it takes the ``padfree_*`` keys out of the call and puts padfree's
   anchors in place of their ``select_anchors`` (today's signature and the one their PR #1071 proposes) while
   that forward runs.
@@ -54,7 +57,7 @@ from padfree.integrations._common import (
     recipe_for,
 )
 from padfree.integrations.feed import AnchorChoice, trainer_kwargs
-from padfree.integrations.shapes import ShapeSet, anchor_slots, slot_width
+from padfree.integrations.shapes import ShapeSet, anchor_slots, pad_rows, slot_width
 
 __all__ = [
     "PadfreeCollate",
@@ -157,7 +160,8 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
         self.max_batches = max_batches
         self.lengths = validate_lengths(np.asarray(lengths).reshape(-1))  # one line for NaN, 0, 2.5...
         anchored = [m.name for m in methods.METHODS.values() if m.uses_anchors == (anchors is not None)]
-        self.recipe = recipe_for("speculators", anchored[0], recipe)
+        method = recipe.method if recipe is not None and recipe.method in anchored else anchored[0]
+        self.recipe = recipe_for("speculators", method, recipe)
         base = (
             config or drafter_setup(self.recipe, PlanConfig(strategy="packed"), lengths=self.lengths).config
         )
@@ -195,8 +199,10 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
     @property
     def shapes(self) -> ShapeSet:
         """The row lengths and the anchor width :class:`PadfreeCollate` should pad to: eight lengths up to the
-        budget (a packed row is cut to the smallest that holds it), the plan's anchor budget."""
-        return ShapeSet.spread(self.batch_max_length, 8, anchors=self.config.anchor_budget)
+        budget (a packed row is cut to the smallest that holds it; MTP rows hold their loss-free tail
+        besides), the plan's anchor budget."""
+        tail = methods.get(self.recipe.method).speculators_tail(self.recipe)
+        return ShapeSet.spread(self.batch_max_length + tail, 8, anchors=self.config.anchor_budget)
 
     @property
     def last_plan(self) -> Plan | None:
@@ -253,7 +259,7 @@ class PadfreeCollate:
 
     Args:
         collate_fn: their ``CollateFn`` (its ``max_len`` the sampler's ``batch_max_length``).
-        method: ``dflash`` (anchors) or ``eagle3`` (per-document gate).
+        method: ``dflash`` (anchors), ``eagle3`` or ``mtp`` (per-document gate; MTP also a loss-free tail).
         recipe: the anchors' rule / EAGLE-3's ttt (default: speculators' preset for ``method``).
         seed: the anchors' seed (use the sampler's).
         shapes: row lengths and the anchor width (``sampler.shapes``); ``None``: rows stay ``max_len`` long
@@ -288,15 +294,18 @@ class PadfreeCollate:
         lens = torch.bincount(doc[doc >= 0], minlength=len(kept)).tolist() if len(kept) else []
         check_materialised(items, info, lens, int(doc.shape[0]), getattr(self.collate_fn, "preprocess", None))
         full = int(doc.shape[0])
-        width = full if self.shapes is None else self.shapes.width(int(sum(lens)))
+        spec = methods.get(self.method)
+        need = int(sum(lens)) + spec.speculators_tail(self.recipe)  # MTP: loss-free positions after the row
+        width = max(full, need) if self.shapes is None else self.shapes.width(need)
         if width < full:
             for k, v in out.items():
                 if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == full:
                     out[k] = v[:, :width]
+        elif width > full:
+            out = pad_rows(out, full, width)
         starts = (
             np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64) if lens else np.zeros(0, np.int64)
         )
-        spec = methods.get(self.method)
         gated = spec.speculators_head(self.recipe)
         if gated > 0:  # no loss where a shifted pair could join two documents
             pos = (
