@@ -84,6 +84,16 @@ def test_a_hybrid_loaded_from_its_folder_with_padfree_varlen_trains_packed(tmp_p
     assert 0 < loss < 100
 
 
+def test_a_hybrid_target_folder_loads_for_packed_drafter_training(tmp_path, hf_json):
+    """What ``examples/train_drafter.py --target DIR`` loads (frozen, eval mode) keeps its mixers apart."""
+    from padfree.drafter.target import load_target
+
+    folder = saved(tmp_path, "qwen3_5_text")
+    shutil.copy(hf_json, folder / "tokenizer.json")
+    target = load_target(folder)  # its leak probe ran on the loaded target: nothing raised
+    assert not target.training and probe_leak(target).diff == 0.0
+
+
 def test_check_packing_checks_the_folder_as_from_pretrained_loads_it(tmp_path, capsys):
     folder = saved(tmp_path, "qwen3_5_text")
     capsys.readouterr()
