@@ -44,53 +44,6 @@ def all_gather_rows(payload: np.ndarray) -> np.ndarray:
     return out.cpu().numpy().reshape(dist.get_world_size(), -1)
 
 
-def balancer(
-    world_size: int, every: int, grad_accum: int, budget: int, exchange=None
-) -> DynamicBalancer | None:
-    """The sampler's balancer: exchanges every ``every`` steps (0: none, static or one rank), room for two
-    exchanges' micro-batches, times scaled by the budget's tokens and their square."""
-    if every == 0:
-        return None
-    scale = (float(budget), float(budget) ** 2)
-    return DynamicBalancer(world_size, 2 * every * grad_accum, scale, exchange)
-
-
-def check_balance(balance: str, every: object) -> None:
-    """Refuse, in one line, a balance mode other than static/dynamic or an exchange interval below 1 step."""
-    if balance not in ("static", "dynamic"):
-        raise ConfigError(f"balance must be 'static' or 'dynamic' (got {balance!r})")
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ConfigError(f"balance_every must be an integer >= 1 (got {every!r})")
-
-
-def balance_stats(
-    mode: str,
-    b: Balance,
-    d: DynamicBalancer | None,
-    world_size: int,
-    busy: tuple[float, float],
-    budget: int,
-) -> dict:
-    """:meth:`padfree.torch.PlanBatchSampler.balance_stats` from the balance in force ``b``, the balancer
-    ``d`` (``None``: static or one rank), the sampler's ``busy`` seconds (all, until the first step) and the
-    segment's planning ``budget``."""
-    return {
-        "mode": mode,
-        "cost": b.cost,
-        "fitted": b.fitted,
-        "speeds": b.speeds or (1.0,) * world_size,
-        "recut": b.recut,
-        "heldout_rel_error": None if d is None else d.heldout_error,
-        "exchanges": 0 if d is None else d.exchanges,
-        "records": 0 if d is None else d.records,
-        "dropped_times": 0 if d is None else d.dropped,
-        "sync_seconds": 0.0 if d is None else d.sync_seconds,
-        "sampler_seconds": busy[0],
-        "sampler_first_step_seconds": busy[1],
-        "plan_budget": budget,
-    }
-
-
 class _Event:
     """A CUDA-event timing, read when both events have completed."""
 
@@ -296,3 +249,50 @@ class DynamicBalancer:
 def _digest(balance: Balance, where: tuple) -> float:
     text = json.dumps([list(where), balance.to_state()], sort_keys=True)
     return float(int(hashlib.sha256(text.encode()).hexdigest()[:12], 16))
+
+
+def balancer(
+    world_size: int, every: int, grad_accum: int, budget: int, exchange=None
+) -> DynamicBalancer | None:
+    """The sampler's balancer: exchanges every ``every`` steps (0: none, static or one rank), room for two
+    exchanges' micro-batches, times scaled by the budget's tokens and their square."""
+    if every == 0:
+        return None
+    scale = (float(budget), float(budget) ** 2)
+    return DynamicBalancer(world_size, 2 * every * grad_accum, scale, exchange)
+
+
+def check_balance(balance: str, every: object) -> None:
+    """Refuse, in one line, a balance mode other than static/dynamic or an exchange interval below 1 step."""
+    if balance not in ("static", "dynamic"):
+        raise ConfigError(f"balance must be 'static' or 'dynamic' (got {balance!r})")
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ConfigError(f"balance_every must be an integer >= 1 (got {every!r})")
+
+
+def balance_stats(
+    mode: str,
+    b: Balance,
+    d: DynamicBalancer | None,
+    world_size: int,
+    busy: tuple[float, float],
+    budget: int,
+) -> dict:
+    """:meth:`padfree.torch.PlanBatchSampler.balance_stats` from the balance in force ``b``, the balancer
+    ``d`` (``None``: static or one rank), the sampler's ``busy`` seconds (all, until the first step) and the
+    segment's planning ``budget``."""
+    return {
+        "mode": mode,
+        "cost": b.cost,
+        "fitted": b.fitted,
+        "speeds": b.speeds or (1.0,) * world_size,
+        "recut": b.recut,
+        "heldout_rel_error": None if d is None else d.heldout_error,
+        "exchanges": 0 if d is None else d.exchanges,
+        "records": 0 if d is None else d.records,
+        "dropped_times": 0 if d is None else d.dropped,
+        "sync_seconds": 0.0 if d is None else d.sync_seconds,
+        "sampler_seconds": busy[0],
+        "sampler_first_step_seconds": busy[1],
+        "plan_budget": budget,
+    }
