@@ -329,7 +329,15 @@ def balance_stats(
 ) -> dict:
     """:meth:`padfree.torch.PlanBatchSampler.balance_stats` from the balance in force ``b``, the balancer
     ``d`` (``None``: static or one rank), the sampler's ``busy`` seconds (all, until the first step) and the
-    segment's planning ``budget``."""
+    segment's planning ``budget``: ``mode``, ``cost`` (a, b, c: seconds per slot, per attention unit and per
+    micro-batch once fitted, else the configured token units), ``fitted``, ``speeds`` (per rank, mean 1),
+    ``heldout_rel_error`` (the previous fit's mean relative error on the micro-batches of the last exchange,
+    which it had not seen), ``exchanges``, ``records`` (timed micro-batches received, all ranks),
+    ``dropped_times`` (this rank's times screened out: non-finite, <= 0, absurd or far off the median of its
+    recent times, see :func:`padfree.core.refit.screen`), ``sync_seconds`` (this rank's time in exchanges
+    and refits), ``sampler_seconds`` (all of its time yielding micro-batches: planning, layouts,
+    exchanges), of which ``sampler_first_step_seconds`` until its first step was out (planning, loading
+    compiled kernels), and ``plan_budget``."""
     return {
         "mode": mode,
         "cost": b.cost,

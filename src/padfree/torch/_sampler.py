@@ -224,15 +224,8 @@ class PlanBatchSampler:
         return self._dynamic.timer(self.record_time, model, info)
 
     def balance_stats(self) -> dict:
-        """The balance in force and how it was learned: ``mode``, ``cost`` (a, b, c: seconds per slot, per
-        attention unit and per micro-batch once fitted, else the configured token units), ``fitted``,
-        ``speeds`` (per rank, mean 1), ``heldout_rel_error`` (the previous fit's mean relative error on the
-        micro-batches of the last exchange, which it had not seen), ``exchanges``, ``records`` (timed
-        micro-batches received, all ranks), ``dropped_times`` (this rank's times screened out: non-finite,
-        <= 0, absurd or far off the median of its recent times, see :func:`padfree.core.refit.screen`),
-        ``sync_seconds`` (this rank's time in exchanges and refits) and
-        ``sampler_seconds`` (all of its time yielding micro-batches: planning, layouts, exchanges), of which
-        ``sampler_first_step_seconds`` until its first step was out (planning, loading compiled kernels)."""
+        """The balance in force, how it was learned and the sampler's own time: the keys are
+        :func:`padfree.torch._balance.balance_stats`'s."""
         busy = (self._busy, self._busy_first or 0.0)
         budget = self.cursor.history[-1].budget or self.config.budget
         return balance_stats(self.balance, self.cursor.balance, self._dynamic, self.world_size, busy, budget)
