@@ -38,7 +38,7 @@ def test_count_records_is_the_one_rule(fixtures_dir: Path, sp_model: Path) -> No
 
 @pytest.mark.slow
 def test_local_ray_cluster_counts_exactly_what_padfree_lengths_does(
-    fixtures_dir: Path, sp_model: Path, tmp_path: Path, capsys
+    fixtures_dir: Path, sp_model: Path, tmp_path: Path, capsys, request
 ) -> None:
     import gzip
 
@@ -55,11 +55,25 @@ def test_local_ray_cluster_counts_exactly_what_padfree_lengths_does(
     ref = tmp_path / "ref.npy"
     assert main(["lengths", *data, "--tokenizer", str(sp_model), "--out", str(ref), "--no-cache",
                  "--workers", "1", "--quiet"]) == 0  # fmt: skip
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # --ray reuses it, then shuts it down
+    request.addfinalizer(ray.shutdown)  # also when an assertion stops the test before --ray runs
+    ray.data.DataContext.get_current().execution_options.preserve_order = True
+    rows = ray.data.from_items(chats).map_batches(
+        CountBatch,
+        fn_constructor_kwargs={"tokenizer": str(sp_model)},
+        batch_format="pyarrow",
+        batch_size=64,
+        compute=ray.data.ActorPoolStrategy(size=1),
+    )
+    stage_counts = np.array([r["length"] for r in rows.take_all()])
     out = tmp_path / "ray.npy"
     assert main(["lengths", *data, "--tokenizer", str(sp_model), "--out", str(out), "--ray", "--workers", "2",
                  "--rows-per-shard", "128"]) == 0  # fmt: skip
     assert "counted on Ray (2 workers" in capsys.readouterr().err
     np.testing.assert_array_equal(np.load(out), np.load(ref))
+    np.testing.assert_array_equal(stage_counts, np.load(ref)[-600:-300])  # the chats, through CountBatch
     np.testing.assert_array_equal(
         np.load(tmp_path / "ray.assistant.npy"), np.load(tmp_path / "ref.assistant.npy")
     )
