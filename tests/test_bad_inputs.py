@@ -314,6 +314,16 @@ ROWS = [
         r"raise the budget \(budget=, --budget\) or choose an overlong policy \(overlong=, --overlong:",
     ),
     Row(
+        "overlong-chunked",
+        "l.txt",
+        _t("3\n4\n900\n5\n2000\n"),
+        ["--world-size=1", "--grad-accum=2", "--budget=512", "--strategy=chunked"],
+        OverlongError,
+        r"1 sample\(s\) longer than the chunked reach of 1024 tokens \(grad_accum 2 x budget 512\) \(first: "
+        r"sample 4, longest: 2000 tokens\); raise the budget or grad_accum .* --overlong: truncate or drop; "
+        r"chunked trains a document whole or not at all, it cannot split one\)$",
+    ),
+    Row(
         "too-few-samples",
         "l.txt",
         _t("3\n4\n"),
