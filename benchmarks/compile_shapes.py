@@ -164,7 +164,7 @@ def compile_part(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--micro", type=int, default=16, help="packed micro-batches of the compiled slice")
     ap.add_argument("--threads", type=int, default=2)

@@ -110,7 +110,7 @@ def readers(data: list[Path], ref: np.ndarray, ref_loss: np.ndarray, tmp: Path) 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--samples", type=Path, default=ROOT.parent / "shared" / "data" / "samples")
     args = ap.parse_args()

@@ -110,7 +110,7 @@ def measure(data: SourceData, config: PlanConfig, indices, offsets, lengths, n_s
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--lengths", type=Path, default=Path("../shared/data/lengths"))
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--budget", type=int, default=16384)

@@ -43,7 +43,7 @@ def numbers(micro_lengths: list[np.ndarray], config: PlanConfig) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--lengths", type=Path, default=Path("../shared/data/lengths"))
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--samples", type=int, default=200_000)

@@ -1,6 +1,7 @@
 import contextlib
 import datetime
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +31,19 @@ with ``from conftest import TINY_MODEL`` and override what they need."""
 GQA_MODEL = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
 """Two layers with grouped-query heads: what the attention and chunked-schedule tests compare paths on."""
+
+
+@pytest.fixture(autouse=True)
+def _transformers_logs_to_the_real_stderr() -> Iterator[None]:
+    """transformers binds its log handler to ``sys.stderr`` when it first logs: inside a test that captures
+    output that is the test's capture stream, closed after it, and every later warning then prints a
+    "Logging error" traceback into whichever test is capturing. Point it at the process's own stderr."""
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    handler = getattr(hf_logging, "_default_handler", None)
+    if handler is not None and handler.stream is not sys.__stderr__:
+        handler.stream = sys.__stderr__  # not setStream: it would flush the closed stream first
+        handler.flush = sys.__stderr__.flush  # transformers binds flush to the stream it started with
+    yield
 
 
 @pytest.fixture(scope="session")

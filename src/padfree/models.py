@@ -13,8 +13,10 @@ Needs the ``hf`` extra (transformers) and torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -253,8 +255,6 @@ def load_model(
         cfg = build_config(name_or_dir)
         if max_params is not None and param_count(cfg) > max_params:
             return build_model(name_or_dir, attn_implementation, seed, max_params)  # its one-line refusal
-        from padfree.drafter.target import quiet_transformers
-
         torch.manual_seed(seed)
         with quiet_transformers():  # its load report and progress bar: many lines
             model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -287,3 +287,19 @@ def require_packable(model: Any, where: str) -> None:
         family = str(getattr(cfg, "model_type", type(model).__name__))
         attn = str(getattr(cfg, "_attn_implementation", None) or "its attention")
         raise packing_refusal(where, family, exc, attn) from None
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' warnings (its load report) and progress bars off for the block, restored after."""
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()

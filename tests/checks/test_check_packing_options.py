@@ -12,7 +12,7 @@ import torch
 from padfree.cli import main
 from padfree.core.config import PlanConfig
 from padfree.errors import ConfigError
-from padfree.hf import _ShardedRows
+from padfree.torch.sharded_rows import ShardedRows
 from padfree.models import build_model
 
 SMALL = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
@@ -131,7 +131,7 @@ def test_a_model_sp_cp_cannot_shard_is_refused_as_the_trainer_refuses_it(
     net = build_model(str(folder), attn_implementation="padfree_varlen")
     config = PlanConfig(strategy="packed", budget=256, world_size=1, grad_accum=1, **{flag[2:]: 2})
     with pytest.raises(ConfigError) as refused:
-        _ShardedRows(net, config, rank=0, world=2)
+        ShardedRows(net, config, rank=0, world=2)
     assert line == f"padfree: error: {refused.value}"
 
 

@@ -165,7 +165,7 @@ def test_plain_loop_logs_the_loss_per_source(tmp_path, capsys) -> None:
         stop.restore()
     assert code == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("loss by source")]
-    assert len(lines) == 2  # steps 3 and 6
+    assert len(lines) == 3  # the first step (said at once), then steps 3 and 6
     for name, _ in WEIGHTS:
         assert f" {name} " in lines[0]
     mean = float(lines[0].split("chat ")[1].split()[0])

@@ -20,6 +20,7 @@ import torch
 
 from padfree.drafter.contract import Contract
 from padfree.errors import ConfigError
+from padfree.models import quiet_transformers
 
 TINY_TARGET = {
     "hidden_size": 64,
@@ -141,22 +142,6 @@ def _refuse_leaks(model: Any, attn: str, where: str) -> None:
         from padfree.models import require_packable
 
         require_packable(model, f"{where}: packed drafter training against this target")
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """transformers' warnings (its load report) and progress bars off for the block, restored after."""
-    from transformers.utils import logging as hf_logging
-
-    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def _check_loaded(folder: Path, info: dict) -> None:
