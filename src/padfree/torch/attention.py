@@ -36,8 +36,10 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import re
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -481,17 +483,151 @@ def varlen_mask(
     attention_mask: torch.Tensor | None = None,
     **kwargs,
 ) -> torch.Tensor | None:
-    """transformers mask interface for ``padfree_varlen``: no dense mask at all for unpadded rows (packed or
-    not; the attention function finds document boundaries itself), the ``sdpa`` mask for padded batches and
-    cached decoding, which the attention function hands to ``sdpa``."""
-    from transformers.masking_utils import sdpa_mask
+    """transformers mask interface for ``padfree_varlen``: no dense mask for an unpadded row whose pattern
+    padfree's attention keeps itself (causal, or a sliding window the layer passes as ``sliding_window``; the
+    attention function finds document boundaries itself); else the ``sdpa`` mask, which is the model's own
+    pattern exactly (block-diagonal over the row's documents, windows, chunks, overlays), handed to ``sdpa``:
+    padded batches, cached decoding, chunked attention (Llama-4), windows only the mask carries (Qwen2-MoE,
+    PhiMoE), overlays (image tokens, bidirectional blocks), and models that apply the mask in their own code
+    instead of calling the attention function unchanged with it (Bloom, XGLM, GPT-NeoX-Japanese, Doge): there
+    no mask would mean attention to future tokens."""
+    from transformers.masking_utils import eager_mask, sdpa_mask
 
     plain = isinstance(q_offset, int) and isinstance(kv_offset, int) and q_offset == 0 and kv_offset == 0
+    plan = plan_of(kwargs.get("config"))
+    if plan is None or not plan.plain:  # the model's own code reads the mask: its eager form, always there
+        return eager_mask(
+            batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs
+        )
     if attention_mask is None and q_length == kv_length and plain:
-        return None
+        if plan.keeps(mask_pattern(kwargs.get("mask_function"))[0]):
+            return None
+        kwargs["allow_is_causal_skip"] = False  # a pattern only the mask carries: it must exist
     return sdpa_mask(
         batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs
     )
+
+
+def mask_pattern(fn: Any) -> tuple[str, int | None]:
+    """What a transformers mask function asks for, read from its closures: ``("causal", None)``,
+    ``("window", w)``, ``("chunk", c)`` (each restricted to the row's documents when packed), or
+    ``("other", None)`` for anything padfree does not read (bidirectional, overlays, an unknown function).
+
+    >>> from transformers.masking_utils import causal_mask_function, sliding_window_causal_mask_function
+    >>> mask_pattern(causal_mask_function), mask_pattern(sliding_window_causal_mask_function(8))
+    (('causal', None), ('window', 8))
+    >>> mask_pattern(lambda b, h, q, kv: q >= kv)
+    ('other', None)
+    """
+    if fn is None:
+        return "causal", None
+    causal, window, chunk, todo = False, None, None, [fn]
+    while todo:
+        f = todo.pop()
+        code = getattr(f, "__code__", None)
+        name = getattr(f, "__qualname__", "")
+        cells = (
+            dict(zip(code.co_freevars, (c.cell_contents for c in f.__closure__ or ()), strict=True))
+            if code
+            else {}
+        )
+        if name == "causal_mask_function":
+            causal = True
+        elif name.startswith("sliding_window_overlay."):
+            window = int(cells["sliding_window"])
+        elif name.startswith("chunked_overlay."):
+            chunk = int(cells["chunk_size"])
+        elif name.startswith("packed_sequence_mask_function."):
+            continue
+        elif name.startswith("remap_positions_for_packed_sequence."):
+            todo.append(cells["mask_function"])
+        elif name.startswith("and_masks."):
+            todo.extend(cells["mask_functions"])
+        else:
+            return "other", None
+    if not causal or (window is not None and chunk is not None):
+        return "other", None
+    if chunk is not None:
+        return "chunk", chunk
+    return ("window", window) if window is not None else ("causal", None)
+
+
+@dataclass(frozen=True)
+class MaskPlan:
+    """How a model's attention layers use the mask transformers builds for them: ``plain``: every attention
+    layer hands the mask it receives, unchanged, to the registered attention function (so ``None`` is safe:
+    padfree's attention keeps causality and documents itself); ``windows``: those layers also pass
+    ``sliding_window`` to it (so a window mask may be left out too)."""
+
+    plain: bool
+    windows: bool
+    why: str = ""
+
+    def keeps(self, kind: str) -> bool:
+        """Whether padfree's attention reproduces a mask of ``kind`` without it."""
+        return self.plain and (kind == "causal" or (kind == "window" and self.windows))
+
+
+_plans: dict[int, tuple[weakref.ref, MaskPlan]] = {}
+
+SELF_MASKING = frozenset({"BloomAttention", "XGLMAttention", "GPTNeoXJapaneseAttention", "DogeAttention"})
+"""Attention classes that apply the model's mask in their own code (or derive another one from it)."""
+
+
+def plan_of(config: Any) -> MaskPlan | None:
+    """The :class:`MaskPlan` of the model built with ``config`` (``None``: a model padfree never saw)."""
+    hit = _plans.get(id(config))
+    return hit[1] if hit is not None and hit[0]() is config else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _forward_source(cls: Any) -> str:
+    try:
+        return inspect.getsource(cls.forward)
+    except (TypeError, OSError, AttributeError):
+        return ""
+
+
+_CALL = re.compile(r"attention_interface\((?P<args>[^()]*(?:\([^()]*\)[^()]*)*)\)", re.S)
+
+
+def plan_model(model: torch.nn.Module) -> MaskPlan:
+    """Read ``model``'s attention classes (their source) for :class:`MaskPlan`: conservative, so that
+    anything unsure keeps the dense mask (exact, slower)."""
+    dispatch, windows = 0, True
+    classes: set[Any] = {type(m) for m in model.modules()}
+    for cls in classes:
+        if cls.__name__ in SELF_MASKING:
+            return MaskPlan(False, False, f"{cls.__name__} applies the mask itself")
+        src = _forward_source(cls)
+        calls = list(_CALL.finditer(src))
+        if not calls:
+            continue
+        for c in calls:
+            args = c.group("args")
+            passes = re.search(r"(^|,)\s*attention_mask\s*(,|$)", args) or re.search(
+                r"attention_mask\s*=\s*attention_mask\b", args
+            )
+            if not passes or re.search(r"^\s*attention_mask\s*=(?!\s*encoder_attention_mask\s*$)", src, re.M):
+                return MaskPlan(False, False, f"{cls.__name__} hands the attention function another mask")
+            windows = windows and "sliding_window" in args
+        dispatch += 1
+    if not dispatch:
+        return MaskPlan(False, False, "no layer calls the registered attention function")
+    return MaskPlan(True, windows)
+
+
+def _remember_plan(model: Any) -> None:
+    """Record :func:`plan_model` for ``model``'s config (and each inner model's), for :func:`varlen_mask`."""
+    for mod in model.modules():
+        cfg = getattr(mod, "config", None)
+        if cfg is None or not hasattr(mod, "post_init"):
+            continue
+        _plans[id(cfg)] = (weakref.ref(cfg, functools.partial(_forget, id(cfg))), plan_model(mod))
+
+
+def _forget(key: int, _ref: object) -> None:
+    _plans.pop(key, None)
 
 
 def leaky_attention(call: Call) -> torch.Tensor:
@@ -537,6 +673,7 @@ def _install_on_build() -> None:
     post_init, set_impl = PreTrainedModel.post_init, PreTrainedModel.set_attn_implementation
 
     def _apart_if_packed(model: Any) -> None:
+        _remember_plan(model)
         if getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME:
             keep_documents_apart(model)
 
