@@ -145,3 +145,15 @@ def test_the_guard_refuses_attention_to_future_tokens() -> None:
     model.model.layers[0].register_forward_hook(future)
     with pytest.raises(ConfigError, match="future tokens|see each other"):
         require_exact_packing(model, "PadfreeTrainer")
+
+
+def test_the_guard_refuses_a_pattern_padfree_would_drop(monkeypatch) -> None:
+    from padfree.errors import ConfigError
+    from padfree.torch.leak_probe import require_exact_packing
+
+    sliding = {"use_sliding_window": True, "sliding_window": 4, "layer_types": ["sliding_attention"] * 2}
+    model = tiny("qwen2_moe", **sliding)
+    require_exact_packing(model, "PadfreeTrainer")  # the window kept: accepted
+    monkeypatch.setattr(pa.MaskPlan, "keeps", lambda self, kind: True)  # as before: the window's mask dropped
+    with pytest.raises(ConfigError, match="differ from each document alone through its own eager attention"):
+        require_exact_packing(model, "PadfreeTrainer")

@@ -92,6 +92,7 @@ def prepare_for_packing(model: torch.nn.Module, attn_implementation: str = NAME)
     hf.config.use_cache = False
     if getattr(hf.config, "_attn_implementation", None) != attn_implementation:
         hf.set_attn_implementation(attn_implementation)
+    watch_rows(model)
     if attn_implementation == NAME:
         from padfree.torch.mixers import keep_documents_apart
 
@@ -404,6 +405,14 @@ def varlen_attention(call: Call) -> torch.Tensor:
 
     query, key, value, kwargs = call.query, call.key, call.value, call.kwargs
     batch, _, q_len, _ = query.shape
+    unread = sorted(k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and k not in READ)
+    if unread:
+        names = ", ".join(f"`{k}`" for k in unread)
+        raise ConfigError(
+            f"padfree_varlen: {type(call.module).__name__} passes {names} to its attention, which padfree's "
+            "attention does not apply (a bias, sinks or scores of the model's own): train this model with "
+            "--strategy bucketed"
+        )
     is_causal = kwargs.get("is_causal")
     is_causal = getattr(call.module, "is_causal", True) if is_causal is None else is_causal
     if call.mask is not None or not is_causal or key.shape[2] != q_len:
@@ -416,10 +425,6 @@ def varlen_attention(call: Call) -> torch.Tensor:
         _state.path = "sdpa (padded batch or cached decoding)"
         sdpa_args = (call.module, query, key, value, call.mask, call.dropout, call.scaling)
         return sdpa_attention_forward(*sdpa_args, softcap=call.softcap, **kwargs)[0]
-    if kwargs.get("position_bias") is not None:
-        raise ConfigError(
-            "padfree_varlen: `position_bias` (a learned bias over the whole row) is not supported"
-        )
     sinks, softcap, window = call.sinks, call.softcap, call.window
     if kwargs.get("output_attentions"):
         raise ConfigError(
@@ -454,6 +459,13 @@ def varlen_attention(call: Call) -> torch.Tensor:
 
 
 varlen_attention_forward = common.interface(varlen_attention, "varlen_attention_forward")
+
+READ = frozenset(
+    {"position_ids", "cache_position", "seq_idx", "s_aux"}
+    | {f"cu_seq_lens_{s}{p}" for s in "qk" for p in ("", "_padded")}
+)
+"""Tensor keywords of an attention call that padfree's attention reads (or that carry no attention term);
+any other tensor (``position_bias``, ``sinks``...) is the model's own and is refused, never dropped."""
 
 
 def _autocast_inputs(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -495,6 +507,8 @@ def varlen_mask(
 
     plain = isinstance(q_offset, int) and isinstance(kv_offset, int) and q_offset == 0 and kv_offset == 0
     plan = plan_of(kwargs.get("config"))
+    if attention_mask is None and q_length == kv_length and plain:
+        kwargs["mask_function"] = _with_documents(kwargs.get("mask_function"), batch_size, q_length)
     if plan is None or not plan.plain:  # the model's own code reads the mask: its eager form, always there
         return eager_mask(
             batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs
@@ -508,6 +522,58 @@ def varlen_mask(
     )
 
 
+def _with_documents(fn: Any, batch: int, length: int) -> Any:
+    """``fn`` restricted to the documents of the packed row in progress (:func:`watch_rows`) when it does not
+    keep them apart itself (a model that builds its mask without ``position_ids``), positions counted from
+    each document's start as transformers does for packed rows; ``fn`` otherwise."""
+    from transformers.masking_utils import (
+        and_masks,
+        causal_mask_function,
+        packed_sequence_mask_function,
+        remap_positions_for_packed_sequence,
+    )
+
+    fn = causal_mask_function if fn is None else fn
+    rows = getattr(_state, "rows", None)
+    lengths = rows[-1] if rows else None
+    if not lengths or len(lengths) <= batch or sum(lengths) != batch * length or _read_mask(fn)[2]:
+        return fn
+    n = torch.tensor(lengths)
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), n).reshape(batch, length)
+    starts = torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
+    pos = (torch.arange(batch * length) - starts).reshape(batch, length)
+    return and_masks(remap_positions_for_packed_sequence(fn, pos), packed_sequence_mask_function(doc))
+
+
+def watch_rows(model: torch.nn.Module) -> None:
+    """Keep the document lengths of ``model``'s packed call in progress (``cu_seq_lens_q``, else restarting
+    ``position_ids``) for :func:`varlen_mask`, in place and idempotent."""
+    if getattr(model, "_padfree_rows", False):
+        return
+
+    def enter(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        rows = getattr(_state, "rows", None)
+        if rows is None:
+            rows = _state.rows = []
+        lengths = None
+        cu = _row_cu(kwargs)
+        pos = kwargs.get("position_ids")
+        if cu is not None:
+            lengths = lengths_from_cu(cu)
+        elif isinstance(pos, torch.Tensor) and pos.dim() == 2:
+            lengths = lengths_from_position_ids(pos)
+        rows.append(lengths if lengths is not None else (rows[-1] if rows else None))
+
+    def leave(module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+        rows = getattr(_state, "rows", None)
+        if rows:
+            rows.pop()
+
+    model.register_forward_pre_hook(enter, with_kwargs=True)
+    model.register_forward_hook(leave, with_kwargs=True, always_call=True)
+    model._padfree_rows = True  # type: ignore[assignment]
+
+
 def mask_pattern(fn: Any) -> tuple[str, int | None]:
     """What a transformers mask function asks for, read from its closures: ``("causal", None)``,
     ``("window", w)``, ``("chunk", c)`` (each restricted to the row's documents when packed), or
@@ -519,9 +585,16 @@ def mask_pattern(fn: Any) -> tuple[str, int | None]:
     >>> mask_pattern(lambda b, h, q, kv: q >= kv)
     ('other', None)
     """
+    kind, size, _ = _read_mask(fn)
+    return kind, size
+
+
+def _read_mask(fn: Any) -> tuple[str, int | None, bool]:
+    """:func:`mask_pattern` and whether the function already keeps the row's documents apart (transformers
+    detected the packed row from ``position_ids``)."""
     if fn is None:
-        return "causal", None
-    causal, window, chunk, todo = False, None, None, [fn]
+        return "causal", None, False
+    causal, window, chunk, docs, todo = False, None, None, False, [fn]
     while todo:
         f = todo.pop()
         code = getattr(f, "__code__", None)
@@ -538,18 +611,18 @@ def mask_pattern(fn: Any) -> tuple[str, int | None]:
         elif name.startswith("chunked_overlay."):
             chunk = int(cells["chunk_size"])
         elif name.startswith("packed_sequence_mask_function."):
-            continue
+            docs = True
         elif name.startswith("remap_positions_for_packed_sequence."):
             todo.append(cells["mask_function"])
         elif name.startswith("and_masks."):
             todo.extend(cells["mask_functions"])
         else:
-            return "other", None
+            return "other", None, docs
     if not causal or (window is not None and chunk is not None):
-        return "other", None
+        return "other", None, docs
     if chunk is not None:
-        return "chunk", chunk
-    return ("window", window) if window is not None else ("causal", None)
+        return "chunk", chunk, docs
+    return ("window", window, docs) if window is not None else ("causal", None, docs)
 
 
 @dataclass(frozen=True)
@@ -591,6 +664,11 @@ def _forward_source(cls: Any) -> str:
 _CALL = re.compile(r"attention_interface\((?P<args>[^()]*(?:\([^()]*\)[^()]*)*)\)", re.S)
 
 
+# ``attention_mask = <something else>`` in a forward (a keyword argument line ``attention_mask=...,`` is not;
+# nor is cross-attention's ``attention_mask = encoder_attention_mask``)
+_REASSIGNED = re.compile(r"^\s*attention_mask\s*=(?!=)(?!\s*encoder_attention_mask\s*$)(?!.*,\s*$)", re.M)
+
+
 def plan_model(model: torch.nn.Module) -> MaskPlan:
     """Read ``model``'s attention classes (their source) for :class:`MaskPlan`: conservative, so that
     anything unsure keeps the dense mask (exact, slower)."""
@@ -608,7 +686,7 @@ def plan_model(model: torch.nn.Module) -> MaskPlan:
             passes = re.search(r"(^|,)\s*attention_mask\s*(,|$)", args) or re.search(
                 r"attention_mask\s*=\s*attention_mask\b", args
             )
-            if not passes or re.search(r"^\s*attention_mask\s*=(?!\s*encoder_attention_mask\s*$)", src, re.M):
+            if not passes or _REASSIGNED.search(src):
                 return MaskPlan(False, False, f"{cls.__name__} hands the attention function another mask")
             windows = windows and "sliding_window" in args
         dispatch += 1
@@ -674,6 +752,7 @@ def _install_on_build() -> None:
 
     def _apart_if_packed(model: Any) -> None:
         _remember_plan(model)
+        watch_rows(model)
         if getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME:
             keep_documents_apart(model)
 

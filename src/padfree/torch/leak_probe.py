@@ -29,6 +29,9 @@ import torch
 from padfree.errors import ConfigError
 
 PROBE_DOCS = (7, 12, 5, 9)
+GUARD_TOLERANCE = 1e-3
+"""The guard's bound on |packed - alone through the model's own attention|, relative to the logits' scale
+(float32; correct attention agrees to ~1e-6 of it)."""
 NOISE_FACTOR = 4.0
 """A change counts as a leak above this many times the noise measured on the spot (see :class:`Probe`)."""
 
@@ -273,12 +276,23 @@ def leaking_modules(
 
 def require_exact_packing(model: torch.nn.Module, where: str = "packed training") -> None:
     """Refuse ``where`` on ``model`` in one line when the probe sees its packed documents leak or attend to
-    future tokens, naming the family, the module and the way out (a kernel, or a padded strategy)."""
+    future tokens, naming the family, the module and the way out (a kernel, or a padded strategy); a float32
+    model is also held to each probe document alone through its own attention (:func:`against_own_attention`,
+    logits within :data:`GUARD_TOLERANCE` of their scale: a dropped window, chunk or bias is far above it)."""
     probe = probe_leak(model)
-    if not probe.broken:
-        return
     cfg: Any = getattr(model, "config", None)
     family = getattr(cfg, "model_type", type(model).__name__)
+    dtype = next((p.dtype for p in model.parameters()), torch.float32)
+    if not probe.broken and dtype == torch.float32 and hasattr(model, "set_attn_implementation"):
+        ref = against_own_attention(model, grads=False)
+        if not ref.logits <= GUARD_TOLERANCE * max(1.0, probe.scale):
+            raise ConfigError(
+                f"{where}: packed documents of {family} differ from each document alone through its own "
+                f"{ref.attn} attention by {ref.logits:.3g} (logits): padfree_varlen does not keep its "
+                "attention pattern; train with --strategy bucketed or report the family"
+            )
+    if not probe.broken:
+        return
     if not probe.leaked:
         raise ConfigError(
             f"{where}: packed documents of {family} attend to their own future tokens (changing a "
@@ -311,12 +325,13 @@ class Reference:
     logits_later: float = 0.0
 
 
-def own(model: torch.nn.Module) -> str:
-    """Switch ``model`` to its own attention implementation to compare with: ``eager``, else ``sdpa`` where a
-    family has no eager path. A model whose attention is its own code (no attention interface; transformers
-    then keeps the name) gets the name on its configs directly: the name still picks the mask it is given."""
+def own(model: torch.nn.Module, impls: Sequence[str] = ("eager", "sdpa")) -> str:
+    """Switch ``model`` to its own attention implementation to compare with: the first of ``impls`` it takes
+    (``eager``, else ``sdpa`` where a family has no eager path). A model whose attention is its own code (no
+    attention interface; transformers then keeps the name) gets the name on its configs directly: the name
+    still picks the mask it is given."""
     hf: Any = model
-    for impl in ("eager", "sdpa"):
+    for impl in impls:
         try:
             hf.set_attn_implementation(impl)
         except (ValueError, ImportError, NotImplementedError, AttributeError, TypeError):
@@ -370,13 +385,23 @@ def against_own_attention(
             g_packed = _grads(params)
             for p in params:
                 p.grad = None
-            impl = own(model)
-            alone = []
-            for d, w in zip(docs, weights.split(list(doc_lengths)), strict=True):
-                out = _logits(model, {"input_ids": d[None].to(device)})
-                if grads:
-                    (out * w).sum().backward()
-                alone.append(out.detach())
+            impls = ["eager", "sdpa"]
+            while True:
+                impl = own(model, impls)
+                try:
+                    alone = []
+                    for d, w in zip(docs, weights.split(list(doc_lengths)), strict=True):
+                        out = _logits(model, {"input_ids": d[None].to(device)})
+                        if grads:
+                            (out * w).sum().backward()
+                        alone.append(out.detach())
+                    break
+                except RuntimeError:  # the family's eager path fails on this config: its sdpa one
+                    impls = impls[impls.index(impl) + 1 :]
+                    if not impls:
+                        raise
+                    for p in params:
+                        p.grad = None
             g_alone = _grads(params)
     finally:
         if hf.config._attn_implementation != before:
