@@ -113,10 +113,12 @@ def test_a_planted_one_token_leak_is_caught(family: str, dtype: torch.dtype | No
     assert 0 < probe.diff <= 5e-3 and probe.leaked, probe
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "lfm2", "qwen3_moe", "mamba"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "lfm2", "qwen3_moe", "mamba", "mpt"])
 def test_each_document_of_a_packed_row_equals_it_alone_through_the_models_own_attention(family: str) -> None:
     # a fixed subset in make test: plain causal, softcap + window passed to the layer, learned positions,
-    # a convolution hybrid, MoE and an SSM; the sweep runs the same over every family
+    # a convolution hybrid, MoE, an SSM, and ALiBi in a model that builds its mask without position_ids (so
+    # the mask padfree hands it must keep the row's documents itself); the sweep runs the same over every
+    # family
     assert_exact(tiny(family))
 
 
@@ -157,3 +159,33 @@ def test_the_guard_refuses_a_pattern_padfree_would_drop(monkeypatch) -> None:
     monkeypatch.setattr(pa.MaskPlan, "keeps", lambda self, kind: True)  # as before: the window's mask dropped
     with pytest.raises(ConfigError, match="differ from each document alone through its own eager attention"):
         require_exact_packing(model, "PadfreeTrainer")
+
+
+def test_a_tensor_the_model_hands_its_attention_is_refused_never_dropped() -> None:
+    from padfree.errors import ConfigError
+
+    q = torch.zeros(1, 2, 6, 4)
+    bias = torch.zeros(1, 2, 6, 6)
+    with pytest.raises(ConfigError, match="passes `position_bias` to its attention"):
+        pa.varlen_attention_forward(torch.nn.Linear(1, 1), q, q, q, None, position_bias=bias)
+
+
+@pytest.mark.parametrize(
+    ("family", "over", "what"),
+    [
+        ("qwen2_moe", {"use_sliding_window": True, "layer_types": ["sliding_attention"] * 2}, "window of 4"),
+        ("llama4_text", {"attention_chunk_size": 4}, "a chunk of 4"),
+        ("bloom", {}, "apply itself|BloomAttention"),
+    ],
+)
+def test_chunked_training_refuses_a_pattern_the_past_would_lose(family: str, over: dict, what: str) -> None:
+    # chunked training reads earlier chunks with no mask: a window or chunk only the mask carries, or a
+    # mask the model applies itself, would be lost (Qwen2-MoE's gradients were off by 1.56 relative)
+    from padfree.errors import ConfigError
+    from padfree.torch.chunked import chunked_backward
+
+    model = tiny(family, sliding_window=4, **over)
+    model.train()
+    ids = torch.randint(0, 100, (13,))
+    with pytest.raises(ConfigError, match=what):
+        chunked_backward(model, ids, ids.clone(), 5)

@@ -6,9 +6,9 @@ lengths is laid out for sharding (:class:`~padfree.torch.PackCollator` with ``sp
 ``N`` CPU ranks (forked processes meeting through gloo) each holding its shard: Ulysses SP
 (:mod:`padfree.torch.sequence_parallel`) or zigzag CP (:mod:`padfree.torch.context_parallel`). The shards'
 logits, put back in row order, and their summed parameter gradients must equal the unsharded row's, and each
-document's logits those of the document alone. ``attn="leaky"`` runs the document-blind variant (CP: one
-causal mask over the whole row, as accelerate's CP hook does; SP: document-blind attention after the
-all-to-all), which the check must report as a leak.
+document's logits those of the document alone through the model's own attention (eager, else sdpa).
+``attn="leaky"`` runs the document-blind variant (CP: one causal mask over the whole row, as accelerate's CP
+hook does; SP: document-blind attention after the all-to-all), which the check must report as a leak.
 """
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ def check_sharded(
     from padfree.torch import PackCollator
     from padfree.torch import context_parallel as cpm
     from padfree.torch import sequence_parallel as spm
+    from padfree.torch.leak_probe import own
 
     if (sp > 1) == (cp > 1) or min(sp, cp) < 1:
         raise ConfigError(
@@ -172,6 +173,7 @@ def check_sharded(
                         for p in params
                     ]
                 )
+                own(net)  # each document alone through the model's own attention (eager, else sdpa)
                 with torch.no_grad():
                     alone = [net(input_ids=d[None], use_cache=False).logits[0] for d in docs]
                 starts = [int(c) for c in cu[:-1]]

@@ -405,7 +405,7 @@ def varlen_attention(call: Call) -> torch.Tensor:
 
     query, key, value, kwargs = call.query, call.key, call.value, call.kwargs
     batch, _, q_len, _ = query.shape
-    unread = sorted(k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and k not in READ)
+    unread = sorted(k for k, v in kwargs.items() if k in UNAPPLIED and v is not None)
     if unread:
         names = ", ".join(f"`{k}`" for k in unread)
         raise ConfigError(
@@ -460,12 +460,14 @@ def varlen_attention(call: Call) -> torch.Tensor:
 
 varlen_attention_forward = common.interface(varlen_attention, "varlen_attention_forward")
 
-READ = frozenset(
-    {"position_ids", "cache_position", "seq_idx", "s_aux"}
-    | {f"cu_seq_lens_{s}{p}" for s in "qk" for p in ("", "_padded")}
+UNAPPLIED = frozenset(
+    {"position_bias", "sinks", "indices", "topk_indices", "attention_bias", "attn_bias", "alibi", "score_mod"}
 )
-"""Tensor keywords of an attention call that padfree's attention reads (or that carry no attention term);
-any other tensor (``position_bias``, ``sinks``...) is the model's own and is refused, never dropped."""
+"""Keywords of an attention call that carry a term of the model's own attention which padfree's attention
+does not apply (a learned position bias, Inkling's ``sinks``, a sparse indexer's ``indices``...): refused,
+never dropped. (``s_aux`` sinks, windows and soft-capping are applied. Other keywords reach attention only in
+passing, e.g. ``num_items_in_batch``; the sweep's comparison with the model's own attention catches a term
+this list misses.)"""
 
 
 def _autocast_inputs(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
