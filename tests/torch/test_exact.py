@@ -189,3 +189,15 @@ def test_chunked_training_refuses_a_pattern_the_past_would_lose(family: str, ove
     ids = torch.randint(0, 100, (13,))
     with pytest.raises(ConfigError, match=what):
         chunked_backward(model, ids, ids.clone(), 5)
+
+
+def test_the_family_sweep_honours_its_dtype() -> None:
+    # the sweep ignored --dtype bfloat16 (its numbers equalled float32's to the digit): now the probes run
+    # under bfloat16 autocast and the bfloat16 difference from the model's own attention is reported beside
+    # the float32 verdict
+    from padfree.checks.families import check_family
+
+    f32, b16 = check_family("llama"), check_family("llama", dtype="bfloat16")
+    assert (f32.dtype, b16.dtype) == ("float32", "bfloat16")
+    assert f32.alone_dtype is None and b16.alone_dtype is not None and b16.alone_dtype > 100 * f32.alone
+    assert f32.causal == b16.causal == 0.0 and f32.own == b16.own == "eager"
