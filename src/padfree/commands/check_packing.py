@@ -171,10 +171,10 @@ def run(args: argparse.Namespace) -> int:
         f"{r.max_logit_diff:.3g} (documents 2..: {r.max_logit_diff_later:.3g}){grads}"
     )
     print(
-        f"probe:          changing document 1 moves later documents' logits by {r.probe_diff:.3g}; "
-        f"changing each last token moves earlier logits by {r.causal_diff:.3g} "
+        f"probe:          changing document 1 moves later documents' logits by {r.probe_diff:.3g} "
         f"(allowed: {r.probe_allowance:.3g}: the noise measured on the spot)"
     )
+    print(f"causality:      changing each document's last token moves earlier logits by {r.causal_diff:.3g}")
     if r.leaked:
         why = (
             f"changing document 1 moves later documents by {r.probe_diff:.3g}"
