@@ -422,7 +422,11 @@ def varlen_attention(call: Call) -> torch.Tensor:
                 f"keys ({key.shape[2]} keys for {q_len} queries: cached, compressed or another sequence's); "
                 "call the model with use_cache=False for packed training, or train this model padded"
             )
-        _state.path = "sdpa (padded batch or cached decoding)"
+        _state.path = (
+            "sdpa with the model's own mask, kept to each document (its pattern needs one)"
+            if call.mask is not None and key.shape[2] == q_len and _looks_packed(kwargs)
+            else "sdpa (padded batch or cached decoding)"
+        )
         sdpa_args = (call.module, query, key, value, call.mask, call.dropout, call.scaling)
         return sdpa_attention_forward(*sdpa_args, softcap=call.softcap, **kwargs)[0]
     sinks, softcap, window = call.sinks, call.softcap, call.window
