@@ -201,3 +201,19 @@ def test_the_family_sweep_honours_its_dtype() -> None:
     assert (f32.dtype, b16.dtype) == ("float32", "bfloat16")
     assert f32.alone_dtype is None and b16.alone_dtype is not None and b16.alone_dtype > 100 * f32.alone
     assert f32.causal == b16.causal == 0.0 and f32.own == b16.own == "eager"
+
+
+def test_sharding_refuses_a_pattern_only_a_mask_carries(tmp_path) -> None:
+    # SP over a windowed Qwen2-MoE gave logits 0.43 off: padfree's sharded attention takes no mask
+    import json
+
+    from padfree.checks.families import tiny_config
+    from padfree.checks.sharded import check_sharded
+    from padfree.errors import ConfigError
+
+    cfg = tiny_config("qwen2_moe")
+    cfg.use_sliding_window, cfg.sliding_window, cfg.layer_types = True, 4, ["sliding_attention"] * 2
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    with pytest.raises(ConfigError, match="sliding window its layers do not pass"):
+        check_sharded(str(tmp_path), sp=2)
+    assert pa.needs_mask(tiny("llama")) is None and "applies the mask itself" in pa.needs_mask(tiny("bloom"))

@@ -97,6 +97,7 @@ def check_sharded(
     from padfree.torch import PackCollator
     from padfree.torch import context_parallel as cpm
     from padfree.torch import sequence_parallel as spm
+    from padfree.torch.attention import needs_mask
     from padfree.torch.leak_probe import own
 
     if (sp > 1) == (cp > 1) or min(sp, cp) < 1:
@@ -112,6 +113,12 @@ def check_sharded(
     net = build_model(
         model, attn_implementation="padfree_varlen", seed=seed, max_params=2**26, **(overrides or {})
     )
+    why = needs_mask(net)
+    if why is not None:
+        raise ConfigError(
+            f"check-packing --{mode} {degree}: {why}; padfree's sharded attention keeps documents apart "
+            "with no mask: train this model unsharded or padded"
+        )
     heads = int(net.config.num_attention_heads)
     if mode == "sp" and heads % degree:
         raise ConfigError(

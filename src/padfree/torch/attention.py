@@ -701,6 +701,29 @@ def plan_model(model: torch.nn.Module) -> MaskPlan:
     return MaskPlan(True, windows)
 
 
+def needs_mask(model: torch.nn.Module) -> str | None:
+    """Why ``model``'s packed rows need a dense mask under padfree's attention (a mask it applies itself, a
+    window or chunk only the mask carries), in words; ``None`` when per-document attention keeps its pattern
+    with no mask (what sharded attention, SP and CP, requires)."""
+    cfg: Any = getattr(model, "config", None)
+    plan = plan_of(cfg)
+    if plan is None:
+        return "padfree never saw the model built, so it cannot tell how its layers use the mask"
+    if not plan.plain:
+        return plan.why
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    kinds = set(getattr(text, "layer_types", None) or ())
+    if "chunked_attention" in kinds or getattr(text, "attention_chunk_size", None):
+        return "chunked attention, which only the mask carries"
+    window = getattr(text, "sliding_window", None)
+    sliding = any("sliding" in str(k) for k in kinds) or (
+        window and not kinds and getattr(text, "use_sliding_window", True) is not False
+    )
+    if sliding and not plan.windows:
+        return "a sliding window its layers do not pass to the attention function (only the mask carries it)"
+    return None
+
+
 def _remember_plan(model: Any) -> None:
     """Record :func:`plan_model` for ``model``'s config (and each inner model's), for :func:`varlen_mask`."""
     for mod in model.modules():
