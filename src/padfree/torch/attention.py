@@ -514,7 +514,8 @@ def varlen_mask(
     plain = isinstance(q_offset, int) and isinstance(kv_offset, int) and q_offset == 0 and kv_offset == 0
     plan = plan_of(kwargs.get("config"))
     if attention_mask is None and q_length == kv_length and plain:
-        kwargs["mask_function"] = _with_documents(kwargs.get("mask_function"), batch_size, q_length)
+        fn = kwargs.get("mask_function")
+        kwargs["mask_function"] = _with_documents(fn, batch_size, q_length, kwargs.get("device", "cpu"))
     if plan is None or not plan.plain:  # the model's own code reads the mask: its eager form, always there
         return eager_mask(
             batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs
@@ -528,7 +529,7 @@ def varlen_mask(
     )
 
 
-def _with_documents(fn: Any, batch: int, length: int) -> Any:
+def _with_documents(fn: Any, batch: int, length: int, device: Any = "cpu") -> Any:
     """``fn`` restricted to the documents of the packed row in progress (:func:`watch_rows`) when it does not
     keep them apart itself (a model that builds its mask without ``position_ids``), positions counted from
     each document's start as transformers does for packed rows; ``fn`` otherwise."""
@@ -541,19 +542,23 @@ def _with_documents(fn: Any, batch: int, length: int) -> Any:
 
     fn = causal_mask_function if fn is None else fn
     rows = getattr(_state, "rows", None)
-    lengths = rows[-1] if rows else None
-    if not lengths or len(lengths) <= batch or sum(lengths) != batch * length or _read_mask(fn)[2]:
+    source = rows[-1] if rows else None
+    if source is None or _read_mask(fn)[2]:
         return fn
-    n = torch.tensor(lengths)
-    doc = torch.repeat_interleave(torch.arange(len(lengths)), n).reshape(batch, length)
+    lengths = _cached_lengths(source, lengths_from_cu if source.dim() == 1 else lengths_from_position_ids)
+    if len(lengths) <= batch or sum(lengths) != batch * length:
+        return fn
+    n = torch.tensor(lengths, device=device)
+    doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), n).reshape(batch, length)
     starts = torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
-    pos = (torch.arange(batch * length) - starts).reshape(batch, length)
+    pos = (torch.arange(batch * length, device=device) - starts).reshape(batch, length)
     return and_masks(remap_positions_for_packed_sequence(fn, pos), packed_sequence_mask_function(doc))
 
 
 def watch_rows(model: torch.nn.Module) -> None:
-    """Keep the document lengths of ``model``'s packed call in progress (``cu_seq_lens_q``, else restarting
-    ``position_ids``) for :func:`varlen_mask`, in place and idempotent."""
+    """Keep where the documents of ``model``'s packed call in progress are (``cu_seq_lens_q``, else restarting
+    ``position_ids``: the tensors, read only when a dense mask needs them) for :func:`varlen_mask`, in place
+    and idempotent."""
     if getattr(model, "_padfree_rows", False):
         return
 
@@ -561,14 +566,11 @@ def watch_rows(model: torch.nn.Module) -> None:
         rows = getattr(_state, "rows", None)
         if rows is None:
             rows = _state.rows = []
-        lengths = None
-        cu = _row_cu(kwargs)
+        source = _row_cu(kwargs)  # kept as it came: lengths are read only where a mask needs them
         pos = kwargs.get("position_ids")
-        if cu is not None:
-            lengths = lengths_from_cu(cu)
-        elif isinstance(pos, torch.Tensor) and pos.dim() == 2:
-            lengths = lengths_from_position_ids(pos)
-        rows.append(lengths if lengths is not None else (rows[-1] if rows else None))
+        if source is None and isinstance(pos, torch.Tensor) and pos.dim() == 2:
+            source = pos
+        rows.append(source if source is not None else (rows[-1] if rows else None))
 
     def leave(module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
         rows = getattr(_state, "rows", None)
