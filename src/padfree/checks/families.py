@@ -243,6 +243,8 @@ class FamilyResult:
             bits.append(f"probe {self.probe:.3g} causal {self.causal:.3g} vs {self.own} {self.alone:.3g}")
             if self.grads is not None:
                 bits.append(f"grads {self.grads:.2g}")
+            if self.alone_dtype is not None:
+                bits.append(f"in {self.dtype} {self.alone_dtype:.2g}")
         bits.append(self.path or self.detail)
         return "  ".join(b for b in bits if b)
 
