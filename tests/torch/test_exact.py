@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 import padfree.torch.attention as pa
 from padfree.torch.leak_probe import against_own_attention, probe_leak
-
-transformers = pytest.importorskip("transformers")
 
 GRADS = 1e-4  # relative, float32
 LOGITS = 1e-5  # float32: packed and alone agree to ~3e-7 on these tiny models
@@ -58,7 +57,7 @@ def test_attention_that_applies_the_mask_itself_stays_causal(family: str) -> Non
 def test_windows_and_chunks_only_the_mask_carries_are_kept(family: str, over: dict) -> None:
     # Qwen2-MoE's and PhiMoE's window and Llama-4's chunks reach attention only through the mask: they ran
     # as full attention under padfree_varlen (0.36-0.6 from eager on one 20-token document)
-    model = tiny(family, sliding_window=over.pop("sliding_window", 4), **over)
+    model = tiny(family, **{"sliding_window": 4, **over})
     assert_exact(model, (20, 9, 13))
 
 
