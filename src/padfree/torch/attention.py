@@ -19,6 +19,15 @@ pads sit inside its span, after its real tokens); they are computed once per for
 layer. Sharded rows: :mod:`padfree.torch.sequence_parallel`, :mod:`padfree.torch.context_parallel`. Padded
 batches (an ``attention_mask`` is present) and cached decoding keep the model's normal ``sdpa`` path.
 
+The model's attention pattern is kept, never assumed: :func:`varlen_mask` reads what transformers' mask
+function asks for (:func:`mask_pattern`: causal, window, chunk, other) and how the model's layers use the
+mask (:func:`plan_model`, read once per model when it is built). Only where the layers hand the mask to this
+function unchanged, and pass their window as ``sliding_window``, is no mask built; elsewhere (a mask the
+model applies in its own code: Bloom, XGLM, GPT-NeoX-Japanese, Doge; a window or chunk only the mask carries:
+Qwen2-MoE, PhiMoE, Llama-4; overlays) the model gets transformers' own mask, restricted to the row's
+documents. A term the model hands its attention that padfree does not apply (:data:`UNAPPLIED`: a learned
+position bias, foreign sinks, sparse indices) is refused in one line, never dropped.
+
 Importing this module registers the implementation with transformers, so any model whose attention goes
 through ``ALL_ATTENTION_FUNCTIONS`` (Llama, Mistral, Qwen2, Gemma, ...) can use it by name:
 
