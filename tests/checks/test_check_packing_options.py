@@ -12,8 +12,8 @@ import torch
 from padfree.cli import main
 from padfree.core.config import PlanConfig
 from padfree.errors import ConfigError
-from padfree.torch.sharded_rows import ShardedRows
 from padfree.models import build_model
+from padfree.torch.sharded_rows import ShardedRows
 
 SMALL = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
          "num_key_value_heads": 2, "max_position_embeddings": 256}  # fmt: skip

@@ -196,11 +196,13 @@ def test_register_is_idempotent_and_no_dense_mask_is_built() -> None:
     pa.register()
     assert AttentionInterface._global_mapping[pa.NAME] is pa.varlen_attention_forward
     assert AttentionMaskInterface._global_mapping[pa.NAME] is pa.varlen_mask
-    assert pa.varlen_mask(batch_size=1, q_length=50, kv_length=50, attention_mask=None) is None
+    cfg = small("tiny-llama").config  # a model padfree saw built: its layers keep causality themselves
+    assert pa.varlen_mask(batch_size=1, q_length=50, kv_length=50, attention_mask=None, config=cfg) is None
     padded = pa.varlen_mask(
         batch_size=2,
         q_length=4,
         kv_length=4,
         attention_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]).bool(),
+        config=cfg,
     )
     assert padded.shape == (2, 1, 4, 4) and not padded[0, 0, 3, 3] and padded[1, 0, 3, 3]

@@ -73,7 +73,7 @@ def test_check_packing_bf16_passes_and_leak_still_caught(capsys) -> None:
     assert main(["check-packing", "--dtype", "bfloat16", "--json"]) == 0
     ok = json.loads(capsys.readouterr().out)
     assert ok["dtype"] == "bfloat16" and ok["tolerance"] == 5e-2 and not ok["leaked"]
-    assert ok["max_logit_diff"] <= 1e-2  # measured noise: one bf16 step at logits ~2
+    assert ok["max_logit_diff"] <= 2e-2  # vs the model's own eager attention alone: a bf16 step or two at ~2
     assert main(["check-packing", "--dtype", "bfloat16", "--attn", "leaky"]) == 1
     out = capsys.readouterr().out
     assert "LEAK" in out and "cpu, bfloat16 (autocast)" in out

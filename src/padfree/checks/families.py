@@ -2,20 +2,26 @@
 
 Each family of transformers' causal-LM mapping is built as a tiny random model that keeps every layer type of
 its pattern (attention, sliding, linear attention, convolution, SSM, MoE...), with ``padfree_varlen``, and
-checked two ways: the perturbation probe (:mod:`padfree.torch.leak_probe`: a later document's logits must not
-move when the first document changes) and packed vs each document alone. The verdict per family:
+checked three ways: the leak probe (:mod:`padfree.torch.leak_probe`: a later document's logits must not move
+when the first document changes), the causality probe (no earlier logit moves when every document's last
+token changes), both on the packed path in the sweep's dtype, and packed vs each document alone through the
+model's OWN attention (eager, else sdpa; logits, and in float32 the parameter gradients). The verdict:
 
-- ``exact``: probe difference within the run-to-run noise (0 on CPU) and packed == alone (float32 1e-4);
-  the ``path`` says whether padfree's per-document mixers were needed, and which;
-- ``refused``: packed training of the family stops with one line (the reason; e.g. a leak the guard sees);
+- ``exact``: both probes within the noise measured on the spot (0 on CPU), in the sweep's dtype, and packed ==
+  the model's own attention alone in float32 (logits 1e-4, gradients relative 1e-4; a bfloat16 sweep also
+  reports the bfloat16 difference, ``alone_dtype``, which rounding alone makes differ: eager and sdpa of one
+  family differ by up to 0.2 there); the ``path`` says whether padfree's per-document mixers were needed;
+- ``refused``: packed training of the family stops with one line (the reason: a leak the guard sees,
+  attention to future tokens, or what padfree's attention cannot keep of the model's own: window, chunk,
+  softcap, bias...);
 - ``not buildable``: no tiny model of the family could be built or run here (why);
 - ``out of scope``: encoders and encoder-decoders (packing of causal decoders only).
 
 A family the generic shrinker cannot build tiny gets a hand-written config in :data:`HAND`.
 
 >>> r = check_family("qwen3")
->>> r.status, r.probe
-('exact', 0.0)
+>>> r.status, r.probe, r.causal, r.own
+('exact', 0.0, 0.0, 'eager')
 """
 
 from __future__ import annotations
@@ -177,8 +183,8 @@ HAND["qwen4_exp"] = HAND["qwen4_exp_text"]
 
 # why a family stays not buildable, in plain words (the error follows in the detail)
 _INDEXER = (
-    "its sparse-attention indexer reads the dense attention mask, which padfree_varlen leaves out for "
-    "unpadded rows: the model cannot run with padfree_varlen"
+    "its sparse-attention indexer picks the keys each query attends to (`indices`, computed over the dense "
+    "mask), which padfree_varlen does not apply"
 )
 _OWN_TABLE = (
     "it picks its attention class from its own eager/sdpa/flash table, with no entry for a custom "
@@ -207,7 +213,8 @@ WHY: dict[str, str] = {
 
 PARAM_LIMIT = 20_000_000
 DOCS = (7, 12, 5, 9)
-TOLERANCE = 1e-4
+TOLERANCE = {"float32": 1e-4}  # packed vs the model's own attention alone, logits (the verdict: float32)
+GRAD_TOLERANCE = 1e-4  # relative, float32 only
 
 
 @dataclass(frozen=True)
@@ -224,11 +231,20 @@ class FamilyResult:
     alone: float | None = None
     params: int | None = None
     seconds: float = 0.0
+    causal: float | None = None
+    grads: float | None = None
+    own: str = ""
+    dtype: str = "float32"
+    alone_dtype: float | None = None
 
     def line(self) -> str:
         bits = [f"{self.family:26s} {self.status:13s}"]
         if self.probe is not None:
-            bits.append(f"probe {self.probe:.3g} alone {self.alone:.3g}")
+            bits.append(f"probe {self.probe:.3g} causal {self.causal:.3g} vs {self.own} {self.alone:.3g}")
+            if self.grads is not None:
+                bits.append(f"grads {self.grads:.2g}")
+            if self.alone_dtype is not None:
+                bits.append(f"in {self.dtype} {self.alone_dtype:.2g}")
         bits.append(self.path or self.detail)
         return "  ".join(b for b in bits if b)
 
@@ -391,14 +407,16 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
 
 
-def check_family(family: str, seed: int = 0, device: str = "cpu") -> FamilyResult:
-    """Build ``family`` tiny with ``padfree_varlen`` and judge it: one :class:`FamilyResult`, never raises."""
+def check_family(family: str, seed: int = 0, device: str = "cpu", dtype: str = "float32") -> FamilyResult:
+    """Build ``family`` tiny with ``padfree_varlen`` and judge it in ``dtype`` (``bfloat16``: float32 weights
+    under autocast: the probes; the comparison with the model's own attention is always float32, with
+    gradients): one :class:`FamilyResult`, never raises."""
     import torch
     import transformers
 
     import padfree.torch.attention as pa
     from padfree.errors import ConfigError
-    from padfree.torch.leak_probe import leaking_modules, packed_inputs, probe_docs, probe_leak, vocab_of
+    from padfree.torch.leak_probe import against_own_attention, leaking_modules, probe_leak
     from padfree.torch.mixers import KERNEL_PATH, mixers_of
 
     t0 = time.perf_counter()
@@ -406,7 +424,7 @@ def check_family(family: str, seed: int = 0, device: str = "cpu") -> FamilyResul
     def result(status: str, **kw: Any) -> FamilyResult:
         if status in ("not buildable", "refused") and family in WHY:
             kw["detail"] = f"{WHY[family]} ({kw.get('detail', '')})"
-        return FamilyResult(family, status, seconds=round(time.perf_counter() - t0, 2), **kw)
+        return FamilyResult(family, status, seconds=round(time.perf_counter() - t0, 2), dtype=dtype, **kw)
 
     try:
         cfg = tiny_config(family)
@@ -463,30 +481,30 @@ def check_family(family: str, seed: int = 0, device: str = "cpu") -> FamilyResul
         )
     kw: dict[str, Any] = {"model_class": type(model).__name__, "params": params}
     kw["mixers"] = tuple(sorted({type(model.get_submodule(q)).__name__ for q in mixers_of(model)}))
+    autocast = torch.bfloat16 if dtype == "bfloat16" else None
     try:
         pa.reset_path()
-        probe = probe_leak(model, DOCS, seed)
+        probe = probe_leak(model, DOCS, seed, autocast=autocast)
         attn = pa.last_path() or "the family's own attention (no padfree_varlen call)"
-        docs, _ = probe_docs(vocab_of(model), DOCS, seed)
-        with torch.no_grad():
-            packed = model(**packed_inputs(docs, device), use_cache=False).logits[0].float()
-            alone = max(
-                (p - model(input_ids=d[None].to(device), use_cache=False).logits[0].float())
-                .abs()
-                .max()
-                .item()
-                for p, d in zip(packed.split(list(DOCS)), docs, strict=True)
-            )
+        ref = against_own_attention(model, DOCS, seed)  # the pattern's verdict: float32, with gradients
+        low = against_own_attention(model, DOCS, seed, grads=False, autocast=autocast) if autocast else None
     except ConfigError as exc:
         return result("refused", detail=str(exc), **kw)
     except Exception as exc:
+        if autocast is not None and not _runs(model, autocast):
+            return result(
+                "not buildable",
+                detail=f"the family's own code fails under {dtype} autocast, unpacked too: {_one_line(exc)}",
+                **kw,
+            )
         return result("refused", detail=f"packed forward fails: {_one_line(exc)}", **kw)
-    kw.update(probe=probe.diff, alone=float(alone))
+    kw.update(probe=probe.diff, alone=ref.logits, causal=probe.causal, grads=ref.grads, own=ref.attn)
+    kw["alone_dtype"] = None if low is None else low.logits
     fused = [m for m in kw["mixers"] if KERNEL_PATH.get(m)]
     apart = [m for m in kw["mixers"] if m not in fused]
     path = attn + (f" + per-document {', '.join(apart)}" if apart else "")
     path += f" + through transformers' fused kernel: {', '.join(fused)}" if fused else ""
-    if probe.leaked or not alone <= TOLERANCE:
+    if probe.leaked:
         culprits = leaking_modules(model, DOCS, seed)
         names = ", ".join(sorted({type(model.get_submodule(n)).__name__ for n in culprits})) or "?"
         return result(
@@ -498,11 +516,67 @@ def check_family(family: str, seed: int = 0, device: str = "cpu") -> FamilyResul
             path=path,
             **kw,
         )
+    if probe.sees_future:
+        return result(
+            "refused",
+            detail="attends to its own future tokens under padfree_varlen (causality probe "
+            f"{probe.causal:.3g}): the packing guard refuses it",
+            path=path,
+            **kw,
+        )
+    grads_off = ref.grads is not None and not ref.grads <= GRAD_TOLERANCE
+    if grads_off or not ref.logits <= TOLERANCE["float32"]:
+        grads = "" if ref.grads is None else f", gradients {ref.grads:.2g}"
+        return result(
+            "refused",
+            detail=f"differs from its own {ref.attn} attention (logits {ref.logits:.2g}{grads}): "
+            f"padfree_varlen does not keep its {pattern_features(cfg)}",
+            path=path,
+            **kw,
+        )
     return result("exact", path=path, **kw)
 
 
+def _runs(model: Any, dtype: Any) -> bool:
+    """Whether ``model`` runs one unpacked sequence under autocast to ``dtype``."""
+    import torch
+
+    device = next(model.parameters()).device
+    try:
+        with torch.no_grad(), torch.autocast(device_type=device.type, dtype=dtype):
+            model(input_ids=torch.arange(5, device=device)[None], use_cache=False)
+    except Exception:
+        return False
+    return True
+
+
+def pattern_features(cfg: Any) -> str:
+    """What of an attention pattern a config declares beyond plain causal attention, in words (for the
+    refusal line): window, chunk, softcap, sinks, ALiBi / position bias; ``attention pattern`` when none."""
+    out = []
+    window = getattr(cfg, "sliding_window", None)
+    if isinstance(window, int) and window > 0:
+        out.append(f"sliding window ({window})")
+    chunk = getattr(cfg, "attention_chunk_size", None)
+    if isinstance(chunk, int) and chunk > 0:
+        out.append(f"chunked attention ({chunk})")
+    for name in ("attn_logit_softcapping", "attention_logit_softcapping", "logit_softcapping"):
+        if getattr(cfg, name, None):
+            out.append(f"softcap ({name})")
+            break
+    if getattr(cfg, "alibi", False) or getattr(cfg, "model_type", "") in ("bloom", "mpt"):
+        out.append("ALiBi bias")
+    if getattr(cfg, "relative_attention_num_buckets", None):
+        out.append("position bias")
+    return ", ".join(out) or "attention pattern"
+
+
 def sweep(
-    families: list[str] | None = None, seed: int = 0, log: Any = None, device: str = "cpu"
+    families: list[str] | None = None,
+    seed: int = 0,
+    log: Any = None,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> list[FamilyResult]:
     """:func:`check_family` for ``families`` (default: every causal family installed), transformers'
     warnings kept out of the way."""
@@ -522,7 +596,7 @@ def sweep(
             quiet = contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO())
             with warnings.catch_warnings(), quiet[0], quiet[1]:
                 warnings.simplefilter("ignore")
-                r = check_family(f, seed, device)
+                r = check_family(f, seed, device, dtype)
             out.append(r)
             if log is not None:
                 log(r)

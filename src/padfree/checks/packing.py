@@ -1,16 +1,24 @@
-"""Does packing leak? A perturbation probe, and a packed row of several documents against each one alone.
+"""Does packing keep every document as the model itself would run it alone? Against the model's own attention.
 
-Packed training is only correct when every document of a row sees itself alone. A wrong attention
-implementation, ``use_cache=True`` under ``sdpa``/``eager`` (transformers then skips packed-sequence
-detection), or a convolution / recurrence run over the whole row (hybrid models under ``sdpa``) lets documents
-see each other while the loss still goes down. The verdict is the probe (:mod:`padfree.torch.leak_probe`:
-change the first document, no later logit may move), decisive in every dtype, beside the packed-vs-alone
-comparison, which only a tolerance can judge:
+Packed training is only correct when every document of a row trains exactly as that document alone through
+the model. A wrong attention implementation, ``use_cache=True`` under ``sdpa``/``eager`` (transformers then
+skips packed-sequence detection), a convolution / recurrence run over the whole row (hybrid models under
+``sdpa``), a dropped sliding window or chunk, or attention to future tokens all let training "work" while the
+loss is wrong. The reference is the model's OWN implementation: each document alone through its ``eager``
+attention (``sdpa`` where a family has none), never padfree's path. Three measurements:
+
+- packed vs alone through the model's own attention: every logit, and (float32) the parameter gradients of
+  the same per-token loss (:func:`padfree.torch.leak_probe.against_own_attention`);
+- the leak probe (:mod:`padfree.torch.leak_probe`): change the first document, no later logit may move;
+- the causality probe: change every document's last token, no earlier logit may move.
+
+Both probes run on the packed path and are decisive in every dtype (held to the noise measured on the spot,
+0 for dense models on CPU); the comparison with the model's own attention is held to a tolerance:
 
 >>> from padfree.checks.packing import check_packing
 >>> r = check_packing("tiny-llama", "padfree_varlen", overrides={"vocab_size": 64, "num_hidden_layers": 1})
->>> r.leaked, r.path
-(False, 'per-document SDPA (CPU)')
+>>> r.leaked, r.path, r.reference
+(False, 'per-document SDPA (CPU)', 'eager')
 >>> check_packing("tiny-llama", "leaky", overrides={"vocab_size": 64, "num_hidden_layers": 1}).leaked
 True
 """
@@ -24,11 +32,13 @@ from padfree.errors import ConfigError
 DOC_LENGTHS = (23, 41, 7, 64, 18)
 DTYPES = ("float32", "bfloat16")
 # The largest logit difference taken as numerical noise, per compute dtype. float32: packed and alone agree
-# to ~1e-6. bfloat16 (autocast): a packed row and a document alone run matmuls of different shapes, so their
+# to ~1e-6; the gradients (float32 only) to a relative ~1e-6 (GRAD_TOLERANCE). bfloat16 (autocast): a
+# packed row and a document alone run matmuls of different shapes, so their
 # bf16 roundings differ. Measured on CPU (torch 2.13, seeds 0-2, the four tiny families): correct
 # attention (padfree_varlen, sdpa) <= 7.9e-3 (one bf16 step at logits of ~2), the leaky control >= 0.78.
 # 5e-2 sits 6x above that noise and 15x below the smallest leak.
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}
+GRAD_TOLERANCE = 1e-4
 ALIASES = {"leaky": "padfree_leaky", "varlen": "padfree_varlen"}
 
 
@@ -42,8 +52,12 @@ class PackingCheck:
         use_cache: whether the forward passes ran with ``use_cache=True``.
         doc_lengths: the documents of the packed row.
         max_logit_diff: max |packed - alone| over every logit of every document (the first document, which
-            has nothing before it to leak from, included).
+            has nothing before it to leak from, included), alone through the model's own attention.
         max_logit_diff_later: the same over documents 2.. only.
+        reference: the model's own attention the documents ran alone through (``eager``, else ``sdpa``).
+        grad_diff: relative L2 difference of the parameter gradients, packed vs the documents alone (float32
+            only; ``None`` in bfloat16), held to :data:`GRAD_TOLERANCE`.
+        causal_diff: the largest change of an earlier logit when every document's last token changes.
         tolerance: the largest packed-vs-alone difference still counted as numerical noise.
         probe_diff: the largest change of a later document's logit when the first document changes;
         probe_allowance: the run-to-run / expert-grouping noise it is held to (0 for dense models on CPU).
@@ -69,14 +83,27 @@ class PackingCheck:
     probe_allowance: float = 0.0
     mixers: tuple[str, ...] = ()
     weights: str = "random"
+    reference: str = "eager"
+    grad_diff: float | None = None
+    causal_diff: float = 0.0
 
     @property
     def probe_leaked(self) -> bool:
         return not self.probe_diff <= self.probe_allowance
 
     @property
+    def sees_future(self) -> bool:
+        return not self.causal_diff <= self.probe_allowance
+
+    @property
+    def differs(self) -> bool:
+        """Packed differs from the documents alone through the model's own attention."""
+        grads = self.grad_diff is not None and not self.grad_diff <= GRAD_TOLERANCE
+        return grads or not self.max_logit_diff <= self.tolerance
+
+    @property
     def leaked(self) -> bool:
-        return self.probe_leaked or not self.max_logit_diff <= self.tolerance
+        return self.probe_leaked or self.sees_future or self.differs
 
 
 MAX_PARAMS = 2**30
@@ -100,19 +127,18 @@ def check_packing(
     ``from_pretrained`` when it has them, as a user loads it, else random weights from its config; float32)
     with attention ``attn`` (any registered implementation, or ``leaky``: document-blind causal attention, for
     testing), run the packed row (PackCollator layout: restarting ``position_ids`` and ``cu_seq_lens_*``) and
-    each document alone, and report the largest logit difference.
+    each document alone through the model's own attention (eager, else sdpa), and report the largest logit
+    (and, in float32, gradient) difference beside the leak and causality probes.
 
     ``dtype="bfloat16"`` runs both under ``torch.autocast`` (float32 weights), which on a GPU lets packed rows
     reach a fused varlen kernel; ``tolerance`` defaults to :data:`TOLERANCE` of the dtype.
     ``mixers_apart=False`` runs the model's convolutions and recurrences over the whole row, as padfree did
     before :mod:`padfree.torch.mixers` (to see the leak that module closes)."""
-    import contextlib
-
     import torch
 
     import padfree.torch.attention as pa
     from padfree.models import family_of, load_model, loads_saved, packing_refusal
-    from padfree.torch.leak_probe import packed_inputs, probe_leak
+    from padfree.torch.leak_probe import against_own_attention, probe_leak
     from padfree.torch.mixers import mixers_of, per_document_mixers
 
     if not doc_lengths or min(doc_lengths) < 1:
@@ -136,32 +162,21 @@ def check_packing(
     except (RuntimeError, AssertionError) as exc:  # an unknown device name
         raise ConfigError(f"check-packing: cannot use device {device!r}: {exc}") from exc
     net.eval()
-    vocab = net.config.vocab_size
-    gen = torch.Generator().manual_seed(seed)
-    docs = [torch.randint(0, vocab, (n,), generator=gen).to(device) for n in doc_lengths]
-    packed = packed_inputs(docs, device)
-    if not mixers_apart:  # the layout before seq_idx: what transformers' kernels check for packing
-        packed.pop("seq_idx")
-    kind = "cuda" if device.startswith("cuda") else "cpu"
-    cast = (
-        torch.autocast(device_type=kind, dtype=torch.bfloat16)
-        if dtype == "bfloat16"
-        else contextlib.nullcontext()
-    )
+    autocast = torch.bfloat16 if dtype == "bfloat16" else None
     pa.reset_path()
     try:
-        with torch.no_grad(), cast, per_document_mixers(mixers_apart):
-            logits = net(**packed, use_cache=use_cache).logits[0].float()
-            path = pa.last_path() or f"transformers {impl}"
-            alone = [net(input_ids=d[None], use_cache=use_cache).logits[0].float() for d in docs]
         with per_document_mixers(mixers_apart):
-            probe = probe_leak(
+            ref = against_own_attention(
                 net,
                 doc_lengths,
                 seed,
-                autocast=torch.bfloat16 if dtype == "bfloat16" else None,
+                grads=autocast is None,
+                autocast=autocast,
+                use_cache=use_cache,
                 seq_idx=mixers_apart,
             )
+            path = pa.last_path() or f"transformers {impl}"
+            probe = probe_leak(net, doc_lengths, seed, autocast=autocast, seq_idx=mixers_apart)
     except ConfigError:
         raise
     except Exception as exc:  # the family's own code fails on a packed row: the entry points' one sentence
@@ -169,7 +184,6 @@ def check_packing(
             raise packing_refusal(where, family_of(model), exc, impl) from None
         text = " ".join(str(exc).split())[:240] or type(exc).__name__  # the whole-row layout, on request
         raise ConfigError(f"check-packing: {model} refuses the packed row ({text})") from None
-    diffs = [(p - a).abs().max().item() for p, a in zip(logits.split(list(doc_lengths)), alone, strict=True)]
     mixers = tuple(sorted({type(net.get_submodule(q)).__name__ for q in mixers_of(net)}))
     return PackingCheck(
         model=model,
@@ -178,8 +192,8 @@ def check_packing(
         path=path,
         use_cache=use_cache,
         doc_lengths=tuple(doc_lengths),
-        max_logit_diff=max(diffs),
-        max_logit_diff_later=max(diffs[1:], default=0.0),
+        max_logit_diff=ref.logits,
+        max_logit_diff_later=ref.logits_later,
         tolerance=tolerance,
         device=device,
         dtype=dtype,
@@ -187,4 +201,7 @@ def check_packing(
         probe_allowance=probe.allowance,
         mixers=mixers,
         weights=weights,
+        reference=ref.attn,
+        grad_diff=ref.grads,
+        causal_diff=probe.causal,
     )

@@ -6,9 +6,9 @@ lengths is laid out for sharding (:class:`~padfree.torch.PackCollator` with ``sp
 ``N`` CPU ranks (forked processes meeting through gloo) each holding its shard: Ulysses SP
 (:mod:`padfree.torch.sequence_parallel`) or zigzag CP (:mod:`padfree.torch.context_parallel`). The shards'
 logits, put back in row order, and their summed parameter gradients must equal the unsharded row's, and each
-document's logits those of the document alone. ``attn="leaky"`` runs the document-blind variant (CP: one
-causal mask over the whole row, as accelerate's CP hook does; SP: document-blind attention after the
-all-to-all), which the check must report as a leak.
+document's logits those of the document alone through the model's own attention (eager, else sdpa).
+``attn="leaky"`` runs the document-blind variant (CP: one causal mask over the whole row, as accelerate's CP
+hook does; SP: document-blind attention after the all-to-all), which the check must report as a leak.
 """
 
 from __future__ import annotations
@@ -97,6 +97,8 @@ def check_sharded(
     from padfree.torch import PackCollator
     from padfree.torch import context_parallel as cpm
     from padfree.torch import sequence_parallel as spm
+    from padfree.torch.attention import needs_mask
+    from padfree.torch.leak_probe import own
 
     if (sp > 1) == (cp > 1) or min(sp, cp) < 1:
         raise ConfigError(
@@ -112,6 +114,12 @@ def check_sharded(
         model, attn_implementation="padfree_varlen", seed=seed, max_params=2**26, **(overrides or {})
     )
     spm.check_shardable(net, sp, cp)  # the Trainer's refusal: a hybrid, CP's soft-capping, SP's heads
+    why = needs_mask(net)
+    if why is not None:
+        raise ConfigError(
+            f"check-packing --{mode} {degree}: {why}; padfree's sharded attention keeps documents apart "
+            "with no mask: train this model unsharded or padded"
+        )
     gen = torch.Generator().manual_seed(seed)
     docs = [torch.randint(1, net.config.vocab_size, (n,), generator=gen) for n in doc_lengths]
     row = PackCollator(sp=sp, cp=cp)([{"input_ids": d.numpy()} for d in docs])
@@ -167,6 +175,7 @@ def check_sharded(
                         for p in params
                     ]
                 )
+                own(net)  # each document alone through the model's own attention (eager, else sdpa)
                 with torch.no_grad():
                     alone = [net(input_ids=d[None], use_cache=False).logits[0] for d in docs]
                 starts = [int(c) for c in cu[:-1]]

@@ -129,7 +129,7 @@ def run_sweep(args: argparse.Namespace, device: str) -> int:
 
     names = sweep_families(args)
     log = None if args.json else lambda r: print(r.line(), flush=True)
-    results = sweep(names, seed=args.seed, log=log, device=device)
+    results = sweep(names, seed=args.seed, log=log, device=device, dtype=args.dtype)
     counts = summary(results)
     if args.json:
         print(json.dumps({"families": as_json(results), "summary": counts}))
@@ -215,24 +215,31 @@ def run(args: argparse.Namespace) -> int:
         how = "over the whole row (--whole-row-mixers)" if args.whole_row_mixers else "per document"
         print(f"token mixers:   {', '.join(r.mixers)} run {how}")
     print(f"documents:      {len(r.doc_lengths)} in one packed row, lengths {list(r.doc_lengths)}")
+    grads = "" if r.grad_diff is None else f"; gradients, relative: {r.grad_diff:.3g}"
     print(
-        f"max |logit diff| packed vs alone: {r.max_logit_diff:.3g} "
-        f"(documents 2..: {r.max_logit_diff_later:.3g})"
+        f"packed vs alone through the model's own {r.reference} attention: max |logit diff| "
+        f"{r.max_logit_diff:.3g} (documents 2..: {r.max_logit_diff_later:.3g}){grads}"
     )
     print(
         f"probe:          changing document 1 moves later documents' logits by {r.probe_diff:.3g} "
-        f"(allowed: {r.probe_allowance:.3g}: run-to-run and expert-grouping noise)"
+        f"(allowed: {r.probe_allowance:.3g}: the noise measured on the spot)"
     )
+    print(f"causality:      changing each document's last token moves earlier logits by {r.causal_diff:.3g}")
     if r.leaked:
         why = (
             f"changing document 1 moves later documents by {r.probe_diff:.3g}"
             if r.probe_leaked
-            else f"difference {r.max_logit_diff:.3g} > tolerance {r.tolerance:g}"
+            else f"documents attend to their own future tokens ({r.causal_diff:.3g})"
+            if r.sees_future
+            else f"packed differs from the model's own {r.reference} attention alone (logits "
+            f"{r.max_logit_diff:.3g} > {r.tolerance:g}"
+            + ("" if r.grad_diff is None else f", gradients {r.grad_diff:.3g}")
+            + ")"
         )
         print(f"LEAK: documents see each other ({why}); packed training with this setup is wrong")
         return 1
     print(
-        f"OK: every document sees only itself (probe {r.probe_diff:.3g}, packed vs alone "
-        f"{r.max_logit_diff:.3g} <= tolerance {r.tolerance:g})"
+        f"OK: every document sees only itself, as alone through the model's own {r.reference} attention "
+        f"(probes {r.probe_diff:.3g} / {r.causal_diff:.3g}, logits {r.max_logit_diff:.3g} <= {r.tolerance:g})"
     )
     return 0

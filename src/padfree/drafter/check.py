@@ -60,7 +60,10 @@ class DrafterCheck:
 
     Attributes:
         target_probe: the target's leak probe (:mod:`padfree.torch.leak_probe`): how far a later document's
-            logits move when the first document changes, held to ``target_probe_allowance`` (its noise).
+            logits move when the first document changes, held to ``target_probe_allowance`` (its noise);
+            ``target_causal``: how far earlier logits move when every document's last token changes (the same
+            allowance); ``target_own``: max |packed - each document alone through the target's own eager/sdpa
+            attention| of the target's logits, held to ``HIDDEN_TOL``.
         cross_pairs: attended (query, key) pairs joining two documents.
         cross_inputs: draft inputs read from another document (EAGLE-3's shifted tokens; DFlash blocks feed
             only the anchor's token and mask tokens).
@@ -85,6 +88,8 @@ class DrafterCheck:
     recipe: str = ""
     target_probe: float = 0.0
     target_probe_allowance: float = 0.0
+    target_causal: float = 0.0
+    target_own: float = 0.0
 
     @property
     def anchors_identical(self) -> bool:
@@ -110,6 +115,16 @@ class DrafterCheck:
         if self.target_probe > self.target_probe_allowance:
             parts.append(
                 f"changing document 1 moves the target's later documents by {self.target_probe:.3g} (probe)"
+            )
+        if self.target_causal > self.target_probe_allowance:
+            parts.append(
+                f"changing each document's last token moves the target's earlier logits by "
+                f"{self.target_causal:.3g} (it attends to future tokens)"
+            )
+        if not self.target_own <= HIDDEN_TOL:
+            parts.append(
+                f"the target's packed logits differ from each document alone through its own attention by "
+                f"{self.target_own:.3g}"
             )
         if self.max_hidden_diff > HIDDEN_TOL:
             parts.append(f"target hidden states differ packed vs alone by {self.max_hidden_diff:.3g}")
@@ -271,7 +286,7 @@ def check_drafter(
     from padfree.drafter.collate import DrafterCollator
     from padfree.drafter.target import run_target
     from padfree.drafter.train import build_models, loss_sums, token_counts
-    from padfree.torch.leak_probe import probe_leak
+    from padfree.torch.leak_probe import against_own_attention, probe_leak
 
     spec = methods.get(method)
     samples = fixture_documents() if samples is None else samples
@@ -317,6 +332,7 @@ def check_drafter(
         path = pa.last_path() or "transformers attention"
         num, den = loss_sums(models, batch, out=out)
     probe = probe_leak(models.target)
+    own = against_own_attention(models.target, grads=False)
     f = batch.fields
     doc = c.flat("document_ids")[0]
     pairs, cross_in, reaches = spec.load().crossings(batch)
@@ -359,4 +375,6 @@ def check_drafter(
         recipe.name,
         probe.diff,
         probe.allowance,
+        probe.causal,
+        own.logits,
     )

@@ -9,9 +9,7 @@ layer ``i``); each method's published choice is its ``target_layers`` rule in :m
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

@@ -48,6 +48,12 @@ class Call:
 
     def one_row(self, name: str) -> None:
         """Refuse anything but one packed row without a mask (what a rank of a sharded row holds)."""
+        if self.mask is not None and self.query.shape[0] == 1:
+            raise ConfigError(
+                f"{name}: one packed row per rank, no attention_mask; {type(self.module).__name__} needs one "
+                "for its attention pattern (a window or chunk only the mask carries, a mask the model "
+                "applies itself, or a padded row): train it unsharded or padded"
+            )
         if self.query.shape[0] != 1 or self.mask is not None:
             raise ConfigError(
                 f"{name}: one packed row per rank, no attention_mask (got batch {self.query.shape[0]})"

@@ -19,6 +19,15 @@ pads sit inside its span, after its real tokens); they are computed once per for
 layer. Sharded rows: :mod:`padfree.torch.sequence_parallel`, :mod:`padfree.torch.context_parallel`. Padded
 batches (an ``attention_mask`` is present) and cached decoding keep the model's normal ``sdpa`` path.
 
+The model's attention pattern is kept, never assumed: :func:`varlen_mask` reads what transformers' mask
+function asks for (:func:`mask_pattern`: causal, window, chunk, other) and how the model's layers use the
+mask (:func:`plan_model`, read once per model when it is built). Only where the layers hand the mask to this
+function unchanged, and pass their window as ``sliding_window``, is no mask built; elsewhere (a mask the
+model applies in its own code: Bloom, XGLM, GPT-NeoX-Japanese, Doge; a window or chunk only the mask carries:
+Qwen2-MoE, PhiMoE, Llama-4; overlays) the model gets transformers' own mask, restricted to the row's
+documents. A term the model hands its attention that padfree does not apply (:data:`UNAPPLIED`: a learned
+position bias, foreign sinks, sparse indices) is refused in one line, never dropped.
+
 Importing this module registers the implementation with transformers, so any model whose attention goes
 through ``ALL_ATTENTION_FUNCTIONS`` (Llama, Mistral, Qwen2, Gemma, ...) can use it by name:
 
@@ -36,7 +45,10 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import re
 import threading
+import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,7 +57,7 @@ from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 from padfree.torch import _attn_common as common
 from padfree.torch._attn_common import Call
-from padfree.torch.boundaries import lengths_from_cu, lengths_from_position_ids  # noqa: F401 (re-exported)
+from padfree.torch.boundaries import lengths_from_cu, lengths_from_position_ids
 from padfree.torch.mixers import attention_lengths
 
 NAME = "padfree_varlen"
@@ -90,6 +102,7 @@ def prepare_for_packing(model: torch.nn.Module, attn_implementation: str = NAME)
     hf.config.use_cache = False
     if getattr(hf.config, "_attn_implementation", None) != attn_implementation:
         hf.set_attn_implementation(attn_implementation)
+    watch_rows(model)
     if attn_implementation == NAME:
         from padfree.torch.mixers import keep_documents_apart
 
@@ -364,6 +377,14 @@ def varlen_attention(call: Call) -> torch.Tensor:
 
     query, key, value, kwargs = call.query, call.key, call.value, call.kwargs
     batch, _, q_len, _ = query.shape
+    unread = sorted(k for k, v in kwargs.items() if k in UNAPPLIED and v is not None)
+    if unread:
+        names = ", ".join(f"`{k}`" for k in unread)
+        raise ConfigError(
+            f"padfree_varlen: {type(call.module).__name__} passes {names} to its attention, which padfree's "
+            "attention does not apply (a bias, sinks or scores of the model's own): train this model with "
+            "--strategy bucketed"
+        )
     is_causal = kwargs.get("is_causal")
     is_causal = getattr(call.module, "is_causal", True) if is_causal is None else is_causal
     if call.mask is not None or not is_causal or key.shape[2] != q_len:
@@ -373,13 +394,13 @@ def varlen_attention(call: Call) -> torch.Tensor:
                 f"keys ({key.shape[2]} keys for {q_len} queries: cached, compressed or another sequence's); "
                 "call the model with use_cache=False for packed training, or train this model padded"
             )
-        _state.path = "sdpa (padded batch or cached decoding)"
+        _state.path = (
+            "sdpa with the model's own mask, kept to each document (its pattern needs one)"
+            if call.mask is not None and key.shape[2] == q_len and _looks_packed(kwargs)
+            else "sdpa (padded batch or cached decoding)"
+        )
         sdpa_args = (call.module, query, key, value, call.mask, call.dropout, call.scaling)
         return sdpa_attention_forward(*sdpa_args, softcap=call.softcap, **kwargs)[0]
-    if kwargs.get("position_bias") is not None:
-        raise ConfigError(
-            "padfree_varlen: `position_bias` (a learned bias over the whole row) is not supported"
-        )
     sinks, softcap, window = call.sinks, call.softcap, call.window
     if kwargs.get("output_attentions"):
         raise ConfigError(
@@ -415,6 +436,15 @@ def varlen_attention(call: Call) -> torch.Tensor:
 
 varlen_attention_forward = common.interface(varlen_attention, "varlen_attention_forward")
 
+UNAPPLIED = frozenset(
+    {"position_bias", "sinks", "indices", "topk_indices", "attention_bias", "attn_bias", "alibi", "score_mod"}
+)
+"""Keywords of an attention call that carry a term of the model's own attention which padfree's attention
+does not apply (a learned position bias, Inkling's ``sinks``, a sparse indexer's ``indices``...): refused,
+never dropped. (``s_aux`` sinks, windows and soft-capping are applied. Other keywords reach attention only in
+passing, e.g. ``num_items_in_batch``; the sweep's comparison with the model's own attention catches a term
+this list misses.)"""
+
 
 def _autocast_inputs(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Under ``torch.autocast``, q/k/v in the autocast dtype, as autocast itself treats SDPA. Needed because
@@ -443,17 +473,242 @@ def varlen_mask(
     attention_mask: torch.Tensor | None = None,
     **kwargs,
 ) -> torch.Tensor | None:
-    """transformers mask interface for ``padfree_varlen``: no dense mask at all for unpadded rows (packed or
-    not; the attention function finds document boundaries itself), the ``sdpa`` mask for padded batches and
-    cached decoding, which the attention function hands to ``sdpa``."""
-    from transformers.masking_utils import sdpa_mask
+    """transformers mask interface for ``padfree_varlen``: no dense mask for an unpadded row whose pattern
+    padfree's attention keeps itself (causal, or a sliding window the layer passes as ``sliding_window``; the
+    attention function finds document boundaries itself); else the ``sdpa`` mask, which is the model's own
+    pattern exactly (block-diagonal over the row's documents, windows, chunks, overlays), handed to ``sdpa``:
+    padded batches, cached decoding, chunked attention (Llama-4), windows only the mask carries (Qwen2-MoE,
+    PhiMoE), overlays (image tokens, bidirectional blocks), and models that apply the mask in their own code
+    instead of calling the attention function unchanged with it (Bloom, XGLM, GPT-NeoX-Japanese, Doge): there
+    no mask would mean attention to future tokens."""
+    from transformers.masking_utils import eager_mask, sdpa_mask
 
     plain = isinstance(q_offset, int) and isinstance(kv_offset, int) and q_offset == 0 and kv_offset == 0
+    plan = plan_of(kwargs.get("config"))
     if attention_mask is None and q_length == kv_length and plain:
-        return None
+        fn = kwargs.get("mask_function")
+        kwargs["mask_function"] = _with_documents(fn, batch_size, q_length, kwargs.get("device", "cpu"))
+    if plan is None or not plan.plain:  # the model's own code reads the mask: its eager form, always there
+        return eager_mask(
+            batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs
+        )
+    if attention_mask is None and q_length == kv_length and plain:
+        if plan.keeps(mask_pattern(kwargs.get("mask_function"))[0]):
+            return None
+        kwargs["allow_is_causal_skip"] = False  # a pattern only the mask carries: it must exist
     return sdpa_mask(
         batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs
     )
+
+
+def _with_documents(fn: Any, batch: int, length: int, device: Any = "cpu") -> Any:
+    """``fn`` restricted to the documents of the packed row in progress (:func:`watch_rows`) when it does not
+    keep them apart itself (a model that builds its mask without ``position_ids``), positions counted from
+    each document's start as transformers does for packed rows; ``fn`` otherwise."""
+    from transformers.masking_utils import (
+        and_masks,
+        causal_mask_function,
+        packed_sequence_mask_function,
+        remap_positions_for_packed_sequence,
+    )
+
+    fn = causal_mask_function if fn is None else fn
+    rows = getattr(_state, "rows", None)
+    source = rows[-1] if rows else None
+    if source is None or _read_mask(fn)[2]:
+        return fn
+    lengths = lengths_from_cu(source) if source.dim() == 1 else lengths_from_position_ids(source)
+    if len(lengths) <= batch or sum(lengths) != batch * length:
+        return fn
+    n = torch.tensor(lengths, device=device)
+    doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), n).reshape(batch, length)
+    starts = torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
+    pos = (torch.arange(batch * length, device=device) - starts).reshape(batch, length)
+    return and_masks(remap_positions_for_packed_sequence(fn, pos), packed_sequence_mask_function(doc))
+
+
+def watch_rows(model: torch.nn.Module) -> None:
+    """Keep where the documents of ``model``'s packed call in progress are (``cu_seq_lens_q``, else restarting
+    ``position_ids``: the tensors, read only when a dense mask needs them) for :func:`varlen_mask`, in place
+    and idempotent."""
+    if getattr(model, "_padfree_rows", False):
+        return
+
+    def enter(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        rows = getattr(_state, "rows", None)
+        if rows is None:
+            rows = _state.rows = []
+        source = _row_cu(kwargs)  # kept as it came: lengths are read only where a mask needs them
+        pos = kwargs.get("position_ids")
+        if source is None and isinstance(pos, torch.Tensor) and pos.dim() == 2:
+            source = pos
+        rows.append(source if source is not None else (rows[-1] if rows else None))
+
+    def leave(module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+        rows = getattr(_state, "rows", None)
+        if rows:
+            rows.pop()
+
+    model.register_forward_pre_hook(enter, with_kwargs=True)
+    model.register_forward_hook(leave, with_kwargs=True, always_call=True)
+    model._padfree_rows = True  # type: ignore[assignment]
+
+
+def mask_pattern(fn: Any) -> tuple[str, int | None]:
+    """What a transformers mask function asks for, read from its closures: ``("causal", None)``,
+    ``("window", w)``, ``("chunk", c)`` (each restricted to the row's documents when packed), or
+    ``("other", None)`` for anything padfree does not read (bidirectional, overlays, an unknown function).
+
+    >>> from transformers.masking_utils import causal_mask_function, sliding_window_causal_mask_function
+    >>> mask_pattern(causal_mask_function), mask_pattern(sliding_window_causal_mask_function(8))
+    (('causal', None), ('window', 8))
+    >>> mask_pattern(lambda b, h, q, kv: q >= kv)
+    ('other', None)
+    """
+    kind, size, _ = _read_mask(fn)
+    return kind, size
+
+
+def _read_mask(fn: Any) -> tuple[str, int | None, bool]:
+    """:func:`mask_pattern` and whether the function already keeps the row's documents apart (transformers
+    detected the packed row from ``position_ids``)."""
+    if fn is None:
+        return "causal", None, False
+    causal, window, chunk, docs, todo = False, None, None, False, [fn]
+    while todo:
+        f = todo.pop()
+        code = getattr(f, "__code__", None)
+        name = getattr(f, "__qualname__", "")
+        cells = (
+            dict(zip(code.co_freevars, (c.cell_contents for c in f.__closure__ or ()), strict=True))
+            if code
+            else {}
+        )
+        if name == "causal_mask_function":
+            causal = True
+        elif name.startswith("sliding_window_overlay."):
+            window = int(cells["sliding_window"])
+        elif name.startswith("chunked_overlay."):
+            chunk = int(cells["chunk_size"])
+        elif name.startswith("packed_sequence_mask_function."):
+            docs = True
+        elif name.startswith("remap_positions_for_packed_sequence."):
+            todo.append(cells["mask_function"])
+        elif name.startswith("and_masks."):
+            todo.extend(cells["mask_functions"])
+        else:
+            return "other", None, docs
+    if not causal or (window is not None and chunk is not None):
+        return "other", None, docs
+    if chunk is not None:
+        return "chunk", chunk, docs
+    return ("window", window, docs) if window is not None else ("causal", None, docs)
+
+
+@dataclass(frozen=True)
+class MaskPlan:
+    """How a model's attention layers use the mask transformers builds for them: ``plain``: every attention
+    layer hands the mask it receives, unchanged, to the registered attention function (so ``None`` is safe:
+    padfree's attention keeps causality and documents itself); ``windows``: those layers also pass
+    ``sliding_window`` to it (so a window mask may be left out too)."""
+
+    plain: bool
+    windows: bool
+    why: str = ""
+
+    def keeps(self, kind: str) -> bool:
+        """Whether padfree's attention reproduces a mask of ``kind`` without it."""
+        return self.plain and (kind == "causal" or (kind == "window" and self.windows))
+
+
+_plans: dict[int, tuple[weakref.ref, MaskPlan]] = {}
+
+SELF_MASKING = frozenset({"BloomAttention", "XGLMAttention", "GPTNeoXJapaneseAttention", "DogeAttention"})
+"""Attention classes that apply the model's mask in their own code (or derive another one from it)."""
+
+
+def plan_of(config: Any) -> MaskPlan | None:
+    """The :class:`MaskPlan` of the model built with ``config`` (``None``: a model padfree never saw)."""
+    hit = _plans.get(id(config))
+    return hit[1] if hit is not None and hit[0]() is config else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _forward_source(cls: Any) -> str:
+    try:
+        return inspect.getsource(cls.forward)
+    except (TypeError, OSError, AttributeError):
+        return ""
+
+
+_CALL = re.compile(r"attention_interface\((?P<args>[^()]*(?:\([^()]*\)[^()]*)*)\)", re.S)
+
+
+# ``attention_mask = <something else>`` in a forward (a keyword argument line ``attention_mask=...,`` is not;
+# nor is cross-attention's ``attention_mask = encoder_attention_mask``)
+_REASSIGNED = re.compile(r"^\s*attention_mask\s*=(?!=)(?!\s*encoder_attention_mask\s*$)(?!.*,\s*$)", re.M)
+
+
+def plan_model(model: torch.nn.Module) -> MaskPlan:
+    """Read ``model``'s attention classes (their source) for :class:`MaskPlan`: conservative, so that
+    anything unsure keeps the dense mask (exact, slower)."""
+    dispatch, windows = 0, True
+    classes: set[Any] = {type(m) for m in model.modules()}
+    for cls in classes:
+        if cls.__name__ in SELF_MASKING:
+            return MaskPlan(False, False, f"{cls.__name__} applies the mask itself")
+        src = _forward_source(cls)
+        calls = list(_CALL.finditer(src))
+        if not calls:
+            continue
+        for c in calls:
+            args = c.group("args")
+            passes = re.search(r"(^|,)\s*attention_mask\s*(,|$)", args) or re.search(
+                r"attention_mask\s*=\s*attention_mask\b", args
+            )
+            if not passes or _REASSIGNED.search(src):
+                return MaskPlan(False, False, f"{cls.__name__} hands the attention function another mask")
+            windows = windows and "sliding_window" in args
+        dispatch += 1
+    if not dispatch:
+        return MaskPlan(False, False, "no layer calls the registered attention function")
+    return MaskPlan(True, windows)
+
+
+def needs_mask(model: torch.nn.Module) -> str | None:
+    """Why ``model``'s packed rows need a dense mask under padfree's attention (a mask it applies itself, a
+    window or chunk only the mask carries), in words; ``None`` when per-document attention keeps its pattern
+    with no mask (what sharded attention, SP and CP, requires)."""
+    cfg: Any = getattr(model, "config", None)
+    plan = plan_of(cfg)
+    if plan is None:
+        return "padfree never saw the model built, so it cannot tell how its layers use the mask"
+    if not plan.plain:
+        return plan.why
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    kinds = set(getattr(text, "layer_types", None) or ())
+    if "chunked_attention" in kinds or getattr(text, "attention_chunk_size", None):
+        return "chunked attention, which only the mask carries"
+    window = getattr(text, "sliding_window", None)
+    sliding = any("sliding" in str(k) for k in kinds) or (
+        window and not kinds and getattr(text, "use_sliding_window", True) is not False
+    )
+    if sliding and not plan.windows:
+        return "a sliding window its layers do not pass to the attention function (only the mask carries it)"
+    return None
+
+
+def _remember_plan(model: Any) -> None:
+    """Record :func:`plan_model` for ``model``'s config (and each inner model's), for :func:`varlen_mask`."""
+    for mod in model.modules():
+        cfg = getattr(mod, "config", None)
+        if cfg is None or not hasattr(mod, "post_init"):
+            continue
+        _plans[id(cfg)] = (weakref.ref(cfg, functools.partial(_forget, id(cfg))), plan_model(mod))
+
+
+def _forget(key: int, _ref: object) -> None:
+    _plans.pop(key, None)
 
 
 def leaky_attention(call: Call) -> torch.Tensor:
@@ -500,6 +755,8 @@ def _install_on_build() -> None:
     post_init, set_impl = PreTrainedModel.post_init, PreTrainedModel.set_attn_implementation
 
     def _apart_if_packed(model: Any) -> None:
+        _remember_plan(model)
+        watch_rows(model)
         if getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME:
             keep_documents_apart(model)
 

@@ -215,7 +215,23 @@ chunk_attention_forward = interface(chunk_attention, "chunk_attention_forward")
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
-    """The mask function of :data:`NAME`: none (every earlier block is visible, the own block causal)."""
+    """The mask function of :data:`NAME`: none (every earlier block is visible, the own block causal), for a
+    model whose mask is plain causal and whose layers hand it to the attention function unchanged; a window or
+    chunk only the mask carries (Qwen2-MoE, PhiMoE, Llama-4), or attention that applies the mask in its own
+    code (Bloom, XGLM...), is refused in one line: with no mask it would see the whole past or its future."""
+    from padfree.torch import attention as pa
+
+    kind, size = pa.mask_pattern(kwargs.get("mask_function"))
+    if kind != "causal":
+        what = f"a {kind} of {size}" if size is not None else "a pattern padfree does not read"
+        raise ConfigError(
+            f"chunked training attends to the whole past: the model's mask carries {what}; train it unchunked"
+        )
+    plan = pa.plan_of(kwargs.get("config"))
+    if plan is not None and not plan.plain:
+        raise ConfigError(
+            f"chunked training needs a mask this model would apply itself ({plan.why}); train it unchunked"
+        )
     return None
 
 
