@@ -9,7 +9,7 @@ and the methods' own modules asks the registry instead of comparing names, so a 
 DSpark) is one more entry here plus its own module.
 
 >>> sorted(METHODS)
-['dflash', 'eagle3']
+['dflash', 'eagle3', 'peagle']
 >>> get("dflash").uses_anchors, get("eagle3").uses_anchors
 (True, False)
 >>> LAYER_RULES["spread"](36, 5), LAYER_RULES["low_mid_high"](36, 3)
@@ -17,11 +17,12 @@ DSpark) is one more entry here plus its own module.
 >>> get("medusa")
 Traceback (most recent call last):
 ...
-padfree.errors.ConfigError: unknown drafter method 'medusa': choose dflash or eagle3
+padfree.errors.ConfigError: unknown drafter method 'medusa': choose dflash or eagle3 or peagle
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -329,6 +330,71 @@ EAGLE3 = Method(
     crossing="shifted inputs/labels", shifted_inputs=True,
 )  # fmt: skip
 
+COD_RATIOS = (0.7, 0.2)
+"""P-EAGLE's COD keep ratio per depth and its floor (speculators 0.9.0 ``PEagleArgs``), which its cost reads."""
+
+
+def parallel_cost(shape: DrafterShape, block_size: int, ttt: int) -> CostModel:
+    """P-EAGLE: per token, fuse 3 hidden states (3h -> dh), then its ``ttt`` depths through the draft layer
+    forward and backward (padfree's reference drafter runs every depth at every position, each with
+    EAGLE-3's attention), the LM head only on the elements COD sampling keeps
+    (``1 + sum_d max(r^d, r_min)`` a token): it scales with tokens and attention, so it folds into ``a`` and
+    ``b``.
+
+    >>> m = parallel_cost(DrafterShape(hidden=64, layers=2, vocab=100), 16, 8)
+    >>> m.a, 0 < m.b < 1, m.source
+    (1.0, True, 'drafter peagle h64 l2 dh64')
+    """
+    if ttt < 1:
+        raise ConfigError(f"drafter shape: ttt must be >= 1 (got {ttt})")
+    target, t_attn, _, d_attn, dh = _flops(shape)
+    dv = shape.vocab if shape.draft_vocab is None else shape.draft_vocab
+    r, r_min = COD_RATIOS
+    kept = 1.0 + sum(max(r**d, r_min) for d in range(1, ttt))
+    layer = 6.0 * 12 * shape.draft_layers * dh * dh
+    per_token = target + 6.0 * 3 * shape.hidden * dh + ttt * layer + kept * 6.0 * dv * dh
+    return CostModel(
+        a=1.0,
+        b=(t_attn + ttt * d_attn) / per_token,
+        c=0.0,
+        source=f"drafter peagle h{shape.hidden} l{shape.layers} dh{dh}",
+    )
+
+
+def parallel_line(r: Recipe) -> str:
+    """P-EAGLE's recipe line: depths, COD ratios, gate, objective, vocabulary, normalization."""
+    vocab = "full vocabulary" if r.draft_vocab is None else f"draft vocabulary {r.draft_vocab}"
+    return (
+        f"recipe {r.name}: {r.ttt} parallel depths, COD keep max({r.cod_ratio:g}^d, {r.cod_ratio_min:g}), "
+        f"gate loss_mask[t+d+{r.loss_gate}], {r.objective}, {vocab}, {r.normalization} mean"
+    )
+
+
+def parallel_trainer_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
+    """speculators' P-EAGLE trainer keywords: KL loss, ``num_depths`` and the COD ratios (no anchor cap:
+    padfree's chains are drawn per document and put in place by the feed)."""
+    return {
+        "loss_fn": "kl_div",
+        "num_depths": r.ttt,
+        "down_sample_ratio": r.cod_ratio,
+        "down_sample_ratio_min": r.cod_ratio_min,
+    }
+
+
+def parallel_memory(sizes: MemorySizes, r: Recipe) -> MemoryModel:
+    """P-EAGLE's activation memory: EAGLE-3's at ``ttt`` steps (the reference drafter's depths hold one
+    step's activations each), named for P-EAGLE."""
+    m = _memory.unrolled_memory(sizes, ttt=r.ttt, objective=r.objective)
+    return dataclasses.replace(m, source=f"analytic peagle h{sizes.hidden} depths{r.ttt}")
+
+
+PEAGLE = Method(
+    "peagle", "P-EAGLE", "padfree.drafter.peagle", False, "draft positions", "ttt", parallel_cost,
+    parallel_memory, parallel_line, "speculators-peagle", parallel_trainer_kwargs,
+    "padfree.integrations.feed:peagle_feed", speculators_head=lambda r: 1, draft_layers=1,
+    crossing="chain labels/inputs", shifted_inputs=True,
+)  # fmt: skip
+
 METHODS: dict[str, Method] = {}
 """Every drafter method by name (the CLI's ``--method`` / ``--drafter`` choices are its keys)."""
 
@@ -349,7 +415,7 @@ def unregister(name: str) -> None:
     METHODS.pop(name, None)
 
 
-for _m in (DFLASH, EAGLE3):
+for _m in (DFLASH, EAGLE3, PEAGLE):
     register(_m)
 
 

@@ -38,10 +38,11 @@ from padfree.drafter.target import (
 from padfree.errors import ConfigError
 
 if TYPE_CHECKING:
-    from padfree.drafter import dflash, eagle3
+    from padfree.drafter import dflash, eagle3, peagle
 
     _DFLASH: methods.MethodModule = dflash  # mypy checks the methods' modules against the contract
     _EAGLE3: methods.MethodModule = eagle3
+    _PEAGLE: methods.MethodModule = peagle
 
 
 @dataclass
