@@ -57,6 +57,8 @@ def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1, resume_dir
     rec = recipe(method)
     if method == "dflash":
         model = drafters.speculators_dflash(target, (1, 3), block_size=BLOCK, mask_token_id=VOCAB - 1)
+    elif method == "peagle":
+        model = drafters.speculators_peagle(target, low_mid_high(6), depths=rec.ttt, mask_token_id=VOCAB - 1)
     else:
         model = drafters.speculators_eagle3(target, low_mid_high(6), ttt=rec.ttt)
     transfer = drafters.TargetTransfer(target, samples, feed.target_layers(model))
@@ -68,7 +70,8 @@ def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1, resume_dir
         resume_dir=resume_dir,
     )  # fmt: skip
     data = import_peer("speculators", "train.data")
-    shift = import_peer("speculators", "models.eagle3.data").shift_batch if method == "eagle3" else None
+    shifted = method in ("eagle3", "peagle")
+    shift = import_peer("speculators", "models.eagle3.data").shift_batch if shifted else None
     their = data.CollateFn(BUDGET, 64, len(model.target_layer_ids), torch.float32, preprocess=shift)
     collate = sp.PadfreeCollate(their, method=method, recipe=rec, seed=seed, shapes=sampler.shapes)
     loader = DataLoader(PlannedDataset(ds), batch_sampler=sampler, collate_fn=collate)
@@ -83,7 +86,7 @@ def alone(ds, collate, sid, epoch):
     return collate(PlannedDataset(ds).__getitems__(PlannedBatch([sid], BatchInfo(epoch, 0, np.array([sid])))))
 
 
-@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+@pytest.mark.parametrize("method", ["dflash", "eagle3", "peagle"])
 def test_their_pipeline_trains_each_document_as_alone(tmp_path, samples, target, method):
     from padfree.core.anchors import choose_anchors
     from padfree.integrations import speculators as sp
@@ -125,6 +128,15 @@ def test_their_pipeline_trains_each_document_as_alone(tmp_path, samples, target,
         doc, mask = batch["document_ids"][0], batch["loss_mask"][0]
         for d in range(len(ids)):
             assert not mask[doc == d][: recipe("eagle3").ttt - 1].any()
+    if method == "peagle":  # each document's chains: its own, as padfree's fields draw them alone
+        chains, doc, mask = batch["padfree_chains"], batch["document_ids"][0], batch["loss_mask"][0]
+        assert chains.shape[1] > 0 and not bool((doc[chains[0]] != doc[chains[0] + chains[1]]).any())
+        for d in range(len(ids)):
+            assert not mask[doc == d][[0, -1]].any()  # first and last positions: no loss
+        one = alone(ds, collate, ids[1], 1)
+        start = int((doc == 1).nonzero()[0])
+        mine = chains[:, doc[chains[0]] == 1]
+        assert torch.equal(one["padfree_chains"], torch.stack([mine[0] - start, mine[1]]))
     handle.remove()
 
 

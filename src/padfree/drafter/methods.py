@@ -121,6 +121,10 @@ class Method:
             (:func:`padfree.integrations.feed.speculators_inputs` dispatches to it; needs torch).
         speculators_head: ``recipe -> n``: the positions at each document's start that carry no loss in
             speculators' packed row (EAGLE-3: ``ttt - 1``, where a shifted pair could join two documents).
+        speculators_columns: ``"module:function"`` that gates a speculators row's loss mask and gives the
+            columns the method adds to it, ``(loss mask, starts, lens, sample ids, recipe, *, seed, epoch) ->
+            (loss mask, chains)`` (P-EAGLE's per-document chains, :func:`padfree.drafter.peagle.row_chains`;
+            :class:`padfree.integrations.speculators.PadfreeCollate` calls it); None: none.
         draft_layers: the drafter's layers where the method fixes them (EAGLE-3: one decoder layer); None:
             the caller's choice (``--draft-layers``).
         crossing: what of the drafter's labels (and fed inputs) can cross a document end, as
@@ -143,6 +147,7 @@ class Method:
     speculators_kwargs: Callable[[Recipe, int | None], dict[str, Any]] | None = None
     speculators_inputs: str | None = None
     speculators_head: Callable[[Recipe], int] = lambda r: 0
+    speculators_columns: str | None = None
     draft_layers: int | None = None
     crossing: str = "labels"
     shifted_inputs: bool = False
@@ -331,7 +336,8 @@ EAGLE3 = Method(
 )  # fmt: skip
 
 COD_RATIOS = (0.7, 0.2)
-"""P-EAGLE's COD keep ratio per depth and its floor (speculators 0.9.0 ``PEagleArgs``), which its cost reads."""
+"""P-EAGLE's COD keep ratio per depth and its floor (speculators 0.9.0 ``PEagleArgs``): what its cost
+reads."""
 
 
 def parallel_cost(shape: DrafterShape, block_size: int, ttt: int) -> CostModel:
@@ -391,7 +397,8 @@ def parallel_memory(sizes: MemorySizes, r: Recipe) -> MemoryModel:
 PEAGLE = Method(
     "peagle", "P-EAGLE", "padfree.drafter.peagle", False, "draft positions", "ttt", parallel_cost,
     parallel_memory, parallel_line, "speculators-peagle", parallel_trainer_kwargs,
-    "padfree.integrations.feed:peagle_feed", speculators_head=lambda r: 1, draft_layers=1,
+    "padfree.integrations.feed:peagle_feed", speculators_head=lambda r: 1,
+    speculators_columns="padfree.drafter.peagle:row_chains", draft_layers=1,
     crossing="chain labels/inputs", shifted_inputs=True,
 )  # fmt: skip
 

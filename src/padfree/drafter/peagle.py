@@ -1,5 +1,5 @@
-"""A reference P-EAGLE drafter (parallel EAGLE, as vllm speculators' ``PEagleDraftModel`` trains it) with random
-weights: written here, nothing imported from them.
+"""A reference P-EAGLE drafter (parallel EAGLE, as vllm speculators' ``PEagleDraftModel`` trains it) with
+random weights: written here, nothing imported from them.
 
 P-EAGLE drafts ``K`` positions in parallel, in one pass. Every position ``t`` is a depth-0 element: EAGLE-3's
 step 0 (the fused target state at ``t``, token ``t + 1``, rotary position ``pos[t]``). A *chain* anchored at
@@ -53,40 +53,75 @@ class Fields(eagle3.Fields):
     present: torch.Tensor
 
 
-def cod_chains(
-    contract: Contract,
-    extend: torch.Tensor,
-    seeds: torch.Tensor,
+def draw_chains(
+    extend: np.ndarray,
+    spans: list[tuple[int, int, int, int]],
     *,
     ratio: float,
     ratio_min: float,
     seed: int,
     epoch: int,
-) -> torch.Tensor:
-    """``(K, T)`` the chains kept, document by document (speculators' ``generate_cod_sample_indices`` on each
-    document alone): depth ``d`` keeps ``int((n - d) * max(ratio^d, ratio_min))`` (``n``: the document's
-    ``seeds``) of the chains of depth ``d - 1`` that ``extend`` to ``d``, chosen by the document's own
-    generator; all of them when fewer."""
+) -> np.ndarray:
+    """``(K, W)`` the chains kept, document by document (speculators' ``generate_cod_sample_indices`` on each
+    document alone). ``extend[d, p]``: a chain anchored at ``p`` may reach depth ``d`` (its label there
+    carries loss; row 0: the document's supervised depth-0 positions, its seeds); ``spans``: each document's
+    ``(start, stop, sample id, piece start)``. Depth ``d`` keeps ``int((n - d) * max(ratio^d, ratio_min))``
+    (``n``: the document's seeds) of the chains of depth ``d - 1`` that extend to ``d``, chosen by the
+    document's own generator; all of them when fewer."""
     k_max, width = extend.shape
-    present = torch.zeros(k_max, width, dtype=torch.bool)
+    present = np.zeros((k_max, width), dtype=bool)
     present[0] = True
-    ext = extend.numpy()
-    for d_i in range(contract.n_docs):
-        s = contract.doc_slice(d_i)
-        n = int(seeds[s].sum())
-        rng = document_rng(seed, epoch, max(0, contract.sample_ids[d_i]), contract.starts[d_i])
-        alive = np.ones(s.stop - s.start, dtype=bool)
+    for start, stop, sample_id, piece in spans:
+        n = int(extend[0, start:stop].sum())
+        rng = document_rng(seed, epoch, max(0, sample_id), piece)
+        alive = np.ones(stop - start, dtype=bool)
         for d in range(1, k_max):
             size = int(max(0, n - d) * max(ratio**d, ratio_min))
             if size <= 0:
                 break
-            cand = np.flatnonzero(alive & ext[d, s])
+            cand = np.flatnonzero(alive & extend[d, start:stop])
             order = rng.random(cand.shape[0]).argsort(kind="stable")
             kept = np.zeros_like(alive)
             kept[cand[order[:size]] if cand.shape[0] >= size else cand] = True
-            present[d, s] = torch.from_numpy(kept)
+            present[d, start:stop] = kept
             alive = kept
     return present
+
+
+def row_chains(
+    loss_mask: np.ndarray,
+    starts: np.ndarray,
+    lens: list[int],
+    sample_ids: list[int],
+    recipe,
+    *,
+    seed: int,
+    epoch: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(gated loss mask, chains)`` of one of speculators' P-EAGLE rows (documents shifted as their
+    ``shift_batch`` does, back to back at ``starts``): no loss on each document's first position (where the
+    previous document's chains would end) nor on its last (its label lies past the document), and each
+    document's chains (:func:`draw_chains`, the same draws as padfree's own fields give it) as ``(2, N)``
+    row anchors and depths, depth ``>= 1`` only."""
+    mask = np.asarray(loss_mask, dtype=bool).copy()
+    width, k_max = mask.shape[0], int(recipe.ttt)
+    doc = np.full(width, -1, dtype=np.int64)
+    for d, (s, n) in enumerate(zip(starts, lens, strict=True)):
+        if n > 0:
+            mask[s] = mask[s + n - 1] = False
+            doc[s : s + n] = d
+    extend = np.zeros((k_max, width), dtype=bool)
+    for d in range(k_max):
+        inside = np.zeros(width, dtype=bool)
+        inside[: width - d] = doc[d:] == doc[: width - d]
+        extend[d, : width - d] = inside[: width - d] & mask[d:] & (doc[: width - d] >= 0)
+    spans = [(int(s), int(s) + int(n), int(i), 0) for s, n, i in zip(starts, lens, sample_ids, strict=True)]
+    present = draw_chains(
+        extend, spans, ratio=recipe.cod_ratio, ratio_min=recipe.cod_ratio_min, seed=seed, epoch=epoch
+    )
+    depth, anchor = np.nonzero(present[1:])
+    order = np.lexsort((anchor, depth))
+    return mask, np.stack([anchor[order], depth[order] + 1]).astype(np.int64)
 
 
 def fields(contract: Contract, options: FieldOptions, *, epoch: int, leaky: bool = False) -> Fields:
@@ -102,14 +137,14 @@ def fields(contract: Contract, options: FieldOptions, *, epoch: int, leaky: bool
     first[1:] = doc[1:] != doc[:-1]
     gated = base.supervised.clone()
     gated[0] &= ~first  # where the previous document's chains would end on speculators' packed row
-    present = cod_chains(
-        contract,
-        gated,
-        gated[0],
-        ratio=r.cod_ratio,
-        ratio_min=r.cod_ratio_min,
-        seed=options.seed,
-        epoch=epoch,
+    spans = [
+        (s.start, s.stop, contract.sample_ids[d], contract.starts[d])
+        for d, s in enumerate(map(contract.doc_slice, range(contract.n_docs)))
+    ]
+    present = torch.from_numpy(
+        draw_chains(
+            gated.numpy(), spans, ratio=r.cod_ratio, ratio_min=r.cod_ratio_min, seed=options.seed, epoch=epoch
+        )
     )
     depth = torch.arange(r.ttt)[:, None]
     return Fields(
@@ -189,8 +224,12 @@ class PEagleDrafter(eagle3.Eagle3Drafter):
         for k in range(f.ttt):
             emb = self.input_layernorm(self.embed_tokens(f.step_input_ids[k].to(dev)))
             x = torch.cat([emb, self.hidden_norm(base[k])], -1)
-            queries.append(rope(self.q_proj(x).view(-1, c.num_heads, hd).transpose(0, 1), pos + k, c.rope_theta))
-            keys.append(rope(self.k_proj(x).view(-1, c.num_kv_heads, hd).transpose(0, 1), pos + k, c.rope_theta))
+            queries.append(
+                rope(self.q_proj(x).view(-1, c.num_heads, hd).transpose(0, 1), pos + k, c.rope_theta)
+            )
+            keys.append(
+                rope(self.k_proj(x).view(-1, c.num_kv_heads, hd).transpose(0, 1), pos + k, c.rope_theta)
+            )
             values.append(self.v_proj(x).view(-1, c.num_kv_heads, hd).transpose(0, 1))
         segs = [(s, eagle3_dense_mask(doc[s], 0)) for s in batch.contract.segments()]
         outs = []

@@ -40,9 +40,9 @@ it. ``tests/integrations/test_feed_speculators.py`` runs their real models on th
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 import importlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -322,7 +322,7 @@ def peagle_inputs(
         raise ConfigError("peagle_inputs: an empty micro-batch has nothing to draft")
     kwargs = eagle3_inputs(batch, target, 1, noise=noise)
     sup0 = f.supervised[0]
-    masks, rows, offset = [], [], 0
+    masks, offset = [], 0
     row_of = torch.full((c.width,), -1, dtype=torch.long)
     for d in range(c.n_docs):
         s = c.doc_slice(d)
