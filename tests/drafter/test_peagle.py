@@ -331,3 +331,24 @@ def test_simulate_prices_peagle_with_its_own_cost(tmp_path, capsys):
     assert out["config"]["cost"]["source"].startswith("drafter peagle")
     assert "draft_blocks" not in out["strategies"]["packed"]
     assert out["strategies"]["packed"]["imbalance"] < 1.05
+
+
+def test_report_prices_peagle_as_simulate_does(fixtures_dir, tmp_path, capsys):
+    from padfree.cli import main
+
+    lengths = fixtures_dir / "lengths" / "gsm8k.cl100k.npy"
+    setup = ["--budget", "2048", "--world-size", "2", "--grad-accum", "1", "--drafter", "peagle",
+             "--target-hidden", "1024", "--target-layers", "8", "--vocab", "32000"]  # fmt: skip
+    rc = main(["report", str(lengths), "--out", str(tmp_path / "site"), "--growths", "1.5",
+               "--bucket-counts", "4", "--mixes", "16", *setup])  # fmt: skip
+    assert rc == 0
+    d = json.loads((tmp_path / "site" / "report.json").read_text())["drafter"]
+    capsys.readouterr()
+    assert main(["simulate", str(lengths), "--no-naive", "--json", *setup]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert d["cost"]["source"] == sim["config"]["cost"]["source"] == "drafter peagle h1024 l8 dh1024"
+    assert d["cache_layers"] == 4 and d["cache_bytes"] == sim["drafter"]["cache_bytes"]  # 3 fused + the last
+    for s, row in d["strategies"].items():
+        assert row["tokens_per_unit"] == pytest.approx(sim["strategies"][s]["tokens_per_unit"]), s
+    assert d["strategies"]["packed"]["ratio_to_sorted"] > d["strategies"]["random"]["ratio_to_sorted"]
+    assert "Drafter setup: peagle" in (tmp_path / "site" / "index.html").read_text()

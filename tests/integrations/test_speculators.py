@@ -137,6 +137,13 @@ def test_their_pipeline_trains_each_document_as_alone(tmp_path, samples, target,
         start = int((doc == 1).nonzero()[0])
         mine = chains[:, doc[chains[0]] == 1]
         assert torch.equal(one["padfree_chains"], torch.stack([mine[0] - start, mine[1]]))
+        from padfree.drafter.collate import DrafterCollator
+
+        ours = DrafterCollator("peagle", recipe=recipe("peagle"), seed=1, mask_token_id=VOCAB - 1)
+        ours.set_epoch(1)
+        item = {**samples[ids[1]], "sample_id": ids[1]}
+        depth, anchor = torch.nonzero(ours([item]).fields.present[1:], as_tuple=True)
+        assert torch.equal(one["padfree_chains"], torch.stack([anchor, depth + 1]))  # padfree's own draws
     handle.remove()
 
 
