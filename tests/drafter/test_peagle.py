@@ -352,3 +352,40 @@ def test_report_prices_peagle_as_simulate_does(fixtures_dir, tmp_path, capsys):
         assert row["tokens_per_unit"] == pytest.approx(sim["strategies"][s]["tokens_per_unit"]), s
     assert d["strategies"]["packed"]["ratio_to_sorted"] > d["strategies"]["random"]["ratio_to_sorted"]
     assert "Drafter setup: peagle" in (tmp_path / "site" / "index.html").read_text()
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_padded_rows_and_every_attention_path_give_the_packed_dense_result():
+    """Padded rows train each document as the packed row does; SDPA under the one dense mask (forward and
+    backward) and the flex BlockMask (forward: no CPU backward) give the segment-by-segment result."""
+    rng = np.random.default_rng(4)
+    items = [
+        {"input_ids": rng.integers(2, VOCAB - 2, n), "loss_mask": np.ones(n, bool), "sample_id": i}
+        for i, n in enumerate([23, 41, 3, 30])
+    ]
+    models = _perturbed(build_models("peagle", vocab=VOCAB, seed=0, recipe=RECIPE))
+    runs = {}
+    for layout in ("packed", "padded"):
+        b = DrafterCollator("peagle", recipe=RECIPE, layout=layout, mask_token_id=MASK, seed=2)(items)
+        models.drafter.zero_grad()
+        num, den = loss_sums(models, b)
+        (num.sum() / den.sum()).backward()
+        runs[layout] = (num.detach(), den, [p.grad.clone() for p in models.trainable()])
+    (pn, pd, pg), (qn, qd, qg) = runs["packed"], runs["padded"]
+    assert torch.equal(pd, qd) and torch.allclose(pn, qn, rtol=1e-5, atol=1e-6) and float(pn.sum()) > 0
+    for g, h in zip(pg, qg, strict=True):
+        assert torch.allclose(g, h, atol=1e-6, rtol=1e-4)
+    b = DrafterCollator("peagle", recipe=RECIPE, mask_token_id=MASK, seed=2)(items)
+    out = run_target(models.target, b.contract, models.layers)
+    drafter, grads = models.drafter, {}
+    for how in ("dense", "mask"):
+        drafter.zero_grad()
+        hs = drafter(out.hidden, b, how)
+        sum(drafter.lm_head(h).logsumexp(-1).sum() for h in hs).backward()
+        grads[how] = ([h.detach() for h in hs], [p.grad.clone() for p in models.trainable()])
+    with torch.no_grad():
+        flex = drafter(out.hidden, b, "flex")
+    for x, y, z in zip(grads["dense"][0], grads["mask"][0], flex, strict=True):
+        assert torch.allclose(x, y, atol=1e-5) and torch.allclose(x, z, atol=1e-5)
+    for x, y in zip(grads["dense"][1], grads["mask"][1], strict=True):
+        assert torch.allclose(x, y, atol=1e-5, rtol=1e-4)
