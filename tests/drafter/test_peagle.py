@@ -266,15 +266,20 @@ def _check_logits(theirs, ours, batch):
 
 
 @needs_speculators
-def test_the_export_loads_in_speculators_peagle_with_equal_logits(tmp_path, folder):
+@pytest.mark.parametrize("draft_vocab", [None, 300])
+def test_the_export_loads_in_speculators_peagle_with_equal_logits(tmp_path, folder, draft_vocab):
+    from padfree.drafter.train import token_counts
+
     import_peer("speculators")
     target = load_target(folder)
-    models = _perturbed(
-        build_models("peagle", vocab=int(target.config.vocab_size), target=target, recipe=RECIPE)
-    )
     n = 30
     rng = np.random.default_rng(1)
     doc = {"input_ids": rng.integers(2, 3000, n), "loss_mask": np.ones(n, bool), "sample_id": 0}
+    vocab = int(target.config.vocab_size)
+    recipe = dataclasses.replace(RECIPE, draft_vocab=draft_vocab)
+    counts = token_counts([doc], vocab)
+    models = _perturbed(build_models("peagle", vocab=vocab, target=target, recipe=recipe, counts=counts))
+    assert (models.drafter.vocab is None) == (draft_vocab is None)
     batch = DrafterCollator("peagle", recipe=models.recipe, mask_token_id=MASK)([doc])
     out = run_target(models.target, batch.contract, models.layers)
     with torch.no_grad():
@@ -284,6 +289,7 @@ def test_the_export_loads_in_speculators_peagle_with_equal_logits(tmp_path, fold
     )
     config = json.loads((served / "config.json").read_text())
     assert config["speculators_model_type"] == "peagle" and config["mask_token_id"] == MASK
+    assert config["draft_vocab_size"] == (draft_vocab or vocab)
     assert config["speculators_config"]["verifier"]["name_or_path"] == str(folder.resolve())
     _check_logits(_their_logits(served, batch, out), ours, batch)
 

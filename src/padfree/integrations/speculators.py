@@ -13,10 +13,12 @@ row per rank per step -> ``model(**batch, **train_call_kwargs)``).
   lengths, plus ``padfree_sample_ids``, ``padfree_epoch`` and (DFlash) ``padfree_anchors`` /
   ``padfree_anchor_valid``: each document's anchors chosen from its own loss mask and (seed, epoch, sample
   id), at a fixed anchor width. EAGLE-3 rows lose the loss on each document's first ``ttt - 1`` positions,
-  where their row-wide ``align_for_step`` would pair two documents.
+  where their row-wide ``align_for_step`` would pair two documents. P-EAGLE rows lose it on each document's
+  first and last positions and carry ``padfree_chains``: each document's COD chains drawn from its own
+  generator (:func:`padfree.drafter.peagle.row_chains`, the same draws padfree's own fields make).
 * :func:`install` hooks their model: it takes the ``padfree_*`` keys out of the call and puts padfree's
   anchors in place of their ``select_anchors`` (today's signature and the one their PR #1071 proposes) while
-  that forward runs.
+  that forward runs (and, for P-EAGLE, padfree's chains in place of their ``generate_cod_sample_indices``).
 
 Their dataset must come wrapped in :class:`padfree.torch.PlannedDataset` (it hands the batch's sample ids and
 epoch to the collate function). Nothing here imports speculators at module level. Guide: docs/integrations.md
@@ -410,9 +412,10 @@ def _restore_theirs() -> None:
 def install(
     model: torch.nn.Module, *, on_batch: Callable[[np.ndarray, int], None] | None = None
 ) -> Installed:
-    """Hook speculators' ``model`` (a ``DFlashDraftModel`` or ``Eagle3DraftModel``, before DDP/FSDP wraps it)
-    for batches from :class:`PadfreeCollate`: each forward takes the ``padfree_*`` keys out of its keywords
-    and, for DFlash, draws padfree's anchors instead of their ``select_anchors``. ``on_batch(sample_ids,
+    """Hook speculators' ``model`` (``DFlashDraftModel``, ``Eagle3DraftModel`` or ``PEagleDraftModel``, before
+    DDP/FSDP wraps it) for batches from :class:`PadfreeCollate`: each forward takes the ``padfree_*`` keys out
+    of its keywords and, for DFlash, draws padfree's anchors instead of their ``select_anchors`` (P-EAGLE:
+    padfree's chains instead of their ``generate_cod_sample_indices``). ``on_batch(sample_ids,
     epoch)`` is called before each forward (for a log of what trained)."""
     core: Any = importlib.import_module("speculators.models.dflash.core")
     block = getattr(model, "block_size", None)
