@@ -99,7 +99,7 @@ def _perturbed(models, seed=1):
     return models
 
 
-def _theirs(models):
+def _theirs(models, draft_vocab=VOCAB):
     """speculators' PEagleDraftModel (SDPA) holding padfree's drafter weights (through padfree's export names)
     and the target's final norm and LM head as their verifier's."""
     from transformers import LlamaConfig
@@ -117,15 +117,23 @@ def _theirs(models):
     tl._attn_implementation = "sdpa"
     cfg = pkg.PEagleSpeculatorConfig(
         transformer_layer_config=tl, speculators_config=_speculators_config("peagle", models.target, K),
-        draft_vocab_size=VOCAB, norm_before_residual=False, norm_before_fc=False, norm_output=False,
+        draft_vocab_size=draft_vocab, norm_before_residual=False, norm_before_fc=False, norm_output=False,
         eagle_aux_hidden_state_layer_ids=feed.their_layer_ids(models.layers), mask_token_id=MASK,
     )  # fmt: skip
     model = pkg.PEagleDraftModel(cfg)
-    _, tensors = peagle.export_files(models.drafter.state_dict(), export_meta(models, mask_token_id=MASK))
+    meta = export_meta(models, mask_token_id=MASK)
+    if models.drafter.vocab is not None:
+        meta["d2t"] = models.drafter.vocab.d2t.tolist()
+    _, tensors = peagle.export_files(models.drafter.state_dict(), meta)
     missing = model.load_state_dict(tensors, strict=False).missing_keys
     assert sorted(missing) == ["verifier_lm_head.weight", "verifier_norm.weight"]
     with torch.no_grad():
-        model.verifier_lm_head.weight.copy_(models.target.get_output_embeddings().weight)
+        rows = (
+            models.target.get_output_embeddings().weight
+        )  # their verifier head: the draft vocabulary's rows
+        model.verifier_lm_head.weight.copy_(
+            rows if models.drafter.vocab is None else rows[models.drafter.vocab.d2t]
+        )
         model.verifier_norm.weight.copy_(models.target.model.norm.weight)
     return model
 
@@ -395,3 +403,33 @@ def test_padded_rows_and_every_attention_path_give_the_packed_dense_result():
         assert torch.allclose(x, y, atol=1e-5) and torch.allclose(x, z, atol=1e-5)
     for x, y in zip(grads["dense"][1], grads["mask"][1], strict=True):
         assert torch.allclose(x, y, atol=1e-5, rtol=1e-4)
+
+
+@needs_speculators
+def test_with_a_draft_vocabulary_padfree_computes_their_loss(docs):
+    """KL to the target restricted to the draft vocabulary and renormalised (``out_of_vocab`` keep), as their
+    verifier head over the draft vocabulary's rows gives it: each document's loss is theirs."""
+    from padfree.drafter.train import token_counts
+
+    recipe = dataclasses.replace(RECIPE, draft_vocab=100)
+    target = build_target(vocab_size=VOCAB)
+    models = _perturbed(
+        build_models(
+            "peagle", vocab=VOCAB, seed=0, recipe=recipe, target=target, counts=token_counts(docs, VOCAB)
+        )
+    )
+    theirs = _theirs(models, draft_vocab=100)
+    assert theirs.verifier_lm_head.weight.shape[0] == 100
+    kwargs = feed.trainer_kwargs(theirs, recipe, loss_implementation="eager")
+    col = DrafterCollator("peagle", recipe=recipe, seed=5, mask_token_id=MASK)
+    compared = 0
+    for item in docs:
+        b = col([item])
+        out = run_target(target, b.contract, models.layers)
+        inputs, choice = feed.speculators_inputs(b, out)
+        with torch.no_grad(), feed.anchors_patched(choice):
+            loss = float(theirs(**inputs, **kwargs)[1])
+            num, den = loss_sums(models, b)
+        assert abs(float(num[0]) - loss) < 1e-5 * max(1.0, loss), (float(num[0]), loss)
+        compared += float(den[0]) > 0
+    assert compared >= 2
