@@ -138,7 +138,13 @@ def test_the_toy_method_exports_by_its_own_writer(toy, tmp_path):
         layer_rule="low_mid_high", fused_layers=3, head_init="target", head_trainable=True,
     )  # fmt: skip
     models = build_models("toy", vocab=64, seed=0, recipe=recipe)
-    assert default_format("toy") == "toy" and formats() == ("dflash", "speculators", "speculators-mtp", "toy")
+    assert default_format("toy") == "toy" and formats() == (
+        "dflash",
+        "speculators",
+        "speculators-mtp",
+        "speculators-peagle",
+        "toy",
+    )
     out = export_models(models, "toy", tmp_path / "served", mask_token_id=1)
     config = json.loads((out / "config.json").read_text())
     assert config == {

@@ -59,6 +59,8 @@ def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1, resume_dir
         model = drafters.speculators_dflash(target, (1, 3), block_size=BLOCK, mask_token_id=VOCAB - 1)
     elif method == "mtp":
         model = drafters.speculators_mtp(target, steps=rec.ttt)
+    elif method == "peagle":
+        model = drafters.speculators_peagle(target, low_mid_high(6), depths=rec.ttt, mask_token_id=VOCAB - 1)
     else:
         model = drafters.speculators_eagle3(target, low_mid_high(6), ttt=rec.ttt)
     transfer = drafters.TargetTransfer(target, samples, feed.target_layers(model))
@@ -72,6 +74,7 @@ def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1, resume_dir
     data = import_peer("speculators", "train.data")
     shift = {
         "eagle3": lambda: import_peer("speculators", "models.eagle3.data").shift_batch,
+        "peagle": lambda: import_peer("speculators", "models.eagle3.data").shift_batch,
         "mtp": lambda: import_peer("speculators", "models.mtp.data").shift_batch_mtp,
     }.get(method, lambda: None)()
     their = data.CollateFn(BUDGET, 64, len(model.target_layer_ids), torch.float32, preprocess=shift)
@@ -88,7 +91,7 @@ def alone(ds, collate, sid, epoch):
     return collate(PlannedDataset(ds).__getitems__(PlannedBatch([sid], BatchInfo(epoch, 0, np.array([sid])))))
 
 
-@pytest.mark.parametrize("method", ["dflash", "eagle3", "mtp"])
+@pytest.mark.parametrize("method", ["dflash", "eagle3", "mtp", "peagle"])
 def test_their_pipeline_trains_each_document_as_alone(tmp_path, samples, target, method):
     from padfree.core.anchors import choose_anchors
     from padfree.integrations import speculators as sp
@@ -134,6 +137,22 @@ def test_their_pipeline_trains_each_document_as_alone(tmp_path, samples, target,
     if method == "mtp":  # and K + 1 loss-free positions after the last document, the queries valid_len drops
         n = int((batch["document_ids"][0] >= 0).sum())
         assert batch["input_ids"].shape[1] >= n + recipe("mtp").ttt + 1
+    if method == "peagle":  # each document's chains: its own, as padfree's fields draw them alone
+        chains, doc, mask = batch["padfree_chains"], batch["document_ids"][0], batch["loss_mask"][0]
+        assert chains.shape[1] > 0 and not bool((doc[chains[0]] != doc[chains[0] + chains[1]]).any())
+        for d in range(len(ids)):
+            assert not mask[doc == d][[0, -1]].any()  # first and last positions: no loss
+        one = alone(ds, collate, ids[1], 1)
+        start = int((doc == 1).nonzero()[0])
+        mine = chains[:, doc[chains[0]] == 1]
+        assert torch.equal(one["padfree_chains"], torch.stack([mine[0] - start, mine[1]]))
+        from padfree.drafter.collate import DrafterCollator
+
+        ours = DrafterCollator("peagle", recipe=recipe("peagle"), seed=1, mask_token_id=VOCAB - 1)
+        ours.set_epoch(1)
+        item = {**samples[ids[1]], "sample_id": ids[1]}
+        depth, anchor = torch.nonzero(ours([item]).fields.present[1:], as_tuple=True)
+        assert torch.equal(one["padfree_chains"], torch.stack([anchor, depth + 1]))  # padfree's own draws
     handle.remove()
 
 

@@ -63,8 +63,8 @@ def _speculators_model(
     vocab = int(target.config.vocab_size)
     tl = layer_config(**DRAFT_SIZES, vocab_size=vocab)
     tl._attn_implementation = "sdpa"
-    config = {"dflash": "DFlashSpeculatorConfig", "eagle3": "Eagle3SpeculatorConfig"}[kind]
-    model = {"dflash": "DFlashDraftModel", "eagle3": "Eagle3DraftModel"}[kind]
+    name = {"dflash": "DFlash", "eagle3": "Eagle3", "peagle": "PEagle"}[kind]
+    config, model = f"{name}SpeculatorConfig", f"{name}DraftModel"
     cfg = getattr(package, config)(
         transformer_layer_config=tl,
         speculators_config=_speculators_config(kind, target, speculative),
@@ -118,6 +118,20 @@ def speculators_mtp(target: Any, *, steps: int, seed: int = 0) -> Any:
         model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
         model.lm_head.weight.copy_(target.get_output_embeddings().weight)
     return model
+
+
+def speculators_peagle(
+    target: Any, layers: tuple[int, ...], *, depths: int, mask_token_id: int, seed: int = 0
+) -> Any:
+    """speculators' ``PEagleDraftModel`` (SDPA attention; one Llama layer, no norm before ``fc``, the residual
+    un-normed: what padfree's P-EAGLE export writes) fusing padfree ``layers`` of ``target``."""
+    from transformers import LlamaConfig
+
+    return _speculators_model(
+        "peagle", target, LlamaConfig, depths, seed, norm_before_residual=False, norm_before_fc=False,
+        norm_output=False, eagle_aux_hidden_state_layer_ids=their_layer_ids(layers),
+        mask_token_id=mask_token_id,
+    )  # fmt: skip
 
 
 def specforge_dflash(

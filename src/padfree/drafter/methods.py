@@ -9,7 +9,7 @@ and the methods' own modules asks the registry instead of comparing names, so a 
 DSpark) is one more entry here plus its own module.
 
 >>> sorted(METHODS)
-['dflash', 'eagle3', 'mtp']
+['dflash', 'eagle3', 'mtp', 'peagle']
 >>> get("dflash").uses_anchors, get("eagle3").uses_anchors
 (True, False)
 >>> LAYER_RULES["spread"](36, 5), LAYER_RULES["low_mid_high"](36, 3)
@@ -17,11 +17,12 @@ DSpark) is one more entry here plus its own module.
 >>> get("medusa")
 Traceback (most recent call last):
 ...
-padfree.errors.ConfigError: unknown drafter method 'medusa': choose dflash or eagle3 or mtp
+padfree.errors.ConfigError: unknown drafter method 'medusa': choose dflash or eagle3 or mtp or peagle
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -123,6 +124,10 @@ class Method:
             MTP: ``ttt + 1``).
         speculators_tail: loss-free positions speculators' row needs after its last document (MTP: ``ttt +
             1``, the queries their class drops at a row's end).
+        speculators_columns: ``"module:function"`` that gates a speculators row's loss mask and gives the
+            columns the method adds to it, ``(loss mask, starts, lens, sample ids, recipe, *, seed, epoch) ->
+            (loss mask, chains)`` (P-EAGLE's per-document chains, :func:`padfree.drafter.peagle.row_chains`;
+            :class:`padfree.integrations.speculators.PadfreeCollate` calls it); None: none.
         draft_layers: the drafter's layers where the method fixes them (EAGLE-3: one decoder layer); None:
             the caller's choice (``--draft-layers``).
         crossing: what of the drafter's labels (and fed inputs) can cross a document end, as
@@ -146,6 +151,7 @@ class Method:
     speculators_inputs: str | None = None
     speculators_head: Callable[[Recipe], int] = lambda r: 0
     speculators_tail: Callable[[Recipe], int] = lambda r: 0
+    speculators_columns: str | None = None
     draft_layers: int | None = None
     crossing: str = "labels"
     shifted_inputs: bool = False
@@ -393,6 +399,73 @@ MTP = Method(
     crossing="shifted inputs/labels", shifted_inputs=True,
 )  # fmt: skip
 
+COD_RATIOS = (0.7, 0.2)
+"""P-EAGLE's COD keep ratio per depth and its floor (speculators 0.9.0 ``PEagleArgs``): what its cost
+reads."""
+
+
+def parallel_cost(shape: DrafterShape, block_size: int, ttt: int) -> CostModel:
+    """P-EAGLE: per token, fuse 3 hidden states (3h -> dh), then its ``ttt`` depths through the draft layer
+    forward and backward (padfree's reference drafter runs every depth at every position, each with
+    EAGLE-3's attention), the LM head only on the elements COD sampling keeps
+    (``1 + sum_d max(r^d, r_min)`` a token): it scales with tokens and attention, so it folds into ``a`` and
+    ``b``.
+
+    >>> m = parallel_cost(DrafterShape(hidden=64, layers=2, vocab=100), 16, 8)
+    >>> m.a, 0 < m.b < 1, m.source
+    (1.0, True, 'drafter peagle h64 l2 dh64')
+    """
+    if ttt < 1:
+        raise ConfigError(f"drafter shape: ttt must be >= 1 (got {ttt})")
+    target, t_attn, _, d_attn, dh = _flops(shape)
+    dv = shape.vocab if shape.draft_vocab is None else shape.draft_vocab
+    r, r_min = COD_RATIOS
+    kept = 1.0 + sum(max(r**d, r_min) for d in range(1, ttt))
+    layer = 6.0 * 12 * shape.draft_layers * dh * dh
+    per_token = target + 6.0 * 3 * shape.hidden * dh + ttt * layer + kept * 6.0 * dv * dh
+    return CostModel(
+        a=1.0,
+        b=(t_attn + ttt * d_attn) / per_token,
+        c=0.0,
+        source=f"drafter peagle h{shape.hidden} l{shape.layers} dh{dh}",
+    )
+
+
+def parallel_line(r: Recipe) -> str:
+    """P-EAGLE's recipe line: depths, COD ratios, gate, objective, vocabulary, normalization."""
+    vocab = "full vocabulary" if r.draft_vocab is None else f"draft vocabulary {r.draft_vocab}"
+    return (
+        f"recipe {r.name}: {r.ttt} parallel depths, COD keep max({r.cod_ratio:g}^d, {r.cod_ratio_min:g}), "
+        f"gate loss_mask[t+d+{r.loss_gate}], {r.objective}, {vocab}, {r.normalization} mean"
+    )
+
+
+def parallel_trainer_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
+    """speculators' P-EAGLE trainer keywords: KL loss, ``num_depths`` and the COD ratios (no anchor cap:
+    padfree's chains are drawn per document and put in place by the feed)."""
+    return {
+        "loss_fn": "kl_div",
+        "num_depths": r.ttt,
+        "down_sample_ratio": r.cod_ratio,
+        "down_sample_ratio_min": r.cod_ratio_min,
+    }
+
+
+def parallel_memory(sizes: MemorySizes, r: Recipe) -> MemoryModel:
+    """P-EAGLE's activation memory: EAGLE-3's at ``ttt`` steps (the reference drafter's depths hold one
+    step's activations each), named for P-EAGLE."""
+    m = _memory.unrolled_memory(sizes, ttt=r.ttt, objective=r.objective)
+    return dataclasses.replace(m, source=f"analytic peagle h{sizes.hidden} depths{r.ttt}")
+
+
+PEAGLE = Method(
+    "peagle", "P-EAGLE", "padfree.drafter.peagle", False, "draft positions", "ttt", parallel_cost,
+    parallel_memory, parallel_line, "speculators-peagle", parallel_trainer_kwargs,
+    "padfree.integrations.feed:peagle_feed", speculators_head=lambda r: 1,
+    speculators_columns="padfree.drafter.peagle:row_chains", draft_layers=1,
+    crossing="chain labels/inputs", shifted_inputs=True,
+)  # fmt: skip
+
 METHODS: dict[str, Method] = {}
 """Every drafter method by name (the CLI's ``--method`` / ``--drafter`` choices are its keys)."""
 
@@ -413,7 +486,7 @@ def unregister(name: str) -> None:
     METHODS.pop(name, None)
 
 
-for _m in (DFLASH, EAGLE3, MTP):
+for _m in (DFLASH, EAGLE3, MTP, PEAGLE):
     register(_m)
 
 

@@ -79,6 +79,8 @@ class Recipe:
         head_init, head_trainable: the EAGLE-3 LM head starts ``random`` or from the ``target``'s rows; trains
         or not. fed_state: EAGLE-3 step ``k + 1`` is fed step ``k``'s ``prenorm`` or ``postnorm`` hidden
         state. norm_before_fc: an RMSNorm over the concatenated target layers before EAGLE-3's ``fc``.
+        cod_ratio, cod_ratio_min: P-EAGLE's COD sampling keeps ``max(cod_ratio^d, cod_ratio_min)`` of a
+            document's chains at depth ``d`` (``ttt``: its depths).
     """
 
     name: str
@@ -108,6 +110,8 @@ class Recipe:
     head_trainable: bool = False
     fed_state: str = "prenorm"
     norm_before_fc: bool = False
+    cod_ratio: float = 0.7
+    cod_ratio_min: float = 0.2
 
     def __post_init__(self) -> None:
         _check(self)
@@ -210,6 +214,8 @@ FIELDS: dict[str, FieldRule] = {
     ),
     "head_trainable": FieldRule("bool"),
     "norm_before_fc": FieldRule("bool"),
+    "cod_ratio": FieldRule("float", 0, 1, above=True, help="P-EAGLE COD keep ratio per depth"),
+    "cod_ratio_min": FieldRule("float", 0, 1, help="P-EAGLE COD keep ratio floor"),
 }
 """Every field a user may set, in the order the CLI lists them, with the values it takes."""
 
@@ -323,6 +329,26 @@ PRESETS: dict[tuple[str, str], Recipe] = {
             head_init="target",
             head_trainable=False,
         ),
+        Recipe(
+            name="speculators",
+            source="vllm speculators 0.9.0 (the wheel padfree tests against): train/config/schema.py "
+            "PEagleArgs (num_depths 8, down_sample_ratio 0.7, down_sample_ratio_min 0.2), loss_fn kl_div "
+            "(_DEFAULT_LOSS_FN), norm_before_fc False for non-eagle3; models/peagle/{core,data,metrics}.py "
+            "(one mean over the sampled elements under loss_mask at t+d, embed_requires_grad True, "
+            "verifier LM head); draft vocabulary and layers as their EAGLE-3 recipe (one Llama layer, "
+            "residual un-normed; their CLI would pick Qwen3 and norm_before_residual)",
+            **{**_EAGLE3, "method": "peagle"},
+            normalization="document",
+            ttt=8,
+            step_decay=1.0,
+            loss_gate=1,
+            out_of_vocab="keep",
+            head_init="target",
+            head_trainable=False,
+            norm_before_fc=False,
+            cod_ratio=0.7,
+            cod_ratio_min=0.2,
+        ),
     )
 }
 """Every preset by ``(name, method)``."""
@@ -335,11 +361,11 @@ DEFAULT = "specforge"
 
 def get(name: str, method: str) -> Recipe:
     """The preset ``name`` for ``method``; anything else is a one-line :class:`ConfigError`. The default
-    name (:data:`DEFAULT`) gives a method that has no such preset (MTP: SpecForge trains none) its first
-    preset: the recipe a bare ``--method mtp`` trains.
+    name (:data:`DEFAULT`) gives a method that has no such preset (MTP, P-EAGLE: SpecForge trains none) its
+    first preset: the recipe a bare ``--method mtp`` trains.
 
-    >>> get(DEFAULT, "mtp").name
-    'speculators'
+    >>> get(DEFAULT, "mtp").name, get(DEFAULT, "peagle").name
+    ('speculators', 'speculators')
     """
     if name == DEFAULT and (name, method) not in PRESETS:
         name = next((n for n, m in PRESETS if m == method), name)

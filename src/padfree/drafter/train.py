@@ -38,11 +38,12 @@ from padfree.drafter.target import (
 from padfree.errors import ConfigError
 
 if TYPE_CHECKING:
-    from padfree.drafter import dflash, eagle3, mtp
+    from padfree.drafter import dflash, eagle3, mtp, peagle
 
     _DFLASH: methods.MethodModule = dflash  # mypy checks the methods' modules against the contract
     _EAGLE3: methods.MethodModule = eagle3
     _MTP: methods.MethodModule = mtp
+    _PEAGLE: methods.MethodModule = peagle
 
 
 @dataclass

@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -125,14 +126,15 @@ class AnchorChoice:
 def anchors_patched(choice: Any) -> Iterator[None]:
     """Inside the block, speculators' DFlash models take their anchors from ``choice`` (an
     :class:`AnchorChoice`) instead of ``select_anchors`` (the name ``speculators.models.dflash.core``
-    calls)."""
-    core: Any = importlib.import_module("speculators.models.dflash.core")
-    theirs = core.select_anchors
-    core.select_anchors = choice
+    calls); a choice that names what it ``patches`` (P-EAGLE's :class:`ChainChoice`) replaces that."""
+    where, name = getattr(choice, "patches", ("speculators.models.dflash.core", "select_anchors"))
+    core: Any = importlib.import_module(where)
+    theirs = getattr(core, name)
+    setattr(core, name, choice)
     try:
         yield
     finally:
-        core.select_anchors = theirs
+        setattr(core, name, theirs)
 
 
 def trainer_kwargs(
@@ -335,6 +337,77 @@ def mtp_feed(
 ) -> tuple[dict, None]:
     """:func:`mtp_inputs`, as :func:`speculators_inputs` returns it."""
     return mtp_inputs(batch, target, shapes=shapes, noise=noise), None
+
+
+@dataclass(frozen=True)
+class ChainChoice:
+    """padfree's P-EAGLE chains as speculators' ``generate_cod_sample_indices`` returns them for a row:
+    ``(anchor_pos, depth)``, every row position at depth 0, then each kept chain's deeper elements in row
+    order. Called with their signature; refuses a row of another length (a choice for another batch)."""
+
+    anchor_pos: torch.Tensor
+    depth: torch.Tensor
+    width: int
+    patches: tuple[str, str] = ("speculators.models.peagle.core", "generate_cod_sample_indices")
+
+    def __call__(self, seq_length: int, loss_mask: torch.Tensor, *args: Any, **kwargs: Any) -> tuple:
+        if int(seq_length) != self.width:
+            raise ConfigError(f"P-EAGLE chains for a row of {self.width} positions, called for {seq_length}")
+        dev = loss_mask.device
+        return self.anchor_pos.to(dev), self.depth.to(dev)
+
+
+def peagle_inputs(
+    batch: DrafterBatch,
+    target: TargetOutput,
+    *,
+    shapes: ShapeSet | None = None,
+    noise: float | None = None,
+) -> tuple[dict, ChainChoice]:
+    """``(forward inputs, chain choice)`` for speculators' ``PEagleDraftModel`` on a padfree P-EAGLE batch:
+    EAGLE-3's row (:func:`eagle3_inputs`: each document shifted, back to back) whose loss mask is the
+    batch's depth-0 supervision, and the batch's own chains (put in place by :func:`anchors_patched`).
+
+    Why: their sampler extends a chain along the row's loss mask, whatever the document; a chain joins two
+    documents only through a document's first position, which carries no loss here (nor in padfree's own
+    fields), nor does a position whose label lies past its document's end. Their mask keeps every element
+    inside its anchor's document, and their rotary positions (row offsets) differ from each document's by
+    a constant, which attention does not see."""
+    c, f = batch.contract, batch.fields
+    if c is None:
+        raise ConfigError("peagle_inputs: an empty micro-batch has nothing to draft")
+    kwargs = eagle3_inputs(batch, target, 1, noise=noise)
+    sup0 = f.supervised[0]
+    masks, offset = [], 0
+    row_of = torch.full((c.width,), -1, dtype=torch.long)
+    for d in range(c.n_docs):
+        s = c.doc_slice(d)
+        n = c.doc_lengths[d] - 1
+        if n <= 0:
+            continue
+        masks.append(sup0[s][:n])
+        row_of[s.start : s.start + n] = torch.arange(offset, offset + n)
+        offset += n
+    kwargs["loss_mask"] = torch.cat(masks).long()[None]
+    kwargs = _padded(kwargs, shapes)
+    width = int(kwargs["input_ids"].shape[1])
+    anchors, depths = [torch.arange(width)], [torch.zeros(width, dtype=torch.long)]
+    for k in range(1, f.ttt):
+        t = torch.nonzero(f.present[k]).reshape(-1)
+        p = row_of[t]
+        if bool((p < 0).any()):
+            raise ConfigError("peagle_inputs: a chain anchored on a document's last position")
+        anchors.append(p.sort().values)
+        depths.append(torch.full((p.shape[0],), k, dtype=torch.long))
+    return kwargs, ChainChoice(torch.cat(anchors), torch.cat(depths), width)
+
+
+def peagle_feed(
+    batch: DrafterBatch, target: TargetOutput, *, shapes: ShapeSet | None = None, noise: float | None = None
+) -> tuple[dict, ChainChoice]:
+    """:func:`peagle_inputs`, as :func:`speculators_inputs` returns it (the choice goes in
+    :func:`anchors_patched`)."""
+    return peagle_inputs(batch, target, shapes=shapes, noise=noise)
 
 
 def _prenorm(target: TargetOutput) -> torch.Tensor:

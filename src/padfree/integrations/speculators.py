@@ -16,10 +16,12 @@ row per rank per step -> ``model(**batch, **train_call_kwargs)``).
   where their row-wide ``align_for_step`` would pair two documents; MTP rows on each document's first ``K +
   1`` (their row-wide ``k + 2`` label shift) and end with ``K + 1`` loss-free positions (the queries their
   ``valid_len`` drops), so every document keeps all of its queries (:func:`padfree.integrations.feed.
-  mtp_inputs`).
+  mtp_inputs`). P-EAGLE rows lose it on each document's
+  first and last positions and carry ``padfree_chains``: each document's COD chains drawn from its own
+  generator (:func:`padfree.drafter.peagle.row_chains`, the same draws padfree's own fields make).
 * :func:`install` hooks their model: it takes the ``padfree_*`` keys out of the call and puts padfree's
   anchors in place of their ``select_anchors`` (today's signature and the one their PR #1071 proposes) while
-  that forward runs.
+  that forward runs (and, for P-EAGLE, padfree's chains in place of their ``generate_cod_sample_indices``).
 
 Their dataset must come wrapped in :class:`padfree.torch.PlannedDataset` (it hands the batch's sample ids and
 epoch to the collate function). Nothing here imports speculators at module level. Guide: docs/integrations.md
@@ -56,7 +58,7 @@ from padfree.integrations._common import (
     forward_hooks,
     recipe_for,
 )
-from padfree.integrations.feed import AnchorChoice, trainer_kwargs
+from padfree.integrations.feed import AnchorChoice, ChainChoice, trainer_kwargs
 from padfree.integrations.shapes import ShapeSet, anchor_slots, pad_rows, slot_width
 
 __all__ = [
@@ -69,7 +71,7 @@ __all__ = [
     "trainer_kwargs",
 ]
 
-KEYS = ("padfree_sample_ids", "padfree_epoch", "padfree_anchors", "padfree_anchor_valid")
+KEYS = ("padfree_sample_ids", "padfree_epoch", "padfree_anchors", "padfree_anchor_valid", "padfree_chains")
 """The keys :class:`PadfreeCollate` adds to their batch (and :func:`install` takes out of the model call)."""
 
 
@@ -259,7 +261,8 @@ class PadfreeCollate:
 
     Args:
         collate_fn: their ``CollateFn`` (its ``max_len`` the sampler's ``batch_max_length``).
-        method: ``dflash`` (anchors), ``eagle3`` or ``mtp`` (per-document gate; MTP also a loss-free tail).
+        method: ``dflash`` (anchors), ``eagle3`` or ``mtp`` (per-document gate; MTP also a loss-free tail),
+            or ``peagle`` (per-document gate and chains, ``padfree_chains``).
         recipe: the anchors' rule / EAGLE-3's ttt (default: speculators' preset for ``method``).
         seed: the anchors' seed (use the sampler's).
         shapes: row lengths and the anchor width (``sampler.shapes``); ``None``: rows stay ``max_len`` long
@@ -314,6 +317,15 @@ class PadfreeCollate:
             )
             head = (pos < gated) & (out["document_ids"][0] >= 0)
             out["loss_mask"] = out["loss_mask"] * ~head[None].to(out["loss_mask"].device)
+        if spec.speculators_columns is not None:  # P-EAGLE: each document's own chains
+            where, name = spec.speculators_columns.split(":")
+            build = getattr(importlib.import_module(where), name)
+            lm = out["loss_mask"]
+            gate, chains = build(
+                lm[0].cpu().numpy(), starts, lens, kept, self.recipe, seed=self.seed, epoch=info.epoch
+            )
+            out["loss_mask"] = torch.as_tensor(gate, device=lm.device)[None].to(lm.dtype)
+            out["padfree_chains"] = torch.from_numpy(chains)
         if spec.uses_anchors:
             mask = out["loss_mask"][0].numpy().astype(bool)
             a = doc_anchors(
@@ -377,21 +389,41 @@ def _select_anchors(loss_mask: torch.Tensor, num_anchors: int, block_size: int, 
     return choice(loss_mask, num_anchors, block_size, **kwargs)
 
 
+def _cod_indices(seq_length: int, loss_mask: torch.Tensor, *args: Any, **kwargs: Any):
+    """In place of their P-EAGLE ``generate_cod_sample_indices`` while :func:`install` holds: the chains
+    :class:`PadfreeCollate` drew for the row being forwarded, else theirs (a model that was not installed)."""
+    choice = getattr(_local, "choice", None)
+    if not isinstance(choice, ChainChoice):
+        return _installed["cod"](seq_length, loss_mask, *args, **kwargs)
+    return choice(seq_length, loss_mask)
+
+
+def _peagle_core() -> Any:
+    """Their P-EAGLE module, where their release has one (None: older releases)."""
+    try:
+        return importlib.import_module("speculators.models.peagle.core")
+    except ImportError:
+        return None
+
+
 def _restore_theirs() -> None:
-    """Their ``select_anchors`` back once no installed model remains."""
+    """Their ``select_anchors`` (and P-EAGLE sampler) back once no installed model remains."""
     with _lock:
         _installed["count"] -= 1
         if _installed["count"] == 0:
             core: Any = importlib.import_module("speculators.models.dflash.core")
             core.select_anchors = _installed["theirs"]
+            if _installed.get("cod") is not None:
+                _peagle_core().generate_cod_sample_indices = _installed["cod"]
 
 
 def install(
     model: torch.nn.Module, *, on_batch: Callable[[np.ndarray, int], None] | None = None
 ) -> Installed:
-    """Hook speculators' ``model`` (a ``DFlashDraftModel`` or ``Eagle3DraftModel``, before DDP/FSDP wraps it)
-    for batches from :class:`PadfreeCollate`: each forward takes the ``padfree_*`` keys out of its keywords
-    and, for DFlash, draws padfree's anchors instead of their ``select_anchors``. ``on_batch(sample_ids,
+    """Hook speculators' ``model`` (``DFlashDraftModel``, ``Eagle3DraftModel`` or ``PEagleDraftModel``, before
+    DDP/FSDP wraps it) for batches from :class:`PadfreeCollate`: each forward takes the ``padfree_*`` keys out
+    of its keywords and, for DFlash, draws padfree's anchors instead of their ``select_anchors`` (P-EAGLE:
+    padfree's chains instead of their ``generate_cod_sample_indices``). ``on_batch(sample_ids,
     epoch)`` is called before each forward (for a log of what trained)."""
     core: Any = importlib.import_module("speculators.models.dflash.core")
     block = getattr(model, "block_size", None)
@@ -408,11 +440,23 @@ def install(
             valid = taken["padfree_anchor_valid"]
             width = int(valid.shape[0])
             _local.choice = AnchorChoice(taken["padfree_anchors"][valid], int(block), width)
+        if "padfree_chains" in taken:
+            chains = taken["padfree_chains"]
+            width = int(kwargs["input_ids"].shape[1])
+            _local.choice = ChainChoice(
+                torch.cat([torch.arange(width), chains[0].cpu()]),
+                torch.cat([torch.zeros(width, dtype=torch.long), chains[1].cpu()]),
+                width,
+            )
         return args, kwargs
 
     with _lock:
         if _installed["count"] == 0:
             _installed["theirs"] = core.select_anchors
             core.select_anchors = _select_anchors
+            peagle = _peagle_core()
+            _installed["cod"] = None if peagle is None else peagle.generate_cod_sample_indices
+            if peagle is not None:
+                peagle.generate_cod_sample_indices = _cod_indices
         _installed["count"] += 1
     return Installed(forward_hooks(model, before, _local, "choice"), _restore_theirs)
