@@ -4,6 +4,7 @@ train packed is refused in the same one line by every entry point."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -119,7 +120,7 @@ def _one_line_refusal(text: str, family: str) -> None:
     assert "--strategy bucketed" in text, text
 
 
-@pytest.mark.parametrize("family", ["gpt_neo", "mpt"])
+@pytest.mark.parametrize("family", ["gpt_neo"])
 def test_a_family_that_cannot_pack_is_refused_in_one_line_everywhere(tmp_path, family, capsys, hf_json):
     folder = saved(tmp_path, family)
     capsys.readouterr()
@@ -155,11 +156,16 @@ def test_a_family_that_cannot_pack_is_refused_in_one_line_everywhere(tmp_path, f
     _one_line_refusal(str(exc.value), family)
 
 
-def test_padfree_trainer_refuses_mpt_loaded_by_hand_in_one_line(tmp_path):
+def test_mpt_loaded_by_hand_trains_packed_as_check_packing_says(tmp_path, capsys):
+    """MPT was refused (its forward reads the causal mask padfree_varlen used to leave out); padfree now hands
+    such a model its own mask restricted to the row's documents: check-packing on its folder says OK against
+    the model's own attention, and PadfreeTrainer trains it packed from ``from_pretrained`` by hand."""
     folder = saved(tmp_path, "mpt")
+    assert cli(["check-packing", "--model", str(folder)]) == 0, capsys.readouterr().err
+    assert "OK" in capsys.readouterr().out
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="padfree_varlen")
     plan = PlanConfig(strategy="packed", budget=64, grad_accum=1)
-    with pytest.raises(ConfigError) as exc:
-        PadfreeTrainer(model=model, args=_args(tmp_path), train_dataset=DATA, lengths=LENGTHS,
-                       plan_config=plan)  # fmt: skip
-    _one_line_refusal(str(exc.value), "mpt")
+    trainer = PadfreeTrainer(model=model, args=_args(tmp_path), train_dataset=DATA, lengths=LENGTHS,
+                             plan_config=plan)  # fmt: skip
+    out = trainer.train()
+    assert out.global_step == 1 and math.isfinite(out.training_loss)
