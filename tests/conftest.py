@@ -20,6 +20,28 @@ ROOT = Path(__file__).resolve().parents[1]
 HANG_S = 400
 """How long a test's subprocess may run before the test calls it hung: a torch import alone takes tens of
 seconds on a loaded 2-core machine, and a real hang never ends."""
+
+
+def extras_packages(names: str) -> set[str]:
+    """The package names (lower case, ``_`` as ``-``) the extras ``names`` ("a,b") of pyproject.toml require,
+    ``padfree[...]`` self-references followed."""
+    import re
+
+    import tomllib
+
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    out: set[str] = set()
+    todo = names.split(",")
+    while todo:
+        for req in table[todo.pop()]:
+            self_ref = re.fullmatch(r"padfree\[([\w,-]+)\]", req)
+            if self_ref:
+                todo += self_ref.group(1).split(",")
+            else:
+                out.add(re.split(r"[<>=!\[ ;]", req, maxsplit=1)[0].lower().replace("_", "-"))
+    return out
+
+
 FIXTURES = ROOT / "fixtures"
 """Real data vendored in the repository (see fixtures/README.md): tests need nothing outside it."""
 

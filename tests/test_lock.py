@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import tomllib
+from conftest import extras_packages
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "constraints.txt"
@@ -22,21 +23,6 @@ def _compat():
     return mod
 
 
-def _extras(names: str) -> set[str]:
-    """The package names the extras ``names`` ("a,b") require, ``padfree[...]`` self-references followed."""
-    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    out: set[str] = set()
-    todo = names.split(",")
-    while todo:
-        for req in table[todo.pop()]:
-            self_ref = re.fullmatch(r"padfree\[([\w,-]+)\]", req)
-            if self_ref:
-                todo += self_ref.group(1).split(",")
-            else:
-                out.add(re.split(r"[<>=!\[ ;]", req, maxsplit=1)[0].lower().replace("_", "-"))
-    return out
-
-
 def _makefile_var(name: str) -> str:
     m = re.search(rf"^{name}\s*:=\s*(.+)$", (ROOT / "Makefile").read_text(), re.M)
     assert m, f"Makefile has no {name}"
@@ -48,7 +34,7 @@ def test_the_lock_pins_every_package_make_test_installs() -> None:
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     core = {re.split(r"[<>=!\[ ;]", d, maxsplit=1)[0].lower() for d in deps}
     peers = {p.split("==")[0] for p in _makefile_var("PEERS").split()}
-    missing = (core | _extras(_makefile_var("EXTRAS_DEV")) | peers) - set(pins)
+    missing = (core | extras_packages(_makefile_var("EXTRAS_DEV")) | peers) - set(pins)
     assert not missing, f"constraints.txt lacks {sorted(missing)}: run make lock"
     assert pins["torch"] == "2.13.0"  # the CPU wheel on local disk, never another
 
@@ -71,12 +57,12 @@ def test_the_committed_family_sweep_was_made_on_the_locked_transformers() -> Non
 
 
 def test_the_trainer_extra_brings_what_transformers_trainer_needs() -> None:
-    assert {"accelerate", "torch", "transformers"} <= _extras("trainer")
+    assert {"accelerate", "torch", "transformers"} <= extras_packages("trainer")
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("## Quick start: Hugging Face Trainer") :]
     section = section[: section.index("\n## ", 5)]
     named = re.findall(r'pip install -e "\.\[([\w,]+)\]"', section)
-    assert named and all("accelerate" in _extras(n) for n in named), named
+    assert named and all("accelerate" in extras_packages(n) for n in named), named
 
 
 def test_compat_reports_each_family_whose_status_moved(tmp_path) -> None:
