@@ -258,3 +258,9 @@ def scale_of(fields: Any, contract: Contract, recipe: Recipe) -> tuple[torch.Ten
         torch.tensor(contract.doc_lengths, dtype=torch.int64),
         recipe.normalization,
     )
+
+
+def no_field_padding(batch: DrafterBatch, mask_token_id: int = 1) -> DrafterBatch:
+    """A method's ``field_padding`` when padded rows add nothing to its fields (every position drafts:
+    EAGLE-3, MTP, P-EAGLE); DFlash's pads its anchor slots instead."""
+    return batch

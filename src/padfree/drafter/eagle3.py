@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, rope
-from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields
+from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields, no_field_padding
 from padfree.drafter.contract import Contract
 from padfree.drafter.export import layer_config, take
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
@@ -236,9 +236,7 @@ class Eagle3Drafter(nn.Module):
         return torch.cat(self(target.hidden, batch, attention)), None
 
 
-def field_padding(batch: DrafterBatch, mask_token_id: int = 1) -> DrafterBatch:
-    """What the field's padded EAGLE-3 batches add to padded rows: nothing (every position drafts)."""
-    return batch
+field_padding = no_field_padding  # padded rows add nothing: every position drafts
 
 
 Config = Eagle3Config

@@ -33,7 +33,7 @@ from torch import nn
 
 from padfree.drafter import eagle3
 from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, rope
-from padfree.drafter.collate import DrafterBatch, FieldOptions
+from padfree.drafter.collate import DrafterBatch, FieldOptions, no_field_padding
 from padfree.drafter.contract import Contract
 from padfree.drafter.export import layer_config, take
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
@@ -179,9 +179,7 @@ class MTPDrafter(nn.Module):
         return torch.cat(self(target.hidden, batch, attention)), None
 
 
-def field_padding(batch: DrafterBatch, mask_token_id: int = 1) -> DrafterBatch:
-    """What padded MTP batches add to padded rows: nothing (every position drafts)."""
-    return batch
+field_padding = no_field_padding  # padded rows add nothing: every position drafts
 
 
 Config = MTPConfig

@@ -37,7 +37,7 @@ from torch import nn
 from padfree.core.document_rng import document_rng
 from padfree.drafter import eagle3
 from padfree.drafter._blocks import attend, rope
-from padfree.drafter.collate import DrafterBatch, FieldOptions
+from padfree.drafter.collate import DrafterBatch, FieldOptions, no_field_padding
 from padfree.drafter.contract import Contract
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
 from padfree.drafter.objective import VocabMap
@@ -259,9 +259,7 @@ class PEagleDrafter(eagle3.Eagle3Drafter):
         return torch.cat(self(target.hidden, batch, attention)), None
 
 
-def field_padding(batch: DrafterBatch, mask_token_id: int = 1) -> DrafterBatch:
-    """What padded P-EAGLE batches add to padded rows: nothing (every position is a depth-0 element)."""
-    return batch
+field_padding = no_field_padding  # padded rows add nothing: every position drafts
 
 
 Config = PEagleConfig
