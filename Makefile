@@ -13,7 +13,7 @@ EXTRAS_DEV  := dev,torch,hf,trainer,io,report,bench,peers
 LOCK := constraints.txt
 PIP_LOCKED = $(BIN)/python -m pip install -q -c $(LOCK)
 
-.PHONY: demo test lint format setup setup-dev drafter browser bench-plan clean lock compat
+.PHONY: demo test lint format setup setup-dev drafter browser bench-plan bench-stream-peers clean lock compat
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,18 @@ test: setup-dev lint
 
 bench-plan: setup-dev
 	$(BIN)/python benchmarks/plan_speed.py --out benchmarks/results
+
+# issue 43: padfree's streamed planner against the peers' own code (grain's first-fit packer, TRL's BFD, lhotse,
+# torchtitan's weighted interleave) in a venv of its own: grain and torchtitan are never part of the dev install
+# or make test. torchtitan goes in without its dependencies (only its InterleavedDataset is used; it needs torch).
+BENCH_VENV := build/bench-venv
+BENCH_PEERS := grain==0.2.18 urllib3
+bench-stream-peers:
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q -c $(LOCK) -e ".[bench,io]" $(BENCH_PEERS)
+	$(BENCH_VENV)/bin/python -m pip install -q -c $(LOCK) --no-deps torchtitan==0.3.0
+	for s in seed_mix three_sets; do $(BENCH_VENV)/bin/python benchmarks/stream_peers.py --streams $$s \
+	  --name stream_peers_$$s --lengths ../shared/data/lengths --out benchmarks/results || exit 1; done
 
 # the lock anew: a throw-away venv gets the newest releases the ranges allow (torch stays 2.13.0, the CPU
 # wheel), the peers without their pins, and its versions become $(LOCK). Run `make test` after it.
