@@ -527,6 +527,12 @@ NOTES = [
     "padfree's windowed planner does not take sources yet (issue 43 item 3 leaves mixtures over streams "
     "open): on three_sets it plans the drawn stream as it comes, and `padfree_sources_*` is the in-memory "
     "per-step deficit rule over the three sets (its memory is the pool's, not O(W)).",
+    "Only whole steps are measured. A peer's last, part-filled step is left out (`samples` counts what the "
+    "whole steps hold); padfree's windowed planner gives out every sample, its last steps part-empty, which "
+    "its fill at W = 1, 2 pays for.",
+    "Peak memory is rough (a few MiB of allocator noise): it includes each planner's output ids for the "
+    "whole stream, kept for measuring (the same for all), and grain's bins hold token arrays, TRL's table a "
+    "per-token source column; the peers' inputs (lhotse's items, TRL's dataset) are built inside the run.",
 ]
 
 
