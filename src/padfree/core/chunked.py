@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from padfree.core import _kernels, batching, cost, steps
+from padfree.core import _jit, batching, cost, steps
 from padfree.core.items import Items
 from padfree.errors import ConfigError
 
@@ -99,7 +99,7 @@ def plan_chunked(
     long = long[rng.permutation(long.size)]
     n_long = chunks[long]
     if long.size:
-        lane_of, n_lanes_long = _kernels.best_fit(n_long, g)
+        lane_of, n_lanes_long = _jit.best_fit(n_long, g)
         lane_of = np.asarray(lane_of, np.int64)
     else:
         lane_of, n_lanes_long = np.empty(0, np.int64), 0
@@ -144,7 +144,7 @@ def plan_chunked(
     lanes = np.lexsort((rng.random(n_lanes), np.floor(lane_cost / quantum)))
     steps = lanes.reshape(-1, w)[rng.permutation(n_lanes // w)].ravel()
     mb_perm = (steps[:, None] * g + np.arange(g)[None, :]).ravel()
-    order, offsets = _kernels.gather_segments(order, offsets, mb_perm)
+    order, offsets = _jit.gather_segments(order, offsets, mb_perm)
     return sample[doc[order]], offsets, length[order], start[order]
 
 

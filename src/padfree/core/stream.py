@@ -36,8 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from padfree.core import _kernels
-from padfree.core._kernels import njit
+from padfree.core._jit import njit
 from padfree.core.budget import Budget
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, Report, check_overlong, make_items, validate_lengths
@@ -66,6 +65,27 @@ def _group_by_label(labels: np.ndarray, n_labels: int, out: np.ndarray) -> np.nd
         out[fill[k]] = i
         fill[k] += 1
     return starts
+
+
+@njit(cache=True, nogil=True)
+def permute_in_place(values: np.ndarray, order: np.ndarray, seen: np.ndarray) -> None:
+    """``values[i] = values[order[i]]`` (the values before) for every ``i``, in place, cycle by cycle.
+
+    ``seen`` is a zeroed uint8 scratch array as long as ``values`` (left all ones).
+    """
+    for i in range(values.shape[0]):
+        if seen[i]:
+            continue
+        first = values[i]
+        j = i
+        while True:
+            seen[j] = 1
+            k = order[j]
+            if k == i:
+                values[j] = first
+                break
+            values[j] = values[k]
+            j = k
 
 
 def _index_dtype(n: int) -> type:
@@ -215,7 +235,7 @@ def _deal_prepared(
         if not in_place or not arr.flags.writeable:
             arrays[i] = arr = arr.copy()
         seen[:] = 0
-        _kernels.permute_in_place(arr, order, seen)
+        permute_in_place(arr, order, seen)
     del order, seen
     start = arrays[2] if items.start is not None else None
     prepared = Items(arrays[0], arrays[1], start, items.n_samples)
