@@ -149,7 +149,6 @@ NUMERIC: dict[str, Bounded] = {
     "--buckets": BUCKETS,
     "--sp": SHARD,
     "--cp": SHARD,
-    "--comm": Bounded(float, 0, 1e6),
     "--mix": MIX,
     "--seed": SEED,
     "--epoch": SEED,

@@ -1,6 +1,7 @@
 """Per-micro-batch SP/CP degree (verl's dynamic CP): short micro-batches run unsharded, one per GPU of the
 group, long ones over the whole group, in a schedule of phases that keeps every GPU busy and every
-collective aligned.
+collective aligned. A benchmark-only plan (``benchmarks/sp_cp_degree.py`` measures its modeled gain): no
+sampler or trainer runs it, so it stays out of ``padfree.core`` until one does.
 
 A plan with ``sp`` / ``cp`` > 1 gives each data-parallel (DP) rank a group of ``G = sp * cp`` GPUs with a
 per-GPU budget ``B``; at the fixed full degree every micro-batch is one row of up to ``G * B`` tokens split
@@ -337,7 +338,7 @@ def _whole_steps(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Make the phase count a multiple of the step (``world_size * grad_accum``): the trailing partial
     step's degree-1 rows are dealt anew, longest document first, over as many more degree-1 phases as the
-    step lacks (:func:`padfree.core._kernels.lpt_bins`; rows left empty where documents are too few, or
+    step lacks (:func:`padfree.core._cuts.lpt_bins`; rows left empty where documents are too few, or
     empty phases added where that overflows a row)."""
     k, g, budget = config.micro_per_step, config.shard.group, config.budget
     m = degree.shape[0]
