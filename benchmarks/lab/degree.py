@@ -355,9 +355,7 @@ def _whole_steps(
     ids = _jit.gather_segments(order, row_offsets, tail_rows)[0]
     bins = _cuts.lpt_bins(length[ids], need * g, budget) if ids.size else np.zeros(0, np.int64)
     if ids.size and bins.size == 0:  # a dealt row would overflow: keep the rows, add empty phases
-        new_order, new_off = _jit.gather_segments(
-            order, row_offsets, np.concatenate((keep_rows, tail_rows))
-        )
+        new_order, new_off = _jit.gather_segments(order, row_offsets, np.concatenate((keep_rows, tail_rows)))
         new_off = np.concatenate((new_off, np.full((k - r) * g, new_off[-1])))
         new_degree = np.concatenate((degree[keep], degree[short], np.ones(k - r, np.int64)))
     else:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from padfree.core import _jit, _ranks, capacity, chunked, cost, refit, steps
+from padfree.core import _jit, _ranks, capacity, cost, refit, steps
 from padfree.core.budget import Budget
 from padfree.core.config import MAX_COST, CostModel, PlanConfig
 from padfree.core.cost import Coefficients
@@ -150,7 +150,7 @@ def dynamic_budget(
     >>> dynamic_budget(PlanConfig(strategy="bucketed", budget=1000), headroom=1.0) is None
     True
     """
-    if config.chunked:  # chunks are the budget: lanes are not re-cut among ranks
+    if config.spec.layout is not None:  # its steps run on the ranks its layout gave them: no re-cut
         return None
     if headroom is None:
         headroom = default_headroom(config.world_size, config, lengths)
@@ -234,8 +234,8 @@ def step_layout(
     w, g = config.world_size, config.grad_accum
     if offsets.shape[0] - 1 != w * g:
         raise ValueError(f"a step of {offsets.shape[0] - 1} micro-batches for {w} x {g}")
-    if config.chunked:  # lanes are ranks: a document's chunks stay together (balanced when planned)
-        return chunked.lane_layout(offsets)
+    if config.spec.layout is not None:  # its layout gave the step to ranks (chunked: a document's chunks
+        return np.arange(int(offsets[-1]), dtype=np.int64), offsets.astype(np.int64, copy=False)  # on one)
     shapes = cost.micro_shapes(lens, offsets, config.packed, anchors, shard=config.shard)
     costs = cost.micro_costs(shapes, balance.cost, balance.drafter)
     speeds = np.ones(w) if balance.speeds is None else np.asarray(balance.speeds, dtype=np.float64)

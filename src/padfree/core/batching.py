@@ -38,6 +38,17 @@ class Formed(NamedTuple):
     edges: np.ndarray | None
 
 
+class Laid(NamedTuple):
+    """What a strategy's own ``layout`` returns: one epoch in plan order, steps given to ranks, as the
+    :class:`~padfree.core.plan.Plan` holds it: the ``sample`` id, ``lengths`` and ``starts`` (first token
+    inside its sample) of each entry, and the micro-batch ``offsets``."""
+
+    sample: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    starts: np.ndarray
+
+
 _ZEROS_CACHE: dict[int, np.ndarray] = {}
 
 

@@ -9,11 +9,15 @@ evens out a step's ranks by moving items between its micro-batches (:func:`even_
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from padfree.core import _cuts, _jit, _ranks, cost
-from padfree.core.config import PlanConfig
 from padfree.errors import ConfigError
+
+if TYPE_CHECKING:  # the strategies' own layouts (padfree.core.chunked) use this module: no config at run time
+    from padfree.core.config import PlanConfig
 
 EVEN_TOLERANCE = 0.002
 """A bucketed step whose slowest rank costs at most this much above the mean is left as assigned."""
@@ -260,7 +264,7 @@ def evens_ranks(config: PlanConfig, drafting: bool) -> bool:
     """Whether :func:`even_ranks` applies: plans of several ranks, packed (not under SP/CP, whose padded rows
     cost more than their items) or bucketed (not a drafter plan, whose padded micro-batches are bounded by
     more than tokens)."""
-    if config.world_size <= 1 or config.chunked:
+    if config.world_size <= 1:
         return False
     if config.packed:
         return not config.shard.pads
@@ -295,6 +299,7 @@ def even_ranks(
     steps above the tolerance (by the micro-batches' ``costs``, when the caller has them) are worked on;
     ``sizes`` and ``anchors`` may be the epoch's, per item, that ``order`` puts in the order of ``lens``.
 
+    >>> from padfree.core.config import PlanConfig
     >>> cfg = PlanConfig(strategy="bucketed", budget=8, world_size=2, grad_accum=1)
     >>> perm, offs = even_ranks(np.array([2, 2, 2, 2, 2]), np.array([0, 4, 5]), cfg, (1.0, 0.0, 0.0), 8)
     >>> perm.tolist(), offs.tolist()
