@@ -59,20 +59,20 @@ def _preamble(
     anchors: ArrayLike | None,
     path: str | None,
     t0: float | None = None,
-) -> tuple[Plan | None, int, int | None]:
-    """What :func:`make_plan` and :func:`plan_pieces` decide first: ``(plan, epoch, window)``, the whole
-    epoch's plan when it is made in one piece (weighted sources, composed step by step; or in memory), else
-    ``None``, the checked epoch and the window to plan in. Refuses a window for what is planned in memory
-    only: a strategy's own layout, a drafter plan."""
+) -> Plan | tuple[int, int]:
+    """What :func:`make_plan` and :func:`plan_pieces` decide first: the whole epoch's plan when it is made in
+    one piece (weighted sources, composed step by step; or in memory), else the checked epoch and the window
+    to plan in. Refuses a window for what is planned in memory only: a strategy's own layout, a drafter
+    plan."""
     epoch = check_epoch(epoch)
     if config.sources is not None:  # weighted sources: lengths per source, composed step by step
         from padfree.core import sources
 
         data = sources.source_data(lengths, config)  # type: ignore[arg-type]
-        return sources.plan_sources(data, config, epoch)[0], epoch, None
+        return sources.plan_sources(data, config, epoch)[0]
     window = planning_window(lengths, stream, window)
     if window is None:
-        return plan_in_memory(lengths, config, epoch, path=path, t0=t0, anchors=anchors), epoch, None
+        return plan_in_memory(lengths, config, epoch, path=path, t0=t0, anchors=anchors)
     if config.spec.layout is not None:
         raise ConfigError(
             f"{config.strategy} plans are planned in memory, up to {STREAM_THRESHOLD:,} samples "
@@ -83,7 +83,7 @@ def _preamble(
             f"drafter plans (anchors, anchor_budget, attn_budget) are planned in memory, up to "
             f"{STREAM_THRESHOLD:,} samples (not window by window)"
         )
-    return None, epoch, window
+    return epoch, window
 
 
 def make_plan(
@@ -112,10 +112,11 @@ def make_plan(
     (0, True)
     """
     t0 = time.perf_counter()
-    plan, epoch, window = _preamble(lengths, config, epoch, stream, window, anchors, path, t0)
-    if plan is not None:
-        return plan
-    return _stream.plan_stream(lengths, config, epoch, window=window, path=path, progress=progress, t0=t0)
+    routed = _preamble(lengths, config, epoch, stream, window, anchors, path, t0)
+    if isinstance(routed, Plan):
+        return routed
+    epoch, every = routed
+    return _stream.plan_stream(lengths, config, epoch, window=every, path=path, progress=progress, t0=t0)
 
 
 def plan_pieces(
@@ -142,10 +143,10 @@ def plan_pieces(
     >>> len(pieces), np.array_equal(np.concatenate([p.indices for p in pieces]), whole.indices)
     (4, True)
     """
-    plan, epoch, window = _preamble(lengths, config, epoch, stream, window, None, path)
-    if plan is not None:
-        yield plan
+    routed = _preamble(lengths, config, epoch, stream, window, None, path)
+    if isinstance(routed, Plan):
+        yield routed
         return
-    assert window is not None
-    windows = _stream.deal_windows(lengths, config, epoch, window, path)
+    epoch, every = routed
+    windows = _stream.deal_windows(lengths, config, epoch, every, path)
     yield from _stream.window_pieces(windows, config, epoch, path, progress)
