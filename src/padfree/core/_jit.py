@@ -128,17 +128,26 @@ def best_fit(lens: np.ndarray, budget: int) -> tuple:
 @njit(cache=True, nogil=True)
 def counting_argsort(keys: np.ndarray, n_keys: int) -> np.ndarray:
     """Stable argsort of small non-negative integer keys (< n_keys) in O(n + n_keys)."""
-    counts = np.zeros(n_keys + 1, np.int64)
-    for i in range(keys.shape[0]):
-        counts[keys[i] + 1] += 1
-    for k in range(n_keys):
-        counts[k + 1] += counts[k]
     out = np.empty(keys.shape[0], np.int64)
+    counting_sort_into(keys, n_keys, out)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def counting_sort_into(keys: np.ndarray, n_keys: int, out: np.ndarray) -> np.ndarray:
+    """The stable argsort of small non-negative integer keys (< n_keys) written into ``out`` (of any
+    integer dtype: a huge epoch's ids fit int32); returns where each key's ids start (``n_keys + 1``)."""
+    starts = np.zeros(n_keys + 1, np.int64)
+    for i in range(keys.shape[0]):
+        starts[keys[i] + 1] += 1
+    for k in range(n_keys):
+        starts[k + 1] += starts[k]
+    fill = starts[:-1].copy()
     for i in range(keys.shape[0]):
         k = keys[i]
-        out[counts[k]] = i
-        counts[k] += 1
-    return out
+        out[fill[k]] = i
+        fill[k] += 1
+    return starts
 
 
 @njit(cache=True, nogil=True)

@@ -349,7 +349,7 @@ ROUNDS_PER_MICRO = 4
 
 
 @njit(cache=True, nogil=True)
-def _best_change(
+def _improve(
     mine: np.ndarray,
     others: np.ndarray,
     bin_of: np.ndarray,
@@ -360,11 +360,13 @@ def _best_change(
     load: np.ndarray,
     p: int,
     accum: int,
-) -> tuple:
+    least: float,
+) -> bool:
     """One round of :func:`even_packed_steps` on one step: of the moves of an item of ``mine`` (the slowest
     rank ``p``'s candidates) into another rank's micro-batch with room, and its swaps with a lighter item of
-    ``others``, the one that leaves the two ranks it touches with the lowest slower cost. Returns ``(cost,
-    item, partner or -1, micro-batch)``; item -1 when none lowers rank ``p``'s ``load``."""
+    ``others``, the one that leaves the two ranks it touches with the lowest slower cost is made (the items'
+    ``bin_of``, the micro-batches' ``room`` and ``cnt``, the ranks' ``load`` updated) when it lowers rank
+    ``p``'s cost by more than ``least``. Returns whether it was made."""
     k = room.shape[0]
     top = load[p]
     best = top
@@ -394,26 +396,8 @@ def _best_change(
             worst = max(top - d, load[q] + d)
             if worst < best:
                 best, bi, bj, bv = worst, i, j, v
-    return best, bi, bj, bv
-
-
-@njit(cache=True, nogil=True)
-def _make_change(
-    bi: int,
-    bj: int,
-    bv: int,
-    bin_of: np.ndarray,
-    weight: np.ndarray,
-    size: np.ndarray,
-    room: np.ndarray,
-    cnt: np.ndarray,
-    load: np.ndarray,
-    p: int,
-    accum: int,
-) -> None:
-    """Make :func:`_best_change`'s choice: item ``bi`` of rank ``p`` moves to micro-batch ``bv`` (and item
-    ``bj``, unless it is -1, to ``bi``'s), the micro-batches' ``room`` and ``cnt`` and the ranks' ``load``
-    updated."""
+    if bi < 0 or not best < top - least:
+        return False
     u = bin_of[bi]
     q = bv // accum
     d = weight[bi]
@@ -430,6 +414,7 @@ def _make_change(
         bin_of[bj] = u
     load[p] -= d
     load[q] += d
+    return True
 
 
 @njit(cache=True, nogil=True)
@@ -506,7 +491,7 @@ def even_packed_steps(
             # a step of many small items: a rotating sample of candidates bounds each round's work
             step_i = max(1, n_mine // CANDIDATES)
             step_j = max(1, n_others // (4 * CANDIDATES))
-            best, bi, bj, bv = _best_change(
+            made = _improve(
                 mine[it % step_i : n_mine : step_i],
                 others[it % step_j : n_others : step_j],
                 bin_of,
@@ -517,16 +502,14 @@ def even_packed_steps(
                 load,
                 p,
                 accum,
+                least,
             )
-            if bi < 0 or not best < top - least:
+            if not made:
                 misses += 1
                 if misses >= max(step_i, step_j):
                     break
                 continue  # the next round samples other candidates
             misses = 0
-            _make_change(
-                bi, bj, bv, bin_of, weight[base : base + n], size[base : base + n], room, cnt, load, p, accum
-            )
             changed = True
         if not changed:
             continue

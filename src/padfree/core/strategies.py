@@ -2,7 +2,7 @@
 
 A strategy lays out one epoch. Most form micro-batches from item lengths (``form``, see
 :mod:`padfree.core.batching`) and leave the rest to the default layout, the same for all of them: strata
-mixed into steps, whole steps, ranks balanced (:func:`padfree.core.plan.plan_items`). A strategy with a
+mixed into steps, whole steps, ranks balanced (:func:`padfree.core.plan.form_steps_ranks`). A strategy with a
 ``layout`` of its own lays out the whole epoch itself, steps given to ranks (``chunked``,
 :mod:`padfree.core.chunked`).
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from padfree.core import _jit
 from padfree.core._jit import njit
 from padfree.core.budget import Budget
 from padfree.core.config import PlanConfig
@@ -49,22 +50,6 @@ DEFAULT_WINDOW = 4_000_000
 
 _CHUNK = 8_000_000  # samples per pass when counting over the whole array
 _SAMPLES, _PREPARED = 0, 2  # random sub-streams: window ids (this tag) and window plans (tag + 1)
-
-
-@njit(cache=True, nogil=True)
-def _group_by_label(labels: np.ndarray, n_labels: int, out: np.ndarray) -> np.ndarray:
-    """Stable counting sort of sample ids by window label into ``out``; returns the window starts."""
-    starts = np.zeros(n_labels + 1, np.int64)
-    for i in range(labels.shape[0]):
-        starts[labels[i] + 1] += 1
-    for k in range(n_labels):
-        starts[k + 1] += starts[k]
-    fill = starts[:-1].copy()
-    for i in range(labels.shape[0]):
-        k = labels[i]
-        out[fill[k]] = i
-        fill[k] += 1
-    return starts
 
 
 @njit(cache=True, nogil=True)
@@ -248,7 +233,7 @@ def _group(labels: np.ndarray, per_window: np.ndarray, k: int) -> tuple[np.ndarr
     labels, per_window = _merge_small(labels, per_window, k)
     n = int(labels.shape[0])
     order: np.ndarray = np.empty(n, _index_dtype(n))
-    starts = _group_by_label(labels, per_window.shape[0], order)
+    starts = _jit.counting_sort_into(labels, per_window.shape[0], order)  # sample ids by window
     return order, starts, per_window
 
 
