@@ -3,8 +3,8 @@ degree, on seed_mix and a synthetic 128K long tail, at groups of G = 2, 4, 8 GPU
 
 Each case plans epoch 1 both ways at the same per-GPU budget, 8 data-parallel ranks x grad-accum 4,
 ``overlong="split"``, default cost model: the fixed plan (:func:`padfree.make_plan`, every row over the
-group) and :func:`padfree.core.degree.plan_degrees` (documents over the per-GPU budget at degree G, the
-rest in degree-1 rows, one per GPU). Both are costed per GPU by :mod:`padfree.core.degree`: a row at degree
+group) and :func:`lab.degree.plan_degrees` (documents over the per-GPU budget at degree G, the
+rest in degree-1 rows, one per GPU). Both are costed per GPU by :mod:`lab.degree`: a row at degree
 ``d`` costs ``(a*slots + b*attention) / d + c + s*slots/d`` (``d > 1``), a degree-1 phase its costliest
 row; an epoch costs the sum over steps of its slowest DP rank. ``s`` (token-equivalents per token a GPU
 holds) is the one communication term, swept; the gain is fixed epoch cost / per-micro-batch epoch cost.
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from lab.degree import GroupPlan, epoch_cost, fixed_costs, plan_degrees, row_costs
 from padfree import PlanConfig, make_plan
 from padfree.core import cost
-from padfree.core.degree import GroupPlan, epoch_cost, fixed_costs, plan_degrees, row_costs
 from padfree.data.length_files import bundled_seed_mix
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -110,7 +110,7 @@ def render(results: dict) -> str:
         "split, epoch 1, default cost model (`CostModel.from_shape()`, h4096 l32). Fixed: every micro-batch "
         "one row of up to G x budget tokens over the group (`make_plan`). Per-batch: documents over the "
         "per-GPU budget in degree-G rows (short documents fill their room), the rest in degree-1 rows, G "
-        "of them a phase, GPU g running the g-th (`padfree.core.degree.plan_degrees`). Cost per GPU of a "
+        "of them a phase, GPU g running the g-th (`lab.degree.plan_degrees`). Cost per GPU of a "
         "degree-d row: (a x slots + b x attention) / d + c + s x slots / d for d > 1 (slots, attention of "
         "the row padded for SP/CP; attention per document); a degree-1 phase costs its costliest row; an "
         "epoch the sum over steps of the slowest DP rank. Gain = fixed / per-batch epoch cost. "

@@ -231,3 +231,52 @@ def test_examples_import_no_other_example() -> None:
     for path in examples:
         bad = sorted(n for n in _imports_any(path) if n.split(".")[0] in local)
         assert not bad, f"{path.relative_to(ROOT)} imports {', '.join(bad)} (move it into the library)"
+
+
+# ----- a mode owns its layout: no layer asks a strategy's name ---------------------------------------------
+MODE = "chunked"
+MODE_HOMES = ("padfree/core/strategies.py", "padfree/core/chunked.py")
+"""Where the ``chunked`` strategy is registered and laid out: the only modules that may compare its name."""
+NOT_YET = ("padfree/hf.py", "padfree/torch/")
+"""Rewritten beside this test (the step runner, issue 42 item 1): they join the check once that lands."""
+
+
+def _name_compared(tree: ast.AST, name: str) -> list[int]:
+    """Lines where the string ``name`` is compared: ``==``, ``!=``, ``is``, or ``in`` a literal tuple, list or
+    set (a membership test of a dict's keys, e.g. a metric named like it, is no comparison of the name)."""
+
+    def is_name(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value == name
+
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for op, left, right in zip(node.ops, operands, operands[1:], strict=False):
+            if isinstance(op, (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)):
+                hit = is_name(left) or is_name(right)
+            elif isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
+                hit = any(is_name(e) for e in right.elts)
+            else:
+                hit = False
+            if hit:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_chunked_strategy_is_named_only_where_it_is_registered_and_laid_out() -> None:
+    """Every layer asks the strategy (``config.spec``: its layout, its chunks, its context), never its name:
+    ``"chunked"`` is compared nowhere in ``src/padfree`` outside its two modules (``hf.py`` and ``torch/``
+    excepted for now, :data:`NOT_YET`)."""
+    sample = 'a = s == "chunked"\nb = "chunked" != s\nc = s in ("packed", "chunked")\nd = "chunked" in m\n'
+    assert _name_compared(ast.parse(sample), MODE) == [1, 2, 3]  # the check sees each form, not a dict key
+    seen = 0
+    for path in sorted((SRC / "padfree").rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel in MODE_HOMES or rel.startswith(NOT_YET):
+            continue
+        seen += 1
+        lines = _name_compared(ast.parse(path.read_text()), MODE)
+        assert not lines, f"src/{rel}:{lines[0]} compares the strategy name {MODE!r}: ask config.spec instead"
+    assert seen > 100

@@ -25,6 +25,7 @@ from padfree.core.config import (
     STRATEGIES,
     PlanConfig,
 )
+from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError, PadfreeError, one_line
 
 
@@ -149,7 +150,6 @@ NUMERIC: dict[str, Bounded] = {
     "--buckets": BUCKETS,
     "--sp": SHARD,
     "--cp": SHARD,
-    "--comm": Bounded(float, 0, 1e6),
     "--mix": MIX,
     "--seed": SEED,
     "--epoch": SEED,
@@ -244,7 +244,8 @@ def example_parser(doc: str) -> argparse.ArgumentParser:
 def add_data_and_model_args(p: argparse.ArgumentParser, fixtures: Path, chunked: bool = False) -> None:
     """``--data``, ``--tokenizer``, the plan shape, the loss and a tiny model built from a config; ``--data``
     and ``--tokenizer`` default to the real samples and tokenizer in ``fixtures`` (the repository's
-    ``fixtures/``), ``chunked``: the loop trains the ``chunked`` strategy too, and takes ``--keep-chunks``."""
+    ``fixtures/``), ``chunked``: the loop trains the strategies whose documents span chunks too (the
+    registry's ``context``: ``chunked``), and takes ``--keep-chunks``."""
     p.add_argument(
         "--data",
         nargs="+",
@@ -264,7 +265,8 @@ def add_data_and_model_args(p: argparse.ArgumentParser, fixtures: Path, chunked:
         help="a lengths file made by `padfree lengths` on the same data and options: the plan uses it, and "
         "any sample whose tokens differ from it stops the run",
     )
-    p.add_argument("--strategy", default="packed", choices=[*STRATEGIES, *(["chunked"] if chunked else [])])
+    chunking = [name for name, spec in REGISTRY.items() if chunked and spec.context]  # they take chunks
+    p.add_argument("--strategy", default="packed", choices=[*STRATEGIES, *chunking])
     if chunked:
         p.add_argument(
             "--keep-chunks",

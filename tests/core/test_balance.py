@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from padfree import PlanConfig, make_plan
-from padfree.core import _kernels
+from padfree.core import _ranks, stream
 from padfree.core.balance import Balance, dynamic_budget, step_layout
 from padfree.core.budget import Budget
 from padfree.core.config import DEFAULT_COST
@@ -90,7 +90,7 @@ def test_speed_aware_assignment_is_near_the_brute_force_optimum():
         k = world * accum
         costs = rng.uniform(1, 10, k) ** rng.uniform(1, 2)
         speeds = rng.uniform(0.5, 1.5, world)
-        perm = _kernels.balance_ranks(costs, world, accum, 64, speeds, False)
+        perm = _ranks.balance_ranks(costs, world, accum, 64, speeds, False)
         assert sorted(perm.tolist()) == list(range(k))
         got = float((costs[perm].reshape(world, accum).sum(axis=1) / speeds).max())
         ratios.append(got / _brute_best(costs, speeds, world, accum))
@@ -101,8 +101,8 @@ def test_speed_aware_assignment_is_near_the_brute_force_optimum():
 def test_equal_speeds_give_the_plans_assignment():
     rng = np.random.default_rng(2)
     costs = rng.uniform(1, 10, 5 * 12)
-    a = _kernels.balance_ranks(costs, 4, 3, 64, np.ones(4), True)
-    b = _kernels.balance_ranks(costs, 4, 3, 64, np.ones(4), False)
+    a = _ranks.balance_ranks(costs, 4, 3, 64, np.ones(4), True)
+    b = _ranks.balance_ranks(costs, 4, 3, 64, np.ones(4), False)
     assert (costs[a].reshape(-1, 4, 3).sum(2).max(1) <= costs[b].reshape(-1, 4, 3).sum(2).max(1) * 1.02).all()
 
 
@@ -155,7 +155,7 @@ def test_permute_in_place_is_a_gather():
         values = rng.integers(0, 1000, n).astype(np.int32)
         order = rng.permutation(n)
         expected = values[order]
-        _kernels.permute_in_place(values, order, np.zeros(n, np.uint8))
+        stream.permute_in_place(values, order, np.zeros(n, np.uint8))
         assert np.array_equal(values, expected)
 
 
@@ -238,7 +238,7 @@ def test_padded_recut_against_brute_force_row_moves():
         offsets = np.array([0, 1, 3, 4, 6])
         speeds = rng.uniform(0.6, 1.4, world)
         model = (1.0, float(rng.uniform(0, 0.02)), 0.5)
-        bin_of = _kernels.recut_padded(lens, offsets, speeds, accum, budget, np.array(model))
+        bin_of = _ranks.recut_padded(lens, offsets, speeds, accum, budget, np.array(model))
         assert sorted(set(bin_of.tolist())) == list(range(world * accum))
         best = math.inf
         for labels in itertools.product(range(world * accum), repeat=len(lens)):

@@ -11,6 +11,7 @@ import pytest
 from padfree import PlanConfig, make_plan, plan_metrics
 from padfree.core.cursor import Cursor, EpochSource
 from padfree.core.items import make_items
+from padfree.core.planner import plan_pieces
 from padfree.core.position import step_loss_tokens
 from padfree.core.replay import Segment, replay
 from padfree.errors import ConfigError, OverlongError
@@ -87,6 +88,8 @@ def test_documents_past_the_reach_follow_the_overlong_policy() -> None:
         PlanConfig("chunked", BUDGET, 1, 4, overlong="split")
     with pytest.raises(ConfigError, match="window by window"):
         make_plan(lens, PlanConfig("chunked", BUDGET, 1, 4, overlong="drop"), stream=True)
+    with pytest.raises(ConfigError, match="window by window"):  # the same preamble: the same refusal
+        next(plan_pieces(lens, PlanConfig("chunked", BUDGET, 1, 4, overlong="drop"), stream=True))
 
 
 def _drain(cursor: Cursor) -> list:
@@ -182,3 +185,24 @@ def test_a_state_saved_between_chunks_resumes_at_the_steps_start(world: int) -> 
     resumed = rest[0][: j + 1]
     doc = resumed[j].info.indices[0]
     assert [n.info.starts[0] for n in resumed if n.info.indices == (doc,)][0] == 0  # from its first chunk
+
+
+def test_the_strategy_owns_its_layout_and_its_reach() -> None:
+    """The registry answers for ``chunked``: a layout of its own (no form), chunks of grad_accum whose reach
+    is the one budget property, and a step given to ranks as laid out (no run-time re-cut)."""
+    from padfree.core.balance import Balance, dynamic_budget, step_layout
+    from padfree.core.budget import Budget
+
+    cfg = PlanConfig("chunked", BUDGET, 2, 4, seed=3)
+    assert cfg.spec.form is None and cfg.spec.layout is not None and cfg.spec.context
+    assert Budget.of(cfg).reach == 4 * BUDGET and Budget.of(cfg.with_(strategy="packed")).reach == BUDGET
+    assert dynamic_budget(cfg, np.array([10, 20]), 0.85) is None
+    plan = make_plan(np.array([3 * BUDGET, 10, 200, 30, BUDGET + 1, 5, 7, 9, 11, 13]), cfg)
+    k = cfg.micro_per_step
+    step = plan.offsets[: k + 1] - plan.offsets[0]
+    order, offsets = step_layout(plan.lengths[: step[-1]], step, cfg, Balance((1.0, 0.0, 0.0), (1.5, 0.5)))
+    assert order.tolist() == list(range(int(step[-1]))) and offsets.tolist() == step.tolist()
+    from padfree.core.strategies import Strategy
+
+    with pytest.raises(ValueError, match="one of them"):  # a form, or a layout of its own: never both
+        Strategy("neither", 99, packed=True)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from padfree.core import _kernels
+from padfree.core import _jit, _ranks, batching
 from padfree.core.buckets import bucket_of, growth_edges, optimal_edges, padding_of_edges
 from padfree.core.steps import quantile_steps, spread_tail, stratified_order
 
@@ -29,7 +29,7 @@ def ref_best_fit(lens, budget):
 @given(st.lists(st.integers(1, 50), min_size=1, max_size=200), st.integers(50, 120))
 def test_best_fit_matches_reference_room_choices(lens, budget):
     arr = np.array(lens, dtype=np.int64)
-    bin_of, n_bins = _kernels.best_fit(arr, budget)
+    bin_of, n_bins = _jit.best_fit(arr, budget)
     rooms, ref = ref_best_fit(lens, budget)
     assert n_bins == len(rooms)
     # bins never overflow, and every item went to a bin with the least sufficient room
@@ -63,7 +63,7 @@ def test_growth_edges_cover_and_grow():
 @given(st.lists(st.integers(0, 9), min_size=0, max_size=100))
 def test_counting_argsort_is_stable_argsort(keys):
     arr = np.array(keys, dtype=np.int64)
-    assert np.array_equal(_kernels.counting_argsort(arr, 10), np.argsort(arr, kind="stable"))
+    assert np.array_equal(_jit.counting_argsort(arr, 10), np.argsort(arr, kind="stable"))
 
 
 @given(
@@ -73,7 +73,7 @@ def test_counting_argsort_is_stable_argsort(keys):
 def test_balance_ranks_is_a_valid_assignment_no_worse_than_lpt_bound(costs, shape):
     world, accum = shape
     c = np.array(costs)
-    perm = _kernels.balance_ranks(c, world, accum, 64, np.ones(world), True)
+    perm = _ranks.balance_ranks(c, world, accum, 64, np.ones(world), True)
     assert np.array_equal(np.sort(perm), np.arange(12))
     loads = c[perm].reshape(world, accum).sum(1)
     # the optimum is at least the mean load; and for t = 1..accum, some rank holds t of the (t-1)*world+1
@@ -93,7 +93,7 @@ def test_balance_ranks_is_a_valid_assignment_no_worse_than_lpt_bound(costs, shap
 def test_balance_ranks_beats_round_robin_on_skewed_costs():
     rng = np.random.default_rng(0)
     c = rng.lognormal(0, 1, size=32 * 50)
-    perm = _kernels.balance_ranks(c, 8, 4, 64, np.ones(8), True)
+    perm = _ranks.balance_ranks(c, 8, 4, 64, np.ones(8), True)
     bal = c[perm].reshape(50, 8, 4).sum(2)
     naive = c.reshape(50, 8, 4).sum(2)
     assert (bal.max(1) / bal.mean(1)).mean() < (naive.max(1) / naive.mean(1)).mean()
@@ -157,7 +157,7 @@ def test_argsort_in_groups_is_the_stable_argsort(pairs, case):
         key = inner - group
     elif case == "not finite" and key.size:
         key[key.size // 2] = np.inf
-    got = _kernels.argsort_in_groups(key, group, 6)
+    got = batching.argsort_in_groups(key, group, 6)
     assert np.array_equal(got, np.argsort(key, kind="stable"))
 
 
@@ -165,7 +165,7 @@ def test_argsort_in_groups_on_a_crowded_group_and_bucket_of_through_its_table():
     rng = np.random.default_rng(4)
     group = np.sort(rng.integers(0, 3, 20_000))
     key = group * 1e6 + np.where(group == 1, rng.integers(0, 3, group.size), rng.random(group.size) * 1e5)
-    assert np.array_equal(_kernels.argsort_in_groups(key, group, 3), np.argsort(key, kind="stable"))
+    assert np.array_equal(batching.argsort_in_groups(key, group, 3), np.argsort(key, kind="stable"))
     lengths = rng.integers(1, 5000, 30_000)
     edges = growth_edges(lengths, 1.25, 0.3)
     assert np.array_equal(bucket_of(lengths, edges), np.searchsorted(edges, lengths, side="left"))
@@ -188,7 +188,7 @@ def test_even_padded_steps_is_recut_padded_at_equal_speeds_kept_when_faster():
             [rng.integers(max(1, t // 2), t + 1, c) for t, c in zip(tops, counts, strict=True)]
         )
         offs = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-        perm, new = _kernels.even_padded_steps(lens, offs, w, g, budget, cost, 0.0)
+        perm, new = _ranks.even_padded_steps(lens, offs, w, g, budget, cost, 0.0)
 
         def rank_loads(bin_of, lens=lens, g=g, k=k):
             longest = np.zeros(k, np.int64)
@@ -197,7 +197,7 @@ def test_even_padded_steps_is_recut_padded_at_equal_speeds_kept_when_faster():
             return per.reshape(-1, g).sum(axis=1)
 
         bins = np.repeat(np.arange(k), counts)
-        moved = _kernels.recut_padded(lens, offs, np.ones(w), g, budget, cost)
+        moved = _ranks.recut_padded(lens, offs, np.ones(w), g, budget, cost)
         before = rank_loads(bins)
         if lens.size >= 2 and before.max() > before.mean() and rank_loads(moved).max() < before.max():
             recut += 1

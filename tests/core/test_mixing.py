@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from padfree.advice.analyze import measure, short_epoch
 from padfree.cli import main
-from padfree.core import _kernels, mixing
+from padfree.core import _cuts, mixing
 from padfree.core.batching import bucket_edges
 from padfree.core.config import PlanConfig
 from padfree.core.planner import make_plan
@@ -29,7 +29,7 @@ def _costs(lens: np.ndarray, offsets: np.ndarray, packed: bool) -> np.ndarray:
 
 def _greedy_count(lens: list[int], limit: int, packed: bool) -> int:
     out = np.empty(len(lens) + 1, np.int64)
-    return _kernels._greedy(np.array(lens, np.int64), 0, len(lens), limit, packed, out, 0)
+    return _cuts._greedy(np.array(lens, np.int64), 0, len(lens), limit, packed, out, 0)
 
 
 def test_cut_into_reaches_the_best_contiguous_max_cost(refusals):
@@ -41,7 +41,7 @@ def test_cut_into_reaches_the_best_contiguous_max_cost(refusals):
         refusals.seen()
         arr = np.array(lens, np.int64)
         budget = 60
-        off = _kernels.cut_into(arr, n_pieces, budget, packed)
+        off = _cuts.cut_into(arr, n_pieces, budget, packed)
         if _greedy_count(lens, budget, packed) > n_pieces:
             assert off.shape[0] == 0  # no cut into n_pieces fits the budget
             refusals.refuse()
@@ -64,8 +64,8 @@ def test_cut_into_reaches_the_best_contiguous_max_cost(refusals):
 def test_cut_even_keeps_the_greedy_count_per_segment_and_evens_sizes(items, budget):
     seg = np.array(sorted(s for s, _ in items), np.int64)
     lens = np.array([length for _, length in items], np.int64)
-    greedy = _kernels.cut_padded(lens, seg, budget)
-    even = _kernels.cut_even(lens, seg, budget, False)
+    greedy = _cuts.cut_padded(lens, seg, budget)
+    even = _cuts.cut_even(lens, seg, budget, False)
     assert len(even) == len(greedy)
     assert (np.diff(even) > 0).all() and even[-1] == len(lens)
     assert (seg[even[:-1]] == seg[np.maximum(even[1:] - 1, 0)]).all()  # no piece crosses a segment
@@ -83,7 +83,7 @@ def test_the_last_step_is_cut_evenly_and_keeps_every_sample(packed):
     order = rng.permutation(3000)
     out = np.empty(3001, np.int64)
     out[0] = 0
-    offsets = out[: _kernels._greedy(length[order], 0, 3000, 4096, packed, out, 1)]
+    offsets = out[: _cuts._greedy(length[order], 0, 3000, 4096, packed, out, 1)]
     k = 8
     new_order, new_off = complete_last_step(order, offsets, length, k, 4096, packed)
     assert (new_off.shape[0] - 1) % k == 0

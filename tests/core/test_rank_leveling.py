@@ -57,7 +57,7 @@ def test_levelled_steps_keep_one_member_of_every_length_chunk():
     rng = np.random.default_rng(4)
     costs = rng.uniform(1.0, 3.0, (40, 8)) * np.linspace(1.0, 2.0, 8)
     ids = np.arange(320).reshape(40, 8)
-    out = steps._kernels.level_steps(costs, ids, 4, 2, 0.0)
+    out = steps._ranks.level_steps(costs, ids, 4, 2, 0.0)
     assert not np.array_equal(out, ids)
     assert np.array_equal(np.sort(out, axis=0), ids)  # column j still holds chunk j's micro-batches
     assert np.array_equal(out % 8, ids % 8)

@@ -47,10 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from padfree.advice.analyze import analyze_strategies, render_table, short_epoch
 
     names = strategies_from_args(args.strategies, REGISTRY)
-    if (
-        args.overlong is None
-    ):  # chunked plans long documents whole: the others' default can only truncate them
-        args.overlong = OVERLONG_WITH_CHUNKED if any(REGISTRY[s].chunked for s in names) else "error"
+    if args.overlong is None:  # chunked trains long documents whole: the others' default can only truncate
+        args.overlong = OVERLONG_WITH_CHUNKED if any(REGISTRY[s].context for s in names) else "error"
     if args.source:
         return analyze_sources(args, names)
     configs = {s: config_from_args(args, s) for s in names}
@@ -78,9 +76,10 @@ def long_documents(lengths: Any, configs: dict, result: dict, path: str | None) 
     from padfree.advice.report.chunked import chunked_numbers
 
     measured = result["strategies"]
-    if "packed" not in measured or "chunked" not in measured:
+    whole = [s for s in measured if REGISTRY[s].context]  # the strategy that trains long documents whole
+    if "packed" not in measured or not whole:
         return None
-    return chunked_numbers(lengths, configs["packed"], measured["packed"], path, chunked=measured["chunked"])
+    return chunked_numbers(lengths, configs["packed"], measured["packed"], path, chunked=measured[whole[0]])
 
 
 def analyze_sources(args: argparse.Namespace, names: list[str]) -> int:

@@ -7,7 +7,6 @@ import json
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from padfree.commands.common import (
     add_plan_inputs,
@@ -20,9 +19,6 @@ from padfree.commands.common import (
     writing,
 )
 from padfree.errors import ConfigError
-
-if TYPE_CHECKING:
-    from padfree.core.degree import GroupPlan
 from padfree.options import add_number
 
 NAME = "plan"
@@ -49,31 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "grad-accum x budget tokens as consecutive chunks on one rank in one step, with starts)",
     )
     add_number(p, "--epoch", 0, "epoch to plan (default 0)")
-    p.add_argument(
-        "--degree",
-        choices=("fixed", "per-batch"),
-        default="fixed",
-        help="SP/CP degree of each micro-batch: fixed (every row over the sp x cp group, the default) or "
-        "per-batch (packed only: documents over --budget in rows over the group, the others in rows of "
-        '--budget run one per GPU; each line a phase with its "degree", and at degree 1 "gpus": one list '
-        "of samples per GPU of the group)",
-    )
-    add_number(
-        p, "--comm", 0.0, "per-batch: token-equivalents per token a sharded row adds for its communication, "
-        "in the costs that balance the data-parallel ranks (default 0)",
-    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("-"), help="output .jsonl ('-' for stdout, the default)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.core.degree import plan_degrees
     from padfree.core.planner import make_plan
 
     cfg = config_from_args(args, args.strategy)
-    if args.comm and args.degree != "per-batch":
-        raise ConfigError(
-            "--comm is the per-batch degree's communication term: give it with --degree per-batch"
-        )
     to_stdout = str(args.out) == "-"
     if not to_stdout:
         check_output(args.out, "the plan")
@@ -84,8 +62,6 @@ def run(args: argparse.Namespace) -> int:
             "padfree plan: give a lengths file (or weighted sources: --source NAME=FILE:WEIGHT)"
         )
     lengths, path, _ = load_lengths(args)
-    if args.degree == "per-batch":
-        return write_group_plan(args, plan_degrees(lengths, cfg, args.epoch, comm=args.comm, path=path))
     p = make_plan(lengths, cfg, args.epoch, path=path)
     cut = p.starts is None and p.truncated > 0  # one shape for the whole file: pieces' lengths on every line
 
@@ -107,8 +83,6 @@ def write_sources_plan(args: argparse.Namespace, config: object) -> int:
     from padfree.core.config import PlanConfig
 
     assert isinstance(config, PlanConfig)
-    if args.degree != "fixed":
-        raise ConfigError("--degree per-batch does not plan weighted sources; leave it fixed")
     cfg, lengths, loss = sources_from_args(args, config)
     data = sources.source_data(lengths, cfg, loss)
     p, _ = sources.plan_sources(data, cfg, args.epoch)
@@ -126,15 +100,6 @@ def write_sources_plan(args: argparse.Namespace, config: object) -> int:
     for line in sources.summary_lines(p, data):
         print(line, file=sys.stderr)
     return code
-
-
-def write_group_plan(args: argparse.Namespace, gp: GroupPlan) -> int:
-    """``--degree per-batch``: one line per phase (:meth:`padfree.core.degree.GroupPlan.records`)."""
-    lines = (json.dumps(rec, separators=(",", ":")) + "\n" for rec in gp.records())
-    wide = int((gp.degree > 1).sum())
-    summary = f"{gp.n_phases} phases ({wide} at degree {gp.group}) in {gp.n_steps} steps"
-    r = gp.report
-    return write_lines(args, lines, summary, r.n_samples, (r.truncated, r.split, r.dropped))
 
 
 def write_lines(

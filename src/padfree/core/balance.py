@@ -8,11 +8,11 @@ epoch exactly once. A step's layout is a pure function of its items and the :cla
 
 Two ways to give a step to ranks of different speeds:
 
-- *assignment*: whole micro-batches, the costly ones to the fast ranks (``_kernels.balance_ranks``);
+- *assignment*: whole micro-batches, the costly ones to the fast ranks (``_ranks.balance_ranks``);
 - *re-cut*: the step's items are cut again into ``grad_accum`` micro-batches per rank, each within the
-  budget, the heavier share to the faster ranks: packed, best fit into bins (``_kernels.recut_packed``);
+  budget, the heavier share to the faster ranks: packed, best fit into bins (``_ranks.recut_packed``);
   padded, whole rows moved from the slowest rank's micro-batches to similar-length ones of faster ranks
-  (``_kernels.recut_padded``).
+  (``_ranks.recut_padded``).
   Equal-cost micro-batches cannot be balanced by assignment, and a re-cut can only give a fast rank more
   than the average if the average leaves room: a dynamic plan fills its micro-batches to ``headroom *
   budget`` (:func:`dynamic_budget`).
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from padfree.core import _kernels, capacity, chunked, cost, refit, steps
+from padfree.core import _jit, _ranks, capacity, cost, refit, steps
 from padfree.core.budget import Budget
 from padfree.core.config import MAX_COST, CostModel, PlanConfig
 from padfree.core.cost import Coefficients
@@ -150,7 +150,7 @@ def dynamic_budget(
     >>> dynamic_budget(PlanConfig(strategy="bucketed", budget=1000), headroom=1.0) is None
     True
     """
-    if config.chunked:  # chunks are the budget: lanes are not re-cut among ranks
+    if config.spec.layout is not None:  # its steps run on the ranks its layout gave them: no re-cut
         return None
     if headroom is None:
         headroom = default_headroom(config.world_size, config, lengths)
@@ -234,14 +234,14 @@ def step_layout(
     w, g = config.world_size, config.grad_accum
     if offsets.shape[0] - 1 != w * g:
         raise ValueError(f"a step of {offsets.shape[0] - 1} micro-batches for {w} x {g}")
-    if config.chunked:  # lanes are ranks: a document's chunks stay together (balanced when planned)
-        return chunked.lane_layout(offsets)
+    if config.spec.layout is not None:  # its layout gave the step to ranks (chunked: a document's chunks
+        return np.arange(int(offsets[-1]), dtype=np.int64), offsets.astype(np.int64, copy=False)  # on one)
     shapes = cost.micro_shapes(lens, offsets, config.packed, anchors, shard=config.shard)
     costs = cost.micro_costs(shapes, balance.cost, balance.drafter)
     speeds = np.ones(w) if balance.speeds is None else np.asarray(balance.speeds, dtype=np.float64)
     perm = steps.assign_ranks(costs, w, g, speeds=None if balance.speeds is None else speeds)
     ids = np.arange(lens.shape[0], dtype=np.int64)
-    order, new_offsets = _kernels.gather_segments(ids, offsets.astype(np.int64), perm)
+    order, new_offsets = _jit.gather_segments(ids, offsets.astype(np.int64), perm)
     budget = Budget.of(config) if budget is None else budget
     drafting = anchors is not None or capacity.bounded(config)
     if not balance.recut and balance.speeds is None and steps.evens_ranks(config, drafting) and lens.size:
@@ -280,7 +280,7 @@ def step_layout(
     room = lens.astype(np.int64)
     if drafting:
         room = capacity.sizes(room, anchors, config, cap).astype(np.int64)
-    bin_of = _kernels.recut_packed(room, weight, float(c), speeds, g, cap)
+    bin_of = _ranks.recut_packed(room, weight, float(c), speeds, g, cap)
     if bin_of.size == 0:
         return order, new_offsets
     recut = ((np.bincount(bin_of // g, weights=weight, minlength=w) + g * c) / speeds).max()
@@ -293,7 +293,7 @@ def _by_bin(bin_of: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """``(order, offsets)`` of items labelled with their micro-batch ``bin_of`` (stable inside one)."""
     offsets = np.zeros(k + 1, dtype=np.int64)
     np.cumsum(np.bincount(bin_of, minlength=k), out=offsets[1:])
-    return _kernels.counting_argsort(bin_of, k).astype(np.int64, copy=False), offsets
+    return _jit.counting_argsort(bin_of, k).astype(np.int64, copy=False), offsets
 
 
 def _recut_padded(
@@ -306,12 +306,12 @@ def _recut_padded(
     assigned: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A padded step's ``assignment`` re-cut by moving whole rows from the slowest rank's micro-batches to
-    similar-length ones of faster ranks (``_kernels.recut_padded``, ``count * longest <= cap``), kept only
+    similar-length ones of faster ranks (``_ranks.recut_padded``, ``count * longest <= cap``), kept only
     when it lowers the slowest rank's modeled time below ``assigned``."""
     order, offsets = assignment
     k = offsets.shape[0] - 1
     lens_a = lens[order].astype(np.int64)
-    bin_of = _kernels.recut_padded(lens_a, offsets, speeds, accum, cap, np.asarray(model, dtype=np.float64))
+    bin_of = _ranks.recut_padded(lens_a, offsets, speeds, accum, cap, np.asarray(model, dtype=np.float64))
     moved, new_offsets = _by_bin(bin_of, k)
     shapes = cost.micro_shapes(lens_a[moved], new_offsets, False)
     per_rank = cost.micro_costs(shapes, model).reshape(-1, accum).sum(axis=1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from padfree.core import _kernels
+from padfree.core._jit import njit
 from padfree.errors import ConfigError
 
 MAX_DP_CELLS = 2**25
@@ -60,7 +60,7 @@ def optimal_edges(lengths: np.ndarray, n_buckets: int, counts: np.ndarray | None
             f"{mib:,.0f} MiB table (limit {MAX_DP_CELLS * 8 // 2**20} MiB): use at most {most} buckets, "
             "or --growth"
         )
-    return _kernels.optimal_edges(values.astype(np.int64), counts.astype(np.int64), int(n_buckets))
+    return _optimal_edges_dp(values.astype(np.int64), counts.astype(np.int64), int(n_buckets))
 
 
 def padding_of_edges(lengths: np.ndarray, edges: np.ndarray) -> int:
@@ -89,3 +89,78 @@ def bucket_of(lengths: np.ndarray, edges: np.ndarray) -> np.ndarray:
     if 0 < top <= lengths.shape[0] and int(lengths.min()) >= 0:
         return np.searchsorted(edges, np.arange(top), side="left").astype(np.int64)[lengths]
     return np.searchsorted(edges, lengths, side="left").astype(np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _optimal_edges_dp(values: np.ndarray, counts: np.ndarray, n_buckets: int) -> np.ndarray:
+    """Bucket upper edges minimizing total padding ``sum(bucket_max - length)`` over all samples.
+
+    ``values`` are the distinct lengths (ascending) with their ``counts``. Exact dynamic programming over
+    distinct lengths, ``f[k][j] = min_i f[k-1][i] + cost(i, j)``, solved with divide-and-conquer
+    optimization (the cost is Monge, so the optimal split point is monotone in ``j``):
+    O(n_buckets * D log D) time for D distinct lengths instead of O(n_buckets * D^2).
+    Returns the chosen upper edges (a subset of ``values``, ascending, the last is ``values[-1]``).
+    """
+    d = values.shape[0]
+    kmax = min(n_buckets, d)
+    cnt = np.zeros(d + 1, np.float64)
+    tot = np.zeros(d + 1, np.float64)
+    for i in range(d):
+        cnt[i + 1] = cnt[i] + counts[i]
+        tot[i + 1] = tot[i] + counts[i] * values[i]
+    inf = np.inf
+    prev = np.full(d + 1, inf)
+    prev[0] = 0.0
+    arg = np.zeros((kmax + 1, d + 1), np.int64)
+    cur = np.full(d + 1, inf)
+    stack = np.empty((4 * (d + 2) + 64, 4), np.int64)
+    for k in range(1, kmax + 1):
+        cur[:] = inf
+        top = 0
+        stack[0, 0] = 1
+        stack[0, 1] = d
+        stack[0, 2] = 0
+        stack[0, 3] = d - 1
+        top = 1
+        while top > 0:
+            top -= 1
+            lo = stack[top, 0]
+            hi = stack[top, 1]
+            olo = stack[top, 2]
+            ohi = stack[top, 3]
+            if lo > hi:
+                continue
+            mid = (lo + hi) // 2
+            best = inf
+            bi = olo
+            upper = ohi if ohi < mid - 1 else mid - 1
+            for i in range(olo, upper + 1):
+                if prev[i] == inf:
+                    continue
+                v = prev[i] + values[mid - 1] * (cnt[mid] - cnt[i]) - (tot[mid] - tot[i])
+                if v < best:
+                    best = v
+                    bi = i
+            cur[mid] = best
+            arg[k, mid] = bi
+            stack[top, 0] = lo
+            stack[top, 1] = mid - 1
+            stack[top, 2] = olo
+            stack[top, 3] = bi
+            top += 1
+            stack[top, 0] = mid + 1
+            stack[top, 1] = hi
+            stack[top, 2] = bi
+            stack[top, 3] = ohi
+            top += 1
+        prev, cur = cur, prev
+    edges = np.empty(kmax, np.int64)
+    j = d
+    k = kmax
+    n = 0
+    while k > 0 and j > 0:
+        edges[n] = values[j - 1]
+        n += 1
+        j = arg[k, j]
+        k -= 1
+    return edges[:n][::-1].copy()

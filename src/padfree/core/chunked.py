@@ -15,7 +15,8 @@ chunk's attention reaches over its earlier chunks: ``l^2 + 2*l*start``, alike wi
 :data:`LANE_TOLERANCE`) and dealt ``world_size`` at a time into steps (ranks of a step cost alike), and the
 steps are shuffled. Balance comes first: a step of long documents' lanes holds few short ones, so steps mix
 lengths less than ``packed``'s (its step divergence is higher). A step's lanes are its ranks, so the
-plan is the same assigned or not, and a step is given to ranks as it is (:func:`lane_layout`).
+plan is the same assigned or not, and a step is given to ranks as it is: the strategy lays out its own
+epoch (:func:`layout`, registered in :mod:`padfree.core.strategies` with :func:`chunks` and :func:`check`).
 
 >>> from padfree.core.config import PlanConfig
 >>> from padfree.core.planner import make_plan
@@ -31,7 +32,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from padfree.core import _kernels, batching, cost, steps
+from padfree.core import _jit, batching, cost, steps
+from padfree.core.batching import Laid
 from padfree.core.items import Items
 from padfree.errors import ConfigError
 
@@ -45,9 +47,26 @@ LANE_TOLERANCE = 0.01
 random among themselves (a step's ranks then cost within about this much of each other)."""
 
 
-def reach(config: PlanConfig) -> int:
-    """The longest document a chunked plan trains whole: ``grad_accum`` chunks of ``budget`` tokens."""
-    return int(config.budget) * int(config.grad_accum)
+def chunks(config: PlanConfig) -> int:
+    """The chunks (micro-batches of one rank's step) a document may span: ``grad_accum``; the reach is
+    that many budgets (:attr:`padfree.core.budget.Budget.reach`)."""
+    return int(config.grad_accum)
+
+
+def check(config: PlanConfig) -> None:
+    """Refuse what a chunked plan cannot be: split documents (a piece would not see its beginning), SP/CP
+    shards and padded shapes (its chunks are neither sharded nor padded)."""
+    if config.overlong == "split":
+        raise ConfigError(
+            "the chunked strategy trains a document whole in chunks; over grad_accum x budget tokens it "
+            "can truncate or drop one (overlong: truncate, drop, error), not split it"
+        )
+    if config.sp * config.cp > 1:
+        raise ConfigError(
+            "the chunked strategy is not planned with sp or cp > 1 (its chunks are not sharded)"
+        )
+    if config.shapes is not None:
+        raise ConfigError("the chunked strategy is not planned with shapes (its chunks are not padded)")
 
 
 def documents(items: Items) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -67,13 +86,11 @@ def documents(items: Items) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
     return first, tokens, sample[first], start[first]
 
 
-def plan_chunked(
-    items: Items, config: PlanConfig, *, budget: Budget, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One epoch of a chunked plan (see the module) as ``(sample ids, offsets, lengths, starts)`` in plan
-    order, steps given to ranks (:func:`padfree.core.plan.plan_items` makes the :class:`Plan`); ``config`` is
-    the segment's, ``budget.plan`` the chunk size. Deterministic for the generator ``rng``; no item is
-    dropped or repeated."""
+def layout(items: Items, config: PlanConfig, budget: Budget, rng: np.random.Generator) -> Laid:
+    """One epoch of a chunked plan (see the module) in plan order, steps given to ranks
+    (:func:`padfree.core.plan.plan_items` makes the :class:`Plan`); ``config`` is the segment's,
+    ``budget.plan`` the chunk size. Deterministic for the generator ``rng``; no item is dropped or
+    repeated."""
     if items.anchors is not None or config.attn_budget is not None or config.anchor_budget is not None:
         raise ConfigError(
             "the chunked strategy takes no drafter bounds (anchors, anchor_budget, attn_budget)"
@@ -99,7 +116,7 @@ def plan_chunked(
     long = long[rng.permutation(long.size)]
     n_long = chunks[long]
     if long.size:
-        lane_of, n_lanes_long = _kernels.best_fit(n_long, g)
+        lane_of, n_lanes_long = _jit.best_fit(n_long, g)
         lane_of = np.asarray(lane_of, np.int64)
     else:
         lane_of, n_lanes_long = np.empty(0, np.int64), 0
@@ -144,8 +161,8 @@ def plan_chunked(
     lanes = np.lexsort((rng.random(n_lanes), np.floor(lane_cost / quantum)))
     steps = lanes.reshape(-1, w)[rng.permutation(n_lanes // w)].ravel()
     mb_perm = (steps[:, None] * g + np.arange(g)[None, :]).ravel()
-    order, offsets = _kernels.gather_segments(order, offsets, mb_perm)
-    return sample[doc[order]], offsets, length[order], start[order]
+    order, offsets = _jit.gather_segments(order, offsets, mb_perm)
+    return Laid(sample[doc[order]], offsets, length[order], start[order])
 
 
 def _split_largest(offsets: np.ndarray, n_rows: int) -> np.ndarray:
@@ -154,10 +171,3 @@ def _split_largest(offsets: np.ndarray, n_rows: int) -> np.ndarray:
     offsets = steps.split_largest(offsets, n_rows)
     missing = n_rows - (offsets.shape[0] - 1)
     return np.concatenate((offsets, np.full(missing, offsets[-1], np.int64))) if missing > 0 else offsets
-
-
-def lane_layout(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A chunked step given to ranks: as planned, lane ``r`` (micro-batches ``r*grad_accum ..``) to rank
-    ``r``; a document's chunks never leave their rank. ``(order, offsets)`` as
-    :func:`padfree.core.balance.step_layout` returns them."""
-    return np.arange(int(offsets[-1]), dtype=np.int64), offsets.astype(np.int64, copy=False)

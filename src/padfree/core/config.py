@@ -11,7 +11,7 @@ from typing import Any
 
 from padfree.core.cost import Coefficients
 from padfree.core.shard import Shard, check_shapes
-from padfree.core.strategies import REGISTRY, STRATEGIES
+from padfree.core.strategies import REGISTRY, STRATEGIES, Strategy
 from padfree.errors import ConfigError
 
 __all__ = ["DEFAULT_COST", "MAX_BUDGET", "OVERLONG", "STRATEGIES", "CostModel", "PlanConfig"]
@@ -283,11 +283,6 @@ class PlanConfig:
                 raise ConfigError(f"{name} must be an integer >= {low} (got {v!r})")
         if not isinstance(self.attn_per_document, bool):
             raise ConfigError(f"attn_per_document must be True or False (got {self.attn_per_document!r})")
-        if REGISTRY[self.strategy].chunked and self.overlong == "split":
-            raise ConfigError(
-                "the chunked strategy trains a document whole in chunks; over grad_accum x budget tokens it "
-                "can truncate or drop one (overlong: truncate, drop, error), not split it"
-            )
         if self.attn_budget is not None and self.attn_budget < self.attn_extra + 1:
             raise ConfigError(
                 f"attn_budget {self.attn_budget} cannot hold one token's row of 1 + attn_extra "
@@ -302,8 +297,8 @@ class PlanConfig:
                 "shapes with attn_budget are not planned yet (a padded width materialises more attention "
                 "than its tokens); plan eager EAGLE-3 without shapes"
             )
-        if shapes is not None and self.chunked:
-            raise ConfigError("the chunked strategy is not planned with shapes (its chunks are not padded)")
+        if self.spec.check is not None:  # what the strategy itself does not plan
+            self.spec.check(self)
         self._check_sources()
 
     def _check_sources(self) -> None:
@@ -330,10 +325,6 @@ class PlanConfig:
             )
         if self.anchor_budget is not None or self.attn_budget is not None:
             raise ConfigError("drafter bounds (anchor_budget, attn_budget) are not planned with sp or cp > 1")
-        if REGISTRY[self.strategy].chunked:
-            raise ConfigError(
-                "the chunked strategy is not planned with sp or cp > 1 (its chunks are not sharded)"
-            )
 
     @property
     def shard(self) -> Shard:
@@ -346,14 +337,21 @@ class PlanConfig:
         return self.world_size * self.grad_accum
 
     @property
+    def spec(self) -> Strategy:
+        """The registered :class:`~padfree.core.strategies.Strategy` of ``strategy``: what the layers ask of
+        it (its layout, its chunks, whether its rows are packed) rather than its name."""
+        return REGISTRY[self.strategy]
+
+    @property
     def chunked(self) -> bool:
-        """Whether long documents become chunks trained with their context (:mod:`padfree.core.chunked`)."""
-        return REGISTRY[self.strategy].chunked
+        """Whether long documents become chunks trained with their context: ``spec.context`` (the torch
+        layer's word for it; :mod:`padfree.core.chunked`)."""
+        return self.spec.context
 
     @property
     def packed(self) -> bool:
         """Whether micro-batches are packed rows (``sum(lengths) <= budget``) rather than padded ones."""
-        return REGISTRY[self.strategy].packed
+        return self.spec.packed
 
     def with_(self, **changes: Any) -> PlanConfig:
         """A copy with some fields changed (validated again)."""

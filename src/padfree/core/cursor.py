@@ -45,7 +45,6 @@ from padfree.core.position import Position, check_taken, from_state, step_loss_t
 from padfree.core.replay import Segment, replay
 from padfree.core.sources import Counters, SourceData, replay_sources, source_data
 from padfree.core.state_check import DIGEST, seal, segment_budgets
-from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError, StateError
 
 
@@ -141,8 +140,8 @@ class EpochSource:
         arr = validate_lengths(lengths, compact=window is not None)
         if window is not None:  # lengths are validated <= 2**31 - 1
             arr = arr.astype(np.int32, copy=False)
-        if REGISTRY[config.strategy].chunked and window is not None:
-            raise ConfigError("chunked plans are planned in memory: no window")
+        if config.spec.layout is not None and window is not None:
+            raise ConfigError(f"{config.strategy} plans are planned in memory: no window")
         if (anchors is not None or bounded(config)) and window is not None:
             raise ConfigError(
                 "drafter plans (anchors, anchor_budget, attn_budget) are planned in memory: no window"
@@ -310,7 +309,8 @@ class Cursor:
         except StateError:
             self.restore(before)
             raise
-        if self.config.chunked:  # a chunked step runs whole: none of it was trained, a chunk needs its first
+        if self.config.spec.context:  # a step of chunks runs whole: none of it was trained, a chunk needs
+            # its first
             self.partial = 0
         self.spent = False
 

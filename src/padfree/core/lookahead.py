@@ -189,7 +189,7 @@ def window_steps(
     are taken out and a new round starts here)."""
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ConfigError(f"window must be an integer >= 1 samples (got {window!r})")
-    if config.sources is not None or config.chunked:
+    if config.sources is not None or config.spec.layout is not None:
         raise ConfigError("streamed plans take one stream and a packed, bucketed, sorted or random strategy")
     if window < 2 * config.micro_per_step:
         raise ConfigError(

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from padfree.core import cost
+from padfree.core.budget import Budget
 from padfree.core.config import PlanConfig
 from padfree.core.plan import Plan
 
@@ -221,21 +222,22 @@ def item_counts(lengths: np.ndarray, config: PlanConfig) -> np.ndarray:
     """How many planned items have each length (index: the length, ``0 .. budget``), from the lengths and
     the overlong policy, in chunks: the distribution of every plan of them, known before any is made."""
     budget = row_budget(config)
-    reach = budget * config.grad_accum if config.chunked else budget  # chunked: cut at the reach ...
+    b = Budget.of(config)
+    piece = b.reach // b.chunks  # a micro-batch's item: a document over it is cut at the reach ...
     counts = np.zeros(budget + 1, np.int64)
     for a in range(0, int(lengths.shape[0]), _CHUNK):
         c = lengths[a : a + _CHUNK].astype(np.int64)
-        over = c > reach
+        over = c > b.reach
         if config.overlong == "drop":
             c = c[~over]
-        if config.chunked:  # ... and the rest split into chunks of the budget
-            c = np.minimum(c, reach)
-            over = c > budget
-        if (config.overlong == "split" or config.chunked) and over.any():
+        if b.chunks > 1:  # ... and the rest split into chunks of one micro-batch
+            c = np.minimum(c, b.reach)
+            over = c > piece
+        if (config.overlong == "split" or b.chunks > 1) and over.any():
             long = c[over]
-            counts[budget] += int((long // budget).sum())
-            c = np.concatenate([c[~over], long[long % budget > 0] % budget])
-        counts += np.bincount(np.minimum(c, budget), minlength=budget + 1)
+            counts[piece] += int((long // piece).sum())
+            c = np.concatenate([c[~over], long[long % piece > 0] % piece])
+        counts += np.bincount(np.minimum(c, piece), minlength=budget + 1)
     return counts
 
 
@@ -281,7 +283,7 @@ class EpochMeter:
             n["micro"] += p.n_micro
             for key in ("truncated", "split", "dropped"):
                 n[key] += getattr(p, key)
-            if c.chunked and p.starts is not None:  # a document's second chunk starts at the budget
+            if c.spec.context and p.starts is not None:  # a document's second chunk starts at the budget
                 n["chunked"] += int(((p.starts > 0) & (p.starts <= p.config.budget)).sum())
             n["seconds"] += p.plan_seconds
             p.forget_shapes()  # the piece's per-micro-batch arrays go with it
@@ -306,7 +308,7 @@ class EpochMeter:
             "split": int(n["split"]),
             "dropped": int(n["dropped"]),
         }
-        if c.chunked:
+        if c.spec.context:
             out["chunked"] = int(n["chunked"])  # documents trained in chunks, each seeing its earlier chunks
         if self.previous is not None:
             out["cobatch_repeat"] = 0.0 if self.previous.pairs == 0 else s["repeated"] / self.previous.pairs

@@ -1,7 +1,8 @@
 """The epoch plan and how one in-memory epoch is planned.
 
-``plan_items`` is where the pieces meet: items (:mod:`~padfree.core.items`), micro-batches (the strategy's
-``form``, :mod:`~padfree.core.strategies`), steps and ranks (:mod:`~padfree.core.steps`). A :class:`Plan`
+``plan_items`` is where the pieces meet: items (:mod:`~padfree.core.items`) and the strategy's layout
+(:mod:`~padfree.core.strategies`): its own, or the default :func:`form_steps_ranks`, micro-batches (the
+strategy's ``form``), then steps and ranks (:mod:`~padfree.core.steps`). A :class:`Plan`
 holds flat arrays so that millions of samples stay cheap. :func:`padfree.core.planner.make_plan` decides
 between this in-memory path and the windowed one (:mod:`padfree.core.stream`, which builds on this one).
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
-from padfree.core import _kernels, capacity, chunked, cost, steps
+from padfree.core import _jit, capacity, cost, steps
 from padfree.core.budget import Budget
 from padfree.core.config import DEFAULT_COST, PlanConfig
 from padfree.core.items import Items, Report, make_items, validate_lengths
@@ -175,7 +176,7 @@ class Plan:
     def shapes(self) -> cost.Shapes:
         """Per micro-batch counts, real tokens, slots and attention (see ``cost.micro_shapes``)."""
         if "shapes" not in self._cache:
-            context = self.starts if self.config.chunked else None  # a chunk's keys of its earlier chunks
+            context = self.starts if self.config.spec.context else None  # a chunk's keys of its earlier ones
             computed = cost.micro_shapes(
                 self.lengths,
                 self.offsets,
@@ -283,23 +284,41 @@ def plan_items(
     step at a time (:func:`padfree.core.balance.step_layout` on one step gives what ``assign=True`` gives).
     """
     t0 = time.perf_counter() if t0 is None else t0
-    k = config.micro_per_step
     rng = epoch_rng(config.seed, epoch, config.strategy) if rng is None else rng
-    if REGISTRY[config.strategy].chunked:  # whole lanes of chunks and packed rows: no per-row step filling
-        budget = Budget.of(config) if budget is None else budget
-        laid = chunked.plan_chunked(items, config, budget=budget, rng=rng)
-        return Plan.of(
-            config, epoch, *laid[:3], items.report, starts=laid[3], t0=t0, assigned=assign
-        )  # the same plan assigned or not: a step's lanes are its ranks
-    check_fills_step(len(items), config)
-    length = items.length
     budget = Budget.of(config) if budget is None else budget
+    layout = config.spec.layout
+    if layout is not None:  # the strategy lays out its own epoch: the same plan assigned or not
+        laid = layout(items, config, budget, rng)
+        return Plan.of(
+            config, epoch, laid.sample, laid.offsets, laid.lengths, items.report, starts=laid.starts, t0=t0,
+            assigned=assign,
+        )  # fmt: skip
+    return form_steps_ranks(items, config, epoch, budget, rng, t0, assign)
+
+
+def form_steps_ranks(
+    items: Items,
+    config: PlanConfig,
+    epoch: int,
+    budget: Budget,
+    rng: np.random.Generator,
+    t0: float,
+    assign: bool,
+) -> Plan:
+    """The default layout (:func:`plan_items` says what the arguments are): the strategy's ``form`` makes
+    micro-batches of the items' sizes within the budget's ``cap``, strata are mixed into steps, the last step
+    completed, and (``assign``) each step's micro-batches given to ranks by modeled cost and evened out."""
+    check_fills_step(len(items), config)
+    k = config.micro_per_step
+    length = items.length
     cap = budget.cap
     # every capacity folded into one size per item (the lengths themselves without drafter bounds or SP/CP
     # padding), and micro-batches formed within cap
     size = capacity.sizes(length, items.anchors, config, cap)
     at_cap = config if cap == config.budget else config.with_(budget=cap, sp=1, cp=1)  # sizes are padded
-    order, offsets, strata, edges = REGISTRY[config.strategy].form(size, at_cap, rng)
+    form = config.spec.form
+    assert form is not None  # a strategy without a layout of its own has a form
+    order, offsets, strata, edges = form(size, at_cap, rng)
     if strata is not None:
         ranks = None  # steps levelled for the ranks, assigned or not, under a cost model the epoch keeps: the
         # configured one is not in the fingerprint and may change at a resume, the epoch's steps may not
@@ -309,7 +328,7 @@ def plan_items(
         if composed is None:  # the tail cannot be cut into whole steps: strata spread by token mass
             tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
             perm = steps.stratified_order(strata, tokens, rng)
-            composed = _kernels.gather_segments(order, offsets, perm)
+            composed = _jit.gather_segments(order, offsets, perm)
         order, offsets = composed
     order, offsets = steps.complete_last_step(order, offsets, size, k, cap, config.packed)
     lens = length[order]
@@ -319,7 +338,7 @@ def plan_items(
     if assign and config.world_size > 1:
         costs = cost.micro_costs(shapes, config.cost)
         perm = steps.assign_ranks(costs, config.world_size, config.grad_accum)
-        order, offsets = _kernels.gather_segments(order, offsets, perm)
+        order, offsets = _jit.gather_segments(order, offsets, perm)
         lens = length[order]
         if steps.evens_ranks(config, items.anchors is not None or capacity.bounded(config)):
             coefs = config.cost.coefficients

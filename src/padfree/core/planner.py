@@ -21,7 +21,6 @@ from padfree.core import stream as _stream
 from padfree.core.capacity import bounded
 from padfree.core.config import PlanConfig
 from padfree.core.plan import Plan, check_epoch, plan_in_memory
-from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 
 STREAM_THRESHOLD = 20_000_000
@@ -51,10 +50,40 @@ def planning_window(lengths: ArrayLike, stream: bool | None = None, window: int 
     return None
 
 
-def _route(lengths: ArrayLike, epoch: int, stream: bool | None, window: int | None) -> tuple[int, int | None]:
-    """What :func:`make_plan` and :func:`plan_pieces` decide first: the checked epoch and the window to plan
-    in (``None``: in memory)."""
-    return check_epoch(epoch), planning_window(lengths, stream, window)
+def _preamble(
+    lengths: ArrayLike,
+    config: PlanConfig,
+    epoch: int,
+    stream: bool | None,
+    window: int | None,
+    anchors: ArrayLike | None,
+    path: str | None,
+    t0: float | None = None,
+) -> Plan | tuple[int, int]:
+    """What :func:`make_plan` and :func:`plan_pieces` decide first: the whole epoch's plan when it is made in
+    one piece (weighted sources, composed step by step; or in memory), else the checked epoch and the window
+    to plan in. Refuses a window for what is planned in memory only: a strategy's own layout, a drafter
+    plan."""
+    epoch = check_epoch(epoch)
+    if config.sources is not None:  # weighted sources: lengths per source, composed step by step
+        from padfree.core import sources
+
+        data = sources.source_data(lengths, config)  # type: ignore[arg-type]
+        return sources.plan_sources(data, config, epoch)[0]
+    window = planning_window(lengths, stream, window)
+    if window is None:
+        return plan_in_memory(lengths, config, epoch, path=path, t0=t0, anchors=anchors)
+    if config.spec.layout is not None:
+        raise ConfigError(
+            f"{config.strategy} plans are planned in memory, up to {STREAM_THRESHOLD:,} samples "
+            "(not window by window)"
+        )
+    if anchors is not None or bounded(config):
+        raise ConfigError(
+            f"drafter plans (anchors, anchor_budget, attn_budget) are planned in memory, up to "
+            f"{STREAM_THRESHOLD:,} samples (not window by window)"
+        )
+    return epoch, window
 
 
 def make_plan(
@@ -83,25 +112,11 @@ def make_plan(
     (0, True)
     """
     t0 = time.perf_counter()
-    if config.sources is not None:  # weighted sources: lengths per source, composed step by step
-        from padfree.core import sources
-
-        data = sources.source_data(lengths, config)  # type: ignore[arg-type]
-        return sources.plan_sources(data, config, check_epoch(epoch))[0]
-    epoch, window = _route(lengths, epoch, stream, window)
-    if window is not None:
-        if REGISTRY[config.strategy].chunked:
-            raise ConfigError(
-                f"chunked plans are planned in memory, up to {STREAM_THRESHOLD:,} samples "
-                "(not window by window)"
-            )
-        if anchors is not None or bounded(config):
-            raise ConfigError(
-                f"drafter plans (anchors, anchor_budget, attn_budget) are planned in memory, up to "
-                f"{STREAM_THRESHOLD:,} samples (not window by window)"
-            )
-        return _stream.plan_stream(lengths, config, epoch, window=window, path=path, progress=progress, t0=t0)
-    return plan_in_memory(lengths, config, epoch, path=path, t0=t0, anchors=anchors)
+    routed = _preamble(lengths, config, epoch, stream, window, anchors, path, t0)
+    if isinstance(routed, Plan):
+        return routed
+    epoch, every = routed
+    return _stream.plan_stream(lengths, config, epoch, window=every, path=path, progress=progress, t0=t0)
 
 
 def plan_pieces(
@@ -116,10 +131,10 @@ def plan_pieces(
 ) -> Iterator[Plan]:
     """The epoch :func:`make_plan` makes, as consecutive pieces of whole steps, one in memory at a time.
 
-    In memory the one piece is :func:`make_plan`'s plan; on the window path each piece is one window's plan
-    (:func:`padfree.core.stream.window_pieces`), and their concatenation is :func:`make_plan`'s plan
-    (sample ids are global; the pieces' offsets start at 0). Measuring a plan piece by piece
-    (:class:`padfree.core.metrics.EpochMeter`) keeps memory at one window's, not the epoch's.
+    In memory (and for weighted sources) the one piece is :func:`make_plan`'s plan; on the window path each
+    piece is one window's plan (:func:`padfree.core.stream.window_pieces`), and their concatenation is
+    :func:`make_plan`'s plan (sample ids are global; the pieces' offsets start at 0). Measuring a plan piece
+    by piece (:class:`padfree.core.metrics.EpochMeter`) keeps memory at one window's, not the epoch's.
 
     >>> cfg = PlanConfig(strategy="packed", budget=64, world_size=2, grad_accum=2, seed=3)
     >>> lengths = np.arange(1, 201) % 60 + 1
@@ -128,9 +143,10 @@ def plan_pieces(
     >>> len(pieces), np.array_equal(np.concatenate([p.indices for p in pieces]), whole.indices)
     (4, True)
     """
-    epoch, window = _route(lengths, epoch, stream, window)
-    if window is None:
-        yield plan_in_memory(lengths, config, epoch, path=path)
+    routed = _preamble(lengths, config, epoch, stream, window, None, path)
+    if isinstance(routed, Plan):
+        yield routed
         return
-    windows = _stream.deal_windows(lengths, config, epoch, window, path)
+    epoch, every = routed
+    windows = _stream.deal_windows(lengths, config, epoch, every, path)
     yield from _stream.window_pieces(windows, config, epoch, path, progress)

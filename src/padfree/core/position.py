@@ -77,6 +77,25 @@ def check_taken(state: dict, taken: str | None) -> None:
         )
 
 
+def _check_fingerprint(state: dict, fingerprint: str, identity: dict | None) -> None:
+    """The state is of this dataset, config and seed; else one line saying which field differs (when the
+    state records its ``identity`` and ``identity`` is given) or that the fingerprints do."""
+    if state.get("fingerprint") == fingerprint:
+        return
+    why = None
+    if identity is not None:
+        why = explain(state.get("identity"), identity, "in the state", sampler=True)
+    if why is not None:
+        raise StateError(
+            f"the sampler state belongs to another configuration ({why}); resume with the config and "
+            "data it was saved with, or start a new run without it (another checkpoint directory)"
+        )
+    raise StateError(
+        f"sampler state fingerprint {str(state.get('fingerprint'))[:40]} does not match this dataset, "
+        f"config and seed ({fingerprint}); refusing to resume with a different data order"
+    )
+
+
 def from_state(
     state: object,
     fingerprint: str,
@@ -106,19 +125,7 @@ def from_state(
     """
     if not isinstance(state, dict) or state.get("format") not in (STATE_FORMAT, FORMAT_V1):
         raise StateError(f"not a padfree sampler state (expected format {STATE_FORMAT!r})")
-    if state.get("fingerprint") != fingerprint:
-        why = None
-        if identity is not None:
-            why = explain(state.get("identity"), identity, "in the state", sampler=True)
-        if why is not None:
-            raise StateError(
-                f"the sampler state belongs to another configuration ({why}); resume with the config and "
-                "data it was saved with, or start a new run without it (another checkpoint directory)"
-            )
-        raise StateError(
-            f"sampler state fingerprint {str(state.get('fingerprint'))[:40]} does not match this dataset, "
-            f"config and seed ({fingerprint}); refusing to resume with a different data order"
-        )
+    _check_fingerprint(state, fingerprint, identity)
     for key in ("epoch", "history", "partial"):
         if key not in state:
             raise StateError(f"malformed sampler state: no {key!r}")
@@ -224,7 +231,7 @@ def step_loss_tokens(plan: Plan, lengths: np.ndarray, loss: np.ndarray | None) -
     """
     k = plan.config.micro_per_step
     m = plan.n_steps * k
-    chunked = plan.config.chunked
+    chunked = plan.config.spec.context
     offsets = plan.offsets[: m + 1]
     micro = np.zeros(m, dtype=np.int64)
     nonempty = np.flatnonzero(np.diff(offsets) > 0)

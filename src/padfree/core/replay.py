@@ -108,8 +108,8 @@ def plan_rest(
             )
         return plan_items(items, config, epoch, budget=budget, assign=False)
     except ConfigError:
-        if config.chunked:  # one item a micro-batch would scatter a document's chunks over ranks
-            raise
+        if config.spec.layout is not None:  # one item a micro-batch is not the strategy's layout (chunked:
+            raise  # it would scatter a document's chunks over ranks)
         return one_per_micro(items, config, epoch)
 
 

@@ -9,11 +9,15 @@ evens out a step's ranks by moving items between its micro-batches (:func:`even_
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from padfree.core import _kernels, cost
-from padfree.core.config import PlanConfig
+from padfree.core import _cuts, _jit, _ranks, cost
 from padfree.errors import ConfigError
+
+if TYPE_CHECKING:  # the strategies' own layouts (padfree.core.chunked) use this module: no config at run time
+    from padfree.core.config import PlanConfig
 
 EVEN_TOLERANCE = 0.002
 """A bucketed step whose slowest rank costs at most this much above the mean is left as assigned."""
@@ -30,7 +34,7 @@ def stratified_order(strata: np.ndarray, tokens: np.ndarray, rng: np.random.Gene
     m = strata.shape[0]
     shuffled = rng.permutation(m)
     # group by stratum, keeping the shuffled order inside each stratum
-    grouped = shuffled[_kernels.counting_argsort(strata[shuffled], int(strata.max()) + 1)]
+    grouped = shuffled[_jit.counting_argsort(strata[shuffled], int(strata.max()) + 1)]
     t = tokens[grouped].astype(np.float64)
     s = strata[grouped]
     csum = np.cumsum(t)
@@ -96,18 +100,18 @@ def quantile_steps(
         dealt = body[np.lexsort((chunk, step))]  # step by step, chunk by chunk
         if ranks is not None and ranks[0] > 1 and body_steps > 1:
             dealt = level_steps(order, offsets, length, dealt.reshape(body_steps, step_size), *ranks).ravel()
-        o, f = _kernels.gather_segments(order, offsets, dealt)
+        o, f = _jit.gather_segments(order, offsets, dealt)
         parts_order.append(o)
         parts_offsets.append(f)
     if n_tail:
         tail_steps = -(-n_tail // step_size)
         n_pieces = tail_steps * step_size
-        items, _ = _kernels.gather_segments(order, offsets, by_length[in_tail])  # the micro-batches' own
-        ends = split_largest(_kernels.cut_into(length[items], n_pieces, budget, False), n_pieces)
+        items, _ = _jit.gather_segments(order, offsets, by_length[in_tail])  # the micro-batches' own
+        ends = split_largest(_cuts.cut_into(length[items], n_pieces, budget, False), n_pieces)
         if ends.shape[0] - 1 != n_pieces:
             return None
         deal_tail = np.argsort(np.arange(n_pieces) % tail_steps, kind="stable")  # piece j -> step j % steps
-        o, f = _kernels.gather_segments(items, ends, deal_tail)
+        o, f = _jit.gather_segments(items, ends, deal_tail)
         parts_order.append(o)
         parts_offsets.append(f)
     if len(parts_order) == 1:
@@ -143,7 +147,7 @@ def level_steps(
     coefficients: tuple,
 ) -> np.ndarray:
     """``dealt`` (micro-batch ids, one row per step, one column per length chunk) with members of a column
-    swapped between steps so that more steps can be balanced over their ranks (``_kernels.level_steps``,
+    swapped between steps so that more steps can be balanced over their ranks (``_ranks.level_steps``,
     padded micro-batch costs under ``coefficients``). A step of quantile chunks mixes lengths, but which
     member of a chunk it draws decides how its costs pair up: a lone long sample, or a chunk's least-filled
     micro-batch, can leave no even split of the step over its ranks.
@@ -154,7 +158,7 @@ def level_steps(
     """
     coefs = cost.Coefficients(*(float(v) for v in coefficients[:3]))
     costs = cost.micro_costs(cost.micro_shapes(length[order], offsets, False), coefs)[dealt]
-    return _kernels.level_steps(costs, dealt, world_size, grad_accum, LEVEL_TOLERANCE)
+    return _ranks.level_steps(costs, dealt, world_size, grad_accum, LEVEL_TOLERANCE)
 
 
 def spread_tail(offsets: np.ndarray, step_size: int) -> np.ndarray:
@@ -189,8 +193,8 @@ def complete_last_step(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Make the micro-batch count a multiple of ``step_size`` by cutting the trailing partial step anew: the
     samples of its ``r`` micro-batches (``r = n_micro % step_size``) become ``step_size`` micro-batches of
-    even cost: packed rows dealt longest first to the least loaded row (``_kernels.lpt_bins``), padded ones
-    sorted by length and cut where the largest piece is smallest (``_kernels.cut_into``). The last step then
+    even cost: packed rows dealt longest first to the least loaded row (``_cuts.lpt_bins``), padded ones
+    sorted by length and cut where the largest piece is smallest (``_cuts.cut_into``). The last step then
     costs about ``r / step_size`` of a full one, spread evenly over its ranks, instead of holding a few
     halves beside whole micro-batches. No sample is duplicated or dropped; every piece obeys the budget.
 
@@ -212,13 +216,13 @@ def complete_last_step(
         a = int(offsets[first])
         tail = order[a:]
         n_pieces = m - first + step_size - r
-        bins = _kernels.lpt_bins(length[tail], n_pieces, budget) if packed else np.empty(0, np.int64)
+        bins = _cuts.lpt_bins(length[tail], n_pieces, budget) if packed else np.empty(0, np.int64)
         if bins.shape[0] and np.bincount(bins, minlength=n_pieces).min() > 0:
-            tail = tail[_kernels.counting_argsort(bins, n_pieces)]
+            tail = tail[_jit.counting_argsort(bins, n_pieces)]
             piece_ends = np.concatenate(([0], np.cumsum(np.bincount(bins, minlength=n_pieces))))
         else:
             tail = tail[np.argsort(length[tail], kind="stable")]
-            piece_ends = split_largest(_kernels.cut_into(length[tail], n_pieces, budget, packed), n_pieces)
+            piece_ends = split_largest(_cuts.cut_into(length[tail], n_pieces, budget, packed), n_pieces)
         if piece_ends.shape[0] - 1 == n_pieces:
             order = np.concatenate((order[:a], tail))
             return order, np.concatenate((offsets[: first + 1], a + piece_ends[1:]))
@@ -246,21 +250,21 @@ def assign_ranks(
     max_rounds: int = 64,
     speeds: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Permutation of micro-batches that balances each step's ranks (see ``_kernels.balance_ranks``), of
+    """Permutation of micro-batches that balances each step's ranks (see ``_ranks.balance_ranks``), of
     equal speed or of the given relative ``speeds``."""
     if world_size == 1:
         return np.arange(costs.shape[0], dtype=np.int64)
     uniform = speeds is None
     speeds = np.ones(world_size) if speeds is None else np.asarray(speeds, dtype=np.float64)
     c = costs.astype(np.float64)
-    return _kernels.balance_ranks(c, int(world_size), int(grad_accum), int(max_rounds), speeds, uniform)
+    return _ranks.balance_ranks(c, int(world_size), int(grad_accum), int(max_rounds), speeds, uniform)
 
 
 def evens_ranks(config: PlanConfig, drafting: bool) -> bool:
     """Whether :func:`even_ranks` applies: plans of several ranks, packed (not under SP/CP, whose padded rows
     cost more than their items) or bucketed (not a drafter plan, whose padded micro-batches are bounded by
     more than tokens)."""
-    if config.world_size <= 1 or config.chunked:
+    if config.world_size <= 1:
         return False
     if config.packed:
         return not config.shard.pads
@@ -285,16 +289,17 @@ def even_ranks(
     (indices into ``lens``; packed, ``None`` when no step needed evening) and the new micro-batch boundaries.
 
     Bucketed: whole rows move from the slowest rank's micro-batches to similar-length ones of other ranks
-    (``count * longest <= budget``), kept when the slowest rank's cost drops (``_kernels.even_padded_steps``);
+    (``count * longest <= budget``), kept when the slowest rank's cost drops (``_ranks.even_padded_steps``);
     steps are composed by length quantile, and a step whose longest quantile is a lone long sample leaves
     its rank short. Packed: an item of the slowest rank moves to, or is swapped with a lighter one of,
     another rank's row while both rows stay within ``budget`` in ``sizes``
     (:func:`padfree.core.capacity.sizes`, default ``lens``), an item weighing its own slots, attention and,
-    with ``anchors``, ``drafter`` terms (``_kernels.even_packed_steps``); packed rows are filled by size,
+    with ``anchors``, ``drafter`` terms (``_ranks.even_packed_steps``); packed rows are filled by size,
     not by cost, so a row of long (or anchor-rich) documents costs more than one of short ones; only the
     steps above the tolerance (by the micro-batches' ``costs``, when the caller has them) are worked on;
     ``sizes`` and ``anchors`` may be the epoch's, per item, that ``order`` puts in the order of ``lens``.
 
+    >>> from padfree.core.config import PlanConfig
     >>> cfg = PlanConfig(strategy="bucketed", budget=8, world_size=2, grad_accum=1)
     >>> perm, offs = even_ranks(np.array([2, 2, 2, 2, 2]), np.array([0, 4, 5]), cfg, (1.0, 0.0, 0.0), 8)
     >>> perm.tolist(), offs.tolist()
@@ -310,7 +315,7 @@ def even_ranks(
     offsets = offsets.astype(np.int64, copy=False)
     if config.packed:
         return _even_packed(lens, offsets, w, g, coefs, int(budget), sizes, anchors, drafter, costs, order)
-    return _kernels.even_padded_steps(lens, offsets, w, g, int(budget), coefs, EVEN_TOLERANCE)
+    return _ranks.even_padded_steps(lens, offsets, w, g, int(budget), coefs, EVEN_TOLERANCE)
 
 
 def _even_packed(
@@ -327,7 +332,7 @@ def _even_packed(
     order: np.ndarray | None,
 ) -> tuple[np.ndarray | None, np.ndarray]:
     """:func:`even_ranks` of packed steps: the steps above :data:`EVEN_TOLERANCE` gathered and evened by
-    ``_kernels.even_packed_steps`` (an epoch of balanced steps costs one pass over its micro-batches)."""
+    ``_ranks.even_packed_steps`` (an epoch of balanced steps costs one pass over its micro-batches)."""
     k = w * g
     model = cost.Coefficients(float(coefs[0]), float(coefs[1]), float(coefs[2]))
     if costs is None:
@@ -349,7 +354,7 @@ def _even_packed(
         cost.item_shapes(sub_lens, None if anchors is None else anchors[src]), model._replace(c=0.0), drafter
     )  # each item a row of its own
     size = sub_lens if sizes is None else sizes[src].astype(np.int64, copy=False)
-    sub_perm, sub_off = _kernels.even_packed_steps(size, weight, local, w, g, budget, model.c, EVEN_TOLERANCE)
+    sub_perm, sub_off = _ranks.even_packed_steps(size, weight, local, w, g, budget, model.c, EVEN_TOLERANCE)
     perm = np.arange(lens.shape[0], dtype=np.int64)
     perm[idx] = idx[sub_perm]
     new_offsets = offsets.copy()

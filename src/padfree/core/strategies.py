@@ -1,8 +1,10 @@
 """The strategies, by name: one registry is the one place a strategy is added.
 
-A strategy forms one epoch's micro-batches from item lengths (see :mod:`padfree.core.batching`) and says
-whether its micro-batches are packed rows. Everything after that (mixing strata into steps, whole steps,
-rank balancing) is the same for every strategy (:func:`padfree.core.plan.plan_items`).
+A strategy lays out one epoch. Most form micro-batches from item lengths (``form``, see
+:mod:`padfree.core.batching`) and leave the rest to the default layout, the same for all of them: strata
+mixed into steps, whole steps, ranks balanced (:func:`padfree.core.plan.form_steps_ranks`). A strategy with a
+``layout`` of its own lays out the whole epoch itself, steps given to ranks (``chunked``,
+:mod:`padfree.core.chunked`).
 
 Adding one::
 
@@ -18,18 +20,26 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from padfree.core import batching, mixing
-from padfree.core.batching import Formed
+from padfree.core import batching, chunked, mixing
+from padfree.core.batching import Formed, Laid
 
 if TYPE_CHECKING:
+    from padfree.core.budget import Budget
     from padfree.core.config import PlanConfig
+    from padfree.core.items import Items
 
-__all__ = ["REGISTRY", "STRATEGIES", "Formed", "Strategy", "register", "resolved_mix"]
+__all__ = ["REGISTRY", "STRATEGIES", "Formed", "Laid", "Strategy", "register", "resolved_mix"]
+
+Form = Callable[[np.ndarray, "PlanConfig", np.random.Generator], Formed]
+"""``form(sizes, config, rng)``: one epoch's micro-batches (and their strata) of items of these sizes."""
+
+Layout = Callable[["Items", "PlanConfig", "Budget", np.random.Generator], Laid]
+"""``layout(items, config, budget, rng)``: one whole epoch, in plan order, steps given to ranks."""
 
 
 @dataclass(frozen=True)
 class Strategy:
-    """A named way to form micro-batches.
+    """A named way to lay out an epoch.
 
     Attributes:
         name: what ``PlanConfig.strategy`` says.
@@ -37,22 +47,41 @@ class Strategy:
             and no two strategies share one.
         packed: micro-batches are packed rows (``sum(lengths) <= budget``) rather than padded ones
             (``count * longest <= budget``): collated by ``PackCollator``, run with per-document attention.
-        form: ``form(lengths, config, rng) -> Formed``.
+        form: ``form(sizes, config, rng) -> Formed``: its micro-batches, which the default layout makes into
+            steps and gives to ranks; ``None`` when it has a ``layout`` of its own.
         bucketed: forms micro-batches inside length buckets: the config's ``buckets``, ``growth`` and ``mix``
             apply, and its plans report their bucket ``edges``.
         fixed_batches: its micro-batches are the same every epoch (formed from the seed alone); only their
             order changes.
-        chunked: a document longer than the budget becomes consecutive chunks on one rank in one step
-            (:mod:`padfree.core.chunked` lays out the whole plan; ``form`` is not used).
+        layout: ``layout(items, config, budget, rng) -> Laid``: the whole epoch laid out by the strategy
+            itself, steps given to ranks. Its plan is then the same assigned or not, a step runs on the ranks
+            it was laid out for (no balancing or re-cut at run time), and it is planned in memory (not window
+            by window).
+        chunks: ``chunks(config)``: how many micro-batches of one rank's step a document may span, trained
+            whole, each chunk attending to its earlier ones (``Plan.starts`` are then their context);
+            ``None``: one (a document longer than a micro-batch falls under the overlong policy).
+        check: ``check(config)`` raises a :class:`~padfree.errors.ConfigError` for a config the strategy
+            does not plan (called when the config is made).
     """
 
     name: str
     stream_id: int
     packed: bool
-    form: Callable[[np.ndarray, PlanConfig, np.random.Generator], Formed]
+    form: Form | None = None
     bucketed: bool = False
     fixed_batches: bool = False
-    chunked: bool = False
+    layout: Layout | None = None
+    chunks: Callable[[PlanConfig], int] | None = None
+    check: Callable[[PlanConfig], None] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.form is None) == (self.layout is None):
+            raise ValueError(f"strategy {self.name!r}: give it a form or a layout of its own, one of them")
+
+    @property
+    def context(self) -> bool:
+        """A document spans micro-batches as chunks that see their earlier ones (``chunks`` is set)."""
+        return self.chunks is not None
 
 
 REGISTRY: dict[str, Strategy] = {}
@@ -104,6 +133,8 @@ register(Strategy("packed", 14, packed=True, form=_packed))
 STRATEGIES: tuple[str, ...] = tuple(REGISTRY)
 """The strategies tables compare by default, in the order they show them."""
 
-register(Strategy("chunked", 15, packed=True, form=_packed, chunked=True))
+register(
+    Strategy("chunked", 15, packed=True, layout=chunked.layout, chunks=chunked.chunks, check=chunked.check)
+)
 """Chosen by name (``--strategy chunked``): packed rows, and documents up to ``grad_accum`` budgets long
-trained whole in chunks (:mod:`padfree.core.chunked`)."""
+trained whole in chunks, laid out by :mod:`padfree.core.chunked`."""

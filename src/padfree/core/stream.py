@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from padfree.core import _kernels
-from padfree.core._kernels import njit
+from padfree.core import _jit
+from padfree.core._jit import njit
 from padfree.core.budget import Budget
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, Report, check_overlong, make_items, validate_lengths
@@ -53,19 +53,24 @@ _SAMPLES, _PREPARED = 0, 2  # random sub-streams: window ids (this tag) and wind
 
 
 @njit(cache=True, nogil=True)
-def _group_by_label(labels: np.ndarray, n_labels: int, out: np.ndarray) -> np.ndarray:
-    """Stable counting sort of sample ids by window label into ``out``; returns the window starts."""
-    starts = np.zeros(n_labels + 1, np.int64)
-    for i in range(labels.shape[0]):
-        starts[labels[i] + 1] += 1
-    for k in range(n_labels):
-        starts[k + 1] += starts[k]
-    fill = starts[:-1].copy()
-    for i in range(labels.shape[0]):
-        k = labels[i]
-        out[fill[k]] = i
-        fill[k] += 1
-    return starts
+def permute_in_place(values: np.ndarray, order: np.ndarray, seen: np.ndarray) -> None:
+    """``values[i] = values[order[i]]`` (the values before) for every ``i``, in place, cycle by cycle.
+
+    ``seen`` is a zeroed uint8 scratch array as long as ``values`` (left all ones).
+    """
+    for i in range(values.shape[0]):
+        if seen[i]:
+            continue
+        first = values[i]
+        j = i
+        while True:
+            seen[j] = 1
+            k = order[j]
+            if k == i:
+                values[j] = first
+                break
+            values[j] = values[k]
+            j = k
 
 
 def _index_dtype(n: int) -> type:
@@ -215,7 +220,7 @@ def _deal_prepared(
         if not in_place or not arr.flags.writeable:
             arrays[i] = arr = arr.copy()
         seen[:] = 0
-        _kernels.permute_in_place(arr, order, seen)
+        permute_in_place(arr, order, seen)
     del order, seen
     start = arrays[2] if items.start is not None else None
     prepared = Items(arrays[0], arrays[1], start, items.n_samples)
@@ -228,7 +233,7 @@ def _group(labels: np.ndarray, per_window: np.ndarray, k: int) -> tuple[np.ndarr
     labels, per_window = _merge_small(labels, per_window, k)
     n = int(labels.shape[0])
     order: np.ndarray = np.empty(n, _index_dtype(n))
-    starts = _group_by_label(labels, per_window.shape[0], order)
+    starts = _jit.counting_sort_into(labels, per_window.shape[0], order)  # sample ids by window
     return order, starts, per_window
 
 

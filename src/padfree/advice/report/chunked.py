@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from padfree.core.budget import Budget
 from padfree.core.config import PlanConfig
 from padfree.errors import ConfigError
 
@@ -32,7 +33,9 @@ def chunked_numbers(
     over = lens > budget
     if not over.any():
         return None
-    reach = budget * accum
+    overlong = "truncate" if base.overlong in ("split", "error") else base.overlong
+    cfg = base.with_(strategy="chunked", overlong=overlong)
+    reach = Budget.of(cfg).reach
     dropped_by_truncation = int((lens[over] - budget).sum())
     cut_by_split = int(((lens[over] + budget - 1) // budget - 1).sum())
     out: dict = {
@@ -49,8 +52,6 @@ def chunked_numbers(
             "trains a document of up to grad-accum budgets whole: raise grad-accum to use it"
         )
         return out
-    overlong = "truncate" if base.overlong in ("split", "error") else base.overlong
-    cfg = base.with_(strategy="chunked", overlong=overlong)
     try:
         m = chunked if chunked is not None else measure(lens, cfg, path)
     except ConfigError as exc:  # planned in memory only

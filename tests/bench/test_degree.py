@@ -1,7 +1,7 @@
-"""Per-micro-batch SP/CP degree (padfree.core.degree): every sample once per epoch, degree-1 rows within the
-per-GPU budget and holding no document over it, degree-G rows within the group's, every GPU of a group
-walking the same phases (brute force over small inputs), determinism, and a modeled gain over the fixed
-full degree where long documents are rare."""
+"""Per-micro-batch SP/CP degree (lab.degree, a benchmark-only plan): every sample once per epoch, degree-1
+rows within the per-GPU budget and holding no document over it, degree-G rows within the group's, every GPU
+of a group walking the same phases (brute force over small inputs), determinism, and a modeled gain over
+the fixed full degree where long documents are rare."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from lab import degree
+from lab.degree import epoch_cost, fixed_costs, plan_degrees
 from padfree import ConfigError, PlanConfig, make_plan
-from padfree.core.degree import epoch_cost, fixed_costs, plan_degrees
 from padfree.core.items import make_items
 from padfree.core.shard import round_up
 
@@ -164,9 +165,7 @@ def test_refusals_name_the_rule():
 def test_tail_kept_whole_when_dealing_it_anew_would_overflow_a_row(monkeypatch):
     """The last partial step's rows stay as they are and empty degree-1 phases complete the step when
     dealing its documents anew cannot keep every row within the budget."""
-    from padfree.core import degree
-
-    monkeypatch.setattr(degree._kernels, "lpt_bins", lambda lens, n, budget: np.zeros(0, np.int64))
+    monkeypatch.setattr(degree._cuts, "lpt_bins", lambda lens, n, budget: np.zeros(0, np.int64))
     lengths = lengths_long_tail(700, 1, 64, 256)
     cfg = PlanConfig(strategy="packed", budget=64, world_size=3, grad_accum=3, sp=2, cp=2, seed=5)
     gp = plan_degrees(lengths, cfg)
@@ -174,17 +173,13 @@ def test_tail_kept_whole_when_dealing_it_anew_would_overflow_a_row(monkeypatch):
     assert (np.diff(gp.row_offsets) == 0).sum() >= 4  # at least one whole phase of idle GPUs
 
 
-def test_cli_plan_per_batch_degree(tmp_path, capsys):
-    from padfree.cli import main
-
-    lengths = tmp_path / "lengths.npy"
+def test_records_hold_every_sample_once_as_json_lines():
+    """The phases as JSON lines (:meth:`GroupPlan.records`): degree-G lines one row, degree-1 lines one row
+    per GPU within the budget, every sample's tokens once."""
     values = lengths_long_tail(1500, 2, 256, 2048)
-    np.save(lengths, values)
-    out = tmp_path / "plan.jsonl"
-    opts = ["--strategy", "packed", "--budget", "256", "--world-size", "2", "--grad-accum", "2", "--sp", "4"]
-    args = ["plan", str(lengths), *opts, "--degree", "per-batch", "--comm", "0.1", "--out", str(out)]
-    assert main([*args, "--overlong", "split"]) == 0
-    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    cfg = PlanConfig(strategy="packed", budget=256, world_size=2, grad_accum=2, sp=4, overlong="split")
+    gp = plan_degrees(values, cfg, comm=0.1)
+    recs = [json.loads(json.dumps(r)) for r in gp.records()]
     assert {r["degree"] for r in recs} == {1, 4} and len(recs) % 4 == 0
     tokens: Counter = Counter()
     for r in recs:
@@ -197,10 +192,5 @@ def test_cli_plan_per_batch_degree(tmp_path, capsys):
             for i, n in zip(ids, ls, strict=True):
                 tokens[i] += n
     assert tokens == Counter({i: int(v) for i, v in enumerate(values)})  # every sample's tokens once
-    assert "phases" in capsys.readouterr().err
-    assert (
-        main(["plan", str(lengths), "--strategy", "packed", "--degree", "per-batch", "--out", str(out)]) == 2
-    )
-    assert "needs sp or cp > 1" in capsys.readouterr().err
-    assert main(["plan", str(lengths), "--strategy", "packed", "--comm", "0.1", "--sp", "2"]) == 2
-    assert "give it with --degree per-batch" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="needs sp or cp > 1"):
+        plan_degrees(values, cfg.with_(sp=1))
