@@ -28,7 +28,6 @@ import numpy as np
 from transformers import TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
-from padfree.core.items import overlong_line
 from padfree.hf import PadfreeTrainer, padfree_sft_trainer
 from padfree.models import load_model
 from padfree.options import (
@@ -40,7 +39,8 @@ from padfree.options import (
     training_data,
 )
 from padfree.progress import bars_wanted
-from padfree.torch.attention import attention_implementation
+from padfree.recipes.reach import overlong_note
+from padfree.torch import StepRunner
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 """Real chat, math, code and document samples and a 32K SentencePiece tokenizer, vendored in the repo."""
@@ -72,21 +72,11 @@ def main(argv: list[str] | None = None):
         for s in samples:
             s["input_ids"] = s["input_ids"] % args.vocab_size
     config = plan_config(args)
-    group = config.sp * config.cp
-    reach = args.budget * (args.grad_accum if args.strategy == "chunked" else group)
-    limit = None
-    if args.strategy == "chunked":
-        limit = (
-            f"the chunked reach of {reach} tokens (--grad-accum {args.grad_accum} x --budget {args.budget})"
-        )
-    elif group > 1:
-        limit = f"the row of {reach} tokens (--budget {args.budget} x {group} ranks)"
-    line = overlong_line(lengths, reach, args.overlong, limit)
+    line = overlong_note(config, lengths)  # samples over the reach: the longest the run trains whole
     if line:
         print(line)
     where = f"--strategy {args.strategy} on {args.model}"
-    attn = attention_implementation(args.strategy)
-    model = load_model(args.model, attn, args.seed, where=where, **overrides)
+    model = load_model(args.model, StepRunner.attention(config), args.seed, where=where, **overrides)
     common = {
         "output_dir": args.output_dir,
         "gradient_accumulation_steps": args.grad_accum,
@@ -102,9 +92,13 @@ def main(argv: list[str] | None = None):
         "use_cpu": not _cuda(),
         "disable_tqdm": not bars_wanted(args.quiet),  # the Trainer's bar, on a terminal only
     }
-    plan = {"lengths": lengths, "plan_config": config, "loss_tokens": loss_tokens}
-    if args.strategy == "chunked":  # long documents' chunks attend to their earlier chunks
-        plan["keep_chunks"] = args.keep_chunks
+    # keep_chunks: a chunked plan's long document keeps that many chunks' activations instead of recomputing
+    plan = {
+        "lengths": lengths,
+        "plan_config": config,
+        "loss_tokens": loss_tokens,
+        "keep_chunks": args.keep_chunks,
+    }
     if args.trainer == "sft":
         from datasets import Dataset
         from trl import SFTConfig

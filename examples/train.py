@@ -31,7 +31,7 @@ What it does, top to bottom:
   packing_refusal`, the same sentence as ``padfree check-packing --model DIR``).
 - ``--sp N`` / ``--cp N`` (packed only, under ``torchrun`` with a multiple of N processes): N consecutive
   ranks share each micro-batch and each runs its shard of the packed row
-  (:class:`padfree.torch.sharded_rows.ShardedRows`, the same code as ``PadfreeTrainer``); the step's
+  (:class:`padfree.torch.StepRunner`, the same code as ``PadfreeTrainer``); the step's
   gradient equals the unsharded run's. Models with convolutions or recurrences (hybrids) are refused.
 - every ``--checkpoint-every`` steps rank 0 writes model, optimizer and sampler state atomically (temp
   file + ``os.replace``); ``--resume`` continues from the latest one at any world size: the sampler
@@ -56,7 +56,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from padfree.core.items import dropped_samples, overlong_line, planned_tokens
+from padfree.core.items import dropped_samples, planned_tokens
 from padfree.errors import ConfigError, PadfreeError
 from padfree.models import load_model, require_packable
 from padfree.options import (
@@ -68,22 +68,12 @@ from padfree.options import (
     run_example,
     training_data,
 )
-from padfree.torch import (
-    PackCollator,
-    PadCollator,
-    PlanBatchSampler,
-    PlannedDataset,
-    global_loss_tokens,
-    step_loss,
-    sync_unless,
-    token_loss_sum,
-)
-from padfree.torch.attention import attention_implementation
+from padfree.recipes.loop import add_run_args, train_loop
+from padfree.recipes.reach import overlong_note
+from padfree.torch import PackCollator, PadCollator, PlanBatchSampler, PlannedDataset, StepRunner
 from padfree.torch.checkpoint import CheckpointDir
-from padfree.torch.chunked import run_step
 from padfree.torch.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
-from padfree.torch.loop import add_run_args, resume_from, run_id, setup_distributed, train_loop
-from padfree.torch.sharded_rows import ShardedRows
+from padfree.torch.loop import resume_from, run_id, setup_distributed
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 """Real chat, math, code and document samples and a 32K SentencePiece tokenizer, vendored in the repo."""
@@ -96,10 +86,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_number(p, "--cp", 1, "packed rows sharded over this many ranks by zigzag context parallelism")
     add_run_args(p)
     return p.parse_args(argv)
-
-
-def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 # ----- training -------------------------------------------------------------------------------------------
@@ -132,39 +118,14 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
 
     samples, lengths, loss_tokens = training_data(args)
     config = plan_config(args)
-    group = config.sp * config.cp  # ranks that share each micro-batch (SP/CP), 1 without
-    if group > 1 and (not config.packed or config.chunked):
-        raise ConfigError(f"--sp/--cp shard packed rows: use --strategy packed (got {args.strategy})")
-    if group > 1 and world % group:
-        raise ConfigError(
-            f"--sp/--cp: {group} processes share each micro-batch, but the world size is {world}: launch a "
-            f"multiple of {group} (torchrun --nproc_per_node {group} examples/train.py ...)"
-        )
-    ranks = {"dp_rank": rank // group, "dp_size": world // group} if group > 1 else {}
-    sampler = PlanBatchSampler(
-        lengths,
-        config,
-        loss_tokens=loss_tokens,
-        balance=args.balance,
-        balance_every=args.balance_every,
-        **ranks,
-    )
-    chunked = args.strategy == "chunked"
-    if args.strategy in ("packed", "chunked"):
-        collator = PackCollator(chunked=chunked, sp=config.sp, cp=config.cp)
-    else:
-        collator = PadCollator(pad_to_multiple_of=8)
-    loader = DataLoader(
-        PlannedDataset(samples), batch_sampler=sampler, collate_fn=collator, pin_memory=device.type == "cuda"
-    )
-
     overrides = model_overrides(args)
     if args.vocab_size:
         for s in samples:
             s["input_ids"] = s["input_ids"] % args.vocab_size
-    attn = attention_implementation(args.strategy)
     where = f"--strategy {args.strategy} on {args.model}"
-    model = load_model(args.model, attn, args.seed, where=where, **overrides).to(device)
+    model = load_model(args.model, StepRunner.attention(config), args.seed, where=where, **overrides).to(
+        device
+    )
     vocab, top = int(model.config.vocab_size), max((int(s["input_ids"].max()) for s in samples), default=0)
     if top >= vocab:
         raise ConfigError(
@@ -173,7 +134,23 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
         )
     if config.packed:
         require_packable(model, where)
-    sharded = ShardedRows(model, config, rank, world) if group > 1 else None
+    # how a micro-batch runs: plain, chunked or sharded over --sp/--cp ranks (which it groups)
+    runner = StepRunner(config, model, rank=rank, world=world, device=device, keep_chunks=args.keep_chunks)
+    sampler = PlanBatchSampler(
+        lengths,
+        config,
+        loss_tokens=loss_tokens,
+        balance=args.balance,
+        balance_every=args.balance_every,
+        **runner.sampler_ranks,
+    )
+    if config.packed:
+        collator = PackCollator(chunked=config.chunked, sp=config.sp, cp=config.cp)
+    else:
+        collator = PadCollator(pad_to_multiple_of=8)
+    loader = DataLoader(
+        PlannedDataset(samples), batch_sampler=sampler, collate_fn=collator, pin_memory=device.type == "cuda"
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
 
     step = 0
@@ -185,60 +162,25 @@ def train(args, rank, world, device, ckpt: CheckpointDir | None, stop: StopOnSig
     ddp = DistributedDataParallel(model) if world > 1 else model
 
     n_params = sum(p.numel() for p in model.parameters())
-    # the longest sample trained whole: chunked, the step's chunks; under SP/CP, the sharded row
-    reach = args.budget * (args.grad_accum if chunked else group)
-    limit = None
-    if chunked:
-        limit = (
-            f"the chunked reach of {reach} tokens (--grad-accum {args.grad_accum} x --budget {args.budget})"
-        )
-    elif group > 1:
-        limit = f"the row of {reach} tokens (--budget {args.budget} x {group} ranks)"
-    line = overlong_line(lengths, reach, args.overlong, limit)
+    line = overlong_note(config, lengths)  # the longest sample trained whole: the runner's reach
     if line:
         log(line)
     log(
-        f"run {run}: {len(samples)} samples, {planned_tokens(lengths, reach, args.overlong)} tokens, "
+        f"run {run}: {len(samples)} samples, {planned_tokens(lengths, runner.reach, args.overlong)} tokens, "
         f"{n_params / 1e6:.1f}M params, "
         f"{args.strategy} budget {args.budget}, world {world} x grad_accum {args.grad_accum}, "
         f"attention {model.config._attn_implementation}"
-        + (f", {group} ranks per row ({'sp' if config.sp > 1 else 'cp'})" if group > 1 else "")
+        + (f", {runner.size} ranks per row ({'sp' if config.sp > 1 else 'cp'})" if runner.size > 1 else "")
     )
 
-    def micro_step(micro_batches, step_tokens):
-        if chunked:  # long documents' chunks see their earlier chunks; DDP still syncs once, at the end
-            scale = world / step_tokens if step_tokens > 0 else 0.0
-            return run_step(
-                ddp, micro_batches, scale, keep=args.keep_chunks, device=device,
-                sync=lambda final: sync_unless(ddp, final),
-            )  # fmt: skip
-        loss_sum, tokens = torch.zeros((), device=device), 0
-        for batch in micro_batches:
-            inputs = to_device(batch, device)
-            labels = inputs.pop("labels")
-            # timed: this micro-batch's compute, up to its last gradient (not DDP's all-reduce wait)
-            with sync_unless(ddp, batch.info.last), sampler.timed(ddp):
-                if sharded is not None:  # this rank's shard of the row, scored on the row's labels
-                    token_losses = sharded.loss_sum(ddp, {**inputs, "labels": labels})[0]
-                else:
-                    token_losses = token_loss_sum(ddp(**inputs).logits, labels)
-                step_loss(token_losses, step_tokens, world).backward()
-            loss_sum += token_losses.detach()
-            tokens += batch.tokens if rank % group == 0 else 0  # a shared row's tokens counted once
-        return loss_sum, tokens
-
-    def count(micro_batches):
-        # tokens carrying loss in the whole step (all ranks, all micro-batches): known from the plan
-        step_tokens = micro_batches[0].info.step_tokens
-        if step_tokens is None:  # the ranks of an SP/CP group hold the same rows: counted once
-            return global_loss_tokens(micro_batches, device, shared=group)
-        return step_tokens
+    def micro_step(micro_batches, step_tokens):  # timed: each row's compute, not DDP's all-reduce wait
+        return runner.step(ddp, micro_batches, step_tokens, timed=sampler.timed)
 
     parts = (sampler, loader, model, optimizer)
-    dropped = dropped_samples(lengths, reach, args.overlong)
+    dropped = dropped_samples(lengths, runner.reach, args.overlong)
     return train_loop(
-        args, rank, device, ckpt, stop, run, parts, count, micro_step, step=step, dropped=dropped,
-        seen_here=rank % group == 0,
+        args, rank, device, ckpt, stop, run, parts, runner.step_tokens, micro_step, step=step,
+        dropped=dropped, seen_here=runner.leads,
     )  # fmt: skip
 
 

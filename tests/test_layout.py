@@ -166,6 +166,20 @@ def test_lower_layers_import_neither_the_drafter_nor_the_integrations() -> None:
         assert not bad, f"{m} imports {', '.join(bad)} (the drafter wing builds on the lower layers)"
 
 
+def test_torch_imports_neither_the_option_kit_nor_the_test_helpers() -> None:
+    """``padfree.torch`` is a library layer: no module under it reaches the command line's option kit
+    (``padfree.options``) or the test helpers (``padfree.testing``), lazily neither; the argparse loop lives
+    above it, in ``padfree.recipes``."""
+    mods = _modules()
+    torch_mods = sorted(m for m in mods if _in(m, ("padfree.torch",)))
+    assert "padfree.torch.runner" in torch_mods and "padfree.torch.loop" in torch_mods
+    upper = ("padfree.options", "padfree.testing")
+    assert any(_in(n, upper) for n in _reach("padfree.recipes.loop"))  # the walk sees them where they are
+    for m in torch_mods:
+        bad = sorted(n for n in _reach(m) if _in(n, upper))
+        assert not bad, f"{m} imports {', '.join(bad)} (move what needs them up to padfree.recipes)"
+
+
 def test_core_and_the_torch_free_drafter_modules_import_no_torch() -> None:
     mods = _modules()
     assert set(TORCH_FREE_DRAFTER) <= set(mods), "a listed torch-free drafter module is gone: update the list"
@@ -224,7 +238,7 @@ def test_each_command_imports_no_other_command_and_the_library_no_command() -> N
 
 def test_examples_import_no_other_example() -> None:
     """Each example is one copyable file: what examples share lives in the library (``padfree.options``,
-    ``padfree.data``, ``padfree.torch.loop``), never in a module beside them."""
+    ``padfree.data``, ``padfree.recipes``), never in a module beside them."""
     examples = sorted((ROOT / "examples").glob("*.py"))
     local = {p.stem for p in examples} | {p.name for p in (ROOT / "examples").iterdir() if p.is_dir()}
     assert {"train", "train_drafter", "hf_trainer"} <= local

@@ -40,7 +40,7 @@
 - **sequence / context parallelism**: padfree's own (``PlanConfig(sp=N)`` or ``cp=N``, packed, launched
   with ``torchrun``): consecutive ranks ``N`` at a time share a data-parallel rank's micro-batches and each
   runs its shard of the row with ``padfree_ulysses`` / ``padfree_zigzag_cp`` attention
-  (:class:`~padfree.torch.sharded_rows.ShardedRows`, the same code as ``examples/train.py --sp/--cp``).
+  (:class:`~padfree.torch.runner.StepRunner`, the same code as ``examples/train.py --sp/--cp``).
   accelerate's ``ParallelismConfig(cp_size)`` (one causal mask over the packed row) and ``sp_size``
   (DeepSpeed ALST, CUDA only) are refused in one line naming the fix (:func:`refuse_parallelism`).
 
@@ -97,7 +97,7 @@ from padfree.models import require_packable
 from padfree.torch._collate import PackCollator, PadCollator
 from padfree.torch._dataset import PlannedDataset
 from padfree.torch._sampler import MicroBatch, PlanBatchSampler
-from padfree.torch.sharded_rows import ShardedRows
+from padfree.torch.runner import StepRunner
 
 STATE_FILE = "padfree_sampler.json"
 
@@ -206,7 +206,6 @@ class PadfreeTrainerMixin(_TrainerBase):
         options = {k: kwargs.pop(k) for k in SAMPLER_OPTIONS if k in kwargs}  # the rest is the Trainer's
         targs_given = kwargs.get("args", args[1] if len(args) > 1 else None)
         refuse_parallelism(getattr(targs_given, "parallelism_config", None), plan_config)
-        group = plan_config.sp * plan_config.cp
         if collator is None:
             shapes = plan_config.shapes
             packed = PackCollator(
@@ -217,7 +216,6 @@ class PadfreeTrainerMixin(_TrainerBase):
                 if plan_config.packed
                 else PadCollator(pad_to_multiple_of=None if shapes else 8, shapes=shapes)
             )
-        self.padfree_keep_chunks = keep_chunks
         kwargs.setdefault("data_collator", collator)
         super().__init__(*args, **kwargs)
         targs = self.args
@@ -231,11 +229,6 @@ class PadfreeTrainerMixin(_TrainerBase):
         if self.get_tp_size() != 1:
             raise ConfigError("tensor parallelism is not supported with padfree plans")
         refuse_parallelism(getattr(self.accelerator, "parallelism_config", None), plan_config)
-        if group > 1 and targs.world_size % group:
-            raise ConfigError(
-                f"padfree SP/CP: sp x cp = {group} processes share each micro-batch, but the world size is "
-                f"{targs.world_size}: launch a multiple of {group} (torchrun --nproc_per_node ...)"
-            )
         if targs.max_steps <= 0 and float(targs.num_train_epochs) != int(targs.num_train_epochs):
             raise ConfigError(
                 f"num_train_epochs must be a whole number (got {targs.num_train_epochs}); or use max_steps"
@@ -247,20 +240,18 @@ class PadfreeTrainerMixin(_TrainerBase):
             )
         if plan_config.packed and isinstance(self.model, torch.nn.Module):
             require_packable(self.model, f"{type(self).__name__} with a packed plan")
-        self.padfree_shard: ShardedRows | None = None
-        if group > 1:
-            self.padfree_shard = ShardedRows(self.model, plan_config, targs.process_index, targs.world_size)
-            options.update(dp_rank=targs.process_index // group, dp_size=targs.world_size // group)
-        if plan_config.chunked and getattr(self.accelerator, "scaler", None) is not None:
+        self.padfree_runner = StepRunner(
+            plan_config, self.model, rank=targs.process_index, world=targs.world_size, device=targs.device,
+            keep_chunks=keep_chunks,
+        )  # fmt: skip
+        if self.padfree_runner.mode == "chunked" and getattr(self.accelerator, "scaler", None) is not None:
             raise ConfigError("chunked plans run their own backward passes: use bf16 or float32, not fp16")
         self.padfree_collator = collator
         self.padfree_sampler = PlanBatchSampler(
             lengths,
             plan_config,
             loss_tokens=loss_tokens,
-            rank=None if group > 1 else targs.process_index,
-            world_size=None if group > 1 else targs.world_size,
-            **options,
+            **{**options, **self.padfree_runner.sampler_ranks},  # the data-parallel coordinate: the runner's
         )
         self._padfree_chain: EpochChain | None = None
         self._padfree_state: dict | None = None
@@ -309,7 +300,7 @@ class PadfreeTrainerMixin(_TrainerBase):
         """The Trainer's step, timed for dynamic balancing (forward and backward up to the last gradient; a
         no-op when static). A chunked plan's long document runs on its last chunk's micro-batch, all its
         chunks at once (:func:`padfree.torch.chunked.chunked_backward`); its earlier chunks' steps do
-        nothing."""
+        nothing (:meth:`padfree.torch.StepRunner.document`)."""
         group = getattr(inputs, "padfree_chunks", None)
         if group is not None:
             return self._chunked_step(model, group, num_items_in_batch)
@@ -318,8 +309,6 @@ class PadfreeTrainerMixin(_TrainerBase):
             return super().training_step(model, inputs, num_items_in_batch)
 
     def _chunked_step(self, model, group: list, num_items_in_batch) -> torch.Tensor:
-        from padfree.torch.chunked import chunked_backward
-
         device = self.args.device
         if not group:  # an earlier chunk: its document runs with its last chunk
             return torch.zeros((), device=device)
@@ -331,27 +320,25 @@ class PadfreeTrainerMixin(_TrainerBase):
         def sync(final: bool):  # the Trainer's own context holds the document's last backward
             return contextlib.nullcontext() if final or ddp is None else ddp.no_sync()
 
-        ids = torch.cat([b["input_ids"].reshape(-1) for b in group]).to(device)
-        labels = torch.cat([b["labels"].reshape(-1) for b in group]).to(device)
-        sizes = [int(b["input_ids"].numel()) for b in group]
         with self.compute_loss_context_manager():
-            total = chunked_backward(
-                model, ids, labels, sizes, scale=scale, keep=self.padfree_keep_chunks, sync=sync
-            )
+            total = self.padfree_runner.document(model, group, scale, sync)
         return torch.tensor(total * scale, device=device)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The Trainer's loss; with padfree SP/CP (``plan_config.sp`` / ``cp`` > 1) this rank's shard of the
-        packed row runs inside its group (:class:`~padfree.torch.sharded_rows.ShardedRows`), scored against
-        the row's shifted labels."""
+        packed row runs inside its group (:meth:`padfree.torch.StepRunner.loss_sum`), scored against the
+        row's shifted labels, over ``num_items_in_batch`` (the step's loss tokens; else the shard's own)."""
         sources, self._padfree_sources = self._padfree_sources, None
-        if self.padfree_shard is None and sources is not None and "labels" in inputs:
+        sharded = self.padfree_runner.mode == "sharded"
+        if not sharded and sources is not None and "labels" in inputs:
             loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
             self._padfree_note_sources(outputs, inputs["labels"], sources)
             return (loss, outputs) if return_outputs else loss
-        if self.padfree_shard is None:
+        if not sharded:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        loss, outputs = self.padfree_shard.loss(model, inputs, num_items_in_batch)
+        total, labels, outputs = self.padfree_runner.loss_sum(model, inputs)
+        den = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
+        loss = total / den
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * self.accelerator.num_processes  # undoes DDP's average over every rank, as Trainer
         return (loss, outputs) if return_outputs else loss
@@ -374,9 +361,8 @@ class PadfreeTrainerMixin(_TrainerBase):
         if "train_runtime" in logs:
             from padfree.torch._distributed import all_reduce_sum
 
-            cfg = self.padfree_sampler.config
             mine = torch.tensor(float(self._padfree_tokens), dtype=torch.float64)
-            tokens = float(all_reduce_sum(mine, self.args.device).item()) / (cfg.sp * cfg.cp)
+            tokens = float(all_reduce_sum(mine, self.args.device).item()) / self.padfree_runner.size
             logs["train_tokens_per_second"] = round(tokens / max(float(logs["train_runtime"]), 1e-9), 3)
         if "loss" in logs and self._padfree_by_source is not None:
             from padfree.torch._distributed import all_reduce_sum
@@ -391,14 +377,11 @@ class PadfreeTrainerMixin(_TrainerBase):
     # ----- loss normalization ------------------------------------------------------------------------------
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
-        if self.padfree_sampler.config.chunked:  # a long document's chunks run together, on its last one
-            from padfree.torch.chunked import step_documents
-
-            for group in step_documents(batches):
-                if len(group) > 1:
-                    for b in group[:-1]:
-                        b.padfree_chunks = []
-                    group[-1].padfree_chunks = group
+        for group in self.padfree_runner.documents(batches):  # a long document's chunks: on its last one
+            if len(group) > 1:
+                for b in group[:-1]:
+                    b.padfree_chunks = []
+                group[-1].padfree_chunks = group
         self._padfree_tokens += sum(sum(b.info.lengths) for b in batches if hasattr(b, "info"))
         info = getattr(batches[-1], "info", None) if batches else None
         if info is not None and self._padfree_chain is not None:
@@ -429,15 +412,9 @@ class PadfreeTrainerMixin(_TrainerBase):
                 f"the Trainer grouped {len(infos)} micro-batches across plan steps "
                 f"{sorted({(i.epoch, i.step) for i in infos})}; expected {first.grad_accum} of one step"
             )
-        config = self.padfree_sampler.config
-        group = config.sp * config.cp  # processes that share one data-parallel rank's rows
-        if first.step_tokens is None:  # a cut sample with a custom loss count: count its labels
-            from padfree.torch._loss import global_loss_tokens
-
-            tokens = max(global_loss_tokens(batch_samples, device, shared=group), 1)
-        else:
-            tokens = max(int(first.step_tokens), 1)
-        ranks = first.world_size * group  # every process
+        # the plan's count, else (a cut sample with a custom loss count) the labels counted on every rank
+        tokens = max(self.padfree_runner.step_tokens(batch_samples, device), 1)
+        ranks = self.padfree_runner.world  # every process
         if self.args.average_tokens_across_devices or ranks == 1:
             return torch.tensor(tokens, device=device)  # compute_loss multiplies by the number of processes
         return torch.tensor(tokens / ranks, dtype=torch.float64, device=device)

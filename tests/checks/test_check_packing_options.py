@@ -13,7 +13,7 @@ from padfree.cli import main
 from padfree.core.config import PlanConfig
 from padfree.errors import ConfigError
 from padfree.models import build_model
-from padfree.torch.sharded_rows import ShardedRows
+from padfree.torch.runner import StepRunner
 
 SMALL = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
          "num_key_value_heads": 2, "max_position_embeddings": 256}  # fmt: skip
@@ -131,7 +131,7 @@ def test_a_model_sp_cp_cannot_shard_is_refused_as_the_trainer_refuses_it(
     net = build_model(str(folder), attn_implementation="padfree_varlen")
     config = PlanConfig(strategy="packed", budget=256, world_size=1, grad_accum=1, **{flag[2:]: 2})
     with pytest.raises(ConfigError) as refused:
-        ShardedRows(net, config, rank=0, world=2)
+        StepRunner(config, net, rank=0, world=2)
     assert line == f"padfree: error: {refused.value}"
 
 

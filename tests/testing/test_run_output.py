@@ -68,7 +68,7 @@ def test_the_bar_shows_on_a_terminal_and_not_under_quiet(capsys, monkeypatch):
         shown.append((total, enabled))
         return real(description, total, enabled=False)
 
-    from padfree.torch import loop
+    from padfree.recipes import loop
 
     real = progress.progress_bar
     monkeypatch.setattr(loop, "progress_bar", spy)

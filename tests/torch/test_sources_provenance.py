@@ -126,8 +126,8 @@ def test_plain_loop_logs_the_loss_per_source(tmp_path, capsys) -> None:
     from conftest import TINY_MODEL
 
     from padfree.models import build_model
+    from padfree.recipes.loop import train_loop
     from padfree.torch.lifecycle import StopOnSignal
-    from padfree.torch.loop import train_loop
 
     torch.manual_seed(0)
     lengths, data = _data(3)

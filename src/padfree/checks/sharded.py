@@ -3,8 +3,9 @@
 The check behind ``padfree check-packing --sp N`` / ``--cp N``: a packed row of several documents of odd
 lengths is laid out for sharding (:class:`~padfree.torch.PackCollator` with ``sp``/``cp``), run whole under
 ``padfree_varlen`` (the reference: logits and the parameter gradients of the row's token loss), then on
-``N`` CPU ranks (forked processes meeting through gloo) each holding its shard: Ulysses SP
-(:mod:`padfree.torch.sequence_parallel`) or zigzag CP (:mod:`padfree.torch.context_parallel`). The shards'
+``N`` CPU ranks (forked processes meeting through gloo) each running its shard as training does
+(:class:`padfree.torch.StepRunner`): Ulysses SP (:mod:`padfree.torch.sequence_parallel`) or zigzag CP
+(:mod:`padfree.torch.context_parallel`). The shards'
 logits, put back in row order, and their summed parameter gradients must equal the unsharded row's, and each
 document's logits those of the document alone through the model's own attention (eager, else sdpa).
 ``attn="leaky"`` runs the document-blind variant (CP: one causal mask over the whole row, as accelerate's CP
@@ -92,9 +93,10 @@ def check_sharded(
     import numpy as np
     import torch
 
+    from padfree.core.config import PlanConfig
     from padfree.models import build_model
     from padfree.testing.forkranks import launch
-    from padfree.torch import PackCollator
+    from padfree.torch import PackCollator, StepRunner
     from padfree.torch import context_parallel as cpm
     from padfree.torch import sequence_parallel as spm
     from padfree.torch.attention import needs_mask
@@ -123,11 +125,11 @@ def check_sharded(
     gen = torch.Generator().manual_seed(seed)
     docs = [torch.randint(1, net.config.vocab_size, (n,), generator=gen) for n in doc_lengths]
     row = PackCollator(sp=sp, cp=cp)([{"input_ids": d.numpy()} for d in docs])
-    shard_fn = spm.shard_sp if mode == "sp" else cpm.shard_cp
     n_loss = float((row["labels"] != -100).sum())
     scratch = Path(tempfile.mkdtemp(prefix=f"padfree-{mode}-check-"))
 
     total = int(row["input_ids"].shape[1])
+    config = PlanConfig(strategy="packed", budget=-(-total // degree), grad_accum=1, sp=sp, cp=cp)
     cu = spm.row_boundaries(row)
     real = torch.cat([torch.arange(int(cu[i]), int(cu[i]) + n) for i, n in enumerate(doc_lengths)])
     if mode == "sp":
@@ -138,22 +140,18 @@ def check_sharded(
     def rank_main(rank: int, world: int, store: str) -> None:
         import torch.distributed as dist
 
-        from padfree.torch.collectives import shard_group
-
         torch.set_num_threads(1)
         dist.init_process_group(
             "gloo", rank=rank, world_size=world, init_method=f"file://{store}",
             timeout=datetime.timedelta(seconds=timeout),
         )  # fmt: skip
         try:
-            net.set_attn_implementation(impl)
+            runner = StepRunner(config, net, rank=rank, world=world, attention=impl)  # this rank's shard
             net.train()
             params = list(net.parameters())
-            shard = shard_fn(row, rank, world)
-            labels = shard.pop("shift_labels")
-            with shard_group():
-                logits = net(**shard, use_cache=False).logits
-            (spm.shard_loss_sum(logits, labels) / n_loss).backward()
+            loss, _, outputs = runner.loss_sum(net, row)
+            logits = outputs.logits
+            (loss / n_loss).backward()
             # the SP/CP group's gradient: every rank's summed (what DDP/FSDP over the group's mesh does)
             grads = torch.cat(
                 [torch.zeros_like(p).reshape(-1) if p.grad is None else p.grad.reshape(-1) for p in params]

@@ -1,5 +1,6 @@
 """PyTorch / torch.distributed integration (the ``torch`` extra): a resumable, elastic batch sampler,
-collators for padded and packed micro-batches, and step-normalized loss helpers.
+collators for padded and packed micro-batches, step-normalized loss helpers, and the step runner that runs
+a micro-batch plain, chunked or sharded over an SP/CP group (:mod:`padfree.torch.runner`).
 
 The training loop (see ``examples/train.py`` for the whole thing)::
 
@@ -35,12 +36,15 @@ from padfree.torch._dataset import PlannedDataset
 from padfree.torch._distributed import all_reduce_sum, sync_unless
 from padfree.torch._loss import global_loss_tokens, source_loss_sums, step_loss, token_loss_sum
 from padfree.torch._sampler import PlanBatchSampler
+from padfree.torch.runner import StepResult, StepRunner
 
 __all__ = [
     "PackCollator",
     "PadCollator",
     "PlanBatchSampler",
     "PlannedDataset",
+    "StepResult",
+    "StepRunner",
     "all_reduce_sum",
     "global_loss_tokens",
     "source_loss_sums",

@@ -416,6 +416,33 @@ def step_documents(micro_batches: Sequence[Any]) -> list[list[Any]]:
     return groups
 
 
+def document_backward(
+    model: torch.nn.Module,
+    chunks: Sequence[Any],
+    *,
+    scale: float = 1.0,
+    keep: int = 0,
+    device: torch.device | str | None = None,
+    sync: Callable[[bool], contextlib.AbstractContextManager] | None = None,
+) -> float:
+    """:func:`chunked_backward` of one long document given as its chunks' micro-batches, in order (a group of
+    :func:`step_documents`); returns its loss sum."""
+    ids = torch.cat([b["input_ids"].reshape(-1) for b in chunks])
+    labels = torch.cat([b["labels"].reshape(-1) for b in chunks])
+    if device is not None:
+        ids, labels = ids.to(device), labels.to(device)
+    sizes = [int(b["input_ids"].numel()) for b in chunks]
+    return chunked_backward(model, ids, labels, sizes, scale=scale, keep=keep, sync=sync)
+
+
+def _row_loss(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
+    """A row's summed token losses: the model on ``inputs`` (labels aside) scored against its labels."""
+    from padfree.torch._loss import token_loss_sum
+
+    labels = inputs["labels"]
+    return token_loss_sum(model(**{k: v for k, v in inputs.items() if k != "labels"}).logits, labels)
+
+
 def run_step(
     model: torch.nn.Module,
     micro_batches: Sequence[Any],
@@ -424,9 +451,12 @@ def run_step(
     keep: int = 0,
     device: torch.device | str | None = None,
     sync: Callable[[bool], contextlib.AbstractContextManager] | None = None,
+    chunks: bool = True,
+    row_loss: Callable[[torch.nn.Module, dict], torch.Tensor] | None = None,
+    timed: Callable[[torch.nn.Module], contextlib.AbstractContextManager] | None = None,
 ) -> tuple[torch.Tensor, int]:
-    """Forward and backward of one rank's micro-batches of one optimizer step of a chunked plan (collated by
-    ``PackCollator(chunked=True)``): a packed row as usual, a long document's chunks with
+    """Forward and backward of one rank's micro-batches of one optimizer step (collated by
+    ``PackCollator(chunked=True)`` for a chunked plan): a packed row as usual, a long document's chunks with
     :func:`chunked_backward`; every token's loss times ``scale`` (:func:`padfree.torch.step_loss`'s
     ``world_size / step_tokens``). Returns ``(loss_sum, tokens)`` (the summed token losses, detached, and the
     real tokens).
@@ -436,13 +466,18 @@ def run_step(
     Without it a DDP model gets exactly that: reducing at every row's or document's backward would run as
     many all-reduces as this rank has groups, which differs between ranks (a long document is one group,
     four short rows are four), and the ranks' collectives would no longer pair up (a hang).
-    """
-    from padfree.torch._loss import token_loss_sum
 
+    ``chunks=False``: every micro-batch is a row of its own (a plan that is not chunked, whose split pieces
+    are samples of their own); ``row_loss(model, inputs)``: a row's summed token losses (default: the model
+    on the row, :func:`padfree.torch.token_loss_sum`; :class:`padfree.torch.runner.StepRunner` gives a
+    shard's); ``timed(model)``: a context around each row's forward and backward (the sampler's timer).
+    """
     if sync is None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
         sync = _reduce_once(model)  # once per row would differ between ranks and hang the collectives
     ctx = sync if sync is not None else (lambda final: contextlib.nullcontext())
-    groups = step_documents(micro_batches)
+    loss_of = row_loss if row_loss is not None else _row_loss
+    clock = timed if timed is not None else (lambda m: contextlib.nullcontext())
+    groups = step_documents(micro_batches) if chunks else [[b] for b in micro_batches]
     loss_sum: torch.Tensor | None = None
     tokens = 0
     for g, group in enumerate(groups):
@@ -450,28 +485,20 @@ def run_step(
         tokens += sum(int(b.tokens) for b in group)
         if len(group) == 1:
             inputs = {
-                k: v.to(device) if torch.is_tensor(v) and device is not None else v
+                k: v.to(device, non_blocking=True) if torch.is_tensor(v) and device is not None else v
                 for k, v in group[0].items()
             }
-            labels = inputs.pop("labels")
-            with ctx(last_group):
-                token_losses = token_loss_sum(model(**inputs).logits, labels)
+            with ctx(last_group), clock(model):
+                token_losses = loss_of(model, inputs)
                 (token_losses * scale).backward()
             part = token_losses.detach()
         else:
-            ids = torch.cat([b["input_ids"].reshape(-1) for b in group])
-            labels = torch.cat([b["labels"].reshape(-1) for b in group])
-            if device is not None:
-                ids, labels = ids.to(device), labels.to(device)
-            sizes = [int(b["input_ids"].numel()) for b in group]
 
             def doc_sync(final: bool, last: bool = last_group) -> contextlib.AbstractContextManager:
                 return ctx(last and final)
 
-            part = torch.tensor(
-                chunked_backward(model, ids, labels, sizes, scale=scale, keep=keep, sync=doc_sync),
-                device=ids.device,
-            )
+            done = document_backward(model, group, scale=scale, keep=keep, device=device, sync=doc_sync)
+            part = torch.tensor(done, device=device if device is not None else group[0]["input_ids"].device)
         loss_sum = part if loss_sum is None else loss_sum + part
     if loss_sum is None:
         loss_sum = torch.zeros((), device=device)
