@@ -85,7 +85,7 @@ def test_packed_loss_and_gradients_equal_per_document(family: str, flash_kwargs:
     assert worst < (1e-5 if family == "tiny-gemma" else 1e-10)
 
 
-def test_dense_sdpa_agrees_but_document_blind_attention_does_not() -> None:
+def test_dense_sdpa_agrees_but_leaky_attention_does_not() -> None:
     parts = docs()
     batch = pack(parts)
     ref = small("tiny-llama", "sdpa")(**batch).logits  # transformers' dense block-diagonal mask

@@ -713,14 +713,14 @@ def _forget(key: int, _ref: object) -> None:
 
 def leaky_attention(call: Call) -> torch.Tensor:
     """A deliberately WRONG implementation (``padfree_leaky``) for testing leak detectors such as
-    ``padfree check-packing``: plain causal attention over the whole row, blind to document boundaries, so
+    ``padfree check-packing``: plain causal attention over the whole row (the leaky control), so
     every document of a packed row sees the ones before it. Never train with it."""
     query, key = call.query, call.key
     gqa = query.shape[1] != key.shape[1]
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, call.value, dropout_p=call.dropout, is_causal=True, scale=call.scaling, enable_gqa=gqa
     )
-    _state.path = "document-blind causal SDPA (deliberately leaky)"
+    _state.path = "causal SDPA over the whole row (deliberately leaky)"
     return out.transpose(1, 2)
 
 

@@ -1,4 +1,4 @@
-"""Zigzag context parallelism, per document: the exact reference on gloo, and a document-blind control.
+"""Zigzag context parallelism, per document: the exact reference on gloo, and its leaky control.
 
 Under CP every document of a packed row is padded to a multiple of ``2 * cp`` (the plan and
 :class:`~padfree.torch.PackCollator` with ``cp`` do it: ``cu_seq_lens_q_padded``), cut into ``2 * cp``
@@ -12,8 +12,9 @@ the causal rule taken on the tokens' positions in the unsharded row. It is exact
 softmax as unsharded per-document attention), so it is what a ring implementation (K/V passed around,
 log-sum-exp merges) is checked against and what proves that the padded THD layout keeps documents apart.
 
-``padfree_blind_cp`` is the control: the same exchange with one causal mask over the whole row (what
-accelerate's CP hook and ``torch``'s ``context_parallel`` do to SDPA), so later documents see earlier ones.
+``padfree_zigzag_cp_leaky`` is the leaky control: the same exchange with one causal mask over the whole row
+(what accelerate's CP hook and ``torch``'s ``context_parallel`` do to SDPA), so later documents see earlier
+ones.
 It exists only to show that the check catches it; never train with it.
 
 >>> import torch
@@ -40,7 +41,7 @@ from padfree.torch.collectives import all_gather, current
 from padfree.torch.sequence_parallel import row_boundaries, shard_at
 
 NAME = "padfree_zigzag_cp"
-BLIND = "padfree_blind_cp"
+LEAKY = "padfree_zigzag_cp_leaky"
 
 _cache = threading.local()
 
@@ -144,13 +145,13 @@ def _zigzag(per_document: bool, name: str) -> Forward:
 
 
 zigzag_attention_forward = _zigzag(True, NAME)
-blind_attention_forward = _zigzag(False, BLIND)
+leaky_attention_forward = _zigzag(False, LEAKY)
 
 
 def register() -> bool:
-    """Register ``padfree_zigzag_cp`` and the ``padfree_blind_cp`` control with transformers (idempotent);
-    ``False`` when transformers is not installed."""
-    forwards = {NAME: zigzag_attention_forward, BLIND: blind_attention_forward}
+    """Register ``padfree_zigzag_cp`` and the leaky control ``padfree_zigzag_cp_leaky`` with transformers
+    (idempotent); ``False`` when transformers is not installed."""
+    forwards = {NAME: zigzag_attention_forward, LEAKY: leaky_attention_forward}
     return pa.register() and register_attention(forwards, pa.varlen_mask)
 
 

@@ -10,10 +10,10 @@ the full row), and a second all-to-all turns it back. Both exchanges carry gradi
 once the SP ranks' parameter gradients are summed (what DDP / FSDP over the SP x DP mesh does).
 
 Registered with transformers as ``padfree_ulysses`` (and ``padfree_ulysses_leaky``: the same exchange around
-document-blind causal attention, a deliberately wrong control for leak checks). The forward pass runs inside
-:func:`padfree.torch.collectives.shard_group` (the SP group). Query heads, and key/value heads unless they are
-repeated, must divide by ``sp``. Models with convolutions or recurrences (hybrids) are not sharded here:
-those mixers would see only their shard.
+:func:`padfree.torch.attention.leaky_attention`, the leaky control for leak checks). The forward pass runs
+inside :func:`padfree.torch.collectives.shard_group` (the SP group). Query heads, and key/value heads unless
+they are repeated, must divide by ``sp``. Models with convolutions or recurrences (hybrids) are not sharded
+here: those mixers would see only their shard.
 
 >>> import padfree.torch.sequence_parallel as sp
 >>> from padfree.torch import PackCollator
