@@ -173,10 +173,12 @@ def test_use_cache_pitfall_is_guarded() -> None:
 
 
 def test_boundaries() -> None:
-    assert pa.lengths_from_cu(torch.tensor([0, 4, 5, 12], dtype=torch.int32)) == [4, 1, 7]
+    from padfree.torch.boundaries import lengths_from_cu, lengths_from_position_ids
+
+    assert lengths_from_cu(torch.tensor([0, 4, 5, 12], dtype=torch.int32)) == [4, 1, 7]
     pos = torch.tensor([[0, 1, 2, 3, 0, 0, 1, 2, 0, 1, 2, 3]])
-    assert pa.lengths_from_position_ids(pos) == [4, 1, 3, 4]
-    assert pa.lengths_from_position_ids(torch.arange(6).reshape(2, 3)) == [3, 3]  # a row start is a boundary
+    assert lengths_from_position_ids(pos) == [4, 1, 3, 4]
+    assert lengths_from_position_ids(torch.arange(6).reshape(2, 3)) == [3, 3]  # a row start is a boundary
     assert pa.attn_for("packed") == "padfree_varlen"
     assert {pa.attn_for(s) for s in ("sorted", "random", "bucketed")} == {"sdpa"}
 

@@ -57,8 +57,8 @@ from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 from padfree.torch import _attn_common as common
 from padfree.torch._attn_common import Call
-from padfree.torch.boundaries import lengths_from_cu, lengths_from_position_ids
-from padfree.torch.mixers import attention_lengths
+from padfree.torch.boundaries import Boundaries, read_boundaries, row_keywords
+from padfree.torch.mixers import attention_boundaries
 
 NAME = "padfree_varlen"
 LEAKY = "padfree_leaky"
@@ -108,17 +108,6 @@ def prepare_for_packing(model: torch.nn.Module, attn_implementation: str = NAME)
 
         keep_documents_apart(model)
     return model
-
-
-# ----------------------------------------------------------------------------------------------------------
-# document boundaries
-
-
-def _row_cu(kwargs: dict, side: str = "q") -> torch.Tensor | None:
-    """The row's document boundaries: ``cu_seq_lens_{side}_padded`` of a row laid out for SP/CP (THD: each
-    document's pads after its real tokens, inside its span), else ``cu_seq_lens_{side}``."""
-    cu = kwargs.get(f"cu_seq_lens_{side}_padded")
-    return kwargs.get(f"cu_seq_lens_{side}") if cu is None else cu
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -177,13 +166,6 @@ def _per_document(q, k, v, lengths, scaling, dropout, window, softcap, sinks=Non
         for qi, ki, vi in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2), strict=True)
     ]
     return torch.cat(outs, dim=0)
-
-
-def _cu_tensor(kwargs: dict, lengths: list[int], device: torch.device) -> torch.Tensor:
-    cu = _row_cu(kwargs)
-    if cu is None:
-        cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    return cu.to(device=device, dtype=torch.int32)
 
 
 def _flash_attn_available() -> bool:
@@ -317,7 +299,7 @@ def _reason(exc: Exception) -> str:
 
 
 def _gpu_varlen(
-    q, k, v, kwargs, lengths, scaling, dropout, window, softcap
+    q, k, v, bounds: Boundaries, scaling, dropout, window, softcap
 ) -> tuple[torch.Tensor | None, str]:
     """(T, H, D) output from a fused varlen kernel and the path taken, or ``(None, why not)`` when none
     applies to these inputs (the caller then runs per-document SDPA). Never raises for a kernel that this
@@ -325,8 +307,7 @@ def _gpu_varlen(
     with per-document SDPA) and skipped, with the reason, when the probe fails."""
     if q.dtype not in (torch.float16, torch.bfloat16):
         return None, f"fused varlen kernels need fp16/bf16, q is {str(q.dtype).removeprefix('torch.')}"
-    cu = _cu_tensor(kwargs, lengths, q.device)
-    max_len = int(kwargs.get("max_length_q") or max(lengths))
+    cu, max_len = bounds.cu_seqlens(device=q.device), bounds.max_length
     left = -1 if window is None else window - 1
     if _flash_attn_available():
         from flash_attn import flash_attn_varlen_func
@@ -388,7 +369,9 @@ def varlen_attention(call: Call) -> torch.Tensor:
     is_causal = kwargs.get("is_causal")
     is_causal = getattr(call.module, "is_causal", True) if is_causal is None else is_causal
     if call.mask is not None or not is_causal or key.shape[2] != q_len:
-        if key.shape[2] != q_len and _looks_packed(kwargs):
+        row = read_boundaries(kwargs, batch, q_len, who=NAME)
+        packed = row is not None and row.packed
+        if key.shape[2] != q_len and packed:
             raise ConfigError(
                 f"padfree_varlen: a packed row (cu_seq_lens_q / restarting position_ids) cannot use cached "
                 f"keys ({key.shape[2]} keys for {q_len} queries: cached, compressed or another sequence's); "
@@ -396,7 +379,7 @@ def varlen_attention(call: Call) -> torch.Tensor:
             )
         _state.path = (
             "sdpa with the model's own mask, kept to each document (its pattern needs one)"
-            if call.mask is not None and key.shape[2] == q_len and _looks_packed(kwargs)
+            if call.mask is not None and key.shape[2] == q_len and packed
             else "sdpa (padded batch or cached decoding)"
         )
         sdpa_args = (call.module, query, key, value, call.mask, call.dropout, call.scaling)
@@ -407,7 +390,7 @@ def varlen_attention(call: Call) -> torch.Tensor:
             "padfree_varlen: output_attentions is not supported; use attn_implementation='eager'"
         )
 
-    lengths = attention_lengths(call.module, kwargs, batch, q_len, NAME)
+    bounds = attention_boundaries(call.module, kwargs, batch, q_len, NAME)
     query, key, value = _autocast_inputs(query, key, value)
     if batch == 1:
         q, k, v = query, key, value
@@ -415,7 +398,7 @@ def varlen_attention(call: Call) -> torch.Tensor:
         q, k, v = (x.transpose(0, 1).reshape(1, x.shape[1], -1, x.shape[3]) for x in (query, key, value))
     out, why = None, None
     if q.is_cuda and sinks is None:
-        out, path = _gpu_varlen(q, k, v, kwargs, lengths, call.scaling, call.dropout, window, softcap)
+        out, path = _gpu_varlen(q, k, v, bounds, call.scaling, call.dropout, window, softcap)
         if out is None:
             why = path
         else:
@@ -430,7 +413,7 @@ def varlen_attention(call: Call) -> torch.Tensor:
             else "SDPA"
         )
         _state.path = f"per-document {kind} ({device}" + (f"; {why})" if why else ")")
-        out = _per_document(q, k, v, lengths, call.scaling, call.dropout, window, softcap, sinks)
+        out = _per_document(q, k, v, list(bounds.spans), call.scaling, call.dropout, window, softcap, sinks)
     return out.reshape(batch, q_len, *out.shape[1:])
 
 
@@ -455,13 +438,6 @@ def _autocast_inputs(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return xs
     dtype = torch.get_autocast_dtype(dev)
     return tuple(x if x.dtype == dtype else x.to(dtype) for x in xs)
-
-
-def _looks_packed(kwargs: dict) -> bool:
-    if kwargs.get("cu_seq_lens_q") is not None:
-        return True
-    pos = kwargs.get("position_ids")
-    return pos is not None and pos.shape[-1] > 1 and bool((torch.diff(pos, dim=-1) != 1).any())
 
 
 def varlen_mask(
@@ -515,22 +491,20 @@ def _with_documents(fn: Any, batch: int, length: int, device: Any = "cpu") -> An
     fn = causal_mask_function if fn is None else fn
     rows = getattr(_state, "rows", None)
     source = rows[-1] if rows else None
-    if source is None or _read_mask(fn)[2]:
+    if not source or _read_mask(fn)[2]:
         return fn
-    lengths = lengths_from_cu(source) if source.dim() == 1 else lengths_from_position_ids(source)
-    if len(lengths) <= batch or sum(lengths) != batch * length:
+    bounds = read_boundaries(source, batch, length, who=NAME)
+    if bounds is None or not bounds.packed or not bounds.covers(batch, length):
         return fn
-    n = torch.tensor(lengths, device=device)
-    doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), n).reshape(batch, length)
-    starts = torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
-    pos = (torch.arange(batch * length, device=device) - starts).reshape(batch, length)
+    doc = bounds.seq_idx(device).reshape(batch, length)
+    pos = bounds.position_ids(device).reshape(batch, length)
     return and_masks(remap_positions_for_packed_sequence(fn, pos), packed_sequence_mask_function(doc))
 
 
 def watch_rows(model: torch.nn.Module) -> None:
-    """Keep where the documents of ``model``'s packed call in progress are (``cu_seq_lens_q``, else restarting
-    ``position_ids``: the tensors, read only when a dense mask needs them) for :func:`varlen_mask`, in place
-    and idempotent."""
+    """Keep the boundary keywords of ``model``'s call in progress
+    (:func:`padfree.torch.boundaries.row_keywords`, read by the one reader only when a dense mask needs them)
+    for :func:`varlen_mask`, in place and idempotent."""
     if getattr(model, "_padfree_rows", False):
         return
 
@@ -538,11 +512,8 @@ def watch_rows(model: torch.nn.Module) -> None:
         rows = getattr(_state, "rows", None)
         if rows is None:
             rows = _state.rows = []
-        source = _row_cu(kwargs)  # kept as it came: lengths are read only where a mask needs them
-        pos = kwargs.get("position_ids")
-        if source is None and isinstance(pos, torch.Tensor) and pos.dim() == 2:
-            source = pos
-        rows.append(source if source is not None else (rows[-1] if rows else None))
+        source = row_keywords(kwargs)  # kept as they came: read only where a mask needs them
+        rows.append(source if source else (rows[-1] if rows else None))
 
     def leave(module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
         rows = getattr(_state, "rows", None)

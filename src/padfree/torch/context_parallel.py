@@ -26,8 +26,7 @@ It exists only to show that the check catches it; never train with it.
 
 from __future__ import annotations
 
-import threading
-import weakref
+import functools
 from collections.abc import Mapping
 
 import numpy as np
@@ -37,13 +36,12 @@ from padfree.errors import ConfigError
 from padfree.torch import attention as pa
 from padfree.torch._attn_common import Call, Forward, interface
 from padfree.torch._attn_common import register as register_attention
+from padfree.torch.boundaries import Boundaries, read_boundaries
 from padfree.torch.collectives import all_gather, current
-from padfree.torch.sequence_parallel import row_boundaries, shard_at
+from padfree.torch.sequence_parallel import shard_at, sharded_row
 
 NAME = "padfree_zigzag_cp"
 LEAKY = "padfree_zigzag_cp_leaky"
-
-_cache = threading.local()
 
 
 def zigzag_indices(cu_padded, rank: int, size: int) -> np.ndarray:
@@ -78,33 +76,24 @@ def shard_cp(batch: Mapping, rank: int, size: int) -> dict:
         raise ConfigError(f"CP: size must be an integer >= 1, the CP degree (got {size!r})")
     if not 0 <= rank < size:
         raise ConfigError(f"CP: rank {rank!r} is not in 0..{size - 1} (the ranks of cp={size})")
-    cu = row_boundaries(batch)
-    if int(cu[-1]) != ids.shape[1]:
+    bounds = sharded_row(batch)
+    if bounds.total != ids.shape[1]:
         raise ConfigError(
-            f"CP: the document boundaries cover {int(cu[-1])} tokens, the row has {ids.shape[1]}"
+            f"CP: the document boundaries cover {bounds.total} tokens, the row has {ids.shape[1]}"
         )
-    return shard_at(batch, cu, torch.from_numpy(zigzag_indices(cu, rank, size)))
+    return shard_at(batch, bounds, torch.from_numpy(zigzag_indices(bounds.cu_seqlens(), rank, size)))
 
 
+@functools.lru_cache(maxsize=8)
 def _layout(
-    cu: torch.Tensor, rank: int, size: int
+    bounds: Boundaries, rank: int, size: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(local positions, gathered positions, local documents, gathered documents), once per ``cu`` tensor
-    (every layer of a forward pass gets the same one)."""
-    hit = getattr(_cache, "hit", None)
-    if hit is not None and hit[0]() is cu and hit[1] == (cu._version, rank, size):
-        return hit[2]
-    everyone = [zigzag_indices(cu, r, size) for r in range(size)]
-    bounds = np.asarray(cu, dtype=np.int64)
-    doc = [np.searchsorted(bounds, e, side="right") - 1 for e in everyone]
-    out = (
-        torch.from_numpy(everyone[rank]),
-        torch.from_numpy(np.concatenate(everyone)),
-        torch.from_numpy(doc[rank]),
-        torch.from_numpy(np.concatenate(doc)),
-    )
-    _cache.hit = (weakref.ref(cu), (cu._version, rank, size), out)
-    return out
+    """(local positions, gathered positions, local documents, gathered documents) of the row ``bounds``, once
+    per row (every layer of a forward pass reads the same one); the documents are ``bounds.seq_idx``."""
+    everyone = [torch.from_numpy(zigzag_indices(bounds.cu_seqlens(), r, size)) for r in range(size)]
+    doc = bounds.seq_idx()[0].to(torch.int64)
+    gathered = torch.cat(everyone)
+    return everyone[rank], gathered, doc[everyone[rank]], doc[gathered]
 
 
 def _zigzag(per_document: bool, name: str) -> Forward:
@@ -114,10 +103,10 @@ def _zigzag(per_document: bool, name: str) -> Forward:
         query = call.query
         if call.softcap is not None or call.sinks is not None:
             raise ConfigError(f"{name}: soft-capped logits and attention sinks are not in the CP reference")
-        cu = call.kwargs.get("cu_seq_lens_q")
-        if cu is None:
+        bounds = read_boundaries(call.kwargs, 1, query.shape[2] * g.size, who=name)  # the whole row's
+        if bounds is None:
             raise ConfigError(f"{name}: needs the full row's cu_seq_lens_q: use shard_cp")
-        pos, keys_pos, doc, keys_doc = (t.to(query.device) for t in _layout(cu, g.rank, g.size))
+        pos, keys_pos, doc, keys_doc = (t.to(query.device) for t in _layout(bounds, g.rank, g.size))
         if pos.shape[0] != query.shape[2]:
             raise ConfigError(
                 f"{name}: {query.shape[2]} local tokens, the zigzag layout gives this rank {pos.shape[0]}"

@@ -327,8 +327,10 @@ def _has_row_kwargs(kwargs: dict) -> bool:
     return kwargs.get("seq_idx") is not None or kwargs.get("cu_seq_lens_q") is not None
 
 
-def attention_lengths(module: torch.nn.Module, kwargs: dict, batch: int, seq: int, impl: str) -> list[int]:
-    """The document spans a ``padfree_varlen`` attention call keeps apart (the rows themselves when the call
+def attention_boundaries(
+    module: torch.nn.Module, kwargs: dict, batch: int, seq: int, impl: str
+) -> Boundaries:
+    """The documents a ``padfree_varlen`` attention call keeps apart (the rows themselves when the call
     carries no boundaries), read by the one reader the mixers use. Refused in one line: boundaries that do not
     cover the call, ``position_ids`` of another length, and a packed row reaching a model configured with
     ``padfree_varlen`` by hand (its token mixers and positions were not set up by padfree)."""
@@ -338,7 +340,7 @@ def attention_lengths(module: torch.nn.Module, kwargs: dict, batch: int, seq: in
     if bounds is None:
         if isinstance(pos, torch.Tensor) and pos.shape[-1] != seq:
             raise ConfigError(f"{impl}: position_ids cover {pos.shape[-1]} tokens, the row has {seq}")
-        return [seq] * batch
+        return Boundaries.whole_rows(batch, seq)
     if not bounds.covers(batch, seq):
         raise ConfigError(
             f"{impl}: document boundaries cover {bounds.total} tokens, the batch holds {batch}x{seq}"
@@ -350,7 +352,7 @@ def attention_lengths(module: torch.nn.Module, kwargs: dict, batch: int, seq: in
             "and positions would run across the packed documents: build the model with "
             f"attn_implementation='{impl}' or call padfree.torch.attention.prepare_for_packing(model)"
         )
-    return list(bounds.spans)
+    return bounds
 
 
 def _prepared(module: torch.nn.Module) -> bool:
@@ -446,7 +448,7 @@ def keep_documents_apart(model: torch.nn.Module, names: Sequence[str] | None = N
         model.register_forward_hook(_pop_hook, with_kwargs=True, always_call=True)
         model._padfree_bounds = True  # type: ignore[assignment]
     for qname, mod in model.named_modules():
-        mod._padfree_apart = True  # its attention may take packed rows (attention_lengths)
+        mod._padfree_apart = True  # its attention may take packed rows (attention_boundaries)
         if mixer_key(mod) in wanted or type(mod).__name__ in wanted:
             if not getattr(mod.forward, "_padfree_per_document", False):  # also after `kernels` reset it
                 mod.forward = _per_document_forward(mod, mod.forward)
