@@ -31,7 +31,8 @@ import functools
 import inspect
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -40,7 +41,7 @@ from padfree.errors import ConfigError
 from padfree.torch.boundaries import Boundaries, read_boundaries
 
 # class name -> what it is (for messages and the sweep's table). Each runs per document when a packed row
-# has more than one; a fast kernel that takes ``cu_seqlens``/``seq_idx`` itself is listed in KERNELS.
+# has more than one, unless its kind has fused kernels that take ``cu_seqlens``/``seq_idx`` (KERNELS).
 MIXERS: dict[str, str] = {
     "Lfm2ShortConv": "short convolution",
     "Lfm2MoeShortConv": "short convolution",
@@ -359,9 +360,42 @@ def _prepared(module: torch.nn.Module) -> bool:
     return bool(getattr(module, "_padfree_apart", False))
 
 
-KERNEL_PATH: dict[str, bool] = {}
-"""Mixer class -> whether transformers' fused kernel took the packed row whole on the GPU (``True``: exact
-through the kernel, as the leak probe checks on the device; ``False``: no kernel here, per document)."""
+KERNELS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "short convolution": ("causal_conv1d",),
+        "Mamba-2 SSD": ("causal_conv1d", "mamba_ssm"),
+        "gated delta-net": ("causal_conv1d", "fla"),
+        "kimi delta attention": ("causal_conv1d", "fla"),
+        "gated delta attention": ("causal_conv1d", "fla"),
+    }
+)
+"""Mixer kind (a :data:`MIXERS` value) -> the packages whose fused kernels transformers hands a packed row's
+``cu_seqlens`` / ``seq_idx`` (its ``use_kernel_func_from_hub_with_fallback`` functions), so the row runs whole
+and exact through them. Every other kind runs per document (a Mamba-1 selective scan takes no boundaries)."""
+
+
+def fused_kernel(module: torch.nn.Module, device: torch.device | str) -> bool:
+    """Whether ``module``'s kind has fused kernels (:data:`KERNELS`) that are installed and run on ``device``
+    (CUDA: transformers' own availability checks), so a packed row may run through them whole."""
+    key = mixer_key(module)
+    packages = KERNELS.get(MIXERS[key], ()) if key is not None else ()
+    return torch.device(device).type == "cuda" and bool(packages) and all(_installed(p) for p in packages)
+
+
+def _installed(package: str) -> bool:
+    """Whether transformers finds ``package``'s CUDA kernels installed (its own ``is_*_available``)."""
+    from transformers.utils import (
+        is_causal_conv1d_available,
+        is_flash_linear_attention_available,
+        is_mamba_2_ssm_available,
+    )
+
+    checks = {
+        "causal_conv1d": is_causal_conv1d_available,
+        "mamba_ssm": is_mamba_2_ssm_available,
+        "fla": is_flash_linear_attention_available,
+    }
+    return checks[package]()
 
 
 @contextlib.contextmanager
@@ -379,6 +413,7 @@ def per_document_mixers(on: bool = True) -> Iterator[None]:
 
 def _per_document_forward(module: torch.nn.Module, original: Callable[..., Any]) -> Callable[..., Any]:
     name = type(module).__name__
+    fused = functools.partial(fused_kernel, module)
 
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -405,15 +440,8 @@ def _per_document_forward(module: torch.nn.Module, original: Callable[..., Any])
                 f"{bounds.total} (a shard of a sequence- or context-parallel row): a token mixer cannot "
                 "keep documents apart on a shard; train this model without sp/cp"
             )
-        if x.is_cuda and KERNEL_PATH.get(name) is not False and _has_row_kwargs(kwargs):
-            try:  # transformers' own fused kernel keeps documents apart from cu_seqlens / seq_idx
-                out = original(*args, **{**kwargs, **_kernel_kwargs(kwargs, bounds, x.device)})
-                KERNEL_PATH[name] = True
-                return out
-            except ValueError as exc:  # "can't keep packed sequences apart without <kernel>"
-                if "packed sequences apart" not in str(exc):
-                    raise
-                KERNEL_PATH[name] = False
+        if _has_row_kwargs(kwargs) and fused(x.device):  # the fused kernels keep the documents apart
+            return original(*args, **{**kwargs, **_kernel_kwargs(kwargs, bounds, x.device)})
         return run_per_document(original, bounds.spans, batch, args, kwargs)
 
     forward._padfree_per_document = True  # type: ignore[attr-defined]
