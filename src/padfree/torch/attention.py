@@ -28,8 +28,13 @@ Qwen2-MoE, PhiMoE, Llama-4; overlays) the model gets transformers' own mask, res
 documents. A term the model hands its attention that padfree does not apply (:data:`UNAPPLIED`: a learned
 position bias, foreign sinks, sparse indices) is refused in one line, never dropped.
 
-Importing this module registers the implementation with transformers, so any model whose attention goes
-through ``ALL_ATTENTION_FUNCTIONS`` (Llama, Mistral, Qwen2, Gemma, ...) can use it by name:
+Importing this module registers the implementation with transformers (:func:`register`, idempotent), so any
+model whose attention goes through ``ALL_ATTENTION_FUNCTIONS`` (Llama, Mistral, Qwen2, Gemma, ...) can use it
+by name. What registering patches, and nothing more: the two new names in transformers' attention and mask
+registries, and a step after ``PreTrainedModel``'s ``post_init``, ``set_attn_implementation``,
+``set_use_kernels`` and ``reset_kernels`` that gives a model whose config names a padfree attention what
+:func:`prepare_for_packing` states (:func:`keep_apart`); a model built with any other attention gets nothing
+(no hook, no attribute, the same dispatch):
 
 >>> import padfree.torch.attention as pa
 >>> pa.attn_for("packed"), pa.attn_for("sorted")
@@ -92,7 +97,8 @@ def reset_path() -> None:
 
 
 def prepare_for_packing(model: torch.nn.Module, attn_implementation: str = NAME) -> torch.nn.Module:
-    """Switch ``model`` to ``attn_implementation`` and turn ``use_cache`` off, in place; returns the model.
+    """Switch ``model`` to ``attn_implementation``, turn ``use_cache`` off and :func:`keep_apart` its
+    documents, in place; returns the model.
 
     With ``use_cache=True`` (the ``LlamaConfig`` default) transformers skips packed-sequence detection and the
     documents of a packed row attend to each other under ``sdpa``/``eager`` while training still "works".
@@ -102,12 +108,24 @@ def prepare_for_packing(model: torch.nn.Module, attn_implementation: str = NAME)
     hf.config.use_cache = False
     if getattr(hf.config, "_attn_implementation", None) != attn_implementation:
         hf.set_attn_implementation(attn_implementation)
-    watch_rows(model)
-    if attn_implementation == NAME:
-        from padfree.torch.mixers import keep_documents_apart
-
-        keep_documents_apart(model)
+    keep_apart(model, attn_implementation)
     return model
+
+
+def keep_apart(model: torch.nn.Module, attn_implementation: str | None = None) -> None:
+    """What a model under a padfree attention gets (``attn_implementation``, default its config's), in place
+    and idempotent: the boundary keywords of its calls watched (:func:`watch_rows`), how its layers use the
+    mask read (:func:`remember_plan`) and, under ``padfree_varlen``, its token mixers run per document
+    (:func:`padfree.torch.mixers.keep_documents_apart`). A model under any other attention: nothing."""
+    from padfree.torch.mixers import keep_documents_apart
+
+    name = attn_implementation or getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if not str(name).startswith("padfree_"):
+        return
+    remember_plan(model)
+    watch_rows(model)
+    if name == NAME:
+        keep_documents_apart(model)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -669,8 +687,9 @@ def needs_mask(model: torch.nn.Module) -> str | None:
     return None
 
 
-def _remember_plan(model: Any) -> None:
-    """Record :func:`plan_model` for ``model``'s config (and each inner model's), for :func:`varlen_mask`."""
+def remember_plan(model: Any) -> None:
+    """Record :func:`plan_model` for ``model``'s config (and each inner model's), for :func:`varlen_mask` and
+    chunked training's mask function."""
     for mod in model.modules():
         cfg = getattr(mod, "config", None)
         if cfg is None or not hasattr(mod, "post_init"):
@@ -700,7 +719,8 @@ leaky_attention_forward = common.interface(leaky_attention, "leaky_attention_for
 
 def register() -> bool:
     """Register ``padfree_varlen`` (and the test-only ``padfree_leaky``) with transformers' attention and mask
-    interfaces (idempotent). Returns ``False`` when transformers is not installed."""
+    interfaces, and :func:`keep_apart` every model built with a padfree attention (idempotent; what is
+    patched: the module doc). Returns ``False`` when transformers is not installed."""
     global _registered
     if _registered:
         return True
@@ -711,54 +731,32 @@ def register() -> bool:
     return True
 
 
+_BUILD_STEPS = ("post_init", "set_attn_implementation", "set_use_kernels", "reset_kernels")
+"""The ``PreTrainedModel`` methods after which a model may newly run under a padfree attention (built, loaded,
+switched) or have its mixers' forward put back by the ``kernels`` library (``kernelize()`` on every
+``train()`` / ``eval()`` switch of a loaded model)."""
+
+
 def _install_on_build() -> None:
-    """Every model built with ``padfree_varlen`` (``from_config``, ``from_pretrained``,
-    ``set_attn_implementation``) gets its token mixers kept per document
-    (:func:`padfree.torch.mixers.keep_documents_apart`), so a hybrid model fed PackCollator's batch is exact
-    with nothing more to call; also after the ``kernels`` library puts a layer's own forward back
-    (``from_pretrained`` and every ``train()`` / ``eval()`` switch of a loaded model do)."""
+    """After each of :data:`_BUILD_STEPS`, :func:`keep_apart` the model: one built, loaded or switched to a
+    padfree attention is exact on PackCollator's batch with nothing more to call; any other is left as it
+    is."""
     from transformers import PreTrainedModel
 
-    from padfree.torch.mixers import keep_documents_apart
-
-    if getattr(PreTrainedModel, "_padfree_hooked", False):
-        return
-    post_init, set_impl = PreTrainedModel.post_init, PreTrainedModel.set_attn_implementation
-
-    def _apart_if_packed(model: Any) -> None:
-        _remember_plan(model)
-        watch_rows(model)
-        if getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME:
-            keep_documents_apart(model)
-
-    @functools.wraps(post_init)
-    def post_init_then_apart(self, *args, **kwargs):
-        out = post_init(self, *args, **kwargs)
-        _apart_if_packed(self)
-        return out
-
-    @functools.wraps(set_impl)
-    def set_impl_then_apart(self, *args, **kwargs):
-        out = set_impl(self, *args, **kwargs)
-        _apart_if_packed(self)
-        return out
-
-    PreTrainedModel.post_init = post_init_then_apart  # type: ignore[method-assign]
-    PreTrainedModel.set_attn_implementation = set_impl_then_apart  # type: ignore[method-assign]
-    for name in ("set_use_kernels", "reset_kernels"):  # kernelize() resets the mixers' forward
-        original = getattr(PreTrainedModel, name, None)
-        if original is not None:
-            setattr(PreTrainedModel, name, _then_apart(original, _apart_if_packed))
-    PreTrainedModel._padfree_hooked = True  # type: ignore[attr-defined]
+    for name in _BUILD_STEPS:
+        method = getattr(PreTrainedModel, name, None)
+        if method is not None and not getattr(method, "_padfree_then_apart", False):
+            setattr(PreTrainedModel, name, _then_apart(method))
 
 
-def _then_apart(method: Any, apart: Any) -> Any:
+def _then_apart(method: Any) -> Any:
     @functools.wraps(method)
     def then_apart(self, *args, **kwargs):
         out = method(self, *args, **kwargs)
-        apart(self)
+        keep_apart(self)
         return out
 
+    then_apart._padfree_then_apart = True  # type: ignore[attr-defined]
     return then_apart
 
 
