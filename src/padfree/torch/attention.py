@@ -63,7 +63,7 @@ from padfree.errors import ConfigError
 from padfree.torch import _attn_common as common
 from padfree.torch._attn_common import Call
 from padfree.torch.boundaries import Boundaries, read_boundaries, row_keywords
-from padfree.torch.mixers import attention_boundaries
+from padfree.torch.mixers import attention_boundaries, require_prepared
 
 NAME = "padfree_varlen"
 LEAKY = "padfree_leaky"
@@ -389,6 +389,8 @@ def varlen_attention(call: Call) -> torch.Tensor:
     if call.mask is not None or not is_causal or key.shape[2] != q_len:
         row = read_boundaries(kwargs, batch, q_len, who=NAME)
         packed = row is not None and row.packed
+        if packed:
+            require_prepared(call.module, NAME)
         if key.shape[2] != q_len and packed:
             raise ConfigError(
                 f"padfree_varlen: a packed row (cu_seq_lens_q / restarting position_ids) cannot use cached "

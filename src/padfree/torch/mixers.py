@@ -16,8 +16,8 @@ Boundaries come from the outermost model call and from each decoder layer's own 
 reader :func:`padfree.torch.boundaries.read_boundaries`; a decoder layer checkpointed by transformers replays
 in the backward pass with the boundaries its forward ran with (bound into its checkpoint, not read from the
 thread), so several forwards before a backward, or a backward in another thread, split the same way.
-Importing :mod:`padfree.torch.attention`
-makes every model built or switched to ``attn_implementation="padfree_varlen"`` install this by itself.
+Registering ``padfree_varlen`` (importing :mod:`padfree.torch.attention`) makes every model built or switched
+to it install this by itself (:func:`padfree.torch.attention.keep_apart`); no other model is touched.
 
 >>> import torch
 >>> split_like(torch.zeros(1, 9, 4), 9, 2, 5).shape  # the (B, T, H) slice of tokens 2..4
@@ -335,7 +335,6 @@ def attention_boundaries(
     carries no boundaries), read by the one reader the mixers use. Refused in one line: boundaries that do not
     cover the call, ``position_ids`` of another length, and a packed row reaching a model configured with
     ``padfree_varlen`` by hand (its token mixers and positions were not set up by padfree)."""
-    who = f"{impl}: {type(module).__name__}"
     bounds = read_boundaries(kwargs, batch, seq, who=impl)
     pos = kwargs.get("position_ids")
     if bounds is None:
@@ -346,18 +345,21 @@ def attention_boundaries(
         raise ConfigError(
             f"{impl}: document boundaries cover {bounds.total} tokens, the batch holds {batch}x{seq}"
         )
-    cfg = getattr(module, "config", None)
-    if bounds.packed and getattr(cfg, "_attn_implementation", None) == impl and not _prepared(module):
-        raise ConfigError(
-            f"{who} was not prepared by padfree (its config names {impl} by hand), so its token mixers "
-            "and positions would run across the packed documents: build the model with "
-            f"attn_implementation='{impl}' or call padfree.torch.attention.prepare_for_packing(model)"
-        )
+    if bounds.packed:
+        require_prepared(module, impl)
     return bounds
 
 
-def _prepared(module: torch.nn.Module) -> bool:
-    return bool(getattr(module, "_padfree_apart", False))
+def require_prepared(module: torch.nn.Module, impl: str) -> None:
+    """Refuse in one line a packed row reaching ``module`` of a model configured with ``impl`` by hand (its
+    config names it, but padfree never kept the model's documents apart: its token mixers and positions)."""
+    cfg = getattr(module, "config", None)
+    if getattr(cfg, "_attn_implementation", None) == impl and not getattr(module, "_padfree_apart", False):
+        raise ConfigError(
+            f"{impl}: {type(module).__name__} was not prepared by padfree (its config names {impl} by hand), "
+            "so its token mixers and positions would run across the packed documents: build the model with "
+            f"attn_implementation='{impl}' or call padfree.torch.attention.prepare_for_packing(model)"
+        )
 
 
 KERNELS: Mapping[str, tuple[str, ...]] = MappingProxyType(
