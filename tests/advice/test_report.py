@@ -485,7 +485,7 @@ def test_a_model_whose_packing_leaks_gets_a_padded_plan(tmp_path: Path, monkeypa
 
     real = packing.check_packing
 
-    def leaky(model, *a, **k):  # the user's model as if its attention were document-blind
+    def leaky(model, *a, **k):  # the user's model as if its attention were the leaky control
         return dataclasses.replace(real(model, "leaky"), model=model)
 
     monkeypatch.setattr(packing, "check_packing", leaky)

@@ -18,7 +18,7 @@ def test_varlen_passes_on_every_family(family: str, capsys: pytest.CaptureFixtur
     assert "OK: every document sees only itself" in out
 
 
-def test_document_blind_attention_is_caught(capsys: pytest.CaptureFixture) -> None:
+def test_leaky_attention_is_caught(capsys: pytest.CaptureFixture) -> None:
     assert main(["check-packing", "--attn", "leaky"]) == 1
     out = capsys.readouterr().out
     assert "LEAK: documents see each other" in out
@@ -64,14 +64,14 @@ def test_bad_model_is_one_line_exit_2(capsys: pytest.CaptureFixture, tmp_path) -
 @pytest.mark.parametrize("flag", ["--sp", "--cp"])
 def test_sharded_check_on_two_cpu_ranks(flag: str, capsys: pytest.CaptureFixture) -> None:
     """``--sp 2`` / ``--cp 2``: the row sharded over 2 gloo ranks equals the unsharded row (exit 0); with
-    ``--attn leaky`` the sharded attention is document-blind and the check reports the leak (exit 1)."""
+    ``--attn leaky`` the sharded attention is the leaky control and the check reports the leak (exit 1)."""
     assert main(["check-packing", flag, "2"]) == 0
     out = capsys.readouterr().out
     assert "2 CPU ranks (gloo)" in out and "OK: the shards reproduce the unsharded row" in out
     assert main(["check-packing", flag, "2", "--attn", "leaky", "--json"]) == 1
     r = json.loads(capsys.readouterr().out)
     assert r["leaked"] and r["alone_diff"] > 100 * r["tolerance"]
-    assert r["impl"] == ("padfree_ulysses_leaky" if flag == "--sp" else "padfree_blind_cp")
+    assert r["impl"] == ("padfree_ulysses_leaky" if flag == "--sp" else "padfree_zigzag_cp_leaky")
 
 
 @pytest.mark.parametrize(

@@ -119,7 +119,7 @@ def test_cross_document_pairs_counts_only_foreign_keys():
     doc = torch.tensor([0, 0, 1, 1])
     mask = eagle3_dense_mask(doc, 0)
     assert cross_document_pairs(mask, doc, doc) == 0
-    leaky = torch.ones(4, 4, dtype=torch.bool).tril()  # document-blind causal
+    leaky = torch.ones(4, 4, dtype=torch.bool).tril()  # leaky: causal over the whole row
     assert cross_document_pairs(leaky, doc, doc) == 4  # (2,0) (2,1) (3,0) (3,1)
 
 
@@ -144,7 +144,7 @@ def test_target_hidden_states_equal_each_document_alone(target, layout):
 
 
 def test_target_under_leaky_attention_differs(target):
-    """The comparison above can fail: document-blind attention makes later documents differ."""
+    """The comparison above can fail: leaky attention makes later documents differ."""
     import padfree.torch.attention as pa
 
     g = torch.Generator().manual_seed(1)

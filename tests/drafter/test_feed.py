@@ -1,6 +1,6 @@
 """Inputs for vllm speculators' drafters built from padfree batches: replaying their indexing rules (DFlash
 block labels ``loss_mask[a + k]``, EAGLE-3 ``align_for_step`` shifts over the row) on what we hand them,
-no supervised position reads another document; the naive packed row does."""
+no supervised position reads another document; the leaky packed row does."""
 
 import numpy as np
 import pytest

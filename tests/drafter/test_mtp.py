@@ -63,9 +63,9 @@ def test_check_drafter_passes_mtp_and_catches_its_row_wide_label_shift():
     samples = fixture_documents(3, 80)
     good = check_drafter("mtp", samples)
     assert good.ok, good.reason
-    blind = check_drafter("mtp", samples, leaky=True)
-    assert not blind.ok and blind.cross_labels > 0 and blind.cross_inputs > 0
-    assert "shifted inputs/labels cross a document end" in blind.reason
+    leaky = check_drafter("mtp", samples, leaky=True)
+    assert not leaky.ok and leaky.cross_labels > 0 and leaky.cross_inputs > 0
+    assert "shifted inputs/labels cross a document end" in leaky.reason
 
 
 @pytest.fixture(scope="module")

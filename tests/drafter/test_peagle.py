@@ -77,9 +77,9 @@ def test_check_drafter_passes_peagle_and_catches_chains_across_documents():
     samples = fixture_documents(3, 80)
     good = check_drafter("peagle", samples, ttt=3)
     assert good.ok, good.reason
-    blind = check_drafter("peagle", samples, ttt=3, leaky=True)
-    assert not blind.ok and blind.cross_labels > 0 and blind.cross_inputs > 0
-    assert "chain labels/inputs cross a document end" in blind.reason
+    leaky = check_drafter("peagle", samples, ttt=3, leaky=True)
+    assert not leaky.ok and leaky.cross_labels > 0 and leaky.cross_inputs > 0
+    assert "chain labels/inputs cross a document end" in leaky.reason
 
 
 @pytest.fixture(scope="module")

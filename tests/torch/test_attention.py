@@ -85,7 +85,7 @@ def test_packed_loss_and_gradients_equal_per_document(family: str, flash_kwargs:
     assert worst < (1e-5 if family == "tiny-gemma" else 1e-10)
 
 
-def test_dense_sdpa_agrees_but_document_blind_attention_does_not() -> None:
+def test_dense_sdpa_agrees_but_leaky_attention_does_not() -> None:
     parts = docs()
     batch = pack(parts)
     ref = small("tiny-llama", "sdpa")(**batch).logits  # transformers' dense block-diagonal mask
@@ -173,10 +173,12 @@ def test_use_cache_pitfall_is_guarded() -> None:
 
 
 def test_boundaries() -> None:
-    assert pa.lengths_from_cu(torch.tensor([0, 4, 5, 12], dtype=torch.int32)) == [4, 1, 7]
+    from padfree.torch.boundaries import lengths_from_cu, lengths_from_position_ids
+
+    assert lengths_from_cu(torch.tensor([0, 4, 5, 12], dtype=torch.int32)) == [4, 1, 7]
     pos = torch.tensor([[0, 1, 2, 3, 0, 0, 1, 2, 0, 1, 2, 3]])
-    assert pa.lengths_from_position_ids(pos) == [4, 1, 3, 4]
-    assert pa.lengths_from_position_ids(torch.arange(6).reshape(2, 3)) == [3, 3]  # a row start is a boundary
+    assert lengths_from_position_ids(pos) == [4, 1, 3, 4]
+    assert lengths_from_position_ids(torch.arange(6).reshape(2, 3)) == [3, 3]  # a row start is a boundary
     assert pa.attn_for("packed") == "padfree_varlen"
     assert {pa.attn_for(s) for s in ("sorted", "random", "bucketed")} == {"sdpa"}
 
@@ -206,3 +208,47 @@ def test_register_is_idempotent_and_no_dense_mask_is_built() -> None:
         config=cfg,
     )
     assert padded.shape == (2, 1, 4, 4) and not padded[0, 0, 3, 3] and padded[1, 0, 3, 3]
+
+
+_IMPORT_ALONE = """
+import torch, transformers
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+def build(attn="sdpa"):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).eval()
+    ids, pos = torch.arange(12)[None] % 64, torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]])
+    with torch.no_grad():
+        logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+    hooks = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+    marks = sorted({k for m in model.modules() for k in vars(m) if k.startswith("_padfree")})
+    return logits, hooks, marks, model.config._attn_implementation
+
+dispatch = lambda: (ALL_ATTENTION_FUNCTIONS["sdpa"], ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+before, sdpa = build(), dispatch()
+import padfree.torch.attention
+after = build()
+assert torch.equal(before[0], after[0]), "logits changed"
+assert before[1:] == after[1:] == (0, [], "sdpa"), (before[1:], after[1:])
+assert dispatch() == sdpa, "sdpa dispatch changed"
+packed = build("padfree_varlen")  # a model naming padfree_varlen gets what prepare_for_packing states
+assert packed[1] > 0 and "_padfree_rows" in packed[2] and "_padfree_apart" in packed[2], packed[1:]
+print("unchanged")
+"""
+
+
+def test_importing_attention_leaves_a_model_of_another_attention_as_it_is() -> None:
+    """In a fresh process: a model built with ``sdpa`` after ``import padfree.torch.attention`` has no hook,
+    no padfree attribute, the same attention and mask functions and the same logits as one built before it;
+    a model built with ``padfree_varlen`` is watched and kept apart."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(pa.__file__).parents[2]), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", _IMPORT_ALONE], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and run.stdout.strip() == "unchanged", run.stderr[-2000:]

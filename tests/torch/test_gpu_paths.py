@@ -17,6 +17,7 @@ from padfree.bench.train_report import markdown
 from padfree.bench.train_speed import BenchConfig, run_bench
 from padfree.bench.trainer import Trainer
 from padfree.cli import main
+from padfree.torch.boundaries import Boundaries
 
 # ----- bench: bf16 autocast and the attention path -------------------------------------------------------
 
@@ -107,6 +108,10 @@ def _qkv(heads=4, kv_heads=2, lengths=(5, 9, 3)):
     return q, k, v, list(lengths)
 
 
+def _rows(lengths):
+    return Boundaries(tuple(lengths), tuple(lengths), 1)
+
+
 def test_varlen_call_follows_the_signature() -> None:
     assert pa.varlen_call(_fake_2_11, None, None, gqa=True) == ({"window_size": (-1, 0)}, True)
     assert pa.varlen_call(_fake_2_11, 0.5, 8, gqa=False) == ({"scale": 0.5, "window_size": (7, 0)}, False)
@@ -137,7 +142,7 @@ def fake_varlen(monkeypatch):
 def test_gpu_varlen_calls_a_2_11_style_kernel_with_repeated_heads(fake_varlen, window) -> None:
     fake_varlen(_fake_2_11)
     q, k, v, lengths = _qkv()
-    out, path = pa._gpu_varlen(q, k, v, {}, lengths, None, 0.0, window, None)
+    out, path = pa._gpu_varlen(q, k, v, _rows(lengths), None, 0.0, window, None)
     assert path == "torch varlen_attn (GPU)"
     ref = pa._per_document(q, k, v, lengths, None, 0.0, window, None)
     torch.testing.assert_close(out, ref)
@@ -146,14 +151,14 @@ def test_gpu_varlen_calls_a_2_11_style_kernel_with_repeated_heads(fake_varlen, w
 def test_gpu_varlen_falls_back_with_the_reason_when_the_kernel_fails(fake_varlen) -> None:
     fake_varlen(_fake_2_13)
     q, k, v, lengths = _qkv()
-    out, why = pa._gpu_varlen(q, k, v, {}, lengths, None, 0.0, None, None)
+    out, why = pa._gpu_varlen(q, k, v, _rows(lengths), None, 0.0, None, None)
     assert out is None
     assert (
         why == "torch varlen_attn unusable: RuntimeError: FlashAttention only supports Ampere GPUs or newer."
     )
     assert len(pa._probed) == 1  # probed once, remembered
-    assert pa._gpu_varlen(q, k, v, {}, lengths, None, 0.0, None, None) == (None, why)
-    assert pa._gpu_varlen(q.float(), k.float(), v.float(), {}, lengths, None, 0.0, None, None)[1] == (
+    assert pa._gpu_varlen(q, k, v, _rows(lengths), None, 0.0, None, None) == (None, why)
+    assert pa._gpu_varlen(q.float(), k.float(), v.float(), _rows(lengths), None, 0.0, None, None)[1] == (
         "fused varlen kernels need fp16/bf16, q is float32"
     )
 
@@ -162,7 +167,7 @@ def test_gpu_varlen_with_this_torch_never_raises(monkeypatch) -> None:
     monkeypatch.setattr(pa, "_flash_attn_available", lambda: False)
     monkeypatch.setattr(pa, "_probed", {})
     q, k, v, lengths = _qkv()
-    out, path = pa._gpu_varlen(q, k, v, {}, lengths, None, 0.0, None, None)  # CPU tensors: no flash kernel
+    out, path = pa._gpu_varlen(q, k, v, _rows(lengths), None, 0.0, None, None)  # CPU tensors: no flash kernel
     if out is None:
         assert path.startswith(("torch varlen_attn", "torch has no"))
     else:

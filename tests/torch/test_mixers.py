@@ -226,3 +226,30 @@ def test_check_packing_families_from_the_command_line(capsys) -> None:
             assert "not under padfree_varlen" in row["detail"] and "--strategy bucketed" in row["detail"]
     assert main(["check-packing", "--families", "no_such_family"]) == 2
     assert "no_such_family: not a causal-LM family" in capsys.readouterr().err
+
+
+def test_the_fused_kernel_is_chosen_by_asking_whether_it_runs_on_the_device(monkeypatch) -> None:
+    """transformers' fused kernels run a packed row whole only where its own availability checks say they are
+    installed for a CUDA device and the mixer's kind hands them the boundaries; a Mamba-1 scan never does."""
+    import transformers
+    import transformers.utils as tu
+
+    from padfree.torch import mixers
+
+    cfg = transformers.AutoConfig.for_model(**HYBRIDS["lfm2"])
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="padfree_varlen")
+    conv = next(m for m in model.modules() if type(m).__name__ == "Lfm2ShortConv")
+    scan = type("ZambaMambaMixer", (torch.nn.Module,), {})()  # a Mamba-1 selective scan: no boundaries
+    assert not mixers.fused_kernel(conv, "cpu") and not mixers.fused_kernel(scan, "cpu")
+    assert mixers.fused_kernel(conv, "cuda") == tu.is_causal_conv1d_available()
+    for name in (
+        "is_causal_conv1d_available",
+        "is_mamba_2_ssm_available",
+        "is_flash_linear_attention_available",
+    ):
+        monkeypatch.setattr(tu, name, lambda: True)
+    assert mixers.fused_kernel(conv, "cuda") and not mixers.fused_kernel(conv, "cpu")
+    assert not mixers.fused_kernel(scan, "cuda")
+    with pytest.raises(TypeError):
+        mixers.KERNELS["Mamba selective scan"] = ("mamba_ssm",)  # type: ignore[index]
+    assert not hasattr(mixers, "KERNEL_PATH")  # no state filled in from refusals

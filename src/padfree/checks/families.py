@@ -417,7 +417,7 @@ def check_family(family: str, seed: int = 0, device: str = "cpu", dtype: str = "
     import padfree.torch.attention as pa
     from padfree.errors import ConfigError
     from padfree.torch.leak_probe import against_own_attention, leaking_modules, probe_leak
-    from padfree.torch.mixers import KERNEL_PATH, mixers_of
+    from padfree.torch.mixers import fused_kernel, mixers_of
 
     t0 = time.perf_counter()
 
@@ -500,7 +500,8 @@ def check_family(family: str, seed: int = 0, device: str = "cpu", dtype: str = "
         return result("refused", detail=f"packed forward fails: {_one_line(exc)}", **kw)
     kw.update(probe=probe.diff, alone=ref.logits, causal=probe.causal, grads=ref.grads, own=ref.attn)
     kw["alone_dtype"] = None if low is None else low.logits
-    fused = [m for m in kw["mixers"] if KERNEL_PATH.get(m)]
+    mods = [model.get_submodule(q) for q in mixers_of(model)]
+    fused = sorted({type(m).__name__ for m in mods if fused_kernel(m, device)})
     apart = [m for m in kw["mixers"] if m not in fused]
     path = attn + (f" + per-document {', '.join(apart)}" if apart else "")
     path += f" + through transformers' fused kernel: {', '.join(fused)}" if fused else ""

@@ -125,10 +125,10 @@ def check_packing(
 ) -> PackingCheck:
     """Load ``model`` (a built-in tiny family or a local directory: its saved weights through
     ``from_pretrained`` when it has them, as a user loads it, else random weights from its config; float32)
-    with attention ``attn`` (any registered implementation, or ``leaky``: document-blind causal attention, for
-    testing), run the packed row (PackCollator layout: restarting ``position_ids`` and ``cu_seq_lens_*``) and
-    each document alone through the model's own attention (eager, else sdpa), and report the largest logit
-    (and, in float32, gradient) difference beside the leak and causality probes.
+    with attention ``attn`` (any registered implementation, or ``leaky``: the leaky control, causal attention
+    over the whole row, for testing), run the packed row (PackCollator layout: restarting ``position_ids`` and
+    ``cu_seq_lens_*``) and each document alone through the model's own attention (eager, else sdpa), and
+    report the largest logit (and, in float32, gradient) difference beside the leak and causality probes.
 
     ``dtype="bfloat16"`` runs both under ``torch.autocast`` (float32 weights), which on a GPU lets packed rows
     reach a fused varlen kernel; ``tolerance`` defaults to :data:`TOLERANCE` of the dtype.

@@ -8,8 +8,9 @@ lengths is laid out for sharding (:class:`~padfree.torch.PackCollator` with ``sp
 (:mod:`padfree.torch.context_parallel`). The shards'
 logits, put back in row order, and their summed parameter gradients must equal the unsharded row's, and each
 document's logits those of the document alone through the model's own attention (eager, else sdpa).
-``attn="leaky"`` runs the document-blind variant (CP: one causal mask over the whole row, as accelerate's CP
-hook does; SP: document-blind attention after the all-to-all), which the check must report as a leak.
+``attn="leaky"`` runs the leaky control (CP: one causal mask over the whole row, as accelerate's CP
+hook does; SP: causal attention over the whole row after the all-to-all), which the check must report as a
+leak.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def _names(mode: str, attn: str) -> str:
         raise ConfigError(f"check-packing --{mode}: --attn must be padfree_varlen or leaky (got {attn!r})")
     if mode == "sp":
         return spm.LEAKY if leaky else spm.NAME
-    return cpm.BLIND if leaky else cpm.NAME
+    return cpm.LEAKY if leaky else cpm.NAME
 
 
 def check_sharded(
@@ -199,7 +200,7 @@ def check_sharded(
         family=net.config.model_type,
         mode=mode,
         degree=degree,
-        attn="leaky" if impl in (spm.LEAKY, cpm.BLIND) else "padfree",
+        attn="leaky" if impl in (spm.LEAKY, cpm.LEAKY) else "padfree",
         impl=impl,
         doc_lengths=tuple(doc_lengths),
         row_tokens=total,

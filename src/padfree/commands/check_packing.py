@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--attn",
         default=None,
         help="attention implementation: padfree_varlen (default), sdpa, eager, ..., or leaky "
-        "(document-blind causal attention, deliberately wrong, to see a leak caught)",
+        "(the leaky control: causal attention over the whole row, deliberately wrong, to see a leak caught)",
     )
     p.add_argument(
         "--use-cache",
@@ -64,8 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     add_number(
         p, "--cp", 1, "the same under zigzag context parallelism (every document padded to 2 x cp and split "
-        "over the ranks); with --attn leaky the CP attention is document-blind (a causal mask over the whole "
-        "row, as accelerate's CP hook uses) and the check reports the leak (default 1)",
+        "over the ranks); with --attn leaky the CP attention is the leaky control (a causal mask over the "
+        "whole row, as accelerate's CP hook uses) and the check reports the leak (default 1)",
     )  # fmt: skip
     p.add_argument(
         "--all-families",

@@ -28,8 +28,13 @@ Qwen2-MoE, PhiMoE, Llama-4; overlays) the model gets transformers' own mask, res
 documents. A term the model hands its attention that padfree does not apply (:data:`UNAPPLIED`: a learned
 position bias, foreign sinks, sparse indices) is refused in one line, never dropped.
 
-Importing this module registers the implementation with transformers, so any model whose attention goes
-through ``ALL_ATTENTION_FUNCTIONS`` (Llama, Mistral, Qwen2, Gemma, ...) can use it by name:
+Importing this module registers the implementation with transformers (:func:`register`, idempotent), so any
+model whose attention goes through ``ALL_ATTENTION_FUNCTIONS`` (Llama, Mistral, Qwen2, Gemma, ...) can use it
+by name. What registering patches, and nothing more: the two new names in transformers' attention and mask
+registries, and a step after ``PreTrainedModel``'s ``post_init``, ``set_attn_implementation``,
+``set_use_kernels`` and ``reset_kernels`` that gives a model whose config names a padfree attention what
+:func:`prepare_for_packing` states (:func:`keep_apart`); a model built with any other attention gets nothing
+(no hook, no attribute, the same dispatch):
 
 >>> import padfree.torch.attention as pa
 >>> pa.attn_for("packed"), pa.attn_for("sorted")
@@ -57,8 +62,8 @@ from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
 from padfree.torch import _attn_common as common
 from padfree.torch._attn_common import Call
-from padfree.torch.boundaries import lengths_from_cu, lengths_from_position_ids
-from padfree.torch.mixers import attention_lengths
+from padfree.torch.boundaries import Boundaries, read_boundaries, row_keywords
+from padfree.torch.mixers import attention_boundaries, require_prepared
 
 NAME = "padfree_varlen"
 LEAKY = "padfree_leaky"
@@ -92,7 +97,8 @@ def reset_path() -> None:
 
 
 def prepare_for_packing(model: torch.nn.Module, attn_implementation: str = NAME) -> torch.nn.Module:
-    """Switch ``model`` to ``attn_implementation`` and turn ``use_cache`` off, in place; returns the model.
+    """Switch ``model`` to ``attn_implementation``, turn ``use_cache`` off and :func:`keep_apart` its
+    documents, in place; returns the model.
 
     With ``use_cache=True`` (the ``LlamaConfig`` default) transformers skips packed-sequence detection and the
     documents of a packed row attend to each other under ``sdpa``/``eager`` while training still "works".
@@ -102,23 +108,24 @@ def prepare_for_packing(model: torch.nn.Module, attn_implementation: str = NAME)
     hf.config.use_cache = False
     if getattr(hf.config, "_attn_implementation", None) != attn_implementation:
         hf.set_attn_implementation(attn_implementation)
-    watch_rows(model)
-    if attn_implementation == NAME:
-        from padfree.torch.mixers import keep_documents_apart
-
-        keep_documents_apart(model)
+    keep_apart(model, attn_implementation)
     return model
 
 
-# ----------------------------------------------------------------------------------------------------------
-# document boundaries
+def keep_apart(model: torch.nn.Module, attn_implementation: str | None = None) -> None:
+    """What a model under a padfree attention gets (``attn_implementation``, default its config's), in place
+    and idempotent: the boundary keywords of its calls watched (:func:`watch_rows`), how its layers use the
+    mask read (:func:`remember_plan`) and, under ``padfree_varlen``, its token mixers run per document
+    (:func:`padfree.torch.mixers.keep_documents_apart`). A model under any other attention: nothing."""
+    from padfree.torch.mixers import keep_documents_apart
 
-
-def _row_cu(kwargs: dict, side: str = "q") -> torch.Tensor | None:
-    """The row's document boundaries: ``cu_seq_lens_{side}_padded`` of a row laid out for SP/CP (THD: each
-    document's pads after its real tokens, inside its span), else ``cu_seq_lens_{side}``."""
-    cu = kwargs.get(f"cu_seq_lens_{side}_padded")
-    return kwargs.get(f"cu_seq_lens_{side}") if cu is None else cu
+    name = attn_implementation or getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if not str(name).startswith("padfree_"):
+        return
+    remember_plan(model)
+    watch_rows(model)
+    if name == NAME:
+        keep_documents_apart(model)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -177,13 +184,6 @@ def _per_document(q, k, v, lengths, scaling, dropout, window, softcap, sinks=Non
         for qi, ki, vi in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2), strict=True)
     ]
     return torch.cat(outs, dim=0)
-
-
-def _cu_tensor(kwargs: dict, lengths: list[int], device: torch.device) -> torch.Tensor:
-    cu = _row_cu(kwargs)
-    if cu is None:
-        cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    return cu.to(device=device, dtype=torch.int32)
 
 
 def _flash_attn_available() -> bool:
@@ -317,7 +317,7 @@ def _reason(exc: Exception) -> str:
 
 
 def _gpu_varlen(
-    q, k, v, kwargs, lengths, scaling, dropout, window, softcap
+    q, k, v, bounds: Boundaries, scaling, dropout, window, softcap
 ) -> tuple[torch.Tensor | None, str]:
     """(T, H, D) output from a fused varlen kernel and the path taken, or ``(None, why not)`` when none
     applies to these inputs (the caller then runs per-document SDPA). Never raises for a kernel that this
@@ -325,8 +325,7 @@ def _gpu_varlen(
     with per-document SDPA) and skipped, with the reason, when the probe fails."""
     if q.dtype not in (torch.float16, torch.bfloat16):
         return None, f"fused varlen kernels need fp16/bf16, q is {str(q.dtype).removeprefix('torch.')}"
-    cu = _cu_tensor(kwargs, lengths, q.device)
-    max_len = int(kwargs.get("max_length_q") or max(lengths))
+    cu, max_len = bounds.cu_seqlens(device=q.device), bounds.max_length
     left = -1 if window is None else window - 1
     if _flash_attn_available():
         from flash_attn import flash_attn_varlen_func
@@ -388,7 +387,11 @@ def varlen_attention(call: Call) -> torch.Tensor:
     is_causal = kwargs.get("is_causal")
     is_causal = getattr(call.module, "is_causal", True) if is_causal is None else is_causal
     if call.mask is not None or not is_causal or key.shape[2] != q_len:
-        if key.shape[2] != q_len and _looks_packed(kwargs):
+        row = read_boundaries(kwargs, batch, q_len, who=NAME)
+        packed = row is not None and row.packed
+        if packed:
+            require_prepared(call.module, NAME)
+        if key.shape[2] != q_len and packed:
             raise ConfigError(
                 f"padfree_varlen: a packed row (cu_seq_lens_q / restarting position_ids) cannot use cached "
                 f"keys ({key.shape[2]} keys for {q_len} queries: cached, compressed or another sequence's); "
@@ -396,7 +399,7 @@ def varlen_attention(call: Call) -> torch.Tensor:
             )
         _state.path = (
             "sdpa with the model's own mask, kept to each document (its pattern needs one)"
-            if call.mask is not None and key.shape[2] == q_len and _looks_packed(kwargs)
+            if call.mask is not None and key.shape[2] == q_len and packed
             else "sdpa (padded batch or cached decoding)"
         )
         sdpa_args = (call.module, query, key, value, call.mask, call.dropout, call.scaling)
@@ -407,7 +410,7 @@ def varlen_attention(call: Call) -> torch.Tensor:
             "padfree_varlen: output_attentions is not supported; use attn_implementation='eager'"
         )
 
-    lengths = attention_lengths(call.module, kwargs, batch, q_len, NAME)
+    bounds = attention_boundaries(call.module, kwargs, batch, q_len, NAME)
     query, key, value = _autocast_inputs(query, key, value)
     if batch == 1:
         q, k, v = query, key, value
@@ -415,7 +418,7 @@ def varlen_attention(call: Call) -> torch.Tensor:
         q, k, v = (x.transpose(0, 1).reshape(1, x.shape[1], -1, x.shape[3]) for x in (query, key, value))
     out, why = None, None
     if q.is_cuda and sinks is None:
-        out, path = _gpu_varlen(q, k, v, kwargs, lengths, call.scaling, call.dropout, window, softcap)
+        out, path = _gpu_varlen(q, k, v, bounds, call.scaling, call.dropout, window, softcap)
         if out is None:
             why = path
         else:
@@ -430,7 +433,7 @@ def varlen_attention(call: Call) -> torch.Tensor:
             else "SDPA"
         )
         _state.path = f"per-document {kind} ({device}" + (f"; {why})" if why else ")")
-        out = _per_document(q, k, v, lengths, call.scaling, call.dropout, window, softcap, sinks)
+        out = _per_document(q, k, v, list(bounds.spans), call.scaling, call.dropout, window, softcap, sinks)
     return out.reshape(batch, q_len, *out.shape[1:])
 
 
@@ -455,13 +458,6 @@ def _autocast_inputs(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return xs
     dtype = torch.get_autocast_dtype(dev)
     return tuple(x if x.dtype == dtype else x.to(dtype) for x in xs)
-
-
-def _looks_packed(kwargs: dict) -> bool:
-    if kwargs.get("cu_seq_lens_q") is not None:
-        return True
-    pos = kwargs.get("position_ids")
-    return pos is not None and pos.shape[-1] > 1 and bool((torch.diff(pos, dim=-1) != 1).any())
 
 
 def varlen_mask(
@@ -515,22 +511,20 @@ def _with_documents(fn: Any, batch: int, length: int, device: Any = "cpu") -> An
     fn = causal_mask_function if fn is None else fn
     rows = getattr(_state, "rows", None)
     source = rows[-1] if rows else None
-    if source is None or _read_mask(fn)[2]:
+    if not source or _read_mask(fn)[2]:
         return fn
-    lengths = lengths_from_cu(source) if source.dim() == 1 else lengths_from_position_ids(source)
-    if len(lengths) <= batch or sum(lengths) != batch * length:
+    bounds = read_boundaries(source, batch, length, who=NAME)
+    if bounds is None or not bounds.packed or not bounds.covers(batch, length):
         return fn
-    n = torch.tensor(lengths, device=device)
-    doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), n).reshape(batch, length)
-    starts = torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
-    pos = (torch.arange(batch * length, device=device) - starts).reshape(batch, length)
+    doc = bounds.seq_idx(device).reshape(batch, length)
+    pos = bounds.position_ids(device).reshape(batch, length)
     return and_masks(remap_positions_for_packed_sequence(fn, pos), packed_sequence_mask_function(doc))
 
 
 def watch_rows(model: torch.nn.Module) -> None:
-    """Keep where the documents of ``model``'s packed call in progress are (``cu_seq_lens_q``, else restarting
-    ``position_ids``: the tensors, read only when a dense mask needs them) for :func:`varlen_mask`, in place
-    and idempotent."""
+    """Keep the boundary keywords of ``model``'s call in progress
+    (:func:`padfree.torch.boundaries.row_keywords`, read by the one reader only when a dense mask needs them)
+    for :func:`varlen_mask`, in place and idempotent."""
     if getattr(model, "_padfree_rows", False):
         return
 
@@ -538,11 +532,8 @@ def watch_rows(model: torch.nn.Module) -> None:
         rows = getattr(_state, "rows", None)
         if rows is None:
             rows = _state.rows = []
-        source = _row_cu(kwargs)  # kept as it came: lengths are read only where a mask needs them
-        pos = kwargs.get("position_ids")
-        if source is None and isinstance(pos, torch.Tensor) and pos.dim() == 2:
-            source = pos
-        rows.append(source if source is not None else (rows[-1] if rows else None))
+        source = row_keywords(kwargs)  # kept as they came: read only where a mask needs them
+        rows.append(source if source else (rows[-1] if rows else None))
 
     def leave(module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
         rows = getattr(_state, "rows", None)
@@ -698,8 +689,9 @@ def needs_mask(model: torch.nn.Module) -> str | None:
     return None
 
 
-def _remember_plan(model: Any) -> None:
-    """Record :func:`plan_model` for ``model``'s config (and each inner model's), for :func:`varlen_mask`."""
+def remember_plan(model: Any) -> None:
+    """Record :func:`plan_model` for ``model``'s config (and each inner model's), for :func:`varlen_mask` and
+    chunked training's mask function."""
     for mod in model.modules():
         cfg = getattr(mod, "config", None)
         if cfg is None or not hasattr(mod, "post_init"):
@@ -713,14 +705,14 @@ def _forget(key: int, _ref: object) -> None:
 
 def leaky_attention(call: Call) -> torch.Tensor:
     """A deliberately WRONG implementation (``padfree_leaky``) for testing leak detectors such as
-    ``padfree check-packing``: plain causal attention over the whole row, blind to document boundaries, so
+    ``padfree check-packing``: plain causal attention over the whole row (the leaky control), so
     every document of a packed row sees the ones before it. Never train with it."""
     query, key = call.query, call.key
     gqa = query.shape[1] != key.shape[1]
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, call.value, dropout_p=call.dropout, is_causal=True, scale=call.scaling, enable_gqa=gqa
     )
-    _state.path = "document-blind causal SDPA (deliberately leaky)"
+    _state.path = "causal SDPA over the whole row (deliberately leaky)"
     return out.transpose(1, 2)
 
 
@@ -729,7 +721,8 @@ leaky_attention_forward = common.interface(leaky_attention, "leaky_attention_for
 
 def register() -> bool:
     """Register ``padfree_varlen`` (and the test-only ``padfree_leaky``) with transformers' attention and mask
-    interfaces (idempotent). Returns ``False`` when transformers is not installed."""
+    interfaces, and :func:`keep_apart` every model built with a padfree attention (idempotent; what is
+    patched: the module doc). Returns ``False`` when transformers is not installed."""
     global _registered
     if _registered:
         return True
@@ -740,54 +733,32 @@ def register() -> bool:
     return True
 
 
+_BUILD_STEPS = ("post_init", "set_attn_implementation", "set_use_kernels", "reset_kernels")
+"""The ``PreTrainedModel`` methods after which a model may newly run under a padfree attention (built, loaded,
+switched) or have its mixers' forward put back by the ``kernels`` library (``kernelize()`` on every
+``train()`` / ``eval()`` switch of a loaded model)."""
+
+
 def _install_on_build() -> None:
-    """Every model built with ``padfree_varlen`` (``from_config``, ``from_pretrained``,
-    ``set_attn_implementation``) gets its token mixers kept per document
-    (:func:`padfree.torch.mixers.keep_documents_apart`), so a hybrid model fed PackCollator's batch is exact
-    with nothing more to call; also after the ``kernels`` library puts a layer's own forward back
-    (``from_pretrained`` and every ``train()`` / ``eval()`` switch of a loaded model do)."""
+    """After each of :data:`_BUILD_STEPS`, :func:`keep_apart` the model: one built, loaded or switched to a
+    padfree attention is exact on PackCollator's batch with nothing more to call; any other is left as it
+    is."""
     from transformers import PreTrainedModel
 
-    from padfree.torch.mixers import keep_documents_apart
-
-    if getattr(PreTrainedModel, "_padfree_hooked", False):
-        return
-    post_init, set_impl = PreTrainedModel.post_init, PreTrainedModel.set_attn_implementation
-
-    def _apart_if_packed(model: Any) -> None:
-        _remember_plan(model)
-        watch_rows(model)
-        if getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME:
-            keep_documents_apart(model)
-
-    @functools.wraps(post_init)
-    def post_init_then_apart(self, *args, **kwargs):
-        out = post_init(self, *args, **kwargs)
-        _apart_if_packed(self)
-        return out
-
-    @functools.wraps(set_impl)
-    def set_impl_then_apart(self, *args, **kwargs):
-        out = set_impl(self, *args, **kwargs)
-        _apart_if_packed(self)
-        return out
-
-    PreTrainedModel.post_init = post_init_then_apart  # type: ignore[method-assign]
-    PreTrainedModel.set_attn_implementation = set_impl_then_apart  # type: ignore[method-assign]
-    for name in ("set_use_kernels", "reset_kernels"):  # kernelize() resets the mixers' forward
-        original = getattr(PreTrainedModel, name, None)
-        if original is not None:
-            setattr(PreTrainedModel, name, _then_apart(original, _apart_if_packed))
-    PreTrainedModel._padfree_hooked = True  # type: ignore[attr-defined]
+    for name in _BUILD_STEPS:
+        method = getattr(PreTrainedModel, name, None)
+        if method is not None and not getattr(method, "_padfree_then_apart", False):
+            setattr(PreTrainedModel, name, _then_apart(method))
 
 
-def _then_apart(method: Any, apart: Any) -> Any:
+def _then_apart(method: Any) -> Any:
     @functools.wraps(method)
     def then_apart(self, *args, **kwargs):
         out = method(self, *args, **kwargs)
-        apart(self)
+        keep_apart(self)
         return out
 
+    then_apart._padfree_then_apart = True  # type: ignore[attr-defined]
     return then_apart
 
 

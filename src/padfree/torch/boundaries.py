@@ -39,6 +39,11 @@ class Boundaries:
     real: tuple[int, ...]
     rows: int
 
+    @classmethod
+    def whole_rows(cls, batch: int, seq: int) -> Boundaries:
+        """One document per row: what a call without boundaries holds."""
+        return cls((seq,) * batch, (seq,) * batch, batch)
+
     @property
     def total(self) -> int:
         """Tokens the boundaries cover (all rows)."""
@@ -117,13 +122,19 @@ _SOURCES = ("cu_seq_lens_q_padded", "cu_seq_lens_q", "cu_seq_lens_k_padded", "cu
 _cache = threading.local()
 
 
+def row_keywords(kwargs: dict) -> dict:
+    """The keywords of a call that :func:`read_boundaries` reads (its tensors, as they came): what to keep to
+    read a call's boundaries later."""
+    return {k: kwargs[k] for k in _SOURCES if isinstance(kwargs.get(k), torch.Tensor)}
+
+
 def read_boundaries(kwargs: dict, batch: int, seq: int, who: str = "padfree") -> Boundaries | None:
     """The boundaries of a ``batch x seq`` call from its keywords: ``cu_seq_lens_q_padded`` (a THD row's
     spans, its real lengths from ``cu_seq_lens_q``), else ``cu_seq_lens_q``, else restarting ``position_ids``
     (``None`` without any of them: one document per row). Empty documents are dropped; keys boundaries
     other than the queries', or boundaries that go backwards, are refused in one line naming ``who``.
     Read once per set of tensors (every layer of a forward gets the same ones)."""
-    present = tuple((k, kwargs[k]) for k in _SOURCES if isinstance(kwargs.get(k), torch.Tensor))
+    present = tuple(row_keywords(kwargs).items())
     key = (tuple((k, id(t), t._version) for k, t in present), batch, seq)
     hits: list = getattr(_cache, "hits", None) or []
     for k, refs, bounds in hits:

@@ -261,10 +261,14 @@ def _blockwise(model: torch.nn.Module, past: dict, on: bool) -> Iterator[set[int
     if not on:
         yield set()
         return
+    from padfree.torch import attention as pa
     from padfree.torch import past_attention
 
     past_attention.register()
-    cfg: Any = getattr(model, "module", model).config
+    inner: Any = getattr(model, "module", model)
+    cfg = inner.config
+    if pa.plan_of(cfg) is None:  # a model built under sdpa / eager: how its layers use the mask, read once
+        pa.remember_plan(inner)
     before = cfg._attn_implementation
     cfg._attn_implementation = past_attention.NAME
     try:

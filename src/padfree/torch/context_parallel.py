@@ -1,4 +1,4 @@
-"""Zigzag context parallelism, per document: the exact reference on gloo, and a document-blind control.
+"""Zigzag context parallelism, per document: the exact reference on gloo, and its leaky control.
 
 Under CP every document of a packed row is padded to a multiple of ``2 * cp`` (the plan and
 :class:`~padfree.torch.PackCollator` with ``cp`` do it: ``cu_seq_lens_q_padded``), cut into ``2 * cp``
@@ -12,8 +12,9 @@ the causal rule taken on the tokens' positions in the unsharded row. It is exact
 softmax as unsharded per-document attention), so it is what a ring implementation (K/V passed around,
 log-sum-exp merges) is checked against and what proves that the padded THD layout keeps documents apart.
 
-``padfree_blind_cp`` is the control: the same exchange with one causal mask over the whole row (what
-accelerate's CP hook and ``torch``'s ``context_parallel`` do to SDPA), so later documents see earlier ones.
+``padfree_zigzag_cp_leaky`` is the leaky control: the same exchange with one causal mask over the whole row
+(what accelerate's CP hook and ``torch``'s ``context_parallel`` do to SDPA), so later documents see earlier
+ones.
 It exists only to show that the check catches it; never train with it.
 
 >>> import torch
@@ -25,8 +26,7 @@ It exists only to show that the check catches it; never train with it.
 
 from __future__ import annotations
 
-import threading
-import weakref
+import functools
 from collections.abc import Mapping
 
 import numpy as np
@@ -36,13 +36,12 @@ from padfree.errors import ConfigError
 from padfree.torch import attention as pa
 from padfree.torch._attn_common import Call, Forward, interface
 from padfree.torch._attn_common import register as register_attention
+from padfree.torch.boundaries import Boundaries, read_boundaries
 from padfree.torch.collectives import all_gather, current
-from padfree.torch.sequence_parallel import row_boundaries, shard_at
+from padfree.torch.sequence_parallel import shard_at, sharded_row
 
 NAME = "padfree_zigzag_cp"
-BLIND = "padfree_blind_cp"
-
-_cache = threading.local()
+LEAKY = "padfree_zigzag_cp_leaky"
 
 
 def zigzag_indices(cu_padded, rank: int, size: int) -> np.ndarray:
@@ -77,33 +76,24 @@ def shard_cp(batch: Mapping, rank: int, size: int) -> dict:
         raise ConfigError(f"CP: size must be an integer >= 1, the CP degree (got {size!r})")
     if not 0 <= rank < size:
         raise ConfigError(f"CP: rank {rank!r} is not in 0..{size - 1} (the ranks of cp={size})")
-    cu = row_boundaries(batch)
-    if int(cu[-1]) != ids.shape[1]:
+    bounds = sharded_row(batch)
+    if bounds.total != ids.shape[1]:
         raise ConfigError(
-            f"CP: the document boundaries cover {int(cu[-1])} tokens, the row has {ids.shape[1]}"
+            f"CP: the document boundaries cover {bounds.total} tokens, the row has {ids.shape[1]}"
         )
-    return shard_at(batch, cu, torch.from_numpy(zigzag_indices(cu, rank, size)))
+    return shard_at(batch, bounds, torch.from_numpy(zigzag_indices(bounds.cu_seqlens(), rank, size)))
 
 
+@functools.lru_cache(maxsize=8)
 def _layout(
-    cu: torch.Tensor, rank: int, size: int
+    bounds: Boundaries, rank: int, size: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(local positions, gathered positions, local documents, gathered documents), once per ``cu`` tensor
-    (every layer of a forward pass gets the same one)."""
-    hit = getattr(_cache, "hit", None)
-    if hit is not None and hit[0]() is cu and hit[1] == (cu._version, rank, size):
-        return hit[2]
-    everyone = [zigzag_indices(cu, r, size) for r in range(size)]
-    bounds = np.asarray(cu, dtype=np.int64)
-    doc = [np.searchsorted(bounds, e, side="right") - 1 for e in everyone]
-    out = (
-        torch.from_numpy(everyone[rank]),
-        torch.from_numpy(np.concatenate(everyone)),
-        torch.from_numpy(doc[rank]),
-        torch.from_numpy(np.concatenate(doc)),
-    )
-    _cache.hit = (weakref.ref(cu), (cu._version, rank, size), out)
-    return out
+    """(local positions, gathered positions, local documents, gathered documents) of the row ``bounds``, once
+    per row (every layer of a forward pass reads the same one); the documents are ``bounds.seq_idx``."""
+    everyone = [torch.from_numpy(zigzag_indices(bounds.cu_seqlens(), r, size)) for r in range(size)]
+    doc = bounds.seq_idx()[0].to(torch.int64)
+    gathered = torch.cat(everyone)
+    return everyone[rank], gathered, doc[everyone[rank]], doc[gathered]
 
 
 def _zigzag(per_document: bool, name: str) -> Forward:
@@ -113,10 +103,10 @@ def _zigzag(per_document: bool, name: str) -> Forward:
         query = call.query
         if call.softcap is not None or call.sinks is not None:
             raise ConfigError(f"{name}: soft-capped logits and attention sinks are not in the CP reference")
-        cu = call.kwargs.get("cu_seq_lens_q")
-        if cu is None:
+        bounds = read_boundaries(call.kwargs, 1, query.shape[2] * g.size, who=name)  # the whole row's
+        if bounds is None:
             raise ConfigError(f"{name}: needs the full row's cu_seq_lens_q: use shard_cp")
-        pos, keys_pos, doc, keys_doc = (t.to(query.device) for t in _layout(cu, g.rank, g.size))
+        pos, keys_pos, doc, keys_doc = (t.to(query.device) for t in _layout(bounds, g.rank, g.size))
         if pos.shape[0] != query.shape[2]:
             raise ConfigError(
                 f"{name}: {query.shape[2]} local tokens, the zigzag layout gives this rank {pos.shape[0]}"
@@ -144,13 +134,13 @@ def _zigzag(per_document: bool, name: str) -> Forward:
 
 
 zigzag_attention_forward = _zigzag(True, NAME)
-blind_attention_forward = _zigzag(False, BLIND)
+leaky_attention_forward = _zigzag(False, LEAKY)
 
 
 def register() -> bool:
-    """Register ``padfree_zigzag_cp`` and the ``padfree_blind_cp`` control with transformers (idempotent);
-    ``False`` when transformers is not installed."""
-    forwards = {NAME: zigzag_attention_forward, BLIND: blind_attention_forward}
+    """Register ``padfree_zigzag_cp`` and the leaky control ``padfree_zigzag_cp_leaky`` with transformers
+    (idempotent); ``False`` when transformers is not installed."""
+    forwards = {NAME: zigzag_attention_forward, LEAKY: leaky_attention_forward}
     return pa.register() and register_attention(forwards, pa.varlen_mask)
 
 

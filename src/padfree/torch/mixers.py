@@ -16,8 +16,8 @@ Boundaries come from the outermost model call and from each decoder layer's own 
 reader :func:`padfree.torch.boundaries.read_boundaries`; a decoder layer checkpointed by transformers replays
 in the backward pass with the boundaries its forward ran with (bound into its checkpoint, not read from the
 thread), so several forwards before a backward, or a backward in another thread, split the same way.
-Importing :mod:`padfree.torch.attention`
-makes every model built or switched to ``attn_implementation="padfree_varlen"`` install this by itself.
+Registering ``padfree_varlen`` (importing :mod:`padfree.torch.attention`) makes every model built or switched
+to it install this by itself (:func:`padfree.torch.attention.keep_apart`); no other model is touched.
 
 >>> import torch
 >>> split_like(torch.zeros(1, 9, 4), 9, 2, 5).shape  # the (B, T, H) slice of tokens 2..4
@@ -31,7 +31,8 @@ import functools
 import inspect
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -40,7 +41,7 @@ from padfree.errors import ConfigError
 from padfree.torch.boundaries import Boundaries, read_boundaries
 
 # class name -> what it is (for messages and the sweep's table). Each runs per document when a packed row
-# has more than one; a fast kernel that takes ``cu_seqlens``/``seq_idx`` itself is listed in KERNELS.
+# has more than one, unless its kind has fused kernels that take ``cu_seqlens``/``seq_idx`` (KERNELS).
 MIXERS: dict[str, str] = {
     "Lfm2ShortConv": "short convolution",
     "Lfm2MoeShortConv": "short convolution",
@@ -327,39 +328,76 @@ def _has_row_kwargs(kwargs: dict) -> bool:
     return kwargs.get("seq_idx") is not None or kwargs.get("cu_seq_lens_q") is not None
 
 
-def attention_lengths(module: torch.nn.Module, kwargs: dict, batch: int, seq: int, impl: str) -> list[int]:
-    """The document spans a ``padfree_varlen`` attention call keeps apart (the rows themselves when the call
+def attention_boundaries(
+    module: torch.nn.Module, kwargs: dict, batch: int, seq: int, impl: str
+) -> Boundaries:
+    """The documents a ``padfree_varlen`` attention call keeps apart (the rows themselves when the call
     carries no boundaries), read by the one reader the mixers use. Refused in one line: boundaries that do not
     cover the call, ``position_ids`` of another length, and a packed row reaching a model configured with
     ``padfree_varlen`` by hand (its token mixers and positions were not set up by padfree)."""
-    who = f"{impl}: {type(module).__name__}"
     bounds = read_boundaries(kwargs, batch, seq, who=impl)
     pos = kwargs.get("position_ids")
     if bounds is None:
         if isinstance(pos, torch.Tensor) and pos.shape[-1] != seq:
             raise ConfigError(f"{impl}: position_ids cover {pos.shape[-1]} tokens, the row has {seq}")
-        return [seq] * batch
+        return Boundaries.whole_rows(batch, seq)
     if not bounds.covers(batch, seq):
         raise ConfigError(
             f"{impl}: document boundaries cover {bounds.total} tokens, the batch holds {batch}x{seq}"
         )
+    if bounds.packed:
+        require_prepared(module, impl)
+    return bounds
+
+
+def require_prepared(module: torch.nn.Module, impl: str) -> None:
+    """Refuse in one line a packed row reaching ``module`` of a model configured with ``impl`` by hand (its
+    config names it, but padfree never kept the model's documents apart: its token mixers and positions)."""
     cfg = getattr(module, "config", None)
-    if bounds.packed and getattr(cfg, "_attn_implementation", None) == impl and not _prepared(module):
+    if getattr(cfg, "_attn_implementation", None) == impl and not getattr(module, "_padfree_apart", False):
         raise ConfigError(
-            f"{who} was not prepared by padfree (its config names {impl} by hand), so its token mixers "
-            "and positions would run across the packed documents: build the model with "
+            f"{impl}: {type(module).__name__} was not prepared by padfree (its config names {impl} by hand), "
+            "so its token mixers and positions would run across the packed documents: build the model with "
             f"attn_implementation='{impl}' or call padfree.torch.attention.prepare_for_packing(model)"
         )
-    return list(bounds.spans)
 
 
-def _prepared(module: torch.nn.Module) -> bool:
-    return bool(getattr(module, "_padfree_apart", False))
+KERNELS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "short convolution": ("causal_conv1d",),
+        "Mamba-2 SSD": ("causal_conv1d", "mamba_ssm"),
+        "gated delta-net": ("causal_conv1d", "fla"),
+        "kimi delta attention": ("causal_conv1d", "fla"),
+        "gated delta attention": ("causal_conv1d", "fla"),
+    }
+)
+"""Mixer kind (a :data:`MIXERS` value) -> the packages whose fused kernels transformers hands a packed row's
+``cu_seqlens`` / ``seq_idx`` (its ``use_kernel_func_from_hub_with_fallback`` functions), so the row runs whole
+and exact through them. Every other kind runs per document (a Mamba-1 selective scan takes no boundaries)."""
 
 
-KERNEL_PATH: dict[str, bool] = {}
-"""Mixer class -> whether transformers' fused kernel took the packed row whole on the GPU (``True``: exact
-through the kernel, as the leak probe checks on the device; ``False``: no kernel here, per document)."""
+def fused_kernel(module: torch.nn.Module, device: torch.device | str) -> bool:
+    """Whether ``module``'s kind has fused kernels (:data:`KERNELS`) that are installed and run on ``device``
+    (CUDA: transformers' own availability checks), so a packed row may run through them whole."""
+    key = mixer_key(module)
+    packages = KERNELS.get(MIXERS[key], ()) if key is not None else ()
+    return torch.device(device).type == "cuda" and bool(packages) and all(_installed(p) for p in packages)
+
+
+def _installed(package: str) -> bool:
+    """Whether transformers finds ``package``'s CUDA kernels installed (its own ``is_*_available``)."""
+    from transformers.utils import (
+        is_causal_conv1d_available,
+        is_flash_linear_attention_available,
+        is_mamba_2_ssm_available,
+    )
+
+    checks = {
+        "causal_conv1d": is_causal_conv1d_available,
+        "mamba_ssm": is_mamba_2_ssm_available,
+        "fla": is_flash_linear_attention_available,
+    }
+    return checks[package]()
 
 
 @contextlib.contextmanager
@@ -377,6 +415,7 @@ def per_document_mixers(on: bool = True) -> Iterator[None]:
 
 def _per_document_forward(module: torch.nn.Module, original: Callable[..., Any]) -> Callable[..., Any]:
     name = type(module).__name__
+    fused = functools.partial(fused_kernel, module)
 
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -403,15 +442,8 @@ def _per_document_forward(module: torch.nn.Module, original: Callable[..., Any])
                 f"{bounds.total} (a shard of a sequence- or context-parallel row): a token mixer cannot "
                 "keep documents apart on a shard; train this model without sp/cp"
             )
-        if x.is_cuda and KERNEL_PATH.get(name) is not False and _has_row_kwargs(kwargs):
-            try:  # transformers' own fused kernel keeps documents apart from cu_seqlens / seq_idx
-                out = original(*args, **{**kwargs, **_kernel_kwargs(kwargs, bounds, x.device)})
-                KERNEL_PATH[name] = True
-                return out
-            except ValueError as exc:  # "can't keep packed sequences apart without <kernel>"
-                if "packed sequences apart" not in str(exc):
-                    raise
-                KERNEL_PATH[name] = False
+        if _has_row_kwargs(kwargs) and fused(x.device):  # the fused kernels keep the documents apart
+            return original(*args, **{**kwargs, **_kernel_kwargs(kwargs, bounds, x.device)})
         return run_per_document(original, bounds.spans, batch, args, kwargs)
 
     forward._padfree_per_document = True  # type: ignore[attr-defined]
@@ -446,7 +478,7 @@ def keep_documents_apart(model: torch.nn.Module, names: Sequence[str] | None = N
         model.register_forward_hook(_pop_hook, with_kwargs=True, always_call=True)
         model._padfree_bounds = True  # type: ignore[assignment]
     for qname, mod in model.named_modules():
-        mod._padfree_apart = True  # its attention may take packed rows (attention_lengths)
+        mod._padfree_apart = True  # its attention may take packed rows (attention_boundaries)
         if mixer_key(mod) in wanted or type(mod).__name__ in wanted:
             if not getattr(mod.forward, "_padfree_per_document", False):  # also after `kernels` reset it
                 mod.forward = _per_document_forward(mod, mod.forward)

@@ -10,10 +10,10 @@ the full row), and a second all-to-all turns it back. Both exchanges carry gradi
 once the SP ranks' parameter gradients are summed (what DDP / FSDP over the SP x DP mesh does).
 
 Registered with transformers as ``padfree_ulysses`` (and ``padfree_ulysses_leaky``: the same exchange around
-document-blind causal attention, a deliberately wrong control for leak checks). The forward pass runs inside
-:func:`padfree.torch.collectives.shard_group` (the SP group). Query heads, and key/value heads unless they are
-repeated, must divide by ``sp``. Models with convolutions or recurrences (hybrids) are not sharded here:
-those mixers would see only their shard.
+:func:`padfree.torch.attention.leaky_attention`, the leaky control for leak checks). The forward pass runs
+inside :func:`padfree.torch.collectives.shard_group` (the SP group). Query heads, and key/value heads unless
+they are repeated, must divide by ``sp``. Models with convolutions or recurrences (hybrids) are not sharded
+here: those mixers would see only their shard.
 
 >>> import padfree.torch.sequence_parallel as sp
 >>> from padfree.torch import PackCollator
@@ -37,7 +37,7 @@ from padfree.errors import ConfigError
 from padfree.torch import attention as pa
 from padfree.torch._attn_common import Call, Forward, interface, repeat_heads
 from padfree.torch._attn_common import register as register_attention
-from padfree.torch.boundaries import read_boundaries
+from padfree.torch.boundaries import Boundaries, read_boundaries
 from padfree.torch.collectives import all_to_all, current
 
 NAME = "padfree_ulysses"
@@ -84,17 +84,23 @@ def check_shardable(model: torch.nn.Module, sp: int = 1, cp: int = 1) -> None:
 
 
 def row_boundaries(batch: Mapping) -> torch.Tensor:
-    """The document boundaries a sharded row's attention uses (int32, empty documents dropped), read by
-    :func:`padfree.torch.boundaries.read_boundaries`: the padded spans (``cu_seq_lens_q_padded`` of a
+    """The document boundaries a sharded row's attention uses (int32, empty documents dropped):
+    :func:`sharded_row`'s ``cu_seqlens``."""
+    return sharded_row(batch).cu_seqlens()
+
+
+def sharded_row(batch: Mapping) -> Boundaries:
+    """The documents of a packed row to shard, read by :func:`padfree.torch.boundaries.read_boundaries` (the
+    one reader, attention's too): the padded spans (``cu_seq_lens_q_padded`` of a
     :class:`~padfree.torch.PackCollator` with ``sp``/``cp``; each document's pads after its real tokens, so
     they change none of its real tokens), else ``cu_seq_lens_q``."""
     if batch.get("cu_seq_lens_q_padded") is None and batch.get("cu_seq_lens_q") is None:
         raise ConfigError("a sharded row needs its document boundaries (cu_seq_lens_q): use PackCollator")
     row = {k: torch.as_tensor(v) for k, v in batch.items() if k.startswith("cu_seq_lens_") and v is not None}
     ids = torch.as_tensor(batch["input_ids"])
-    bounds = read_boundaries(row, 1, int(ids.shape[-1]), who="SP/CP")  # the one reader, attention's too
+    bounds = read_boundaries(row, 1, int(ids.shape[-1]), who="SP/CP")
     assert bounds is not None
-    return bounds.cu_seqlens()
+    return bounds
 
 
 def shift_labels(labels: torch.Tensor) -> torch.Tensor:
@@ -108,7 +114,7 @@ def shard_sp(batch: Mapping, rank: int, size: int) -> dict:
     """Rank ``rank``'s contiguous ``1/size`` of a packed row (one row, length a multiple of ``size``):
     ``input_ids``, ``position_ids`` (from the full row, so rotary positions are those of the unsharded
     row), ``shift_labels`` (the full row's, cut; score with :func:`shard_loss_sum`), and the full row's
-    ``cu_seq_lens_q`` / ``_k`` (:func:`row_boundaries`) and ``max_length_q`` / ``_k`` for the attention."""
+    ``cu_seq_lens_q`` / ``_k`` (:func:`sharded_row`) and ``max_length_q`` / ``_k`` for the attention."""
     ids = torch.as_tensor(batch["input_ids"])
     if ids.dim() != 2 or ids.shape[0] != 1:
         raise ConfigError(
@@ -124,24 +130,24 @@ def shard_sp(batch: Mapping, rank: int, size: int) -> dict:
             f"SP: a row of {total} tokens does not split into {size} equal shards "
             f"(plan and collate with sp={size})"
         )
-    cu = row_boundaries(batch)
-    if int(cu[-1]) != total:
-        raise ConfigError(f"SP: the document boundaries cover {int(cu[-1])} tokens, the row has {total}")
+    bounds = sharded_row(batch)
+    if bounds.total != total:
+        raise ConfigError(f"SP: the document boundaries cover {bounds.total} tokens, the row has {total}")
     n = total // size
-    return shard_at(batch, cu, slice(rank * n, (rank + 1) * n))
+    return shard_at(batch, bounds, slice(rank * n, (rank + 1) * n))
 
 
-def shard_at(batch: Mapping, cu: torch.Tensor, at: slice | torch.Tensor) -> dict:
+def shard_at(batch: Mapping, bounds: Boundaries, at: slice | torch.Tensor) -> dict:
     """A rank's share of a packed row: ``input_ids``, ``position_ids`` and ``shift_labels`` (the full row's,
-    :func:`shift_labels`) at ``at`` (a slice or an index tensor along the row), and the full row's document
-    boundaries ``cu`` as ``cu_seq_lens_q`` / ``_k`` with its longest span as ``max_length_q`` / ``_k``."""
+    :func:`shift_labels`) at ``at`` (a slice or an index tensor along the row), and the full row's documents
+    ``bounds`` as ``cu_seq_lens_q`` / ``_k`` with its longest span as ``max_length_q`` / ``_k``."""
     out: dict[str, Any] = {
         "input_ids": torch.as_tensor(batch["input_ids"])[:, at],
         "position_ids": torch.as_tensor(batch["position_ids"])[:, at],
     }
     if batch.get("labels") is not None:
         out["shift_labels"] = shift_labels(torch.as_tensor(batch["labels"]))[:, at]
-    longest = int(torch.diff(cu).max())
+    cu, longest = bounds.cu_seqlens(), bounds.max_length
     out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu.clone(), max_length_q=longest, max_length_k=longest)
     return out
 
@@ -178,9 +184,9 @@ def _ulysses(inner: Callable[[Call], torch.Tensor], name: str) -> Forward:
         for k_ in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "is_causal"):
             if call.kwargs.get(k_) is not None:
                 extra[k_] = call.kwargs[k_]
-        cu = extra.get("cu_seq_lens_q")
-        if cu is None or int(cu[-1]) != q.shape[2]:
-            have = "none" if cu is None else f"{int(cu[-1])} tokens"
+        row = read_boundaries(extra, 1, q.shape[2], who=name)  # what the attention below reads
+        if row is None or not row.covers(1, q.shape[2]):
+            have = "none" if row is None else f"{row.total} tokens"
             raise ConfigError(
                 f"{name}: needs the full row's cu_seq_lens_q ({q.shape[2]} tokens; got {have}): use shard_sp"
             )
