@@ -143,7 +143,7 @@ def test_a_toy_third_method_plans_builds_and_trains_through_the_setup(toy):
     ]
     mask = np.concatenate([s["loss_mask"] for s in samples]).astype(bool)
     models = build_models("toy", vocab=64, seed=0, lr=1e-3)
-    assert models.recipe is recipe
+    assert models.recipe == recipe
     target = TargetShape.of_config(models.target.config)
     setup = drafter_setup(
         recipe, PlanConfig(strategy="packed", budget=64), target=target, lengths=lengths, loss_mask=mask,
@@ -212,6 +212,7 @@ DESCRIBED = (
     SRC / "drafter" / "methods" / "__init__.py",  # the registry
     SRC / "drafter" / "recipes.py",  # the presets
     SRC / "integrations" / "feed.py",  # speculators' models, by method name
+    SRC / "integrations" / "speculators.py",  # their sampler and collate (anchors: DFlash's)
     SRC / "integrations" / "specforge.py",  # SpecForge's patched models, by method name
 )
 """Where a method may be named besides its own folder."""

@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from padfree.core.anchors import AnchorPolicy
 from padfree.core.config import CostModel, PlanConfig
-from padfree.drafter.memory import MemoryModel
+from padfree.drafter.memory import MemoryModel, bound_attention
 from padfree.drafter.sizes import Sizes
 from padfree.errors import ConfigError
 
 if TYPE_CHECKING:
     from padfree.drafter.recipes import Recipe
 
-Bound = Callable[["Recipe", PlanConfig, MemoryModel, float, "int | None"], tuple[PlanConfig, "int | None"]]
+Bound = Callable[
+    ["Recipe", PlanConfig, MemoryModel, "float | None", "int | None"], tuple[PlanConfig, "int | None"]
+]
 """``(recipe, config, memory model, memory bytes, anchor budget) -> (config, draft blocks the memory
 allows or None)``: how a memory bound limits the method's micro-batches
 (:func:`padfree.drafter.memory.bound_blocks`, :func:`padfree.drafter.memory.bound_attention`)."""
@@ -66,16 +68,17 @@ class Method:
         name: registry key and CLI choice. title: how prose names it.
         spec: the spec module itself; its folder's ``model`` module is the method's torch side
             (:class:`MethodModule`, loaded by :meth:`load`).
-        unit: what one unit of the method's draft work is called in reports.
-        knob: the method's own size option (``block_size`` or ``ttt``), printed beside its name.
         cost: ``(sizes, block_size, ttt) -> CostModel``: FLOP-derived, in target-forward token units.
         memory: ``(sizes, recipe) -> MemoryModel``: the activation memory of a micro-batch.
         recipe_line: ``recipe -> str``: the recipe's values that set this method's work and loss, one line.
-        bound: how a memory bound limits its micro-batches (:data:`Bound`): by draft blocks or by attention.
         anchors: ``recipe -> AnchorPolicy``: the rule that opens its draft work at anchors chosen per
             document (:mod:`padfree.core.anchors`), which plans count, budget and balance; None: none.
         export_format: the served format a checkpoint of this method exports to (its model module writes
             it); one method per format.
+        unit: what one unit of the method's draft work is called in reports.
+        knob: the method's own size option (``block_size`` or ``ttt``), printed beside its name.
+        bound: how a memory bound limits its micro-batches (:data:`Bound`): by attention (the default) or
+            by draft blocks.
         draft_layers: the drafter's layers where the method fixes them (EAGLE-3: one decoder layer); None:
             the caller's choice (``--draft-layers``).
         crossing: what of the drafter's labels (and fed inputs) can cross a document end, as
@@ -87,13 +90,13 @@ class Method:
     name: str
     title: str
     spec: ModuleType
-    unit: str
-    knob: str
     cost: Callable[[Sizes, int, int], CostModel]
     memory: Callable[[Sizes, Recipe], MemoryModel]
     recipe_line: Callable[[Recipe], str]
-    bound: Bound
     export_format: str
+    unit: str = "draft positions"
+    knob: str = "ttt"
+    bound: Bound = bound_attention
     anchors: Callable[[Recipe], AnchorPolicy] | None = None
     draft_layers: int | None = None
     crossing: str = "labels"

@@ -91,16 +91,7 @@ def recipe_line(r: Recipe) -> str:
 
 
 METHOD = Method(
-    name="dflash",
-    title="DFlash",
-    spec=sys.modules[__name__],
-    unit="draft blocks",
-    knob="block_size",
-    cost=cost,
-    memory=memory,
-    recipe_line=recipe_line,
-    bound=m.bound_blocks,
-    anchors=lambda r: r.anchor_policy(),
-    export_format="dflash",
-    crossing="block labels",
-)
+    name="dflash", title="DFlash", spec=sys.modules[__name__], cost=cost, memory=memory,
+    recipe_line=recipe_line, export_format="dflash", unit="draft blocks", knob="block_size",
+    bound=m.bound_blocks, anchors=lambda r: r.anchor_policy(), crossing="block labels",
+)  # fmt: skip

@@ -58,12 +58,17 @@ def step_terms(s: Sizes, ttt: int, objective: str, projected: int, chunk_bytes: 
 
 
 def memory_terms(
-    s: Sizes, *, ttt: int = 7, objective: str = "data_ce", chunk_bytes: int = m.CHUNK_BYTES
+    s: Sizes,
+    *,
+    ttt: int = 7,
+    objective: str = "data_ce",
+    chunk_bytes: int = m.CHUNK_BYTES,
+    source: str | None = None,
 ) -> m.MemoryModel:
     """The coefficients from the sizes of the reference drafter (float32): per token (its ``ttt`` steps'
-    projections) and per ``l x l`` score and test-time-training step."""
+    projections) and per ``l x l`` score and test-time-training step (``source``: the model's name)."""
     fixed, token, score = step_terms(s, ttt, objective, 8, chunk_bytes)
-    return m.MemoryModel(fixed, token, 0.0, 0.0, score, f"analytic eagle3 h{s.hidden} ttt{ttt}")
+    return m.MemoryModel(fixed, token, 0.0, 0.0, score, source or f"analytic eagle3 h{s.hidden} ttt{ttt}")
 
 
 def memory(s: Sizes, r: Recipe) -> m.MemoryModel:
@@ -71,27 +76,21 @@ def memory(s: Sizes, r: Recipe) -> m.MemoryModel:
     return memory_terms(s, ttt=r.ttt, objective=r.objective)
 
 
+def vocabulary(r: Recipe) -> str:
+    """The recipe's draft vocabulary in words."""
+    return "full vocabulary" if r.draft_vocab is None else f"draft vocabulary {r.draft_vocab}"
+
+
 def recipe_line(r: Recipe) -> str:
     """The recipe line: test-time-training steps, decay, gate, objective, vocabulary, normalization."""
-    vocab = "full vocabulary" if r.draft_vocab is None else f"draft vocabulary {r.draft_vocab}"
     return (
         f"recipe {r.name}: ttt {r.ttt}, step decay {r.step_decay:g}, gate loss_mask[t+k+"
-        f"{r.loss_gate}], {r.objective}, {vocab}, {r.normalization} mean"
+        f"{r.loss_gate}], {r.objective}, {vocabulary(r)}, {r.normalization} mean"
     )
 
 
 METHOD = Method(
-    name="eagle3",
-    title="EAGLE-3",
-    spec=sys.modules[__name__],
-    unit="draft positions",
-    knob="ttt",
-    cost=cost,
-    memory=memory,
-    recipe_line=recipe_line,
-    bound=m.bound_attention,
-    export_format="speculators",
-    draft_layers=1,
-    crossing="shifted inputs/labels",
+    name="eagle3", title="EAGLE-3", spec=sys.modules[__name__], cost=cost, memory=memory,
+    recipe_line=recipe_line, export_format="speculators", draft_layers=1, crossing="shifted inputs/labels",
     shifted_inputs=True,
-)
+)  # fmt: skip

@@ -73,17 +73,6 @@ def recipe_line(r: Recipe) -> str:
 
 
 METHOD = Method(
-    name="mtp",
-    title="MTP",
-    spec=sys.modules[__name__],
-    unit="draft positions",
-    knob="ttt",
-    cost=cost,
-    memory=memory,
-    recipe_line=recipe_line,
-    bound=m.bound_attention,
-    export_format="speculators-mtp",
-    draft_layers=1,
-    crossing="shifted inputs/labels",
-    shifted_inputs=True,
-)
+    name="mtp", title="MTP", spec=sys.modules[__name__], cost=cost, memory=memory, recipe_line=recipe_line,
+    export_format="speculators-mtp", draft_layers=1, crossing="shifted inputs/labels", shifted_inputs=True,
+)  # fmt: skip

@@ -3,14 +3,13 @@ is :mod:`padfree.drafter.methods.peagle.model`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from typing import TYPE_CHECKING
 
 from padfree.core.config import CostModel
 from padfree.drafter import memory as m
 from padfree.drafter.methods.base import Method, check_steps, flops
-from padfree.drafter.methods.eagle3.spec import memory_terms
+from padfree.drafter.methods.eagle3.spec import memory_terms, vocabulary
 from padfree.drafter.sizes import Sizes
 
 if TYPE_CHECKING:
@@ -48,31 +47,21 @@ def cost(shape: Sizes, block_size: int, ttt: int) -> CostModel:
 def memory(s: Sizes, r: Recipe) -> m.MemoryModel:
     """EAGLE-3's activation memory at ``ttt`` steps (the reference drafter's depths hold one step's
     activations each), named for P-EAGLE."""
-    terms = memory_terms(s, ttt=r.ttt, objective=r.objective)
-    return dataclasses.replace(terms, source=f"analytic peagle h{s.hidden} depths{r.ttt}")
+    return memory_terms(
+        s, ttt=r.ttt, objective=r.objective, source=f"analytic peagle h{s.hidden} depths{r.ttt}"
+    )
 
 
 def recipe_line(r: Recipe) -> str:
     """The recipe line: depths, COD ratios, gate, objective, vocabulary, normalization."""
-    vocab = "full vocabulary" if r.draft_vocab is None else f"draft vocabulary {r.draft_vocab}"
-    return (
-        f"recipe {r.name}: {r.ttt} parallel depths, COD keep max({r.cod_ratio:g}^d, {r.cod_ratio_min:g}), "
-        f"gate loss_mask[t+d+{r.loss_gate}], {r.objective}, {vocab}, {r.normalization} mean"
-    )
+    cod = f"COD keep max({r.cod_ratio:g}^d, {r.cod_ratio_min:g})"
+    gate = f"gate loss_mask[t+d+{r.loss_gate}]"
+    rest = f"{r.objective}, {vocabulary(r)}, {r.normalization} mean"
+    return f"recipe {r.name}: {r.ttt} parallel depths, {cod}, {gate}, {rest}"
 
 
 METHOD = Method(
-    name="peagle",
-    title="P-EAGLE",
-    spec=sys.modules[__name__],
-    unit="draft positions",
-    knob="ttt",
-    cost=cost,
-    memory=memory,
-    recipe_line=recipe_line,
-    bound=m.bound_attention,
-    export_format="speculators-peagle",
-    draft_layers=1,
-    crossing="chain labels/inputs",
-    shifted_inputs=True,
-)
+    name="peagle", title="P-EAGLE", spec=sys.modules[__name__], cost=cost, memory=memory,
+    recipe_line=recipe_line, export_format="speculators-peagle", draft_layers=1,
+    crossing="chain labels/inputs", shifted_inputs=True,
+)  # fmt: skip
