@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 import lab  # noqa: F401  (puts tests/ on sys.path, where support is)
 from padfree.core.config import PlanConfig
 from padfree.drafter import recipes
-from padfree.drafter.memory import peak_resident_bytes, reset_peak, resident_bytes
+from padfree.drafter.proc import peak_resident_bytes, reset_peak, resident_bytes
 from padfree.drafter.target import build_target
 from padfree.integrations import feed
 from padfree.integrations import speculators as sp

@@ -140,7 +140,7 @@ def eagle3(ecore, target, items, vocab, ttt):
     from transformers import LlamaConfig
 
     from padfree.drafter.collate import DrafterCollator
-    from padfree.drafter.methods import low_mid_high
+    from padfree.drafter.methods.eagle3.spec import low_mid_high
     from padfree.drafter.target import run_target
     from padfree.integrations.feed import eagle3_inputs
 

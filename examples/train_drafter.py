@@ -51,7 +51,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from padfree.core.items import dropped_samples, overlong_line
-from padfree.drafter import memory as drafter_memory
+from padfree.drafter import proc
 from padfree.drafter.collate import DrafterCollator
 from padfree.drafter.export import (
     META_KEY,
@@ -251,7 +251,7 @@ def train(args, rank, world, device, ckpt, stop) -> int:
         log(f"resumed from {state['path']} at step {step}, epoch {sampler.epoch}, world size {world}")
         del state
     if rank == 0:  # the plan the sampler made (planned once: the run trains this very plan)
-        log(setup.peak_line(sampler.plan, drafter_memory.resident_bytes()))
+        log(setup.peak_line(sampler.plan, proc.resident_bytes()))
     step_loss_module = DraftLoss(models)
     ddp = DistributedDataParallel(step_loss_module) if world > 1 else step_loss_module
     log(
@@ -281,9 +281,7 @@ def train(args, rank, world, device, ckpt, stop) -> int:
             args, rank, device, ckpt, stop, run, parts, count, micro_step, step=step, after_step=anchor_log,
             extra=extra, dropped=dropped_samples(lengths, setup.cut, args.overlong),
         )  # fmt: skip
-    log(
-        f"peak memory {drafter_memory.peak_resident_bytes() / 2**30:.2f} GiB (this process's high-water mark)"
-    )
+    log(f"peak memory {proc.peak_resident_bytes() / 2**30:.2f} GiB (this process's high-water mark)")
     if code == 0 and args.export_dir and rank == 0:
         state = {k: v.detach().cpu() for k, v in drafter.state_dict().items()}
         try:

@@ -28,8 +28,9 @@ Arms (each one a way to batch the same samples; the models, kernels and loss are
 
 In every padded arm (``padfree_bucketed`` too) the DFlash block tensor is padded as SpecForge's is
 (``[rows, width, block_size]``, ``width`` the most anchors of a row of the batch: the extra blocks computed
-and not supervised, :func:`padfree.drafter.dflash.pad_anchor_slots`), which is what the planner's cost model
-counts for padded rows (``count x most``); ``speculators_rows`` pads its row to ``max_anchors`` blocks. The
+and not supervised, :func:`padfree.drafter.methods.dflash.model.pad_anchor_slots`), which is what the
+planner's cost model counts for padded rows (``count x most``);
+``speculators_rows`` pads its row to ``max_anchors`` blocks. The
 LM head runs on supervised positions only, in every arm.
 """
 
@@ -261,7 +262,7 @@ def as_trained(batch: DrafterBatch, arm: Arm) -> DrafterBatch:
     """The batch as the arm's trainer computes it: a row-level arm keeps only the positions whose label lies
     in the query's own document and pads its blocks to ``max_anchors`` (speculators' anchor tensor); a padded
     arm pads every row's blocks to the batch's most (SpecForge's). EAGLE-3 batches get no block padding."""
-    from padfree.drafter import dflash
+    from padfree.drafter.methods.dflash import model as dflash
 
     if batch.empty:
         return batch

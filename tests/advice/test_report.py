@@ -401,10 +401,11 @@ def test_report_takes_the_targets_folder_for_the_drafter_setup(
     d = json.loads((tmp_path / "a" / "report.json").read_text())["drafter"]
     assert d["hidden"] == 1024 and d["target"] == str(target)
     assert d["cache_bytes"] == d["tokens"] * 6 * 1024 * 2  # 5 fused layers + the last, of the target's 8
-    from padfree.drafter.memory import analytic
+    from padfree.drafter.methods.dflash.spec import memory_terms
+    from padfree.drafter.sizes import Sizes
 
-    want = analytic(True, hidden=1024, heads=16, kv_heads=8, intermediate=3072, draft_layers=5,
-                    fused_layers=5, block_size=16, vocab=32000)  # fmt: skip
+    sizes = Sizes(hidden=1024, heads=16, kv_heads=8, intermediate=3072, draft_layers=5, fused_layers=5)
+    want = memory_terms(sizes, block_size=16)
     assert d["memory_model"]["per_block"] == pytest.approx(want.per_block)
     capsys.readouterr()
     rc = main([*common, "--out", str(tmp_path / "b"), "--target", str(target), "--vocab", "32000"])

@@ -212,14 +212,14 @@ def test_long_blocks_on_short_documents_fit_in_memory():
 
 
 def test_a_check_larger_than_the_memory_available_is_refused_in_one_line(monkeypatch, capsys):
-    from padfree.drafter import memory
+    from padfree.drafter import proc
 
-    monkeypatch.setattr(memory, "available_bytes", lambda: 2**30)
+    monkeypatch.setattr(proc, "available_bytes", lambda: 2**30)
     assert main(["check-drafter", "--block-size", "1024", "--docs", "3", "--max-tokens", "40"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "draft blocks of 1024 queries need about" in err[0], err
     assert "1.0 GiB available: lower --block-size, --docs or --max-tokens" in err[0], err
-    monkeypatch.setattr(memory, "available_bytes", lambda: 2**20)
+    monkeypatch.setattr(proc, "available_bytes", lambda: 2**20)
     assert main(["check-drafter", "--method", "eagle3", "--docs", "3", "--max-tokens", "40"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "with 7 test-time-training steps need about" in err[0], err

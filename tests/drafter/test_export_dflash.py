@@ -16,8 +16,8 @@ import torch
 
 from padfree.drafter import recipes
 from padfree.drafter.collate import DrafterCollator
-from padfree.drafter.dflash import export_files
 from padfree.drafter.export import export_meta, export_models
+from padfree.drafter.methods.dflash.model import export_files
 from padfree.drafter.target import load_target, run_target
 from padfree.drafter.train import build_models
 from padfree.errors import ConfigError

@@ -13,6 +13,9 @@ from conftest import HANG_S
 from padfree import PlanConfig, make_plan
 from padfree.core.cost import micro_shapes
 from padfree.drafter import memory
+from padfree.drafter.methods.dflash.spec import memory_terms as dflash_memory
+from padfree.drafter.methods.eagle3.spec import memory_terms as eagle3_memory
+from padfree.drafter.sizes import Sizes
 
 
 def test_fit_recovers_known_coefficients():
@@ -30,7 +33,7 @@ def test_fit_recovers_known_coefficients():
 
 
 def test_a_memory_budget_bounds_every_micro_batch_of_a_plan():
-    model = memory.analytic(True, hidden=256, heads=4, kv_heads=1, intermediate=768, vocab=32000)
+    model = dflash_memory(Sizes(hidden=256, heads=4, kv_heads=1, intermediate=768, vocab=32000))
     lengths = np.random.default_rng(1).integers(20, 2000, 3000)
     anchors = np.minimum(lengths - 1, 512)
     limit = 3 * 2**30
@@ -52,7 +55,7 @@ import ctypes, gc, json, sys
 import numpy as np
 import torch
 from padfree.core.cost import micro_shapes
-from padfree.drafter import memory
+from padfree.drafter import proc
 from padfree.drafter.collate import DrafterCollator
 from padfree.drafter.train import build_models, loss_sums, memory_model
 
@@ -69,13 +72,13 @@ batch = col(items)
 for _ in range(2):  # the first pass allocates what stays (autograd's buffers, the allocator's arenas)
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
-    base = memory.resident_bytes()
-    memory.reset_peak()
+    base = proc.resident_bytes()
+    proc.reset_peak()
     num, den = loss_sums(models, batch)
     (num.sum() / den.sum()).backward()
     models.drafter.zero_grad(set_to_none=True)
     del num, den
-    peak = memory.peak_resident_bytes() - base
+    peak = proc.peak_resident_bytes() - base
 anchors = np.array([len(a) for a in batch.anchors_by_doc()]) if models.method.uses_anchors else None
 shapes = micro_shapes(np.full(n, length), np.array([0, n]), True, anchors)
 print(json.dumps({"predicted": float(memory_model(models).micro_bytes(shapes)[0]), "peak": float(peak)}))
@@ -110,7 +113,7 @@ def test_an_eagle3_memory_bound_keeps_packed_rows_near_the_budget_and_within_mem
     from padfree.core.budget import Budget
     from padfree.core.capacity import attention_cap
 
-    model = memory.analytic(False, hidden=64, heads=4, kv_heads=1, intermediate=256, ttt=7, vocab=2048)
+    model = eagle3_memory(Sizes(hidden=64, heads=4, kv_heads=1, intermediate=256, vocab=2048), ttt=7)
     lengths = np.random.default_rng(2).lognormal(5.5, 0.9, 4000).astype(np.int64) + 2  # chat-like
     budget, limit = 2048, 0.4 * 2**30
     attn = memory.attention_budget(model, limit, budget)

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from padfree.drafter import methods, mtp, recipes
+from padfree.drafter import methods, recipes
 from padfree.drafter.collate import DrafterCollator
 from padfree.drafter.export import export_meta, export_models
+from padfree.drafter.methods.mtp import model as mtp
 from padfree.drafter.target import build_target, load_target, run_target
 from padfree.drafter.train import build_models, loss_sums
 from padfree.integrations import feed
@@ -34,8 +35,8 @@ def test_the_preset_is_speculators_and_the_default_for_mtp():
     assert "models/mtp/core.py" in RECIPE.source and "beta 0.6" in RECIPE.source
     spec = methods.get("mtp")
     assert spec.export_format == "speculators-mtp" and not spec.uses_anchors
-    assert spec.cost(methods.DrafterShape(), 16, 4).source.startswith("drafter mtp")
-    sizes = methods.MemorySizes(hidden=64, heads=4, kv_heads=2, intermediate=128, fused_layers=1)
+    assert spec.cost(methods.Sizes(), 16, 4).source.startswith("drafter mtp")
+    sizes = methods.Sizes(hidden=64, heads=4, kv_heads=2, intermediate=128, fused_layers=1)
     two, four = spec.memory(sizes, dataclasses.replace(RECIPE, ttt=2)), spec.memory(sizes, RECIPE)
     assert four.per_token > two.per_token and four.per_attention > two.per_attention > 0
 

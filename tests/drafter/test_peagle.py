@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from padfree.drafter import methods, peagle, recipes
+from padfree.drafter import methods, recipes
 from padfree.drafter.collate import DrafterCollator
 from padfree.drafter.export import export_meta, export_models
+from padfree.drafter.methods.peagle import model as peagle
 from padfree.drafter.target import build_target, load_target, run_target
 from padfree.drafter.train import build_models, loss_sums
 from padfree.integrations import feed
@@ -34,10 +35,10 @@ def test_the_preset_is_speculators_and_the_default_for_peagle():
     assert "PEagleArgs" in r.source and "models/peagle" in r.source and not r.head_trainable
     spec = methods.get("peagle")
     assert spec.export_format == "speculators-peagle" and not spec.uses_anchors
-    assert spec.cost(methods.DrafterShape(), 16, 8).source.startswith("drafter peagle")
-    deeper = spec.cost(methods.DrafterShape(), 16, 8)
-    assert deeper.b != spec.cost(methods.DrafterShape(), 16, 2).b
-    sizes = methods.MemorySizes(hidden=64, heads=4, kv_heads=2, intermediate=128)
+    assert spec.cost(methods.Sizes(), 16, 8).source.startswith("drafter peagle")
+    deeper = spec.cost(methods.Sizes(), 16, 8)
+    assert deeper.b != spec.cost(methods.Sizes(), 16, 2).b
+    sizes = methods.Sizes(hidden=64, heads=4, kv_heads=2, intermediate=128)
     two, eight = spec.memory(sizes, recipes.override(r, ttt=2)), spec.memory(sizes, r)
     assert eight.per_token > two.per_token and eight.source.startswith("analytic peagle")
 

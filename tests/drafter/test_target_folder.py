@@ -11,7 +11,7 @@ import torch
 
 from padfree.cli import main as cli
 from padfree.drafter.export import META_KEY, read_checkpoint
-from padfree.drafter.methods import spread_layers
+from padfree.drafter.methods.dflash.spec import spread_layers
 from padfree.drafter.target import check_target_folder, load_target
 from padfree.errors import ConfigError
 from padfree.testing.targets import save_target_folder

@@ -102,7 +102,7 @@ def test_dflash_documents_train_as_alone_through_their_model(docs, target):
 def test_eagle3_documents_train_as_alone_through_their_model(docs, target):
     from padfree.drafter import recipes
     from padfree.drafter.collate import DrafterCollator
-    from padfree.drafter.methods import low_mid_high
+    from padfree.drafter.methods.eagle3.spec import low_mid_high
     from padfree.drafter.target import run_target
     from padfree.integrations import feed
     from support import drafters

@@ -47,7 +47,7 @@ def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1, resume_dir
     from torch.utils.data import DataLoader
 
     from padfree.core.config import PlanConfig
-    from padfree.drafter.methods import low_mid_high
+    from padfree.drafter.methods.eagle3.spec import low_mid_high
     from padfree.integrations import feed
     from padfree.integrations import speculators as sp
     from padfree.torch import PlannedDataset

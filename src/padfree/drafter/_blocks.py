@@ -10,10 +10,12 @@ from torch import nn
 
 
 @dataclass(frozen=True)
-class DrafterSizes:
-    """The sizes every reference drafter has (``hidden_size`` is the target's; ``head_size`` the width of
-    one attention head, None: ``hidden_size // num_heads``); each method's config adds its own (DFlash:
-    layers, block size, target layers; EAGLE-3: test-time-training steps)."""
+class DrafterConfig:
+    """The config fields every reference drafter has, as its checkpoints keep them, filled from the run's
+    :class:`~padfree.drafter.sizes.Sizes` (:meth:`~padfree.drafter.sizes.Sizes.drafter_config`;
+    ``hidden_size`` is the target's; ``head_size`` the width of one attention head, None: ``hidden_size //
+    num_heads``); each method's config adds its own (DFlash: layers, block size, target layers; EAGLE-3:
+    test-time-training steps)."""
 
     hidden_size: int = 64
     num_heads: int = 4

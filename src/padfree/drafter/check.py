@@ -188,11 +188,11 @@ def check_memory(models, samples: list[dict], layout: str) -> None:
     bound for the check's no-gradient forward) on the batch's tokens, draft blocks (``block_size`` queries
     each, their ``B x B`` scores) and reach. Nothing is refused where the available memory is unknown."""
     from padfree.core.cost import micro_shapes
-    from padfree.drafter import memory
+    from padfree.drafter import proc
     from padfree.drafter.setup import sample_anchors
     from padfree.drafter.train import memory_model
 
-    free = memory.available_bytes()
+    free = proc.available_bytes()
     if free is None:
         return
     masks = [np.asarray(s["loss_mask"]).astype(bool) for s in samples]

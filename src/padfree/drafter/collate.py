@@ -4,9 +4,10 @@ which draft positions exist, what each predicts, and whether it is supervised.
 One rule for every method, on the contract's flat positions: a draft query anchored at context position
 ``t`` that predicts the token ``j`` positions later counts iff ``j < doc_remaining[t]`` (the token is in the
 same document) and ``loss_mask[t + j]``. Its soft target is the frozen target's prediction at ``t + j - 1``.
-How each method lays out its queries is in its own module (:mod:`padfree.drafter.dflash`: blocks opened at
-anchors; :mod:`padfree.drafter.eagle3`: test-time-training steps); the registry
-(:mod:`padfree.drafter.methods`) finds it by name.
+How each method lays out its queries is in its own folder's model
+(:mod:`padfree.drafter.methods.dflash.model`:
+blocks opened at anchors; :mod:`padfree.drafter.methods.eagle3.model`: test-time-training steps); the
+registry (:mod:`padfree.drafter.methods`) finds it by name.
 
 Items are cut to their planned pieces by the same function as the plain collators
 (:func:`padfree.torch._collate.planned_pieces`: the "dataset shorter than the plan" check, the
@@ -177,8 +178,9 @@ class DrafterCollator:
         leaky: build the field's row-level fields instead (for checks only).
         shapes: the plan's ``shapes`` (:mod:`padfree.core.shard`): rows are the next declared length.
         anchor_shapes: DFlash: the block tensor's anchors per row (the packed row's, the padded rows' most)
-            padded to the next declared count (:func:`padfree.drafter.dflash.pad_anchor_slots`: extra blocks
-            computed, never supervised), so a compiled drafter sees a small set of shapes too.
+            padded to the next declared count (extra blocks computed, never supervised:
+            :func:`padfree.drafter.methods.dflash.model.pad_anchor_slots`),
+            so a compiled drafter sees a small set of shapes too.
     """
 
     def __init__(
@@ -199,7 +201,7 @@ class DrafterCollator:
         self.method = methods.get(method)
         self.shapes = check_shapes(shapes)
         self.anchor_shapes = check_shapes(anchor_shapes)
-        if self.anchor_shapes is not None and self.method.name != "dflash":
+        if self.anchor_shapes is not None and self.method.anchors is None:
             raise ConfigError(f"anchor_shapes sizes DFlash's block tensor; {self.method.name} has no anchors")
         if ttt is not None and (isinstance(ttt, bool) or not isinstance(ttt, int) or ttt < 1):
             raise ConfigError(f"ttt must be an integer >= 1 (got {ttt!r})")

@@ -8,8 +8,9 @@ under ``state["drafter_export"]``, what a served drafter needs besides them (:fu
 method, the recipe, the drafter's sizes, the target layers it fuses, the mask token of its blocks and the
 target (its config and folder). :func:`export_drafter` writes ``config.json`` + ``model.safetensors`` from
 the ``(config, tensors)`` the method's module gives (``export_files(state, meta)``, refusing what its format
-cannot hold in ``check_export(meta, verifier_option=...)``): :func:`padfree.drafter.dflash.export_files`,
-:func:`padfree.drafter.eagle3.export_files`.
+cannot hold in ``check_export(meta, verifier_option=...)``):
+:func:`padfree.drafter.methods.dflash.model.export_files`,
+:func:`padfree.drafter.methods.eagle3.model.export_files`.
 
 >>> formats()
 ('dflash', 'speculators', 'speculators-mtp', 'speculators-peagle')

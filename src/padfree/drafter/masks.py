@@ -171,8 +171,9 @@ def count_cross_pairs(
     """:func:`cross_document_pairs` of the mask ``visible`` (a predicate of this module) without building
     it: queries in chunks of :data:`PAIRS_CHUNK` pairs, so memory stays bounded whatever the row. Keys: all
     ``len(kv_doc)``, or (DFlash, ``own_block`` its block size ``B``) the first ``keys`` (the context) and the
-    query's own block, the only keys a DFlash query's attention scores (:func:`padfree.drafter.dflash.
-    block_attend`; another block's keys are never computed with)."""
+    query's own block, the only keys a DFlash query's attention scores
+    (:func:`padfree.drafter.methods.dflash.model.block_attend`; another block's keys are never computed
+    with)."""
     n_q, dev = q_doc.shape[0], q_doc.device
     n_kv = kv_doc.shape[0] if keys is None else keys
     width = n_kv + (own_block or 0)

@@ -12,10 +12,12 @@ constant. So the peak a micro-batch adds to the process is linear in the same
 
     bytes = fixed + per_token * slots + per_block * blocks + per_reach * reach + per_attention * attention
 
-:func:`analytic` derives the coefficients from the model's sizes (float32 activations, the tensors padfree's
-reference drafters keep, times the copies autograd and softmax hold, measured on this CPU: see
-``tests/drafter/test_memory.py``); :func:`fit` takes them from measured peaks (``padfree calibrate
---drafter``).
+:func:`common_terms` and the copies below give every method's analytic coefficients from its
+:class:`~padfree.drafter.sizes.Sizes` (float32 activations, the tensors padfree's reference drafters keep,
+times the copies autograd and softmax hold, measured on this CPU: see ``tests/drafter/test_memory.py``); each
+method's spec adds its own terms (``methods/<name>/spec.py``). :func:`fit` takes them from measured peaks
+(``padfree calibrate --drafter``). A method's memory bound limits its micro-batches by draft blocks
+(:func:`bound_blocks`) or attention (:func:`bound_attention`).
 
 >>> m = MemoryModel(fixed=10.0, per_token=1.0, per_block=100.0, per_reach=0.5)
 >>> float(m.peak_of(slots=1000, blocks=20, reach=4000))
@@ -27,10 +29,13 @@ reference drafters keep, times the copies autograd and softmax hold, measured on
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from padfree.core.config import PlanConfig
 from padfree.core.cost import Shapes
+from padfree.drafter.sizes import Sizes
 from padfree.errors import ConfigError
 
 FLOAT = 4
@@ -49,6 +54,10 @@ reuse one layer, so autograd keeps less than a layer's worth each)."""
 
 COPIES_STEP_ATTENTION = 1.0
 """EAGLE-3: ``l x l`` score tensors held per step (the probabilities), fitted likewise."""
+
+CHUNK_BYTES = 256 * 2**20
+"""Bytes of float32 logits one LM-head chunk holds at most
+(:func:`padfree.drafter.objective.chunk_positions`)."""
 
 LOGIT_COPIES = {"data_ce": 4.0, "argmax_ce": 4.0, "kl": 12.0}
 """Chunk-of-logits-sized tensors the loss holds by objective (drafter logits, log-softmax, gradient; KL adds
@@ -111,101 +120,19 @@ class MemoryModel:
         )
 
 
-@dataclass(frozen=True)
-class MemorySizes:
-    """The sizes a method's activation memory model reads: the target's width, the drafter's heads,
-    key-value heads and MLP width, its layers, the target layers it fuses and its LM head's vocabulary."""
-
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    draft_layers: int = 1
-    fused_layers: int = 3
-    vocab: int = 32000
-
-
-def _common(s: MemorySizes, objective: str, chunk_bytes: int) -> tuple[float, float]:
+def common_terms(s: Sizes, objective: str, chunk_bytes: int = CHUNK_BYTES) -> tuple[float, float]:
     """``(fixed, per token)`` bytes every method keeps: one LM-head chunk of
     :func:`padfree.drafter.objective.chunk_positions` (its copies by ``objective``), and per token the
     target's fused layers and final states, the fused context and its keys/values."""
     d = s.hidden // s.heads
     act = COPIES_ACTIVATION * FLOAT
-    chunk = max(1, chunk_bytes // (16 * max(s.vocab, 1))) * s.vocab * FLOAT  # one chunk's float32 logits
+    v = s.head_vocab
+    chunk = max(1, chunk_bytes // (16 * max(v, 1))) * v * FLOAT  # one chunk's float32 logits
     fixed = float(LOGIT_COPIES.get(objective, 12.0) * chunk)
     token = FLOAT * (2 * s.fused_layers + 3) * s.hidden + act * s.draft_layers * (
         s.hidden + 2 * s.kv_heads * d
     )
     return fixed, token
-
-
-def block_memory(
-    s: MemorySizes, *, block_size: int = 16, objective: str = "data_ce", chunk_bytes: int = 256 * 2**20
-) -> MemoryModel:
-    """DFlash's coefficients from the sizes of the reference drafter (float32): per token, per block (its
-    queries through every draft layer and their in-block scores) and per unit of reach (context scores)."""
-    fixed, token = _common(s, objective, chunk_bytes)
-    d = s.hidden // s.heads
-    act = COPIES_ACTIVATION * FLOAT
-    per_query = act * s.draft_layers * (6 * s.hidden + 3 * s.intermediate + 2 * s.kv_heads * d)
-    block = block_size * (per_query + COPIES_ATTENTION * FLOAT * s.draft_layers * s.heads * block_size)
-    reach = 2 * block_size * COPIES_ATTENTION * FLOAT * s.draft_layers * s.heads
-    return MemoryModel(fixed, token, block, reach, 0.0, f"analytic dflash h{s.hidden} B{block_size}")
-
-
-def unrolled_memory(
-    s: MemorySizes, *, ttt: int = 7, objective: str = "data_ce", chunk_bytes: int = 256 * 2**20
-) -> MemoryModel:
-    """EAGLE-3's coefficients from the sizes of the reference drafter (float32): per token (its ``ttt``
-    steps' projections) and per ``l x l`` score and test-time-training step."""
-    fixed, token = _common(s, objective, chunk_bytes)
-    d = s.hidden // s.heads
-    per_step = COPIES_STEP * FLOAT * (8 * s.hidden + 3 * s.intermediate + 2 * s.kv_heads * d)
-    return MemoryModel(
-        fixed,
-        token + ttt * per_step,
-        0.0,
-        0.0,
-        COPIES_STEP_ATTENTION * FLOAT * s.heads * ttt,
-        f"analytic eagle3 h{s.hidden} ttt{ttt}",
-    )
-
-
-def stepped_memory(
-    s: MemorySizes, *, ttt: int = 3, objective: str = "data_ce", chunk_bytes: int = 256 * 2**20
-) -> MemoryModel:
-    """MTP's coefficients from the sizes of the reference drafter (float32): per token its ``ttt`` steps
-    (each projects ``[embedding ; hidden]`` down, runs the draft layer and a final norm: EAGLE-3's step plus
-    the projection's input) and per ``l x l`` causal score and step."""
-    fixed, token = _common(s, objective, chunk_bytes)
-    d = s.hidden // s.heads
-    per_step = COPIES_STEP * FLOAT * (10 * s.hidden + 3 * s.intermediate + 2 * s.kv_heads * d)
-    return MemoryModel(
-        fixed,
-        token + ttt * per_step,
-        0.0,
-        0.0,
-        COPIES_STEP_ATTENTION * FLOAT * s.heads * ttt,
-        f"analytic mtp h{s.hidden} steps{ttt}",
-    )
-
-
-def analytic(
-    blocks: bool,
-    *,
-    block_size: int = 16,
-    ttt: int = 7,
-    objective: str = "data_ce",
-    chunk_bytes: int = 256 * 2**20,
-    **sizes: int,
-) -> MemoryModel:
-    """:func:`block_memory` (``blocks``: DFlash) or :func:`unrolled_memory` (EAGLE-3) of ``sizes``
-    (:class:`MemorySizes`' fields); a method's own coefficients are
-    :attr:`padfree.drafter.methods.Method.memory`."""
-    s = MemorySizes(**sizes)
-    if blocks:
-        return block_memory(s, block_size=block_size, objective=objective, chunk_bytes=chunk_bytes)
-    return unrolled_memory(s, ttt=ttt, objective=objective, chunk_bytes=chunk_bytes)
 
 
 def fit(rows: list[dict], source: str = "fit") -> MemoryModel:
@@ -274,44 +201,27 @@ def attention_budget(model: MemoryModel, memory: float, budget: int) -> int | No
     return int(spare // model.per_attention)
 
 
-def available_bytes() -> int | None:
-    """Memory this machine can still give a process without swapping (Linux ``MemAvailable``; None where
-    unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+def bound_blocks(
+    recipe: Any, config: PlanConfig, model: MemoryModel, memory: float | None, blocks: int | None
+) -> tuple[PlanConfig, int | None]:
+    """A method whose work opens at anchors (DFlash): its micro-batches hold at most ``blocks`` draft blocks
+    (the user's ``anchor_budget``) and at most what ``memory`` bytes allow (:func:`anchor_budget`; None:
+    no memory bound). Returns the config and the blocks the memory allows."""
+    by_memory = None if memory is None else anchor_budget(model, memory, config.budget)
+    bound = blocks if by_memory is None else min(blocks or by_memory, by_memory)
+    return config.with_(anchor_budget=bound), by_memory
 
 
-def resident_bytes() -> int:
-    """This process's resident memory now (Linux ``/proc``; 0 elsewhere)."""
-    return _status("VmRSS")
-
-
-def peak_resident_bytes() -> int:
-    """This process's resident high-water mark (Linux ``/proc``; 0 elsewhere)."""
-    return _status("VmHWM")
-
-
-def reset_peak() -> None:
-    """Restart the high-water mark at the current resident memory (Linux ``/proc/self/clear_refs``)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
-def _status(key: str) -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+def bound_attention(
+    recipe: Any, config: PlanConfig, model: MemoryModel, memory: float | None, blocks: int | None
+) -> tuple[PlanConfig, None]:
+    """A method whose work scales with each document's attention (EAGLE-3): ``memory`` bytes bound the
+    ``l x (l + ttt - 1)`` scores a micro-batch holds, per document on a packed row (padfree's drafters attend
+    document by document, and :meth:`MemoryModel.micro_bytes` prices them so); it counts no blocks."""
+    if memory is not None:
+        config = config.with_(
+            attn_budget=attention_budget(model, memory, config.budget),
+            attn_extra=recipe.ttt - 1,
+            attn_per_document=config.packed,
+        )
+    return config.with_(anchor_budget=None), None

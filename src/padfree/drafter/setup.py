@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -31,44 +30,15 @@ from padfree.core.config import CostModel, PlanConfig
 from padfree.core.cost import micro_shapes
 from padfree.core.items import make_items
 from padfree.core.plan import Plan
-from padfree.drafter import memory as drafter_memory
 from padfree.drafter import methods
 from padfree.drafter.memory import MemoryModel
 from padfree.drafter.recipes import Recipe, check_drafts
+from padfree.drafter.sizes import Sizes
 from padfree.errors import ConfigError
 
-
-@dataclass(frozen=True)
-class TargetShape:
-    """The target's sizes a drafter setup reads: width, layers, vocabulary, attention heads, key-value heads
-    and MLP width."""
-
-    hidden: int
-    layers: int
-    vocab: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-
-    @classmethod
-    def common(cls, hidden: int, layers: int, vocab: int) -> TargetShape:
-        """A target of these sizes with the common shapes: heads of 128 dimensions, a quarter as many
-        key-value heads, an MLP 3x the hidden size."""
-        heads = max(1, hidden // 128)
-        return cls(hidden, layers, vocab, heads, max(1, heads // 4), 3 * hidden)
-
-    @classmethod
-    def of_config(cls, cfg: Any) -> TargetShape:
-        """The sizes of a transformers config (a loaded target's ``model.config``)."""
-        heads = int(cfg.num_attention_heads)
-        return cls(
-            int(cfg.hidden_size),
-            int(cfg.num_hidden_layers),
-            int(cfg.vocab_size),
-            heads,
-            int(getattr(cfg, "num_key_value_heads", None) or heads),
-            int(cfg.intermediate_size),
-        )
+TargetShape = Sizes
+"""The target's sizes a setup reads (:class:`~padfree.drafter.sizes.Sizes`, the one sizes record: the
+drafter's fields keep their defaults until :func:`drafter_setup` fills them)."""
 
 
 DEFAULT_TARGET = TargetShape.common(hidden=4096, layers=32, vocab=32000)
@@ -80,7 +50,7 @@ class DrafterSetup:
     """What a drafter run plans with (built by :func:`drafter_setup`).
 
     Attributes:
-        method, recipe, target: the method, its recipe and the target's sizes.
+        method, recipe, target: the method, its recipe and the target's sizes (:class:`Sizes`).
         config: the plan config: the drafter's cost model, and its micro-batches bounded by the anchor budget
             (DFlash) or attention budget (EAGLE-3) the memory bound and ``anchor_budget`` allow.
         anchors: draft blocks per sample the planner counts (``None``: the method counts none).
@@ -200,10 +170,11 @@ def estimated_valid(loss: np.ndarray, tokens: np.ndarray, recipe: Recipe) -> np.
 def sample_anchors(recipe: Recipe, lengths: ArrayLike, loss_mask: ArrayLike) -> np.ndarray | None:
     """Draft blocks per sample that the planner counts for ``recipe`` (its anchor rule on each sample's loss
     mask; ``loss_mask``: the samples' masks, concatenated); ``None`` for a method without anchors."""
-    if not methods.get(recipe.method).uses_anchors:
+    rule = methods.get(recipe.method).anchors
+    if rule is None:
         return None
     offsets = np.concatenate(([0], np.cumsum(np.asarray(lengths, dtype=np.int64))))
-    return anchor_counts(np.asarray(loss_mask, dtype=bool), offsets, recipe.anchor_policy())
+    return anchor_counts(np.asarray(loss_mask, dtype=bool), offsets, rule(recipe))
 
 
 def drafter_setup(
@@ -243,52 +214,24 @@ def drafter_setup(
         mask = np.asarray(loss_mask, dtype=bool)
         supervised = int(mask.sum())
         anchors = sample_anchors(recipe, lens, mask)
-    elif method.uses_anchors:
+    elif method.anchors is not None:
         loss = np.maximum(lens - 1, 0) if loss_counts is None else np.asarray(loss_counts, dtype=np.int64)
         valid = estimated_valid(loss, np.minimum(lens, config.budget), recipe)
-        anchors = anchor_quota(valid, recipe.anchor_policy())
+        anchors = anchor_quota(valid, method.anchors(recipe))
     if loss_mask is not None:
         check_drafts(recipe, anchors, lens, supervised)  # a run that drafts nothing trains zeros
-    dvocab = draft_vocab_size(recipe, target.vocab)
-    layers = method.layers(draft_layers)
-    shape = methods.DrafterShape(
-        hidden=target.hidden,
-        layers=target.layers,
-        vocab=target.vocab,
-        draft_layers=layers,
-        draft_vocab=dvocab,
+    sizes = target.with_(
+        draft_layers=method.layers(draft_layers),
+        fused_layers=fused_layers(recipe, target.layers),
+        draft_vocab=draft_vocab_size(recipe, target.vocab),
     )
-    flops = method.cost(shape, recipe.block_size, recipe.ttt)
+    flops = method.cost(sizes, recipe.block_size, recipe.ttt)
     if memory is None:
-        memory = method.memory(
-            methods.MemorySizes(
-                hidden=target.hidden,
-                heads=target.heads,
-                kv_heads=target.kv_heads,
-                intermediate=target.intermediate,
-                draft_layers=layers,
-                fused_layers=fused_layers(recipe, target.layers),
-                vocab=dvocab or target.vocab,
-            ),
-            recipe,
-        )
-    cfg = config.with_(cost=flops if cost is None else cost)
-    bound = anchor_budget if method.uses_anchors else None
-    by_memory = None
-    if memory_gb is not None:
-        limit = memory_gb * 2**30
-        if method.uses_anchors:
-            by_memory = drafter_memory.anchor_budget(memory, limit, cfg.budget)
-            bound = min(bound or by_memory, by_memory)
-        else:
-            # padfree's EAGLE-3 drafter attends document by document on a packed row (memory.micro_bytes
-            # prices it so): the bound is per document there, not one T x T over the row
-            cfg = cfg.with_(
-                attn_budget=drafter_memory.attention_budget(memory, limit, cfg.budget),
-                attn_extra=recipe.ttt - 1,
-                attn_per_document=cfg.packed,
-            )
-    cfg = cfg.with_(anchor_budget=bound)
+        memory = method.memory(sizes, recipe)
+    limit = None if memory_gb is None else memory_gb * 2**30
+    cfg, by_memory = method.bound(
+        recipe, config.with_(cost=flops if cost is None else cost), memory, limit, anchor_budget
+    )
     return DrafterSetup(
         method, recipe, target, cfg, anchors, flops, memory, memory_gb, anchor_budget, by_memory
     )

@@ -15,7 +15,7 @@ recipe's rule; its attention, fed state, head and vocabulary follow the recipe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from padfree.drafter.collate import DrafterBatch
 from padfree.drafter.memory import MemoryModel
 from padfree.drafter.objective import Queries, VocabMap, document_losses, with_document_noise
 from padfree.drafter.recipes import Recipe
+from padfree.drafter.sizes import Sizes
 from padfree.drafter.target import (
     TINY_TARGET,
     TargetOutput,
@@ -36,14 +37,6 @@ from padfree.drafter.target import (
     shared_weights,
 )
 from padfree.errors import ConfigError
-
-if TYPE_CHECKING:
-    from padfree.drafter import dflash, eagle3, mtp, peagle
-
-    _DFLASH: methods.MethodModule = dflash  # mypy checks the methods' modules against the contract
-    _EAGLE3: methods.MethodModule = eagle3
-    _MTP: methods.MethodModule = mtp
-    _PEAGLE: methods.MethodModule = peagle
 
 
 @dataclass
@@ -69,24 +62,6 @@ def target_layers(recipe: Recipe, n_layers: int, fused_layers: int | None = None
     ``n_layers`` (``fused_layers`` overrides the recipe's count; a target too small for it fuses what it
     has)."""
     return methods.LAYER_RULES[recipe.layer_rule](n_layers, fused_layers or recipe.fused_layers)
-
-
-def drafter_sizes(cfg: Any) -> dict[str, Any]:
-    """The drafter's sizes from the target's transformers config: its width, heads, key-value heads, head
-    width, MLP width, RMSNorm epsilon and rotary base (the published drafters copy them; a rotary scaling
-    of the target, if any, is not carried: the drafter's rotary embedding is the plain one)."""
-    heads = cfg.num_attention_heads
-    rope = getattr(cfg, "rope_parameters", None) or {}
-    theta = rope.get("rope_theta") if isinstance(rope, dict) else None
-    return {
-        "hidden_size": cfg.hidden_size,
-        "num_heads": heads,
-        "num_kv_heads": getattr(cfg, "num_key_value_heads", None) or heads,
-        "intermediate_size": cfg.intermediate_size,
-        "head_size": getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-        "eps": float(getattr(cfg, "rms_norm_eps", None) or 1e-6),
-        "rope_theta": float(theta or getattr(cfg, "rope_theta", None) or 10000.0),
-    }
 
 
 def draft_vocab(recipe: Recipe, vocab: int, token_counts: np.ndarray | None) -> VocabMap | None:
@@ -151,7 +126,7 @@ def build_models(
         target = build_target(seed=seed, vocab_size=vocab, **target_sizes)
     cfg = target.config
     layers = target_layers(recipe, cfg.num_hidden_layers, fused_layers)
-    sizes = drafter_sizes(cfg)
+    sizes = Sizes.of_config(cfg)
     vmap = draft_vocab(recipe, int(cfg.vocab_size), counts)
     mod = spec.load()
     torch.manual_seed(seed)
@@ -171,17 +146,15 @@ def build_models(
 
 def memory_model(models: DrafterModels) -> MemoryModel:
     """The activation memory model of these models' sizes (their method's
-    :attr:`~padfree.drafter.methods.Method.memory`)."""
-    cfg = models.target.config
+    :attr:`~padfree.drafter.methods.base.Method.memory`)."""
     dcfg = models.drafter.cfg
-    sizes = methods.MemorySizes(
-        hidden=cfg.hidden_size,
+    sizes = Sizes.of_config(models.target.config).with_(
         heads=dcfg.num_heads,
         kv_heads=dcfg.num_kv_heads,
         intermediate=dcfg.intermediate_size,
         draft_layers=getattr(dcfg, "num_layers", 1),
         fused_layers=len(models.layers),
-        vocab=int(models.drafter.lm_head.weight.shape[0]),
+        draft_vocab=int(models.drafter.lm_head.weight.shape[0]),
     )
     return models.method.memory(sizes, models.recipe)
 
@@ -254,7 +227,6 @@ __all__ = [
     "DrafterModels",
     "build_models",
     "draft_vocab",
-    "drafter_sizes",
     "loss_sums",
     "memory_model",
     "target_layers",

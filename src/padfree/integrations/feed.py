@@ -45,18 +45,22 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
+from padfree.core.anchors import AnchorPolicy
 from padfree.drafter import methods
 from padfree.drafter.collate import DrafterBatch
+from padfree.drafter.methods.peagle.model import row_chains
 from padfree.drafter.objective import with_document_noise
 from padfree.drafter.recipes import Recipe
 from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
+from padfree.integrations._common import doc_anchors
 from padfree.integrations.shapes import ShapeSet, anchor_slots, pad_rows, slot_width
 
 
@@ -146,10 +150,10 @@ def trainer_kwargs(
 ) -> dict:
     """The keywords speculators' trainer passes to ``model`` (``train_call_kwargs``), from the model class's
     own ``get_trainer_kwargs`` given the recipe's values as its method reads them
-    (:attr:`~padfree.drafter.methods.Method.speculators_kwargs`: DFlash's loss, slot weights and anchor
-    width ``max_anchors``, default the recipe's cap; EAGLE-3's ttt and step decay).
-    ``loss_implementation="eager"`` runs without Triton (CPU)."""
-    keywords = _speculators_method(recipe.method).speculators_kwargs(recipe, max_anchors)
+    (:attr:`SpeculatorsModel.kwargs`: DFlash's loss, slot weights and anchor width ``max_anchors``,
+    default the recipe's cap; EAGLE-3's ttt and step decay). ``loss_implementation="eager"`` runs without
+    Triton (CPU)."""
+    keywords = speculators_model(recipe.method).kwargs(recipe, max_anchors)
     train, _ = type(model).get_trainer_kwargs(loss_implementation=loss_implementation, **keywords)
     return dict(train)
 
@@ -164,18 +168,16 @@ def speculators_inputs(
     """``(forward inputs, anchor choice or None)`` for speculators' model of the batch's method, built by
     the method's own feed (:func:`dflash_inputs`, :func:`eagle3_inputs`); an anchor choice goes in
     :func:`anchors_patched` around the call."""
-    where = _speculators_method(batch.method).speculators_inputs
-    assert where is not None
-    module, name = where.split(":")
-    build = getattr(importlib.import_module(module), name)
-    return build(batch, target, shapes=shapes, noise=noise)
+    return speculators_model(batch.method).inputs(batch, target, shapes=shapes, noise=noise)
 
 
-def _speculators_method(name: str) -> Any:
+def speculators_model(name: str) -> SpeculatorsModel:
+    """How padfree feeds speculators' model of method ``name`` (:data:`SPECULATORS`); a registered method
+    speculators has no model of, or an unknown one, is one line."""
     m = methods.get(name)
-    if m.speculators_kwargs is None or m.speculators_inputs is None:
+    if name not in SPECULATORS:
         raise ConfigError(f"speculators has no {m.title} model to feed")
-    return m
+    return SPECULATORS[name]
 
 
 def _padded(kwargs: dict, shapes: ShapeSet | None) -> dict:
@@ -203,7 +205,7 @@ def dflash_inputs(
     slots; ``noise``: the uniform noise on the target layers (default: the batch's recipe's)."""
     f = batch.fields
     c = batch.contract
-    if c is None or not methods.get(batch.method).uses_anchors or c.layout != "packed":
+    if c is None or getattr(f, "anchors", None) is None or c.layout != "packed":
         raise ConfigError("dflash_inputs: needs a packed DFlash batch (DrafterCollator('dflash'))")
     anchors = f.anchors.clone()
     if not bool((c.flat("doc_remaining")[0][anchors] >= f.block_size).all()):  # slot B-1 inside the document
@@ -295,8 +297,9 @@ def mtp_inputs(
     noise: float | None = None,
 ) -> dict:
     """Forward inputs for speculators' ``MTPDraftModel`` on a padfree MTP batch (its target output read at
-    the target's last layer, :func:`padfree.drafter.methods.last_layer`): documents back to back, positions
-    restarting at 0 per document (transformers' causal mask reads them as packed documents), no loss on each
+    the target's last layer, :func:`padfree.drafter.methods.mtp.spec.last_layer`): documents back to back,
+    positions restarting at 0 per document (transformers' causal mask reads them as packed documents),
+    no loss on each
     document's first ``K + 1`` positions (``K``: the recipe's steps), and ``K + 1`` loss-free positions after
     the last document (pad token, zero hidden state). A document alone gets the same rule.
 
@@ -310,8 +313,9 @@ def mtp_inputs(
     c = batch.contract
     if c is None:
         raise ConfigError("mtp_inputs: an empty micro-batch has nothing to draft")
-    tail = methods.get(batch.method).speculators_tail(batch.recipe) if batch.recipe is not None else 0
-    gated = methods.get(batch.method).speculators_head(batch.recipe) if batch.recipe is not None else 0
+    model = SPECULATORS["mtp"]
+    tail = model.tail(batch.recipe) if batch.recipe is not None else 0
+    gated = model.head(batch.recipe) if batch.recipe is not None else 0
     keep = torch.cat(
         [torch.arange(c.doc_starts[d], c.doc_starts[d] + n) for d, n in enumerate(c.doc_lengths)]
     )
@@ -415,3 +419,139 @@ def _prenorm(target: TargetOutput) -> torch.Tensor:
     if target.prenorm is None:
         raise ConfigError("the target output has no pre-norm state: build it with run_target")
     return target.prenorm
+
+
+_LOSS_FN = {"argmax_ce": "ce", "kl": "kl_div"}
+_SLOT_WEIGHTS = {"dpace": "dpace", "exp": "fixed-exp-decay"}
+
+
+def dflash_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
+    """speculators' DFlash trainer keywords: ``loss_fn`` (``ce`` for ``argmax_ce``, ``kl_div`` for ``kl``),
+    slot weights (``dpace`` or ``fixed-exp-decay`` with the recipe's gamma), ``dpace_alpha`` and
+    ``max_anchors`` (the fixed anchor width; default the recipe's cap).
+
+    >>> from padfree.drafter.recipes import get as recipe
+    >>> dflash_kwargs(recipe("speculators", "dflash"), 64)["per_position_loss_weight"]
+    'dpace'
+    """
+    if r.objective not in _LOSS_FN or r.slot_weights not in _SLOT_WEIGHTS:
+        raise ConfigError(
+            f"recipe {r.name}: speculators' DFlash trains {' or '.join(_LOSS_FN)} with "
+            f"{' or '.join(_SLOT_WEIGHTS)} slot weights, not {r.objective} with {r.slot_weights}"
+        )
+    return {
+        "loss_fn": _LOSS_FN[r.objective],
+        "dflash_decay_gamma": r.gamma,
+        "max_anchors": r.max_anchors if max_anchors is None else int(max_anchors),
+        "per_position_loss_weight": _SLOT_WEIGHTS[r.slot_weights],
+        "dpace_alpha": r.dpace_alpha,
+    }
+
+
+def eagle3_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
+    """speculators' EAGLE-3 trainer keywords: KL loss, ``ttt_steps`` and ``ttt_step_loss_decay``."""
+    return {"loss_fn": "kl_div", "ttt_steps": r.ttt, "ttt_step_loss_decay": r.step_decay}
+
+
+def mtp_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
+    """speculators' MTP trainer keywords: ``num_speculative_steps`` and ``step_weight_beta`` (their class
+    turns them into the normalised step weights)."""
+    return {"num_speculative_steps": r.ttt, "step_weight_beta": r.step_decay}
+
+
+def peagle_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
+    """speculators' P-EAGLE trainer keywords: KL loss, ``num_depths`` and the COD ratios (no anchor cap:
+    padfree's chains are drawn per document and put in place by the feed)."""
+    return {
+        "loss_fn": "kl_div",
+        "num_depths": r.ttt,
+        "down_sample_ratio": r.cod_ratio,
+        "down_sample_ratio_min": r.cod_ratio_min,
+    }
+
+
+def whole_blocks(recipe: Recipe) -> AnchorPolicy:
+    """The recipe's anchor rule with whole blocks inside their document: speculators labels a block slot by
+    the row's ``loss_mask[a + k]``, which must not read the next document."""
+    return recipe.anchor_policy(partial=False)
+
+
+@dataclass(frozen=True)
+class RowDocs:
+    """The documents of one of speculators' collated rows: where each starts, its positions, its sample id,
+    the recipe, the anchors' seed and epoch, and the shapes the row is padded to."""
+
+    starts: np.ndarray
+    lens: list[int]
+    sample_ids: list[int]
+    recipe: Recipe
+    seed: int
+    epoch: int
+    shapes: ShapeSet | None
+
+
+def anchor_columns(out: dict, row: RowDocs) -> dict:
+    """DFlash: each document's anchors from its own loss mask and (seed, epoch, sample id), at the row's
+    anchor width (``padfree_anchors``, ``padfree_anchor_valid``)."""
+    mask = out["loss_mask"][0].numpy().astype(bool)
+    a = doc_anchors(
+        mask, row.starts, row.lens, row.sample_ids, policy=whole_blocks(row.recipe), seed=row.seed,
+        epoch=row.epoch,
+    )  # fmt: skip
+    anchors, valid = anchor_slots([a], slot_width(row.shapes, len(a)))
+    out["padfree_anchors"], out["padfree_anchor_valid"] = anchors[0], valid[0]
+    return out
+
+
+def chain_columns(out: dict, row: RowDocs) -> dict:
+    """P-EAGLE: the row's loss mask gated at each document's ends and each document's own chains
+    (``padfree_chains``, :func:`padfree.drafter.methods.peagle.model.row_chains`)."""
+    lm = out["loss_mask"]
+    gate, chains = row_chains(
+        lm[0].cpu().numpy(), row.starts, row.lens, row.sample_ids, row.recipe, seed=row.seed, epoch=row.epoch
+    )
+    out["loss_mask"] = torch.as_tensor(gate, device=lm.device)[None].to(lm.dtype)
+    out["padfree_chains"] = torch.from_numpy(chains)
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeculatorsModel:
+    """How padfree feeds speculators' model of one drafter method (:data:`SPECULATORS`, by method name).
+
+    Attributes:
+        kwargs: ``(recipe, max_anchors) -> keywords`` of their model class's ``get_trainer_kwargs`` for the
+            recipe (one line when speculators trains no such recipe).
+        inputs: ``(batch, target, *, shapes, noise) -> (forward inputs, choice or None)`` from a padfree
+            batch (:func:`speculators_inputs`); a choice goes in :func:`anchors_patched`.
+        head: ``recipe -> n``: the positions at each document's start that carry no loss in their packed row
+            (EAGLE-3: ``ttt - 1``, where a shifted pair could join two documents; MTP: ``ttt + 1``).
+        tail: ``recipe -> n``: loss-free positions their row needs after its last document (MTP: ``ttt +
+            1``, the queries their class drops at a row's end).
+        columns: ``(collated row, RowDocs) -> row``: what :class:`padfree.integrations.speculators.
+            PadfreeCollate` adds to their row (DFlash's anchors, P-EAGLE's chains); None: nothing.
+        anchors: their rows open blocks at per-document anchors the sampler's plan counts (DFlash).
+    """
+
+    kwargs: Callable[[Recipe, int | None], dict[str, Any]]
+    inputs: Callable[..., tuple[dict, Any]]
+    head: Callable[[Recipe], int] = lambda r: 0
+    tail: Callable[[Recipe], int] = lambda r: 0
+    columns: Callable[[dict, RowDocs], dict] | None = None
+    anchors: bool = False
+
+
+SPECULATORS: dict[str, SpeculatorsModel] = {
+    "dflash": SpeculatorsModel(
+        kwargs=dflash_kwargs, inputs=dflash_inputs, columns=anchor_columns, anchors=True
+    ),
+    "eagle3": SpeculatorsModel(kwargs=eagle3_kwargs, inputs=eagle3_feed, head=lambda r: r.ttt - 1),
+    "mtp": SpeculatorsModel(
+        kwargs=mtp_kwargs, inputs=mtp_feed, head=lambda r: r.ttt + 1, tail=lambda r: r.ttt + 1
+    ),
+    "peagle": SpeculatorsModel(
+        kwargs=peagle_kwargs, inputs=peagle_feed, head=lambda r: 1, columns=chain_columns
+    ),
+}
+"""speculators' models padfree feeds, by drafter method name (a method speculators has no model of has no
+entry)."""

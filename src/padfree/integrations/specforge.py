@@ -68,6 +68,10 @@ __all__ = ["LengthIndex", "PlanFeatureLoader", "build_index", "index_from_masks"
 
 _FORMAT = 1
 
+PACKED_MODELS = ("dflash",)
+"""The drafter methods SpecForge has a patched model of that trains on packed rows (:func:`install`), by
+name; the others train on their padded rows."""
+
 
 @dataclass(frozen=True)
 class LengthIndex:
@@ -295,8 +299,8 @@ class PlanFeatureLoader:
         spec = methods.get(method)
         if layout not in ("padded", "packed"):
             raise ConfigError(f"layout must be padded or packed (got {layout!r})")
-        if layout == "packed" and not spec.specforge_packed:
-            packed = " and ".join(m.title for m in methods.METHODS.values() if m.specforge_packed)
+        if layout == "packed" and method not in PACKED_MODELS:
+            packed = " and ".join(methods.get(m).title for m in PACKED_MODELS)
             raise ConfigError(
                 f"packed rows need a patched model: only SpecForge's {packed} has one (install)"
             )
@@ -318,7 +322,7 @@ class PlanFeatureLoader:
         self.config = config.with_(world_size=self.world_size)
         self.layout, self.shapes, self.index = layout, shapes, index
         self._plan_lengths = index.lengths + self.gap
-        self._anchors = index.anchors if spec.uses_anchors else None
+        self._anchors = index.anchors if spec.anchors is not None else None
         self._epochs = ElasticEpochs(
             self._plan_lengths,
             self.config,

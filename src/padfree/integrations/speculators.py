@@ -18,7 +18,8 @@ row per rank per step -> ``model(**batch, **train_call_kwargs)``).
   ``valid_len`` drops), so every document keeps all of its queries (:func:`padfree.integrations.feed.
   mtp_inputs`). P-EAGLE rows lose it on each document's
   first and last positions and carry ``padfree_chains``: each document's COD chains drawn from its own
-  generator (:func:`padfree.drafter.peagle.row_chains`, the same draws padfree's own fields make).
+  generator (:func:`padfree.drafter.methods.peagle.model.row_chains`, the same draws padfree's own fields
+  make).
 * :func:`install` hooks their model: it takes the ``padfree_*`` keys out of the call and puts padfree's
   anchors in place of their ``select_anchors`` (today's signature and the one their PR #1071 proposes) while
   that forward runs (and, for P-EAGLE, padfree's chains in place of their ``generate_cod_sample_indices``).
@@ -39,12 +40,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from padfree.core.anchors import AnchorPolicy, anchor_counts
+from padfree.core.anchors import anchor_counts
 from padfree.core.config import PlanConfig
 from padfree.core.items import validate_lengths
 from padfree.core.plan import Plan, validate_anchors
 from padfree.core.planner import make_plan
-from padfree.drafter import methods, recipes
+from padfree.drafter import recipes
 from padfree.drafter.recipes import Recipe
 from padfree.drafter.setup import drafter_setup
 from padfree.errors import ConfigError, InputError
@@ -54,12 +55,19 @@ from padfree.integrations._common import (
     Installed,
     PlannedBatch,
     check_rank,
-    doc_anchors,
     forward_hooks,
     recipe_for,
 )
-from padfree.integrations.feed import AnchorChoice, ChainChoice, trainer_kwargs
-from padfree.integrations.shapes import ShapeSet, anchor_slots, pad_rows, slot_width
+from padfree.integrations.feed import (
+    SPECULATORS,
+    AnchorChoice,
+    ChainChoice,
+    RowDocs,
+    speculators_model,
+    trainer_kwargs,
+    whole_blocks,
+)
+from padfree.integrations.shapes import ShapeSet, pad_rows
 
 __all__ = [
     "PadfreeCollate",
@@ -73,12 +81,6 @@ __all__ = [
 
 KEYS = ("padfree_sample_ids", "padfree_epoch", "padfree_anchors", "padfree_anchor_valid", "padfree_chains")
 """The keys :class:`PadfreeCollate` adds to their batch (and :func:`install` takes out of the model call)."""
-
-
-def _policy(recipe: Recipe) -> AnchorPolicy:
-    """The recipe's anchor rule with whole blocks inside their document: speculators labels a block slot by
-    the row's ``loss_mask[a + k]``, which must not read the next document."""
-    return recipe.anchor_policy(partial=False)
 
 
 def dataset_loss_masks(dataset: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -114,7 +116,7 @@ def count_anchors(loss_masks: Any, recipe: Recipe | None = None, *, max_len: int
         n = np.minimum(np.diff(offsets), int(max_len))
         flat = flat[np.repeat(offsets[:-1], n) + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)]
         offsets = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
-    return anchor_counts(flat.astype(bool), offsets, _policy(rec))
+    return anchor_counts(flat.astype(bool), offsets, whole_blocks(rec))
 
 
 class PadfreeMultipackSampler(torch.utils.data.Sampler):
@@ -161,7 +163,7 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
         self.batch_max_length = int(batch_max_length)
         self.max_batches = max_batches
         self.lengths = validate_lengths(np.asarray(lengths).reshape(-1))  # one line for NaN, 0, 2.5...
-        anchored = [m.name for m in methods.METHODS.values() if m.uses_anchors == (anchors is not None)]
+        anchored = [name for name, m in SPECULATORS.items() if m.anchors == (anchors is not None)]
         method = recipe.method if recipe is not None and recipe.method in anchored else anchored[0]
         self.recipe = recipe_for("speculators", method, recipe)
         base = (
@@ -203,7 +205,7 @@ class PadfreeMultipackSampler(torch.utils.data.Sampler):
         """The row lengths and the anchor width :class:`PadfreeCollate` should pad to: eight lengths up to the
         budget (a packed row is cut to the smallest that holds it; MTP rows hold their loss-free tail
         besides), the plan's anchor budget."""
-        tail = methods.get(self.recipe.method).speculators_tail(self.recipe)
+        tail = speculators_model(self.recipe.method).tail(self.recipe)
         return ShapeSet.spread(self.batch_max_length + tail, 8, anchors=self.config.anchor_budget)
 
     @property
@@ -297,8 +299,8 @@ class PadfreeCollate:
         lens = torch.bincount(doc[doc >= 0], minlength=len(kept)).tolist() if len(kept) else []
         check_materialised(items, info, lens, int(doc.shape[0]), getattr(self.collate_fn, "preprocess", None))
         full = int(doc.shape[0])
-        spec = methods.get(self.method)
-        need = int(sum(lens)) + spec.speculators_tail(self.recipe)  # MTP: loss-free positions after the row
+        model = speculators_model(self.method)
+        need = int(sum(lens)) + model.tail(self.recipe)  # MTP: loss-free positions after the row
         width = max(full, need) if self.shapes is None else self.shapes.width(need)
         if width < full:
             for k, v in out.items():
@@ -309,7 +311,7 @@ class PadfreeCollate:
         starts = (
             np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64) if lens else np.zeros(0, np.int64)
         )
-        gated = spec.speculators_head(self.recipe)
+        gated = model.head(self.recipe)
         if gated > 0:  # no loss where a shifted pair could join two documents
             pos = (
                 torch.arange(width)
@@ -317,22 +319,9 @@ class PadfreeCollate:
             )
             head = (pos < gated) & (out["document_ids"][0] >= 0)
             out["loss_mask"] = out["loss_mask"] * ~head[None].to(out["loss_mask"].device)
-        if spec.speculators_columns is not None:  # P-EAGLE: each document's own chains
-            where, name = spec.speculators_columns.split(":")
-            build = getattr(importlib.import_module(where), name)
-            lm = out["loss_mask"]
-            gate, chains = build(
-                lm[0].cpu().numpy(), starts, lens, kept, self.recipe, seed=self.seed, epoch=info.epoch
-            )
-            out["loss_mask"] = torch.as_tensor(gate, device=lm.device)[None].to(lm.dtype)
-            out["padfree_chains"] = torch.from_numpy(chains)
-        if spec.uses_anchors:
-            mask = out["loss_mask"][0].numpy().astype(bool)
-            a = doc_anchors(
-                mask, starts, lens, kept, policy=_policy(self.recipe), seed=self.seed, epoch=info.epoch
-            )
-            anchors, valid = anchor_slots([a], slot_width(self.shapes, len(a)))
-            out["padfree_anchors"], out["padfree_anchor_valid"] = anchors[0], valid[0]
+        if model.columns is not None:  # DFlash's anchors, P-EAGLE's chains: each document's own
+            row = RowDocs(starts, lens, kept, self.recipe, self.seed, info.epoch, self.shapes)
+            out = model.columns(out, row)
         out["padfree_sample_ids"] = torch.tensor(kept, dtype=torch.long)
         out["padfree_epoch"] = torch.tensor(info.epoch, dtype=torch.long)
         return out

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, rope
+from padfree.drafter._blocks import MLP, DrafterConfig, RMSNorm, attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields, no_field_padding
 from padfree.drafter.contract import Contract
 from padfree.drafter.export import layer_config, take
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
 from padfree.drafter.objective import VocabMap
+from padfree.drafter.sizes import Sizes
 from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
 
@@ -118,7 +119,7 @@ def crossings(batch: DrafterBatch) -> tuple[int, torch.Tensor, torch.Tensor]:
 
 
 @dataclass(frozen=True)
-class Eagle3Config(DrafterSizes):
+class Eagle3Config(DrafterConfig):
     """Sizes of an EAGLE-3 drafter: the shared ones and its test-time-training steps; whether step ``k + 1``
     is fed step ``k``'s hidden state after the final norm (``fed_state="postnorm"``, speculators) or before it
     (SpecForge), and whether the three target layers are normed before ``fc`` (speculators)."""
@@ -245,18 +246,21 @@ Drafter = Eagle3Drafter
 
 def build(
     recipe,
-    sizes: dict,
+    sizes: Sizes,
     *,
     n_fused: int,
     draft_layers: int,
     weights: tuple[torch.Tensor, torch.Tensor],
     vocab: VocabMap | None,
 ) -> Eagle3Drafter:
-    """An EAGLE-3 drafter of the target's ``sizes`` (:func:`padfree.drafter.train.drafter_sizes`) under
+    """An EAGLE-3 drafter of the target's ``sizes`` (:class:`~padfree.drafter.sizes.Sizes`) under
     ``recipe`` (one decoder layer over three fused target layers: ``n_fused`` and ``draft_layers`` are the
     method's own), the target's embedding and head ``weights``, a draft ``vocab`` or the full one."""
     config = Eagle3Config(
-        **sizes, ttt=recipe.ttt, fed_state=recipe.fed_state, norm_before_fc=recipe.norm_before_fc
+        **sizes.drafter_config(),
+        ttt=recipe.ttt,
+        fed_state=recipe.fed_state,
+        norm_before_fc=recipe.norm_before_fc,
     )
     return Eagle3Drafter(
         config,

@@ -35,12 +35,13 @@ import torch
 from torch import nn
 
 from padfree.core.document_rng import document_rng
-from padfree.drafter import eagle3
 from padfree.drafter._blocks import attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, no_field_padding
 from padfree.drafter.contract import Contract
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
+from padfree.drafter.methods.eagle3 import model as eagle3
 from padfree.drafter.objective import VocabMap
+from padfree.drafter.sizes import Sizes
 from padfree.drafter.target import TargetOutput
 
 
@@ -268,7 +269,7 @@ Drafter = PEagleDrafter
 
 def build(
     recipe,
-    sizes: dict,
+    sizes: Sizes,
     *,
     n_fused: int,
     draft_layers: int,
@@ -277,7 +278,7 @@ def build(
 ) -> PEagleDrafter:
     """A P-EAGLE drafter of the target's ``sizes`` under ``recipe``: one decoder layer over three fused target
     layers (the method's own), ``recipe.ttt`` parallel depths, the target's embedding (trained) and head."""
-    config = PEagleConfig(**sizes, ttt=recipe.ttt, norm_before_fc=recipe.norm_before_fc)
+    config = PEagleConfig(**sizes.drafter_config(), ttt=recipe.ttt, norm_before_fc=recipe.norm_before_fc)
     return PEagleDrafter(
         config,
         weights[0],
@@ -294,8 +295,9 @@ SPECULATORS_VERSION = eagle3.SPECULATORS_VERSION
 
 def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
     """The ``speculators-peagle`` export format: speculators' EAGLE-3 config and names
-    (:func:`padfree.drafter.eagle3.export_files`) as their ``PEagleSpeculatorConfig`` (``peagle``, its
-    depths as speculative tokens, the mask token, a trained embedding) plus ``mask_hidden``."""
+    (:func:`padfree.drafter.methods.eagle3.model.export_files`) as their ``PEagleSpeculatorConfig``
+    (``peagle``, its depths as speculative tokens, the mask token, a trained embedding)
+    plus ``mask_hidden``."""
     config, tensors = eagle3.export_files(state, meta)
     config = {
         **config,

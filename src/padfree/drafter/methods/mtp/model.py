@@ -31,13 +31,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from padfree.drafter import eagle3
-from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, rope
+from padfree.drafter._blocks import MLP, DrafterConfig, RMSNorm, attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, no_field_padding
 from padfree.drafter.contract import Contract
 from padfree.drafter.export import layer_config, take
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
+from padfree.drafter.methods.eagle3 import model as eagle3
 from padfree.drafter.objective import VocabMap
+from padfree.drafter.sizes import Sizes
 from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
 
@@ -81,7 +82,7 @@ def crossings(batch: DrafterBatch) -> tuple[int, torch.Tensor, torch.Tensor]:
 
 
 @dataclass(frozen=True)
-class MTPConfig(DrafterSizes):
+class MTPConfig(DrafterConfig):
     """Sizes of an MTP drafter: the shared ones and its steps (``ttt``, speculators'
     ``num_speculative_steps``)."""
 
@@ -188,7 +189,7 @@ Drafter = MTPDrafter
 
 def build(
     recipe,
-    sizes: dict,
+    sizes: Sizes,
     *,
     n_fused: int,
     draft_layers: int,
@@ -202,7 +203,7 @@ def build(
             "MTP reads the target's last layer and drafts over its full vocabulary (speculators' class "
             "refuses a reduced one): use --draft-vocab none and --fused-layers 1"
         )
-    return MTPDrafter(MTPConfig(**sizes, ttt=recipe.ttt), weights[0], weights[1])
+    return MTPDrafter(MTPConfig(**sizes.drafter_config(), ttt=recipe.ttt), weights[0], weights[1])
 
 
 SPECULATORS_VERSION = eagle3.SPECULATORS_VERSION

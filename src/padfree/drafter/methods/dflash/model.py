@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from padfree.core.anchors import AnchorPolicy, anchor_quota, choose_anchors
-from padfree.drafter._blocks import MLP, DrafterSizes, RMSNorm, attend, rope
+from padfree.drafter._blocks import MLP, DrafterConfig, RMSNorm, attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields, scale_of
 from padfree.drafter.contract import Contract
 from padfree.drafter.export import layer_config, max_positions, take
@@ -37,6 +37,7 @@ from padfree.drafter.masks import (
     dflash_predicate,
 )
 from padfree.drafter.objective import VocabMap, slot_weights_of
+from padfree.drafter.sizes import Sizes
 from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
 
@@ -240,7 +241,7 @@ def pad_anchor_slots(batch: DrafterBatch, mask_token_id: int = 1, width: int | N
 
 
 @dataclass(frozen=True)
-class DFlashConfig(DrafterSizes):
+class DFlashConfig(DrafterConfig):
     """Sizes of a DFlash drafter: the shared ones, its layers, block size and target layers fused; its
     attention over the context (``sliding_window`` positions before the anchor, None: all) and inside a block
     (``causal_in_block``: a slot sees its block's earlier slots only)."""
@@ -408,18 +409,18 @@ field_padding = pad_anchor_slots
 
 def build(
     recipe,
-    sizes: dict,
+    sizes: Sizes,
     *,
     n_fused: int,
     draft_layers: int,
     weights: tuple[torch.Tensor, torch.Tensor],
     vocab: VocabMap | None,
 ) -> DFlashDrafter:
-    """A DFlash drafter of the target's ``sizes`` (:func:`padfree.drafter.train.drafter_sizes`) under
+    """A DFlash drafter of the target's ``sizes`` (:class:`~padfree.drafter.sizes.Sizes`) under
     ``recipe``: ``draft_layers`` layers over ``n_fused`` fused target layers, the target's embedding and head
     ``weights``, a draft ``vocab`` or the full one."""
     config = DFlashConfig(
-        **sizes,
+        **sizes.drafter_config(),
         num_layers=draft_layers,
         block_size=recipe.block_size,
         n_target_layers=n_fused,
