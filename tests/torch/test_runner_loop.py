@@ -136,7 +136,7 @@ def test_the_runner_decides_the_mode_once_and_refuses_what_sp_cp_cannot_run():
     assert (plain.mode, plain.sampler_ranks, plain.leads) == ("plain", {"dp_rank": 3, "dp_size": 4}, True)
     assert plain.reach == 64
     chunked = StepRunner(PlanConfig(strategy="chunked", budget=64, grad_accum=4), model)
-    assert (chunked.mode, chunked.reach) == ("chunked", 256)
+    assert (chunked.mode, chunked.reach) == ("whole_documents", 256)
     refusals = [
         ({"strategy": "bucketed", "sp": 2}, 2, "--sp/--cp shard packed rows: use --strategy packed"),
         ({"strategy": "packed", "cp": 2}, 3, "world size is 3: launch a multiple of 2"),

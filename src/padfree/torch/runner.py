@@ -1,4 +1,4 @@
-"""How a micro-batch runs, decided once per run: plain, chunked, or sharded over an SP/CP group.
+"""How a micro-batch runs, decided once per run: plain, whole documents in chunks, or sharded over SP/CP.
 
 :class:`StepRunner` is made once from the plan config and the model (after ``torch.distributed`` is set up)
 and is what every training loop asks: :class:`padfree.hf.PadfreeTrainer`, the examples' plain loop
@@ -6,7 +6,7 @@ and is what every training loop asks: :class:`padfree.hf.PadfreeTrainer`, the ex
 :attr:`~StepRunner.mode`:
 
 - ``plain``: each row through the model, its token losses summed (:func:`padfree.torch.token_loss_sum`);
-- ``chunked`` (the ``chunked`` plan): a long document's chunks run together on its last chunk's turn, each
+- ``whole_documents`` (the ``chunked`` plan): a long document's chunks run together on its last chunk's turn, each
   attending to its earlier chunks (:func:`padfree.torch.chunked.document_backward`); packed rows as plain;
 - ``sharded`` (``sp`` or ``cp`` > 1, packed rows): consecutive ranks ``sp * cp`` at a time form a group that
   shares one data-parallel rank's micro-batches; each runs its shard of the row with Ulysses
@@ -61,7 +61,9 @@ from padfree.core.config import PlanConfig
 from padfree.errors import ConfigError
 from padfree.torch.chunked import document_backward, run_step, step_documents
 
-Mode = Literal["plain", "chunked", "sharded"]
+Mode = Literal["plain", "whole_documents", "sharded"]
+"""How a micro-batch runs: alone, as one of a long document's chunks trained together on its last one, or
+sharded over an SP/CP group."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,9 @@ class StepResult:
 def reach(config: PlanConfig) -> int:
     """The longest sample a plan trains whole: a chunked plan's ``grad_accum`` budgets (a step's chunks), an
     SP/CP row's ``sp * cp`` budgets, else the budget."""
-    return config.budget * (config.grad_accum if config.chunked else config.sp * config.cp)
+    from padfree.core.budget import Budget
+
+    return Budget.of(config).reach
 
 
 class StepRunner:
@@ -117,7 +121,7 @@ class StepRunner:
         self.config, self.device, self.keep_chunks = config, device, keep_chunks
         self.size = config.sp * config.cp
         """Processes that share each micro-batch (an SP/CP group; 1 without)."""
-        self.mode: Mode = "sharded" if self.size > 1 else "chunked" if config.chunked else "plain"
+        self.mode: Mode = "sharded" if self.size > 1 else "whole_documents" if config.chunked else "plain"
         self._group: Any = None
         self._shard: Callable[[Any, int, int], dict] | None = None
         if self.mode == "sharded":
@@ -208,7 +212,7 @@ class StepRunner:
     def documents(self, micro_batches: Sequence[Any]) -> list[list[Any]]:
         """A step's micro-batches as they run: a chunked plan's long document's chunks together
         (:func:`padfree.torch.chunked.step_documents`), every other micro-batch alone."""
-        if self.mode == "chunked":
+        if self.mode == "whole_documents":
             return step_documents(micro_batches)
         return [[b] for b in micro_batches]
 
@@ -259,9 +263,9 @@ class StepRunner:
             scale,
             keep=self.keep_chunks,
             device=self.device,
-            chunks=self.mode == "chunked",
+            chunks=self.mode == "whole_documents",
             row_loss=lambda m, inputs: self.loss_sum(m, inputs)[0],
-            timed=None if self.mode == "chunked" else timed,
+            timed=None if self.mode == "whole_documents" else timed,
         )
         return StepResult(loss_sum, tokens if self.leads else 0)
 
