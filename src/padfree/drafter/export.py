@@ -12,7 +12,7 @@ cannot hold in ``check_export(meta, verifier_option=...)``): :func:`padfree.draf
 :func:`padfree.drafter.eagle3.export_files`.
 
 >>> formats()
-('dflash', 'speculators', 'speculators-mtp', 'speculators-peagle')
+('dflash', 'speculators', 'speculators-mtp', 'speculators-peagle', 'speculators-dspark')
 """
 
 from __future__ import annotations

@@ -9,15 +9,15 @@ and the methods' own modules asks the registry instead of comparing names, so a 
 DSpark) is one more entry here plus its own module.
 
 >>> sorted(METHODS)
-['dflash', 'eagle3', 'mtp', 'peagle']
+['dflash', 'dspark', 'eagle3', 'mtp', 'peagle']
 >>> get("dflash").uses_anchors, get("eagle3").uses_anchors
 (True, False)
 >>> LAYER_RULES["spread"](36, 5), LAYER_RULES["low_mid_high"](36, 3)
 ((1, 9, 17, 25, 33), (1, 17, 32))
->>> get("medusa")
+>>> get("medusa")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-padfree.errors.ConfigError: unknown drafter method 'medusa': choose dflash or eagle3 or mtp or peagle
+padfree.errors.ConfigError: unknown drafter method 'medusa': choose dflash or eagle3 or mtp or peagle or ...
 """
 
 from __future__ import annotations
@@ -466,6 +466,74 @@ PEAGLE = Method(
     crossing="chain labels/inputs", shifted_inputs=True,
 )  # fmt: skip
 
+MARKOV_RANK = 256
+"""DSpark's Markov head rank in its cost (DeepSpec's and speculators' default ``markov_rank``)."""
+
+
+def spark_cost(shape: DrafterShape, block_size: int, ttt: int = 1) -> CostModel:
+    """DSpark: DFlash's block cost (:func:`block_cost`) plus, per block query, the Markov head's bias
+    (rank ``r`` -> draft vocabulary) and the confidence head forward and backward.
+
+    >>> s = DrafterShape(hidden=64, layers=2, vocab=100)
+    >>> spark_cost(s, 7).d > block_cost(s, 7).d, spark_cost(s, 7).source
+    (True, 'drafter dspark h64 l2 dh64')
+    """
+    m = block_cost(shape, block_size, ttt)
+    target, _, _, _, dh = _flops(shape)
+    dv = shape.vocab if shape.draft_vocab is None else shape.draft_vocab
+    heads = 6.0 * (MARKOV_RANK * dv + dh + MARKOV_RANK)
+    return dataclasses.replace(
+        m,
+        d=m.d + block_size * heads / target,
+        source=f"drafter dspark h{shape.hidden} l{shape.layers} dh{dh}",
+    )
+
+
+def spark_line(r: Recipe) -> str:
+    """DSpark's recipe line: block sampled from the anchor, anchors, loss weights, heads, normalization."""
+    return (
+        f"recipe {r.name}: block {r.block_size} sampled from the anchor, anchors min(valid, "
+        f"{r.max_anchors}), "
+        f"{r.ce_weight:g} ce + {r.tv_weight:g} tv + {r.confidence_alpha:g} confidence, slot weights "
+        f"exp(-k/{r.gamma:g}), markov rank {r.markov_rank}, documents under {r.min_loss_tokens} loss tokens "
+        f"dropped, {r.normalization} mean"
+    )
+
+
+def spark_trainer_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
+    """speculators' DSpark trainer keywords: the compound ``loss_fn`` ``{"ce": a, "tv": b}``, fixed
+    exponential slot weights with the recipe's gamma, the confidence weight and the anchor width."""
+    import json
+
+    if r.objective != "ce_tv":
+        raise ConfigError(
+            f"recipe {r.name}: speculators' DSpark trains the ce_tv objective, not {r.objective}"
+        )
+    return {
+        "loss_fn": json.dumps({"ce": r.ce_weight, "tv": r.tv_weight}),
+        "dflash_decay_gamma": r.gamma,
+        "max_anchors": r.max_anchors if max_anchors is None else int(max_anchors),
+        "per_position_loss_weight": "fixed-exp-decay",
+        "confidence_head_alpha": r.confidence_alpha,
+    }
+
+
+def spark_memory(sizes: MemorySizes, r: Recipe) -> MemoryModel:
+    """DSpark's activation memory: DFlash's at the recipe's block and objective plus, per block, each query's
+    Markov embedding and confidence input (the bias adds into the loss chunk's logits)."""
+    m = _memory.block_memory(sizes, block_size=r.block_size, objective=r.objective)
+    per_block = r.block_size * _memory.COPIES_ACTIVATION * _memory.FLOAT * (2 * r.markov_rank + sizes.hidden)
+    return dataclasses.replace(
+        m, per_block=m.per_block + per_block, source=f"analytic dspark h{sizes.hidden} B{r.block_size}"
+    )
+
+
+DSPARK = Method(
+    "dspark", "DSpark", "padfree.drafter.dspark", True, "draft blocks", "block_size", spark_cost,
+    spark_memory, spark_line, "speculators-dspark", spark_trainer_kwargs,
+    "padfree.integrations.feed:dflash_inputs", crossing="block labels/previous tokens",
+)  # fmt: skip
+
 METHODS: dict[str, Method] = {}
 """Every drafter method by name (the CLI's ``--method`` / ``--drafter`` choices are its keys)."""
 
@@ -486,7 +554,7 @@ def unregister(name: str) -> None:
     METHODS.pop(name, None)
 
 
-for _m in (DFLASH, EAGLE3, MTP, PEAGLE):
+for _m in (DFLASH, EAGLE3, MTP, PEAGLE, DSPARK):
     register(_m)
 
 

@@ -38,12 +38,13 @@ from padfree.drafter.target import (
 from padfree.errors import ConfigError
 
 if TYPE_CHECKING:
-    from padfree.drafter import dflash, eagle3, mtp, peagle
+    from padfree.drafter import dflash, dspark, eagle3, mtp, peagle
 
     _DFLASH: methods.MethodModule = dflash  # mypy checks the methods' modules against the contract
     _EAGLE3: methods.MethodModule = eagle3
     _MTP: methods.MethodModule = mtp
     _PEAGLE: methods.MethodModule = peagle
+    _DSPARK: methods.MethodModule = dspark
 
 
 @dataclass
