@@ -270,7 +270,7 @@ MODE = "chunked"
 MODE_HOMES = ("padfree/core/strategies.py", "padfree/core/chunked.py")
 """Where the ``chunked`` strategy is registered and laid out: the only modules that may compare its name."""
 NOT_YET: tuple[str, ...] = ()
-"""Paths not yet held to the check (none: the step runner took the last comparisons out of hf.py and torch/)."""
+"""Paths not yet held to the check (none: the step runner took the last comparisons out of hf and torch)."""
 
 
 def _name_compared(tree: ast.AST, name: str) -> list[int]:

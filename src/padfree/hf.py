@@ -244,7 +244,10 @@ class PadfreeTrainerMixin(_TrainerBase):
             plan_config, self.model, rank=targs.process_index, world=targs.world_size, device=targs.device,
             keep_chunks=keep_chunks,
         )  # fmt: skip
-        if self.padfree_runner.mode == "whole_documents" and getattr(self.accelerator, "scaler", None) is not None:
+        if (
+            self.padfree_runner.mode == "whole_documents"
+            and getattr(self.accelerator, "scaler", None) is not None
+        ):
             raise ConfigError("chunked plans run their own backward passes: use bf16 or float32, not fp16")
         self.padfree_collator = collator
         self.padfree_sampler = PlanBatchSampler(

@@ -57,6 +57,10 @@ def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1, resume_dir
     rec = recipe(method)
     if method == "dflash":
         model = drafters.speculators_dflash(target, (1, 3), block_size=BLOCK, mask_token_id=VOCAB - 1)
+    elif method == "dspark":
+        model = drafters.speculators_dspark(
+            target, (1, 3), block_size=rec.block_size, mask_token_id=VOCAB - 1, markov_rank=8
+        )
     elif method == "mtp":
         model = drafters.speculators_mtp(target, steps=rec.ttt)
     elif method == "peagle":
@@ -65,8 +69,9 @@ def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1, resume_dir
         model = drafters.speculators_eagle3(target, low_mid_high(6), ttt=rec.ttt)
     transfer = drafters.TargetTransfer(target, samples, feed.target_layers(model))
     ds = drafters.speculators_dataset(tmp_path / f"data-{method}", samples, max_len=BUDGET, transfer=transfer)
-    anchors = sp.count_anchors(ds, rec, max_len=BUDGET) if method == "dflash" else None
-    config = PlanConfig(strategy="packed", anchor_budget=WIDTH if method == "dflash" else None)
+    blocks = method in ("dflash", "dspark")
+    anchors = sp.count_anchors(ds, rec, max_len=BUDGET) if blocks else None
+    config = PlanConfig(strategy="packed", anchor_budget=WIDTH if blocks else None)
     sampler = sp.PadfreeMultipackSampler(
         BUDGET, ds.approx_lengths, world, rank, seed=seed, config=config, anchors=anchors, recipe=rec,
         resume_dir=resume_dir,
@@ -91,7 +96,7 @@ def alone(ds, collate, sid, epoch):
     return collate(PlannedDataset(ds).__getitems__(PlannedBatch([sid], BatchInfo(epoch, 0, np.array([sid])))))
 
 
-@pytest.mark.parametrize("method", ["dflash", "eagle3", "mtp", "peagle"])
+@pytest.mark.parametrize("method", ["dflash", "eagle3", "mtp", "peagle", "dspark"])
 def test_their_pipeline_trains_each_document_as_alone(tmp_path, samples, target, method):
     from padfree.core.anchors import choose_anchors
     from padfree.integrations import speculators as sp
@@ -102,19 +107,21 @@ def test_their_pipeline_trains_each_document_as_alone(tmp_path, samples, target,
     batches = list(loader)
     assert sorted(int(i) for b in batches for i in b["padfree_sample_ids"]) == list(range(N))
     assert {b["input_ids"].shape[1] for b in batches} <= set(sampler.shapes.lengths)  # a few shapes only
-    if method == "dflash":
+    if method in ("dflash", "dspark"):
         assert {b["padfree_anchors"].shape[0] for b in batches} == {WIDTH}  # one anchor width
     batch = max(batches, key=lambda b: len(b["padfree_sample_ids"]))
     ids = batch["padfree_sample_ids"].tolist()
     assert len(ids) >= 2 and int(batch["padfree_epoch"]) == 1
-    if method == "dflash":  # each document's anchors: its own, from (seed, epoch, sample id)
+    if method in ("dflash", "dspark"):  # each document's anchors: its own, from (seed, epoch, sample id)
         doc = batch["document_ids"][0]
         got = batch["padfree_anchors"][batch["padfree_anchor_valid"]]
-        policy = recipe("dflash").anchor_policy(partial=False)
+        policy = recipe(method).anchor_policy(partial=False)
         for d, sid in enumerate(ids):
             start = int((doc == d).nonzero()[0])
             mine = (got[doc[got] == d] - start).tolist()
             mask = np.asarray(samples[sid]["loss_mask"], bool)
+            if mask.sum() < recipe(method).min_loss_tokens:  # DSpark: such a document trains nothing
+                mask[:] = False
             assert mine == choose_anchors(mask, policy, seed=1, epoch=1, sample_id=sid).tolist()
     model.zero_grad()
     _, loss, _ = model(**dict(batch), **kwargs)

@@ -63,7 +63,7 @@ def _speculators_model(
     vocab = int(target.config.vocab_size)
     tl = layer_config(**DRAFT_SIZES, vocab_size=vocab)
     tl._attn_implementation = "sdpa"
-    name = {"dflash": "DFlash", "eagle3": "Eagle3", "peagle": "PEagle"}[kind]
+    name = {"dflash": "DFlash", "eagle3": "Eagle3", "peagle": "PEagle", "dspark": "DSpark"}[kind]
     config, model = f"{name}SpeculatorConfig", f"{name}DraftModel"
     cfg = getattr(package, config)(
         transformer_layer_config=tl,
@@ -84,6 +84,30 @@ def speculators_dflash(
     return _speculators_model(
         "dflash", target, Qwen3Config, block_size - 1, seed, block_size=block_size,
         aux_hidden_state_layer_ids=their_layer_ids(layers), mask_token_id=mask_token_id,
+    )  # fmt: skip
+
+
+def speculators_dspark(
+    target: Any,
+    layers: tuple[int, ...],
+    *,
+    block_size: int,
+    mask_token_id: int,
+    markov_rank: int,
+    num_layers: int = 1,
+    seed: int = 0,
+) -> Any:
+    """speculators' ``DSparkDraftModel`` (SDPA attention, sampling from the anchor, a vanilla Markov head and
+    a confidence head reading it) fusing padfree ``layers`` of ``target``."""
+    from transformers import Qwen3Config
+
+    def layer_config(**sizes: Any) -> Any:
+        return Qwen3Config(**{**sizes, "num_hidden_layers": num_layers})
+
+    return _speculators_model(
+        "dspark", target, layer_config, block_size, seed, block_size=block_size,
+        aux_hidden_state_layer_ids=their_layer_ids(layers), mask_token_id=mask_token_id,
+        markov_rank=markov_rank,
     )  # fmt: skip
 
 

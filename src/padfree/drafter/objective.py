@@ -4,10 +4,11 @@ that the logits over the vocabulary never exist for all of them at once.
 
 A micro-batch's supervised draft positions ``q`` (DFlash block slots, EAGLE-3 steps x positions) each get
 
-* a loss ``l_q``: cross-entropy on the data token (``data_ce``), on the target's argmax (``argmax_ce``), or
-  ``KL(target || drafter)`` (``kl``), over the draft vocabulary when the recipe has one (the target restricted
-  to it and renormalised; a position whose label or target argmax falls outside is dropped under
-  ``out_of_vocab="drop"``);
+* a loss ``l_q``: cross-entropy on the data token (``data_ce``), on the target's argmax (``argmax_ce``),
+  ``KL(target || drafter)`` (``kl``), or DSpark's compound of the argmax cross-entropy, the total
+  variation and its confidence head (``ce_tv``), over the draft vocabulary when the recipe has one (the
+  target restricted to it and renormalised; a position whose label or target argmax falls outside is
+  dropped under ``out_of_vocab="drop"``);
 * a static scale ``s_q`` known before any forward (:func:`loss_scale`): the slot weight (DFlash
   ``exp(-(k - 1) / gamma)``, EAGLE-3 ``step_decay ** k``) times the recipe's per-document normalisation
   (``document``: divided by the document's supervised positions of that step);
@@ -197,9 +198,28 @@ def _position_loss(h, head, target_head, recipe: Recipe, vocab: VocabMap | None,
             keep = (vocab.t2d.to(h.device)[full.argmax(-1)] >= 0).float()
     if recipe.objective == "argmax_ce":
         return torch.nn.functional.cross_entropy(logits, tgt.argmax(-1), reduction="none"), keep
+    if recipe.objective == "ce_tv":
+        return _ce_tv(h, logits, tgt, head, recipe), keep
     logq = torch.log_softmax(tgt, -1)
     ell = (logq.exp() * (logq - torch.log_softmax(logits, -1))).sum(-1)
     return ell, keep
+
+
+def _ce_tv(h, logits, tgt, head, recipe: Recipe) -> torch.Tensor:
+    """``ce_weight`` x CE on the target's argmax + ``tv_weight`` x ``1 - sum_v min(p_v, q_v)``, plus
+    ``confidence_alpha`` x the BCE of the head's ``confidence(h)`` logit (where the head has one: DSpark)
+    against the acceptance rate ``1 - TV`` (no gradient through the rate)."""
+    ce = torch.nn.functional.cross_entropy(logits, tgt.argmax(-1), reduction="none")
+    tv = 1.0 - torch.minimum(torch.softmax(logits, -1), torch.softmax(tgt, -1)).sum(-1)
+    ell = recipe.ce_weight * ce + recipe.tv_weight * tv
+    confidence = getattr(head, "confidence", None)
+    if confidence is not None and recipe.confidence_alpha > 0:
+        rate = (1.0 - tv).detach()
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(
+            confidence(h).float(), rate, reduction="none"
+        )
+        ell = ell + recipe.confidence_alpha * bce
+    return ell
 
 
 def dpace_weights(ell: torch.Tensor, block: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -32,10 +32,13 @@ from padfree.core.anchors import AnchorPolicy
 from padfree.drafter import methods
 from padfree.errors import ConfigError
 
-OBJECTIVES = ("data_ce", "argmax_ce", "kl")
+OBJECTIVES = ("data_ce", "argmax_ce", "kl", "ce_tv")
 """``data_ce``: cross-entropy on the data token (SpecForge DFlash); ``argmax_ce``: cross-entropy on the
 target's argmax (speculators DFlash); ``kl``: ``KL(target || drafter)`` on the target's distribution (EAGLE-3
-in both; its soft cross-entropy is the KL plus a constant)."""
+in both; its soft cross-entropy is the KL plus a constant); ``ce_tv``: ``ce_weight`` x cross-entropy on the
+target's argmax plus ``tv_weight`` x the total variation ``1 - sum_v min(p_v, q_v)`` to the target's
+distribution, plus ``confidence_alpha`` x the binary cross-entropy of the drafter's confidence head against
+``1 - TV`` where the drafter has one (DSpark, speculators' compound ``{"ce": a, "tv": b}``)."""
 
 SLOT_WEIGHTS = ("exp", "dpace", "uniform")
 """DFlash block slot ``k`` (``k >= 1``): ``exp``: ``exp(-(k - 1) / gamma)``; ``dpace``: D-PACE, the suffix
@@ -81,6 +84,10 @@ class Recipe:
         state. norm_before_fc: an RMSNorm over the concatenated target layers before EAGLE-3's ``fc``.
         cod_ratio, cod_ratio_min: P-EAGLE's COD sampling keeps ``max(cod_ratio^d, cod_ratio_min)`` of a
             document's chains at depth ``d`` (``ttt``: its depths).
+        ce_weight, tv_weight, confidence_alpha: the ``ce_tv`` objective's weights (DSpark).
+        markov_rank: DSpark's Markov head rank (its low-rank previous-token logit bias).
+        min_loss_tokens: documents with fewer loss tokens train nothing (DeepSpec drops such micro-batches,
+            one sample each; 0: none dropped). DSpark.
     """
 
     name: str
@@ -112,6 +119,11 @@ class Recipe:
     norm_before_fc: bool = False
     cod_ratio: float = 0.7
     cod_ratio_min: float = 0.2
+    ce_weight: float = 0.1
+    tv_weight: float = 0.9
+    confidence_alpha: float = 1.0
+    markov_rank: int = 256
+    min_loss_tokens: int = 0
 
     def __post_init__(self) -> None:
         _check(self)
@@ -216,6 +228,13 @@ FIELDS: dict[str, FieldRule] = {
     "norm_before_fc": FieldRule("bool"),
     "cod_ratio": FieldRule("float", 0, 1, above=True, help="P-EAGLE COD keep ratio per depth"),
     "cod_ratio_min": FieldRule("float", 0, 1, help="P-EAGLE COD keep ratio floor"),
+    "ce_weight": FieldRule("float", 0, 1e3, help="ce_tv objective: cross-entropy weight"),
+    "tv_weight": FieldRule("float", 0, 1e3, help="ce_tv objective: total-variation weight"),
+    "confidence_alpha": FieldRule("float", 0, 1e3, help="DSpark confidence-head loss weight"),
+    "markov_rank": FieldRule("int", 1, help="DSpark Markov head rank", cli_hi=65536),
+    "min_loss_tokens": FieldRule(
+        "int", 0, help="DSpark: documents under this many loss tokens dropped", cli_hi=2**20
+    ),
 }
 """Every field a user may set, in the order the CLI lists them, with the values it takes."""
 
@@ -349,6 +368,35 @@ PRESETS: dict[tuple[str, str], Recipe] = {
             cod_ratio=0.7,
             cod_ratio_min=0.2,
         ),
+        Recipe(
+            name="speculators",
+            method="dspark",
+            source="DeepSpec (deepseek-ai/DeepSpec 8c483c78) config/dspark/dspark_qwen3_4b_online.py: "
+            "block_size 7, num_anchors 512, target_layer_ids [1, 9, 17, 25, 33] of Qwen3-4B's 36 (the spread "
+            "rule), loss_decay_gamma 4.0, ce_loss_alpha 0.1, l1_loss_alpha 0.9, confidence_head_alpha 1.0, "
+            "markov_rank 256 vanilla, confidence_head_with_markov, min_loss_tokens 14, num_draft_layers 5; "
+            "trained as vllm speculators 0.9.0's DSparkDraftModel does (the wheel padfree tests against): "
+            "models/dspark/{core,metrics,config}.py, models/dflash/{core,utils,attention}.py, "
+            "losses/utils.py "
+            "(sample_from_anchor: slot k scored against the verifier's distribution at a+k under "
+            'loss_mask[a+k]; loss_fn \'{"ce": 0.1, "tv": 0.9}\' with ce on the verifier\'s argmax and '
+            "tv = 1 - sum min(p, q), where DeepSpec's L1 is 2 x tv; exp(-k/gamma) slot weights; one mean per "
+            "row; anchors on loss_mask[a] with the last block of the row free; non-causal full attention)",
+            block_size=7,
+            max_anchors=512,
+            anchor_eligibility="self",
+            anchor_margin=7,
+            objective="ce_tv",
+            gamma=4.0,
+            normalization="document",
+            fused_layers=5,
+            layer_rule="spread",
+            ce_weight=0.1,
+            tv_weight=0.9,
+            confidence_alpha=1.0,
+            markov_rank=256,
+            min_loss_tokens=14,
+        ),
     )
 }
 """Every preset by ``(name, method)``."""
@@ -364,8 +412,8 @@ def get(name: str, method: str) -> Recipe:
     name (:data:`DEFAULT`) gives a method that has no such preset (MTP, P-EAGLE: SpecForge trains none) its
     first preset: the recipe a bare ``--method mtp`` trains.
 
-    >>> get(DEFAULT, "mtp").name, get(DEFAULT, "peagle").name
-    ('speculators', 'speculators')
+    >>> get(DEFAULT, "mtp").name, get(DEFAULT, "peagle").name, get(DEFAULT, "dspark").name
+    ('speculators', 'speculators', 'speculators')
     """
     if name == DEFAULT and (name, method) not in PRESETS:
         name = next((n for n, m in PRESETS if m == method), name)

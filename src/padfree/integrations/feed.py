@@ -425,6 +425,24 @@ _LOSS_FN = {"argmax_ce": "ce", "kl": "kl_div"}
 _SLOT_WEIGHTS = {"dpace": "dpace", "exp": "fixed-exp-decay"}
 
 
+def dspark_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
+    """speculators' DSpark trainer keywords: the compound ``loss_fn`` ``{"ce": a, "tv": b}``, fixed
+    exponential slot weights with the recipe's gamma, the confidence weight and the anchor width."""
+    import json
+
+    if r.objective != "ce_tv":
+        raise ConfigError(
+            f"recipe {r.name}: speculators' DSpark trains the ce_tv objective, not {r.objective}"
+        )
+    return {
+        "loss_fn": json.dumps({"ce": r.ce_weight, "tv": r.tv_weight}),
+        "dflash_decay_gamma": r.gamma,
+        "max_anchors": r.max_anchors if max_anchors is None else int(max_anchors),
+        "per_position_loss_weight": "fixed-exp-decay",
+        "confidence_head_alpha": r.confidence_alpha,
+    }
+
+
 def dflash_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
     """speculators' DFlash trainer keywords: ``loss_fn`` (``ce`` for ``argmax_ce``, ``kl_div`` for ``kl``),
     slot weights (``dpace`` or ``fixed-exp-decay`` with the recipe's gamma), ``dpace_alpha`` and
@@ -544,6 +562,9 @@ class SpeculatorsModel:
 SPECULATORS: dict[str, SpeculatorsModel] = {
     "dflash": SpeculatorsModel(
         kwargs=dflash_kwargs, inputs=dflash_inputs, columns=anchor_columns, anchors=True
+    ),
+    "dspark": SpeculatorsModel(
+        kwargs=dspark_kwargs, inputs=dflash_inputs, columns=anchor_columns, anchors=True
     ),
     "eagle3": SpeculatorsModel(kwargs=eagle3_kwargs, inputs=eagle3_feed, head=lambda r: r.ttt - 1),
     "mtp": SpeculatorsModel(

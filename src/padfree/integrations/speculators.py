@@ -45,7 +45,7 @@ from padfree.core.config import PlanConfig
 from padfree.core.items import validate_lengths
 from padfree.core.plan import Plan, validate_anchors
 from padfree.core.planner import make_plan
-from padfree.drafter import recipes
+from padfree.drafter import methods, recipes
 from padfree.drafter.recipes import Recipe
 from padfree.drafter.setup import drafter_setup
 from padfree.errors import ConfigError, InputError
@@ -98,11 +98,14 @@ def dataset_loss_masks(dataset: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def count_anchors(loss_masks: Any, recipe: Recipe | None = None, *, max_len: int | None = None) -> np.ndarray:
-    """DFlash anchors per sample as :class:`PadfreeCollate` will choose them (the recipe's rule, blocks inside
-    their document), for the sampler's ``anchors``. ``loss_masks``: their dataset (see
+    """DFlash (or DSpark) anchors per sample as :class:`PadfreeCollate` will choose them (the recipe's rule,
+    blocks inside their document), for the sampler's ``anchors``. ``loss_masks``: their dataset (see
     :func:`dataset_loss_masks`), ``(flat, offsets)``, or one mask per sample. ``max_len``: count on each
     sample's first ``max_len`` tokens (their ``CollateFn`` truncates there)."""
-    rec = recipe_for("speculators", "dflash", recipe)
+    method = (
+        recipe.method if recipe is not None and methods.get(recipe.method).anchors is not None else "dflash"
+    )
+    rec = recipe_for("speculators", method, recipe)
     if isinstance(loss_masks, tuple) and len(loss_masks) == 2:
         flat, offsets = (np.asarray(x) for x in loss_masks)
     elif hasattr(loss_masks, "with_format") or hasattr(getattr(loss_masks, "data", None), "with_format"):
@@ -319,12 +322,29 @@ class PadfreeCollate:
             )
             head = (pos < gated) & (out["document_ids"][0] >= 0)
             out["loss_mask"] = out["loss_mask"] * ~head[None].to(out["loss_mask"].device)
+        if (
+            self.recipe.min_loss_tokens > 0
+        ):  # DSpark: a document under the recipe's loss tokens trains nothing
+            out["loss_mask"] = _drop_short(
+                out["loss_mask"], out["document_ids"][0], self.recipe.min_loss_tokens
+            )
         if model.columns is not None:  # DFlash's anchors, P-EAGLE's chains: each document's own
             row = RowDocs(starts, lens, kept, self.recipe, self.seed, info.epoch, self.shapes)
             out = model.columns(out, row)
         out["padfree_sample_ids"] = torch.tensor(kept, dtype=torch.long)
         out["padfree_epoch"] = torch.tensor(info.epoch, dtype=torch.long)
         return out
+
+
+def _drop_short(loss_mask: torch.Tensor, doc: torch.Tensor, least: int) -> torch.Tensor:
+    """``loss_mask`` ``(1, T)`` without the loss of documents (``doc``: their ids, -1 on padding) holding
+    fewer than ``least`` loss tokens, as padfree's DSpark fields drop them (DeepSpec's
+    ``min_loss_tokens``)."""
+    real = doc >= 0
+    n = int(doc.max()) + 1 if bool(real.any()) else 0
+    counts = torch.zeros(n).index_add(0, doc[real].cpu(), loss_mask[0][real].float().cpu())
+    short = real & (counts < least)[doc.clamp(min=0).cpu()].to(doc.device)
+    return loss_mask * ~short[None].to(loss_mask.device)
 
 
 def check_materialised(

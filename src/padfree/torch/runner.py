@@ -6,7 +6,8 @@ and is what every training loop asks: :class:`padfree.hf.PadfreeTrainer`, the ex
 :attr:`~StepRunner.mode`:
 
 - ``plain``: each row through the model, its token losses summed (:func:`padfree.torch.token_loss_sum`);
-- ``whole_documents`` (the ``chunked`` plan): a long document's chunks run together on its last chunk's turn, each
+- ``whole_documents`` (the ``chunked`` plan): a long document's chunks run together on its last chunk's turn,
+each
   attending to its earlier chunks (:func:`padfree.torch.chunked.document_backward`); packed rows as plain;
 - ``sharded`` (``sp`` or ``cp`` > 1, packed rows): consecutive ranks ``sp * cp`` at a time form a group that
   shares one data-parallel rank's micro-batches; each runs its shard of the row with Ulysses
