@@ -104,21 +104,7 @@ def from_state(
     history)`` gives the steps of the last segment's plan (the caller plans it; the replay checks the earlier
     segments): the position must lie inside it (:func:`check_steps`).
     """
-    if not isinstance(state, dict) or state.get("format") not in (STATE_FORMAT, FORMAT_V1):
-        raise StateError(f"not a padfree sampler state (expected format {STATE_FORMAT!r})")
-    if state.get("fingerprint") != fingerprint:
-        why = None
-        if identity is not None:
-            why = explain(state.get("identity"), identity, "in the state", sampler=True)
-        if why is not None:
-            raise StateError(
-                f"the sampler state belongs to another configuration ({why}); resume with the config and "
-                "data it was saved with, or start a new run without it (another checkpoint directory)"
-            )
-        raise StateError(
-            f"sampler state fingerprint {str(state.get('fingerprint'))[:40]} does not match this dataset, "
-            f"config and seed ({fingerprint}); refusing to resume with a different data order"
-        )
+    state = _check_identity(state, fingerprint, identity)
     for key in ("epoch", "history", "partial"):
         if key not in state:
             raise StateError(f"malformed sampler state: no {key!r}")
@@ -159,6 +145,42 @@ def from_state(
         )
     if steps is not None:
         check_steps(Position(epoch, history, partial, balance), steps(epoch, history))
+    _check_sealed(state, partial)
+    if (last.world_size, last.grad_accum) != (world_size, grad_accum):
+        if partial:
+            raise StateError(
+                f"the state is {partial} micro-batch(es) into a step; it can only resume at world size "
+                f"{last.world_size} and grad_accum {last.grad_accum}, not {world_size} and {grad_accum}"
+            )
+        if last.steps == 0:
+            history = history[:-1]
+        history.append(Segment(world_size, grad_accum, 0, budget))
+        balance = replace(balance, speeds=None)  # other ranks: their speeds are not known yet
+    return Position(epoch, history, partial, balance)
+
+
+def _check_identity(state: object, fingerprint: str, identity: dict | None) -> dict:
+    """``state`` if it is a sampler state of this dataset, config and seed; else a :class:`StateError`."""
+    if not isinstance(state, dict) or state.get("format") not in (STATE_FORMAT, FORMAT_V1):
+        raise StateError(f"not a padfree sampler state (expected format {STATE_FORMAT!r})")
+    if state.get("fingerprint") != fingerprint:
+        why = None
+        if identity is not None:
+            why = explain(state.get("identity"), identity, "in the state", sampler=True)
+        if why is not None:
+            raise StateError(
+                f"the sampler state belongs to another configuration ({why}); resume with the config and "
+                "data it was saved with, or start a new run without it (another checkpoint directory)"
+            )
+        raise StateError(
+            f"sampler state fingerprint {str(state.get('fingerprint'))[:40]} does not match this dataset, "
+            f"config and seed ({fingerprint}); refusing to resume with a different data order"
+        )
+    return state
+
+
+def _check_sealed(state: dict, partial: int) -> None:
+    """A state without a digest (written before digests) only at a step boundary, and with a warning."""
     sealed = check_digest(state)
     if partial and not sealed and "taken" not in state:  # written before digests and `taken` (issue 20)
         raise StateError(
@@ -171,19 +193,8 @@ def from_state(
             "the sampler state has no digest (it was written before sampler states carried one): its "
             "fields were checked, but an edit that keeps them plausible cannot be detected",
             StateWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
-    if (last.world_size, last.grad_accum) != (world_size, grad_accum):
-        if partial:
-            raise StateError(
-                f"the state is {partial} micro-batch(es) into a step; it can only resume at world size "
-                f"{last.world_size} and grad_accum {last.grad_accum}, not {world_size} and {grad_accum}"
-            )
-        if last.steps == 0:
-            history = history[:-1]
-        history.append(Segment(world_size, grad_accum, 0, budget))
-        balance = replace(balance, speeds=None)  # other ranks: their speeds are not known yet
-    return Position(epoch, history, partial, balance)
 
 
 def check_steps(position: Position, n_steps: int) -> None:
