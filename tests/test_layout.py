@@ -231,3 +231,46 @@ def test_examples_import_no_other_example() -> None:
     for path in examples:
         bad = sorted(n for n in _imports_any(path) if n.split(".")[0] in local)
         assert not bad, f"{path.relative_to(ROOT)} imports {', '.join(bad)} (move it into the library)"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_imports_another_packages_private_module_or_name() -> None:
+    """A package's ``_name`` modules and names are its own: another package reaches them through a public
+    module (its face), so a package can change its insides without breaking its neighbours."""
+    mods = _modules()
+    bad = []
+    for m, path in mods.items():
+        home = m if path.name == "__init__.py" else m.rpartition(".")[0]
+        for node in _runtime_nodes(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for t in targets:
+                if not t.startswith("padfree."):
+                    continue
+                parts = t.split(".")
+                at = next((i for i, p in enumerate(parts) if _private(p)), None)
+                if at is not None and ".".join(parts[:at]) != home:
+                    bad.append(f"{m} imports {t}")
+    assert not bad, "; ".join(sorted(bad))
+
+
+FUNCTION_LINES = 100
+"""The longest a function in src may be: past it, a reader cannot hold it, and it is two ideas."""
+
+
+def test_no_function_in_src_is_over_100_lines() -> None:
+    long = []
+    for path in (SRC / "padfree").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, "; ".join(sorted(long))
