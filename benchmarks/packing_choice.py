@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from padfree.core import _jit
+from padfree.core import kernels
 from padfree.data.length_files import bundled_seed_mix
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lengths"
@@ -31,13 +31,13 @@ def pack(lengths: np.ndarray, budget: int, method: str, rng: np.random.Generator
     if method.startswith("first_fit"):
         bin_of = first_fit(lengths[perm], budget)
     else:
-        bin_of, _ = _jit.best_fit(lengths[perm], budget)
+        bin_of, _ = kernels.best_fit(lengths[perm], budget)
     out = np.empty_like(bin_of)
     out[perm] = bin_of
     return out
 
 
-@_jit.njit(cache=True)
+@kernels.njit(cache=True)
 def first_fit(lens: np.ndarray, budget: int) -> np.ndarray:
     rooms = np.empty(lens.shape[0], np.int64)
     n = 0

@@ -381,9 +381,9 @@ def test_an_unwritable_home_folder_changes_nothing_but_the_cache_places(lengths_
 
 def test_numba_caches_in_the_temporary_folder_when_neither_usual_place_is_writable(tmp_path):
     code = (
-        "import numba, tempfile, padfree.core._jit as k\n"
+        "import numba, tempfile, padfree.core.kernels as k\n"
         "numba.config.CACHE_DIR = ''\n"
-        "k.__file__ = '/dev/null/_jit.py'\n"  # beside the module: under a file, not writable
+        "k.__file__ = '/dev/null/kernels.py'\n"  # beside the module: under a file, not writable
         "k._numba_cache_fallback()\n"
         "print(numba.config.CACHE_DIR)\n"
     )

@@ -269,8 +269,6 @@ def test_examples_import_no_other_example() -> None:
 MODE = "chunked"
 MODE_HOMES = ("padfree/core/strategies.py", "padfree/core/chunked.py")
 """Where the ``chunked`` strategy is registered and laid out: the only modules that may compare its name."""
-NOT_YET: tuple[str, ...] = ()
-"""Paths not yet held to the check (none: the step runner took the last comparisons out of hf and torch)."""
 
 
 def _name_compared(tree: ast.AST, name: str) -> list[int]:
@@ -299,16 +297,63 @@ def _name_compared(tree: ast.AST, name: str) -> list[int]:
 
 def test_the_chunked_strategy_is_named_only_where_it_is_registered_and_laid_out() -> None:
     """Every layer asks the strategy (``config.spec``: its layout, its chunks, its context), never its name:
-    ``"chunked"`` is compared nowhere in ``src/padfree`` outside its two modules (``hf.py`` and ``torch/``
-    excepted for now, :data:`NOT_YET`)."""
+    ``"chunked"`` is compared nowhere in ``src/padfree`` outside its two modules, nor in the examples."""
     sample = 'a = s == "chunked"\nb = "chunked" != s\nc = s in ("packed", "chunked")\nd = "chunked" in m\n'
     assert _name_compared(ast.parse(sample), MODE) == [1, 2, 3]  # the check sees each form, not a dict key
     seen = 0
-    for path in sorted((SRC / "padfree").rglob("*.py")):
-        rel = path.relative_to(SRC).as_posix()
-        if rel in MODE_HOMES or rel.startswith(NOT_YET):
+    for path in sorted([*(SRC / "padfree").rglob("*.py"), *(ROOT / "examples").glob("*.py")]):
+        rel = path.relative_to(SRC if path.is_relative_to(SRC) else ROOT).as_posix()
+        if rel in MODE_HOMES:
             continue
         seen += 1
         lines = _name_compared(ast.parse(path.read_text()), MODE)
-        assert not lines, f"src/{rel}:{lines[0]} compares the strategy name {MODE!r}: ask config.spec instead"
+        assert not lines, f"{rel}:{lines[0]} compares the strategy name {MODE!r}: ask config.spec instead"
     assert seen > 100
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_imports_another_packages_private_module_or_name() -> None:
+    """A package's ``_name`` modules and names are its own: another package reaches them through a public
+    module (its face), so a package can change its insides without breaking its neighbours."""
+    mods = _modules()
+    bad = []
+    for m, path in mods.items():
+        home = m if path.name == "__init__.py" else m.rpartition(".")[0]
+        for node in _runtime_nodes(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for t in targets:
+                if not t.startswith("padfree."):
+                    continue
+                parts = t.split(".")
+                at = next((i for i, p in enumerate(parts) if _private(p)), None)
+                if at is None:
+                    continue
+                owner = ".".join(parts[:at])  # the package (or module) the private thing is in ...
+                if owner in mods and mods[owner].name != "__init__.py":
+                    owner = owner.rpartition(".")[0]  # ... a module's private name belongs to its package
+                if owner != home and not home.startswith(owner + "."):  # its own subpackages may
+                    bad.append(f"{m} imports {t}")
+    assert not bad, "; ".join(sorted(bad))
+
+
+FUNCTION_LINES = 100
+"""The longest a function in src may be: past it, a reader cannot hold it, and it is two ideas."""
+
+
+def test_no_function_in_src_is_over_100_lines() -> None:
+    long = []
+    for path in (SRC / "padfree").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, "; ".join(sorted(long))

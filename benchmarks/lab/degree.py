@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from padfree.core import _cuts, _jit, cost, steps
+from padfree.core import _cuts, cost, kernels, steps
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, Report, make_items, validate_lengths
 from padfree.core.plan import Plan, check_epoch, epoch_rng
@@ -237,8 +237,8 @@ def _bins(ids: np.ndarray, size: np.ndarray, budget: int) -> tuple[np.ndarray, n
     offsets)``, rows in the order they were opened."""
     if ids.size == 0:
         return ids, np.zeros(1, np.int64)
-    bin_of, n_bins = _jit.best_fit(size, int(budget))
-    order = ids[_jit.counting_argsort(bin_of, int(n_bins))]
+    bin_of, n_bins = kernels.best_fit(size, int(budget))
+    order = ids[kernels.counting_argsort(bin_of, int(n_bins))]
     return order, np.concatenate(([0], np.cumsum(np.bincount(bin_of, minlength=n_bins)))).astype(np.int64)
 
 
@@ -251,10 +251,10 @@ def _wide_rows(
     if long_ids.size == 0:
         return long_ids, np.zeros(1, np.int64), short_ids
     ids = np.concatenate((long_ids, short_ids)) if fill else long_ids
-    bin_of, n_bins = _jit.best_fit(shard.sizes(length[ids], packed=True), int(cap))
+    bin_of, n_bins = kernels.best_fit(shard.sizes(length[ids], packed=True), int(cap))
     n_wide = int(bin_of[: long_ids.size].max()) + 1  # bins are numbered as opened: the long items' first
     in_wide = bin_of < n_wide
-    order = ids[in_wide][_jit.counting_argsort(bin_of[in_wide], n_wide)]
+    order = ids[in_wide][kernels.counting_argsort(bin_of[in_wide], n_wide)]
     offsets = np.concatenate(([0], np.cumsum(np.bincount(bin_of[in_wide], minlength=n_wide))))
     return order, offsets.astype(np.int64), ids[~in_wide] if fill else short_ids
 
@@ -315,15 +315,15 @@ def plan_degrees(
     degree = np.concatenate((np.full(n_long, g), np.ones((n_short + n_empty) // g, np.int64)))
     first = np.concatenate(([0], np.cumsum(np.where(degree > 1, 1, g)))).astype(np.int64)
     phase_perm = rng.permutation(degree.shape[0])
-    rows, first = _jit.gather_segments(rows, first, phase_perm)
+    rows, first = kernels.gather_segments(rows, first, phase_perm)
     degree = degree[phase_perm]
-    order, row_offsets = _jit.gather_segments(order, offsets, rows)
+    order, row_offsets = kernels.gather_segments(order, offsets, rows)
     order, row_offsets, degree, first = _whole_steps(order, row_offsets, degree, first, length, config)
     if config.world_size > 1:
         pc = phase_costs(length[order], row_offsets, np.repeat(degree, np.diff(first)), first, config, comm)
         p = steps.assign_ranks(pc, config.world_size, config.grad_accum)
-        rows, first = _jit.gather_segments(np.arange(row_offsets.shape[0] - 1), first, p)
-        order, row_offsets = _jit.gather_segments(order, row_offsets, rows)
+        rows, first = kernels.gather_segments(np.arange(row_offsets.shape[0] - 1), first, p)
+        order, row_offsets = kernels.gather_segments(order, row_offsets, rows)
         degree = degree[p]
     return _group_plan(items, config, epoch, order, row_offsets, degree, first, comm)
 
@@ -350,17 +350,19 @@ def _whole_steps(
     keep = np.setdiff1d(np.arange(m), short)
     need = k - r + short.size  # degree-1 phases the tail will hold
     every_row = np.arange(row_offsets.shape[0] - 1, dtype=np.int64)
-    keep_rows = _jit.gather_segments(every_row, first, keep)[0]
-    tail_rows = _jit.gather_segments(every_row, first, short)[0]
-    ids = _jit.gather_segments(order, row_offsets, tail_rows)[0]
+    keep_rows = kernels.gather_segments(every_row, first, keep)[0]
+    tail_rows = kernels.gather_segments(every_row, first, short)[0]
+    ids = kernels.gather_segments(order, row_offsets, tail_rows)[0]
     bins = _cuts.lpt_bins(length[ids], need * g, budget) if ids.size else np.zeros(0, np.int64)
     if ids.size and bins.size == 0:  # a dealt row would overflow: keep the rows, add empty phases
-        new_order, new_off = _jit.gather_segments(order, row_offsets, np.concatenate((keep_rows, tail_rows)))
+        new_order, new_off = kernels.gather_segments(
+            order, row_offsets, np.concatenate((keep_rows, tail_rows))
+        )
         new_off = np.concatenate((new_off, np.full((k - r) * g, new_off[-1])))
         new_degree = np.concatenate((degree[keep], degree[short], np.ones(k - r, np.int64)))
     else:
-        head_order, head_off = _jit.gather_segments(order, row_offsets, keep_rows)
-        dealt = ids[_jit.counting_argsort(bins, need * g)] if ids.size else ids
+        head_order, head_off = kernels.gather_segments(order, row_offsets, keep_rows)
+        dealt = ids[kernels.counting_argsort(bins, need * g)] if ids.size else ids
         counts = np.bincount(bins, minlength=need * g)
         new_order = np.concatenate((head_order, dealt))
         new_off = np.concatenate((head_off, head_off[-1] + np.cumsum(counts)))

@@ -45,7 +45,7 @@ import numpy as np
 from padfree.baselines import fixed_count, multipack, sorted_fixed_count
 from padfree.bench.measure import Batching
 from padfree.bench.sampling import epoch_seconds, stratified
-from padfree.core import _jit
+from padfree.core import kernels
 from padfree.core.anchors import AnchorPolicy, anchor_counts, anchor_quota
 from padfree.core.config import CostModel, PlanConfig
 from padfree.core.cost import Shapes, imbalance, micro_costs, micro_shapes, rank_costs
@@ -153,7 +153,7 @@ def make_arms(
         lens = lengths[mp.order]
         tokens = micro_shapes(lens, mp.offsets[: m + 1], True).real
         perm = assign_ranks(tokens, world_size, 1)
-        order, offsets = _jit.gather_segments(mp.order, mp.offsets[: m + 1], perm)
+        order, offsets = kernels.gather_segments(mp.order, mp.offsets[: m + 1], perm)
         mp = Batching(order, offsets, True)
     out["speculators_rows"] = Arm("speculators_rows", mp, "packed", leaky=True)
     return {

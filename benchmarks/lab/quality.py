@@ -593,10 +593,10 @@ def epoch_batches(
     if arm == "specforge_random":
         return (*fixed_count(lengths, budget, rng), "padded")
     if arm == "sorted_fixed":  # the same micro-batches every epoch, in a new random order
-        from padfree.core import _jit
+        from padfree.core import kernels
 
         order, offsets = sorted_fixed_count(lengths, budget, np.random.default_rng([seed, 0, 11]))
-        return (*_jit.gather_segments(order, offsets, rng.permutation(offsets.shape[0] - 1)), "padded")
+        return (*kernels.gather_segments(order, offsets, rng.permutation(offsets.shape[0] - 1)), "padded")
     raise ValueError(f"unknown arm {arm!r}")
 
 

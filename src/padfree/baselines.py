@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from padfree.core import _jit
+from padfree.core import kernels
 from padfree.core.batching import cut
 from padfree.core.buckets import bucket_of, growth_edges
 from padfree.core.steps import spread_tail
@@ -41,7 +41,7 @@ def naive_bucketed(
     perm = rng.permutation(length.shape[0])
     order = perm[np.argsort(b[perm], kind="stable")]  # grouped by bucket, shuffled inside
     offsets = cut(length[order], budget, b[order])
-    order, offsets = _jit.gather_segments(order, offsets, rng.permutation(offsets.shape[0] - 1))
+    order, offsets = kernels.gather_segments(order, offsets, rng.permutation(offsets.shape[0] - 1))
     return order, spread_tail(offsets, step_size)
 
 
@@ -66,7 +66,7 @@ def sorted_fixed_count(lengths: np.ndarray, budget: int, rng: np.random.Generato
     order = rng.permutation(n)
     order = order[np.argsort(lengths[order], kind="stable")]
     offsets = np.append(np.arange(0, n, count), n).astype(np.int64)
-    return _jit.gather_segments(order, offsets, rng.permutation(offsets.shape[0] - 1))
+    return kernels.gather_segments(order, offsets, rng.permutation(offsets.shape[0] - 1))
 
 
 def multipack(lengths: np.ndarray, budget: int, rng: np.random.Generator, window: int = 4096) -> Batches:
@@ -77,10 +77,10 @@ def multipack(lengths: np.ndarray, budget: int, rng: np.random.Generator, window
     for a in range(0, perm.shape[0], window):
         chunk = perm[a : a + window]
         chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
-        bin_of, n_bins = _jit.best_fit(lengths[chunk].astype(np.int64), int(budget))
-        orders.append(chunk[_jit.counting_argsort(bin_of, int(n_bins))])
+        bin_of, n_bins = kernels.best_fit(lengths[chunk].astype(np.int64), int(budget))
+        orders.append(chunk[kernels.counting_argsort(bin_of, int(n_bins))])
         sizes.append(np.bincount(bin_of, minlength=n_bins))
     order = np.concatenate(orders)
     count = np.concatenate(sizes)
     offsets = np.concatenate(([0], np.cumsum(count))).astype(np.int64)
-    return _jit.gather_segments(order, offsets, rng.permutation(count.shape[0]))
+    return kernels.gather_segments(order, offsets, rng.permutation(count.shape[0]))

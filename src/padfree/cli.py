@@ -126,7 +126,7 @@ class _NamedStdout:
 
 def _cache_fallbacks() -> None:
     """A home folder that is not writable must not turn into warnings: matplotlib's config folder moves to
-    the temporary directory (numba's kernel cache does the same in :mod:`padfree.core._jit`; the token
+    the temporary directory (numba's kernel cache does the same in :mod:`padfree.core.kernels`; the token
     cache of ``padfree lengths`` says so in one warning line and goes on without it)."""
     if "MPLCONFIGDIR" in os.environ:
         return

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from padfree.core import _jit, _ranks, batching
+from padfree.core import _ranks, batching, kernels
 from padfree.core.buckets import bucket_of, growth_edges, optimal_edges, padding_of_edges
 from padfree.core.steps import quantile_steps, spread_tail, stratified_order
 
@@ -29,7 +29,7 @@ def ref_best_fit(lens, budget):
 @given(st.lists(st.integers(1, 50), min_size=1, max_size=200), st.integers(50, 120))
 def test_best_fit_matches_reference_room_choices(lens, budget):
     arr = np.array(lens, dtype=np.int64)
-    bin_of, n_bins = _jit.best_fit(arr, budget)
+    bin_of, n_bins = kernels.best_fit(arr, budget)
     rooms, ref = ref_best_fit(lens, budget)
     assert n_bins == len(rooms)
     # bins never overflow, and every item went to a bin with the least sufficient room
@@ -63,7 +63,7 @@ def test_growth_edges_cover_and_grow():
 @given(st.lists(st.integers(0, 9), min_size=0, max_size=100))
 def test_counting_argsort_is_stable_argsort(keys):
     arr = np.array(keys, dtype=np.int64)
-    assert np.array_equal(_jit.counting_argsort(arr, 10), np.argsort(arr, kind="stable"))
+    assert np.array_equal(kernels.counting_argsort(arr, 10), np.argsort(arr, kind="stable"))
 
 
 @given(

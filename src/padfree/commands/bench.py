@@ -58,6 +58,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_number(
         p, "--budget", None, "tokens per micro-batch (default 16384, the motivating case's; --converge: 2048)"
     )
+    _add_run_arguments(p)
+    _add_converge_arguments(p.add_argument_group("convergence (--converge)"))
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """How each strategy's arm runs and what is written."""
     add_number(p, "--steps", 10, "about this many full micro-batches per strategy (default 10)")
     add_number(p, "--warmup", 2, "untimed steps per strategy first (default 2)")
     add_number(p, "--repeats", 1, "passes over the measured rounds, fastest time per step kept (default 1)")
@@ -120,7 +126,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", type=Path, default=None, help="directory for NAME.json, NAME.md and NAME.png")
     p.add_argument("--name", default=None, help="file name stem under --out (default train_speed / converge)")
-    g = p.add_argument_group("convergence (--converge)")
+
+
+def _add_converge_arguments(g: argparse._ArgumentGroup) -> None:
+    """The held-out loss curves of ``--converge``."""
     g.add_argument("--converge", action="store_true", help="held-out loss curves instead of throughput")
     g.add_argument(
         "--train-tokens", type=TOKENS, default=1_500_000, help="loss tokens per run (default 1.5M)"

@@ -73,8 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from padfree.advice.calibrate import calibrate, default_lengths, torch_train_step
-    from padfree.advice.simulate import HELD_OUT_WARN
+    from padfree.advice.calibrate import calibrate
 
     check_output(args.out, "the cost model")
     # read before anything is built, with --quick too (it used to drop them unread)
@@ -86,41 +85,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = check_device(args.device)
-    fractions = (1.0, 0.5, 0.25)
-    repeats, warmup = args.repeats, args.warmup
-    if args.quick:
-        warmup = min(warmup, QUICK["warmup"])
-        budget, lengths, fractions, repeats = (
-            QUICK["budget"],
-            QUICK["lengths"],
-            QUICK["fractions"],
-            min(repeats, QUICK["repeats"]),
-        )
-    else:
-        budget = args.budget or (16384 if device.startswith("cuda") else 1024)
-        lengths = default_lengths(budget)
-    if args.budget and args.quick:
-        budget = args.budget
-    if asked is not None:
-        lengths = asked
-        over = [v for v in asked if v > budget]
-        if over:
-            raise ConfigError(
-                f"--lengths: {over[0]} is above the budget {budget} (a row must fit the budget)"
-            )
-    anchors_per_token = None
-    if args.drafter is not None:
-        from padfree.advice.calibrate import torch_drafter_step
-
-        if device != "cpu":
-            raise ConfigError("calibrate --drafter times the reference drafters on the CPU: use --device cpu")
-        recipe = recipe_from_args(args, args.drafter)
-        step = torch_drafter_step(args.drafter, seed=args.seed, recipe=recipe)
-        # anchors per token around the recipe's density (every valid position: about one per token)
-        rate = recipe.anchor_density
-        anchors_per_token = (rate / 4, rate / 2, rate) if get_method(args.drafter).uses_anchors else None
-    else:
-        step = torch_train_step(args.model, attn=args.attn, device=device, seed=args.seed)
+    budget, lengths, fractions, repeats, warmup = _shapes(args, device, asked)
+    step, anchors_per_token = _timed_step(args, device)
     progress = None
     if not args.json:
 
@@ -164,6 +130,63 @@ def run(args: argparse.Namespace) -> int:
         coefs = {k: getattr(cal.cost, k) for k in ("a", "b", "c", "d", "e")}
         print(json.dumps({**coefs, **cal.to_json()}, indent=2))
         return 0
+    _print_fit(cal, args.out, anchors_per_token is not None)
+    return 0
+
+
+def _shapes(args: argparse.Namespace, device: str, asked: list[int] | None) -> tuple:
+    """The budget, row lengths, fill fractions, repeats and warm-up rounds to time (``--quick``: fewer)."""
+    from padfree.advice.calibrate import default_lengths
+
+    fractions = (1.0, 0.5, 0.25)
+    repeats, warmup = args.repeats, args.warmup
+    if args.quick:
+        warmup = min(warmup, QUICK["warmup"])
+        budget, lengths, fractions, repeats = (
+            QUICK["budget"],
+            QUICK["lengths"],
+            QUICK["fractions"],
+            min(repeats, QUICK["repeats"]),
+        )
+    else:
+        budget = args.budget or (16384 if device.startswith("cuda") else 1024)
+        lengths = default_lengths(budget)
+    if args.budget and args.quick:
+        budget = args.budget
+    if asked is not None:
+        lengths = asked
+        over = [v for v in asked if v > budget]
+        if over:
+            raise ConfigError(
+                f"--lengths: {over[0]} is above the budget {budget} (a row must fit the budget)"
+            )
+    return budget, lengths, fractions, repeats, warmup
+
+
+def _timed_step(args: argparse.Namespace, device: str) -> tuple:
+    """The step to time (a model's training step, or a drafter's) and the anchors per token it is timed at."""
+    from padfree.advice.calibrate import torch_train_step
+
+    anchors_per_token = None
+    if args.drafter is not None:
+        from padfree.advice.calibrate import torch_drafter_step
+
+        if device != "cpu":
+            raise ConfigError("calibrate --drafter times the reference drafters on the CPU: use --device cpu")
+        recipe = recipe_from_args(args, args.drafter)
+        step = torch_drafter_step(args.drafter, seed=args.seed, recipe=recipe)
+        # anchors per token around the recipe's density (every valid position: about one per token)
+        rate = recipe.anchor_density
+        anchors_per_token = (rate / 4, rate / 2, rate) if get_method(args.drafter).uses_anchors else None
+    else:
+        step = torch_train_step(args.model, attn=args.attn, device=device, seed=args.seed)
+    return step, anchors_per_token
+
+
+def _print_fit(cal: Any, out: Path, drafter: bool) -> None:
+    """The fitted cost model and its fit, held-out error included, as the terminal shows them."""
+    from padfree.advice.simulate import HELD_OUT_WARN
+
     f, h = cal.fit, cal.held_out
     print(
         f"cost model (token-equivalents): a = 1, b = {cal.cost.b:.4g} per L^2, "
@@ -172,16 +195,15 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"seconds per slot: {cal.seconds_per_slot:.4g} ({1 / cal.seconds_per_slot:,.0f} slots/s at b = c = 0)"
     )
-    if anchors_per_token is not None:
+    if drafter:
         print(f"drafter terms: d = {cal.cost.d:.4g} per draft block, e = {cal.cost.e:.4g} per unit of reach")
     print(f"fit on {f['n']} shapes: relative RMS {f['rel_rms']:.3f}, max {f['max_rel']:.3f}")
     if h["n"]:
         print(f"held out {h['n']} shapes: relative RMS {h['rel_rms']:.3f}, max {h['max_rel']:.3f}")
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
     if h["n"] and h["rel_rms"] > HELD_OUT_WARN:
         print(
             f"warning: held-out relative error {h['rel_rms']:.2f} > {HELD_OUT_WARN}: predictions from this "
             "cost file are rough; calibrate on a quieter machine, with more --repeats or without --quick",
             file=sys.stderr,
         )
-    return 0

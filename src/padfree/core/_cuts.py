@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from padfree.core._jit import njit
+from padfree.core.kernels import njit
 
 
 @njit(cache=True, nogil=True)

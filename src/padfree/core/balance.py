@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from padfree.core import _jit, _ranks, capacity, cost, refit, steps
+from padfree.core import _ranks, capacity, cost, kernels, refit, steps
 from padfree.core.budget import Budget
 from padfree.core.config import MAX_COST, CostModel, PlanConfig
 from padfree.core.cost import Coefficients
@@ -241,7 +241,7 @@ def step_layout(
     speeds = np.ones(w) if balance.speeds is None else np.asarray(balance.speeds, dtype=np.float64)
     perm = steps.assign_ranks(costs, w, g, speeds=None if balance.speeds is None else speeds)
     ids = np.arange(lens.shape[0], dtype=np.int64)
-    order, new_offsets = _jit.gather_segments(ids, offsets.astype(np.int64), perm)
+    order, new_offsets = kernels.gather_segments(ids, offsets.astype(np.int64), perm)
     budget = Budget.of(config) if budget is None else budget
     drafting = anchors is not None or capacity.bounded(config)
     if not balance.recut and balance.speeds is None and steps.evens_ranks(config, drafting) and lens.size:
@@ -293,7 +293,7 @@ def _by_bin(bin_of: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """``(order, offsets)`` of items labelled with their micro-batch ``bin_of`` (stable inside one)."""
     offsets = np.zeros(k + 1, dtype=np.int64)
     np.cumsum(np.bincount(bin_of, minlength=k), out=offsets[1:])
-    return _jit.counting_argsort(bin_of, k).astype(np.int64, copy=False), offsets
+    return kernels.counting_argsort(bin_of, k).astype(np.int64, copy=False), offsets
 
 
 def _recut_padded(

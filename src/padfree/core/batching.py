@@ -13,9 +13,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from padfree.core import _cuts, _jit
-from padfree.core._jit import njit
+from padfree.core import _cuts, kernels
 from padfree.core.buckets import bucket_of, growth_edges, jitter_edges, optimal_edges
+from padfree.core.kernels import njit
 from padfree.core.mixing import Mix, merge_buckets
 
 
@@ -73,10 +73,10 @@ def cut(lengths_in_order: np.ndarray, budget: int, segments: np.ndarray | None =
 
 def sorted_batches(length: np.ndarray, budget: int, rng: np.random.Generator) -> Batches:
     """Sort once by length (ties by index), cut; only the order of micro-batches changes per epoch."""
-    order = _jit.counting_argsort(length, int(length.max()) + 1)
+    order = kernels.counting_argsort(length, int(length.max()) + 1)
     offsets = cut(length[order], budget)
     perm = rng.permutation(offsets.shape[0] - 1)
-    order, offsets = _jit.gather_segments(order, offsets, perm)
+    order, offsets = kernels.gather_segments(order, offsets, perm)
     return Batches(order, offsets, None)
 
 
@@ -99,7 +99,7 @@ def merge_groups(order: np.ndarray, offsets: np.ndarray, group: np.ndarray) -> t
     if np.array_equal(group, np.arange(m)):
         return order, offsets
     micro_of_item = np.repeat(np.arange(m), np.diff(offsets))
-    regroup = _jit.counting_argsort(group[micro_of_item], m)
+    regroup = kernels.counting_argsort(group[micro_of_item], m)
     sizes = np.bincount(group, weights=np.diff(offsets), minlength=m).astype(np.int64)
     sizes = sizes[sizes > 0]
     return order[regroup], np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
@@ -265,9 +265,9 @@ def packed_batches(length: np.ndarray, budget: int, rng: np.random.Generator) ->
     same every epoch, while the shuffled order reaches the same bin count and a new composition each epoch.
     """
     perm = rng.permutation(length.shape[0])
-    bin_of, n_bins = _jit.best_fit(length[perm], int(budget))
-    grouped = _jit.counting_argsort(bin_of, int(n_bins))
+    bin_of, n_bins = kernels.best_fit(length[perm], int(budget))
+    grouped = kernels.counting_argsort(bin_of, int(n_bins))
     order = perm[grouped]
     offsets = np.concatenate(([0], np.cumsum(np.bincount(bin_of, minlength=n_bins)))).astype(np.int64)
-    order, offsets = _jit.gather_segments(order, offsets, rng.permutation(n_bins))
+    order, offsets = kernels.gather_segments(order, offsets, rng.permutation(n_bins))
     return Batches(order, offsets, None)

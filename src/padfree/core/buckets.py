@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from padfree.core._jit import njit
+from padfree.core.kernels import njit
 from padfree.errors import ConfigError
 
 MAX_DP_CELLS = 2**25

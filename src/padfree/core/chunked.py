@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from padfree.core import _jit, batching, cost, steps
+from padfree.core import batching, cost, kernels, steps
 from padfree.core.batching import Laid
 from padfree.core.items import Items
 from padfree.errors import ConfigError
@@ -116,7 +116,7 @@ def layout(items: Items, config: PlanConfig, budget: Budget, rng: np.random.Gene
     long = long[rng.permutation(long.size)]
     n_long = chunks[long]
     if long.size:
-        lane_of, n_lanes_long = _jit.best_fit(n_long, g)
+        lane_of, n_lanes_long = kernels.best_fit(n_long, g)
         lane_of = np.asarray(lane_of, np.int64)
     else:
         lane_of, n_lanes_long = np.empty(0, np.int64), 0
@@ -161,7 +161,7 @@ def layout(items: Items, config: PlanConfig, budget: Budget, rng: np.random.Gene
     lanes = np.lexsort((rng.random(n_lanes), np.floor(lane_cost / quantum)))
     steps = lanes.reshape(-1, w)[rng.permutation(n_lanes // w)].ravel()
     mb_perm = (steps[:, None] * g + np.arange(g)[None, :]).ravel()
-    order, offsets = _jit.gather_segments(order, offsets, mb_perm)
+    order, offsets = kernels.gather_segments(order, offsets, mb_perm)
     return Laid(sample[doc[order]], offsets, length[order], start[order])
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
-from padfree.core import _jit, capacity, cost, steps
+from padfree.core import capacity, cost, kernels, steps
 from padfree.core.budget import Budget
 from padfree.core.config import DEFAULT_COST, PlanConfig
 from padfree.core.items import Items, Report, make_items, validate_lengths
@@ -328,7 +328,7 @@ def form_steps_ranks(
         if composed is None:  # the tail cannot be cut into whole steps: strata spread by token mass
             tokens = np.add.reduceat(length[order].astype(np.float64), offsets[:-1])
             perm = steps.stratified_order(strata, tokens, rng)
-            composed = _jit.gather_segments(order, offsets, perm)
+            composed = kernels.gather_segments(order, offsets, perm)
         order, offsets = composed
     order, offsets = steps.complete_last_step(order, offsets, size, k, cap, config.packed)
     lens = length[order]
@@ -338,7 +338,7 @@ def form_steps_ranks(
     if assign and config.world_size > 1:
         costs = cost.micro_costs(shapes, config.cost)
         perm = steps.assign_ranks(costs, config.world_size, config.grad_accum)
-        order, offsets = _jit.gather_segments(order, offsets, perm)
+        order, offsets = kernels.gather_segments(order, offsets, perm)
         lens = length[order]
         if steps.evens_ranks(config, items.anchors is not None or capacity.bounded(config)):
             coefs = config.cost.coefficients

@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike
 
-from padfree.core import _cuts, _jit, cost, steps
-from padfree.core._jit import njit
+from padfree.core import _cuts, cost, kernels, steps
 from padfree.core.budget import Budget
 from padfree.core.config import UNITS, check_source_config
 from padfree.core.items import Report, validate_lengths
+from padfree.core.kernels import njit
 from padfree.core.plan import Plan
 from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError, OverlongError, StateError
@@ -297,7 +297,7 @@ class _Step:
             counts = np.bincount(bins, minlength=k)
             if counts.min() == 0:
                 return None
-            order = shuffled[_jit.counting_argsort(bins, k)]
+            order = shuffled[kernels.counting_argsort(bins, k)]
             return order, np.concatenate(([0], np.cumsum(counts)))
         order = shuffled[np.argsort(lens[shuffled], kind="stable")]
         ends = steps.split_largest(_cuts.cut_into(lens[order], k, self.budget, False), k)
@@ -476,7 +476,7 @@ def _assign(
     costs = cost.micro_costs(shapes, config.cost)
     perm = steps.assign_ranks(costs, config.world_size, config.grad_accum)
     pos = np.arange(indices.shape[0], dtype=np.int64)
-    pos, offsets = _jit.gather_segments(pos, offsets, perm)
+    pos, offsets = kernels.gather_segments(pos, offsets, perm)
     lens = lengths[pos]
     if steps.evens_ranks(config, False):
         coefs = config.cost.coefficients

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from padfree.core import _cuts, _jit, _ranks, cost
+from padfree.core import _cuts, _ranks, cost, kernels
 from padfree.errors import ConfigError
 
 if TYPE_CHECKING:  # the strategies' own layouts (padfree.core.chunked) use this module: no config at run time
@@ -34,7 +34,7 @@ def stratified_order(strata: np.ndarray, tokens: np.ndarray, rng: np.random.Gene
     m = strata.shape[0]
     shuffled = rng.permutation(m)
     # group by stratum, keeping the shuffled order inside each stratum
-    grouped = shuffled[_jit.counting_argsort(strata[shuffled], int(strata.max()) + 1)]
+    grouped = shuffled[kernels.counting_argsort(strata[shuffled], int(strata.max()) + 1)]
     t = tokens[grouped].astype(np.float64)
     s = strata[grouped]
     csum = np.cumsum(t)
@@ -100,18 +100,18 @@ def quantile_steps(
         dealt = body[np.lexsort((chunk, step))]  # step by step, chunk by chunk
         if ranks is not None and ranks[0] > 1 and body_steps > 1:
             dealt = level_steps(order, offsets, length, dealt.reshape(body_steps, step_size), *ranks).ravel()
-        o, f = _jit.gather_segments(order, offsets, dealt)
+        o, f = kernels.gather_segments(order, offsets, dealt)
         parts_order.append(o)
         parts_offsets.append(f)
     if n_tail:
         tail_steps = -(-n_tail // step_size)
         n_pieces = tail_steps * step_size
-        items, _ = _jit.gather_segments(order, offsets, by_length[in_tail])  # the micro-batches' own
+        items, _ = kernels.gather_segments(order, offsets, by_length[in_tail])  # the micro-batches' own
         ends = split_largest(_cuts.cut_into(length[items], n_pieces, budget, False), n_pieces)
         if ends.shape[0] - 1 != n_pieces:
             return None
         deal_tail = np.argsort(np.arange(n_pieces) % tail_steps, kind="stable")  # piece j -> step j % steps
-        o, f = _jit.gather_segments(items, ends, deal_tail)
+        o, f = kernels.gather_segments(items, ends, deal_tail)
         parts_order.append(o)
         parts_offsets.append(f)
     if len(parts_order) == 1:
@@ -218,7 +218,7 @@ def complete_last_step(
         n_pieces = m - first + step_size - r
         bins = _cuts.lpt_bins(length[tail], n_pieces, budget) if packed else np.empty(0, np.int64)
         if bins.shape[0] and np.bincount(bins, minlength=n_pieces).min() > 0:
-            tail = tail[_jit.counting_argsort(bins, n_pieces)]
+            tail = tail[kernels.counting_argsort(bins, n_pieces)]
             piece_ends = np.concatenate(([0], np.cumsum(np.bincount(bins, minlength=n_pieces))))
         else:
             tail = tail[np.argsort(length[tail], kind="stable")]

@@ -36,11 +36,11 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from padfree.core import _jit
-from padfree.core._jit import njit
+from padfree.core import kernels
 from padfree.core.budget import Budget
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, Report, check_overlong, make_items, validate_lengths
+from padfree.core.kernels import njit
 from padfree.core.plan import Plan, check_epoch, check_fills_step, epoch_rng, plan_items
 from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
@@ -233,7 +233,7 @@ def _group(labels: np.ndarray, per_window: np.ndarray, k: int) -> tuple[np.ndarr
     labels, per_window = _merge_small(labels, per_window, k)
     n = int(labels.shape[0])
     order: np.ndarray = np.empty(n, _index_dtype(n))
-    starts = _jit.counting_sort_into(labels, per_window.shape[0], order)  # sample ids by window
+    starts = kernels.counting_sort_into(labels, per_window.shape[0], order)  # sample ids by window
     return order, starts, per_window
 
 

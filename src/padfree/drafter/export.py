@@ -174,11 +174,11 @@ def read_checkpoint_file(
     checkpoint of a checkpoint folder (each damaged newer one is passed to ``say``, one line naming it and
     why); one line when there is none, or it carries no export meta (written before padfree saved it: retrain,
     or resume and let it save) or a newer version of it."""
-    from padfree.torch.checkpoint import CheckpointDir, _quiet
+    from padfree.torch.checkpoint import CheckpointDir, quiet
 
     p = Path(path)
     if p.is_dir():
-        found, state = CheckpointDir(p, say=say or _quiet).newest_intact()
+        found, state = CheckpointDir(p, say=say or quiet).newest_intact()
         if found is None or state is None:
             raise InputError("no intact checkpoint (step-NNNNNNNNN.pt) in this folder", path=str(p))
         p = found
@@ -324,7 +324,7 @@ def _write_atomically(out: Path, config: dict, tensors: dict[str, torch.Tensor])
     folders a killed export left beside ``out`` are removed first."""
     from safetensors.torch import save_file
 
-    from padfree.torch.checkpoint import _fsync_dir
+    from padfree.torch.checkpoint import fsync_dir
 
     parent = out.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -341,7 +341,7 @@ def _write_atomically(out: Path, config: dict, tensors: dict[str, torch.Tensor])
             os.fsync(f.fileno())
         with open(tmp / "model.safetensors", "rb") as f:
             os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if not (out.is_dir() and not out.is_symlink()):
             os.rename(tmp, out)
         elif not _exchange(tmp, out):  # no atomic exchange here: the earlier export moves aside first
@@ -353,7 +353,7 @@ def _write_atomically(out: Path, config: dict, tensors: dict[str, torch.Tensor])
                 os.replace(aside, out)
                 raise
             tmp = aside
-        _fsync_dir(parent)
+        fsync_dir(parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # the new files on failure, the earlier export on success
 

@@ -42,7 +42,8 @@ _STEP = re.compile(r"step-(\d+)\.pt")
 REQUIRED = ("model", "optimizer", "sampler", "step")
 
 
-def _quiet(*_a: object, **_k: object) -> None:
+def quiet(*_a: object, **_k: object) -> None:
+    """Say nothing: the ``say`` of every rank but 0, and of callers that want no progress lines."""
     return None
 
 
@@ -61,7 +62,7 @@ class CheckpointDir:
     ) -> None:
         self.dir = Path(directory)
         self.rank, self.world, self.keep = rank, world, max(1, keep)
-        self.say = say if rank == 0 else _quiet
+        self.say = say if rank == 0 else quiet
         self._fd: int | None = None
 
     # ----- ownership --------------------------------------------------------------------------------------
@@ -286,7 +287,7 @@ class CheckpointDir:
                 tmp.unlink()
             raise
         try:
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
         except OSError:  # the rename may not survive a crash: the new checkpoint is not one to resume from
             with contextlib.suppress(OSError):
                 final.unlink()
@@ -399,7 +400,7 @@ _NO_DIR_FSYNC = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF, err
 """What a file system that cannot open or fsync a directory answers (not an I/O failure)."""
 
 
-def _fsync_dir(d: Path) -> None:
+def fsync_dir(d: Path) -> None:
     """Make a rename in ``d`` durable; an I/O error (EIO, ENOSPC...) is raised, a file system that cannot
     fsync a directory is not an error."""
     try:

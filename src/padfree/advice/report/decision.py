@@ -276,59 +276,10 @@ def recommend(
     m = chosen.metrics
     lim = limits(int(m["steps"]), micro_per_step)
     rm = rand_p.metrics
-    reasons = [
-        f"padding efficiency {m['padding_efficiency']:.4f} (random: {rm['padding_efficiency']:.4f}, "
-        f"sorted: {sorted_m['padding_efficiency']:.4f})",
-        f"modeled throughput {m['relative_throughput']:.3f} x sorted "
-        f"({m['relative_throughput'] / rm['relative_throughput']:.2f} x random)",
-        f"co-batch repeat between epochs {m['cobatch_repeat']:.4f} (limit {lim['cobatch_repeat_max']:.4g} at "
-        f"{m['steps']} steps of {micro_per_step} micro-batches; sorted: {sorted_m['cobatch_repeat']:.3f})",
-        f"step divergence {m['step_divergence']:.3f} = {_ratio(m['step_divergence'], rand):.2f} x random's "
-        f"{rand:.3f} (limit {DIVERGENCE_RATIO} x; sorted: {sorted_m['step_divergence']:.3f})",
-        f"adjacent-step correlation {m['adjacent_corr']:+.3f} ("
-        + (
-            f"limit {lim['adjacent_corr_max']:.3g}"
-            if lim["adjacent_corr_max"] is not None
-            else f"not judged below {ADJACENT_MIN_STEPS} steps"
-        )
-        + f"), rank imbalance {m['imbalance']:.4f}",
-    ]
+    reasons = _reasons(m, rm, sorted_m, rand, lim, micro_per_step)
     gap = _gap(chosen, rand, micro_per_step)
-    if chosen.config.packed:
-        why = (
-            f"it meets every rule and the model's attention can keep packed documents apart "
-            f"({packing_note(packing_check)}), so bins of whole documents carry no padding and mix lengths "
-            "freely"
-        )
-    elif chosen is traded:
-        why = (
-            f"it models {_speed(chosen) / _speed(rand_p):.2f} x random's throughput, >= {SPEEDUP} x that of "
-            "every plan that meets every rule, without freezing its composition, and its steps mix best of "
-            f"such plans" + (f": {gap}" if gap else "")
-        )
-    elif failing[chosen.label]:
-        why = "no plan meets every rule; this one breaks the fewest: " + "; ".join(failing[chosen.label])
-    else:
-        why = f"the highest modeled throughput among the {len(padded)} padded plans that meet every rule"
-        if gap:
-            why += f"; {gap}"
-    if not packing:  # whichever padded plan: why not packed
-        why = (
-            "packing is off: the model's attention cannot keep packed documents apart"
-            + (f" ({packing_note(packing_check)})" if packing_check is not None else "")
-            + f"; {why}"
-        )
-    alt = None
-    if chosen.config.packed and best_padded is not None:
-        bm = best_padded.metrics
-        alt = {
-            "label": best_padded.label,
-            "params": best_padded.to_json()["params"],
-            "text": f"If the attention cannot keep packed documents apart: {best_padded.label} "
-            f"(padding efficiency {bm['padding_efficiency']:.4f}, throughput "
-            f"{bm['relative_throughput']:.3f} x sorted, co-batch repeat {bm['cobatch_repeat']:.4f}, step "
-            f"divergence {_ratio(bm['step_divergence'], rand):.2f} x random's).",
-        }
+    why = _why(chosen, traded, rand_p, failing[chosen.label], len(padded), gap, packing, packing_check)
+    alt = _alternative(best_padded, rand) if chosen.config.packed else None
     padded_pick = best_padded if chosen.config.packed else chosen
     near_miss = _near_miss(points, failing, padded_pick, packing)
     c = chosen.config
@@ -362,6 +313,80 @@ def recommend(
             f"does not freeze and models >= {SPEEDUP} x the throughput of the best plan meeting every rule "
             "(random's at least) is picked in its place",
         },
+    }
+
+
+def _why(
+    chosen: Point,
+    traded: Point | None,
+    rand_p: Point,
+    broken_rules: list[str],
+    n_padded: int,
+    gap: str | None,
+    packing: bool,
+    packing_check: dict | None,
+) -> str:
+    """Why ``chosen`` was picked, in the words of the rule that picked it."""
+    if chosen.config.packed:
+        why = (
+            f"it meets every rule and the model's attention can keep packed documents apart "
+            f"({packing_note(packing_check)}), so bins of whole documents carry no padding and mix lengths "
+            "freely"
+        )
+    elif chosen is traded:
+        why = (
+            f"it models {_speed(chosen) / _speed(rand_p):.2f} x random's throughput, >= {SPEEDUP} x that of "
+            "every plan that meets every rule, without freezing its composition, and its steps mix best of "
+            f"such plans" + (f": {gap}" if gap else "")
+        )
+    elif broken_rules:
+        why = "no plan meets every rule; this one breaks the fewest: " + "; ".join(broken_rules)
+    else:
+        why = f"the highest modeled throughput among the {n_padded} padded plans that meet every rule"
+        if gap:
+            why += f"; {gap}"
+    if not packing:  # whichever padded plan: why not packed
+        why = (
+            "packing is off: the model's attention cannot keep packed documents apart"
+            + (f" ({packing_note(packing_check)})" if packing_check is not None else "")
+            + f"; {why}"
+        )
+    return why
+
+
+def _reasons(m: dict, rm: dict, sorted_m: dict, rand: float, lim: dict, micro_per_step: int) -> list[str]:
+    """The chosen plan's numbers beside random's and sorted's, each against its rule's limit."""
+    return [
+        f"padding efficiency {m['padding_efficiency']:.4f} (random: {rm['padding_efficiency']:.4f}, "
+        f"sorted: {sorted_m['padding_efficiency']:.4f})",
+        f"modeled throughput {m['relative_throughput']:.3f} x sorted "
+        f"({m['relative_throughput'] / rm['relative_throughput']:.2f} x random)",
+        f"co-batch repeat between epochs {m['cobatch_repeat']:.4f} (limit {lim['cobatch_repeat_max']:.4g} at "
+        f"{m['steps']} steps of {micro_per_step} micro-batches; sorted: {sorted_m['cobatch_repeat']:.3f})",
+        f"step divergence {m['step_divergence']:.3f} = {_ratio(m['step_divergence'], rand):.2f} x random's "
+        f"{rand:.3f} (limit {DIVERGENCE_RATIO} x; sorted: {sorted_m['step_divergence']:.3f})",
+        f"adjacent-step correlation {m['adjacent_corr']:+.3f} ("
+        + (
+            f"limit {lim['adjacent_corr_max']:.3g}"
+            if lim["adjacent_corr_max"] is not None
+            else f"not judged below {ADJACENT_MIN_STEPS} steps"
+        )
+        + f"), rank imbalance {m['imbalance']:.4f}",
+    ]
+
+
+def _alternative(best_padded: Point | None, rand: float) -> dict | None:
+    """The padded plan to fall back on if the attention cannot keep packed documents apart."""
+    if best_padded is None:
+        return None
+    bm = best_padded.metrics
+    return {
+        "label": best_padded.label,
+        "params": best_padded.to_json()["params"],
+        "text": f"If the attention cannot keep packed documents apart: {best_padded.label} "
+        f"(padding efficiency {bm['padding_efficiency']:.4f}, throughput "
+        f"{bm['relative_throughput']:.3f} x sorted, co-batch repeat {bm['cobatch_repeat']:.4f}, step "
+        f"divergence {_ratio(bm['step_divergence'], rand):.2f} x random's).",
     }
 
 
