@@ -416,8 +416,8 @@ def check_family(family: str, seed: int = 0, device: str = "cpu", dtype: str = "
 
     import padfree.torch.attention as pa
     from padfree.errors import ConfigError
-    from padfree.torch.leak_probe import against_own_attention, leaking_modules, probe_leak
-    from padfree.torch.mixers import fused_kernel, mixers_of
+    from padfree.torch.leak_probe import against_own_attention, probe_leak
+    from padfree.torch.mixers import mixers_of
 
     t0 = time.perf_counter()
 
@@ -498,6 +498,26 @@ def check_family(family: str, seed: int = 0, device: str = "cpu", dtype: str = "
                 **kw,
             )
         return result("refused", detail=f"packed forward fails: {_one_line(exc)}", **kw)
+    return _judge(model, cfg, probe, ref, low, attn, seed, device, kw, result)
+
+
+def _judge(
+    model: Any,
+    cfg: Any,
+    probe: Any,
+    ref: Any,
+    low: Any,
+    attn: str,
+    seed: int,
+    device: str,
+    kw: dict,
+    result: Any,
+) -> FamilyResult:
+    """The verdict on a family that built and ran packed: refused when its probes see a leak or its own
+    future, or when it differs from its own attention; else exact (``result`` makes the record)."""
+    from padfree.torch.leak_probe import leaking_modules
+    from padfree.torch.mixers import fused_kernel, mixers_of
+
     kw.update(probe=probe.diff, alone=ref.logits, causal=probe.causal, grads=ref.grads, own=ref.attn)
     kw["alone_dtype"] = None if low is None else low.logits
     mods = [model.get_submodule(q) for q in mixers_of(model)]

@@ -21,6 +21,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from padfree.errors import ConfigError
 
@@ -101,7 +102,6 @@ def check_sharded(
     from padfree.torch import context_parallel as cpm
     from padfree.torch import sequence_parallel as spm
     from padfree.torch.attention import needs_mask
-    from padfree.torch.leak_probe import own
 
     if (sp > 1) == (cp > 1) or min(sp, cp) < 1:
         raise ConfigError(
@@ -154,38 +154,14 @@ def check_sharded(
             logits = outputs.logits
             (loss / n_loss).backward()
             # the SP/CP group's gradient: every rank's summed (what DDP/FSDP over the group's mesh does)
-            grads = torch.cat(
-                [torch.zeros_like(p).reshape(-1) if p.grad is None else p.grad.reshape(-1) for p in params]
-            )
+            grads = _flat_grads(params)
             dist.all_reduce(grads)
             pieces = [torch.empty_like(logits[0]) for _ in range(world)]
             dist.all_gather(pieces, logits.detach()[0].contiguous())
             if rank == 0:  # the unsharded reference, here: the same padded row, whole, under padfree_varlen
                 sharded = torch.empty(total, logits.shape[-1])
                 sharded[order] = torch.cat(pieces)
-                net.zero_grad()
-                net.set_attn_implementation("padfree_varlen")
-                whole = {k: v for k, v in row.items() if k not in ("labels", "seq_idx")}  # as collated (THD)
-                ref = net(**whole, use_cache=False).logits
-                (spm.shard_loss_sum(ref, spm.shift_labels(row["labels"])) / n_loss).backward()
-                want = torch.cat(
-                    [
-                        torch.zeros_like(p).reshape(-1) if p.grad is None else p.grad.reshape(-1)
-                        for p in params
-                    ]
-                )
-                own(net)  # each document alone through the model's own attention (eager, else sdpa)
-                with torch.no_grad():
-                    alone = [net(input_ids=d[None], use_cache=False).logits[0] for d in docs]
-                starts = [int(c) for c in cu[:-1]]
-                result = {
-                    "logit_diff": (sharded[real] - ref[0].detach()[real]).abs().max().item(),
-                    "grad_diff": (grads - want).abs().max().item(),
-                    "alone_diff": max(
-                        (sharded[b : b + len(a)] - a).abs().max().item()
-                        for b, a in zip(starts, alone, strict=True)
-                    ),
-                }
+                result = _compare(net, row, docs, sharded, grads, real, n_loss)
                 (scratch / "result.json").write_text(json.dumps(result))
         finally:
             dist.destroy_process_group()
@@ -205,4 +181,44 @@ def check_sharded(
         doc_lengths=tuple(doc_lengths),
         row_tokens=total,
         **result,
+    )
+
+
+def _compare(net: Any, row: dict, docs: list, sharded: Any, grads: Any, real: Any, n_loss: float) -> dict:
+    """The shards' logits (``sharded``, in row order) and summed gradients against the whole row run
+    unsharded under ``padfree_varlen``, and each document's logits against it alone through the model's own
+    attention: the largest differences."""
+    import torch
+
+    from padfree.torch import sequence_parallel as spm
+    from padfree.torch.leak_probe import own
+
+    params = list(net.parameters())
+    cu = spm.row_boundaries(row)
+    net.zero_grad()
+    net.set_attn_implementation("padfree_varlen")
+    whole = {k: v for k, v in row.items() if k not in ("labels", "seq_idx")}  # as collated (THD)
+    ref = net(**whole, use_cache=False).logits
+    (spm.shard_loss_sum(ref, spm.shift_labels(row["labels"])) / n_loss).backward()
+    want = _flat_grads(params)
+    own(net)  # each document alone through the model's own attention (eager, else sdpa)
+    with torch.no_grad():
+        alone = [net(input_ids=d[None], use_cache=False).logits[0] for d in docs]
+    starts = [int(c) for c in cu[:-1]]
+    result = {
+        "logit_diff": (sharded[real] - ref[0].detach()[real]).abs().max().item(),
+        "grad_diff": (grads - want).abs().max().item(),
+        "alone_diff": max(
+            (sharded[b : b + len(a)] - a).abs().max().item() for b, a in zip(starts, alone, strict=True)
+        ),
+    }
+    return result
+
+
+def _flat_grads(params: list) -> Any:
+    """Every parameter's gradient flattened into one vector (zeros where a parameter got none)."""
+    import torch
+
+    return torch.cat(
+        [torch.zeros_like(p).reshape(-1) if p.grad is None else p.grad.reshape(-1) for p in params]
     )

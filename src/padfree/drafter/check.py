@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -339,24 +340,7 @@ def check_drafter(
     lab = f.label_index
     cross_lab = f.labelled & ((lab < 0) | (doc[lab.clamp(min=0)] != f.query_doc))
     supervised_crossing = int((cross_lab & f.supervised).sum() + (cross_in & reaches).sum())
-    results = []
-    max_diff = 0.0
-    for d in range(c.n_docs):
-        one = alone([items[d]])
-        assert one.contract is not None
-        with torch.no_grad():
-            o1 = run_target(models.target, one.contract, models.layers)
-            n1, d1 = loss_sums(models, one, out=o1)
-        s = c.doc_slice(d)
-        max_diff = max(
-            max_diff,
-            float((out.hidden[0, s] - o1.hidden[0]).abs().max()),
-            float((out.last[0, s] - o1.last[0]).abs().max()),
-        )
-        a_p, a_1 = batch.anchors_by_doc()[d], one.anchors_by_doc()[0]
-        lm = np.asarray(samples[d]["loss_mask"]).astype(bool)
-        loss = (float(num[d]), float(den[d]), float(n1[0]), float(d1[0]))
-        results.append(DocResult(d, int(c.doc_lengths[d]), int(lm.sum()), a_p, a_1, *loss))
+    results, max_diff = _each_alone(models, batch, out, num, den, alone, items, samples)
     if not any(r.den_alone for r in results):
         raise ConfigError(f"check-drafter: nothing to compare: {why_nothing_drafts(recipe, samples)}")
     return DrafterCheck(
@@ -378,3 +362,33 @@ def check_drafter(
         probe.causal,
         own.logits,
     )
+
+
+def _each_alone(
+    models: Any, batch: Any, out: Any, num: Any, den: Any, alone: Any, items: list, samples: list
+) -> tuple[list[DocResult], float]:
+    """Each document of the packed ``batch`` run alone (``alone``: the collator of one document): its loss
+    numerator and denominator beside the packed row's, and the largest difference of the target's outputs."""
+    from padfree.drafter.target import run_target
+    from padfree.drafter.train import loss_sums
+
+    c = batch.contract
+    results = []
+    max_diff = 0.0
+    for d in range(c.n_docs):
+        one = alone([items[d]])
+        assert one.contract is not None
+        with torch.no_grad():
+            o1 = run_target(models.target, one.contract, models.layers)
+            n1, d1 = loss_sums(models, one, out=o1)
+        s = c.doc_slice(d)
+        max_diff = max(
+            max_diff,
+            float((out.hidden[0, s] - o1.hidden[0]).abs().max()),
+            float((out.last[0, s] - o1.last[0]).abs().max()),
+        )
+        a_p, a_1 = batch.anchors_by_doc()[d], one.anchors_by_doc()[0]
+        lm = np.asarray(samples[d]["loss_mask"]).astype(bool)
+        loss = (float(num[d]), float(den[d]), float(n1[0]), float(d1[0]))
+        results.append(DocResult(d, int(c.doc_lengths[d]), int(lm.sum()), a_p, a_1, *loss))
+    return results, max_diff
