@@ -51,6 +51,7 @@ __all__ = [
     "UNITS",
     "Counters",
     "SourceData",
+    "assign_steps",
     "check_source_config",
     "plan_sources",
     "repetition",
@@ -463,11 +464,11 @@ def plan_sources(
     report = Report(int(data.lengths.shape[0]), truncated=n_over if config.overlong == "truncate" else 0)
     at = config if plan_budget == config.budget else config.with_(budget=plan_budget)
     if assign and config.world_size > 1 and indices.shape[0]:
-        indices, offsets, lengths = _assign(indices, offsets, lengths, at)
+        indices, offsets, lengths = assign_steps(indices, offsets, lengths, at)
     return Plan.of(at, epoch, indices, offsets, lengths, report, assigned=assign), trace
 
 
-def _assign(
+def assign_steps(
     indices: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, config: PlanConfig
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every step given to ranks by modeled cost and evened out, as :func:`padfree.core.plan.plan_items`
