@@ -69,6 +69,16 @@ class IteratorSamples:
         raise _cannot_seek(self.name, "an iterator")
 
 
+def _shuffle_buffered(dataset: Any) -> bool:
+    """Whether a ``datasets.IterableDataset`` draws through a shuffle buffer (``.shuffle(buffer_size=)``)."""
+    node = getattr(dataset, "_ex_iterable", None)
+    while node is not None:
+        if type(node).__name__ == "BufferShuffledExamplesIterable":
+            return True
+        node = getattr(node, "ex_iterable", None)
+    return False
+
+
 class HFStreamSamples:
     """A ``datasets.IterableDataset`` (``load_dataset(..., streaming=True)``, ``to_iterable_dataset()``):
     read in order; a read elsewhere than where it stands goes back through the dataset's own
@@ -118,7 +128,7 @@ class HFStreamSamples:
 
     def resume_state(self, oldest: int) -> dict:
         """The snapshot to read position ``oldest`` again (older snapshots are forgotten)."""
-        if getattr(self.dataset, "_shuffling", None) is not None:
+        if _shuffle_buffered(self.dataset):
             return {"seekable": False}
         back = [p for p in self._snaps if p <= oldest]
         if not back:
@@ -129,7 +139,7 @@ class HFStreamSamples:
         return {"position": at, "state": self._snaps[at]}
 
     def load_resume_state(self, state: dict) -> None:
-        if getattr(self.dataset, "_shuffling", None) is not None or state.get("seekable") is False:
+        if _shuffle_buffered(self.dataset) or state.get("seekable") is False:
             raise _cannot_seek(self.name, "a shuffle buffer, lost at a resume")
         try:
             at, snap = int(state["position"]), dict(state["state"])
