@@ -48,8 +48,8 @@ def write_shards(root: Path) -> None:
     pq = pytest.importorskip("pyarrow.parquet")
     data = samples()
     for j, (a, b) in enumerate(((0, 50), (50, 110), (110, N))):
-        pq.write_table(pa.table({"input_ids": [d["input_ids"] for d in data[a:b]]}), root / f"shard{j}.parquet",
-                       row_group_size=16)  # fmt: skip
+        table = pa.table({"input_ids": [d["input_ids"] for d in data[a:b]]})
+        pq.write_table(table, root / f"shard{j}.parquet", row_group_size=16)
 
 
 def rank_main(rank: int, world: int, store: str, kind: str, root: Path, run: str) -> None:
@@ -93,12 +93,13 @@ def rank_main(rank: int, world: int, store: str, kind: str, root: Path, run: str
             loss_sum += token_losses.detach()
         return loss_sum, sum(b.tokens for b in micro_batches)
 
-    args = Namespace(epochs=1, max_steps=None, clip=1.0, seen_log=str(root / "seen.jsonl"), checkpoint_every=1,
-                     log_every=100, quiet=True)  # fmt: skip
+    seen = str(root / "seen.jsonl")
+    args = Namespace(epochs=1, max_steps=None, clip=1.0, seen_log=seen, checkpoint_every=1, log_every=100,
+                     quiet=True)  # fmt: skip
     parts = (sampler, loader, model, optimizer)
     try:
-        train_loop(args, rank, device, ckpt, stop, run, parts, lambda mbs: mbs[0].info.step_tokens, micro_step,
-                   step=step)  # fmt: skip
+        count = lambda mbs: mbs[0].info.step_tokens  # noqa: E731 - the plan's loss tokens of the step
+        train_loop(args, rank, device, ckpt, stop, run, parts, count, micro_step, step=step)
     finally:
         stop.restore()
         ckpt.release()
