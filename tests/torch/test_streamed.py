@@ -32,8 +32,8 @@ def _jsonl(tmp_path) -> list[str]:
     return files
 
 
-def _run(make, world: int, state: dict | None = None, stop: int | None = None):
-    samplers = [StreamBatchSampler(make(), CFG, 48, rank=r, world_size=world) for r in range(world)]
+def _run(make, world: int, state: dict | None = None, stop: int | None = None, cfg=CFG, window=48):
+    samplers = [StreamBatchSampler(make(), cfg, window, rank=r, world_size=world) for r in range(world)]
     for s in samplers:
         if state is not None:
             s.load_state_dict(json.loads(json.dumps(state)))
@@ -45,7 +45,11 @@ def _run(make, world: int, state: dict | None = None, stop: int | None = None):
             for r, it in enumerate(its):
                 for _ in range(CFG.grad_accum):
                     mb = next(it)
-                    assert [x["sid"] for x in mb.items] == list(mb)  # the items are the planned samples
+                    if cfg.sources is None:  # the items are the planned samples
+                        assert [x["sid"] for x in mb.items] == list(mb)
+                    else:  # ids: position * 2 + source; the items say their source and position
+                        assert [(x["src"], x["pos"]) for x in mb.items] == [(i % 2, i // 2) for i in mb]
+                        assert list(mb.info.sources) == [i % 2 for i in mb]
                     assert [len(x["input_ids"]) for x in mb.items] == list(mb.info.lengths)
                     step.append((r, mb.info.step, list(mb)))
         except StopIteration:
@@ -85,6 +89,41 @@ def test_resumed_at_1_2_4_ranks_every_sample_once_and_the_unbroken_steps(tmp_pat
     assert again == c  # a resume is the unbroken run from its state
     same, _ = _run(make, 1, sa[-1])
     assert a + same == whole
+
+
+def test_a_mixture_of_a_shard_stream_and_a_datasets_stream_resumes_at_another_world_size(tmp_path) -> None:
+    datasets = pytest.importorskip("datasets")
+    data = _data()
+    chat = [{**d, "src": 0, "pos": i} for i, d in enumerate(data[:200])]
+    code = [{**d, "src": 1, "pos": i} for i, d in enumerate(data[200:])]
+    f = tmp_path / "chat.jsonl"
+    f.write_text("".join(json.dumps(d) + "\n" for d in chat))
+    cfg = CFG.with_(sources=(("chat", 2.0), ("code", 1.0)), unit="documents")
+
+    def make():
+        ds = datasets.Dataset.from_list(code).to_iterable_dataset(num_shards=2)
+        return {"chat": ShardSamples([f]), "code": HFStreamSamples(ds, name="code")}
+
+    whole, _ = _run(make, 1, cfg=cfg, window=None)
+    ids = _ids(whole)
+    assert len(ids) == len(set(ids)) and max(i % 2 == 1 for i in ids)
+    for st in whole:
+        src = [i % 2 for (_, _, mb) in st for i in mb]
+        assert abs(src.count(0) - 2 * len(src) / 3) < 1  # every step holds the share within one document
+    a, sa = _run(make, 1, stop=6, cfg=cfg, window=None)
+    assert a == whole[:6]
+    b, sb = _run(make, 2, sa[-1], stop=3, cfg=cfg, window=None)
+    c, _ = _run(make, 4, sb[-1], cfg=cfg, window=None)
+    got = _ids(a, b, c)
+    assert len(got) == len(set(got))
+    for s in (0, 1):
+        pos = sorted(i // 2 for i in got if i % 2 == s)
+        assert pos == list(range(len(pos))) and len(pos) > 20
+    assert _run(make, 4, sb[-1], cfg=cfg, window=None)[0] == c
+    with pytest.raises(ConfigError, match="a mixture of streams is composed step by step: give window=None"):
+        StreamBatchSampler(make(), cfg, 48, rank=0, world_size=1)
+    with pytest.raises(ConfigError, match=r"weighted sources stream from a mapping of each source's name"):
+        StreamBatchSampler({"chat": ShardSamples([f])}, cfg, None, rank=0, world_size=1)
 
 
 def test_bad_streams_are_one_line(tmp_path) -> None:

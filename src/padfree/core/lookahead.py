@@ -172,6 +172,8 @@ def _round(state: WindowState, config: PlanConfig, stream: LengthStream, window:
     lens = np.concatenate((state.lengths, new.astype(np.int64)))
     exhausted = new.shape[0] < want  # a full window read nothing: the next round finds out
     if ids.shape[0] == 0:
+        if state.read == 0:
+            raise ConfigError(f"source {stream.name!r}: empty (a source needs at least one sample)")
         return None
     cfg = config.with_(world_size=state.world_size, grad_accum=state.grad_accum)
     budget = Budget.of(cfg)
@@ -228,8 +230,13 @@ def check_window(config: PlanConfig, window: int) -> None:
     """A window of ``window`` samples for a streamed plan at ``config``, or one line naming the rule."""
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ConfigError(f"window must be an integer >= 1 samples (got {window!r})")
-    if config.sources is not None or config.chunked:
-        raise ConfigError("streamed plans take one stream and a packed, bucketed, sorted or random strategy")
+    if config.sources is not None:
+        raise ConfigError(
+            "a window plans one stream: weighted sources over streams are composed step by step "
+            "(padfree.core.source_streams.mixed_steps, StreamBatchSampler with window=None)"
+        )
+    if config.chunked:
+        raise ConfigError("streamed plans take a packed, bucketed, sorted or random strategy (not chunked)")
     if window < 2 * config.micro_per_step:
         raise ConfigError(
             f"window {window} holds fewer than two steps' micro-batches ({2 * config.micro_per_step}): "
