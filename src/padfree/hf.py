@@ -290,7 +290,7 @@ class PadfreeTrainerMixin(_TrainerBase):
 
             chain = EpochChain(
                 self.padfree_sampler, None, length=self.args.max_steps * self.padfree_sampler.grad_accum
-            )  # type: ignore[arg-type]
+            )
             self._padfree_chain = chain
             return DataLoader(
                 cast(Dataset, StreamDataset()), batch_sampler=chain, collate_fn=self.padfree_collator

@@ -174,7 +174,9 @@ class StreamBatchSampler:
         _, ident = fingerprint_and_identity(np.zeros(0, np.int64), self.config)
         ident = {k: v for k, v in ident.items() if k not in ("samples", "lengths")}
         mix = (
-            {"sources": [[m, float(w)] for m, w in config.sources], "unit": config.unit} if self.names else {}
+            {"sources": [[m, float(w)] for m, w in config.sources or ()], "unit": config.unit}
+            if self.names
+            else {}
         )
         streams = [w.name for w in self._wins]
         self.identity = {**ident, **mix, "window": window, "stream": streams if self.names else streams[0]}
@@ -252,7 +254,7 @@ class StreamBatchSampler:
         the micro-batches of that step given out, and what each source needs to read on (JSON-able)."""
         s = self._state
         if isinstance(s, Counters):
-            where = {"counters": s.to_state()}
+            where: dict[str, dict | None] = {"counters": s.to_state()}
             sources = {
                 m: w.source.resume_state(s.drawn[j]) for j, (m, w) in enumerate(zip(self.names, self._wins))
             }
