@@ -1,7 +1,9 @@
-"""A streamed plan (issue 43, item 3) trained by the plain loop (:func:`padfree.torch.loop.train_loop`),
-SIGKILLed at 1 rank, resumed and killed at 2, resumed at 4: every sample of the stream trains exactly once,
-and the last run's steps are the unbroken run's from its checkpoint. Sources: parquet shards read in order
-and a ``datasets`` streaming ``IterableDataset``; ranks are forked (:mod:`padfree.testing.forkranks`)."""
+"""A streamed plan (issue 43, item 3) trained by the plain loop (:func:`padfree.torch.loop.train_loop`) and
+by PadfreeTrainer, SIGKILLed at 1 rank, resumed and killed at 2, resumed at 4: every sample of the stream
+trains exactly once (a mixture: every sample of each source's drawn prefix), and the last run's steps are the
+unbroken run's from its checkpoint. Sources: parquet shards read in order and a ``datasets`` streaming
+``IterableDataset``, each once as one stream and once as a weighted mixture of two streams (``-mixed``);
+ranks are forked (:mod:`padfree.testing.forkranks`)."""
 
 from __future__ import annotations
 
@@ -29,18 +31,62 @@ def samples() -> list[dict]:
     return [{"input_ids": rng.integers(1, 64, int(n)).tolist()} for n in rng.integers(4, 60, N)]
 
 
+MIXED = CONFIG.with_(sources=(("chat", 0.7), ("code", 0.3)), unit="tokens")
+
+
+def config_of(kind: str) -> tuple[PlanConfig, int | None]:
+    """The plan config and window of a kind of stream (a mixture has no window)."""
+    return (MIXED, None) if kind.endswith("-mixed") else (CONFIG, WINDOW)
+
+
 def make_source(kind: str, root: Path):
+    """One stream over the three shards, or (``-mixed``) ``chat`` over the first two and ``code`` over the
+    third."""
+    files = sorted(str(p) for p in root.glob("shard*.parquet"))
+    if kind.endswith("-mixed"):
+        base = kind.removesuffix("-mixed")
+        return {"chat": _stream(base, files[:2], "chat"), "code": _stream(base, files[2:], "code")}
+    return _stream(kind, files, "hf-stream")
+
+
+def _stream(kind: str, files: list[str], name: str):
     if kind == "parquet":
         from padfree.data.sample_streams import ShardSamples
 
-        return ShardSamples(sorted(str(p) for p in root.glob("shard*.parquet")))
+        return ShardSamples(files)
     import datasets
 
     from padfree.data.sample_streams import HFStreamSamples
 
-    ds = datasets.load_dataset("parquet", data_files=sorted(str(p) for p in root.glob("shard*.parquet")),
-                               split="train", streaming=True)  # fmt: skip
-    return HFStreamSamples(ds, name="hf-stream")
+    ds = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+    return HFStreamSamples(ds, name=name)
+
+
+def _made_before_fork(kind: str, root: Path):
+    """The sources built once in the parent (``datasets`` resolves its files and modules there, not in
+    every forked rank at once); each rank iterates its own copy."""
+    built = make_source(kind, root)
+    return lambda: built
+
+
+def check_once(records: list[dict], kind: str) -> None:
+    """Every sample of the first epoch once (a mixture: each source's drawn prefix, positions 0 .. n-1, once;
+    the epoch ended when one source ran out), in the steps that count."""
+    if not kind.endswith("-mixed"):
+        report = seenlog.check_exactly_once(records, N, epochs=1)
+        assert report["ok"] and report["runs"] == 3, report
+        return
+    from collections import Counter
+
+    ids = Counter(r["index"] for r in seenlog.counted(records) if r["epoch"] == 0)
+    assert set(ids.values()) == {1}, [i for i, c in ids.items() if c > 1][:5]
+    sizes = {0: 110, 1: N - 110}
+    drawn = {}
+    for s in (0, 1):
+        pos = sorted(i // 2 for i in ids if i % 2 == s)
+        assert pos == list(range(len(pos))), (s, pos[:5], len(pos))
+        drawn[s] = len(pos)
+    assert any(sizes[s] - drawn[s] < 16 for s in (0, 1)) and min(drawn.values()) > 20, drawn
 
 
 def write_shards(root: Path) -> None:
@@ -52,7 +98,7 @@ def write_shards(root: Path) -> None:
         pq.write_table(table, root / f"shard{j}.parquet", row_group_size=16)
 
 
-def rank_main(rank: int, world: int, store: str, kind: str, root: Path, run: str) -> None:
+def rank_main(rank: int, world: int, store: str, kind: str, root: Path, run: str, made) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader
@@ -71,7 +117,8 @@ def rank_main(rank: int, world: int, store: str, kind: str, root: Path, run: str
     torch.manual_seed(0)
     model = build_model("tiny-llama", attn_implementation=attention_implementation("packed"), **TINY)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    sampler = StreamBatchSampler(make_source(kind, root), CONFIG, WINDOW, rank=rank, world_size=world)
+    config, window = config_of(kind)
+    sampler = StreamBatchSampler(made(), config, window, rank=rank, world_size=world)
     loader = DataLoader(StreamDataset(), batch_sampler=sampler, collate_fn=PackCollator())
     ckpt = CheckpointDir(root / "ckpt", rank, world, say=lambda *a: None)
     ckpt.acquire(run)
@@ -106,23 +153,22 @@ def rank_main(rank: int, world: int, store: str, kind: str, root: Path, run: str
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("kind", ["parquet", "datasets"])
+@pytest.mark.parametrize("kind", ["parquet-mixed", "datasets"])
 def test_a_streamed_run_killed_at_1_and_2_ranks_resumes_at_4_every_sample_once(tmp_path, kind) -> None:
     write_shards(tmp_path)
     seen = tmp_path / "seen.jsonl"
 
     def main(run):
-        return lambda rank, world, store: rank_main(rank, world, store, kind, tmp_path, run)
+        made = _made_before_fork(kind, tmp_path)
+        return lambda rank, world, store: rank_main(rank, world, store, kind, tmp_path, run, made)
 
     # 1 rank: ~20 steps in the stream; killed after step 6, then after 4 more steps at 2 ranks
     assert forkranks.launch(main("a"), 1, seen, run="a", kill_at=6) == [-signal.SIGKILL]
     assert forkranks.launch(main("b"), 2, seen, run="b", kill_at=10) == [-signal.SIGKILL] * 2
     assert forkranks.launch(main("c"), 4, seen, run="c") == [0] * 4
     records = seenlog.read(seen)
-    report = seenlog.check_exactly_once(records, N, epochs=1)
-    assert report["ok"] and report["runs"] == 3, report
-    kept = seenlog.counted(records)
-    assert {r["run"] for r in kept} == {"a", "b", "c"}
+    check_once(records, kind)
+    assert {r["run"] for r in seenlog.counted(records)} == {"a", "b", "c"}
     _equal_to_unbroken(tmp_path, kind, records)
 
 
@@ -134,7 +180,7 @@ def _equal_to_unbroken(tmp_path: Path, kind: str, records: list[dict]) -> None:
     resumed = json.loads((tmp_path / "resumed-c.json").read_text())
     expected: dict = {}
     for rank in range(4):
-        s = StreamBatchSampler(make_source(kind, tmp_path), CONFIG, WINDOW, rank=rank, world_size=4)
+        s = StreamBatchSampler(make_source(kind, tmp_path), *config_of(kind), rank=rank, world_size=4)
         s.load_state_dict(resumed["sampler"])
         for mb in s:
             assert mb.info.epoch == 0
@@ -147,7 +193,7 @@ def _equal_to_unbroken(tmp_path: Path, kind: str, records: list[dict]) -> None:
     assert {k: sorted(v) for k, v in got.items()} == {k: sorted(v) for k, v in expected.items()}
 
 
-def trainer_main(rank: int, world: int, store: str, kind: str, root: Path, run: str) -> None:
+def trainer_main(rank: int, world: int, store: str, kind: str, root: Path, run: str, made) -> None:
     import os
 
     import torch.distributed as dist
@@ -185,8 +231,9 @@ def trainer_main(rank: int, world: int, store: str, kind: str, root: Path, run: 
     args = TrainingArguments(str(out), gradient_accumulation_steps=CONFIG.grad_accum, max_steps=40,
                              save_steps=1, optim="sgd", learning_rate=0.1, report_to=[], use_cpu=True,
                              disable_tqdm=True, remove_unused_columns=False, logging_steps=100)  # fmt: skip
-    stream = Stream(make_source(kind, root), WINDOW)
-    trainer = PadfreeTrainer(model=model, args=args, stream=stream, plan_config=CONFIG, collator=logged,
+    config, window = config_of(kind)
+    stream = Stream(made(), window)
+    trainer = PadfreeTrainer(model=model, args=args, stream=stream, plan_config=config, collator=logged,
                              callbacks=[Seen()])  # fmt: skip
     done = sorted(out.glob("checkpoint-*/" + STATE_FILE), key=lambda p: int(p.parent.name.split("-")[1]))
     if done and rank == 0:
@@ -198,7 +245,7 @@ def trainer_main(rank: int, world: int, store: str, kind: str, root: Path, run: 
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("kind", ["datasets", "parquet"])
+@pytest.mark.parametrize("kind", ["datasets-mixed", "parquet"])
 def test_padfree_trainer_streamed_killed_at_1_and_2_ranks_resumes_at_4_every_sample_once(
     tmp_path, kind
 ) -> None:
@@ -206,13 +253,13 @@ def test_padfree_trainer_streamed_killed_at_1_and_2_ranks_resumes_at_4_every_sam
     seen = tmp_path / "seen.jsonl"
 
     def main(run):
-        return lambda rank, world, store: trainer_main(rank, world, store, kind, tmp_path, run)
+        made = _made_before_fork(kind, tmp_path)
+        return lambda rank, world, store: trainer_main(rank, world, store, kind, tmp_path, run, made)
 
     assert forkranks.launch(main("a"), 1, seen, run="a", kill_at=6) == [-signal.SIGKILL]
     assert forkranks.launch(main("b"), 2, seen, run="b", kill_at=10) == [-signal.SIGKILL] * 2
     assert forkranks.launch(main("c"), 4, seen, run="c") == [0] * 4
     records = seenlog.read(seen)
-    report = seenlog.check_exactly_once(records, N, epochs=1)
-    assert report["ok"] and report["runs"] == 3, report
+    check_once(records, kind)
     assert {r["run"] for r in seenlog.counted(records) if r["epoch"] == 0} == {"a", "b", "c"}
     _equal_to_unbroken(tmp_path, kind, records)
