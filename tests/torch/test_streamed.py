@@ -203,3 +203,29 @@ def test_padfree_trainer_trains_a_stream_and_resumes_it(tmp_path) -> None:
     assert len({i for _, i in seen}) == len(seen)
     with pytest.raises(ConfigError, match="needs TrainingArguments.max_steps > 0"):
         trainer(-1)
+
+
+def test_padfree_trainer_logs_the_loss_of_each_streamed_source(tmp_path) -> None:
+    from transformers import TrainingArguments
+
+    from padfree.hf import PadfreeTrainer
+    from padfree.models import build_model
+    from padfree.torch.attention import attention_implementation
+
+    tiny = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "num_key_value_heads": 2, "vocab_size": 64}  # fmt: skip
+    data = [{"input_ids": [min(t, 63) for t in d["input_ids"]]} for d in _data()]
+    files = {}
+    for name, part in (("chat", data[:150]), ("code", data[150:])):
+        files[name] = tmp_path / f"{name}.jsonl"
+        files[name].write_text("".join(json.dumps(d) + "\n" for d in part))
+    cfg = CFG.with_(sources=(("chat", 0.5), ("code", 0.5)), unit="tokens")
+    model = build_model("tiny-llama", attn_implementation=attention_implementation("packed"), **tiny)
+    args = TrainingArguments(str(tmp_path / "out"), gradient_accumulation_steps=2, max_steps=3,
+                             logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+                             disable_tqdm=True, remove_unused_columns=False)  # fmt: skip
+    stream = Stream({n: ShardSamples([f]) for n, f in files.items()})
+    trainer = PadfreeTrainer(model=model, args=args, stream=stream, plan_config=cfg)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logged) == 3 and all(h["loss_chat"] > 0 and h["loss_code"] > 0 for h in logged)
