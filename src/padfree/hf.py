@@ -192,7 +192,7 @@ class PadfreeTrainerMixin(_TrainerBase):
     model's last gradient, and the ranks are balanced from those times). Rank and world size come from
     ``TrainingArguments``; plan epochs from ``num_train_epochs`` (from 0, or from the checkpoint resumed).
     ``stream`` (a :class:`padfree.torch.streamed.Stream`) replaces ``lengths`` and ``train_dataset``: a
-    streamed plan whose lengths are learned as read (it needs ``max_steps``; see :mod:`padfree.torch.streamed`).
+    streamed plan whose lengths are learned as read (it needs ``max_steps``; :mod:`padfree.torch.streamed`).
     """
 
     def __init__(
