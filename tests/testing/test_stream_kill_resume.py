@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from argparse import Namespace
 from pathlib import Path
 
@@ -22,6 +23,9 @@ from padfree.testing import forkranks, seenlog
 N = 160
 CONFIG = PlanConfig(strategy="packed", budget=128, grad_accum=2, seed=7)
 WINDOW = 48
+STEP_S = 0.1
+"""Seconds each step waits: a tiny model's steps take milliseconds, and the parent polls the seen-log, so a
+kill would otherwise land several steps after the one it waits for (or after the epoch's end)."""
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
         "num_key_value_heads": 2, "vocab_size": 64}  # fmt: skip
 
@@ -138,6 +142,7 @@ def rank_main(rank: int, world: int, store: str, kind: str, root: Path, run: str
             token_losses = token_loss_sum(ddp(**batch).logits, labels)
             step_loss(token_losses, step_tokens, world).backward()
             loss_sum += token_losses.detach()
+        time.sleep(STEP_S)
         return loss_sum, sum(b.tokens for b in micro_batches)
 
     seen = str(root / "seen.jsonl")
@@ -226,9 +231,10 @@ def trainer_main(rank: int, world: int, store: str, kind: str, root: Path, run: 
         def on_step_end(self, args, state, control, **kwargs):
             info = trainer._padfree_info
             seenlog.append(seen, run, info.epoch, state.global_step - 1, rank, mine.pop(info.step))
+            time.sleep(STEP_S)
 
     out = root / "out"
-    args = TrainingArguments(str(out), gradient_accumulation_steps=CONFIG.grad_accum, max_steps=40,
+    args = TrainingArguments(str(out), gradient_accumulation_steps=CONFIG.grad_accum, max_steps=20,
                              save_steps=1, optim="sgd", learning_rate=0.1, report_to=[], use_cpu=True,
                              disable_tqdm=True, remove_unused_columns=False, logging_steps=100)  # fmt: skip
     config, window = config_of(kind)

@@ -246,6 +246,7 @@ class StreamBatchSampler:
                 self._micro = 0 if last else m + 1
                 if last:
                     self._state = st.state_after
+                    self._source_states()  # each source forgets the snapshots no resume can need
                 yield StreamBatch(ids, info, taken[mine[m]])
         self._spent = True
 
@@ -255,13 +256,8 @@ class StreamBatchSampler:
         s = self._state
         if isinstance(s, Counters):
             where: dict[str, dict | None] = {"counters": s.to_state()}
-            sources = {
-                m: w.source.resume_state(s.drawn[j]) for j, (m, w) in enumerate(zip(self.names, self._wins))
-            }
         else:
             where = {"window": None if s is None else s.to_state()}
-            oldest = 0 if s is None else int(min([s.read, *s.ids.tolist()]))
-            sources = {w.name: w.source.resume_state(oldest if s is not None else 0) for w in self._wins}
         return {
             "format": FORMAT,
             "epoch": self._epoch,
@@ -269,10 +265,20 @@ class StreamBatchSampler:
             "micro": self._micro,
             "shape": [self.world_size, self.grad_accum],
             "spent": self._spent,
-            "source": sources,
+            "source": self._source_states(),
             "fingerprint": self.fingerprint,
             "identity": self.identity,
         }
+
+    def _source_states(self) -> dict:
+        """What each source needs to read on from the current state (its oldest position still needed)."""
+        s = self._state
+        if isinstance(s, Counters):
+            return {
+                m: w.source.resume_state(s.drawn[j]) for j, (m, w) in enumerate(zip(self.names, self._wins))
+            }
+        oldest = 0 if s is None else int(min([s.read, *s.ids.tolist()]))
+        return {w.name: w.source.resume_state(oldest) for w in self._wins}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue at the next micro-batch of ``state`` (another world size: at a step boundary), reading
