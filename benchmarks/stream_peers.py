@@ -61,8 +61,8 @@ from pathlib import Path
 import numpy as np
 
 from padfree.core import cost
-from padfree.core._kernels import njit
 from padfree.core.config import DEFAULT_COST, PlanConfig
+from padfree.core.kernels import njit
 from padfree.core.lookahead import ArrayLengths, window_for_steps, window_steps
 from padfree.core.sources import plan_sources, source_data
 

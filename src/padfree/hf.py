@@ -191,16 +191,19 @@ class PadfreeTrainerMixin(_TrainerBase):
     ``balance_exchange``, ``window``; with ``balance="dynamic"`` every ``training_step`` is timed, up to the
     model's last gradient, and the ranks are balanced from those times). Rank and world size come from
     ``TrainingArguments``; plan epochs from ``num_train_epochs`` (from 0, or from the checkpoint resumed).
+    ``stream`` (a :class:`padfree.torch.streamed.Stream`) replaces ``lengths`` and ``train_dataset``: a
+    streamed plan whose lengths are learned as read (it needs ``max_steps``; :mod:`padfree.torch.streamed`).
     """
 
     def __init__(
         self,
         *args: Any,
-        lengths: ArrayLike,
+        lengths: ArrayLike | None = None,
         plan_config: PlanConfig,
         loss_tokens: ArrayLike | None = None,
         collator: Callable[[list], Any] | None = None,
         keep_chunks: int = 0,
+        stream: Any = None,
         **kwargs: Any,
     ) -> None:
         options = {k: kwargs.pop(k) for k in SAMPLER_OPTIONS if k in kwargs}  # the rest is the Trainer's
@@ -250,12 +253,11 @@ class PadfreeTrainerMixin(_TrainerBase):
         ):
             raise ConfigError("chunked plans run their own backward passes: use bf16 or float32, not fp16")
         self.padfree_collator = collator
-        self.padfree_sampler = PlanBatchSampler(
-            lengths,
-            plan_config,
-            loss_tokens=loss_tokens,
-            **{**options, **self.padfree_runner.sampler_ranks},  # the data-parallel coordinate: the runner's
-        )
+        self.padfree_stream = stream
+        if stream is not None:  # a streamed plan (padfree.torch.streamed.Stream): steps known as read
+            self.padfree_sampler = _stream_sampler(stream, plan_config, lengths, options, targs)
+        else:
+            self.padfree_sampler = self._plan_sampler(lengths, plan_config, loss_tokens, options)
         self._padfree_chain: EpochChain | None = None
         self._padfree_state: dict | None = None
         self._padfree_info: MicroInfo | None = None
@@ -264,8 +266,30 @@ class PadfreeTrainerMixin(_TrainerBase):
         self._padfree_by_source: torch.Tensor | None = None  # per-source loss sums and tokens since a log
         self.callback_handler.callbacks.insert(0, _PlanEpoch(self))
 
+    def _plan_sampler(self, lengths, plan_config, loss_tokens, options) -> PlanBatchSampler:
+        if lengths is None:
+            raise ConfigError(
+                "PadfreeTrainer needs lengths (tokens per sample) or stream=Stream(source, window)"
+            )
+        return PlanBatchSampler(
+            lengths,
+            plan_config,
+            loss_tokens=loss_tokens,
+            **{**options, **self.padfree_runner.sampler_ranks},  # the data-parallel coordinate: the runner's
+        )
+
     # ----- data --------------------------------------------------------------------------------------------
     def get_train_dataloader(self) -> DataLoader:
+        if self.padfree_stream is not None:
+            from padfree.torch.streamed import StreamDataset
+
+            chain = EpochChain(
+                self.padfree_sampler, None, length=self.args.max_steps * self.padfree_sampler.grad_accum
+            )
+            self._padfree_chain = chain
+            return DataLoader(
+                cast(Dataset, StreamDataset()), batch_sampler=chain, collate_fn=self.padfree_collator
+            )
         if self.train_dataset is None:
             raise ConfigError("training needs a train_dataset")
         sampler, targs = self.padfree_sampler, self.args
@@ -451,6 +475,24 @@ class PadfreeTrainerMixin(_TrainerBase):
             self._padfree_state = state
             skip = 0  # the sampler itself continues after the checkpoint: nothing to skip
         return epochs_trained, skip
+
+
+def _stream_sampler(stream: Any, plan_config: PlanConfig, lengths: Any, options: dict, targs: Any) -> Any:
+    """The sampler of ``stream=`` (:class:`padfree.torch.streamed.Stream`), or one line naming the rule."""
+    from padfree.torch.streamed import Stream, StreamBatchSampler
+
+    if not isinstance(stream, Stream):
+        raise ConfigError(
+            f"stream= takes padfree.torch.streamed.Stream(source, window) (got {type(stream).__name__})"
+        )
+    if lengths is not None or options or plan_config.sp * plan_config.cp > 1:
+        raise ConfigError("a streamed plan learns its lengths as read: no lengths=, sampler options or sp/cp")
+    if targs.max_steps <= 0:
+        raise ConfigError(
+            "a streamed plan needs TrainingArguments.max_steps > 0: its steps are known only as read"
+        )
+    return StreamBatchSampler(stream.source, plan_config, stream.window, length_of=stream.length_of,
+                              rank=targs.process_index, world_size=targs.world_size)  # fmt: skip
 
 
 def refuse_parallelism(pc: Any, plan_config: PlanConfig) -> None:

@@ -31,11 +31,13 @@ from typing import Protocol
 
 import numpy as np
 
+from padfree.core import kernels
 from padfree.core.budget import Budget
 from padfree.core.config import PlanConfig
 from padfree.core.items import Items, check_overlong
 from padfree.core.plan import Plan, plan_items
 from padfree.core.replay import one_per_micro
+from padfree.core.sources import assign_steps
 from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError, StateError
 
@@ -141,8 +143,26 @@ class Step:
     state_after: WindowState
 
 
-def _round_plan(state: WindowState, config: PlanConfig, stream: LengthStream, window: int) -> tuple:
-    """The round's refilled window and its plan: ``(ids, lengths, plan, exhausted)``."""
+@dataclass(frozen=True)
+class _Round:
+    """A round planned: the refilled window (``ids``, ``lens``, ``read`` positions read after the refill),
+    the steps it gives out (``order``: window positions micro-batch after micro-batch, rank after rank,
+    cut at ``offsets``; ``lengths``: their tokens), how many, and the window positions it carries."""
+
+    ids: np.ndarray
+    lens: np.ndarray
+    read: int
+    exhausted: bool
+    order: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    n_steps: int
+    rest: np.ndarray
+
+
+def _round(state: WindowState, config: PlanConfig, stream: LengthStream, window: int) -> _Round | None:
+    """The round that starts at ``state``: its window refilled from ``stream`` and planned at the state's
+    shape (``None``: nothing left to plan)."""
     want = max(window - state.ids.shape[0], 0)
     new = stream.read(state.read, want) if want else np.zeros(0, np.int64)
     if new.shape[0] and (new < 1).any():
@@ -151,9 +171,11 @@ def _round_plan(state: WindowState, config: PlanConfig, stream: LengthStream, wi
     ids = np.concatenate((state.ids, np.arange(state.read, state.read + new.shape[0], dtype=np.int64)))
     lens = np.concatenate((state.lengths, new.astype(np.int64)))
     exhausted = new.shape[0] < want  # a full window read nothing: the next round finds out
-    cfg = config.with_(world_size=state.world_size, grad_accum=state.grad_accum)
     if ids.shape[0] == 0:
-        return ids, lens, None, True, cfg
+        if state.read == 0:
+            raise ConfigError(f"source {stream.name!r}: empty (a source needs at least one sample)")
+        return None
+    cfg = config.with_(world_size=state.world_size, grad_accum=state.grad_accum)
     budget = Budget.of(cfg)
     over = lens > budget.item
     if over.any():
@@ -166,14 +188,62 @@ def _round_plan(state: WindowState, config: PlanConfig, stream: LengthStream, wi
     words = [cfg.seed, state.epoch, REGISTRY[cfg.strategy].stream_id, _TAG, state.round]
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
     try:
-        plan = plan_items(items, cfg, state.epoch, rng=rng, assign=True)
+        plan = plan_items(items, cfg, state.epoch, rng=rng, assign=False)
     except ConfigError:  # too few samples for a step: one each, the rest of the step empty
         plan = one_per_micro(items, cfg, state.epoch)
-    return ids, lens, plan, exhausted, cfg
+    order, offsets, lengths, n_steps, rest = _emit(plan, exhausted)
+    read = state.read + new.shape[0]
+    return _Round(ids, lens, read, exhausted, order, offsets, lengths, n_steps, rest)
+
+
+def _emit(plan: Plan, exhausted: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]:
+    """The steps a round gives out and the window positions it carries: every step once the stream is
+    exhausted, else ``ceil(steps * EMIT_SHARE)`` of them, made of the round's fullest packed rows (its
+    partly filled rows' samples go back to the window and are packed again with the refill), each step's
+    micro-batches then given to ranks."""
+    cfg = plan.config
+    k = cfg.micro_per_step
+    n_micro = plan.n_steps * k
+    emit = _emitted(plan, exhausted)
+    sizes = np.diff(plan.offsets[: n_micro + 1])
+    if cfg.packed and emit < plan.n_steps:
+        row = np.repeat(np.arange(n_micro, dtype=np.int64), sizes)
+        fill = np.bincount(row, weights=plan.lengths[: row.shape[0]], minlength=n_micro)
+        chosen = np.sort(np.argsort(-fill, kind="stable")[: emit * k])
+    else:
+        chosen = np.arange(emit * k, dtype=np.int64)
+    pos = np.arange(plan.indices.shape[0], dtype=np.int64)
+    pos, offsets = kernels.gather_segments(pos, plan.offsets[: n_micro + 1], chosen)
+    out = np.ones(plan.indices.shape[0], bool)
+    out[pos] = False
+    order, lengths = plan.indices[pos], plan.lengths[pos]
+    if cfg.world_size > 1 and order.shape[0]:
+        order, offsets, lengths = assign_steps(order, offsets, lengths, cfg)
+    return order, offsets, lengths, emit, plan.indices[out]
 
 
 def _emitted(plan: Plan, exhausted: bool) -> int:
     return plan.n_steps if exhausted else max(1, math.ceil(plan.n_steps * EMIT_SHARE))
+
+
+def check_window(config: PlanConfig, window: int) -> None:
+    """A window of ``window`` samples for a streamed plan at ``config``, or one line naming the rule."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ConfigError(f"window must be an integer >= 1 samples (got {window!r})")
+    if config.sources is not None:
+        raise ConfigError(
+            "a window plans one stream: weighted sources over streams are composed step by step "
+            "(padfree.core.source_streams.mixed_steps, StreamBatchSampler with window=None)"
+        )
+    if config.spec.layout is not None:  # a strategy that lays out its own epoch needs the whole of it
+        raise ConfigError(
+            f"streamed plans take a packed, bucketed, sorted or random strategy (not {config.strategy})"
+        )
+    if window < 2 * config.micro_per_step:
+        raise ConfigError(
+            f"window {window} holds fewer than two steps' micro-batches ({2 * config.micro_per_step}): "
+            "its steps would hold empty micro-batches; use a larger window (window_for_steps)"
+        )
 
 
 def window_steps(
@@ -187,15 +257,7 @@ def window_steps(
     """The steps of a streamed plan at ``config``'s shape, from ``state`` (default: the stream's start), each
     with the state after it. A state of another shape continues at this one (its round's given-out steps
     are taken out and a new round starts here)."""
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ConfigError(f"window must be an integer >= 1 samples (got {window!r})")
-    if config.sources is not None or config.spec.layout is not None:
-        raise ConfigError("streamed plans take one stream and a packed, bucketed, sorted or random strategy")
-    if window < 2 * config.micro_per_step:
-        raise ConfigError(
-            f"window {window} holds fewer than two steps' micro-batches ({2 * config.micro_per_step}): "
-            "its steps would hold empty micro-batches; use a larger window (window_for_steps)"
-        )
+    check_window(config, window)
     if state is None:
         state = WindowState(epoch, 0, 0, config.world_size, config.grad_accum,
                             np.zeros(0, np.int64), np.zeros(0, np.int64))  # fmt: skip
@@ -204,43 +266,35 @@ def window_steps(
         state = _reshape(state, config, stream, window)
     k = config.micro_per_step
     while True:
-        ids, lens, plan, exhausted, _ = _round_plan(state, config, stream, window)
-        if plan is None:
+        rnd = _round(state, config, stream, window)
+        if rnd is None:
             return
-        read = state.read + (ids.shape[0] - state.ids.shape[0])
-        emit = _emitted(plan, exhausted)
-        for s in range(state.given, emit):
-            a, b = s * k, (s + 1) * k
-            micro = [ids[plan.indices[plan.offsets[j] : plan.offsets[j + 1]]] for j in range(a, b)]
-            mlens = [plan.lengths[plan.offsets[j] : plan.offsets[j + 1]] for j in range(a, b)]
+        ids, offs = rnd.ids, rnd.offsets
+        for s in range(state.given, rnd.n_steps):
+            micro = [ids[rnd.order[offs[j] : offs[j + 1]]] for j in range(s * k, (s + 1) * k)]
+            mlens = [rnd.lengths[offs[j] : offs[j + 1]] for j in range(s * k, (s + 1) * k)]
             after = WindowState(state.epoch, state.round, state.read, *shape, state.ids, state.lengths, s + 1,
                                 state.steps)  # fmt: skip
             yield Step(state.steps + s, micro, mlens, after)
-        if exhausted and emit == plan.n_steps:
+        if rnd.exhausted and rnd.rest.shape[0] == 0:
             return
-        cut = int(plan.offsets[emit * k])
-        rest = plan.indices[cut:]
-        state = WindowState(state.epoch, state.round + 1, read, *shape, ids[rest], lens[rest], 0,
-                            state.steps + emit)  # fmt: skip
+        state = WindowState(state.epoch, state.round + 1, rnd.read, *shape, ids[rnd.rest], rnd.lens[rnd.rest],
+                            0, state.steps + rnd.n_steps)  # fmt: skip
 
 
 def _reshape(state: WindowState, config: PlanConfig, stream: LengthStream, window: int) -> WindowState:
     """A state of another shape, continued at ``config``'s: its round planned at its own shape, the steps it
     gave out taken out of the window, a new round from there."""
-    ids, lens, plan, _, _ = _round_plan(state, config, stream, window)
-    read = state.read + (ids.shape[0] - state.ids.shape[0])
-    if plan is None:
-        return WindowState(
-            state.epoch, state.round + 1, read, config.world_size, config.grad_accum, ids, lens
-        )
-    if state.given > plan.n_steps:
-        raise StateError(
-            f"malformed window state: {state.given} steps given out of a round of {plan.n_steps}"
-        )
-    cut = int(plan.offsets[state.given * state.world_size * state.grad_accum])
-    rest = plan.indices[cut:]
-    return WindowState(state.epoch, state.round + 1, read, config.world_size, config.grad_accum, ids[rest],
-                       lens[rest], 0, state.steps + state.given)  # fmt: skip
+    rnd = _round(state, config, stream, window)
+    if rnd is None:
+        return WindowState(state.epoch, state.round + 1, state.read, config.world_size, config.grad_accum,
+                           state.ids, state.lengths, 0, state.steps)  # fmt: skip
+    if state.given > rnd.n_steps:
+        raise StateError(f"malformed window state: {state.given} steps given out of a round of {rnd.n_steps}")
+    keep = np.ones(rnd.ids.shape[0], bool)
+    keep[rnd.order[: rnd.offsets[state.given * state.world_size * state.grad_accum]]] = False
+    return WindowState(state.epoch, state.round + 1, rnd.read, config.world_size, config.grad_accum,
+                       rnd.ids[keep], rnd.lens[keep], 0, state.steps + state.given)  # fmt: skip
 
 
 def window_for_steps(steps: float, config: PlanConfig, mean_length: float) -> int:

@@ -51,6 +51,7 @@ __all__ = [
     "UNITS",
     "Counters",
     "SourceData",
+    "assign_steps",
     "check_source_config",
     "plan_sources",
     "repetition",
@@ -277,6 +278,10 @@ class _Step:
         off = np.concatenate(([0], np.cumsum([a.shape[0] for a in ids])))
         return ids, lens, vals, off
 
+    def ended(self, s: int) -> bool:
+        """Whether source ``s`` has no more samples (passes of a source in memory never end)."""
+        return False
+
     def _loss(self, flat: np.ndarray, lens: np.ndarray) -> np.ndarray:
         loss = self.data.lengths[flat] - 1 if self.data.loss is None else self.data.loss[flat]
         return np.minimum(loss, lens).astype(np.float64)
@@ -348,10 +353,11 @@ def _compose(
     carry: np.ndarray,
     cap: int,
     rng: np.random.Generator,
-) -> tuple[float, list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple]:
+) -> tuple[float, list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple] | None:
     """One step from the counters ``cur``: the deficit rule's picks (carried deficits ``tie`` in the
     score), cut to the largest prefix that forms ``k`` micro-batches. Returns its share error (in
-    documents), the buffers, the chosen entries and the formed micro-batches."""
+    documents), the buffers, the chosen entries and the formed micro-batches (``None``: a source's stream
+    ended first)."""
     data, k = step.data, step.config.micro_per_step
     k_src = len(data.names)
     w = data.weights
@@ -360,6 +366,8 @@ def _compose(
         picks, exhausted = _greedy(vals, lens.astype(np.int64), off, w, tie, cap)
         if exhausted < 0:
             break
+        if step.ended(exhausted):
+            return None
         step.want[exhausted] *= 2
 
     def chosen(m: int) -> np.ndarray:
@@ -393,6 +401,44 @@ def _compose(
     return err, ids, lens, vals, off, sel, formed
 
 
+def next_step(
+    step: _Step, cur: Counters, cap: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, Counters] | None:
+    """The step after the counters ``cur``: its samples (global ids) and tokens micro-batch after
+    micro-batch (cut at the offsets), and the counters after it; ``None`` when a source's stream ended
+    before the step could be composed (streams: the epoch ends there). The carried deficits enter the
+    rule at the first of :data:`CARRY_SCALES` whose step is within one document of its targets."""
+    w, k_src = step.data.weights, len(step.data.names)
+    carry = cur.deficits(w)
+    composed = None
+    state = rng.bit_generator.state
+    for alpha in CARRY_SCALES if step.data.unit != "documents" else (0.0,):
+        rng.bit_generator.state = state
+        got = _compose(step, cur, carry * alpha, carry, cap, rng)
+        if got is None:
+            return None
+        if composed is None or got[0] < composed[0]:
+            composed = got
+        if got[0] <= 1.0:
+            break
+    assert composed is not None
+    _, ids, lens, vals, off, sel, formed = composed
+    order, offsets = formed
+    taken = sel[order]
+    src = np.searchsorted(off, sel, side="right") - 1
+    counts = np.bincount(src, minlength=k_src)
+    units = np.bincount(src, weights=vals[sel], minlength=k_src)
+    step.want = np.maximum(64, 2 * counts + 16)
+    after = Counters(
+        tuple(int(a + b) for a, b in zip(cur.drawn, counts, strict=True)),
+        tuple(float(a + b) for a, b in zip(cur.got, units, strict=True)),
+        float(cur.units + units.sum()),
+        int(cur.tokens + int(lens[sel].sum())),
+        cur.steps + 1,
+    )
+    return np.concatenate(ids)[taken], lens[taken], offsets, after
+
+
 def plan_sources(
     data: SourceData,
     config: PlanConfig,
@@ -417,40 +463,18 @@ def plan_sources(
     k = config.micro_per_step
     cap = k * plan_budget
     step = _Step(data, config, epoch, item, plan_budget)
-    w = data.weights
     trace = [start]
     cur = start
     parts_ids: list[np.ndarray] = []
     parts_lens: list[np.ndarray] = []
     parts_off: list[np.ndarray] = []
     while (cur.steps < n_steps) if n_steps is not None else (cur.tokens < n_tokens):
-        carry = cur.deficits(w)
-        composed = None
-        for alpha in CARRY_SCALES if data.unit != "documents" else (0.0,):
-            got = _compose(step, cur, carry * alpha, carry, cap, _rng(config, epoch, cur.steps))
-            if composed is None or got[0] < composed[0]:
-                composed = got
-            if got[0] <= 1.0:
-                break
-        assert composed is not None
-        _, ids, lens, vals, off, sel, formed = composed
-        order, offsets = formed
-        flat = np.concatenate(ids)
-        taken = sel[order]
-        src = np.searchsorted(off, sel, side="right") - 1
-        counts = np.bincount(src, minlength=k_src)
-        units = np.bincount(src, weights=vals[sel], minlength=k_src)
-        step.want = np.maximum(64, 2 * counts + 16)
-        parts_ids.append(flat[taken])
-        parts_lens.append(lens[taken])
+        nxt = next_step(step, cur, cap, _rng(config, epoch, cur.steps))
+        assert nxt is not None  # passes of shuffles never run out
+        ids, lens, offsets, cur = nxt
+        parts_ids.append(ids)
+        parts_lens.append(lens)
         parts_off.append(offsets)
-        cur = Counters(
-            tuple(int(a + b) for a, b in zip(cur.drawn, counts, strict=True)),
-            tuple(float(a + b) for a, b in zip(cur.got, units, strict=True)),
-            float(cur.units + units.sum()),
-            int(cur.tokens + int(lens[sel].sum())),
-            cur.steps + 1,
-        )
         trace.append(cur)
     if parts_ids:
         indices = np.concatenate(parts_ids)
@@ -463,11 +487,11 @@ def plan_sources(
     report = Report(int(data.lengths.shape[0]), truncated=n_over if config.overlong == "truncate" else 0)
     at = config if plan_budget == config.budget else config.with_(budget=plan_budget)
     if assign and config.world_size > 1 and indices.shape[0]:
-        indices, offsets, lengths = _assign(indices, offsets, lengths, at)
+        indices, offsets, lengths = assign_steps(indices, offsets, lengths, at)
     return Plan.of(at, epoch, indices, offsets, lengths, report, assigned=assign), trace
 
 
-def _assign(
+def assign_steps(
     indices: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, config: PlanConfig
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every step given to ranks by modeled cost and evened out, as :func:`padfree.core.plan.plan_items`

@@ -117,8 +117,9 @@ def train_loop(
                     return EXIT_STOPPED
                 if ckpt is not None and args.checkpoint_every and step % args.checkpoint_every == 0:
                     save(ckpt, step, model, optimizer, sampler, extra)
+                known = sampler.steps_in_epoch  # None: a stream's, known once it is read to its end
                 last = (args.max_steps is not None and step >= args.max_steps) or (
-                    epoch == args.epochs - 1 and sampler.step >= sampler.steps_in_epoch
+                    epoch == args.epochs - 1 and known is not None and sampler.step >= known
                 )
                 # the run's first step (how fast it goes) and its last are said even off the --log-every grid
                 if step % args.log_every == 0 or last or step == first:
