@@ -2,7 +2,8 @@
 
     PYTHONPATH=src python benchmarks/chunked.py --out benchmarks/results
 
-1. gradients: a document of 1..8 chunks trained with ``padfree.torch.chunked.chunked_backward`` vs whole, in
+1. gradients: a document of 1..8 chunks trained with ``padfree.torch.execution.chunked.chunked_backward`` vs
+whole, in
    float32, tiny Llama, tiny Qwen3 and tiny LFM2 (short convolutions + attention; random weights): the
    largest difference over the parameters, relative to each parameter's largest gradient;
 2. peak memory: one forward+backward of a document of 1x..8x the chunk size, whole vs chunked, each in a
@@ -65,7 +66,7 @@ def peak_worker(mode: str, length: int) -> dict:
 
     from padfree.models import build_model
     from padfree.torch import token_loss_sum
-    from padfree.torch.chunked import chunked_backward
+    from padfree.torch.execution.chunked import chunked_backward
 
     torch.set_num_threads(1)
     model = build_model("tiny-llama", attn_implementation="sdpa", **MEM_MODEL)
@@ -110,7 +111,7 @@ def gradients(max_chunks: int = 8, chunk: int = 32) -> list[dict]:
 
     from padfree.models import build_model
     from padfree.torch import token_loss_sum
-    from padfree.torch.chunked import chunked_backward
+    from padfree.torch.execution.chunked import chunked_backward
 
     rows = []
     for family in ("tiny-llama", "tiny-qwen3", "tiny-lfm2"):
@@ -206,9 +207,9 @@ def throughput(
     from padfree.errors import ConfigError
     from padfree.models import build_model
     from padfree.torch import PackCollator, PadCollator, PlanBatchSampler, PlannedDataset, token_loss_sum
-    from padfree.torch.attention import attention_implementation
-    from padfree.torch.chunked import run_step
-    from padfree.torch.loop import steps_of
+    from padfree.torch.documents.attention import attention_implementation
+    from padfree.torch.execution.chunked import run_step
+    from padfree.torch.run.loop import steps_of
 
     torch.set_num_threads(1)
     if lengths is None:
@@ -358,7 +359,8 @@ def notes(result: dict) -> list[str]:
         f"of the past: keys/values and their gradient, which exact attention to the whole past needs) and "
         f"the rest {rest[lo]:.0f} -> {rest[hi]:.0f} MiB ({rest[hi] / rest[lo]:.2f}x: flat; with the "
         f"{model:.0f} MiB of weights, {(rest[hi] + model) / (rest[lo] + model):.2f}x). The past is read "
-        "block by block (`padfree.torch.past_attention`): no chunk x past mask, no copy of the past's "
+        "block by block (`padfree.torch.documents.past_attention`): no chunk x past mask, no copy of the "
+        "past's "
         "keys/values.",
         "- chunked recomputes every chunk's forward but the last one (one extra forward per long document); "
         "its rows are at most one chunk, and a long document's last chunk runs alone (no packing partner).",

@@ -47,9 +47,9 @@ def _bf16_probe(family: str, _check) -> dict:
     import torch
     import transformers
 
-    import padfree.torch.attention as pa
+    import padfree.torch.documents.attention as pa
     from padfree.checks.families import causal_families, tiny_config
-    from padfree.torch.leak_probe import probe_leak
+    from padfree.torch.documents.leak_probe import probe_leak
 
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")

@@ -34,7 +34,7 @@ from packing_speed import packed_batch, padded_batch  # noqa: E402
 from padfree.core.config import PlanConfig  # noqa: E402
 from padfree.core.planner import make_plan  # noqa: E402
 from padfree.models import build_model  # noqa: E402
-from padfree.torch.mixers import mixers_of, per_document_mixers  # noqa: E402
+from padfree.torch.documents.mixers import mixers_of, per_document_mixers  # noqa: E402
 
 BASE = {"vocab_size": 8192, "hidden_size": 256, "intermediate_size": 688, "num_attention_heads": 4,
         "num_key_value_heads": 4, "max_position_embeddings": 16384, "tie_word_embeddings": False}  # fmt: skip

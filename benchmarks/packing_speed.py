@@ -34,7 +34,7 @@ import torch
 from padfree.core.config import PlanConfig
 from padfree.core.planner import make_plan
 from padfree.models import build_model
-from padfree.torch.attention import attn_for
+from padfree.torch.documents.attention import attn_for
 
 SETUPS = {  # name -> (plan strategy, attn implementation)
     "sorted": ("sorted", "sdpa"),

@@ -118,7 +118,7 @@ def dynamic_costs(
 def hook_seconds(repeats: int) -> dict:
     """What timing a micro-batch with ``sampler.timed(model)`` adds to a backward of the tiny model: the
     per-parameter gradient hooks (median of with/without, interleaved)."""
-    from padfree.torch._balance import _GradClock
+    from padfree.torch.feed.balance import _GradClock
 
     model = build_model("tiny-llama", seed=0)
     ids = torch.randint(1, 32000, (1, 512))

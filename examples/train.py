@@ -36,10 +36,11 @@ What it does, top to bottom:
 - every ``--checkpoint-every`` steps rank 0 writes model, optimizer and sampler state atomically (temp
   file + ``os.replace``); ``--resume`` continues from the latest one at any world size: the sampler
   re-plans the rest of the epoch over the new ranks, every sample still exactly once per epoch.
-- the run owns ``--checkpoint-dir`` (:class:`padfree.torch.checkpoint.CheckpointDir`): a second run on it
+- the run owns ``--checkpoint-dir`` (:class:`padfree.torch.run.checkpoint.CheckpointDir`): a second run on it
   is refused with one line naming the owner, a dead run's lock is taken over; rank 0 chooses the checkpoint
   (the newest intact one) and every rank loads it; SIGTERM saves a checkpoint at the next step boundary and
-  exits with code 143; under torchrun the workers die with their launcher (:mod:`padfree.torch.lifecycle`).
+  exits with code 143; under torchrun the workers die with their launcher
+  (:mod:`padfree.torch.run.lifecycle`).
 - ``--seen-log FILE``: every rank appends one JSON line per consumed sample, flushed once per step:
   ``{"run", "epoch", "step", "rank", "index"}`` (``step`` = optimizer steps since the start of training);
   under ``--overlong drop`` each run first says which samples it leaves out, one ``{"run", "dropped"}``
@@ -71,9 +72,9 @@ from padfree.options import (
 from padfree.recipes.loop import add_run_args, train_loop
 from padfree.recipes.reach import overlong_note
 from padfree.torch import PackCollator, PadCollator, PlanBatchSampler, PlannedDataset, StepRunner
-from padfree.torch.checkpoint import CheckpointDir
-from padfree.torch.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
-from padfree.torch.loop import resume_from, run_id, setup_distributed
+from padfree.torch.run.checkpoint import CheckpointDir
+from padfree.torch.run.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
+from padfree.torch.run.loop import resume_from, run_id, setup_distributed
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 """Real chat, math, code and document samples and a 32K SentencePiece tokenizer, vendored in the repo."""

@@ -6,7 +6,7 @@ Several ranks:    torchrun --nproc_per_node 2 examples/train_drafter.py --method
 Kill and resume:  add --checkpoint-dir ckpt --checkpoint-every 5, then rerun with --resume (any world size)
 
 What it does (the data, plan, checkpoint, resume, seen-log and SIGTERM machinery is the library's, as in
-``train.py``: :mod:`padfree.recipes.loop`'s ``train_loop``, ``add_run_args``; ``padfree.torch.loop``'s
+``train.py``: :mod:`padfree.recipes.loop`'s ``train_loop``, ``add_run_args``; ``padfree.torch.run.loop``'s
 ``resume_from``):
 - the target: ``--target DIR``, a local transformers causal-LM folder (config, safetensors weights,
   tokenizer: what ``save_pretrained`` writes; nothing is downloaded), loaded in ``--dtype`` on ``--device``,
@@ -85,9 +85,9 @@ from padfree.options import (
 )
 from padfree.recipes.loop import add_run_args, train_loop
 from padfree.torch import PlanBatchSampler, PlannedDataset, all_reduce_sum, step_loss, sync_unless
-from padfree.torch.checkpoint import CheckpointDir
-from padfree.torch.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
-from padfree.torch.loop import resume_from, run_id, setup_distributed
+from padfree.torch.run.checkpoint import CheckpointDir
+from padfree.torch.run.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
+from padfree.torch.run.loop import resume_from, run_id, setup_distributed
 
 IDENTITY = ("method", "draft_layers", "vocab_size", "target", "mask_token_id")
 """The options a drafter checkpoint is bound to besides its recipe's fields (a resume under others is refused,

@@ -12,7 +12,7 @@ from transformers import TrainingArguments
 
 from padfree.hf import PadfreeTrainer
 from padfree.models import build_model
-from padfree.torch.attention import attention_implementation
+from padfree.torch.documents.attention import attention_implementation
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import hf_ddp_worker as w  # noqa: E402

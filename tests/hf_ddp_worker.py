@@ -14,7 +14,7 @@ from transformers import TrainingArguments
 from padfree import PlanConfig
 from padfree.hf import PadfreeTrainer
 from padfree.models import build_model
-from padfree.torch.attention import attention_implementation
+from padfree.torch.documents.attention import attention_implementation
 
 TINY_KW = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
            "num_key_value_heads": 2, "vocab_size": 64}  # fmt: skip

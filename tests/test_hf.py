@@ -38,7 +38,7 @@ from padfree.torch import (  # noqa: E402
     step_loss,
     token_loss_sum,
 )
-from padfree.torch.attention import attention_implementation  # noqa: E402
+from padfree.torch.documents.attention import attention_implementation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"

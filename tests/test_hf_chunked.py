@@ -15,7 +15,7 @@ from padfree import PlanConfig  # noqa: E402
 from padfree.hf import PadfreeTrainer  # noqa: E402
 from padfree.models import build_model  # noqa: E402
 from padfree.torch import token_loss_sum  # noqa: E402
-from padfree.torch.attention import attention_implementation  # noqa: E402
+from padfree.torch.documents.attention import attention_implementation  # noqa: E402
 
 TINY_KW = {**TINY_MODEL, "vocab_size": 64, "num_hidden_layers": 2}
 BUDGET = 32

@@ -177,7 +177,7 @@ def _imports_any(path: Path) -> set[str]:
 def test_lower_layers_import_neither_the_drafter_nor_the_integrations() -> None:
     mods = _modules()
     lower = sorted(m for m in mods if _in(m, LOWER))
-    assert "padfree.core.planner" in lower and "padfree.torch._sampler" in lower and "padfree.hf" in lower
+    assert "padfree.core.planner" in lower and "padfree.torch.feed.sampler" in lower and "padfree.hf" in lower
     assert "padfree.drafter.collate" in _reach("padfree.integrations.speculators")  # the walk sees through
     for m in lower:
         bad = sorted(n for n in _reach(m) if _in(n, UPPER))
@@ -190,7 +190,7 @@ def test_torch_imports_neither_the_option_kit_nor_the_test_helpers() -> None:
     above it, in ``padfree.recipes``."""
     mods = _modules()
     torch_mods = sorted(m for m in mods if _in(m, ("padfree.torch",)))
-    assert "padfree.torch.runner" in torch_mods and "padfree.torch.loop" in torch_mods
+    assert "padfree.torch.execution.runner" in torch_mods and "padfree.torch.run.loop" in torch_mods
     upper = ("padfree.options", "padfree.testing")
     assert any(_in(n, upper) for n in _reach("padfree.recipes.loop"))  # the walk sees them where they are
     for m in torch_mods:

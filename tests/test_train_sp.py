@@ -60,7 +60,7 @@ def _unsharded_step(shard: str) -> tuple[dict, float]:
 
 
 def _steps(sampler):
-    from padfree.torch.loop import steps_of
+    from padfree.torch.run.loop import steps_of
 
     return steps_of(sampler)
 

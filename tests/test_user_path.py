@@ -13,14 +13,14 @@ import torch
 import transformers
 from transformers import TrainingArguments
 
-import padfree.torch.attention  # noqa: F401  (registers padfree_varlen with transformers)
+import padfree.torch.documents.attention  # noqa: F401  (registers padfree_varlen with transformers)
 from padfree import PlanConfig
 from padfree.checks.families import WHY
 from padfree.cli import main as cli
 from padfree.errors import ConfigError
 from padfree.hf import PadfreeTrainer
 from padfree.models import load_model
-from padfree.torch.leak_probe import probe_leak
+from padfree.torch.documents.leak_probe import probe_leak
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,

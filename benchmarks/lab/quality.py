@@ -239,7 +239,7 @@ def build_target_folder(
     t0 = time.process_time()
     tok = train_tokenizer(chat_texts(chats), spec.vocab, out)
     samples = encode_chats(out, chats)
-    import padfree.torch.attention  # noqa: F401  (registers padfree_varlen)
+    import padfree.torch.documents.attention  # noqa: F401  (registers padfree_varlen)
 
     cfg = transformers.Qwen3Config(
         vocab_size=len(tok),

@@ -40,7 +40,7 @@
 - **sequence / context parallelism**: padfree's own (``PlanConfig(sp=N)`` or ``cp=N``, packed, launched
   with ``torchrun``): consecutive ranks ``N`` at a time share a data-parallel rank's micro-batches and each
   runs its shard of the row with ``padfree_ulysses`` / ``padfree_zigzag_cp`` attention
-  (:class:`~padfree.torch.runner.StepRunner`, the same code as ``examples/train.py --sp/--cp``).
+  (:class:`~padfree.torch.execution.runner.StepRunner`, the same code as ``examples/train.py --sp/--cp``).
   accelerate's ``ParallelismConfig(cp_size)`` (one causal mask over the packed row) and ``sp_size``
   (DeepSpeed ALST, CUDA only) are refused in one line naming the fix (:func:`refuse_parallelism`).
 
@@ -56,7 +56,7 @@ Example (single process, a tiny random Llama)::
     from padfree import PlanConfig
     from padfree.hf import PadfreeTrainer
     from padfree.models import build_model
-    from padfree.torch.attention import attention_implementation
+    from padfree.torch.documents.attention import attention_implementation
 
     data = [{"input_ids": np.arange(1, n + 1)} for n in (50, 90, 30, 70, 20, 80, 40, 60)]
     config = PlanConfig(strategy="packed", budget=128, grad_accum=2, seed=0)
@@ -94,10 +94,10 @@ from padfree.core.config import PlanConfig
 from padfree.core.cursor import MicroInfo
 from padfree.errors import ConfigError, StateError
 from padfree.models import require_packable
-from padfree.torch._collate import PackCollator, PadCollator
-from padfree.torch._dataset import PlannedDataset
-from padfree.torch._sampler import MicroBatch, PlanBatchSampler
-from padfree.torch.runner import StepRunner
+from padfree.torch.execution.runner import StepRunner
+from padfree.torch.feed.collate import PackCollator, PadCollator
+from padfree.torch.feed.dataset import PlannedDataset
+from padfree.torch.feed.sampler import MicroBatch, PlanBatchSampler
 
 STATE_FILE = "padfree_sampler.json"
 
@@ -191,8 +191,9 @@ class PadfreeTrainerMixin(_TrainerBase):
     ``balance_exchange``, ``window``; with ``balance="dynamic"`` every ``training_step`` is timed, up to the
     model's last gradient, and the ranks are balanced from those times). Rank and world size come from
     ``TrainingArguments``; plan epochs from ``num_train_epochs`` (from 0, or from the checkpoint resumed).
-    ``stream`` (a :class:`padfree.torch.streamed.Stream`) replaces ``lengths`` and ``train_dataset``: a
-    streamed plan whose lengths are learned as read (it needs ``max_steps``; :mod:`padfree.torch.streamed`).
+    ``stream`` (a :class:`padfree.torch.feed.streamed.Stream`) replaces ``lengths`` and ``train_dataset``: a
+    streamed plan whose lengths are learned as read (it needs ``max_steps``;
+    :mod:`padfree.torch.feed.streamed`).
     """
 
     def __init__(
@@ -254,7 +255,7 @@ class PadfreeTrainerMixin(_TrainerBase):
             raise ConfigError("chunked plans run their own backward passes: use bf16 or float32, not fp16")
         self.padfree_collator = collator
         self.padfree_stream = stream
-        if stream is not None:  # a streamed plan (padfree.torch.streamed.Stream): steps known as read
+        if stream is not None:  # a streamed plan (padfree.torch.feed.streamed.Stream): steps known as read
             self.padfree_sampler = _stream_sampler(stream, plan_config, lengths, options, targs)
         else:
             self.padfree_sampler = self._plan_sampler(lengths, plan_config, loss_tokens, options)
@@ -281,7 +282,7 @@ class PadfreeTrainerMixin(_TrainerBase):
     # ----- data --------------------------------------------------------------------------------------------
     def get_train_dataloader(self) -> DataLoader:
         if self.padfree_stream is not None:
-            from padfree.torch.streamed import StreamDataset
+            from padfree.torch.feed.streamed import StreamDataset
 
             chain = EpochChain(
                 self.padfree_sampler, None, length=self.args.max_steps * self.padfree_sampler.grad_accum
@@ -326,7 +327,8 @@ class PadfreeTrainerMixin(_TrainerBase):
     def training_step(self, model, inputs, num_items_in_batch=None):
         """The Trainer's step, timed for dynamic balancing (forward and backward up to the last gradient; a
         no-op when static). A chunked plan's long document runs on its last chunk's micro-batch, all its
-        chunks at once (:func:`padfree.torch.chunked.chunked_backward`); its earlier chunks' steps do
+        chunks at once (:func:`padfree.torch.execution.chunked.chunked_backward`); its earlier chunks' steps
+        do
         nothing (:meth:`padfree.torch.StepRunner.document`)."""
         group = getattr(inputs, "padfree_chunks", None)
         if group is not None:
@@ -373,7 +375,7 @@ class PadfreeTrainerMixin(_TrainerBase):
     # ----- weighted sources ------------------------------------------------------------------------------
     def _padfree_note_sources(self, outputs: Any, labels: torch.Tensor, sources: torch.Tensor) -> None:
         """Add this micro-batch's per-source loss sums and tokens (:func:`padfree.torch.source_loss_sums`)."""
-        from padfree.torch._loss import source_loss_sums
+        from padfree.torch.feed.loss import source_loss_sums
 
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
         n = len(self.padfree_sampler.config.sources or ())
@@ -386,13 +388,13 @@ class PadfreeTrainerMixin(_TrainerBase):
         plan's tokens (padding excluded) of every data-parallel rank over ``train_runtime`` (under a token
         budget samples per second mean little). Every process logs, so summing over processes is safe."""
         if "train_runtime" in logs:
-            from padfree.torch._distributed import all_reduce_sum
+            from padfree.torch.execution.distributed import all_reduce_sum
 
             mine = torch.tensor(float(self._padfree_tokens), dtype=torch.float64)
             tokens = float(all_reduce_sum(mine, self.args.device).item()) / self.padfree_runner.size
             logs["train_tokens_per_second"] = round(tokens / max(float(logs["train_runtime"]), 1e-9), 3)
         if "loss" in logs and self._padfree_by_source is not None:
-            from padfree.torch._distributed import all_reduce_sum
+            from padfree.torch.execution.distributed import all_reduce_sum
 
             sums = all_reduce_sum(self._padfree_by_source, self._padfree_by_source.device).cpu()
             self._padfree_by_source = None
@@ -478,12 +480,12 @@ class PadfreeTrainerMixin(_TrainerBase):
 
 
 def _stream_sampler(stream: Any, plan_config: PlanConfig, lengths: Any, options: dict, targs: Any) -> Any:
-    """The sampler of ``stream=`` (:class:`padfree.torch.streamed.Stream`), or one line naming the rule."""
-    from padfree.torch.streamed import Stream, StreamBatchSampler
+    """The sampler of ``stream=`` (:class:`padfree.torch.feed.streamed.Stream`), or one line naming a rule."""
+    from padfree.torch.feed.streamed import Stream, StreamBatchSampler
 
     if not isinstance(stream, Stream):
         raise ConfigError(
-            f"stream= takes padfree.torch.streamed.Stream(source, window) (got {type(stream).__name__})"
+            f"stream= takes padfree.torch.feed.streamed.Stream(source, window) (got {type(stream).__name__})"
         )
     if lengths is not None or options or plan_config.sp * plan_config.cp > 1:
         raise ConfigError("a streamed plan learns its lengths as read: no lengths=, sampler options or sp/cp")
@@ -505,7 +507,7 @@ def refuse_parallelism(pc: Any, plan_config: PlanConfig) -> None:
         raise ConfigError(
             f"ParallelismConfig(cp_size={cp}): accelerate's CP hook forces one causal mask over the packed "
             "row, so its documents would attend to each other; use padfree's CP attention (PlanConfig(cp=N), "
-            "padfree.torch.context_parallel) or disable packing (a padded strategy)"
+            "padfree.torch.execution.context_parallel) or disable packing (a padded strategy)"
         )
     if cp > 1:
         raise ConfigError(

@@ -146,7 +146,7 @@ def build_model(
     import transformers
 
     if attn_implementation.startswith("padfree_"):
-        import padfree.torch.attention  # noqa: F401  (registers padfree_varlen / padfree_leaky with transformers)
+        import padfree.torch.documents.attention  # noqa: F401  (registers padfree_varlen / padfree_leaky with transformers)
 
     cfg = build_config(name_or_dir, **overrides)
     if max_params is not None and param_count(cfg) > max_params:
@@ -246,7 +246,7 @@ def load_model(
 
     packed = attn_implementation.startswith("padfree_")
     if packed:
-        import padfree.torch.attention  # noqa: F401  (registers padfree_varlen / padfree_leaky with transformers)
+        import padfree.torch.documents.attention  # noqa: F401  (registers padfree_varlen / padfree_leaky with transformers)
     path = Path(name_or_dir)
     where = where or name_or_dir
     try:
@@ -275,8 +275,8 @@ def load_model(
 def require_packable(model: Any, where: str) -> None:
     """Refuse packed training of ``model`` at ``where`` in one line: a model whose packed forward fails is
     :func:`packing_refusal`, one whose documents see each other is the leak guard's line
-    (:func:`padfree.torch.leak_probe.require_exact_packing`)."""
-    from padfree.torch.leak_probe import require_exact_packing
+    (:func:`padfree.torch.documents.leak_probe.require_exact_packing`)."""
+    from padfree.torch.documents.leak_probe import require_exact_packing
 
     try:
         require_exact_packing(model, where)

@@ -13,7 +13,7 @@ from padfree.cli import main
 from padfree.core.config import PlanConfig
 from padfree.errors import ConfigError
 from padfree.models import build_model
-from padfree.torch.runner import StepRunner
+from padfree.torch.execution.runner import StepRunner
 
 SMALL = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
          "num_key_value_heads": 2, "max_position_embeddings": 256}  # fmt: skip

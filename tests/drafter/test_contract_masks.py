@@ -145,7 +145,7 @@ def test_target_hidden_states_equal_each_document_alone(target, layout):
 
 def test_target_under_leaky_attention_differs(target):
     """The comparison above can fail: leaky attention makes later documents differ."""
-    import padfree.torch.attention as pa
+    import padfree.torch.documents.attention as pa
 
     g = torch.Generator().manual_seed(1)
     docs = [(torch.randint(0, 128, (n,), generator=g).numpy(), np.ones(n, bool)) for n in (23, 41)]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from padfree import progress
-from padfree.torch._balance import balance_summary
+from padfree.torch.feed.balance import balance_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--max-steps", "2", "--budget", "256", "--limit-samples", "12", "--model-set", "hidden_size=32",

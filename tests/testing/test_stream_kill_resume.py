@@ -1,4 +1,5 @@
-"""A streamed plan (issue 43, item 3) trained by the plain loop (:func:`padfree.torch.loop.train_loop`) and
+"""A streamed plan (issue 43, item 3) trained by the plain loop (:func:`padfree.torch.run.loop.train_loop`)
+and
 by PadfreeTrainer, SIGKILLed at 1 rank, resumed and killed at 2, resumed at 4: every sample of the stream
 trains exactly once (a mixture: every sample of each source's drawn prefix), and the last run's steps are the
 unbroken run's from its checkpoint. Sources: parquet shards read in order and a ``datasets`` streaming
@@ -109,11 +110,11 @@ def rank_main(rank: int, world: int, store: str, kind: str, root: Path, run: str
 
     from padfree.models import build_model
     from padfree.torch import PackCollator, step_loss, token_loss_sum
-    from padfree.torch.attention import attention_implementation
-    from padfree.torch.checkpoint import CheckpointDir
-    from padfree.torch.lifecycle import StopOnSignal
-    from padfree.torch.loop import resume_from, train_loop
-    from padfree.torch.streamed import StreamBatchSampler, StreamDataset
+    from padfree.torch.documents.attention import attention_implementation
+    from padfree.torch.feed.streamed import StreamBatchSampler, StreamDataset
+    from padfree.torch.run.checkpoint import CheckpointDir
+    from padfree.torch.run.lifecycle import StopOnSignal
+    from padfree.torch.run.loop import resume_from, train_loop
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
@@ -179,7 +180,7 @@ def test_a_streamed_run_killed_at_1_and_2_ranks_resumes_at_4_every_sample_once(t
 def _equal_to_unbroken(tmp_path: Path, kind: str, records: list[dict]) -> None:
     """The last run is the unbroken run from its checkpoint at 4 ranks, step for step and rank for rank (in
     the stream's first epoch)."""
-    from padfree.torch.streamed import StreamBatchSampler
+    from padfree.torch.feed.streamed import StreamBatchSampler
 
     resumed = json.loads((tmp_path / "resumed-c.json").read_text())
     expected: dict = {}
@@ -207,8 +208,8 @@ def trainer_main(rank: int, world: int, store: str, kind: str, root: Path, run: 
     from padfree.hf import STATE_FILE, PadfreeTrainer
     from padfree.models import build_model
     from padfree.torch import PackCollator
-    from padfree.torch.attention import attention_implementation
-    from padfree.torch.streamed import Stream
+    from padfree.torch.documents.attention import attention_implementation
+    from padfree.torch.feed.streamed import Stream
 
     torch.set_num_threads(1)
     ranks = {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from padfree.testing import killresume, seenlog
-from padfree.torch.lifecycle import EXIT_STOPPED
+from padfree.torch.run.lifecycle import EXIT_STOPPED
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train.py"
@@ -89,7 +89,7 @@ def test_main_in_process_leaves_no_signal_handler_and_refuses_an_owned_directory
     import importlib.util
     import signal
 
-    from padfree.torch.checkpoint import CheckpointDir
+    from padfree.torch.run.checkpoint import CheckpointDir
 
     spec = importlib.util.spec_from_file_location("train_example", TRAIN)
     train = importlib.util.module_from_spec(spec)

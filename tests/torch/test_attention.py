@@ -7,7 +7,7 @@ import torch
 import transformers
 from conftest import GQA_MODEL
 
-import padfree.torch.attention as pa
+import padfree.torch.documents.attention as pa
 from padfree.errors import ConfigError
 from padfree.models import build_model
 
@@ -173,7 +173,7 @@ def test_use_cache_pitfall_is_guarded() -> None:
 
 
 def test_boundaries() -> None:
-    from padfree.torch.boundaries import lengths_from_cu, lengths_from_position_ids
+    from padfree.torch.documents.boundaries import lengths_from_cu, lengths_from_position_ids
 
     assert lengths_from_cu(torch.tensor([0, 4, 5, 12], dtype=torch.int32)) == [4, 1, 7]
     pos = torch.tensor([[0, 1, 2, 3, 0, 0, 1, 2, 0, 1, 2, 3]])
@@ -229,7 +229,7 @@ def build(attn="sdpa"):
 
 dispatch = lambda: (ALL_ATTENTION_FUNCTIONS["sdpa"], ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
 before, sdpa = build(), dispatch()
-import padfree.torch.attention
+import padfree.torch.documents.attention
 after = build()
 assert torch.equal(before[0], after[0]), "logits changed"
 assert before[1:] == after[1:] == (0, [], "sdpa"), (before[1:], after[1:])
@@ -241,7 +241,8 @@ print("unchanged")
 
 
 def test_importing_attention_leaves_a_model_of_another_attention_as_it_is() -> None:
-    """In a fresh process: a model built with ``sdpa`` after ``import padfree.torch.attention`` has no hook,
+    """In a fresh process: a model built with ``sdpa`` after ``import padfree.torch.documents.attention`` has
+    no hook,
     no padfree attribute, the same attention and mask functions and the same logits as one built before it;
     a model built with ``padfree_varlen`` is watched and kept apart."""
     import os

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from padfree.errors import ConfigError
-from padfree.torch import _attn_common as common
+from padfree.torch.documents import interface as common
 
 
 def _seen(call: common.Call) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 from padfree.checks.families import tiny_config
 from padfree.errors import ConfigError
 from padfree.torch import PackCollator
-from padfree.torch.boundaries import read_boundaries
+from padfree.torch.documents.boundaries import read_boundaries
 
 FAMILIES = ("lfm2", "mamba", "qwen3_next")
 ROWS = ((10, 22), (20, 12))  # two rows of the same length, documents cut at other places
@@ -22,7 +22,7 @@ ROWS = ((10, 22), (20, 12))  # two rows of the same length, documents cut at oth
 def _model(family: str, attn: str, seed: int = 0):
     import transformers
 
-    import padfree.torch.attention  # noqa: F401  (registers padfree_varlen)
+    import padfree.torch.documents.attention  # noqa: F401  (registers padfree_varlen)
 
     cfg = tiny_config(family)
     if family == "bamba":

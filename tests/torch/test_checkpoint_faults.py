@@ -23,7 +23,7 @@ from padfree import PlanConfig, make_plan
 from padfree.core.fingerprint import explain
 from padfree.errors import StateError
 from padfree.torch import PlanBatchSampler
-from padfree.torch.checkpoint import LOCK_NAME, CheckpointDir
+from padfree.torch.run.checkpoint import LOCK_NAME, CheckpointDir
 
 
 def _state(step: int, sampler: dict | None = None) -> dict:

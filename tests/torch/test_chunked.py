@@ -9,11 +9,11 @@ import torch
 import transformers
 from conftest import GQA_MODEL
 
-import padfree.torch.attention as pa
+import padfree.torch.documents.attention as pa
 from padfree.errors import ConfigError
 from padfree.models import build_model
-from padfree.torch._loss import token_loss_sum
-from padfree.torch.chunked import chunk_lengths, chunked_backward
+from padfree.torch.execution.chunked import chunk_lengths, chunked_backward
+from padfree.torch.feed.loss import token_loss_sum
 
 SMALL = GQA_MODEL
 CHUNK = 16
@@ -94,7 +94,7 @@ def test_a_hybrids_four_chunk_document_carries_its_conv_state_exactly(attn: str)
 
 def test_a_hybrid_without_its_conv_state_carried_gets_other_gradients(monkeypatch) -> None:
     """The control for the hybrid: chunks whose conv layers start from zeros (attention still carried)."""
-    import padfree.torch.chunked as chunked
+    import padfree.torch.execution.chunked as chunked
 
     model = model_of("tiny-lfm2")
     ids, labels = document(4 * CHUNK)
@@ -186,7 +186,7 @@ def test_bad_arguments_are_one_line_errors() -> None:
 def test_a_step_of_a_chunked_plan_gives_the_gradient_of_its_documents_trained_whole() -> None:
     from padfree import PlanConfig
     from padfree.torch import PackCollator, PlanBatchSampler, PlannedDataset, step_loss
-    from padfree.torch.chunked import run_step
+    from padfree.torch.execution.chunked import run_step
 
     lengths = [70, 9, 33, 5, 2 * CHUNK + 3, 12, 4 * CHUNK, 7, 3, 15, 11, CHUNK + 1]
     gen = torch.Generator().manual_seed(3)

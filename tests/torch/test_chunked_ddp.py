@@ -27,7 +27,7 @@ def _tiny_model():
 
 def _checks(rank: int, world: int, explicit_sync: bool) -> None:
     from padfree.torch import PackCollator, PlanBatchSampler, PlannedDataset, sync_unless, token_loss_sum
-    from padfree.torch.chunked import run_step
+    from padfree.torch.execution.chunked import run_step
 
     rng = np.random.default_rng(3)  # the same data on every rank
     lengths = np.concatenate([rng.integers(2, 20, 40), rng.integers(BUDGET + 1, 4 * BUDGET, 6)])

@@ -7,8 +7,8 @@ import pytest
 import torch
 import transformers
 
-import padfree.torch.attention as pa
-from padfree.torch.leak_probe import against_own_attention, probe_leak
+import padfree.torch.documents.attention as pa
+from padfree.torch.documents.leak_probe import against_own_attention, probe_leak
 
 GRADS = 1e-4  # relative, float32
 LOGITS = 1e-5  # float32: packed and alone agree to ~3e-7 on these tiny models
@@ -134,7 +134,7 @@ def test_check_packing_compares_with_the_models_own_attention() -> None:
 
 def test_the_guard_refuses_attention_to_future_tokens() -> None:
     from padfree.errors import ConfigError
-    from padfree.torch.leak_probe import require_exact_packing
+    from padfree.torch.documents.leak_probe import require_exact_packing
 
     model = tiny("llama")
 
@@ -150,7 +150,7 @@ def test_the_guard_refuses_attention_to_future_tokens() -> None:
 
 def test_the_guard_refuses_a_pattern_padfree_would_drop(monkeypatch) -> None:
     from padfree.errors import ConfigError
-    from padfree.torch.leak_probe import require_exact_packing
+    from padfree.torch.documents.leak_probe import require_exact_packing
 
     sliding = {"use_sliding_window": True, "sliding_window": 4, "layer_types": ["sliding_attention"] * 2}
     model = tiny("qwen2_moe", **sliding)
@@ -181,7 +181,7 @@ def test_chunked_training_refuses_a_pattern_the_past_would_lose(family: str, ove
     # chunked training reads earlier chunks with no mask: a window or chunk only the mask carries, or a
     # mask the model applies itself, would be lost (Qwen2-MoE's gradients were off by 1.56 relative)
     from padfree.errors import ConfigError
-    from padfree.torch.chunked import chunked_backward
+    from padfree.torch.execution.chunked import chunked_backward
 
     model = tiny(family, sliding_window=4, **over)
     model.train()

@@ -11,13 +11,13 @@ import pytest
 import torch
 from conftest import TINY_MODEL
 
-import padfree.torch.attention as pa
+import padfree.torch.documents.attention as pa
 from padfree.bench.samples import random_samples
 from padfree.bench.train_report import markdown
 from padfree.bench.train_speed import BenchConfig, run_bench
 from padfree.bench.trainer import Trainer
 from padfree.cli import main
-from padfree.torch.boundaries import Boundaries
+from padfree.torch.documents.boundaries import Boundaries
 
 # ----- bench: bf16 autocast and the attention path -------------------------------------------------------
 

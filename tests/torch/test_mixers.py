@@ -16,8 +16,8 @@ from padfree.errors import ConfigError
 from padfree.hf import PadfreeTrainer
 from padfree.models import build_model
 from padfree.torch import PackCollator
-from padfree.torch.leak_probe import leaking_modules, probe_leak, require_exact_packing
-from padfree.torch.mixers import mixers_of, per_document_mixers
+from padfree.torch.documents.leak_probe import leaking_modules, probe_leak, require_exact_packing
+from padfree.torch.documents.mixers import mixers_of, per_document_mixers
 
 SMALL = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
          "num_key_value_heads": 2, "max_position_embeddings": 256}  # fmt: skip
@@ -234,7 +234,7 @@ def test_the_fused_kernel_is_chosen_by_asking_whether_it_runs_on_the_device(monk
     import transformers
     import transformers.utils as tu
 
-    from padfree.torch import mixers
+    from padfree.torch.documents import mixers
 
     cfg = transformers.AutoConfig.for_model(**HYBRIDS["lfm2"])
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="padfree_varlen")

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from padfree.errors import ConfigError
-from padfree.torch.past_attention import block_attention, chunk_attention_forward
+from padfree.torch.documents.past_attention import block_attention, chunk_attention_forward
 
 
 @pytest.mark.parametrize("fused", [True, False])

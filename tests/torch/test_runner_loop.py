@@ -82,7 +82,7 @@ def test_plain_loop_trains_sp_and_cp_with_the_unsharded_rows_gradients(tmp_path,
 
     from padfree.recipes.loop import train_loop
     from padfree.testing.forkranks import launch
-    from padfree.torch.lifecycle import StopOnSignal
+    from padfree.torch.run.lifecycle import StopOnSignal
 
     items, lengths, loss = _data(overlong)
     config = PlanConfig(strategy="packed", budget=48, grad_accum=2, seed=1, overlong=overlong, **shard)

@@ -207,7 +207,7 @@ def test_timed_stops_at_the_last_gradient_and_gpu_timings_wait_until_they_comple
 
     import torch
 
-    from padfree.torch._balance import DynamicBalancer
+    from padfree.torch.feed.balance import DynamicBalancer
 
     d = DynamicBalancer(2, 8, (1.0, 1.0), exchange=lambda p: np.stack([p, p]))
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
@@ -248,7 +248,7 @@ def test_an_empty_micro_batch_a_loop_skipped_reports_no_time_and_is_kept():
     dynamic_balance --quick, where it had found 0, its held-out error 0.13-0.35 instead of 0.07-0.09). It is
     kept; 0 s for a micro-batch with rows is still dropped, and no rank can send one that others keep."""
     from padfree.core import refit
-    from padfree.torch._balance import DynamicBalancer
+    from padfree.torch.feed.balance import DynamicBalancer
 
     d = DynamicBalancer(2, 8, (1.0, 1.0), exchange=lambda p: np.stack([p, p]))
     for i, (slots, attn, sec) in enumerate([(0.0, 0.0, 0.0), (20.0, 400.0, 0.5), (10.0, 100.0, 0.0)]):

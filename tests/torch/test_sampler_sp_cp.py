@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from padfree import ConfigError, CostModel, PlanConfig, make_plan
 from padfree.torch import PackCollator, PlanBatchSampler
-from padfree.torch._collate import packed_layout
+from padfree.torch.feed.collate import packed_layout
 
 SP, CP = 2, 2  # groups of 4 GPUs
 GLOBAL = 12  # GPUs: 3 data-parallel ranks

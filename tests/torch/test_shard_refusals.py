@@ -9,9 +9,9 @@ from conftest import TINY_MODEL
 from padfree.errors import ConfigError
 from padfree.models import build_model
 from padfree.torch import PackCollator
-from padfree.torch.chunked import chunked_backward
-from padfree.torch.context_parallel import shard_cp
-from padfree.torch.sequence_parallel import shard_sp
+from padfree.torch.execution.chunked import chunked_backward
+from padfree.torch.execution.context_parallel import shard_cp
+from padfree.torch.execution.sequence_parallel import shard_sp
 
 
 def test_an_absurd_shard_degree_is_refused_before_any_row_is_built() -> None:

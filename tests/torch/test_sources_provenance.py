@@ -127,7 +127,7 @@ def test_plain_loop_logs_the_loss_per_source(tmp_path, capsys) -> None:
 
     from padfree.models import build_model
     from padfree.recipes.loop import train_loop
-    from padfree.torch.lifecycle import StopOnSignal
+    from padfree.torch.run.lifecycle import StopOnSignal
 
     torch.manual_seed(0)
     lengths, data = _data(3)
@@ -179,7 +179,7 @@ def test_trainer_logs_the_loss_per_source(tmp_path) -> None:
 
     from padfree.hf import PadfreeTrainer
     from padfree.models import build_model
-    from padfree.torch.attention import attention_implementation
+    from padfree.torch.documents.attention import attention_implementation
 
     torch.manual_seed(0)
     lengths, data = _data(4)

@@ -39,7 +39,7 @@ def test_leaky_sharding_is_caught(mode):
 
 def test_zigzag_shards_partition_each_document():
     from padfree.torch import PackCollator
-    from padfree.torch.context_parallel import shard_cp, zigzag_indices
+    from padfree.torch.execution.context_parallel import shard_cp, zigzag_indices
 
     row = PackCollator(cp=2)([{"input_ids": np.arange(1, n + 1)} for n in DOCS])
     cu = row["cu_seq_lens_q_padded"]
@@ -79,7 +79,7 @@ def test_thd_row_runs_whole_under_padfree_varlen():
 def test_sharded_attention_needs_a_group():
     from padfree.models import build_model
     from padfree.torch import PackCollator
-    from padfree.torch.sequence_parallel import NAME, shard_sp
+    from padfree.torch.execution.sequence_parallel import NAME, shard_sp
 
     net = build_model("tiny-llama", attn_implementation=NAME, **SMALL)
     shard = shard_sp(PackCollator(sp=2)([{"input_ids": [1, 2, 3]}]), 0, 2)

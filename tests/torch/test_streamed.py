@@ -12,7 +12,7 @@ import pytest
 from padfree import PlanConfig
 from padfree.data.sample_streams import HFStreamSamples, IteratorSamples, ShardSamples
 from padfree.errors import ConfigError
-from padfree.torch.streamed import Stream, StreamBatchSampler
+from padfree.torch.feed.streamed import Stream, StreamBatchSampler
 
 N = 300
 CFG = PlanConfig(strategy="packed", budget=128, grad_accum=2, seed=0)
@@ -164,7 +164,7 @@ def test_padfree_trainer_trains_a_stream_and_resumes_it(tmp_path) -> None:
 
     from padfree.hf import PadfreeTrainer
     from padfree.models import build_model
-    from padfree.torch.attention import attention_implementation
+    from padfree.torch.documents.attention import attention_implementation
 
     tiny = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
             "num_key_value_heads": 2, "vocab_size": 64}  # fmt: skip
@@ -210,7 +210,7 @@ def test_padfree_trainer_logs_the_loss_of_each_streamed_source(tmp_path) -> None
 
     from padfree.hf import PadfreeTrainer
     from padfree.models import build_model
-    from padfree.torch.attention import attention_implementation
+    from padfree.torch.documents.attention import attention_implementation
 
     tiny = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
             "num_key_value_heads": 2, "vocab_size": 64}  # fmt: skip

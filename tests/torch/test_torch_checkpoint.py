@@ -1,7 +1,8 @@
-"""A run owns its checkpoint directory (padfree.torch.checkpoint): a second run on the directory is refused
+"""A run owns its checkpoint directory (padfree.torch.run.checkpoint): a second run on the directory is
+refused
 naming the owner, a dead run's lock is taken over, a damaged newest checkpoint falls back to the previous
 one, every rank resumes the checkpoint rank 0 chose or all refuse together; and SIGTERM only sets a flag
-(padfree.torch.lifecycle). examples/train.py under these: tests/testing/test_train_lifecycle.py."""
+(padfree.torch.run.lifecycle). examples/train.py under these: tests/testing/test_train_lifecycle.py."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch.multiprocessing as mp
 from conftest import gloo_group
 
 from padfree.errors import StateError
-from padfree.torch.checkpoint import LOCK_NAME, CheckpointDir
+from padfree.torch.run.checkpoint import LOCK_NAME, CheckpointDir
 
 
 def _state(step: int) -> dict:
@@ -121,7 +122,7 @@ def test_every_rank_loads_the_checkpoint_rank_0_chose_and_all_refuse_together(tm
 
 
 def test_stop_on_signal_restores_the_previous_handler():
-    from padfree.torch.lifecycle import StopOnSignal
+    from padfree.torch.run.lifecycle import StopOnSignal
 
     before = signal.getsignal(signal.SIGTERM)
     stop = StopOnSignal()

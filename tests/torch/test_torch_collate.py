@@ -7,8 +7,8 @@ import torch
 
 from padfree.errors import ConfigError
 from padfree.torch import PackCollator, PadCollator
-from padfree.torch._dataset import Fetched
-from padfree.torch._sampler import MicroInfo
+from padfree.torch.feed.dataset import Fetched
+from padfree.torch.feed.sampler import MicroInfo
 
 
 def info(lengths, starts=None):
@@ -103,7 +103,7 @@ def test_global_loss_tokens_without_a_process_group_is_the_local_count():
 
 
 def test_attention_switch_uses_padfree_varlen_only_for_packed_rows_when_available(monkeypatch):
-    import padfree.torch.attention as pa
+    import padfree.torch.documents.attention as pa
 
     assert pa.attention_implementation("bucketed") == "sdpa"
     assert pa.attention_implementation("packed") == "padfree_varlen"

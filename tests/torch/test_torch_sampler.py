@@ -260,7 +260,7 @@ def test_a_second_pass_without_set_epoch_is_one_line_error():
 def test_a_plain_dataset_under_the_sampler_warns_once(monkeypatch):
     from torch.utils.data import DataLoader
 
-    from padfree.torch import _dataset
+    from padfree.torch.feed import dataset as _dataset
 
     monkeypatch.setattr(_dataset, "_warned", False)
     lengths = lengths_for(60)

@@ -174,7 +174,7 @@ def train_one(
 ) -> dict:
     """One strategy's run: held-out curve, per-step train losses, wall time."""
     from padfree.torch import PlanBatchSampler, PlannedDataset
-    from padfree.torch.loop import steps_of
+    from padfree.torch.run.loop import steps_of
 
     trainer = Trainer.of(cfg, REGISTRY[strategy].packed)
     budget = budget or cfg.budget

@@ -77,7 +77,7 @@ class Trainer:
 
         from padfree.models import build_model
         from padfree.torch import PackCollator, PadCollator
-        from padfree.torch.attention import attention_for_rows
+        from padfree.torch.documents.attention import attention_for_rows
 
         self.attn = attention_for_rows(packed)
         self.model = build_model(model, attn_implementation=self.attn, seed=seed, **overrides).to(device)
@@ -130,7 +130,7 @@ class Trainer:
 
     def loss_sum(self, batch):
         """Sum of the token losses of a collated batch (forward and loss under autocast for bfloat16)."""
-        import padfree.torch.attention as pa
+        import padfree.torch.documents.attention as pa
         from padfree.torch import token_loss_sum
 
         inputs = {k: v.to(self.device) if hasattr(v, "to") else v for k, v in batch.items()}

@@ -2,7 +2,8 @@
 
 Each family of transformers' causal-LM mapping is built as a tiny random model that keeps every layer type of
 its pattern (attention, sliding, linear attention, convolution, SSM, MoE...), with ``padfree_varlen``, and
-checked three ways: the leak probe (:mod:`padfree.torch.leak_probe`: a later document's logits must not move
+checked three ways: the leak probe (:mod:`padfree.torch.documents.leak_probe`: a later document's logits must
+not move
 when the first document changes), the causality probe (no earlier logit moves when every document's last
 token changes), both on the packed path in the sweep's dtype, and packed vs each document alone through the
 model's OWN attention (eager, else sdpa; logits, and in float32 the parameter gradients). The verdict:
@@ -414,10 +415,10 @@ def check_family(family: str, seed: int = 0, device: str = "cpu", dtype: str = "
     import torch
     import transformers
 
-    import padfree.torch.attention as pa
+    import padfree.torch.documents.attention as pa
     from padfree.errors import ConfigError
-    from padfree.torch.leak_probe import against_own_attention, probe_leak
-    from padfree.torch.mixers import mixers_of
+    from padfree.torch.documents.leak_probe import against_own_attention, probe_leak
+    from padfree.torch.documents.mixers import mixers_of
 
     t0 = time.perf_counter()
 
@@ -515,8 +516,8 @@ def _judge(
 ) -> FamilyResult:
     """The verdict on a family that built and ran packed: refused when its probes see a leak or its own
     future, or when it differs from its own attention; else exact (``result`` makes the record)."""
-    from padfree.torch.leak_probe import leaking_modules
-    from padfree.torch.mixers import fused_kernel, mixers_of
+    from padfree.torch.documents.leak_probe import leaking_modules
+    from padfree.torch.documents.mixers import fused_kernel, mixers_of
 
     kw.update(probe=probe.diff, alone=ref.logits, causal=probe.causal, grads=ref.grads, own=ref.attn)
     kw["alone_dtype"] = None if low is None else low.logits

@@ -8,8 +8,9 @@ loss is wrong. The reference is the model's OWN implementation: each document al
 attention (``sdpa`` where a family has none), never padfree's path. Three measurements:
 
 - packed vs alone through the model's own attention: every logit, and (float32) the parameter gradients of
-  the same per-token loss (:func:`padfree.torch.leak_probe.against_own_attention`);
-- the leak probe (:mod:`padfree.torch.leak_probe`): change the first document, no later logit may move;
+  the same per-token loss (:func:`padfree.torch.documents.leak_probe.against_own_attention`);
+- the leak probe (:mod:`padfree.torch.documents.leak_probe`): change the first document, no later logit may
+move;
 - the causality probe: change every document's last token, no earlier logit may move.
 
 Both probes run on the packed path and are decisive in every dtype (held to the noise measured on the spot,
@@ -133,13 +134,13 @@ def check_packing(
     ``dtype="bfloat16"`` runs both under ``torch.autocast`` (float32 weights), which on a GPU lets packed rows
     reach a fused varlen kernel; ``tolerance`` defaults to :data:`TOLERANCE` of the dtype.
     ``mixers_apart=False`` runs the model's convolutions and recurrences over the whole row, as padfree did
-    before :mod:`padfree.torch.mixers` (to see the leak that module closes)."""
+    before :mod:`padfree.torch.documents.mixers` (to see the leak that module closes)."""
     import torch
 
-    import padfree.torch.attention as pa
+    import padfree.torch.documents.attention as pa
     from padfree.models import family_of, load_model, loads_saved, packing_refusal
-    from padfree.torch.leak_probe import against_own_attention, probe_leak
-    from padfree.torch.mixers import mixers_of, per_document_mixers
+    from padfree.torch.documents.leak_probe import against_own_attention, probe_leak
+    from padfree.torch.documents.mixers import mixers_of, per_document_mixers
 
     if not doc_lengths or min(doc_lengths) < 1:
         raise ConfigError(f"check-packing: document lengths must be >= 1 (got {list(doc_lengths)})")

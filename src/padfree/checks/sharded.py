@@ -4,8 +4,9 @@ The check behind ``padfree check-packing --sp N`` / ``--cp N``: a packed row of 
 lengths is laid out for sharding (:class:`~padfree.torch.PackCollator` with ``sp``/``cp``), run whole under
 ``padfree_varlen`` (the reference: logits and the parameter gradients of the row's token loss), then on
 ``N`` CPU ranks (forked processes meeting through gloo) each running its shard as training does
-(:class:`padfree.torch.StepRunner`): Ulysses SP (:mod:`padfree.torch.sequence_parallel`) or zigzag CP
-(:mod:`padfree.torch.context_parallel`). The shards'
+(:class:`padfree.torch.StepRunner`): Ulysses SP (:mod:`padfree.torch.execution.sequence_parallel`) or zigzag
+CP
+(:mod:`padfree.torch.execution.context_parallel`). The shards'
 logits, put back in row order, and their summed parameter gradients must equal the unsharded row's, and each
 document's logits those of the document alone through the model's own attention (eager, else sdpa).
 ``attn="leaky"`` runs the leaky control (CP: one causal mask over the whole row, as accelerate's CP
@@ -67,8 +68,8 @@ class ShardedCheck:
 
 
 def _names(mode: str, attn: str) -> str:
-    from padfree.torch import context_parallel as cpm
-    from padfree.torch import sequence_parallel as spm
+    from padfree.torch.execution import context_parallel as cpm
+    from padfree.torch.execution import sequence_parallel as spm
 
     leaky = attn in ("leaky", "padfree_leaky")
     if not leaky and attn not in ("padfree", "padfree_varlen"):
@@ -99,18 +100,11 @@ def check_sharded(
     from padfree.models import build_model
     from padfree.testing.forkranks import launch
     from padfree.torch import PackCollator, StepRunner
-    from padfree.torch import context_parallel as cpm
-    from padfree.torch import sequence_parallel as spm
-    from padfree.torch.attention import needs_mask
+    from padfree.torch.documents.attention import needs_mask
+    from padfree.torch.execution import context_parallel as cpm
+    from padfree.torch.execution import sequence_parallel as spm
 
-    if (sp > 1) == (cp > 1) or min(sp, cp) < 1:
-        raise ConfigError(
-            f"check-packing: give one of --sp N or --cp N (N >= 2), not both (got sp={sp}, cp={cp})"
-        )
-    if max(sp, cp) > 8:
-        raise ConfigError(f"check-packing: at most 8 CPU ranks (got {max(sp, cp)})")
-    if not doc_lengths or min(doc_lengths) < 2:
-        raise ConfigError(f"check-packing: document lengths must be >= 2 (got {list(doc_lengths)})")
+    _check_degrees(sp, cp, doc_lengths)
     mode, degree = ("sp", sp) if sp > 1 else ("cp", cp)
     impl = _names(mode, attn)
     net = build_model(
@@ -184,14 +178,26 @@ def check_sharded(
     )
 
 
+def _check_degrees(sp: int, cp: int, doc_lengths: tuple[int, ...]) -> None:
+    """One of ``sp`` / ``cp`` above 1 (at most 8 CPU ranks), documents of 2 tokens or more; else one line."""
+    if (sp > 1) == (cp > 1) or min(sp, cp) < 1:
+        raise ConfigError(
+            f"check-packing: give one of --sp N or --cp N (N >= 2), not both (got sp={sp}, cp={cp})"
+        )
+    if max(sp, cp) > 8:
+        raise ConfigError(f"check-packing: at most 8 CPU ranks (got {max(sp, cp)})")
+    if not doc_lengths or min(doc_lengths) < 2:
+        raise ConfigError(f"check-packing: document lengths must be >= 2 (got {list(doc_lengths)})")
+
+
 def _compare(net: Any, row: dict, docs: list, sharded: Any, grads: Any, real: Any, n_loss: float) -> dict:
     """The shards' logits (``sharded``, in row order) and summed gradients against the whole row run
     unsharded under ``padfree_varlen``, and each document's logits against it alone through the model's own
     attention: the largest differences."""
     import torch
 
-    from padfree.torch import sequence_parallel as spm
-    from padfree.torch.leak_probe import own
+    from padfree.torch.documents.leak_probe import own
+    from padfree.torch.execution import sequence_parallel as spm
 
     params = list(net.parameters())
     cu = spm.row_boundaries(row)

@@ -4,7 +4,8 @@ consecutive chunks kept in order on one rank inside one optimizer step, so it tr
 ChunkFlow's layout (ICML 2025): short documents are packed into rows of ``budget`` tokens as ``packed`` does;
 a document of ``n`` chunks (``budget < length <= grad_accum * budget``, the *reach*) takes ``n`` consecutive
 micro-batches of one rank's ``grad_accum`` in one step, one chunk each (piece ``p`` starts at token
-``p * budget``: ``Plan.starts``), and :func:`padfree.torch.chunked.chunked_backward` trains those chunks with
+``p * budget``: ``Plan.starts``), and :func:`padfree.torch.execution.chunked.chunked_backward` trains those
+chunks with
 each attending to its earlier chunks' keys and values. A document over the reach falls under the overlong
 policy at the reach (error, truncate or drop; ``split`` would cut it into pieces that no longer see their
 beginning, which is what this strategy avoids).

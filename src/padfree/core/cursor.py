@@ -58,7 +58,7 @@ class MicroInfo:
         micro: accumulation index, ``0 .. grad_accum-1``.
         last: True on the last micro-batch of the step (run backward without ``no_sync`` on this one).
         rank, world_size, grad_accum: the shape this micro-batch was planned for.
-        step_tokens: loss-bearing tokens of the whole step on all ranks (see :mod:`padfree.torch._loss`),
+        step_tokens: loss-bearing tokens of the whole step on all ranks (see :mod:`padfree.torch.feed.loss`),
             or ``None`` when the plan cannot know it (then count with ``loss.global_loss_tokens``).
         starts: first token of each sample's piece (``None``: every piece starts at 0).
         lengths: tokens of each sample's piece (shorter than the sample when truncated or split).
@@ -286,7 +286,8 @@ class Cursor:
         (:func:`padfree.core.position.check_taken`). A refused state raises :class:`StateError` (one line)
         and leaves the cursor where it was. A chunked plan's mid-step state resumes at its step's first
         micro-batch: such a step trains whole, once all of it is handed out
-        (:func:`padfree.torch.chunked.run_step`, the Trainer), so nothing of it was trained, and a long
+        (:func:`padfree.torch.execution.chunked.run_step`, the Trainer), so nothing of it was trained, and a
+        long
         document's later chunk cannot train without its first (every rank rewinds alike)."""
         budgets: dict[int, tuple[int | None, ...]] = {}
 

@@ -1,4 +1,5 @@
-"""Samples streamed in order for a streamed plan (:class:`padfree.torch.streamed.StreamBatchSampler`): parquet
+"""Samples streamed in order for a streamed plan (:class:`padfree.torch.feed.streamed.StreamBatchSampler`):
+parquet
 or JSONL shards read in order, a ``datasets`` streaming ``IterableDataset``, or any iterator.
 
 A source reads the samples at stream positions ``start .. start+count-1`` (``read``), in order. A resume

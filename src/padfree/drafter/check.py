@@ -60,7 +60,8 @@ class DrafterCheck:
     happens to change no loss on this data (the next document's first tokens carry no loss).
 
     Attributes:
-        target_probe: the target's leak probe (:mod:`padfree.torch.leak_probe`): how far a later document's
+        target_probe: the target's leak probe (:mod:`padfree.torch.documents.leak_probe`): how far a later
+        document's
             logits move when the first document changes, held to ``target_probe_allowance`` (its noise);
             ``target_causal``: how far earlier logits move when every document's last token changes (the same
             allowance); ``target_own``: max |packed - each document alone through the target's own eager/sdpa
@@ -283,11 +284,11 @@ def check_drafter(
     compare each document's loss numerator and denominator. Under a per-document normalisation (speculators:
     a row's mean, one document per row) "alone" is the document's own mean; the packed row's numerator for it
     must equal that, and its denominator 1."""
-    import padfree.torch.attention as pa
+    import padfree.torch.documents.attention as pa
     from padfree.drafter.collate import DrafterCollator
     from padfree.drafter.target import run_target
     from padfree.drafter.train import build_models, loss_sums, token_counts
-    from padfree.torch.leak_probe import against_own_attention, probe_leak
+    from padfree.torch.documents.leak_probe import against_own_attention, probe_leak
 
     spec = methods.get(method)
     samples = fixture_documents() if samples is None else samples

@@ -10,7 +10,7 @@ blocks opened at anchors; :mod:`padfree.drafter.methods.eagle3.model`: test-time
 registry (:mod:`padfree.drafter.methods`) finds it by name.
 
 Items are cut to their planned pieces by the same function as the plain collators
-(:func:`padfree.torch._collate.planned_pieces`: the "dataset shorter than the plan" check, the
+(:func:`padfree.torch.feed.collate.planned_pieces`: the "dataset shorter than the plan" check, the
 unplanned-dataset warning). An empty micro-batch (an epoch's tail after a re-cut or an elastic resume)
 collates to an empty batch (``batch.empty``) that still belongs to its step.
 
@@ -38,7 +38,7 @@ from padfree.drafter.contract import Contract, build_contract
 from padfree.drafter.objective import loss_scale
 from padfree.drafter.recipes import Recipe
 from padfree.errors import ConfigError
-from padfree.torch._collate import planned_pieces
+from padfree.torch.feed.collate import planned_pieces
 
 
 @dataclass(frozen=True)

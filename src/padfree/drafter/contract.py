@@ -42,7 +42,7 @@ import torch
 
 from padfree.core.shard import Shard, check_shapes
 from padfree.errors import ConfigError, InputError
-from padfree.torch._collate import packed_layout
+from padfree.torch.feed.collate import packed_layout
 
 LAYOUTS = ("packed", "padded")
 

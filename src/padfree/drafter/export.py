@@ -174,7 +174,7 @@ def read_checkpoint_file(
     checkpoint of a checkpoint folder (each damaged newer one is passed to ``say``, one line naming it and
     why); one line when there is none, or it carries no export meta (written before padfree saved it: retrain,
     or resume and let it save) or a newer version of it."""
-    from padfree.torch.checkpoint import CheckpointDir, quiet
+    from padfree.torch.run.checkpoint import CheckpointDir, quiet
 
     p = Path(path)
     if p.is_dir():
@@ -324,7 +324,7 @@ def _write_atomically(out: Path, config: dict, tensors: dict[str, torch.Tensor])
     folders a killed export left beside ``out`` are removed first."""
     from safetensors.torch import save_file
 
-    from padfree.torch.checkpoint import fsync_dir
+    from padfree.torch.run.checkpoint import fsync_dir
 
     parent = out.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)

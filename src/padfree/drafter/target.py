@@ -101,7 +101,7 @@ def load_target(
     if dtype not in DTYPES:
         raise ConfigError(f"target dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
     if attn.startswith("padfree_"):
-        import padfree.torch.attention  # noqa: F401  (registers padfree_varlen with transformers)
+        import padfree.torch.documents.attention  # noqa: F401  (registers padfree_varlen with transformers)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     loaded: Any  # (model, loading info) with output_loading_info
     try:

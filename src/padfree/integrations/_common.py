@@ -82,7 +82,7 @@ def check_rank(rank: int, world_size: int) -> None:
 def this_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """``(rank, world_size)``: the given ones, else torch.distributed's (:mod:`padfree.torch`), else ``(0,
     1)``; checked."""
-    from padfree.torch._distributed import rank_and_world
+    from padfree.torch.execution.distributed import rank_and_world
 
     rank, world_size = rank_and_world(rank, world_size)
     check_rank(rank, world_size)

@@ -1,7 +1,7 @@
 """The examples' training loop: its command-line options (:func:`add_run_args`) and its epochs
 (:func:`train_loop`: steps, clipping, the seen-log, SIGTERM, checkpoints and the log), run by
 ``examples/train.py`` and ``examples/train_drafter.py`` around their own micro-step, built on the loop pieces
-of :mod:`padfree.torch.loop` and, for a language model, :class:`padfree.torch.StepRunner`."""
+of :mod:`padfree.torch.run.loop` and, for a language model, :class:`padfree.torch.StepRunner`."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from padfree.options import COUNT, WARM, Bounded
 from padfree.progress import bars_wanted, progress_bar
 from padfree.testing import seenlog
 from padfree.torch import StepResult, all_reduce_sum
-from padfree.torch.checkpoint import CheckpointDir
-from padfree.torch.lifecycle import EXIT_STOPPED, StopOnSignal
-from padfree.torch.loop import balance_line, save, source_loss_line, steps_of
+from padfree.torch.run.checkpoint import CheckpointDir
+from padfree.torch.run.lifecycle import EXIT_STOPPED, StopOnSignal
+from padfree.torch.run.loop import balance_line, save, source_loss_line, steps_of
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 
 from padfree.core.config import PlanConfig
 from padfree.core.items import overlong_line
-from padfree.torch.runner import reach
+from padfree.torch.execution.runner import reach
 
 
 def reach_limit(config: PlanConfig) -> str | None:

@@ -1,6 +1,15 @@
-"""PyTorch / torch.distributed integration (the ``torch`` extra): a resumable, elastic batch sampler,
-collators for padded and packed micro-batches, step-normalized loss helpers, and the step runner that runs
-a micro-batch plain, chunked or sharded over an SP/CP group (:mod:`padfree.torch.runner`).
+"""PyTorch / torch.distributed integration (the ``torch`` extra), in four rooms, each with its face:
+
+- :mod:`padfree.torch.feed`: feeding the loader: the resumable, elastic samplers of a plan and of a stream,
+  the dataset that hands each micro-batch its plan info, collators for padded and packed micro-batches,
+  measured balance and the step-normalized loss;
+- :mod:`padfree.torch.documents`: keeping packed documents apart inside the model: the one boundary
+  reader, per-document attention and token mixers, the leak probe;
+- :mod:`padfree.torch.execution`: how a micro-batch runs: the step runner (plain, a long document's chunks
+  together, or sharded over an SP/CP group), the collectives and the data-parallel glue;
+- :mod:`padfree.torch.run`: the run around the steps: checkpoints, run ids, how a process ends.
+
+This face names what a training loop calls from them.
 
 The training loop (see ``examples/train.py`` for the whole thing)::
 
@@ -31,24 +40,59 @@ The training loop (see ``examples/train.py`` for the whole thing)::
 True
 """
 
-from padfree.torch._collate import PackCollator, PadCollator
-from padfree.torch._dataset import PlannedDataset
-from padfree.torch._distributed import all_reduce_sum, sync_unless
-from padfree.torch._loss import global_loss_tokens, source_loss_sums, step_loss, token_loss_sum
-from padfree.torch._sampler import PlanBatchSampler
-from padfree.torch.runner import StepResult, StepRunner
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from padfree.torch.execution.distributed import all_reduce_sum, sync_unless
+from padfree.torch.execution.runner import StepResult, StepRunner
+from padfree.torch.feed.collate import PackCollator, PadCollator
+from padfree.torch.feed.dataset import PlannedDataset
+from padfree.torch.feed.loss import global_loss_tokens, source_loss_sums, step_loss, token_loss_sum
+from padfree.torch.feed.sampler import PlanBatchSampler
+
+if TYPE_CHECKING:
+    from padfree.torch.documents.attention import attention_implementation, prepare_for_packing
+    from padfree.torch.feed.streamed import Stream, StreamBatchSampler, StreamDataset
+    from padfree.torch.run.checkpoint import CheckpointDir
+
+_LAZY = {
+    "CheckpointDir": "padfree.torch.run.checkpoint",
+    "Stream": "padfree.torch.feed.streamed",
+    "StreamBatchSampler": "padfree.torch.feed.streamed",
+    "StreamDataset": "padfree.torch.feed.streamed",
+    "attention_implementation": "padfree.torch.documents.attention",
+    "prepare_for_packing": "padfree.torch.documents.attention",
+}
+"""Names loaded on first use: the attention registers with transformers when it is imported, which a loop
+that never builds a transformers model should not pay for."""
 
 __all__ = [
+    "CheckpointDir",
     "PackCollator",
     "PadCollator",
     "PlanBatchSampler",
     "PlannedDataset",
     "StepResult",
     "StepRunner",
+    "Stream",
+    "StreamBatchSampler",
+    "StreamDataset",
     "all_reduce_sum",
+    "attention_implementation",
     "global_loss_tokens",
+    "prepare_for_packing",
     "source_loss_sums",
     "step_loss",
     "sync_unless",
     "token_loss_sum",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

@@ -2,7 +2,7 @@
 
 ``DataLoader`` fetches a batch with ``dataset.__getitems__(batch)`` when it exists and passes the result to
 ``collate_fn``; :class:`PlannedDataset` returns the items as a :class:`Fetched` list that still carries the
-:class:`~padfree.torch._sampler.MicroInfo` of the micro-batch.
+:class:`~padfree.torch.feed.sampler.MicroInfo` of the micro-batch.
 """
 
 from __future__ import annotations

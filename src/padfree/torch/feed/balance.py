@@ -25,7 +25,7 @@ from padfree.core.balance import Balance
 from padfree.core.cost import Coefficients
 from padfree.core.cursor import MicroInfo
 from padfree.errors import ConfigError, StateError
-from padfree.torch._distributed import is_distributed
+from padfree.torch.execution.distributed import is_distributed
 
 WINDOW = 4
 """Exchanges whose records the refit pools (older ones are forgotten: speeds may drift)."""

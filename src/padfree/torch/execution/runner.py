@@ -8,10 +8,12 @@ and is what every training loop asks: :class:`padfree.hf.PadfreeTrainer`, the ex
 - ``plain``: each row through the model, its token losses summed (:func:`padfree.torch.token_loss_sum`);
 - ``whole_documents`` (the ``chunked`` plan): a long document's chunks run together on its last chunk's turn,
 each
-  attending to its earlier chunks (:func:`padfree.torch.chunked.document_backward`); packed rows as plain;
+  attending to its earlier chunks (:func:`padfree.torch.execution.chunked.document_backward`); packed rows as
+  plain;
 - ``sharded`` (``sp`` or ``cp`` > 1, packed rows): consecutive ranks ``sp * cp`` at a time form a group that
   shares one data-parallel rank's micro-batches; each runs its shard of the row with Ulysses
-  (:mod:`padfree.torch.sequence_parallel`) or zigzag (:mod:`padfree.torch.context_parallel`) attention,
+  (:mod:`padfree.torch.execution.sequence_parallel`) or zigzag
+  (:mod:`padfree.torch.execution.context_parallel`) attention,
   scored against the row's shifted labels. Summed over the group (DDP's all-reduce times the world size, as
   :func:`padfree.torch.step_loss` does), the shards' gradients are the unsharded row's.
 
@@ -33,7 +35,7 @@ A loop over a plan (under ``torchrun``, wrap the model in ``DistributedDataParal
 >>> from padfree import PlanConfig
 >>> from padfree.models import build_model
 >>> from padfree.torch import PackCollator, PlanBatchSampler, PlannedDataset
->>> from padfree.torch.loop import steps_of
+>>> from padfree.torch.run.loop import steps_of
 >>> data = [{"input_ids": list(range(1, n + 1))} for n in (5, 9, 3, 7)]
 >>> config = PlanConfig(strategy="packed", budget=16, grad_accum=2)
 >>> model = build_model("tiny-llama", attn_implementation=StepRunner.attention(config), vocab_size=32,
@@ -60,7 +62,7 @@ import torch
 
 from padfree.core.config import PlanConfig
 from padfree.errors import ConfigError
-from padfree.torch.chunked import document_backward, run_step, step_documents
+from padfree.torch.execution.chunked import document_backward, run_step, step_documents
 
 Mode = Literal["plain", "whole_documents", "sharded"]
 """How a micro-batch runs: alone, as one of a long document's chunks trained together on its last one, or
@@ -158,7 +160,7 @@ class StepRunner:
     def attention(config: PlanConfig) -> str:
         """The ``attn_implementation`` to build the model with for ``config``'s rows (a sharded run switches
         to its own when the runner is made)."""
-        from padfree.torch.attention import attention_implementation
+        from padfree.torch.documents.attention import attention_implementation
 
         return attention_implementation(config.strategy)
 
@@ -167,8 +169,8 @@ class StepRunner:
         creates every group, in the same order), pick the shard function and switch the attention."""
         import torch.distributed as dist
 
-        from padfree.torch import context_parallel as cpm
-        from padfree.torch import sequence_parallel as spm
+        from padfree.torch.execution import context_parallel as cpm
+        from padfree.torch.execution import sequence_parallel as spm
 
         sp, cp, config = self.config.sp, self.config.cp, self.config
         if sp > 1 and cp > 1:
@@ -196,9 +198,9 @@ class StepRunner:
     def loss_sum(self, model: Any, batch: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """One row through ``model`` (sharded: this process's shard, inside its group): the sum of its token
         losses, the labels they were scored against (a shard's: the row's shifted ones) and the outputs."""
-        from padfree.torch import sequence_parallel as spm
-        from padfree.torch._loss import token_loss_sum
-        from padfree.torch.collectives import shard_group
+        from padfree.torch.execution import sequence_parallel as spm
+        from padfree.torch.execution.collectives import shard_group
+        from padfree.torch.feed.loss import token_loss_sum
 
         if self._shard is None:
             labels = batch["labels"]
@@ -212,7 +214,7 @@ class StepRunner:
 
     def documents(self, micro_batches: Sequence[Any]) -> list[list[Any]]:
         """A step's micro-batches as they run: a chunked plan's long document's chunks together
-        (:func:`padfree.torch.chunked.step_documents`), every other micro-batch alone."""
+        (:func:`padfree.torch.execution.chunked.step_documents`), every other micro-batch alone."""
         if self.mode == "whole_documents":
             return step_documents(micro_batches)
         return [[b] for b in micro_batches]
@@ -225,7 +227,8 @@ class StepRunner:
         sync: Callable[[bool], contextlib.AbstractContextManager] | None = None,
     ) -> float:
         """Forward and backward of one long document's chunks (a group of :meth:`documents`), every token's
-        loss times ``scale``; ``sync(final)`` as :func:`padfree.torch.chunked.chunked_backward`'s. Returns
+        loss times ``scale``; ``sync(final)`` as :func:`padfree.torch.execution.chunked.chunked_backward`'s.
+        Returns
         its loss sum."""
         return document_backward(
             model, chunks, scale=scale, keep=self.keep_chunks, device=self.device, sync=sync
@@ -237,7 +240,7 @@ class StepRunner:
         known = micro_batches[0].info.step_tokens
         if known is not None:
             return int(known)
-        from padfree.torch._loss import global_loss_tokens
+        from padfree.torch.feed.loss import global_loss_tokens
 
         where = device if device is not None else self.device if self.device is not None else "cpu"
         return global_loss_tokens(list(micro_batches), where, shared=self.size)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from padfree.torch._collate import IGNORE
-from padfree.torch._distributed import all_reduce_sum
+from padfree.torch.execution.distributed import all_reduce_sum
+from padfree.torch.feed.collate import IGNORE
 
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """A chunk's exact attention over earlier chunks' keys/values, block by block: no mask, no copy of the past.
 
-Chunked training (:mod:`padfree.torch.chunked`) runs a chunk of ``T`` queries over the keys and values of the
+Chunked training (:mod:`padfree.torch.execution.chunked`) runs a chunk of ``T`` queries over the keys and
+values of the
 ``P`` tokens before it and its own. Handing them to ``sdpa`` costs, besides the keys/values themselves, a
 ``T x (P + T)`` mask, a concatenated copy of the past that attention saves for its backward, and that copy's
 gradient: memory that grows with the document. Here the past stays as it is kept, one block per earlier
@@ -34,8 +35,8 @@ from typing import Any
 import torch
 
 from padfree.errors import ConfigError
-from padfree.torch._attn_common import Call, interface, repeat_heads
-from padfree.torch._attn_common import register as register_attention
+from padfree.torch.documents.interface import Call, interface, repeat_heads
+from padfree.torch.documents.interface import register as register_attention
 
 NAME = "padfree_chunk"
 """The attention implementation a chunked forward runs under (only inside :func:`past_blocks`)."""
@@ -219,7 +220,7 @@ def _no_mask(*args: Any, **kwargs: Any) -> None:
     model whose mask is plain causal and whose layers hand it to the attention function unchanged; a window or
     chunk only the mask carries (Qwen2-MoE, PhiMoE, Llama-4), or attention that applies the mask in its own
     code (Bloom, XGLM...), is refused in one line: with no mask it would see the whole past or its future."""
-    from padfree.torch import attention as pa
+    from padfree.torch.documents import attention as pa
 
     kind, size = pa.mask_pattern(kwargs.get("mask_function"))
     if kind != "causal":

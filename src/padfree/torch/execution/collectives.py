@@ -1,7 +1,8 @@
 """Autograd-aware all-to-all and all-gather for sharded attention, and the group a sharded forward uses.
 
-Sequence and context parallel attention (:mod:`padfree.torch.sequence_parallel`,
-:mod:`padfree.torch.context_parallel`) exchange activations between the ranks of one SP/CP group inside the
+Sequence and context parallel attention (:mod:`padfree.torch.execution.sequence_parallel`,
+:mod:`padfree.torch.execution.context_parallel`) exchange activations between the ranks of one SP/CP group
+inside the
 model's forward pass, so the exchange must carry gradients back: the backward of an all-to-all is the reverse
 all-to-all, the backward of an all-gather a reduce-scatter (done here as an all-to-all and a sum, which gloo
 has). Both run on gloo (CPU) as on NCCL. The group is set around the forward pass with :func:`shard_group`,
@@ -53,7 +54,9 @@ def current(who: str) -> Group:
     """The group set by :func:`shard_group`, or a :class:`ConfigError` saying that ``who`` needs one."""
     g = getattr(_state, "group", None)
     if g is None:
-        raise ConfigError(f"{who}: run the forward pass inside padfree.torch.collectives.shard_group(group)")
+        raise ConfigError(
+            f"{who}: run the forward pass inside padfree.torch.execution.collectives.shard_group(group)"
+        )
     return g
 
 

@@ -6,7 +6,7 @@ equal pieces, and rank ``r`` holds pieces ``r`` and ``2 * cp - 1 - r`` of *every
 rank gets the same causal work per document): :func:`zigzag_indices`, :func:`shard_cp`.
 
 ``padfree_zigzag_cp`` is the REFERENCE, not a bandwidth-optimal ring: the keys and values of the whole row
-are all-gathered (an autograd-aware all-gather, :mod:`padfree.torch.collectives`, whose backward
+are all-gathered (an autograd-aware all-gather, :mod:`padfree.torch.execution.collectives`, whose backward
 reduce-scatters their gradients), and each local query attends to the keys of its own document only, with
 the causal rule taken on the tokens' positions in the unsharded row. It is exact (it computes the same
 softmax as unsharded per-document attention), so it is what a ring implementation (K/V passed around,
@@ -33,12 +33,12 @@ import numpy as np
 import torch
 
 from padfree.errors import ConfigError
-from padfree.torch import attention as pa
-from padfree.torch._attn_common import Call, Forward, interface
-from padfree.torch._attn_common import register as register_attention
-from padfree.torch.boundaries import Boundaries, read_boundaries
-from padfree.torch.collectives import all_gather, current
-from padfree.torch.sequence_parallel import shard_at, sharded_row
+from padfree.torch.documents import attention as pa
+from padfree.torch.documents.boundaries import Boundaries, read_boundaries
+from padfree.torch.documents.interface import Call, Forward, interface
+from padfree.torch.documents.interface import register as register_attention
+from padfree.torch.execution.collectives import all_gather, current
+from padfree.torch.execution.sequence_parallel import shard_at, sharded_row
 
 NAME = "padfree_zigzag_cp"
 LEAKY = "padfree_zigzag_cp_leaky"

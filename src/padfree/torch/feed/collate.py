@@ -6,8 +6,9 @@ loss), or bare sequences of token ids. Labels are *unshifted* (transformers' con
 it. So ``(labels != -100).sum()`` is exactly the number of loss-bearing tokens of the micro-batch, the same
 count the sampler derives from the plan (``length - 1`` per sample when every token is a label).
 
-When the micro-batch comes from a :class:`~padfree.torch._sampler.PlanBatchSampler` through a
-:class:`~padfree.torch._dataset.PlannedDataset`, each sample is cut to its planned piece (truncated or split
+When the micro-batch comes from a :class:`~padfree.torch.feed.sampler.PlanBatchSampler` through a
+:class:`~padfree.torch.feed.dataset.PlannedDataset`, each sample is cut to its planned piece (truncated or
+split
 samples) and the batch carries the micro-batch's ``info``.
 """
 
@@ -22,14 +23,14 @@ import torch
 from padfree.core.config import MAX_BUDGET, MAX_SHARD
 from padfree.core.shard import Shard, check_shapes, round_up
 from padfree.errors import ConfigError
-from padfree.torch._dataset import warn_if_unplanned
+from padfree.torch.feed.dataset import warn_if_unplanned
 
 IGNORE = -100
 
 
 class Batch(dict):
     """Model inputs (``model(**batch)``) plus, as attributes, ``info`` (the micro-batch's
-    :class:`~padfree.torch._sampler.MicroInfo` or ``None``), ``loss_tokens`` (labels != -100), ``tokens``
+    :class:`~padfree.torch.feed.sampler.MicroInfo` or ``None``), ``loss_tokens`` (labels != -100), ``tokens``
     (real, non-padding tokens) and, for a plan of weighted sources, ``source_ids``: each token's source (its
     index in ``config.sources``; -1 on padding), shaped like ``labels``, so the loss of a packed row splits
     by source (:func:`padfree.torch.source_losses`). ``None`` without sources."""
@@ -276,7 +277,8 @@ class PackCollator:
     plan's) the row is padded for sharding and carries the THD layout (:func:`packed_layout`); with ``shapes``
     (the plan's) its length is the next declared row length.
 
-    ``chunked=True`` (a ``chunked`` plan, trained with :func:`padfree.torch.chunked.run_step`): a chunk that
+    ``chunked=True`` (a ``chunked`` plan, trained with :func:`padfree.torch.execution.chunked.run_step`): a
+    chunk that
     continues its document keeps its first label, which the document's earlier chunk predicts.
 
     >>> b = PackCollator()([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])

@@ -9,7 +9,8 @@ workers too)::
     sampler = StreamBatchSampler(HFStreamSamples(load_dataset(..., streaming=True)["train"]), config, 4096)
     loader = DataLoader(StreamDataset(), batch_sampler=sampler, collate_fn=PackCollator())
 
-``PadfreeTrainer(..., stream=Stream(source, window))`` and :func:`padfree.torch.loop.train_loop` take it as
+``PadfreeTrainer(..., stream=Stream(source, window))`` and :func:`padfree.torch.run.loop.train_loop` take it
+as
 they take a :class:`~padfree.torch.PlanBatchSampler`. Epoch ``e`` reads the stream again from its start.
 """
 
@@ -32,9 +33,9 @@ from padfree.core.source_streams import counters_from_state, mixed_steps
 from padfree.core.sources import Counters
 from padfree.data.sample_streams import SampleSource
 from padfree.errors import ConfigError, StateError
-from padfree.torch import _dataset
-from padfree.torch._dataset import Fetched
-from padfree.torch._distributed import data_parallel
+from padfree.torch.execution.distributed import data_parallel
+from padfree.torch.feed import dataset as _dataset
+from padfree.torch.feed.dataset import Fetched
 
 __all__ = ["Stream", "StreamBatch", "StreamBatchSampler", "StreamDataset"]
 

@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 from padfree.core.fingerprint import explain
 from padfree.errors import StateError, one_line
-from padfree.torch._balance import balance_summary
-from padfree.torch.checkpoint import CheckpointDir
+from padfree.torch.feed.balance import balance_summary
+from padfree.torch.run.checkpoint import CheckpointDir
 
 T = TypeVar("T")
 
@@ -56,7 +56,7 @@ def check_resume(
     state: dict, ckpt: Any, sampler: Any, saved: dict | None = None, now: dict | None = None
 ) -> None:
     """Refuse, in one :class:`~padfree.errors.StateError` line naming what differs, a checkpoint ``state``
-    (:meth:`padfree.torch.checkpoint.CheckpointDir.resume`'s) written under another configuration: the
+    (:meth:`padfree.torch.run.checkpoint.CheckpointDir.resume`'s) written under another configuration: the
     model's own options ``saved`` vs ``now`` (e.g. a drafter's recipe), then the plan's identity and
     fingerprint against ``sampler``'s (every rank the same, :meth:`CheckpointDir.check_fingerprints`)."""
     why = explain(saved, now or {}) if saved is not None else None

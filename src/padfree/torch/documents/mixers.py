@@ -13,11 +13,14 @@ one document into the start of the next, silently. Here every such module runs o
 Which modules mix is a table (:data:`MIXERS`: class names, or ``family.Class`` where a name is too plain),
 filled from ``padfree check-packing --all-families``, which localises a leak to the module that causes it.
 Boundaries come from the outermost model call and from each decoder layer's own keywords, through the one
-reader :func:`padfree.torch.boundaries.read_boundaries`; a decoder layer checkpointed by transformers replays
+reader :func:`padfree.torch.documents.boundaries.read_boundaries`; a decoder layer checkpointed by
+transformers replays
 in the backward pass with the boundaries its forward ran with (bound into its checkpoint, not read from the
 thread), so several forwards before a backward, or a backward in another thread, split the same way.
-Registering ``padfree_varlen`` (importing :mod:`padfree.torch.attention`) makes every model built or switched
-to it install this by itself (:func:`padfree.torch.attention.keep_apart`); no other model is touched.
+Registering ``padfree_varlen`` (importing :mod:`padfree.torch.documents.attention`) makes every model built or
+switched
+to it install this by itself (:func:`padfree.torch.documents.attention.keep_apart`); no other model is
+touched.
 
 >>> import torch
 >>> split_like(torch.zeros(1, 9, 4), 9, 2, 5).shape  # the (B, T, H) slice of tokens 2..4
@@ -38,7 +41,7 @@ from typing import Any
 import torch
 
 from padfree.errors import ConfigError
-from padfree.torch.boundaries import Boundaries, read_boundaries
+from padfree.torch.documents.boundaries import Boundaries, read_boundaries
 
 # class name -> what it is (for messages and the sweep's table). Each runs per document when a packed row
 # has more than one, unless its kind has fused kernels that take ``cu_seqlens``/``seq_idx`` (KERNELS).
@@ -214,7 +217,7 @@ UNKNOWN = _Unknown()
 
 
 def _push_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-    """Read this call's boundaries (:func:`padfree.torch.boundaries.read_boundaries`) or inherit its
+    """Read this call's boundaries (:func:`padfree.torch.documents.boundaries.read_boundaries`) or inherit its
     caller's, and push them; a model's outermost call also gets positions restarting per document."""
     shape = _row_shape(args, kwargs)
     who = f"padfree: {type(module).__name__}"
@@ -358,7 +361,8 @@ def require_prepared(module: torch.nn.Module, impl: str) -> None:
         raise ConfigError(
             f"{impl}: {type(module).__name__} was not prepared by padfree (its config names {impl} by hand), "
             "so its token mixers and positions would run across the packed documents: build the model with "
-            f"attn_implementation='{impl}' or call padfree.torch.attention.prepare_for_packing(model)"
+            f"attn_implementation='{impl}' or call "
+            f"padfree.torch.documents.attention.prepare_for_packing(model)"
         )
 
 

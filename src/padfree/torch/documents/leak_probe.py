@@ -79,7 +79,7 @@ def packed_inputs(
 ) -> dict[str, Any]:
     """PackCollator's layout for a row of ``docs`` (1-D id tensors): ids, restarting ``position_ids``,
     ``cu_seq_lens_*``, ``max_length_*`` and (``seq_idx``) the per-token document index."""
-    from padfree.torch._collate import packed_layout
+    from padfree.torch.feed.collate import packed_layout
 
     layout = packed_layout([int(d.numel()) for d in docs])
     row = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in layout.items()}
@@ -123,7 +123,7 @@ def batched_inputs(
     ``seq_idx``, ``cu_seq_lens_*`` over the flattened batch (what padfree's attention and mixers read)."""
     one = [packed_inputs(r, device) for r in rows]
     lengths = [int(d.numel()) for r in rows for d in r]
-    from padfree.torch._collate import packed_layout
+    from padfree.torch.feed.collate import packed_layout
 
     flat = packed_layout(lengths)
     out = {
@@ -308,7 +308,8 @@ def require_exact_packing(model: torch.nn.Module, where: str = "packed training"
     raise ConfigError(
         f"{where}: packed documents of {family} see each other through {what}{where_in} (probe difference "
         f"{probe.diff:.3g}, allowed {probe.allowance:.3g}); padfree keeps such a module per document only "
-        "when it is in padfree.torch.mixers.MIXERS: train with --strategy bucketed (padded rows never leak) "
+        "when it is in padfree.torch.documents.mixers.MIXERS: train with --strategy bucketed (padded rows "
+        "never leak) "
         "or report the family"
     )
 

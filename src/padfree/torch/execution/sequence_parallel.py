@@ -3,19 +3,23 @@
 Each of the ``sp`` ranks of a sequence-parallel group holds a contiguous ``1/sp`` of one packed row
 (:func:`shard_sp`; the plan makes the row's length a multiple of ``sp``, :class:`padfree.core.shard.Shard`).
 Everything but attention is per token and runs on the shard. Around attention an all-to-all turns
-``[seq/sp, heads]`` into ``[seq, heads/sp]``, :func:`padfree.torch.attention.varlen_attention_forward`
+``[seq/sp, heads]`` into ``[seq, heads/sp]``,
+:func:`padfree.torch.documents.attention.varlen_attention_forward`
 runs over the whole row with the whole row's document boundaries (every rank has them: ``cu_seq_lens_q`` of
 the full row), and a second all-to-all turns it back. Both exchanges carry gradients
-(:mod:`padfree.torch.collectives`), so a backward through the shards gives the unsharded row's gradients
+(:mod:`padfree.torch.execution.collectives`), so a backward through the shards gives the unsharded row's
+gradients
 once the SP ranks' parameter gradients are summed (what DDP / FSDP over the SP x DP mesh does).
 
 Registered with transformers as ``padfree_ulysses`` (and ``padfree_ulysses_leaky``: the same exchange around
-:func:`padfree.torch.attention.leaky_attention`, the leaky control for leak checks). The forward pass runs
-inside :func:`padfree.torch.collectives.shard_group` (the SP group). Query heads, and key/value heads unless
+:func:`padfree.torch.documents.attention.leaky_attention`, the leaky control for leak checks). The forward
+pass runs
+inside :func:`padfree.torch.execution.collectives.shard_group` (the SP group). Query heads, and key/value
+heads unless
 they are repeated, must divide by ``sp``. Models with convolutions or recurrences (hybrids) are not sharded
 here: those mixers would see only their shard.
 
->>> import padfree.torch.sequence_parallel as sp
+>>> import padfree.torch.execution.sequence_parallel as sp
 >>> from padfree.torch import PackCollator
 >>> row = PackCollator(sp=2)([{"input_ids": [5, 6]}, {"input_ids": [7, 8, 9]}])  # 5 tokens, padded to 6
 >>> shard = sp.shard_sp(row, rank=1, size=2)
@@ -34,11 +38,11 @@ from typing import Any
 import torch
 
 from padfree.errors import ConfigError
-from padfree.torch import attention as pa
-from padfree.torch._attn_common import Call, Forward, interface, repeat_heads
-from padfree.torch._attn_common import register as register_attention
-from padfree.torch.boundaries import Boundaries, read_boundaries
-from padfree.torch.collectives import all_to_all, current
+from padfree.torch.documents import attention as pa
+from padfree.torch.documents.boundaries import Boundaries, read_boundaries
+from padfree.torch.documents.interface import Call, Forward, interface, repeat_heads
+from padfree.torch.documents.interface import register as register_attention
+from padfree.torch.execution.collectives import all_to_all, current
 
 NAME = "padfree_ulysses"
 LEAKY = "padfree_ulysses_leaky"
@@ -51,7 +55,7 @@ def check_shardable(model: torch.nn.Module, sp: int = 1, cp: int = 1) -> None:
     would see only its shard), under CP soft-capped attention scores or attention sinks (not in the CP
     reference), under SP query heads that do not split over the ranks. The one check the Trainer and
     ``padfree check-packing --sp/--cp`` make before any work."""
-    from padfree.torch.mixers import mixers_of
+    from padfree.torch.documents.mixers import mixers_of
 
     if sp <= 1 and cp <= 1:
         return
@@ -90,7 +94,8 @@ def row_boundaries(batch: Mapping) -> torch.Tensor:
 
 
 def sharded_row(batch: Mapping) -> Boundaries:
-    """The documents of a packed row to shard, read by :func:`padfree.torch.boundaries.read_boundaries` (the
+    """The documents of a packed row to shard, read by
+    :func:`padfree.torch.documents.boundaries.read_boundaries` (the
     one reader, attention's too): the padded spans (``cu_seq_lens_q_padded`` of a
     :class:`~padfree.torch.PackCollator` with ``sp``/``cp``; each document's pads after its real tokens, so
     they change none of its real tokens), else ``cu_seq_lens_q``."""

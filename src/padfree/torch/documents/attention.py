@@ -16,7 +16,8 @@ Document boundaries come from the ``cu_seq_lens_q`` keyword (what transformers'
 ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` and padfree's ``PackCollator`` emit) or else
 from ``position_ids`` resets (``cu_seq_lens_q_padded`` first when a row is laid out for SP/CP: each document's
 pads sit inside its span, after its real tokens); they are computed once per forward pass and reused by every
-layer. Sharded rows: :mod:`padfree.torch.sequence_parallel`, :mod:`padfree.torch.context_parallel`. Padded
+layer. Sharded rows: :mod:`padfree.torch.execution.sequence_parallel`,
+:mod:`padfree.torch.execution.context_parallel`. Padded
 batches (an ``attention_mask`` is present) and cached decoding keep the model's normal ``sdpa`` path.
 
 The model's attention pattern is kept, never assumed: :func:`varlen_mask` reads what transformers' mask
@@ -36,7 +37,7 @@ registries, and a step after ``PreTrainedModel``'s ``post_init``, ``set_attn_imp
 :func:`prepare_for_packing` states (:func:`keep_apart`); a model built with any other attention gets nothing
 (no hook, no attribute, the same dispatch):
 
->>> import padfree.torch.attention as pa
+>>> import padfree.torch.documents.attention as pa
 >>> pa.attn_for("packed"), pa.attn_for("sorted")
 ('padfree_varlen', 'sdpa')
 >>> from padfree.models import build_model
@@ -60,10 +61,10 @@ import torch
 
 from padfree.core.strategies import REGISTRY
 from padfree.errors import ConfigError
-from padfree.torch import _attn_common as common
-from padfree.torch._attn_common import Call
-from padfree.torch.boundaries import Boundaries, read_boundaries, row_keywords
-from padfree.torch.mixers import attention_boundaries, require_prepared
+from padfree.torch.documents import interface as common
+from padfree.torch.documents.boundaries import Boundaries, read_boundaries, row_keywords
+from padfree.torch.documents.interface import Call
+from padfree.torch.documents.mixers import attention_boundaries, require_prepared
 
 NAME = "padfree_varlen"
 LEAKY = "padfree_leaky"
@@ -116,8 +117,8 @@ def keep_apart(model: torch.nn.Module, attn_implementation: str | None = None) -
     """What a model under a padfree attention gets (``attn_implementation``, default its config's), in place
     and idempotent: the boundary keywords of its calls watched (:func:`watch_rows`), how its layers use the
     mask read (:func:`remember_plan`) and, under ``padfree_varlen``, its token mixers run per document
-    (:func:`padfree.torch.mixers.keep_documents_apart`). A model under any other attention: nothing."""
-    from padfree.torch.mixers import keep_documents_apart
+    (:func:`padfree.torch.documents.mixers.keep_documents_apart`). Under any other attention: nothing."""
+    from padfree.torch.documents.mixers import keep_documents_apart
 
     name = attn_implementation or getattr(getattr(model, "config", None), "_attn_implementation", None)
     if not str(name).startswith("padfree_"):
@@ -523,7 +524,8 @@ def _with_documents(fn: Any, batch: int, length: int, device: Any = "cpu") -> An
 
 def watch_rows(model: torch.nn.Module) -> None:
     """Keep the boundary keywords of ``model``'s call in progress
-    (:func:`padfree.torch.boundaries.row_keywords`, read by the one reader only when a dense mask needs them)
+    (:func:`padfree.torch.documents.boundaries.row_keywords`, read by the one reader only when a dense mask
+    needs them)
     for :func:`varlen_mask`, in place and idempotent."""
     if getattr(model, "_padfree_rows", False):
         return

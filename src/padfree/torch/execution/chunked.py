@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from padfree.errors import ConfigError
-from padfree.torch._collate import IGNORE
+from padfree.torch.feed.collate import IGNORE
 
 KV = list[tuple[torch.Tensor, ...]]
 """One chunk's state, per layer: ``(key, value)`` of shape ``(1, kv_heads, tokens, head_dim)`` for an
@@ -52,7 +52,7 @@ attention layer, ``(conv_state,)`` of shape ``(1, channels, <= kernel)`` (the co
 short-conv layer."""
 
 CARRIED = frozenset({"Lfm2ShortConv", "Lfm2MoeShortConv"})
-"""The token mixers (:data:`padfree.torch.mixers.MIXERS` keys) whose state chunked training carries
+"""The token mixers (:data:`padfree.torch.documents.mixers.MIXERS` keys) whose state chunked training carries
 exactly."""
 
 
@@ -135,12 +135,12 @@ def _cache_class():
 
 def check_carried(model: torch.nn.Module) -> None:
     """Refuse, in one line, a model with a token mixer whose state chunked training does not carry exactly."""
-    from padfree.torch.mixers import mixer_key
+    from padfree.torch.documents.mixers import mixer_key
 
     inner: Any = getattr(model, "module", model)
     other = sorted({k for m in inner.modules() if (k := mixer_key(m)) is not None and k not in CARRIED})
     if other:
-        from padfree.torch.mixers import MIXERS
+        from padfree.torch.documents.mixers import MIXERS
 
         raise ConfigError(
             f"chunked training carries keys/values and short-conv states ({', '.join(sorted(CARRIED))}); "
@@ -156,7 +156,8 @@ def _takes(model: torch.nn.Module, name: str) -> bool:
 
 def _shared_mask(model: torch.nn.Module) -> bool:
     """Whether a chunk's attention over earlier chunks' keys runs block by block with no mask
-    (:mod:`padfree.torch.past_attention`): for ``sdpa``, ``eager`` and ``padfree_varlen`` models; others read
+    (:mod:`padfree.torch.documents.past_attention`): for ``sdpa``, ``eager`` and ``padfree_varlen`` models;
+    others read
     the past through the cache, with their own mask."""
     inner: Any = getattr(model, "module", model)
     impl = getattr(getattr(inner, "config", None), "_attn_implementation", None)
@@ -256,13 +257,14 @@ def _forward(
 
 @contextlib.contextmanager
 def _blockwise(model: torch.nn.Module, past: dict, on: bool) -> Iterator[set[int]]:
-    """Run the model's attention as :mod:`padfree.torch.past_attention` over ``past`` (``on``), its own
+    """Run the model's attention as :mod:`padfree.torch.documents.past_attention` over ``past`` (``on``), its
+    own
     implementation restored after; yields the layers it served."""
     if not on:
         yield set()
         return
-    from padfree.torch import attention as pa
-    from padfree.torch import past_attention
+    from padfree.torch.documents import attention as pa
+    from padfree.torch.documents import past_attention
 
     past_attention.register()
     inner: Any = getattr(model, "module", model)
@@ -393,7 +395,7 @@ def chunked_backward(
 
 def _reduce_once(ddp: torch.nn.Module) -> Callable[[bool], contextlib.AbstractContextManager]:
     """``sync(final)`` for a DDP model: ``no_sync`` except for the final backward."""
-    from padfree.torch._distributed import sync_unless
+    from padfree.torch.execution.distributed import sync_unless
 
     return lambda final: sync_unless(ddp, final)
 
@@ -441,7 +443,7 @@ def document_backward(
 
 def _row_loss(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
     """A row's summed token losses: the model on ``inputs`` (labels aside) scored against its labels."""
-    from padfree.torch._loss import token_loss_sum
+    from padfree.torch.feed.loss import token_loss_sum
 
     labels = inputs["labels"]
     return token_loss_sum(model(**{k: v for k, v in inputs.items() if k != "labels"}).logits, labels)
@@ -473,7 +475,8 @@ def run_step(
 
     ``chunks=False``: every micro-batch is a row of its own (a plan that is not chunked, whose split pieces
     are samples of their own); ``row_loss(model, inputs)``: a row's summed token losses (default: the model
-    on the row, :func:`padfree.torch.token_loss_sum`; :class:`padfree.torch.runner.StepRunner` gives a
+    on the row, :func:`padfree.torch.token_loss_sum`; :class:`padfree.torch.execution.runner.StepRunner` gives
+    a
     shard's); ``timed(model)``: a context around each row's forward and backward (the sampler's timer).
     """
     if sync is None and isinstance(model, torch.nn.parallel.DistributedDataParallel):

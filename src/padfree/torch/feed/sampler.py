@@ -25,9 +25,9 @@ from padfree.core.config import PlanConfig
 from padfree.core.cursor import Cursor, EpochSource, MicroBatch, MicroInfo
 from padfree.core.plan import Plan
 from padfree.errors import ConfigError, StateError
-from padfree.torch import _dataset
-from padfree.torch._balance import balance_stats, balancer, check_balance
-from padfree.torch._distributed import data_parallel
+from padfree.torch.execution.distributed import data_parallel
+from padfree.torch.feed import dataset as _dataset
+from padfree.torch.feed.balance import balance_stats, balancer, check_balance
 
 if TYPE_CHECKING:
     import torch
@@ -225,7 +225,7 @@ class PlanBatchSampler:
 
     def balance_stats(self) -> dict:
         """The balance in force, how it was learned and the sampler's own time: the keys are
-        :func:`padfree.torch._balance.balance_stats`'s."""
+        :func:`padfree.torch.feed.balance.balance_stats`'s."""
         busy = (self._busy, self._busy_first or 0.0)
         budget = self.cursor.history[-1].budget or self.config.budget
         return balance_stats(self.balance, self.cursor.balance, self._dynamic, self.world_size, busy, budget)
