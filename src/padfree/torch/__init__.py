@@ -42,9 +42,9 @@ True
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from padfree.torch._face import lazy_names
 from padfree.torch.execution.distributed import all_reduce_sum, sync_unless
 from padfree.torch.execution.runner import StepResult, StepRunner
 from padfree.torch.feed.collate import PackCollator, PadCollator
@@ -90,9 +90,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

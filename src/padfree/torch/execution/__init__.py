@@ -3,8 +3,9 @@ over a sequence- or context-parallel group; the collectives those need and a loo
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from padfree.torch._face import lazy_names
 
 if TYPE_CHECKING:
     from padfree.torch.execution.chunked import chunked_backward, run_step, step_documents
@@ -49,13 +50,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_WHERE])
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)
