@@ -199,7 +199,7 @@ class DrafterCollator:
         self.method = methods.get(method)
         self.shapes = check_shapes(shapes)
         self.anchor_shapes = check_shapes(anchor_shapes)
-        if self.anchor_shapes is not None and self.method.name != "dflash":
+        if self.anchor_shapes is not None and not self.method.uses_anchors:
             raise ConfigError(f"anchor_shapes sizes DFlash's block tensor; {self.method.name} has no anchors")
         if ttt is not None and (isinstance(ttt, bool) or not isinstance(ttt, int) or ttt < 1):
             raise ConfigError(f"ttt must be an integer >= 1 (got {ttt!r})")

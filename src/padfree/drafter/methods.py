@@ -9,15 +9,15 @@ and the methods' own modules asks the registry instead of comparing names, so a 
 DSpark) is one more entry here plus its own module.
 
 >>> sorted(METHODS)
-['dflash', 'eagle3', 'mtp', 'peagle']
+['dflash', 'dflash2', 'eagle3', 'mtp', 'peagle']
 >>> get("dflash").uses_anchors, get("eagle3").uses_anchors
 (True, False)
 >>> LAYER_RULES["spread"](36, 5), LAYER_RULES["low_mid_high"](36, 3)
 ((1, 9, 17, 25, 33), (1, 17, 32))
->>> get("medusa")
+>>> get("medusa")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-padfree.errors.ConfigError: unknown drafter method 'medusa': choose dflash or eagle3 or mtp or peagle
+padfree.errors.ConfigError: unknown drafter method 'medusa': choose dflash or eagle3 or mtp or peagle or ...
 """
 
 from __future__ import annotations
@@ -466,6 +466,66 @@ PEAGLE = Method(
     crossing="chain labels/inputs", shifted_inputs=True,
 )  # fmt: skip
 
+DFLASH2_SIZES = (2, 16, 256, 16)
+"""DFlash2's convolution taps and channels per dynamic kernel, its selector's rank and candidates (speculators
+0.9.0 ``DFlash2Args``): what its cost reads."""
+
+
+def conv_block_cost(shape: DrafterShape, block_size: int, ttt: int = 1) -> CostModel:
+    """DFlash2: DFlash's (:func:`block_cost`) plus, per block query and draft layer, its two dynamic
+    convolutions (a kernel projection ``dh -> 2 K dh / g`` each, and ``2 x K`` multiply-adds a channel on
+    each side of its sublayer), and per query the candidate selector (``dh -> r``, ``k`` candidates of rank
+    ``r``), forward and backward.
+
+    >>> m, b = conv_block_cost(DrafterShape(hidden=64, layers=2, vocab=100), 8), block_cost(
+    ...     DrafterShape(hidden=64, layers=2, vocab=100), 8)
+    >>> m.d > b.d, m.e == b.e, m.source
+    (True, True, 'drafter dflash2 h64 l2 dh64')
+    """
+    m = block_cost(shape, block_size)
+    target, _, _, _, dh = _flops(shape)
+    kernel, group, rank, top = DFLASH2_SIZES
+    conv = 2 * (dh * 2 * kernel * dh // group + 2 * 2 * kernel * dh)
+    per_query = 6.0 * (shape.draft_layers * conv + dh * rank + 2 * top * rank)
+    return dataclasses.replace(
+        m,
+        d=m.d + block_size * per_query / target,
+        source=f"drafter dflash2 h{shape.hidden} l{shape.layers} dh{dh}",
+    )
+
+
+def selector_trainer_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
+    """speculators' DFlash2 trainer keywords: DFlash's (:func:`block_trainer_kwargs`) and the selector's
+    loss weight."""
+    return {**block_trainer_kwargs(r, max_anchors), "selector_loss_alpha": r.selector_loss_alpha}
+
+
+def selector_line(r: Recipe) -> str:
+    """DFlash2's recipe line: DFlash's, its convolution and its selector."""
+    return (
+        f"{block_line(r)}; conv {r.conv_kernel_size} taps x {r.conv_group_size} channels inside each block, "
+        f"selector top {r.selector_top_k} rank {r.selector_rank} x{r.selector_loss_alpha:g}"
+    )
+
+
+def conv_block_memory(sizes: MemorySizes, r: Recipe) -> MemoryModel:
+    """DFlash2's activation memory: DFlash's at the recipe's block size plus, per block, each draft layer's
+    four convolution outputs and two kernels per query, named for DFlash2."""
+    m = _memory.block_memory(sizes, block_size=r.block_size, objective=r.objective)
+    per_query = _memory.COPIES_ACTIVATION * _memory.FLOAT * sizes.draft_layers * 6 * sizes.hidden
+    return dataclasses.replace(
+        m,
+        per_block=m.per_block + r.block_size * per_query,
+        source=f"analytic dflash2 h{sizes.hidden} B{r.block_size}",
+    )
+
+
+DFLASH2 = Method(
+    "dflash2", "DFlash2", "padfree.drafter.dflash2", True, "draft blocks", "block_size", conv_block_cost,
+    conv_block_memory, selector_line, "speculators-dflash2", selector_trainer_kwargs,
+    "padfree.integrations.feed:dflash_inputs", crossing="block labels/convolution taps",
+)  # fmt: skip
+
 METHODS: dict[str, Method] = {}
 """Every drafter method by name (the CLI's ``--method`` / ``--drafter`` choices are its keys)."""
 
@@ -486,7 +546,7 @@ def unregister(name: str) -> None:
     METHODS.pop(name, None)
 
 
-for _m in (DFLASH, EAGLE3, MTP, PEAGLE):
+for _m in (DFLASH, EAGLE3, MTP, PEAGLE, DFLASH2):
     register(_m)
 
 

@@ -38,9 +38,10 @@ from padfree.drafter.target import (
 from padfree.errors import ConfigError
 
 if TYPE_CHECKING:
-    from padfree.drafter import dflash, eagle3, mtp, peagle
+    from padfree.drafter import dflash, dflash2, eagle3, mtp, peagle
 
     _DFLASH: methods.MethodModule = dflash  # mypy checks the methods' modules against the contract
+    _DFLASH2: methods.MethodModule = dflash2
     _EAGLE3: methods.MethodModule = eagle3
     _MTP: methods.MethodModule = mtp
     _PEAGLE: methods.MethodModule = peagle
@@ -221,6 +222,7 @@ def loss_sums(models: DrafterModels, batch: DrafterBatch, attention: str = "dens
     out = as_float(out, drafter.lm_head.weight.dtype)
     hidden, block = drafter.queries(with_noise(out, batch), batch, attention)
     sup = f.supervised.reshape(-1).to(hidden.device)
+    selector = getattr(drafter, "selector_loss", None)  # a drafter that reranks candidates (DFlash2)
     recipe = batch.recipe
     ids = c.flat("input_ids")[0].to(hidden.device)
     label = f.label_index.reshape(-1).to(hidden.device)
@@ -232,8 +234,9 @@ def loss_sums(models: DrafterModels, batch: DrafterBatch, attention: str = "dens
         label=ids[label.clamp(min=0)][sup] if recipe.objective == "data_ce" else None,
         target_state=None if recipe.objective == "data_ce" else out.last[0, tgt[sup]],
         block=None if block is None else block.to(hidden.device)[sup],
+        predecessor=None if selector is None else ids[tgt[sup]],
     )
-    num = document_losses(q, drafter.lm_head, models.head, recipe, c.n_docs, drafter.vocab)
+    num = document_losses(q, drafter.lm_head, models.head, recipe, c.n_docs, drafter.vocab, selector=selector)
     return num + zero_loss(params), batch.den.to(num.device)
 
 
