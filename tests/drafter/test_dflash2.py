@@ -386,3 +386,57 @@ def test_padded_rows_and_every_attention_path_give_the_packed_dense_result():
     assert torch.allclose(hs["dense"], hs["mask"], atol=tol) and torch.allclose(
         hs["dense"], hs["flex"], atol=tol
     )
+
+
+@pytest.mark.skipif(bool(peer_missing("dflash")), reason=peer_missing("dflash") or "")
+def test_zlab_loads_the_dflash2_folder_with_equal_logits_and_decodes(tmp_path, folder):
+    """z-lab's ``DFlash2DraftModel`` (their ``dflash`` package) loads :func:`padfree.drafter.dflash2.
+    zlab_files` and gives padfree's unary logits on every block (one block at a time, their convolution
+    over it); their ``dflash_generate`` decodes with its selector; a window that binds is refused."""
+    from unittest import mock
+
+    from safetensors.torch import save_file
+
+    target = load_target(folder)
+    recipe = dataclasses.replace(RECIPE, sliding_window=None)
+    models = _perturbed(
+        build_models(
+            "dflash2", vocab=int(target.config.vocab_size), target=target, recipe=recipe, draft_layers=2
+        )
+    )
+    batch = DrafterCollator("dflash2", recipe=recipe, mask_token_id=MASK)(_docs(2))
+    out = run_target(target, batch.contract, models.layers)
+    with torch.no_grad():
+        ours = models.drafter.lm_head(models.drafter(out.hidden, batch))
+    meta = export_meta(models, mask_token_id=MASK)
+    config, tensors = dflash2.zlab_files(models.drafter.state_dict(), meta)
+    served = tmp_path / "zlab"
+    served.mkdir()
+    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(served / "model.safetensors"))
+    (served / "config.json").write_text(json.dumps(config))
+    zlab = import_peer("dflash", "model")
+    theirs = zlab.DFlash2DraftModel.from_pretrained(str(served)).eval()
+    assert theirs.block_size == 8 and theirs.candidate_selector.top_k == 16
+    f, b = batch.fields, batch.fields.block_size
+    starts = batch.contract.doc_starts
+    worst = 0.0
+    for j, a in enumerate(f.anchors.tolist()):
+        s = int(starts[int(f.query_doc[j * b])])
+        with torch.no_grad():
+            h = theirs(
+                position_ids=torch.arange(a - s + b)[None],
+                noise_embedding=models.drafter.embed_tokens(f.block_input_ids[j * b : (j + 1) * b])[None],
+                target_hidden=out.hidden[:, s:a],
+            )
+            logits = theirs.compute_logits(h, models.drafter.lm_head)[0]
+        worst = max(worst, (logits - ours[j * b : (j + 1) * b]).abs().max().item())
+    assert len(f.anchors) >= 4 and worst < 1e-4 * max(1.0, ours.abs().max().item()), worst
+    decoder = load_target(folder, attn="sdpa")
+    prompt = torch.from_numpy(_docs(1)[0]["input_ids"][:12])[None]
+    with mock.patch("torch.cuda.synchronize", lambda *a, **k: None):
+        stats = zlab.dflash_generate(theirs, decoder, prompt, 8, None, return_stats=True)
+    assert stats.num_output_tokens == 8 and sum(stats.acceptance_lengths) == 7
+    with pytest.raises(ConfigError, match="--sliding-window none"):
+        dflash2.zlab_files(
+            models.drafter.state_dict(), {**meta, "drafter": {**meta["drafter"], "sliding_window": 12}}
+        )

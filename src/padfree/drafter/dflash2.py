@@ -360,3 +360,21 @@ def check_export(meta: dict, *, verifier_option: str | None = "--verifier") -> N
             + (f"pass {verifier_option} DIR, or " if verifier_option else "")
             + "train with --target DIR"
         )
+
+
+def zlab_files(state: dict, meta: dict) -> tuple[dict, dict]:
+    """z-lab's DFlash2 folder (their ``dflash`` package's ``DFlash2DraftModel.from_pretrained`` and
+    ``dflash_generate`` read it): z-lab's DFlash config (:func:`padfree.drafter.dflash.export_files`) naming
+    ``DFlash2DraftModel`` with the convolution and selector sizes in ``dflash_config``, and the tensors of
+    :func:`export_files` (their loader maps the selector's codebooks to its embeddings). Refused in one line
+    where z-lab's format cannot hold the drafter as trained (:func:`padfree.drafter.dflash.check_export`: a
+    context window that binds, which z-lab slides per query)."""
+    dflash.check_export(meta, verifier_option=None)
+    config, _ = dflash.export_files(state, meta)
+    d = meta["drafter"]
+    config["architectures"] = ["DFlash2DraftModel"]
+    config["dflash_config"] = {
+        **config["dflash_config"],
+        **{k: int(d[k]) for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")},
+    }
+    return config, export_files(state, meta)[1]
