@@ -176,6 +176,7 @@ def test_the_toy_method_exports_by_its_own_writer(toy, tmp_path):
         "speculators",
         "speculators-mtp",
         "speculators-peagle",
+        "speculators-dflash2",
         "toy",
     )
     out = export_models(models, "toy", tmp_path / "served", mask_token_id=1)

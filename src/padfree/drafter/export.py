@@ -13,7 +13,7 @@ cannot hold in ``check_export(meta, verifier_option=...)``):
 :func:`padfree.drafter.methods.eagle3.model.export_files`.
 
 >>> formats()
-('dflash', 'speculators', 'speculators-mtp', 'speculators-peagle')
+('dflash', 'speculators', 'speculators-mtp', 'speculators-peagle', 'speculators-dflash2')
 """
 
 from __future__ import annotations

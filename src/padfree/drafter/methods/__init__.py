@@ -17,15 +17,15 @@ registry instead of comparing names, so a third method is its folder, one line i
 presets (the peers' trainers that have a model of it add an adapter in :mod:`padfree.integrations`).
 
 >>> sorted(METHODS)
-['dflash', 'eagle3', 'mtp', 'peagle']
+['dflash', 'dflash2', 'eagle3', 'mtp', 'peagle']
 >>> get("dflash").uses_anchors, get("eagle3").uses_anchors
 (True, False)
 >>> LAYER_RULES["spread"](36, 5), LAYER_RULES["low_mid_high"](36, 3)
 ((1, 9, 17, 25, 33), (1, 17, 32))
->>> get("medusa")
+>>> get("medusa")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-padfree.errors.ConfigError: unknown drafter method 'medusa': choose dflash or eagle3 or mtp or peagle
+padfree.errors.ConfigError: unknown drafter method 'medusa': choose dflash or eagle3 or mtp or peagle or ...
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from padfree.core.config import CostModel
 from padfree.drafter.methods.base import Method, MethodModule
 from padfree.drafter.methods.dflash import spec as dflash
+from padfree.drafter.methods.dflash2 import spec as dflash2
 from padfree.drafter.methods.eagle3 import spec as eagle3
 from padfree.drafter.methods.mtp import spec as mtp
 from padfree.drafter.methods.peagle import spec as peagle
@@ -45,13 +46,14 @@ from padfree.errors import ConfigError
 
 if TYPE_CHECKING:  # mypy checks each method's torch module against the contract
     from padfree.drafter.methods.dflash import model as _dflash
+    from padfree.drafter.methods.dflash2 import model as _dflash2
     from padfree.drafter.methods.eagle3 import model as _eagle3
     from padfree.drafter.methods.mtp import model as _mtp
     from padfree.drafter.methods.peagle import model as _peagle
 
-    _MODELS: tuple[MethodModule, ...] = (_dflash, _eagle3, _mtp, _peagle)
+    _MODELS: tuple[MethodModule, ...] = (_dflash, _dflash2, _eagle3, _mtp, _peagle)
 
-SPECS: tuple[ModuleType, ...] = (dflash, eagle3, mtp, peagle)
+SPECS: tuple[ModuleType, ...] = (dflash, eagle3, mtp, peagle, dflash2)
 """Every method's spec module, in the order the CLI lists them."""
 
 LAYER_RULES: dict[str, Callable[[int, int], tuple[int, ...]]] = {
