@@ -1,6 +1,6 @@
-"""Acceptance length per training CPU second: DFlash (and EAGLE-3) drafters trained with padfree's packed
-plans, SpecForge-style random padded batches and the field's length-sorted batches, measured by the engines'
-own code.
+"""Acceptance length per training CPU second: DFlash, DFlash2 (and EAGLE-3) drafters trained with padfree's
+packed plans, SpecForge-style random padded batches and the field's length-sorted batches, measured by the
+engines' own code.
 
     PYTHONPATH=src python benchmarks/drafter_quality.py --quick --out /tmp/dq      # a few minutes
     PYTHONPATH=src python benchmarks/drafter_quality.py --out benchmarks/results   # the full run (hours)
@@ -66,7 +66,7 @@ MODES = {
         "budget": 512,
         "block_size": 4,
         "ttt": 2,
-        "methods": "dflash,eagle3",
+        "methods": "dflash,dflash2,eagle3",
     },
     "quick": {
         "spec": TargetSpec(
@@ -83,7 +83,7 @@ MODES = {
         "budget": 1024,
         "block_size": None,
         "ttt": None,
-        "methods": "dflash",
+        "methods": "dflash,dflash2",
     },
     "full": {
         "spec": TargetSpec(vocab=1536, hidden=96, layers=8, heads=3, kv_heads=1, intermediate=288),
@@ -98,7 +98,7 @@ MODES = {
         "budget": 2048,
         "block_size": None,
         "ttt": None,
-        "methods": "dflash,eagle3",
+        "methods": "dflash,dflash2,eagle3",
     },
     "gpu": {  # Qwen3-0.6B's shape (its vocabulary replaced by the benchmark tokenizer's), trained briefly
         "spec": TargetSpec(
@@ -124,7 +124,7 @@ MODES = {
         "budget": 8192,
         "block_size": None,
         "ttt": None,
-        "methods": "dflash",
+        "methods": "dflash,dflash2",
     },
 }
 """Sizes per mode: the target (:class:`lab.quality.TargetSpec`), chats per set (None: all), held-out
@@ -142,7 +142,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--gpu", action="store_true", help="a Qwen3-0.6B-shaped target, for a GPU (--device cuda)"
     )
     p.add_argument("--name", default=None, help="file stem (default drafter_quality[_quick|_smoke])")
-    p.add_argument("--methods", default=None, help="comma-separated: dflash, eagle3 (default: the mode's)")
+    p.add_argument(
+        "--methods", default=None, help="comma-separated: dflash, dflash2, eagle3 (default: the mode's)"
+    )
     p.add_argument("--seconds", type=float, default=None, help="training CPU seconds per arm")
     p.add_argument("--evals", type=int, default=None, help="evaluations along the seconds (plus epoch ends)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per arm")

@@ -29,6 +29,7 @@ folder
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import time
@@ -405,6 +406,26 @@ class Acceptance:
         return self.tokens / self.steps if self.steps else 0.0
 
 
+def zlab_dflash2_folder(models: Any, out: Path, *, mask_token_id: int, target_path: Path) -> Path:
+    """``models``' DFlash2 drafter as z-lab's folder (:func:`padfree.drafter.methods.dflash2.model.
+    zlab_files`), which their ``dflash_generate`` decodes (padfree's export writes speculators' DFlash2
+    format)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from padfree.drafter.export import export_meta
+    from padfree.drafter.methods.dflash2.model import zlab_files
+
+    meta = export_meta(models, mask_token_id=mask_token_id, target_path=target_path)
+    state = {k: v.detach().float().cpu() for k, v in models.drafter.state_dict().items()}
+    config, tensors = zlab_files(state, meta)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
 def dflash_acceptance(
     draft_dir: Path,
     decoder: Any,
@@ -413,9 +434,11 @@ def dflash_acceptance(
     *,
     max_new: int,
     eos: int,
+    model_class: str = "DFlashDraftModel",
 ) -> Acceptance:
     """Acceptance length of the exported DFlash drafter in ``draft_dir`` by the ``dflash`` package: its
-    ``DFlashDraftModel.from_pretrained`` and ``dflash_generate`` (greedy, stop at ``eos``). The package times
+    ``model_class.from_pretrained`` (``DFlash2DraftModel``: drafts through its candidate selector) and
+    ``dflash_generate`` (greedy, stop at ``eos``). The package times
     prefill and decode with ``torch.cuda.synchronize`` then ``time.perf_counter``; on a CPU the synchronize is
     patched to a no-op for the call (``unittest.mock.patch("torch.cuda.synchronize")``)."""
     import torch
@@ -423,7 +446,7 @@ def dflash_acceptance(
     from support.peers import import_peer
 
     zlab = import_peer("dflash", "model")
-    model = zlab.DFlashDraftModel.from_pretrained(str(draft_dir)).eval()
+    model = getattr(zlab, model_class).from_pretrained(str(draft_dir)).eval()
     dev = next(decoder.parameters()).device
     model.to(dev)
     acc = Acceptance()
@@ -632,6 +655,8 @@ def run_job(job: Job) -> dict:
     eos = int(target.config.eos_token_id)
     mask_token = default_mask_token(folder)
     recipe = recipes.get("specforge", job.method)
+    if job.method == "dflash2":  # z-lab serves DFlash2 without speculators' per-anchor window: train so
+        recipe = dataclasses.replace(recipe, sliding_window=None)
     models = build_models(
         job.method,
         vocab=vocab,
@@ -668,9 +693,22 @@ def run_job(job: Job) -> dict:
 
     def evaluate(why: str, epoch: float) -> None:
         out = work / f"{why}-{len(curve)}"
-        export_models(models, fmt, out, mask_token_id=mask_token, target_path=folder)
+        if spec.name == "dflash2":
+            zlab_dflash2_folder(models, out, mask_token_id=mask_token, target_path=folder)
+        else:
+            export_models(models, fmt, out, mask_token_id=mask_token, target_path=folder)
         t0 = time.perf_counter()
-        if fmt == "dflash":  # z-lab's folder, decoded by their dflash_generate
+        if spec.name == "dflash2":  # z-lab's DFlash2 folder, decoded through its selector
+            acc = dflash_acceptance(
+                out,
+                decoder,
+                prompts,
+                references,
+                max_new=job.max_new,
+                eos=eos,
+                model_class="DFlash2DraftModel",
+            )
+        elif fmt == "dflash":  # z-lab's folder, decoded by their dflash_generate
             acc = dflash_acceptance(out, decoder, prompts, references, max_new=job.max_new, eos=eos)
         else:  # speculators' folder: their model's forward, chain-verified
             acc = eagle3_acceptance(out, decoder, prompts, references)

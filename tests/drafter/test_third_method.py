@@ -177,6 +177,7 @@ def test_the_toy_method_exports_by_its_own_writer(toy, tmp_path):
         "speculators-mtp",
         "speculators-peagle",
         "speculators-dspark",
+        "speculators-dflash2",
         "toy",
     )
     out = export_models(models, "toy", tmp_path / "served", mask_token_id=1)

@@ -18,6 +18,7 @@ REASON = peer_missing("speculators")
 pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON)
 
 VOCAB, BLOCK, BUDGET, WIDTH, N = 256, 4, 512, 256, 24
+ANCHORED = ("dflash", "dflash2", "dspark")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def recipe(method):
     from padfree.drafter import recipes
 
     r = recipes.get("speculators", method)
-    return recipes.override(r, block_size=BLOCK) if method == "dflash" else r
+    return recipes.override(r, block_size=BLOCK) if method in ANCHORED else r
 
 
 def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1, resume_dir=None):
@@ -61,6 +62,8 @@ def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1, resume_dir
         model = drafters.speculators_dspark(
             target, (1, 3), block_size=rec.block_size, mask_token_id=VOCAB - 1, markov_rank=8
         )
+    elif method == "dflash2":
+        model = drafters.speculators_dflash2(target, (1, 3), block_size=BLOCK, mask_token_id=VOCAB - 1)
     elif method == "mtp":
         model = drafters.speculators_mtp(target, steps=rec.ttt)
     elif method == "peagle":
@@ -69,9 +72,8 @@ def setup(tmp_path, samples, target, method, rank=0, world=1, seed=1, resume_dir
         model = drafters.speculators_eagle3(target, low_mid_high(6), ttt=rec.ttt)
     transfer = drafters.TargetTransfer(target, samples, feed.target_layers(model))
     ds = drafters.speculators_dataset(tmp_path / f"data-{method}", samples, max_len=BUDGET, transfer=transfer)
-    blocks = method in ("dflash", "dspark")
-    anchors = sp.count_anchors(ds, rec, max_len=BUDGET) if blocks else None
-    config = PlanConfig(strategy="packed", anchor_budget=WIDTH if blocks else None)
+    anchors = sp.count_anchors(ds, rec, max_len=BUDGET) if method in ANCHORED else None
+    config = PlanConfig(strategy="packed", anchor_budget=WIDTH if method in ANCHORED else None)
     sampler = sp.PadfreeMultipackSampler(
         BUDGET, ds.approx_lengths, world, rank, seed=seed, config=config, anchors=anchors, recipe=rec,
         resume_dir=resume_dir,
@@ -96,7 +98,7 @@ def alone(ds, collate, sid, epoch):
     return collate(PlannedDataset(ds).__getitems__(PlannedBatch([sid], BatchInfo(epoch, 0, np.array([sid])))))
 
 
-@pytest.mark.parametrize("method", ["dflash", "eagle3", "mtp", "peagle", "dspark"])
+@pytest.mark.parametrize("method", ["dflash", "eagle3", "mtp", "peagle", "dspark", "dflash2"])
 def test_their_pipeline_trains_each_document_as_alone(tmp_path, samples, target, method):
     from padfree.core.anchors import choose_anchors
     from padfree.integrations import speculators as sp
@@ -107,12 +109,12 @@ def test_their_pipeline_trains_each_document_as_alone(tmp_path, samples, target,
     batches = list(loader)
     assert sorted(int(i) for b in batches for i in b["padfree_sample_ids"]) == list(range(N))
     assert {b["input_ids"].shape[1] for b in batches} <= set(sampler.shapes.lengths)  # a few shapes only
-    if method in ("dflash", "dspark"):
+    if method in ANCHORED:
         assert {b["padfree_anchors"].shape[0] for b in batches} == {WIDTH}  # one anchor width
     batch = max(batches, key=lambda b: len(b["padfree_sample_ids"]))
     ids = batch["padfree_sample_ids"].tolist()
     assert len(ids) >= 2 and int(batch["padfree_epoch"]) == 1
-    if method in ("dflash", "dspark"):  # each document's anchors: its own, from (seed, epoch, sample id)
+    if method in ANCHORED:  # each document's anchors: its own, from (seed, epoch, sample id)
         doc = batch["document_ids"][0]
         got = batch["padfree_anchors"][batch["padfree_anchor_valid"]]
         policy = recipe(method).anchor_policy(partial=False)

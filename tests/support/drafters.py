@@ -63,7 +63,13 @@ def _speculators_model(
     vocab = int(target.config.vocab_size)
     tl = layer_config(**DRAFT_SIZES, vocab_size=vocab)
     tl._attn_implementation = "sdpa"
-    name = {"dflash": "DFlash", "eagle3": "Eagle3", "peagle": "PEagle", "dspark": "DSpark"}[kind]
+    name = {
+        "dflash": "DFlash",
+        "dflash2": "DFlash2",
+        "eagle3": "Eagle3",
+        "peagle": "PEagle",
+        "dspark": "DSpark",
+    }[kind]
     config, model = f"{name}SpeculatorConfig", f"{name}DraftModel"
     cfg = getattr(package, config)(
         transformer_layer_config=tl,
@@ -108,6 +114,27 @@ def speculators_dspark(
         "dspark", target, layer_config, block_size, seed, block_size=block_size,
         aux_hidden_state_layer_ids=their_layer_ids(layers), mask_token_id=mask_token_id,
         markov_rank=markov_rank,
+    )  # fmt: skip
+
+
+def speculators_dflash2(
+    target: Any,
+    layers: tuple[int, ...],
+    *,
+    block_size: int,
+    mask_token_id: int,
+    rank: int = 32,
+    seed: int = 0,
+) -> Any:
+    """speculators' ``DFlash2DraftModel`` (SDPA attention, the convolution's groups of 16 channels, a selector
+    of ``rank``) fusing padfree ``layers`` of ``target``."""
+    from transformers import Qwen3Config
+
+    return _speculators_model(
+        "dflash2", target, Qwen3Config, block_size - 1, seed, block_size=block_size,
+        aux_hidden_state_layer_ids=their_layer_ids(layers), mask_token_id=mask_token_id,
+        sliding_window_non_causal=True, conv_kernel_size=2, conv_group_size=16, selector_rank=rank,
+        selector_top_k=16,
     )  # fmt: skip
 
 

@@ -13,7 +13,8 @@ cannot hold in ``check_export(meta, verifier_option=...)``):
 :func:`padfree.drafter.methods.eagle3.model.export_files`.
 
 >>> formats()
-('dflash', 'speculators', 'speculators-mtp', 'speculators-peagle', 'speculators-dspark')
+('dflash', 'speculators', 'speculators-mtp', 'speculators-peagle', 'speculators-dspark',
+'speculators-dflash2')
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ A micro-batch's supervised draft positions ``q`` (DFlash block slots, EAGLE-3 st
   ``exp(-(k - 1) / gamma)``, EAGLE-3 ``step_decay ** k``) times the recipe's per-document normalisation
   (``document``: divided by the document's supervised positions of that step);
 * under D-PACE a dynamic weight from the drafter's own confidence (no gradient);
+* where the drafter reranks candidates (DFlash2's selector), its cross-entropy over them toward the target's
+  argmax, weighed by the recipe's ``selector_loss_alpha``, added to ``l_q`` (same scale, same mask);
 
 and a document's numerator is ``sum_q s_q * dynamic_q * l_q``. The step's loss is the sum of every numerator
 of the step on all ranks over the sum of the micro-batches' denominators (``batch.den``: what the recipe
@@ -123,6 +125,7 @@ class Queries:
     label: torch.Tensor | None = None  # (N,) data token ids (data_ce)
     target_state: torch.Tensor | None = None  # (N, H) the target's final hidden state (argmax_ce, kl)
     block: torch.Tensor | None = None  # (N,) block of each position (D-PACE)
+    predecessor: torch.Tensor | None = None  # (N,) the token before each label (a candidate selector)
 
 
 def document_losses(
@@ -133,9 +136,12 @@ def document_losses(
     n_docs: int,
     vocab: VocabMap | None = None,
     chunk: int | None = None,
+    selector: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Each document's numerator ``sum_q s_q * dynamic_q * l_q`` (``(n_docs,)``), in chunks of ``chunk``
-    positions (whole blocks under D-PACE) whose logits are recomputed in backward instead of kept."""
+    positions (whole blocks under D-PACE) whose logits are recomputed in backward instead of kept.
+    ``selector``: ``(hidden, logits, predecessor, target argmax) -> loss per position``, the drafter's
+    candidate selector's term (``q.predecessor`` given), added to ``l_q`` times ``selector_loss_alpha``."""
     n = q.hidden.shape[0]
     out = q.hidden.new_zeros(n_docs, dtype=torch.float32)
     if n == 0:
@@ -148,9 +154,10 @@ def document_losses(
         label = None if q.label is None else q.label[sl]
         state = None if q.target_state is None else q.target_state[sl]
         block = None if q.block is None else q.block[sl]
+        pred = None if q.predecessor is None else q.predecessor[sl]
 
-        def part(h, label=label, state=state, block=block, scale=q.scale[sl], doc=q.doc[sl]):
-            ell, keep = _position_loss(h, head, target_head, recipe, vocab, label, state)
+        def part(h, label=label, state=state, block=block, scale=q.scale[sl], doc=q.doc[sl], pred=pred):
+            ell, keep = _position_loss(h, head, target_head, recipe, vocab, label, state, selector, pred)
             w = scale * keep
             if recipe.slot_weights == "dpace" and block is not None:
                 w = w * dpace_weights(ell.detach(), block, recipe.dpace_alpha)
@@ -178,8 +185,11 @@ def _chunks(n: int, size: int, block: torch.Tensor | None) -> list[int]:
     return sorted({0, *snapped, n})
 
 
-def _position_loss(h, head, target_head, recipe: Recipe, vocab: VocabMap | None, label, state):
-    """``(loss per position, 1/0 kept)`` for a chunk of supervised draft positions."""
+def _position_loss(
+    h, head, target_head, recipe: Recipe, vocab: VocabMap | None, label, state, selector=None, pred=None
+):
+    """``(loss per position, 1/0 kept)`` for a chunk of supervised draft positions (plus the candidate
+    selector's term where there is one)."""
     logits = head(h).float()
     keep = torch.ones(h.shape[0], dtype=torch.float32, device=h.device)
     if recipe.objective == "data_ce":
@@ -197,11 +207,15 @@ def _position_loss(h, head, target_head, recipe: Recipe, vocab: VocabMap | None,
         if vocab is not None and recipe.out_of_vocab == "drop":
             keep = (vocab.t2d.to(h.device)[full.argmax(-1)] >= 0).float()
     if recipe.objective == "argmax_ce":
-        return torch.nn.functional.cross_entropy(logits, tgt.argmax(-1), reduction="none"), keep
-    if recipe.objective == "ce_tv":
-        return _ce_tv(h, logits, tgt, head, recipe), keep
-    logq = torch.log_softmax(tgt, -1)
-    ell = (logq.exp() * (logq - torch.log_softmax(logits, -1))).sum(-1)
+        ell = torch.nn.functional.cross_entropy(logits, tgt.argmax(-1), reduction="none")
+    elif recipe.objective == "ce_tv":
+        ell = _ce_tv(h, logits, tgt, head, recipe)
+    else:
+        logq = torch.log_softmax(tgt, -1)
+        ell = (logq.exp() * (logq - torch.log_softmax(logits, -1))).sum(-1)
+    if selector is not None:
+        assert pred is not None, "a candidate selector needs each position's predecessor token"
+        ell = ell + recipe.selector_loss_alpha * selector(h, logits, pred, tgt.argmax(-1))
     return ell, keep
 
 

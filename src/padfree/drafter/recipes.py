@@ -88,6 +88,9 @@ class Recipe:
         markov_rank: DSpark's Markov head rank (its low-rank previous-token logit bias).
         min_loss_tokens: documents with fewer loss tokens train nothing (DeepSpec drops such micro-batches,
             one sample each; 0: none dropped). DSpark.
+        conv_kernel_size, conv_group_size: DFlash2's grouped causal convolution inside a block (taps, and
+            hidden channels sharing one dynamic kernel). selector_rank, selector_top_k: its candidate
+            selector's rank and candidates; selector_loss_alpha: the weight of the selector's cross-entropy.
     """
 
     name: str
@@ -124,6 +127,11 @@ class Recipe:
     confidence_alpha: float = 1.0
     markov_rank: int = 256
     min_loss_tokens: int = 0
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 256
+    selector_top_k: int = 16
+    selector_loss_alpha: float = 1.0
 
     def __post_init__(self) -> None:
         _check(self)
@@ -235,6 +243,11 @@ FIELDS: dict[str, FieldRule] = {
     "min_loss_tokens": FieldRule(
         "int", 0, help="DSpark: documents under this many loss tokens dropped", cli_hi=2**20
     ),
+    "conv_kernel_size": FieldRule("int", 1, help="DFlash2 convolution taps", cli_hi=1024),
+    "conv_group_size": FieldRule("int", 1, help="DFlash2 channels per dynamic kernel", cli_hi=2**16),
+    "selector_rank": FieldRule("int", 1, help="DFlash2 candidate selector rank", cli_hi=2**16),
+    "selector_top_k": FieldRule("int", 1, help="DFlash2 candidates reranked", cli_hi=2**20),
+    "selector_loss_alpha": FieldRule("float", 0, 1e3, help="DFlash2 selector loss weight"),
 }
 """Every field a user may set, in the order the CLI lists them, with the values it takes."""
 
@@ -250,6 +263,11 @@ def _check(r: Recipe) -> None:
             f"recipe {r.name}: D-PACE weights depend on the drafter's own confidence, known only after the "
             "forward; the weighted mean needs its denominator before it: use normalization document or "
             "supervised"
+        )
+    if r.conv_kernel_size > r.block_size:
+        raise ConfigError(
+            f"recipe {r.name}: conv_kernel_size {r.conv_kernel_size} exceeds block_size {r.block_size} (the "
+            "convolution stays inside a block)"
         )
     if r.layer_rule == "last" and r.fused_layers != 1:
         raise ConfigError(f"recipe {r.name}: the last rule reads 1 layer (got fused_layers {r.fused_layers})")
@@ -397,6 +415,39 @@ PRESETS: dict[tuple[str, str], Recipe] = {
             markov_rank=256,
             min_loss_tokens=14,
         ),
+        Recipe(
+            name="speculators",
+            method="dflash2",
+            source="vllm speculators 0.9.0 (the wheel padfree tests against): train/config/schema.py "
+            "(_DEFAULT_BLOCK_SIZE: 8 for dflash2; loss_fn kl_div (_DEFAULT_LOSS_FN); "
+            "per_position_loss_weight fixed-exp-decay, dflash_decay_gamma 4.0 (DFlashArgs); max_anchors 512 "
+            "(DataArgs); sliding_window 2048 on every draft layer, sliding_window_non_causal True for "
+            "dflash2 (DraftArgs); num_layers 5 (--draft-layers); DFlash2Args conv_kernel_size 2, "
+            "conv_group_size 16, selector_rank 256, selector_top_k 16, selector_loss_alpha 1.0); "
+            "models/dflash2/{core,metrics,model_definitions}.py (full vocabulary only, unary KL + alpha x "
+            "selector K-way CE, one mean over the row's supervised slots); models/dflash/utils.py "
+            "select_anchors (loss_mask[a], last block excluded); models/utils.py resolve_target_layer_ids "
+            "([2, n//2, n-3]); no noise in 0.9.0",
+            block_size=8,
+            max_anchors=512,
+            anchor_eligibility="self",
+            anchor_margin=8,
+            objective="kl",
+            slot_weights="exp",
+            gamma=4.0,
+            normalization="document",
+            fused_layers=3,
+            layer_rule="low_mid_high",
+            sliding_window=2048,
+            causal_in_block=False,
+            noise=0.0,
+            draft_vocab=None,
+            conv_kernel_size=2,
+            conv_group_size=16,
+            selector_rank=256,
+            selector_top_k=16,
+            selector_loss_alpha=1.0,
+        ),
     )
 }
 """Every preset by ``(name, method)``."""
@@ -412,8 +463,8 @@ def get(name: str, method: str) -> Recipe:
     name (:data:`DEFAULT`) gives a method that has no such preset (MTP, P-EAGLE: SpecForge trains none) its
     first preset: the recipe a bare ``--method mtp`` trains.
 
-    >>> get(DEFAULT, "mtp").name, get(DEFAULT, "peagle").name, get(DEFAULT, "dspark").name
-    ('speculators', 'speculators', 'speculators')
+    >>> [get(DEFAULT, m).name for m in ("mtp", "peagle", "dspark", "dflash2")]
+    ['speculators', 'speculators', 'speculators', 'speculators']
     """
     if name == DEFAULT and (name, method) not in PRESETS:
         name = next((n for n, m in PRESETS if m == method), name)

@@ -194,6 +194,7 @@ def loss_sums(models: DrafterModels, batch: DrafterBatch, attention: str = "dens
     out = as_float(out, drafter.lm_head.weight.dtype)
     hidden, block = drafter.queries(with_noise(out, batch), batch, attention)
     sup = f.supervised.reshape(-1).to(hidden.device)
+    selector = getattr(drafter, "selector_loss", None)  # a drafter that reranks candidates (DFlash2)
     recipe = batch.recipe
     ids = c.flat("input_ids")[0].to(hidden.device)
     label = f.label_index.reshape(-1).to(hidden.device)
@@ -205,8 +206,9 @@ def loss_sums(models: DrafterModels, batch: DrafterBatch, attention: str = "dens
         label=ids[label.clamp(min=0)][sup] if recipe.objective == "data_ce" else None,
         target_state=None if recipe.objective == "data_ce" else out.last[0, tgt[sup]],
         block=None if block is None else block.to(hidden.device)[sup],
+        predecessor=None if selector is None else ids[tgt[sup]],
     )
-    num = document_losses(q, drafter.lm_head, models.head, recipe, c.n_docs, drafter.vocab)
+    num = document_losses(q, drafter.lm_head, models.head, recipe, c.n_docs, drafter.vocab, selector=selector)
     return num + zero_loss(params), batch.den.to(num.device)
 
 

@@ -1,5 +1,5 @@
-"""Feeding vllm speculators' own drafters (``DFlashDraftModel``, ``Eagle3DraftModel``, ``MTPDraftModel``)
-from padfree batches.
+"""Feeding vllm speculators' own drafters (``DFlashDraftModel``, ``DFlash2DraftModel``, ``Eagle3DraftModel``,
+``MTPDraftModel``) from padfree batches.
 
 Their inputs, their trainer's call arguments, their layer numbering, and shapes a compiled model keeps.
 
@@ -466,6 +466,18 @@ def dflash_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
     }
 
 
+def dflash2_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
+    """speculators' DFlash2 trainer keywords: DFlash's (:func:`dflash_kwargs`) and the selector's loss
+    weight ``selector_loss_alpha``.
+
+    >>> from padfree.drafter.recipes import get as recipe
+    >>> kw = dflash2_kwargs(recipe("speculators", "dflash2"), None)
+    >>> kw["selector_loss_alpha"], kw["max_anchors"], kw["per_position_loss_weight"]
+    (1.0, 512, 'fixed-exp-decay')
+    """
+    return {**dflash_kwargs(r, max_anchors), "selector_loss_alpha": r.selector_loss_alpha}
+
+
 def eagle3_kwargs(r: Recipe, max_anchors: int | None) -> dict[str, Any]:
     """speculators' EAGLE-3 trainer keywords: KL loss, ``ttt_steps`` and ``ttt_step_loss_decay``."""
     return {"loss_fn": "kl_div", "ttt_steps": r.ttt, "ttt_step_loss_decay": r.step_decay}
@@ -565,6 +577,9 @@ SPECULATORS: dict[str, SpeculatorsModel] = {
     ),
     "dspark": SpeculatorsModel(
         kwargs=dspark_kwargs, inputs=dflash_inputs, columns=anchor_columns, anchors=True
+    ),
+    "dflash2": SpeculatorsModel(
+        kwargs=dflash2_kwargs, inputs=dflash_inputs, columns=anchor_columns, anchors=True
     ),
     "eagle3": SpeculatorsModel(kwargs=eagle3_kwargs, inputs=eagle3_feed, head=lambda r: r.ttt - 1),
     "mtp": SpeculatorsModel(

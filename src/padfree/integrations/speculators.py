@@ -45,7 +45,7 @@ from padfree.core.config import PlanConfig
 from padfree.core.items import validate_lengths
 from padfree.core.plan import Plan, validate_anchors
 from padfree.core.planner import make_plan
-from padfree.drafter import methods, recipes
+from padfree.drafter import recipes
 from padfree.drafter.recipes import Recipe
 from padfree.drafter.setup import drafter_setup
 from padfree.errors import ConfigError, InputError
@@ -98,14 +98,14 @@ def dataset_loss_masks(dataset: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def count_anchors(loss_masks: Any, recipe: Recipe | None = None, *, max_len: int | None = None) -> np.ndarray:
-    """DFlash (or DSpark) anchors per sample as :class:`PadfreeCollate` will choose them (the recipe's rule,
-    blocks inside their document), for the sampler's ``anchors``. ``loss_masks``: their dataset (see
-    :func:`dataset_loss_masks`), ``(flat, offsets)``, or one mask per sample. ``max_len``: count on each
-    sample's first ``max_len`` tokens (their ``CollateFn`` truncates there)."""
-    method = (
-        recipe.method if recipe is not None and methods.get(recipe.method).anchors is not None else "dflash"
-    )
-    rec = recipe_for("speculators", method, recipe)
+    """DFlash anchors per sample (DFlash2's or DSpark's, given its ``recipe``) as :class:`PadfreeCollate`
+    will choose them (the recipe's rule, blocks inside their document), for the sampler's ``anchors``.
+    ``loss_masks``: their dataset (see :func:`dataset_loss_masks`), ``(flat, offsets)``, or one mask per
+    sample. ``max_len``: count on each sample's first ``max_len`` tokens (their ``CollateFn`` truncates
+    there)."""
+    rec = recipe_for("speculators", "dflash" if recipe is None else recipe.method, recipe)
+    if not speculators_model(rec.method).anchors:
+        raise ConfigError(f"count_anchors: {rec.method} opens no blocks at anchors (recipe {rec.name})")
     if isinstance(loss_masks, tuple) and len(loss_masks) == 2:
         flat, offsets = (np.asarray(x) for x in loss_masks)
     elif hasattr(loss_masks, "with_format") or hasattr(getattr(loss_masks, "data", None), "with_format"):
@@ -266,8 +266,8 @@ class PadfreeCollate:
 
     Args:
         collate_fn: their ``CollateFn`` (its ``max_len`` the sampler's ``batch_max_length``).
-        method: ``dflash`` (anchors), ``eagle3`` or ``mtp`` (per-document gate; MTP also a loss-free tail),
-            or ``peagle`` (per-document gate and chains, ``padfree_chains``).
+        method: ``dflash`` or ``dflash2`` (anchors), ``eagle3`` or ``mtp`` (per-document gate; MTP also a
+            loss-free tail), or ``peagle`` (per-document gate and chains, ``padfree_chains``).
         recipe: the anchors' rule / EAGLE-3's ttt (default: speculators' preset for ``method``).
         seed: the anchors' seed (use the sampler's).
         shapes: row lengths and the anchor width (``sampler.shapes``); ``None``: rows stay ``max_len`` long

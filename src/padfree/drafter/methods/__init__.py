@@ -17,7 +17,7 @@ registry instead of comparing names, so a third method is its folder, one line i
 presets (the peers' trainers that have a model of it add an adapter in :mod:`padfree.integrations`).
 
 >>> sorted(METHODS)
-['dflash', 'dspark', 'eagle3', 'mtp', 'peagle']
+['dflash', 'dflash2', 'dspark', 'eagle3', 'mtp', 'peagle']
 >>> get("dflash").uses_anchors, get("eagle3").uses_anchors
 (True, False)
 >>> LAYER_RULES["spread"](36, 5), LAYER_RULES["low_mid_high"](36, 3)
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from padfree.core.config import CostModel
 from padfree.drafter.methods.base import Method, MethodModule
 from padfree.drafter.methods.dflash import spec as dflash
+from padfree.drafter.methods.dflash2 import spec as dflash2
 from padfree.drafter.methods.dspark import spec as dspark
 from padfree.drafter.methods.eagle3 import spec as eagle3
 from padfree.drafter.methods.mtp import spec as mtp
@@ -46,14 +47,15 @@ from padfree.errors import ConfigError
 
 if TYPE_CHECKING:  # mypy checks each method's torch module against the contract
     from padfree.drafter.methods.dflash import model as _dflash
+    from padfree.drafter.methods.dflash2 import model as _dflash2
     from padfree.drafter.methods.dspark import model as _dspark
     from padfree.drafter.methods.eagle3 import model as _eagle3
     from padfree.drafter.methods.mtp import model as _mtp
     from padfree.drafter.methods.peagle import model as _peagle
 
-    _MODELS: tuple[MethodModule, ...] = (_dflash, _eagle3, _mtp, _peagle, _dspark)
+    _MODELS: tuple[MethodModule, ...] = (_dflash, _eagle3, _mtp, _peagle, _dspark, _dflash2)
 
-SPECS: tuple[ModuleType, ...] = (dflash, eagle3, mtp, peagle, dspark)
+SPECS: tuple[ModuleType, ...] = (dflash, eagle3, mtp, peagle, dspark, dflash2)
 """Every method's spec module, in the order the CLI lists them."""
 
 LAYER_RULES: dict[str, Callable[[int, int], tuple[int, ...]]] = {

@@ -275,8 +275,12 @@ class DFlashLayer(nn.Module):
         ``(context slice, query slice, context visibility per anchor)`` per segment: attention then runs
         segment by segment over the segment's context and each query's own block only
         (:func:`block_attend`)."""
+        x = x + self.attention(self.input_layernorm(x), ctx, q_pos, ctx_pos, masks)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def attention(self, y, ctx, q_pos, ctx_pos, masks) -> torch.Tensor:
+        """The attention sublayer on normed block queries ``y``: its output after ``o_proj``."""
         c, d = self.cfg, self.cfg.head_dim
-        y = self.input_layernorm(x)
         q = rope(self.q_norm(self.q_proj(y).view(-1, c.num_heads, d)).transpose(0, 1), q_pos, c.rope_theta)
 
         def kv(z, p):
@@ -302,8 +306,7 @@ class DFlashLayer(nn.Module):
             a = torch.cat(parts, 0) if parts else q.new_zeros(0, c.num_heads * d)
         else:
             a = attend(q, torch.cat([k_ctx, k_blk], 1), torch.cat([v_ctx, v_blk], 1), masks)
-        x = x + self.o_proj(a)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return self.o_proj(a)
 
 
 def block_attend(q, k_ctx, v_ctx, k_blk, v_blk, visible, block: int, causal: bool = False) -> torch.Tensor:
@@ -336,6 +339,8 @@ class DFlashDrafter(nn.Module):
     """The drafter; the embedding and LM head weights are copied from the target and frozen (the head
     restricted to a draft vocabulary when one is given: ``vocab``)."""
 
+    layer_class: type[DFlashLayer] = DFlashLayer
+
     def __init__(
         self,
         cfg: DFlashConfig,
@@ -352,7 +357,7 @@ class DFlashDrafter(nn.Module):
         self.vocab = vocab
         self.fc = nn.Linear(cfg.n_target_layers * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.eps)
-        self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(self.layer_class(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.eps)
 
     def forward(
@@ -361,6 +366,14 @@ class DFlashDrafter(nn.Module):
         """Hidden states ``(n * B, H)`` of every block query. ``attention``: ``"dense"`` (segment by segment:
         each document of a packed row, each padded row, :func:`block_attend`; CPU training), ``"mask"`` (one
         dense mask over the whole flat row, SDPA) or ``"flex"`` (a flex-attention BlockMask, GPU)."""
+        x, ctx, q_pos, pos, masks = self.prepare(target_hidden, batch, attention)
+        for layer in self.layers:
+            x = layer(x, ctx, q_pos, pos, masks)
+        return self.norm(x)
+
+    def prepare(self, target_hidden: torch.Tensor, batch: DrafterBatch, attention: str = "dense") -> tuple:
+        """What every draft layer reads: ``(block query embeddings, fused context, query positions, context
+        positions, masks)`` (:meth:`forward` says what ``attention`` selects)."""
         f = batch.fields
         assert isinstance(f, Fields), "a DFlash batch (DrafterCollator('dflash'))"
         assert batch.contract is not None
@@ -387,10 +400,7 @@ class DFlashDrafter(nn.Module):
             masks = segmented
         ctx = self.hidden_norm(self.fc(target_hidden[0]))
         x = self.embed_tokens(f.block_input_ids.to(doc.device))
-        q_pos = f.block_position_ids.to(doc.device)
-        for layer in self.layers:
-            x = layer(x, ctx, q_pos, pos, masks)
-        return self.norm(x)
+        return x, ctx, f.block_position_ids.to(doc.device), pos, masks
 
     def queries(
         self, target: TargetOutput, batch: DrafterBatch, attention: str = "dense"
