@@ -12,7 +12,7 @@ cannot hold in ``check_export(meta, verifier_option=...)``):
 :func:`padfree.drafter.methods.dflash.model.export_files`,
 :func:`padfree.drafter.methods.eagle3.model.export_files`.
 
->>> formats()
+>>> formats()  # doctest: +NORMALIZE_WHITESPACE
 ('dflash', 'speculators', 'speculators-mtp', 'speculators-peagle', 'speculators-dspark',
 'speculators-dflash2')
 """
