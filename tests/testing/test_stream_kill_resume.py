@@ -109,12 +109,13 @@ def rank_main(rank: int, world: int, store: str, kind: str, root: Path, run: str
     from torch.utils.data import DataLoader
 
     from padfree.models import build_model
+    from padfree.recipes.loop import train_loop
     from padfree.torch import PackCollator, step_loss, token_loss_sum
     from padfree.torch.documents.attention import attention_implementation
     from padfree.torch.feed.streamed import StreamBatchSampler, StreamDataset
     from padfree.torch.run.checkpoint import CheckpointDir
     from padfree.torch.run.lifecycle import StopOnSignal
-    from padfree.torch.run.loop import resume_from, train_loop
+    from padfree.torch.run.loop import resume_from
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)

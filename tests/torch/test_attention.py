@@ -250,6 +250,6 @@ def test_importing_attention_leaves_a_model_of_another_attention_as_it_is() -> N
     import sys
     from pathlib import Path
 
-    env = {**os.environ, "PYTHONPATH": str(Path(pa.__file__).parents[2]), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(pa.__file__).parents[3]), "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-c", _IMPORT_ALONE], capture_output=True, text=True, env=env)
     assert run.returncode == 0 and run.stdout.strip() == "unchanged", run.stderr[-2000:]
