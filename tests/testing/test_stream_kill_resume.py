@@ -251,10 +251,10 @@ def trainer_main(rank: int, world: int, store: str, kind: str, root: Path, run: 
     os.close(seen)  # no destroy_process_group: the rank leaves at once (os._exit)
 
 
-@pytest.mark.parametrize("kind", ["datasets-mixed", "parquet"])
-def test_padfree_trainer_streamed_killed_at_1_and_2_ranks_resumes_at_4_every_sample_once(
-    tmp_path, kind
-) -> None:
+def trainer_case(kind: str, tmp_path: Path) -> None:
+    """The PadfreeTrainer case, run in a fresh interpreter by the test below: its ranks fork from a process
+    whose only threads are its own (forked from a test worker that has run other tests, the Trainer's ranks
+    could inherit a thread pool's held lock and hang)."""
     write_shards(tmp_path)
     seen = tmp_path / "seen.jsonl"
 
@@ -269,3 +269,23 @@ def test_padfree_trainer_streamed_killed_at_1_and_2_ranks_resumes_at_4_every_sam
     check_once(records, kind)
     assert {r["run"] for r in seenlog.counted(records) if r["epoch"] == 0} == {"a", "b", "c"}
     _equal_to_unbroken(tmp_path, kind, records)
+
+
+@pytest.mark.parametrize("kind", ["datasets-mixed", "parquet"])
+def test_padfree_trainer_streamed_killed_at_1_and_2_ranks_resumes_at_4_every_sample_once(
+    tmp_path, kind
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from conftest import HANG_S
+
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
+    case = f"t.trainer_case({kind!r}, pathlib.Path({str(tmp_path)!r}))"
+    code = f"import pathlib, test_stream_kill_resume as t; {case}"
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=2 * HANG_S
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
