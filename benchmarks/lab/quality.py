@@ -13,8 +13,7 @@ for the same CPU seconds, and acceptance length measured on held-out prompts by 
   SpecForge's random padded batches (:func:`padfree.baselines.fixed_count`, DFlash blocks padded to the row
   with the most: :func:`padfree.drafter.methods.dflash.model.pad_anchor_slots`), the field's length-sorted
   batches of the same count (:func:`padfree.baselines.sorted_fixed_count`, a composition that never changes).
-  One micro-batch
-  per optimizer step, the same recipe, learning rate and seed in every arm.
+  One micro-batch per optimizer step, the same recipe, learning rate and seed in every arm.
 - **Acceptance length**: DFlash by the ``dflash`` package's ``dflash_generate`` (greedy) on the exported
 folder
   loaded with ``DFlashDraftModel.from_pretrained`` (:func:`dflash_acceptance`); its timer calls

@@ -1,6 +1,5 @@
 """A streamed plan (issue 43, item 3) trained by the plain loop (:func:`padfree.torch.run.loop.train_loop`)
-and
-by PadfreeTrainer, SIGKILLed at 1 rank, resumed and killed at 2, resumed at 4: every sample of the stream
+and by PadfreeTrainer, SIGKILLed at 1 rank, resumed and killed at 2, resumed at 4: every sample of the stream
 trains exactly once (a mixture: every sample of each source's drawn prefix), and the last run's steps are the
 unbroken run's from its checkpoint. Sources: parquet shards read in order and a ``datasets`` streaming
 ``IterableDataset``, each once as one stream and once as a weighted mixture of two streams (``-mixed``);

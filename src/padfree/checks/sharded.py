@@ -5,8 +5,7 @@ lengths is laid out for sharding (:class:`~padfree.torch.PackCollator` with ``sp
 ``padfree_varlen`` (the reference: logits and the parameter gradients of the row's token loss), then on
 ``N`` CPU ranks (forked processes meeting through gloo) each running its shard as training does
 (:class:`padfree.torch.StepRunner`): Ulysses SP (:mod:`padfree.torch.execution.sequence_parallel`) or zigzag
-CP
-(:mod:`padfree.torch.execution.context_parallel`). The shards'
+CP (:mod:`padfree.torch.execution.context_parallel`). The shards'
 logits, put back in row order, and their summed parameter gradients must equal the unsharded row's, and each
 document's logits those of the document alone through the model's own attention (eager, else sdpa).
 ``attn="leaky"`` runs the leaky control (CP: one causal mask over the whole row, as accelerate's CP

@@ -1,6 +1,5 @@
 """Samples streamed in order for a streamed plan (:class:`padfree.torch.feed.streamed.StreamBatchSampler`):
-parquet
-or JSONL shards read in order, a ``datasets`` streaming ``IterableDataset``, or any iterator.
+parquet or JSONL shards read in order, a ``datasets`` streaming ``IterableDataset``, or any iterator.
 
 A source reads the samples at stream positions ``start .. start+count-1`` (``read``), in order. A resume
 reads the window's buffered samples again, so exact resume needs a source that can go back to a saved

@@ -476,8 +476,7 @@ def run_step(
     ``chunks=False``: every micro-batch is a row of its own (a plan that is not chunked, whose split pieces
     are samples of their own); ``row_loss(model, inputs)``: a row's summed token losses (default: the model
     on the row, :func:`padfree.torch.token_loss_sum`; :class:`padfree.torch.execution.runner.StepRunner` gives
-    a
-    shard's); ``timed(model)``: a context around each row's forward and backward (the sampler's timer).
+    a shard's); ``timed(model)``: a context around each row's forward and backward (the sampler's timer).
     """
     if sync is None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
         sync = _reduce_once(model)  # once per row would differ between ranks and hang the collectives

@@ -14,8 +14,7 @@ log-sum-exp merges) is checked against and what proves that the padded THD layou
 
 ``padfree_zigzag_cp_leaky`` is the leaky control: the same exchange with one causal mask over the whole row
 (what accelerate's CP hook and ``torch``'s ``context_parallel`` do to SDPA), so later documents see earlier
-ones.
-It exists only to show that the check catches it; never train with it.
+ones. It exists only to show that the check catches it; never train with it.
 
 >>> import torch
 >>> zigzag_indices(torch.tensor([0, 8, 12]), rank=0, size=2).tolist()  # pieces of 2 and of 1 token

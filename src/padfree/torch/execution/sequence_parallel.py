@@ -8,8 +8,7 @@ Everything but attention is per token and runs on the shard. Around attention an
 runs over the whole row with the whole row's document boundaries (every rank has them: ``cu_seq_lens_q`` of
 the full row), and a second all-to-all turns it back. Both exchanges carry gradients
 (:mod:`padfree.torch.execution.collectives`), so a backward through the shards gives the unsharded row's
-gradients
-once the SP ranks' parameter gradients are summed (what DDP / FSDP over the SP x DP mesh does).
+gradients once the SP ranks' parameter gradients are summed (what DDP / FSDP over the SP x DP mesh does).
 
 Registered with transformers as ``padfree_ulysses`` (and ``padfree_ulysses_leaky``: the same exchange around
 :func:`padfree.torch.documents.attention.leaky_attention`, the leaky control for leak checks). The forward

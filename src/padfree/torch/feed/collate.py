@@ -8,8 +8,7 @@ count the sampler derives from the plan (``length - 1`` per sample when every to
 
 When the micro-batch comes from a :class:`~padfree.torch.feed.sampler.PlanBatchSampler` through a
 :class:`~padfree.torch.feed.dataset.PlannedDataset`, each sample is cut to its planned piece (truncated or
-split
-samples) and the batch carries the micro-batch's ``info``.
+split samples) and the batch carries the micro-batch's ``info``.
 """
 
 from __future__ import annotations
@@ -278,8 +277,7 @@ class PackCollator:
     (the plan's) its length is the next declared row length.
 
     ``chunked=True`` (a ``chunked`` plan, trained with :func:`padfree.torch.execution.chunked.run_step`): a
-    chunk that
-    continues its document keeps its first label, which the document's earlier chunk predicts.
+    chunk that continues its document keeps its first label, which the document's earlier chunk predicts.
 
     >>> b = PackCollator()([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
     >>> b["labels"].tolist(), b["position_ids"].tolist(), b["cu_seq_lens_q"].tolist(), b["max_length_q"]

@@ -10,8 +10,7 @@ workers too)::
     loader = DataLoader(StreamDataset(), batch_sampler=sampler, collate_fn=PackCollator())
 
 ``PadfreeTrainer(..., stream=Stream(source, window))`` and :func:`padfree.torch.run.loop.train_loop` take it
-as
-they take a :class:`~padfree.torch.PlanBatchSampler`. Epoch ``e`` reads the stream again from its start.
+as they take a :class:`~padfree.torch.PlanBatchSampler`. Epoch ``e`` reads the stream again from its start.
 """
 
 from __future__ import annotations
