@@ -58,12 +58,9 @@ if TYPE_CHECKING:
     from padfree.torch.run.checkpoint import CheckpointDir
 
 _LAZY = {
-    "CheckpointDir": "padfree.torch.run.checkpoint",
-    "Stream": "padfree.torch.feed.streamed",
-    "StreamBatchSampler": "padfree.torch.feed.streamed",
-    "StreamDataset": "padfree.torch.feed.streamed",
-    "attention_implementation": "padfree.torch.documents.attention",
-    "prepare_for_packing": "padfree.torch.documents.attention",
+    "documents.attention": ("attention_implementation", "prepare_for_packing"),
+    "feed.streamed": ("Stream", "StreamBatchSampler", "StreamDataset"),
+    "run.checkpoint": ("CheckpointDir",),
 }
 """Names loaded on first use: the attention registers with transformers when it is imported, which a loop
 that never builds a transformers model should not pay for."""
@@ -90,4 +87,4 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = lazy_names(__name__, _LAZY)
+__getattr__, __dir__, _ = lazy_names(__name__, _LAZY)  # __all__ above: these and the eager names

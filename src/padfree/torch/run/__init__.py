@@ -7,32 +7,21 @@ from typing import TYPE_CHECKING
 
 from padfree.torch._face import lazy_names
 
+# the names for type checkers (``X as X`` re-exports X); at run time each is imported on first use (below)
 if TYPE_CHECKING:
-    from padfree.torch.run.checkpoint import CheckpointDir
-    from padfree.torch.run.lifecycle import StopOnSignal, die_with_parent, launched_by_torchrun
-    from padfree.torch.run.loop import check_resume, run_id, steps_of
+    from padfree.torch.run.checkpoint import CheckpointDir as CheckpointDir
+    from padfree.torch.run.lifecycle import StopOnSignal as StopOnSignal
+    from padfree.torch.run.lifecycle import die_with_parent as die_with_parent
+    from padfree.torch.run.lifecycle import launched_by_torchrun as launched_by_torchrun
+    from padfree.torch.run.loop import check_resume as check_resume
+    from padfree.torch.run.loop import run_id as run_id
+    from padfree.torch.run.loop import steps_of as steps_of
 
-_WHERE = {
-    "CheckpointDir": "padfree.torch.run.checkpoint",
-    "StopOnSignal": "padfree.torch.run.lifecycle",
-    "check_resume": "padfree.torch.run.loop",
-    "die_with_parent": "padfree.torch.run.lifecycle",
-    "launched_by_torchrun": "padfree.torch.run.lifecycle",
-    "run_id": "padfree.torch.run.loop",
-    "steps_of": "padfree.torch.run.loop",
-}
-"""Where each name of this face is defined: it is imported on first use, so importing one module of
-the room does not import the others."""
-
-__all__ = [
-    "CheckpointDir",
-    "StopOnSignal",
-    "check_resume",
-    "die_with_parent",
-    "launched_by_torchrun",
-    "run_id",
-    "steps_of",
-]
-
-
-__getattr__, __dir__ = lazy_names(__name__, _WHERE)
+__getattr__, __dir__, __all__ = lazy_names(
+    __name__,
+    {  # module of this room -> the names it defines, imported on first use
+        "checkpoint": ("CheckpointDir",),
+        "lifecycle": ("StopOnSignal", "die_with_parent", "launched_by_torchrun"),
+        "loop": ("check_resume", "run_id", "steps_of"),
+    },
+)
