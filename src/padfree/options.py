@@ -220,8 +220,16 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def format_options(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
-    """``(mode, field names)`` from the options of :func:`add_data_arguments`."""
+def record_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The reader's keywords (``mode``, ``fields``, ``split``, ``chat_template``: those of
+    :func:`padfree.data.count_lengths.count_lengths`) from the options of :func:`add_data_arguments`; a
+    ``--field`` or ``--messages`` that contradicts ``--format`` is one :class:`ConfigError` line.
+
+    >>> p = argparse.ArgumentParser()
+    >>> add_data_arguments(p)
+    >>> record_options(p.parse_args(["--field", "body"]))["mode"]
+    'text'
+    """
     from padfree.data.formats import parse_field_map
     from padfree.data.reading import field_map
 
@@ -232,7 +240,8 @@ def format_options(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
             if mode not in ("auto", forced):
                 raise ConfigError(f"--{flag} reads {forced} records; it contradicts --format {mode}")
             mode, field = forced, value
-    return mode, field_map(mode, field, parse_field_map(args.field_map))
+    fields = field_map(mode, field, parse_field_map(args.field_map))
+    return {"mode": mode, "fields": fields, "split": args.split, "chat_template": args.chat_template}
 
 
 # ----- the example training loops' options ----------------------------------------------------------------
@@ -312,17 +321,13 @@ def training_data(args: argparse.Namespace) -> tuple[list[dict], np.ndarray, np.
     (:func:`padfree.data.samples.load_training_data`)."""
     from padfree.data.samples import load_training_data
 
-    mode, names = format_options(args)
     return load_training_data(
         args.data,
         args.tokenizer,
         lengths_file=args.lengths,
         limit=args.limit_samples,
         loss_on=args.loss_on,
-        mode=mode,
-        fields=names,
-        split=args.split,
-        chat_template=args.chat_template,
+        **record_options(args),
     )
 
 

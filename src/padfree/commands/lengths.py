@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from padfree.commands.common import check_input, check_output, writing
 from padfree.data.length_files import assistant_path
 from padfree.errors import ConfigError
-from padfree.options import WORKERS, Bounded, add_data_arguments, format_options
+from padfree.options import WORKERS, Bounded, add_data_arguments, record_options
+
+if TYPE_CHECKING:
+    import numpy as np
 
 NAME = "lengths"
 ROWS = Bounded(int, 1, 2**31 - 1)  # --rows-per-shard
@@ -103,29 +107,20 @@ def run(args: argparse.Namespace) -> int:
             "input_ids column, Megatron .bin/.idx, datatrove .ds)"
         )
     check_input(args.tokenizer, "tokenizer")  # the data sources: padfree.data.records checks each file
-    check_output(args.out, "the lengths")
-    check_output(assistant_path(args.out), "the loss-bearing lengths")
-    mode, names = format_options(args)
+    _check_outputs(args.out)
+    reading = record_options(args)
     if args.ray is not None:
-        return _count_on_ray(args, mode, names)
+        return _count_on_ray(args, reading)
     res = count_lengths(
         args.data,
         args.tokenizer,
-        mode=mode,
-        fields=names,
-        split=args.split,
-        chat_template=args.chat_template,
+        **reading,
         workers=args.workers,
         cache_dir=args.cache_dir,
         use_cache=not args.no_cache,
         progress=not args.quiet,
     )
-    dtype = np.int32 if int(res.lengths.max(initial=0)) < 2**31 else np.int64
-    aux = assistant_path(args.out)
-    with writing(args.out, "the lengths"):
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        np.save(args.out, res.lengths.astype(dtype))
-        np.save(aux, res.loss_tokens.astype(dtype))
+    aux = _save(args.out, res.lengths, res.loss_tokens)
     cache = "cache hit" if res.cache_hit else ("cache miss" if res.cache_file else "cache off")
     q = np.percentile(res.lengths, [50, 99])
     fmts = sorted({f for _, f in res.formats})
@@ -156,20 +151,11 @@ def _read_tokenized(args: argparse.Namespace) -> int:
     from padfree.data.readers import read_tokenized
 
     t0 = time.perf_counter()
-    check_output(args.out, "the lengths")
-    check_output(assistant_path(args.out), "the loss-bearing lengths")
+    _check_outputs(args.out)
     res = read_tokenized(args.data, args.column, args.split)
     if res.lengths.shape[0] == 0:
         raise ConfigError(f"no samples in {', '.join(s for s, _ in res.sources[:3])}")
-    dtype = np.int32 if int(res.lengths.max(initial=0)) < 2**31 else np.int64
-    aux = assistant_path(args.out)
-    with writing(args.out, "the lengths"):
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        np.save(args.out, res.lengths.astype(dtype))
-        if res.loss_tokens is not None:
-            np.save(aux, res.loss_tokens.astype(dtype))
-        else:
-            aux.unlink(missing_ok=True)  # a stale one would pair old loss counts with these lengths
+    aux = _save(args.out, res.lengths, res.loss_tokens)
     q = np.percentile(res.lengths, [50, 99])
     src = f"{len(res.sources)} sources, " if len(res.sources) > 1 else ""
     loss = (
@@ -186,9 +172,8 @@ def _read_tokenized(args: argparse.Namespace) -> int:
     return 0
 
 
-def _count_on_ray(args: argparse.Namespace, mode: str, names: dict) -> int:
+def _count_on_ray(args: argparse.Namespace, reading: dict) -> int:
     """``--ray``: count on a Ray cluster (:mod:`padfree.data.ray_lengths`), write as the local count does."""
-    import numpy as np
 
     from padfree.data.ray_lengths import count_on_ray
 
@@ -200,19 +185,11 @@ def _count_on_ray(args: argparse.Namespace, mode: str, names: dict) -> int:
         args.tokenizer,
         shards,
         address=address,
-        mode=mode,
-        fields=names,
-        split=args.split,
-        chat_template=args.chat_template,
+        **reading,
         workers=args.workers if address is None else None,
         rows_per_shard=args.rows_per_shard,
     )
-    dtype = np.int32 if int(res.lengths.max(initial=0)) < 2**31 else np.int64
-    aux = assistant_path(args.out)
-    with writing(args.out, "the lengths"):
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        np.save(args.out, res.lengths.astype(dtype))
-        np.save(aux, res.loss_tokens.astype(dtype))
+    aux = _save(args.out, res.lengths, res.loss_tokens)
     n = res.lengths.shape[0]
     print(
         f"{args.out}: {n:,} samples, {int(res.lengths.sum()):,} tokens counted on Ray ({res.workers} "
@@ -223,3 +200,27 @@ def _count_on_ray(args: argparse.Namespace, mode: str, names: dict) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _check_outputs(out: Path) -> None:
+    """Refuse before any work where the lengths or the loss-bearing counts beside them cannot be written."""
+    check_output(out, "the lengths")
+    check_output(assistant_path(out), "the loss-bearing lengths")
+
+
+def _save(out: Path, lengths: np.ndarray, loss_tokens: np.ndarray | None) -> Path:
+    """Write ``lengths`` to ``out`` and ``loss_tokens`` beside it (int32 where the lengths fit, else int64);
+    return where the loss-bearing counts go. Without ``loss_tokens`` a stale file there is removed: it would
+    pair old loss counts with these lengths."""
+    import numpy as np
+
+    dtype = np.int32 if int(lengths.max(initial=0)) < 2**31 else np.int64
+    aux = assistant_path(out)
+    with writing(out, "the lengths"):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        np.save(out, lengths.astype(dtype))
+        if loss_tokens is not None:
+            np.save(aux, loss_tokens.astype(dtype))
+        else:
+            aux.unlink(missing_ok=True)
+    return aux
