@@ -188,6 +188,24 @@ def add_number(
     p.add_argument(flag, type=NUMERIC[flag], default=default, help=help_)
 
 
+def add_path(
+    p: argparse._ActionsContainer,
+    flag: str,
+    help_: str,
+    default: Path | None = None,
+    *,
+    required: bool = False,
+) -> None:
+    """Add the file or folder option ``flag``: a :class:`~pathlib.Path` (``default`` when not given).
+
+    >>> p = argparse.ArgumentParser()
+    >>> add_path(p, "--cost", "cost model JSON")
+    >>> p.parse_args(["--cost", "c.json"]).cost.suffix, p.parse_args([]).cost
+    ('.json', None)
+    """
+    p.add_argument(flag, type=Path, default=default, required=required, help=help_)
+
+
 # ----- records ---------------------------------------------------------------------------------------------
 def add_data_arguments(p: argparse.ArgumentParser) -> None:
     """The record-format options: ``padfree lengths`` and the training examples."""

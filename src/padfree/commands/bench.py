@@ -22,6 +22,7 @@ from padfree.options import (
     TOKENS,
     Bounded,
     add_number,
+    add_path,
     check_device,
     model_overrides,
 )
@@ -124,7 +125,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the preflight's memory cap per arm (default: 80%% of the memory available)",
     )
-    p.add_argument("--out", type=Path, default=None, help="directory for NAME.json, NAME.md and NAME.png")
+    add_path(p, "--out", "directory for NAME.json, NAME.md and NAME.png")
     p.add_argument("--name", default=None, help="file name stem under --out (default train_speed / converge)")
 
 

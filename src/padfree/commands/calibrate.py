@@ -14,7 +14,7 @@ from padfree.drafter.methods import METHODS
 from padfree.drafter.methods import get as get_method
 from padfree.drafter.options import add_recipe_arguments, recipe_from_args
 from padfree.errors import ConfigError
-from padfree.options import BUDGET, add_number, check_device
+from padfree.options import BUDGET, add_number, add_path, check_device
 from padfree.progress import bars_wanted, progress_bar
 
 NAME = "calibrate"
@@ -54,9 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a tiny grid (budget 256, one timed step per shape, no warm-up round): rough, check its "
         "held-out error",
     )
-    p.add_argument(
-        "--out", type=Path, default=Path("cost.json"), help="cost file to write (default cost.json)"
-    )
+    add_path(p, "--out", "cost file to write (default cost.json)", Path("cost.json"))
     p.add_argument(
         "--drafter",
         choices=list(METHODS),

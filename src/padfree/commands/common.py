@@ -17,7 +17,7 @@ import numpy as np
 from padfree.core.config import DEFAULT_COST, OVERLONG, STRATEGIES, CostModel, PlanConfig
 from padfree.drafter.options import add_recipe_arguments, recipe_from_args
 from padfree.errors import ConfigError, InputError, OutputError
-from padfree.options import Bounded, add_number, plan_config
+from padfree.options import Bounded, add_number, add_path, plan_config
 
 if TYPE_CHECKING:
     from padfree.drafter.setup import TargetShape
@@ -109,7 +109,7 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     )
     add_number(p, "--seed", 0, "seed (default 0)")
     p.add_argument("--overlong", default="error", help=f"samples over the budget: {', '.join(OVERLONG)}")
-    p.add_argument("--cost", type=Path, default=None, help="cost model JSON from `padfree calibrate`")
+    add_path(p, "--cost", "cost model JSON from `padfree calibrate`")
 
 
 def add_shard_options(p: argparse.ArgumentParser) -> None:
@@ -265,19 +265,17 @@ def add_drafter_arguments(p: argparse.ArgumentParser, what: str) -> None:
 
     d = p.add_argument_group("drafter setup (a frozen target + a DFlash or EAGLE-3 drafter)")
     d.add_argument("--drafter", choices=list(METHODS), default=None, help=what)
-    d.add_argument(
+    add_path(
+        d,
         "--assistant",
-        type=Path,
-        default=None,
-        help="loss-bearing tokens per sample (.npy, e.g. NAME.assistant.npy; default: beside --lengths when "
+        "loss-bearing tokens per sample (.npy, e.g. NAME.assistant.npy; default: beside --lengths when "
         "present, else every token but the first)",
     )
     add_number(d, "--anchor-budget", None, "DFlash blocks per micro-batch at most")
-    d.add_argument(
+    add_path(
+        d,
         "--target",
-        type=Path,
-        default=None,
-        help="the target's local transformers folder: its config.json gives the hidden size, layers, "
+        "the target's local transformers folder: its config.json gives the hidden size, layers, "
         "vocabulary, heads and MLP width (instead of --target-hidden, --target-layers, --vocab)",
     )
     add_number(d, "--target-hidden", None, f"target hidden size (default {TARGET_DEFAULTS['hidden']})")

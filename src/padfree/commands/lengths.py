@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from padfree.commands.common import check_input, check_output, writing
 from padfree.data.length_files import assistant_path
 from padfree.errors import ConfigError
-from padfree.options import WORKERS, Bounded, add_data_arguments, record_options
+from padfree.options import WORKERS, Bounded, add_data_arguments, add_path, record_options
 
 if TYPE_CHECKING:
     import numpy as np
@@ -34,11 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "the order given, as one dataset); or tokenized data: datasets folders / parquet files with a "
         "seq_len or input_ids column, Megatron PREFIX.bin/.idx, datatrove .ds shards or their folders (read)",
     )
-    p.add_argument(
+    add_path(
+        p,
         "--tokenizer",
-        type=Path,
-        default=None,
-        help="SentencePiece .model, tokenizer.json, or a local transformers tokenizer folder (needed to "
+        "SentencePiece .model, tokenizer.json, or a local transformers tokenizer folder (needed to "
         "count raw records; tokenized data is read without it)",
     )
     p.add_argument(
@@ -52,18 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="tokenize every source by padfree's rule even when it holds token ids",
     )
     add_data_arguments(p)
-    p.add_argument(
-        "--out", type=Path, required=True, help="output .npy; loss-bearing counts go to *.assistant.npy"
-    )
+    add_path(p, "--out", "output .npy; loss-bearing counts go to *.assistant.npy", required=True)
     p.add_argument(
         "--workers", type=WORKERS, default=default_workers(), help="processes (default min(4, cpus))"
     )
-    p.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="token-count cache (default $PADFREE_CACHE_DIR or ~/.cache/padfree)",
-    )
+    add_path(p, "--cache-dir", "token-count cache (default $PADFREE_CACHE_DIR or ~/.cache/padfree)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     p.add_argument(
         "--ray",
@@ -80,11 +72,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="--ray: records per shard (default: about 4 shards per worker, 256 to 16384 records each)",
     )
-    p.add_argument(
+    add_path(
+        p,
         "--shards",
-        type=Path,
-        default=None,
-        help="--ray: where the counted shards and their manifest go (default: OUT without .npy + .shards/)",
+        "--ray: where the counted shards and their manifest go (default: OUT without .npy + .shards/)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 

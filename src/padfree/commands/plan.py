@@ -19,7 +19,7 @@ from padfree.commands.common import (
     writing,
 )
 from padfree.errors import ConfigError
-from padfree.options import add_number
+from padfree.options import add_number, add_path
 
 NAME = "plan"
 HELP = (
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "grad-accum x budget tokens as consecutive chunks on one rank in one step, with starts)",
     )
     add_number(p, "--epoch", 0, "epoch to plan (default 0)")
-    p.add_argument("--out", type=Path, default=Path("-"), help="output .jsonl ('-' for stdout, the default)")
+    add_path(p, "--out", "output .jsonl ('-' for stdout, the default)", Path("-"))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from padfree.commands.common import (
     writing,
 )
 from padfree.errors import ConfigError, one_line
-from padfree.options import BUCKETS, GROWTH, MIX
+from padfree.options import BUCKETS, GROWTH, MIX, add_path
 
 NAME = "report"
 HELP = (
@@ -32,7 +32,7 @@ HELP = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_plan_inputs(p, required=False)
-    p.add_argument("--out", type=Path, required=True, help="output folder for index.html and report.json")
+    add_path(p, "--out", "output folder for index.html and report.json", required=True)
     p.add_argument(
         "--growths",
         default="1.1,1.25,1.5,2.0",

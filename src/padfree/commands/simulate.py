@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from padfree.commands.common import (
     add_drafter_arguments,
@@ -17,7 +16,7 @@ from padfree.commands.common import (
     strategies_from_args,
 )
 from padfree.core.config import STRATEGIES
-from padfree.options import add_number
+from padfree.options import add_number, add_path
 
 NAME = "simulate"
 HELP = "predict each strategy's training throughput on N GPUs (ranks wait for the slowest every step)"
@@ -34,11 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="per-rank time factors, e.g. 1,1,1,1,1,1,1,1.5 (the last rank 1.5x slower); sets the world size "
         "and adds what dynamic balancing predicts",
     )
-    p.add_argument(
+    add_path(
+        p,
         "--true-cost",
-        type=Path,
-        default=None,
-        help="cost model JSON of what micro-batches really cost (the plan still balances by --cost or the "
+        "cost model JSON of what micro-batches really cost (the plan still balances by --cost or the "
         "default); adds what dynamic balancing predicts once it has learned it",
     )
     add_drafter_arguments(p, "simulate a drafter setup")
