@@ -6,16 +6,18 @@ engines' own code.
     PYTHONPATH=src python benchmarks/drafter_quality.py --out benchmarks/results   # the full run (hours)
     PYTHONPATH=src python benchmarks/drafter_quality.py --smoke --out /tmp/dq      # plumbing only (~2 min)
 
-Protocol (:mod:`lab.quality`): a byte-level BPE tokenizer and a small Qwen3 target are trained on
-the bundled chats (``fixtures/samples``; rebuilt deterministically into ``--target-dir``, reused when its spec
-matches); each training chat's first user turn is answered greedily by that target and the answers are the
-drafters' training responses; held-out prompts (never trained on, by target or drafter) are decoded by the
-``dflash`` package's ``dflash_generate`` with each exported DFlash drafter, EAGLE-3 drafters by speculators'
-``Eagle3DraftModel`` forward on the target's greedy output with chain verification. Every arm trains under the
-``specforge`` recipe with one micro-batch of about ``--budget`` real tokens per optimizer step, for
-``--seconds`` CPU seconds (``time.process_time`` of one process, torch on one thread, evaluation excluded),
-evaluated at ``--evals`` equal fractions of it and at each epoch's end (equal tokens). Writes ``NAME.json``,
-``NAME.md`` and ``NAME.png`` into ``--out``.
+Protocol (:mod:`lab.quality`): a byte-level BPE tokenizer and a small Qwen3 target are trained on the bundled
+chats (``fixtures/samples``; rebuilt deterministically into ``--target-dir``, reused when its spec matches);
+each training chat's first user turn is answered greedily by that target and the answers are the drafters'
+training responses; held-out prompts (never trained on, by target or drafter) are decoded by the ``dflash``
+package's ``dflash_generate`` with each exported DFlash drafter (DFlash2: z-lab's folder loaded by their
+``DFlash2DraftModel``), EAGLE-3 drafters by speculators' ``Eagle3DraftModel`` forward on the target's greedy
+output with chain verification. Every arm trains under the ``specforge`` recipe (DFlash2, which SpecForge has
+none of: ``speculators``' with its window off) with one micro-batch of about ``--budget`` real tokens per
+optimizer step, for ``--seconds`` CPU seconds (``time.process_time`` of one process, torch on one thread,
+evaluation excluded), evaluated at ``--evals`` equal fractions of it and at each epoch's end (equal tokens).
+Writes ``NAME.json``, ``NAME.md`` and ``NAME.png`` into ``--out``; one method's run beside another's takes its
+own ``--name`` (``--methods dflash2 --name drafter_quality_dflash2``).
 """
 
 from __future__ import annotations
@@ -130,6 +132,31 @@ MODES = {
 """Sizes per mode: the target (:class:`lab.quality.TargetSpec`), chats per set (None: all), held-out
 chats, answer and prompt tokens, CPU seconds per arm (GPU: synchronized wall seconds), evaluations along them
 and at epoch ends, seeds, tokens per micro-batch, block size and ttt (None: the recipe's), methods."""
+
+
+DECODERS = {
+    "dflash": "z-lab's `dflash` package: `DFlashDraftModel.from_pretrained` + `dflash_generate`",
+    "dflash2": "z-lab's `dflash` package: `DFlash2DraftModel.from_pretrained` (its candidate selector) + "
+    "`dflash_generate`",
+    "eagle3": "speculators' `Eagle3DraftModel.forward` on the target's greedy output, chain-verified",
+}
+"""What measures each method's acceptance length (:mod:`lab.quality`): the engines' own code."""
+
+
+def method_lines(methods: list[str]) -> str:
+    """One line per method: the package that decodes it and the recipe preset it trains under (the
+    ``specforge`` preset, or the method's first where SpecForge has none)."""
+    from padfree.drafter import recipes
+
+    off = " (its sliding window off: z-lab's decoder has no per-anchor window)"
+    lines = []
+    for m in methods:
+        r = recipes.get("specforge", m)
+        lines.append(
+            f"- {m}: decoded by {DECODERS[m]}; trained under the `{r.name}` preset"
+            + (off if m == "dflash2" else "")
+        )
+    return "\n".join(lines) + "\n"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -492,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{info['answer_mean_tokens']:.0f} tokens, {info['answers_ended']:.0%} ended by the end marker); "
         f"{n_prompts} held-out prompts; seeds: "
         + ", ".join(f"{m} {n}" for m, n in seeds.items())
-        + f"; {args.seconds:.0f} CPU s per arm (one thread).\n"
+        + f"; {args.seconds:.0f} CPU s per arm (one thread).\n\n"
+        + method_lines(args.methods)
     )
     md += "".join(table(summaries[m], m) for m in args.methods)
     (args.out / f"{args.name}.md").write_text(md)

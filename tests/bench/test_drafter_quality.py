@@ -130,6 +130,15 @@ def test_resume_keeps_finished_jobs_and_refuses_other_options(tmp_path):
     assert out == done and said == [f"3 jobs kept from {partial}, 0 to run"]  # nothing ran again
 
 
+def test_the_md_names_each_methods_decoder_and_preset():
+    lines = _script().method_lines(["dflash", "dflash2", "eagle3"]).splitlines()
+    assert len(lines) == 3
+    assert "`DFlashDraftModel" in lines[0] and "`specforge` preset" in lines[0]
+    assert "`DFlash2DraftModel" in lines[1] and "window off" in lines[1]
+    assert "`speculators` preset" in lines[1]
+    assert "`Eagle3DraftModel" in lines[2] and "`specforge` preset" in lines[2]
+
+
 @pytest.mark.skipif(bool(peer_missing("dflash")), reason=peer_missing("dflash") or "")
 def test_smoke_run_writes_the_issue_json(tmp_path):
     pytest.importorskip("tokenizers")
@@ -142,5 +151,6 @@ def test_smoke_run_writes_the_issue_json(tmp_path):
         assert len(arm["seconds"]) == len(arm["acceptance_length"]) >= 2
         assert arm["seconds"][0] == 0 and all(a >= 1.0 for a in arm["acceptance_length"])
     assert {"padfree_packed", "specforge_random"} <= {r["arm"] for r in got["raw"]}
-    assert (tmp_path / "drafter_quality_smoke.md").read_text().startswith("# drafter_quality_smoke")
+    md = (tmp_path / "drafter_quality_smoke.md").read_text()
+    assert md.startswith("# drafter_quality_smoke") and "- dflash: decoded by z-lab's `dflash` package" in md
     assert (tmp_path / "drafter_quality_smoke.png").stat().st_size > 0
