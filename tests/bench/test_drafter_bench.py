@@ -14,8 +14,10 @@ torch = pytest.importorskip("torch")
 
 from lab.drafter import (  # noqa: E402
     ARMS,
+    SHARE_GRID,
     arm_shapes,
     as_trained,
+    auto_share,
     bench_models,
     collator,
     cost_folded_imbalance,
@@ -198,6 +200,17 @@ def test_seed_mix_anchors_and_the_cost_folded_what_if():
     assert imb < modeled_imbalance(arms["padfree_packed"], lengths, a, 8, cost)
 
 
+def test_auto_anchor_share_is_the_least_imbalanced_on_the_grid():
+    lengths = np.random.default_rng(1).integers(2, 3000, 3000)
+    a = supervised_after_first(lengths, recipes.get("specforge", "dflash").anchor_policy())
+    cost = cost_model("dflash", hidden=4096, layers=32, vocab=128256)
+    share, tried = auto_share(lengths, a, 4096, 4, cost)
+    assert list(tried) == list(SHARE_GRID) and tried[share] == min(tried.values())
+    arms = make_arms(lengths, a, 4096, 0, cost, world_size=4, anchor_budget=max(512, round(4096 * share)))
+    assert modeled_imbalance(arms["padfree_packed"], lengths, a, 4, cost) == pytest.approx(tried[share])
+    assert len(set(tried.values())) > 1  # the share moves the plan: the choice is not a tie
+
+
 def test_speed_counts_supervised_positions(samples):
     lengths = lengths_of(samples)
     arms = make_arms(lengths, np.zeros_like(lengths), 512, 0, CostModel())
@@ -256,4 +269,9 @@ def test_quick_run_writes_the_issue_json(tmp_path):
             and rows["padfree_packed"]["same_as_alone"]
         )
     assert not got["method"]["dflash"]["speculators_rows"]["same_as_alone"]  # anchors per row
+    share = got["recipes"]["dflash"]["anchor_share"]  # --anchor-share auto, the default
+    assert share["share"] in SHARE_GRID and share["imbalance_by_share"][f"{share['share']:.2f}"] == min(
+        share["imbalance_by_share"].values()
+    )
+    assert got["recipes"]["eagle3"]["anchor_share"]["share"] is None
     assert (tmp_path / "drafter_speed_quick.md").read_text().startswith("# drafter_speed_quick")
