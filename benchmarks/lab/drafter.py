@@ -344,8 +344,11 @@ def speed(
     ``padfree bench`` takes (:func:`padfree.bench.sampling.stratified`: one from each of ``micro`` equal
     strata of the epoch ordered by modeled cost per real token), and ``epoch_cpu_seconds`` is the epoch's
     seconds estimated from them (:func:`padfree.bench.sampling.epoch_seconds`): a length-sorted arm's
-    micro-batches differ many-fold in cost per position, so a few picks alone misstate its epoch. Without
-    ``cost``, micro-batches evenly spaced over the epoch and no estimate."""
+    micro-batches differ many-fold in cost per position, so a few picks alone misstate its epoch. With
+    ``micro`` at least an arm's micro-batch count every one is timed, each its own stratum (the epoch's
+    seconds measured, not estimated); an arm of fewer picks than the most repeats them, each pick's seconds
+    averaged over its repeats. Without ``cost``, micro-batches evenly spaced over the epoch and no
+    estimate."""
     import contextlib
 
     import torch
@@ -387,6 +390,7 @@ def speed(
     slots = dict.fromkeys(arms, 0)
     real = dict.fromkeys(arms, 0)
     per_pick = {name: np.zeros(len(p)) for name, p in picks.items()}
+    timed = {name: np.zeros(len(p)) for name, p in picks.items()}  # an arm of fewer picks repeats them
     torch.manual_seed(seed)
     for r in range(-rounds_warmup, max(len(p) for p in picks.values())):
         for name, arm in arms.items():
@@ -400,6 +404,7 @@ def speed(
             dt, dw = clock() - t0, time.perf_counter() - w0
             if r >= 0 and batch.contract is not None:
                 per_pick[name][i] += dt
+                timed[name][i] += 1
                 seconds[name] += dt
                 wall[name] += dw
                 positions[name] += got
@@ -407,7 +412,9 @@ def speed(
                 real[name] += int(sum(batch.contract.doc_lengths))
     estimates = {
         name: {
-            "epoch_cpu_seconds": epoch_seconds(per_pick[name], picks[name], stratum, costs),
+            "epoch_cpu_seconds": epoch_seconds(
+                per_pick[name] / np.maximum(timed[name], 1), picks[name], stratum, costs
+            ),
             "epoch_padding_efficiency": eff,
         }
         for name, (stratum, costs, eff) in strata.items()

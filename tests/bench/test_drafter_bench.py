@@ -244,6 +244,28 @@ def test_speed_with_cost_times_the_stratified_micro_batches(samples):
     assert epoch_rate({"draft_pos_per_s": 1.0}) == {"draft_pos_per_s": 1.0}  # no estimate: unchanged
 
 
+def test_speed_times_every_micro_batch_once_each_when_micro_covers_the_epoch(samples):
+    lengths = lengths_of(samples)
+    anchors = sample_anchors(samples, POLICY)
+    arms = make_arms(lengths, anchors, 512, 0, CostModel())
+    few, most = (
+        min(arms, key=lambda k: arms[k].batching.n_micro),
+        max(arms, key=lambda k: arms[k].batching.n_micro),
+    )
+    arms = {k: arms[k] for k in (few, most)}
+    n = {k: a.batching.n_micro for k, a in arms.items()}
+    assert n[few] < n[most]
+    models = bench_models("dflash", vocab=256, hidden=32, layers=2, intermediate=64, recipe=DFLASH)
+    rows = speed("dflash", arms, samples, models, micro=10_000, seed=0, rounds_warmup=0, cost=CostModel(),
+                 anchors=anchors)  # fmt: skip
+    for k, row in rows.items():
+        assert row["micro_batches"] == n[k]
+    once = rows[most]  # every micro-batch timed once: the epoch's seconds are the ones timed
+    assert once["epoch_cpu_seconds"] == pytest.approx(once["cpu_seconds"])
+    again = rows[few]  # its micro-batches timed again while the other arm's rounds go on, averaged
+    assert again["epoch_cpu_seconds"] < again["cpu_seconds"]
+
+
 def test_quick_run_writes_the_issue_json(tmp_path):
     spec = importlib.util.spec_from_file_location("drafter_speed", ROOT / "benchmarks/drafter_speed.py")
     assert spec is not None and spec.loader is not None
