@@ -1,7 +1,9 @@
 """Drafter training speed by batching, in one run on this CPU: supervised draft positions per second, anchor
-coverage and anchor-slot efficiency (DFlash and EAGLE-3, tiny frozen target + one-layer drafter, trained under
-a published recipe: ``--recipe specforge``, the default, or ``speculators``), and modeled rank imbalance at 8
-ranks on the seed_mix.
+coverage and anchor-slot efficiency (every registered method, or ``--methods``: tiny frozen target + one-layer
+drafter, trained under a published recipe: ``--recipe specforge``, the default, or ``speculators``), and
+modeled rank imbalance at 8 ranks on the seed_mix. Methods with anchors plan at the anchor share
+``--anchor-share auto`` picks from their cost on the data (:func:`lab.drafter.auto_share`), recorded per
+method.
 
     PYTHONPATH=src python benchmarks/drafter_speed.py --quick --out benchmarks/results
     PYTHONPATH=src python benchmarks/drafter_speed.py --out benchmarks/results
@@ -13,7 +15,8 @@ assistant turns, cut to the budget; token ids folded modulo ``--vocab`` (a speed
 LM heads). The recipe sets the collators (anchors per document, EAGLE-3 gating and step weights), the anchor
 counts the planner is given, the cost model and the loss. Writes ``NAME.json`` ({"recipe": ..., "method":
 {"dflash": {ARM: {"draft_pos_per_s", "anchor_coverage", "imbalance", "same_as_alone",
-"anchor_slot_efficiency", ...}}, "eagle3": ...}, ...}) and ``NAME.md`` under ``--out``.
+"anchor_slot_efficiency", ...}}, "eagle3": ...}, "recipes": {METHOD: {..., "anchor_share": {"share", "rule",
+...}}}, ...}) and ``NAME.md`` under ``--out``.
 """
 
 from __future__ import annotations
