@@ -1,7 +1,9 @@
 """Drafter training speed by batching, in one run on this CPU: supervised draft positions per second, anchor
-coverage and anchor-slot efficiency (DFlash and EAGLE-3, tiny frozen target + one-layer drafter, trained under
-a published recipe: ``--recipe specforge``, the default, or ``speculators``), and modeled rank imbalance at 8
-ranks on the seed_mix.
+coverage and anchor-slot efficiency (every registered method, or ``--methods``: tiny frozen target + one-layer
+drafter, trained under a published recipe: ``--recipe specforge``, the default, or ``speculators``), and
+modeled rank imbalance at 8 ranks on the seed_mix. Methods with anchors plan at the anchor share
+``--anchor-share auto`` picks from their cost on the data (:func:`lab.drafter.auto_share`), recorded per
+method.
 
     PYTHONPATH=src python benchmarks/drafter_speed.py --quick --out benchmarks/results
     PYTHONPATH=src python benchmarks/drafter_speed.py --out benchmarks/results
@@ -13,7 +15,8 @@ assistant turns, cut to the budget; token ids folded modulo ``--vocab`` (a speed
 LM heads). The recipe sets the collators (anchors per document, EAGLE-3 gating and step weights), the anchor
 counts the planner is given, the cost model and the loss. Writes ``NAME.json`` ({"recipe": ..., "method":
 {"dflash": {ARM: {"draft_pos_per_s", "anchor_coverage", "imbalance", "same_as_alone",
-"anchor_slot_efficiency", ...}}, "eagle3": ...}, ...}) and ``NAME.md`` under ``--out``.
+"anchor_slot_efficiency", ...}}, "eagle3": ...}, "recipes": {METHOD: {..., "anchor_share": {"share", "rule",
+...}}}, ...}) and ``NAME.md`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import numpy as np
 from lab.drafter import (
     ARMS,
     PUBLIC_TARGETS,
+    auto_share,
     bench_models,
     cost_folded_imbalance,
     coverage,
@@ -53,6 +57,19 @@ CHAT = ["self_instruct_t0", "hh_rlhf_harmless_test", "gsm8k", "gpteacher_codegen
         "gpteacher_roleplay_toolformer", "humaneval", "python_stdlib_code"]  # fmt: skip
 
 
+def share_option(text: str) -> float | str:
+    """``--anchor-share``: ``auto`` or a number from 0 to 1."""
+    if text == "auto":
+        return text
+    try:
+        share = float(text)
+    except ValueError:
+        share = -1.0
+    if not 0 <= share <= 1:
+        raise argparse.ArgumentTypeError(f"--anchor-share takes auto or a number from 0 to 1 (got {text!r})")
+    return share
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="fewer samples and micro-batches (~9 CPU minutes)")
@@ -64,9 +81,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget", type=int, default=2048,
                    help="tokens per micro-batch (2048: random padded batches keep about the share of "
                    "real tokens they kept in the motivating case)")  # fmt: skip
-    p.add_argument("--anchor-share", type=float, default=0.25,
-                   help="DFlash: padfree's plans hold at most budget x this anchors a micro-batch (0: no "
-                   "anchor budget); 0.25 gave the lowest modeled imbalance on the seed_mix")  # fmt: skip
+    p.add_argument("--anchor-share", type=share_option, default="auto",
+                   help="methods with anchors: padfree's plans hold at most max(max_anchors, budget x this) "
+                   "anchors a micro-batch (0: no anchor budget); auto (default): per method, the share of "
+                   "0.05..1.0 (steps of 0.05) that gives the packed plan of the imbalance lengths the lowest "
+                   "modeled imbalance under the method's recipe and cost (lab.drafter.auto_share), recorded "
+                   "in NAME.json/md")  # fmt: skip
     p.add_argument("--micro", type=int, default=None, help="timed micro-batches per arm (quick 8, full 24)")
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--hidden", type=int, default=128)
@@ -141,26 +161,57 @@ def method_cost(recipe: Recipe, *, hidden: int, layers: int, vocab: int) -> Cost
     return drafter_setup(recipe, PlanConfig(), target=target, lengths=np.zeros(0, np.int64)).cost
 
 
-def anchor_budget(args: argparse.Namespace, recipe: Recipe, budget: int) -> int | None:
-    """The anchor budget of padfree's DFlash plans: ``budget x --anchor-share`` (None for EAGLE-3 or 0)."""
-    if not METHODS[recipe.method].uses_anchors or args.anchor_share <= 0:
+def anchor_budget(share: float | None, recipe: Recipe, budget: int) -> int | None:
+    """The anchor budget of padfree's plans: ``max(max_anchors, budget x share)`` (None for a method without
+    anchors, or a share of None or 0)."""
+    if not METHODS[recipe.method].uses_anchors or not share:
         return None
-    return max(recipe.max_anchors, round(budget * args.anchor_share))
+    return max(recipe.max_anchors, round(budget * share))
 
 
-def seed_mix_imbalance(args: argparse.Namespace, recipe: Recipe, cost: CostModel) -> dict:
-    """Modeled imbalance of every arm at ``args.world`` ranks on the seed_mix lengths (and each arm's
-    micro-batch count; DFlash: the what-if of :func:`cost_folded_imbalance`); anchors from the recipe's rule
-    with every token but the first supervised (the seed_mix has no loss masks)."""
+def seed_mix(args: argparse.Namespace, recipe: Recipe) -> tuple[np.ndarray, np.ndarray | None]:
+    """The imbalance lengths (the bundled seed_mix, or ``--lengths``) cut to ``--imbalance-budget``, and
+    their anchors under the recipe's rule with every token but the first supervised (None without anchors:
+    the seed_mix has no loss masks)."""
     from padfree.data.length_files import bundled_seed_mix
 
     raw = bundled_seed_mix() if args.lengths is None else np.load(args.lengths)
     lengths = np.minimum(raw.astype(np.int64), args.imbalance_budget)
     uses = METHODS[recipe.method].uses_anchors
-    anchors = supervised_after_first(lengths, recipe.anchor_policy()) if uses else None
+    return lengths, supervised_after_first(lengths, recipe.anchor_policy()) if uses else None
+
+
+def method_share(args: argparse.Namespace, recipe: Recipe, cost: CostModel) -> dict:
+    """The anchor share the method's plans use and where it comes from: ``--anchor-share`` as given, or
+    under ``auto`` :func:`lab.drafter.auto_share` on the imbalance lengths at ``--world`` ranks (``cost``:
+    the method's at the imbalance target's size), with their anchors per token and the imbalance of every
+    share tried. None for a method without anchors."""
+    if not METHODS[recipe.method].uses_anchors:
+        return {"share": None, "rule": "no anchors"}
+    if args.anchor_share != "auto":
+        return {"share": args.anchor_share, "rule": "--anchor-share"}
+    lengths, anchors = seed_mix(args, recipe)
+    assert anchors is not None
+    share, tried = auto_share(lengths, anchors, args.imbalance_budget, args.world, cost, args.seed,
+                              recipe.max_anchors)  # fmt: skip
+    return {
+        "share": share,
+        "rule": "auto: lowest modeled packed imbalance over shares 0.05..1.0 (lab.drafter.auto_share)",
+        "anchors_per_token_seed_mix": float(anchors.sum() / max(lengths.sum(), 1)),
+        "imbalance_by_share": {f"{s:.2f}": v for s, v in tried.items()},
+    }
+
+
+def seed_mix_imbalance(
+    args: argparse.Namespace, recipe: Recipe, cost: CostModel, share: float | None
+) -> dict:
+    """Modeled imbalance of every arm at ``args.world`` ranks on the seed_mix lengths (:func:`seed_mix`), the
+    anchor ``share`` given to padfree's plans (and each arm's micro-batch count; DFlash: the what-if of
+    :func:`cost_folded_imbalance`)."""
+    lengths, anchors = seed_mix(args, recipe)
     planned = anchors if anchors is not None else np.zeros_like(lengths)
     arms = make_arms(lengths, planned, args.imbalance_budget, args.seed, cost, world_size=args.world,
-                     anchor_budget=anchor_budget(args, recipe, args.imbalance_budget))  # fmt: skip
+                     anchor_budget=anchor_budget(share, recipe, args.imbalance_budget))  # fmt: skip
     cap = recipe.max_anchors
     out: dict = {n: modeled_imbalance(a, lengths, anchors, args.world, cost, cap) for n, a in arms.items()}
     out["micro_batches"] = {n: a.batching.n_micro for n, a in arms.items()}
@@ -177,8 +228,14 @@ def table(result: dict) -> str:
         rows = result["method"][method]
         base = rows["padfree_packed"]["draft_pos_per_s"]
         slot = "anchor slot eff." if METHODS[method].uses_anchors else "query slot eff. (per position)"
+        share = result["recipes"][method].get("anchor_share", {"share": result["config"]["anchor_share"]})
         lines += [
             f"\n### {method}: {result['recipes'][method]['describe']}\n",
+            *(
+                [f"anchor share {share['share']} ({share.get('rule', '--anchor-share')})\n"]
+                if METHODS[method].uses_anchors
+                else []
+            ),  # fmt: skip
             "| arm | draft positions/s (epoch) | packed is x faster | timed micro-batches alone | "
             f"padding eff. (tokens, epoch) | {slot} | anchor coverage | "
             f"same as alone | imbalance ({result['config']['world']} ranks, seed_mix) |",
@@ -229,7 +286,10 @@ def rebalance(args: argparse.Namespace) -> int:
     args.lengths = None if result["config"]["lengths"] is None else Path(result["config"]["lengths"])
     for method, rows in result["method"].items():
         recipe = recipe_of(args, method)
-        imb = seed_mix_imbalance(args, recipe, method_cost(recipe, hidden=4096, layers=32, vocab=128256))
+        big = method_cost(recipe, hidden=4096, layers=32, vocab=128256)
+        share = method_share(args, recipe, big)
+        result["recipes"].setdefault(method, {})["anchor_share"] = share
+        imb = seed_mix_imbalance(args, recipe, big, share["share"])
         for name in rows:
             rows[name]["imbalance"] = imb.pop(name)
         result["seed_mix"][method] = imb
@@ -277,10 +337,15 @@ def main(argv: list[str] | None = None) -> int:
         anchors = sample_anchors(samples, recipe.anchor_policy()) if uses else None
         if anchors is not None:
             result["recipes"][method]["anchors_per_sample"] = float(anchors.mean())
+            result["recipes"][method]["anchors_per_token"] = float(anchors.sum() / max(lengths.sum(), 1))
+        big = method_cost(recipe, hidden=4096, layers=32, vocab=128256)
+        share = method_share(args, recipe, big)
+        result["recipes"][method]["anchor_share"] = share
+        print(f"{method}: anchor share {share['share']} ({share['rule']})", file=sys.stderr, flush=True)
         cost = method_cost(recipe, hidden=args.hidden, layers=args.layers, vocab=args.vocab)
         planned = anchors if anchors is not None else np.zeros_like(lengths)
         arms = make_arms(lengths, planned, args.budget, args.seed, cost,
-                         anchor_budget=anchor_budget(args, recipe, args.budget))  # fmt: skip
+                         anchor_budget=anchor_budget(share["share"], recipe, args.budget))  # fmt: skip
         sz = args.sizes
         models = bench_models(method, vocab=args.vocab, hidden=args.hidden, layers=args.layers,
                               intermediate=sz["intermediate"], recipe=recipe, seed=args.seed, counts=counts,
@@ -294,8 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, arm in arms.items():
             rows[name].update(coverage(method, arm, samples, recipe, seed=args.seed))
             rows[name] = epoch_rate(rows[name])
-        big = method_cost(recipe, hidden=4096, layers=32, vocab=128256)
-        imb = seed_mix_imbalance(args, recipe, big)
+        imb = seed_mix_imbalance(args, recipe, big, share["share"])
         for name in arms:
             rows[name]["imbalance"] = imb.pop(name)
         result.setdefault("seed_mix", {})[method] = imb

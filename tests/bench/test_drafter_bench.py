@@ -14,8 +14,10 @@ torch = pytest.importorskip("torch")
 
 from lab.drafter import (  # noqa: E402
     ARMS,
+    SHARE_GRID,
     arm_shapes,
     as_trained,
+    auto_share,
     bench_models,
     collator,
     cost_folded_imbalance,
@@ -198,6 +200,17 @@ def test_seed_mix_anchors_and_the_cost_folded_what_if():
     assert imb < modeled_imbalance(arms["padfree_packed"], lengths, a, 8, cost)
 
 
+def test_auto_anchor_share_is_the_least_imbalanced_on_the_grid():
+    lengths = np.random.default_rng(1).integers(2, 3000, 3000)
+    a = supervised_after_first(lengths, recipes.get("specforge", "dflash").anchor_policy())
+    cost = cost_model("dflash", hidden=4096, layers=32, vocab=128256)
+    share, tried = auto_share(lengths, a, 4096, 4, cost)
+    assert list(tried) == list(SHARE_GRID) and tried[share] == min(tried.values())
+    arms = make_arms(lengths, a, 4096, 0, cost, world_size=4, anchor_budget=max(512, round(4096 * share)))
+    assert modeled_imbalance(arms["padfree_packed"], lengths, a, 4, cost) == pytest.approx(tried[share])
+    assert len(set(tried.values())) > 1  # the share moves the plan: the choice is not a tie
+
+
 def test_speed_counts_supervised_positions(samples):
     lengths = lengths_of(samples)
     arms = make_arms(lengths, np.zeros_like(lengths), 512, 0, CostModel())
@@ -231,6 +244,28 @@ def test_speed_with_cost_times_the_stratified_micro_batches(samples):
     assert epoch_rate({"draft_pos_per_s": 1.0}) == {"draft_pos_per_s": 1.0}  # no estimate: unchanged
 
 
+def test_speed_times_every_micro_batch_once_each_when_micro_covers_the_epoch(samples):
+    lengths = lengths_of(samples)
+    anchors = sample_anchors(samples, POLICY)
+    arms = make_arms(lengths, anchors, 512, 0, CostModel())
+    few, most = (
+        min(arms, key=lambda k: arms[k].batching.n_micro),
+        max(arms, key=lambda k: arms[k].batching.n_micro),
+    )
+    arms = {k: arms[k] for k in (few, most)}
+    n = {k: a.batching.n_micro for k, a in arms.items()}
+    assert n[few] < n[most]
+    models = bench_models("dflash", vocab=256, hidden=32, layers=2, intermediate=64, recipe=DFLASH)
+    rows = speed("dflash", arms, samples, models, micro=10_000, seed=0, rounds_warmup=0, cost=CostModel(),
+                 anchors=anchors)  # fmt: skip
+    for k, row in rows.items():
+        assert row["micro_batches"] == n[k]
+    once = rows[most]  # every micro-batch timed once: the epoch's seconds are the ones timed
+    assert once["epoch_cpu_seconds"] == pytest.approx(once["cpu_seconds"])
+    again = rows[few]  # its micro-batches timed again while the other arm's rounds go on, averaged
+    assert again["epoch_cpu_seconds"] < again["cpu_seconds"]
+
+
 def test_quick_run_writes_the_issue_json(tmp_path):
     spec = importlib.util.spec_from_file_location("drafter_speed", ROOT / "benchmarks/drafter_speed.py")
     assert spec is not None and spec.loader is not None
@@ -256,4 +291,9 @@ def test_quick_run_writes_the_issue_json(tmp_path):
             and rows["padfree_packed"]["same_as_alone"]
         )
     assert not got["method"]["dflash"]["speculators_rows"]["same_as_alone"]  # anchors per row
+    share = got["recipes"]["dflash"]["anchor_share"]  # --anchor-share auto, the default
+    assert share["share"] in SHARE_GRID and share["imbalance_by_share"][f"{share['share']:.2f}"] == min(
+        share["imbalance_by_share"].values()
+    )
+    assert got["recipes"]["eagle3"]["anchor_share"]["share"] is None
     assert (tmp_path / "drafter_speed_quick.md").read_text().startswith("# drafter_speed_quick")
