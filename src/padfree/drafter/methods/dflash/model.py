@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,7 +37,9 @@ from padfree.drafter.masks import (
     dflash_dense_mask,
     dflash_predicate,
 )
+from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.objective import VocabMap, slot_weights_of
+from padfree.drafter.recipes import Recipe
 from padfree.drafter.sizes import Sizes
 from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
@@ -417,27 +420,25 @@ Drafter = DFlashDrafter
 field_padding = pad_anchor_slots
 
 
-def build(
-    recipe,
-    sizes: Sizes,
-    *,
-    n_fused: int,
-    draft_layers: int,
-    weights: tuple[torch.Tensor, torch.Tensor],
-    vocab: VocabMap | None,
-) -> DFlashDrafter:
+def build(recipe: Recipe, sizes: Sizes, args: BuildArgs) -> DFlashDrafter:
     """A DFlash drafter of the target's ``sizes`` (:class:`~padfree.drafter.sizes.Sizes`) under
-    ``recipe``: ``draft_layers`` layers over ``n_fused`` fused target layers, the target's embedding and head
-    ``weights``, a draft ``vocab`` or the full one."""
-    config = DFlashConfig(
+    ``recipe``: ``args.draft_layers`` layers over ``args.n_fused`` fused target layers, the target's embedding
+    and head weights, a draft vocabulary or the full one."""
+    config = DFlashConfig(**block_config(recipe, sizes, args))
+    return DFlashDrafter(config, args.weights[0], args.weights[1], vocab=args.vocab)
+
+
+def block_config(recipe: Recipe, sizes: Sizes, args: BuildArgs) -> dict[str, Any]:
+    """The fields of a :class:`DFlashConfig` (and of the block methods' configs that extend it) under
+    ``recipe``: the drafter's sizes, layers, block, fused layers, context window and in-block causality."""
+    return {
         **sizes.drafter_config(),
-        num_layers=draft_layers,
-        block_size=recipe.block_size,
-        n_target_layers=n_fused,
-        sliding_window=recipe.sliding_window,
-        causal_in_block=recipe.causal_in_block,
-    )
-    return DFlashDrafter(config, weights[0], weights[1], vocab=vocab)
+        "num_layers": args.draft_layers,
+        "block_size": recipe.block_size,
+        "n_target_layers": args.n_fused,
+        "sliding_window": recipe.sliding_window,
+        "causal_in_block": recipe.causal_in_block,
+    }
 
 
 def binding_window(meta: dict) -> int | None:

@@ -41,8 +41,8 @@ from torch import nn
 from padfree.drafter.collate import DrafterBatch, FieldOptions
 from padfree.drafter.contract import Contract
 from padfree.drafter.export import layer_config, take
+from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.methods.dflash import model as dflash
-from padfree.drafter.objective import VocabMap
 from padfree.drafter.recipes import Recipe
 from padfree.drafter.sizes import Sizes
 from padfree.drafter.target import TargetOutput
@@ -169,29 +169,13 @@ Drafter = DSparkDrafter
 field_padding = dflash.pad_anchor_slots
 
 
-def build(
-    recipe,
-    sizes: Sizes,
-    *,
-    n_fused: int,
-    draft_layers: int,
-    weights: tuple[torch.Tensor, torch.Tensor],
-    vocab: VocabMap | None,
-) -> DSparkDrafter:
-    """A DSpark drafter of the target's ``sizes``: ``draft_layers`` layers over ``n_fused`` fused target
-    layers, the recipe's block and Markov rank, non-causal in its block, the full vocabulary."""
-    if vocab is not None:
+def build(recipe: Recipe, sizes: Sizes, args: BuildArgs) -> DSparkDrafter:
+    """A DSpark drafter of the target's ``sizes``: ``args.draft_layers`` layers over ``args.n_fused`` fused
+    target layers, the recipe's block and Markov rank, non-causal in its block, the full vocabulary."""
+    if args.vocab is not None:
         raise ConfigError("padfree's DSpark drafts over the target's full vocabulary: use --draft-vocab none")
-    config = DSparkConfig(
-        **sizes.drafter_config(),
-        num_layers=draft_layers,
-        block_size=recipe.block_size,
-        n_target_layers=n_fused,
-        sliding_window=recipe.sliding_window,
-        causal_in_block=recipe.causal_in_block,
-        markov_rank=recipe.markov_rank,
-    )
-    return DSparkDrafter(config, weights[0], weights[1])
+    config = DSparkConfig(**dflash.block_config(recipe, sizes, args), markov_rank=recipe.markov_rank)
+    return DSparkDrafter(config, args.weights[0], args.weights[1])
 
 
 SPECULATORS_VERSION = "0.9.0"

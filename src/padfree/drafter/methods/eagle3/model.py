@@ -15,6 +15,7 @@ supervised. Embeddings are the target's, frozen; the LM head starts as the targe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -24,7 +25,9 @@ from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields, no_
 from padfree.drafter.contract import Contract
 from padfree.drafter.export import layer_config, take
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
+from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.objective import VocabMap
+from padfree.drafter.recipes import Recipe
 from padfree.drafter.sizes import Sizes
 from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
@@ -148,7 +151,21 @@ def ttt_attention(q: torch.Tensor, keys: list, values: list, step0: torch.Tensor
     return out.transpose(0, 1).reshape(n, -1)
 
 
-class Eagle3Drafter(nn.Module):
+_D = TypeVar("_D", bound="Eagle3Drafter")
+
+
+class StepDrafter(nn.Module):
+    """A drafter unrolled over steps (or depths): its forward gives one ``(T, H)`` output per step, and its
+    draft queries are those outputs step-major."""
+
+    def queries(
+        self, target: TargetOutput, batch: DrafterBatch, attention: str = "dense"
+    ) -> tuple[torch.Tensor, None]:
+        """Every (step, position) query's hidden state in the fields' order (step-major, flat)."""
+        return torch.cat(self(target.hidden, batch, attention)), None
+
+
+class Eagle3Drafter(StepDrafter):
     """The drafter: ``fc``, one decoder layer over ``[embedding ; hidden]``, a norm and an LM head over the
     target's vocabulary or a draft vocabulary (``vocab``); the head starts from the target's rows
     (``head_init="target"``) or random, and trains or not (``head_trainable``)."""
@@ -184,6 +201,13 @@ class Eagle3Drafter(nn.Module):
             with torch.no_grad():
                 self.lm_head.weight.copy_(rows)
         self.lm_head.weight.requires_grad_(head_trainable)
+
+    @classmethod
+    def of(cls: type[_D], config: Eagle3Config, recipe: Recipe, args: BuildArgs) -> _D:
+        """This drafter of ``config`` over the target's embedding and head (``args.weights``), a draft
+        vocabulary or the full one, its head as the recipe starts and trains it."""
+        embed, head = args.weights
+        return cls(config, embed, head, args.vocab, recipe.head_init, recipe.head_trainable)
 
     def forward(self, target_hidden: torch.Tensor, batch: DrafterBatch, attention: str = "dense") -> list:
         """Normed hidden states ``(T, H)`` of every step. ``attention``: ``"dense"`` (eager, segment by
@@ -230,12 +254,6 @@ class Eagle3Drafter(nn.Module):
                 h = out
         return outs
 
-    def queries(
-        self, target: TargetOutput, batch: DrafterBatch, attention: str = "dense"
-    ) -> tuple[torch.Tensor, None]:
-        """Every (step, position) query's hidden state in the fields' order (step-major, flat)."""
-        return torch.cat(self(target.hidden, batch, attention)), None
-
 
 field_padding = no_field_padding  # padded rows add nothing: every position drafts
 
@@ -244,32 +262,17 @@ Config = Eagle3Config
 Drafter = Eagle3Drafter
 
 
-def build(
-    recipe,
-    sizes: Sizes,
-    *,
-    n_fused: int,
-    draft_layers: int,
-    weights: tuple[torch.Tensor, torch.Tensor],
-    vocab: VocabMap | None,
-) -> Eagle3Drafter:
+def build(recipe: Recipe, sizes: Sizes, args: BuildArgs) -> Eagle3Drafter:
     """An EAGLE-3 drafter of the target's ``sizes`` (:class:`~padfree.drafter.sizes.Sizes`) under
-    ``recipe`` (one decoder layer over three fused target layers: ``n_fused`` and ``draft_layers`` are the
-    method's own), the target's embedding and head ``weights``, a draft ``vocab`` or the full one."""
+    ``recipe`` (one decoder layer over three fused target layers: ``args.n_fused`` and ``args.draft_layers``
+    are the method's own), the target's embedding and head weights, a draft vocabulary or the full one."""
     config = Eagle3Config(
         **sizes.drafter_config(),
         ttt=recipe.ttt,
         fed_state=recipe.fed_state,
         norm_before_fc=recipe.norm_before_fc,
     )
-    return Eagle3Drafter(
-        config,
-        weights[0],
-        weights[1],
-        vocab=vocab,
-        head_init=recipe.head_init,
-        head_trainable=recipe.head_trainable,
-    )
+    return Eagle3Drafter.of(config, recipe, args)
 
 
 SPECULATORS_VERSION = "0.9.0"

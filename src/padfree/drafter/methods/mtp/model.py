@@ -36,10 +36,10 @@ from padfree.drafter.collate import DrafterBatch, FieldOptions, no_field_padding
 from padfree.drafter.contract import Contract
 from padfree.drafter.export import layer_config, take
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
+from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.methods.eagle3 import model as eagle3
-from padfree.drafter.objective import VocabMap
+from padfree.drafter.recipes import Recipe
 from padfree.drafter.sizes import Sizes
-from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
 
 Fields = eagle3.Fields
@@ -89,7 +89,7 @@ class MTPConfig(DrafterConfig):
     ttt: int = 3
 
 
-class MTPDrafter(nn.Module):
+class MTPDrafter(eagle3.StepDrafter):
     """The MTP layer: ``hidden_layernorm``/``token_layernorm``, ``input_proj``, a Qwen3 decoder layer and
     ``final_layernorm``; the embedding and LM head are the target's, frozen (speculators loads both from the
     verifier and trains neither)."""
@@ -173,12 +173,6 @@ class MTPDrafter(nn.Module):
             outs.append(h)
         return outs
 
-    def queries(
-        self, target: TargetOutput, batch: DrafterBatch, attention: str = "dense"
-    ) -> tuple[torch.Tensor, None]:
-        """Every (step, position) query's output in the fields' order (step-major, flat)."""
-        return torch.cat(self(target.hidden, batch, attention)), None
-
 
 field_padding = no_field_padding  # padded rows add nothing: every position drafts
 
@@ -187,23 +181,16 @@ Config = MTPConfig
 Drafter = MTPDrafter
 
 
-def build(
-    recipe,
-    sizes: Sizes,
-    *,
-    n_fused: int,
-    draft_layers: int,
-    weights: tuple[torch.Tensor, torch.Tensor],
-    vocab: VocabMap | None,
-) -> MTPDrafter:
-    """An MTP drafter of the target's ``sizes`` reading its last layer (``n_fused`` 1), one layer unrolled
-    ``recipe.ttt`` steps; the target's embedding and head (speculators' MTP has no draft vocabulary)."""
-    if vocab is not None or n_fused != 1:
+def build(recipe: Recipe, sizes: Sizes, args: BuildArgs) -> MTPDrafter:
+    """An MTP drafter of the target's ``sizes`` reading its last layer (``args.n_fused`` 1), one layer
+    unrolled ``recipe.ttt`` steps; the target's embedding and head (speculators' MTP has no draft
+    vocabulary)."""
+    if args.vocab is not None or args.n_fused != 1:
         raise ConfigError(
             "MTP reads the target's last layer and drafts over its full vocabulary (speculators' class "
             "refuses a reduced one): use --draft-vocab none and --fused-layers 1"
         )
-    return MTPDrafter(MTPConfig(**sizes.drafter_config(), ttt=recipe.ttt), weights[0], weights[1])
+    return MTPDrafter(MTPConfig(**sizes.drafter_config(), ttt=recipe.ttt), args.weights[0], args.weights[1])
 
 
 SPECULATORS_VERSION = eagle3.SPECULATORS_VERSION

@@ -39,10 +39,11 @@ from padfree.drafter._blocks import attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, no_field_padding
 from padfree.drafter.contract import Contract
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
+from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.methods.eagle3 import model as eagle3
 from padfree.drafter.objective import VocabMap
+from padfree.drafter.recipes import Recipe
 from padfree.drafter.sizes import Sizes
-from padfree.drafter.target import TargetOutput
 
 
 @dataclass(frozen=True)
@@ -253,12 +254,6 @@ class PEagleDrafter(eagle3.Eagle3Drafter):
             outs.append(self.norm(h))
         return outs
 
-    def queries(
-        self, target: TargetOutput, batch: DrafterBatch, attention: str = "dense"
-    ) -> tuple[torch.Tensor, None]:
-        """Every (depth, position) element's hidden state in the fields' order (depth-major, flat)."""
-        return torch.cat(self(target.hidden, batch, attention)), None
-
 
 field_padding = no_field_padding  # padded rows add nothing: every position drafts
 
@@ -267,26 +262,11 @@ Config = PEagleConfig
 Drafter = PEagleDrafter
 
 
-def build(
-    recipe,
-    sizes: Sizes,
-    *,
-    n_fused: int,
-    draft_layers: int,
-    weights: tuple[torch.Tensor, torch.Tensor],
-    vocab: VocabMap | None,
-) -> PEagleDrafter:
+def build(recipe: Recipe, sizes: Sizes, args: BuildArgs) -> PEagleDrafter:
     """A P-EAGLE drafter of the target's ``sizes`` under ``recipe``: one decoder layer over three fused target
     layers (the method's own), ``recipe.ttt`` parallel depths, the target's embedding (trained) and head."""
     config = PEagleConfig(**sizes.drafter_config(), ttt=recipe.ttt, norm_before_fc=recipe.norm_before_fc)
-    return PEagleDrafter(
-        config,
-        weights[0],
-        weights[1],
-        vocab=vocab,
-        head_init=recipe.head_init,
-        head_trainable=recipe.head_trainable,
-    )
+    return PEagleDrafter.of(config, recipe, args)
 
 
 SPECULATORS_VERSION = eagle3.SPECULATORS_VERSION
