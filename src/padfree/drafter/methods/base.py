@@ -132,6 +132,12 @@ class Method:
         )
 
 
+def line(recipe: Recipe, *terms: str) -> str:
+    """A method's recipe line (:attr:`Method.recipe_line`): the recipe's name, the method's ``terms`` and
+    the recipe's normalization."""
+    return f"recipe {recipe.name}: {', '.join(terms)}, {recipe.normalization} mean"
+
+
 def flops(s: Sizes) -> tuple[float, float, float, float, int]:
     """``(target per token, target attention per l^2, drafter per query, drafter attention per pair, dh)``:
     the target runs forward only (``2 * N`` a token, ``N = 12 * layers * h^2 + vocab * h``), the drafter
