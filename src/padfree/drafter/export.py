@@ -143,6 +143,19 @@ def with_verifier(meta: dict, verifier: str | Path | None, *, option: str = "--v
     return {**meta, "target": {**meta["target"], "path": path}}
 
 
+def needs_verifier(meta: dict, fmt: str, loads: str, verifier_option: str | None) -> None:
+    """Refuse in one line a drafter with no verifier folder for the format ``fmt`` (in words), which names
+    the verifier and ``loads`` its weights (e.g. ``"embedding and LM head"``) from it; ``verifier_option``
+    names the option that gives one (None: the caller has none)."""
+    if not meta["target"].get("path"):
+        raise ConfigError(
+            f"{fmt} names the verifier, the target folder a server runs, and loads its {loads} from it: this "
+            "drafter was trained on padfree's tiny random target; "
+            + (f"pass {verifier_option} DIR, or " if verifier_option else "")
+            + "train with --target DIR"
+        )
+
+
 def check_exportable(
     meta: dict, fmt: str, *, format_option: str = "--format", verifier_option: str | None = "--verifier"
 ) -> None:

@@ -42,7 +42,7 @@ from torch import nn
 
 from padfree.drafter.collate import DrafterBatch, FieldOptions
 from padfree.drafter.contract import Contract
-from padfree.drafter.export import layer_config, take
+from padfree.drafter.export import layer_config, needs_verifier, take
 from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.methods.dflash import model as dflash
 from padfree.drafter.recipes import Recipe
@@ -343,13 +343,7 @@ def check_export(meta: dict, *, verifier_option: str | None = "--verifier") -> N
         raise ConfigError(
             "speculators' DFlash2 format has no draft vocabulary: train with --draft-vocab none"
         )
-    if not meta["target"].get("path"):
-        raise ConfigError(
-            "speculators' DFlash2 format names the verifier, the target folder a server runs, and loads its "
-            "embedding and LM head from it: this drafter was trained on padfree's tiny random target; "
-            + (f"pass {verifier_option} DIR, or " if verifier_option else "")
-            + "train with --target DIR"
-        )
+    needs_verifier(meta, "speculators' DFlash2 format", "embedding and LM head", verifier_option)
 
 
 def zlab_files(state: dict, meta: dict) -> tuple[dict, dict]:

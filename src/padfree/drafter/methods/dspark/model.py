@@ -40,7 +40,7 @@ from torch import nn
 
 from padfree.drafter.collate import DrafterBatch, FieldOptions
 from padfree.drafter.contract import Contract
-from padfree.drafter.export import layer_config, take
+from padfree.drafter.export import layer_config, needs_verifier, take
 from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.methods.dflash import model as dflash
 from padfree.drafter.recipes import Recipe
@@ -259,10 +259,4 @@ def check_export(meta: dict, *, verifier_option: str | None = "--verifier") -> N
             "speculators' DSpark format attends over the whole block and context: train with "
             "--causal-in-block no --sliding-window none"
         )
-    if not meta["target"].get("path"):
-        raise ConfigError(
-            "speculators' DSpark format names the verifier, the target folder a server runs, and loads its "
-            "embedding and LM head from it: this drafter was trained on padfree's tiny random target; "
-            + (f"pass {verifier_option} DIR, or " if verifier_option else "")
-            + "train with --target DIR"
-        )
+    needs_verifier(meta, "speculators' DSpark format", "embedding and LM head", verifier_option)

@@ -23,7 +23,7 @@ from torch import nn
 from padfree.drafter._blocks import MLP, DrafterConfig, RMSNorm, attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields, no_field_padding
 from padfree.drafter.contract import Contract
-from padfree.drafter.export import layer_config, take
+from padfree.drafter.export import layer_config, needs_verifier, take
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
 from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.objective import VocabMap
@@ -359,10 +359,4 @@ def check_export(meta: dict, *, verifier_option: str | None = "--verifier") -> N
     """Refuse in one line what speculators' format cannot hold: a drafter with no verifier folder (the
     format names it and loads its embedding and norm from it); ``verifier_option`` names the option that
     gives one (None: the caller has none)."""
-    if not meta["target"].get("path"):
-        raise ConfigError(
-            "speculators' format names the verifier, the target folder a server runs, and loads its "
-            "embedding and norm from it: this drafter was trained on padfree's tiny random target; "
-            + (f"pass {verifier_option} DIR, or " if verifier_option else "")
-            + "train with --target DIR"
-        )
+    needs_verifier(meta, "speculators' format", "embedding and norm", verifier_option)

@@ -34,7 +34,7 @@ from torch import nn
 from padfree.drafter._blocks import MLP, DrafterConfig, RMSNorm, attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, no_field_padding
 from padfree.drafter.contract import Contract
-from padfree.drafter.export import layer_config, take
+from padfree.drafter.export import layer_config, needs_verifier, take
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
 from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.methods.eagle3 import model as eagle3
@@ -259,10 +259,4 @@ def check_export(meta: dict, *, verifier_option: str | None = "--verifier") -> N
     embedding and LM head from it), a draft vocabulary."""
     if meta.get("d2t") is not None:
         raise ConfigError("speculators' MTP format has no draft vocabulary: train with --draft-vocab none")
-    if not meta["target"].get("path"):
-        raise ConfigError(
-            "speculators' MTP format names the verifier, the target folder a server runs, and loads its "
-            "embedding and LM head from it: this drafter was trained on padfree's tiny random target; "
-            + (f"pass {verifier_option} DIR, or " if verifier_option else "")
-            + "train with --target DIR"
-        )
+    needs_verifier(meta, "speculators' MTP format", "embedding and LM head", verifier_option)
