@@ -42,7 +42,7 @@ from torch import nn
 
 from padfree.drafter.collate import DrafterBatch, FieldOptions
 from padfree.drafter.contract import Contract
-from padfree.drafter.export import layer_config, needs_verifier, take
+from padfree.drafter.export import layer_config, needs_verifier, speculators_config, speculators_head, take
 from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.methods.dflash import model as dflash
 from padfree.drafter.recipes import Recipe
@@ -290,13 +290,9 @@ def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
         use_sliding_window=window is not None,
         sliding_window=None if window is None else int(window),
         layer_types=["sliding_attention" if window is not None else "full_attention"] * n,
-    ).to_diff_dict()
-    layer.pop("transformers_version", None)
+    )
     config = {
-        "architectures": ["DFlash2DraftModel"],
-        "speculators_model_type": "dflash2",
-        "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": layer,
+        **speculators_head("DFlash2DraftModel", "dflash2", SPECULATORS_VERSION, layer),
         "draft_vocab_size": int(t["vocab_size"]),
         "block_size": block,
         "max_anchors": int(r["max_anchors"]),
@@ -308,22 +304,7 @@ def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
         "conv_group_size": int(d["conv_group_size"]),
         "selector_rank": int(d["selector_rank"]),
         "selector_top_k": int(d["selector_top_k"]),
-        "speculators_config": {
-            "algorithm": "dflash2",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": block - 1,
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "verifier": {
-                "name_or_path": tgt.get("path"),
-                "architectures": list(t.get("architectures") or [tgt["architecture"]]),
-            },
-        },
+        "speculators_config": speculators_config("dflash2", block - 1, meta),
     }
     _, tensors = dflash.export_files(state, meta)
     for i in range(n):

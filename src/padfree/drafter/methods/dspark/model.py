@@ -40,7 +40,7 @@ from torch import nn
 
 from padfree.drafter.collate import DrafterBatch, FieldOptions
 from padfree.drafter.contract import Contract
-from padfree.drafter.export import layer_config, needs_verifier, take
+from padfree.drafter.export import layer_config, needs_verifier, speculators_config, speculators_head, take
 from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.methods.dflash import model as dflash
 from padfree.drafter.recipes import Recipe
@@ -208,14 +208,10 @@ def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
         num_hidden_layers=n,
         **layer_config(d, t),
         layer_types=["full_attention"] * n,
-    ).to_diff_dict()
-    layer.pop("transformers_version", None)
+    )
     block = int(meta["recipe"]["block_size"])
     config = {
-        "architectures": ["DSparkSpeculator"],
-        "speculators_model_type": "dspark",
-        "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": layer,
+        **speculators_head("DSparkSpeculator", "dspark", SPECULATORS_VERSION, layer),
         "draft_vocab_size": int(t["vocab_size"]),
         "block_size": block,
         "aux_hidden_state_layer_ids": [int(i) + 1 for i in meta["target_layers"]],
@@ -226,22 +222,7 @@ def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
         "markov_head_type": "vanilla",
         "enable_confidence_head": True,
         "confidence_head_with_markov": True,
-        "speculators_config": {
-            "algorithm": "dspark",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": block,
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "verifier": {
-                "name_or_path": tgt.get("path"),
-                "architectures": list(t.get("architectures") or [tgt["architecture"]]),
-            },
-        },
+        "speculators_config": speculators_config("dspark", block, meta),
     }
     tensors.update({theirs: take(state, ours) for theirs, ours in HEAD_TENSORS.items()})
     return config, tensors

@@ -23,7 +23,7 @@ from torch import nn
 from padfree.drafter._blocks import MLP, DrafterConfig, RMSNorm, attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields, no_field_padding
 from padfree.drafter.contract import Contract
-from padfree.drafter.export import layer_config, needs_verifier, take
+from padfree.drafter.export import layer_config, needs_verifier, speculators_config, speculators_head, take
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
 from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.objective import VocabMap
@@ -293,15 +293,11 @@ def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
         num_hidden_layers=1,
         **layer_config(d, t),
         mlp_bias=False,
-    ).to_diff_dict()
-    layer.pop("transformers_version", None)
+    )
     d2t = meta.get("d2t")
     draft_vocab = vocab if d2t is None else len(d2t)
     config = {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
-        "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": layer,
+        **speculators_head("Eagle3Speculator", "eagle3", SPECULATORS_VERSION, layer),
         "draft_vocab_size": draft_vocab,
         "norm_before_residual": False,
         "norm_before_fc": bool(d.get("norm_before_fc")),
@@ -310,22 +306,7 @@ def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
         "embed_requires_grad": False,
         "target_hidden_size": None,
         "eagle_aux_hidden_state_layer_ids": [int(i) + 1 for i in meta["target_layers"]],
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": int(d["ttt"]),
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "verifier": {
-                "name_or_path": tgt.get("path"),
-                "architectures": list(t.get("architectures") or [tgt["architecture"]]),
-            },
-        },
+        "speculators_config": speculators_config("eagle3", int(d["ttt"]), meta),
     }
     names = {
         "embed_tokens.weight": "embed_tokens.weight",

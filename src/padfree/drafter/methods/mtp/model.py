@@ -34,7 +34,7 @@ from torch import nn
 from padfree.drafter._blocks import MLP, DrafterConfig, RMSNorm, attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, no_field_padding
 from padfree.drafter.contract import Contract
-from padfree.drafter.export import layer_config, needs_verifier, take
+from padfree.drafter.export import layer_config, needs_verifier, speculators_config, speculators_head, take
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
 from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.methods.eagle3 import model as eagle3
@@ -223,30 +223,11 @@ def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
         vocab_size=int(t["vocab_size"]),
         num_hidden_layers=int(t["num_hidden_layers"]),
         **layer_config(d, t),
-    ).to_diff_dict()
-    layer.pop("transformers_version", None)
+    )
     config = {
-        "architectures": ["MTPDraftModel"],
-        "speculators_model_type": "mtp",
-        "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": layer,
+        **speculators_head("MTPDraftModel", "mtp", SPECULATORS_VERSION, layer),
         "num_nextn_predict_layers": 1,
-        "speculators_config": {
-            "algorithm": "mtp",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": int(d["ttt"]),
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "verifier": {
-                "name_or_path": tgt.get("path"),
-                "architectures": list(t.get("architectures") or [tgt["architecture"]]),
-            },
-        },
+        "speculators_config": speculators_config("mtp", int(d["ttt"]), meta),
     }
     tensors = {f"mtp_layers.0.{p}.weight": take(state, f"{p}.weight") for p in LAYER_PARTS}
     for p in ATTENTION_PARTS:
