@@ -29,6 +29,7 @@ same here, packed or alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,7 +42,6 @@ from padfree.drafter.contract import Contract
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
 from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.methods.eagle3 import model as eagle3
-from padfree.drafter.objective import VocabMap
 from padfree.drafter.recipes import Recipe
 from padfree.drafter.sizes import Sizes
 
@@ -191,16 +191,10 @@ class PEagleDrafter(eagle3.Eagle3Drafter):
     learnt ``mask_hidden`` (the three target layers' stand-in at depth ``>= 1``); the embedding trains
     (speculators' P-EAGLE default, ``embed_requires_grad``)."""
 
-    def __init__(
-        self,
-        cfg: PEagleConfig,
-        embed_weight: torch.Tensor,
-        head_weight: torch.Tensor,
-        vocab: VocabMap | None = None,
-        head_init: str = "target",
-        head_trainable: bool = True,
-    ) -> None:
-        super().__init__(cfg, embed_weight, head_weight, vocab, head_init, head_trainable)
+    def __init__(self, cfg: PEagleConfig, *args: Any, **kwargs: Any) -> None:
+        """EAGLE-3's drafter of ``cfg`` (the other arguments as :class:`~padfree.drafter.methods.eagle3.model.
+        Eagle3Drafter`'s), its embedding trainable, plus ``mask_hidden``."""
+        super().__init__(cfg, *args, **kwargs)
         self.embed_tokens.weight.requires_grad_(True)
         self.mask_hidden = nn.Parameter(torch.randn(1, 1, 3 * cfg.hidden_size))
 
