@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from padfree.core.anchors import AnchorPolicy, anchor_quota, choose_anchors
-from padfree.drafter._blocks import MLP, DrafterConfig, RMSNorm, attend, rope
+from padfree.drafter._blocks import MLP, DrafterConfig, QKNormAttention, RMSNorm, attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields, scale_of
 from padfree.drafter.contract import Contract
 from padfree.drafter.export import layer_config, max_positions, take
@@ -256,19 +256,14 @@ class DFlashConfig(DrafterConfig):
     causal_in_block: bool = False
 
 
-class DFlashLayer(nn.Module):
+class DFlashLayer(QKNormAttention):
     """One draft layer: block queries over [fused context ; block] keys, then a SwiGLU MLP."""
 
     def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
-        h, d = cfg.hidden_size, cfg.head_dim
+        h = cfg.hidden_size
         self.cfg = cfg
-        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
-        self.q_norm = RMSNorm(d, cfg.eps)
-        self.k_norm = RMSNorm(d, cfg.eps)
+        self.add_attention(cfg)
         self.input_layernorm = RMSNorm(h, cfg.eps)
         self.post_attention_layernorm = RMSNorm(h, cfg.eps)
         self.mlp = MLP(h, cfg.intermediate_size)

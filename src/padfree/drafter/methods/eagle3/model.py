@@ -115,10 +115,16 @@ def crossings(batch: DrafterBatch) -> tuple[int, torch.Tensor, torch.Tensor]:
     assert c is not None
     doc = c.flat("document_ids")[0]
     pairs = count_cross_pairs(eagle3_predicate(doc), doc, doc.repeat(f.ttt))
+    return (pairs, *fed_crossings(f, doc))
+
+
+def fed_crossings(f: Fields, doc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(shifted inputs fed from another document, which (step, position) losses an input reaches)`` of a
+    drafter unrolled over steps: an input fed at step ``k`` reaches the losses of steps ``>= k`` at that
+    position (each step feeds the next its state)."""
     fed = f.input_index
     cross_in = (fed >= 0) & (doc[fed.clamp(min=0)] != doc[None, :])
-    reaches = f.supervised.int().flip(0).cummax(0).values.flip(0).bool()
-    return pairs, cross_in, reaches
+    return cross_in, f.supervised.int().flip(0).cummax(0).values.flip(0).bool()
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from padfree.drafter._blocks import MLP, DrafterConfig, RMSNorm, attend, rope
+from padfree.drafter._blocks import MLP, DrafterConfig, QKNormAttention, RMSNorm, attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, no_field_padding
 from padfree.drafter.contract import Contract
 from padfree.drafter.export import layer_config, needs_verifier, speculators_config, speculators_head, take
@@ -75,10 +75,7 @@ def crossings(batch: DrafterBatch) -> tuple[int, torch.Tensor, torch.Tensor]:
     assert c is not None
     doc = c.flat("document_ids")[0]
     pairs = f.ttt * count_cross_pairs(eagle3_predicate(doc), doc, doc)
-    fed = f.input_index
-    cross_in = (fed >= 0) & (doc[fed.clamp(min=0)] != doc[None, :])
-    reaches = f.supervised.int().flip(0).cummax(0).values.flip(0).bool()
-    return pairs, cross_in, reaches
+    return (pairs, *eagle3.fed_crossings(f, doc))
 
 
 @dataclass(frozen=True)
@@ -89,7 +86,7 @@ class MTPConfig(DrafterConfig):
     ttt: int = 3
 
 
-class MTPDrafter(eagle3.StepDrafter):
+class MTPDrafter(eagle3.StepDrafter, QKNormAttention):
     """The MTP layer: ``hidden_layernorm``/``token_layernorm``, ``input_proj``, a Qwen3 decoder layer and
     ``final_layernorm``; the embedding and LM head are the target's, frozen (speculators loads both from the
     verifier and trains neither)."""
@@ -98,7 +95,7 @@ class MTPDrafter(eagle3.StepDrafter):
         self, cfg: MTPConfig, embed_weight: torch.Tensor, head_weight: torch.Tensor, vocab: None = None
     ) -> None:
         super().__init__()
-        h, d = cfg.hidden_size, cfg.head_dim
+        h = cfg.hidden_size
         self.cfg = cfg
         self.vocab = vocab
         self.embed_tokens = nn.Embedding.from_pretrained(embed_weight.detach().clone(), freeze=True)
@@ -108,12 +105,7 @@ class MTPDrafter(eagle3.StepDrafter):
         self.token_layernorm = RMSNorm(h, cfg.eps)
         self.input_proj = nn.Linear(2 * h, h, bias=False)
         self.input_layernorm = RMSNorm(h, cfg.eps)
-        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
-        self.q_norm = RMSNorm(d, cfg.eps)
-        self.k_norm = RMSNorm(d, cfg.eps)
+        self.add_attention(cfg)
         self.post_attention_layernorm = RMSNorm(h, cfg.eps)
         self.mlp = MLP(h, cfg.intermediate_size)
         self.final_layernorm = RMSNorm(h, cfg.eps)
