@@ -160,6 +160,13 @@ def ttt_attention(q: torch.Tensor, keys: list, values: list, step0: torch.Tensor
 _D = TypeVar("_D", bound="Eagle3Drafter")
 
 
+def row_ids(batch: DrafterBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The micro-batch's document and position ids ``(T,)`` (its one flat row) on ``device``."""
+    assert batch.contract is not None
+    doc, pos = (batch.contract.flat(name)[0].to(device) for name in ("document_ids", "position_ids"))
+    return doc, pos
+
+
 class StepDrafter(nn.Module):
     """A drafter unrolled over steps (or depths): its forward gives one ``(T, H)`` output per step, and its
     draft queries are those outputs step-major."""
@@ -225,8 +232,7 @@ class Eagle3Drafter(StepDrafter):
         assert isinstance(f, Fields) and batch.contract is not None, "an EAGLE-3 batch"
         c, d = self.cfg, self.cfg.head_dim
         dev = target_hidden.device
-        doc = batch.contract.flat("document_ids")[0].to(dev)
-        pos = batch.contract.flat("position_ids")[0].to(dev)
+        doc, pos = row_ids(batch, dev)
         fused = target_hidden[0] if self.fc_norm is None else self.fc_norm(target_hidden[0])
         h = self.fc(fused)
         keys: list[torch.Tensor] = []

@@ -150,8 +150,7 @@ class MTPDrafter(eagle3.StepDrafter, QKNormAttention):
         f = batch.fields
         assert isinstance(f, Fields) and batch.contract is not None, "an MTP batch"
         dev = target_hidden.device
-        doc = batch.contract.flat("document_ids")[0].to(dev)
-        pos = batch.contract.flat("position_ids")[0].to(dev)
+        doc, pos = eagle3.row_ids(batch, dev)
         mask = None
         if attention == "mask":
             mask = eagle3_dense_mask(doc, 0)

@@ -206,8 +206,7 @@ class PEagleDrafter(eagle3.Eagle3Drafter):
         assert isinstance(f, Fields) and batch.contract is not None, "a P-EAGLE batch"
         c, hd = self.cfg, self.cfg.head_dim
         dev = target_hidden.device
-        doc = batch.contract.flat("document_ids")[0].to(dev)
-        pos = batch.contract.flat("position_ids")[0].to(dev)
+        doc, pos = eagle3.row_ids(batch, dev)
         width = doc.shape[0]
         fused = torch.cat(
             [target_hidden[0], self.mask_hidden[0].to(target_hidden.dtype).expand(width, -1)]
