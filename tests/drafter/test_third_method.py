@@ -69,12 +69,14 @@ TOY = {
         from padfree.drafter.methods.eagle3.model import (
             Config, Drafter, Fields, crossings, field_padding, fields,
         )
+        import dataclasses
+
         from padfree.drafter.methods.eagle3 import model as eagle3
         from padfree.errors import ConfigError
 
 
-        def build(recipe, sizes, *, n_fused, draft_layers, weights, vocab):
-            return eagle3.build(recipe, sizes, n_fused=n_fused, draft_layers=1, weights=weights, vocab=vocab)
+        def build(recipe, sizes, args):
+            return eagle3.build(recipe, sizes, dataclasses.replace(args, draft_layers=1))
 
 
         def export_files(state, meta):

@@ -44,6 +44,28 @@ class RMSNorm(nn.Module):
         return self.weight * y.to(x.dtype)
 
 
+class QKNormAttention(nn.Module):
+    """A module holding a Qwen3 decoder layer's attention weights (DFlash's layers, MTP's layer)."""
+
+    q_proj: nn.Linear
+    k_proj: nn.Linear
+    v_proj: nn.Linear
+    o_proj: nn.Linear
+    q_norm: RMSNorm
+    k_norm: RMSNorm
+
+    def add_attention(self, cfg: DrafterConfig) -> None:
+        """Create the attention of ``cfg``'s sizes, in this order: ``q_proj``, ``k_proj``, ``v_proj``,
+        ``o_proj`` (no bias) and the per-head ``q_norm``, ``k_norm``."""
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+        self.q_norm = RMSNorm(d, cfg.eps)
+        self.k_norm = RMSNorm(d, cfg.eps)
+
+
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
     """Rotary embedding of ``x`` ``(H, N, D)`` at integer ``positions`` ``(N,)`` (rotate-half convention)."""
     d = x.shape[-1]

@@ -143,6 +143,52 @@ def with_verifier(meta: dict, verifier: str | Path | None, *, option: str = "--v
     return {**meta, "target": {**meta["target"], "path": path}}
 
 
+def speculators_head(architecture: str, model_type: str, version: str, layer: Any) -> dict:
+    """The fields a speculators config opens with: its class, model type and release, and the transformers
+    config ``layer`` of its draft layers (its diff dict, without the transformers version)."""
+    fields = layer.to_diff_dict()
+    fields.pop("transformers_version", None)
+    return {
+        "architectures": [architecture],
+        "speculators_model_type": model_type,
+        "speculators_version": version,
+        "transformer_layer_config": fields,
+    }
+
+
+def speculators_config(algorithm: str, tokens: int, meta: dict) -> dict:
+    """A speculators config's ``speculators_config``: greedy proposals of ``tokens`` speculative tokens by
+    ``algorithm``, verified by the target ``meta`` names (its folder and architectures)."""
+    target = meta["target"]
+    architectures = target["config"].get("architectures") or [target["architecture"]]
+    return {
+        "algorithm": algorithm,
+        "default_proposal_method": "greedy",
+        "proposal_methods": [
+            {
+                "proposal_type": "greedy",
+                "speculative_tokens": tokens,
+                "verifier_accept_k": 1,
+                "accept_tolerance": 0.0,
+            }
+        ],
+        "verifier": {"name_or_path": target.get("path"), "architectures": list(architectures)},
+    }
+
+
+def needs_verifier(meta: dict, fmt: str, loads: str, verifier_option: str | None) -> None:
+    """Refuse in one line a drafter with no verifier folder for the format ``fmt`` (in words), which names
+    the verifier and ``loads`` its weights (e.g. ``"embedding and LM head"``) from it; ``verifier_option``
+    names the option that gives one (None: the caller has none)."""
+    if not meta["target"].get("path"):
+        raise ConfigError(
+            f"{fmt} names the verifier, the target folder a server runs, and loads its {loads} from it: this "
+            "drafter was trained on padfree's tiny random target; "
+            + (f"pass {verifier_option} DIR, or " if verifier_option else "")
+            + "train with --target DIR"
+        )
+
+
 def check_exportable(
     meta: dict, fmt: str, *, format_option: str = "--format", verifier_option: str | None = "--verifier"
 ) -> None:

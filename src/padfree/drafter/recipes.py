@@ -277,14 +277,17 @@ def _check(r: Recipe) -> None:
         )
 
 
-_EAGLE3: dict = {
-    "method": "eagle3",
-    "objective": "kl",
-    "fused_layers": 3,
-    "layer_rule": "low_mid_high",
-    "draft_vocab": 32000,
-}
+_SPECULATORS: dict = {"name": "speculators", "normalization": "document"}
+"""What every vllm speculators preset shares: one mean per document."""
+
+_LOW_MID_HIGH: dict = {"fused_layers": 3, "layer_rule": "low_mid_high"}
+"""Three fused target layers, low, middle and high."""
+
+_EAGLE3: dict = {"method": "eagle3", "objective": "kl", **_LOW_MID_HIGH, "draft_vocab": 32000}
 """What both EAGLE-3 recipes share: KL to the target over a 32K draft vocabulary, three fused layers."""
+
+_BLOCKS: dict = {**_SPECULATORS, "anchor_eligibility": "self"}
+"""What speculators' block presets share: an anchor needs only its own loss mask."""
 
 PRESETS: dict[tuple[str, str], Recipe] = {
     (r.name, r.method): r
@@ -294,26 +297,16 @@ PRESETS: dict[tuple[str, str], Recipe] = {
             method="dflash",
             source="SpecForge a6b6b023: examples/configs/qwen3-8b-dflash-online.yaml; "
             "specforge/algorithms/common/dflash_family_model.py",
-            objective="data_ce",
-            slot_weights="exp",
-            gamma=7.0,
-            normalization="weighted",
-            fused_layers=5,
-            layer_rule="spread",
         ),
         Recipe(
-            name="speculators",
+            **_BLOCKS,
             method="dflash",
             source="vllm speculators c05b95b3: train/config/schema.py; "
             "models/dflash/{core,utils,attention}.py; losses/utils.py; train/dataloader.py",
-            anchor_eligibility="self",
             anchor_margin=16,
             objective="argmax_ce",
             slot_weights="dpace",
-            dpace_alpha=0.5,
-            normalization="document",
-            fused_layers=3,
-            layer_rule="low_mid_high",
+            **_LOW_MID_HIGH,
             sliding_window=2048,
             causal_in_block=True,
             noise=0.05,
@@ -323,51 +316,38 @@ PRESETS: dict[tuple[str, str], Recipe] = {
             source="SpecForge a6b6b023: specforge/algorithms/eagle3/{model,data}.py; specforge/core/loss.py",
             **_EAGLE3,
             normalization="positions",
-            ttt=7,
             step_decay=0.8,
             loss_gate=0,
             out_of_vocab="drop",
             head_init="random",
             head_trainable=True,
-            fed_state="prenorm",
         ),
         Recipe(
-            name="speculators",
+            **_SPECULATORS,
             source="vllm speculators c05b95b3: models/eagle3/core.py; train/config/schema.py; "
             "losses/utils.py; train/dataloader.py",
             **_EAGLE3,
-            normalization="document",
             noise=0.05,
             ttt=3,
-            step_decay=1.0,
             loss_gate=1,
-            out_of_vocab="keep",
-            head_init="target",
-            head_trainable=False,
             fed_state="postnorm",
             norm_before_fc=True,
         ),
         Recipe(
-            name="speculators",
+            **_SPECULATORS,
             method="mtp",
             source="vllm speculators 0.9.0 (the wheel padfree tests against): models/mtp/core.py "
             "(num_speculative_steps 3, compute_step_weights beta 0.6 normalised (FastMTP arXiv:2509.18362 "
             "eq. 2), cross-entropy on input_ids[t+k+2] under loss_mask[t+k+2], each step's mean over its "
             "labelled positions, summed over steps; verifier_last_hidden_states only; embed_tokens and "
             "lm_head the verifier's, frozen; no draft vocabulary); models/mtp/data.py (no noise)",
-            objective="data_ce",
-            normalization="document",
             fused_layers=1,
             layer_rule="last",
             ttt=3,
             step_decay=0.6,
-            loss_gate=2,
-            draft_vocab=None,
-            head_init="target",
-            head_trainable=False,
         ),
         Recipe(
-            name="speculators",
+            **_SPECULATORS,
             source="vllm speculators 0.9.0 (the wheel padfree tests against): train/config/schema.py "
             "PEagleArgs (num_depths 8, down_sample_ratio 0.7, down_sample_ratio_min 0.2), loss_fn kl_div "
             "(_DEFAULT_LOSS_FN), norm_before_fc False for non-eagle3; models/peagle/{core,data,metrics}.py "
@@ -375,19 +355,11 @@ PRESETS: dict[tuple[str, str], Recipe] = {
             "verifier LM head); draft vocabulary and layers as their EAGLE-3 recipe (one Llama layer, "
             "residual un-normed; their CLI would pick Qwen3 and norm_before_residual)",
             **{**_EAGLE3, "method": "peagle"},
-            normalization="document",
             ttt=8,
-            step_decay=1.0,
             loss_gate=1,
-            out_of_vocab="keep",
-            head_init="target",
-            head_trainable=False,
-            norm_before_fc=False,
-            cod_ratio=0.7,
-            cod_ratio_min=0.2,
         ),
         Recipe(
-            name="speculators",
+            **_BLOCKS,
             method="dspark",
             source="DeepSpec (deepseek-ai/DeepSpec 8c483c78) config/dspark/dspark_qwen3_4b_online.py: "
             "block_size 7, num_anchors 512, target_layer_ids [1, 9, 17, 25, 33] of Qwen3-4B's 36 (the spread "
@@ -401,22 +373,13 @@ PRESETS: dict[tuple[str, str], Recipe] = {
             "tv = 1 - sum min(p, q), where DeepSpec's L1 is 2 x tv; exp(-k/gamma) slot weights; one mean per "
             "row; anchors on loss_mask[a] with the last block of the row free; non-causal full attention)",
             block_size=7,
-            max_anchors=512,
-            anchor_eligibility="self",
             anchor_margin=7,
             objective="ce_tv",
             gamma=4.0,
-            normalization="document",
-            fused_layers=5,
-            layer_rule="spread",
-            ce_weight=0.1,
-            tv_weight=0.9,
-            confidence_alpha=1.0,
-            markov_rank=256,
             min_loss_tokens=14,
         ),
         Recipe(
-            name="speculators",
+            **_BLOCKS,
             method="dflash2",
             source="vllm speculators 0.9.0 (the wheel padfree tests against): train/config/schema.py "
             "(_DEFAULT_BLOCK_SIZE: 8 for dflash2; loss_fn kl_div (_DEFAULT_LOSS_FN); "
@@ -429,28 +392,16 @@ PRESETS: dict[tuple[str, str], Recipe] = {
             "select_anchors (loss_mask[a], last block excluded); models/utils.py resolve_target_layer_ids "
             "([2, n//2, n-3]); no noise in 0.9.0",
             block_size=8,
-            max_anchors=512,
-            anchor_eligibility="self",
             anchor_margin=8,
             objective="kl",
-            slot_weights="exp",
             gamma=4.0,
-            normalization="document",
-            fused_layers=3,
-            layer_rule="low_mid_high",
+            **_LOW_MID_HIGH,
             sliding_window=2048,
-            causal_in_block=False,
-            noise=0.0,
-            draft_vocab=None,
-            conv_kernel_size=2,
-            conv_group_size=16,
-            selector_rank=256,
-            selector_top_k=16,
-            selector_loss_alpha=1.0,
         ),
     )
 }
-"""Every preset by ``(name, method)``."""
+"""Every preset by ``(name, method)``: each states what its source sets apart from :class:`Recipe`'s
+defaults (SpecForge's DFlash values, and each method's own fields as its one published recipe sets them)."""
 
 NAMES = tuple(dict.fromkeys(name for name, _ in PRESETS))
 """The preset names (``specforge``, the default, first)."""

@@ -24,6 +24,7 @@ from torch import nn
 from padfree.drafter import methods, recipes
 from padfree.drafter.collate import DrafterBatch
 from padfree.drafter.memory import MemoryModel
+from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.objective import Queries, VocabMap, document_losses, with_document_noise
 from padfree.drafter.recipes import Recipe
 from padfree.drafter.sizes import Sizes
@@ -130,14 +131,7 @@ def build_models(
     vmap = draft_vocab(recipe, int(cfg.vocab_size), counts)
     mod = spec.load()
     torch.manual_seed(seed)
-    drafter = mod.build(
-        recipe,
-        sizes,
-        n_fused=len(layers),
-        draft_layers=draft_layers,
-        weights=shared_weights(target),
-        vocab=vmap,
-    )
+    drafter = mod.build(recipe, sizes, BuildArgs(len(layers), draft_layers, shared_weights(target), vmap))
     models = DrafterModels(spec, target, layers, drafter, lm_head(target), recipe)
     if lr is not None:
         models.optimizer = torch.optim.AdamW(models.trainable(), lr=lr, weight_decay=0.0)

@@ -27,6 +27,23 @@ allows or None)``: how a memory bound limits the method's micro-batches
 (:func:`padfree.drafter.memory.bound_blocks`, :func:`padfree.drafter.memory.bound_attention`)."""
 
 
+@dataclass(frozen=True)
+class BuildArgs:
+    """What a run hands every method's ``build(recipe, sizes, args)`` beside the recipe and the target's
+    sizes. A method refuses in one line what it cannot use.
+
+    Attributes:
+        n_fused: target layers fused into the drafter's input. draft_layers: the drafter's layers
+            (:meth:`Method.layers`). weights: the target's ``(embedding, LM head)`` weight tensors.
+        vocab: a draft vocabulary (:class:`~padfree.drafter.objective.VocabMap`) or None (the full one).
+    """
+
+    n_fused: int
+    draft_layers: int
+    weights: tuple[Any, Any]
+    vocab: Any = None
+
+
 class MethodModule(Protocol):
     """What a method's torch module (``methods/<name>/model.py``) provides (mypy checks the modules against
     it in :mod:`padfree.drafter.train`): its draft queries of a micro-batch, its drafter built from a recipe
@@ -40,16 +57,7 @@ class MethodModule(Protocol):
 
     def fields(self, contract: Any, options: Any, *, epoch: int, leaky: bool = False) -> Any: ...
 
-    def build(
-        self,
-        recipe: Recipe,
-        sizes: Sizes,
-        *,
-        n_fused: int,
-        draft_layers: int,
-        weights: tuple,
-        vocab: Any,
-    ) -> Any: ...
+    def build(self, recipe: Recipe, sizes: Sizes, args: BuildArgs) -> Any: ...
 
     def crossings(self, batch: Any) -> tuple[int, Any, Any]: ...
 
@@ -122,6 +130,12 @@ class Method:
         return (
             f"{self.name} (block {block_size})" if self.knob == "block_size" else f"{self.name} (ttt {ttt})"
         )
+
+
+def line(recipe: Recipe, *terms: str) -> str:
+    """A method's recipe line (:attr:`Method.recipe_line`): the recipe's name, the method's ``terms`` and
+    the recipe's normalization."""
+    return f"recipe {recipe.name}: {', '.join(terms)}, {recipe.normalization} mean"
 
 
 def flops(s: Sizes) -> tuple[float, float, float, float, int]:

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from padfree.core.anchors import AnchorPolicy, anchor_quota, choose_anchors
-from padfree.drafter._blocks import MLP, DrafterConfig, RMSNorm, attend, rope
+from padfree.drafter._blocks import MLP, DrafterConfig, QKNormAttention, RMSNorm, attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields, scale_of
 from padfree.drafter.contract import Contract
 from padfree.drafter.export import layer_config, max_positions, take
@@ -36,7 +37,9 @@ from padfree.drafter.masks import (
     dflash_dense_mask,
     dflash_predicate,
 )
+from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.objective import VocabMap, slot_weights_of
+from padfree.drafter.recipes import Recipe
 from padfree.drafter.sizes import Sizes
 from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
@@ -253,19 +256,14 @@ class DFlashConfig(DrafterConfig):
     causal_in_block: bool = False
 
 
-class DFlashLayer(nn.Module):
+class DFlashLayer(QKNormAttention):
     """One draft layer: block queries over [fused context ; block] keys, then a SwiGLU MLP."""
 
     def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
-        h, d = cfg.hidden_size, cfg.head_dim
+        h = cfg.hidden_size
         self.cfg = cfg
-        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
-        self.q_norm = RMSNorm(d, cfg.eps)
-        self.k_norm = RMSNorm(d, cfg.eps)
+        self.add_attention(cfg)
         self.input_layernorm = RMSNorm(h, cfg.eps)
         self.post_attention_layernorm = RMSNorm(h, cfg.eps)
         self.mlp = MLP(h, cfg.intermediate_size)
@@ -417,27 +415,25 @@ Drafter = DFlashDrafter
 field_padding = pad_anchor_slots
 
 
-def build(
-    recipe,
-    sizes: Sizes,
-    *,
-    n_fused: int,
-    draft_layers: int,
-    weights: tuple[torch.Tensor, torch.Tensor],
-    vocab: VocabMap | None,
-) -> DFlashDrafter:
+def build(recipe: Recipe, sizes: Sizes, args: BuildArgs) -> DFlashDrafter:
     """A DFlash drafter of the target's ``sizes`` (:class:`~padfree.drafter.sizes.Sizes`) under
-    ``recipe``: ``draft_layers`` layers over ``n_fused`` fused target layers, the target's embedding and head
-    ``weights``, a draft ``vocab`` or the full one."""
-    config = DFlashConfig(
+    ``recipe``: ``args.draft_layers`` layers over ``args.n_fused`` fused target layers, the target's embedding
+    and head weights, a draft vocabulary or the full one."""
+    config = DFlashConfig(**block_config(recipe, sizes, args))
+    return DFlashDrafter(config, args.weights[0], args.weights[1], vocab=args.vocab)
+
+
+def block_config(recipe: Recipe, sizes: Sizes, args: BuildArgs) -> dict[str, Any]:
+    """The fields of a :class:`DFlashConfig` (and of the block methods' configs that extend it) under
+    ``recipe``: the drafter's sizes, layers, block, fused layers, context window and in-block causality."""
+    return {
         **sizes.drafter_config(),
-        num_layers=draft_layers,
-        block_size=recipe.block_size,
-        n_target_layers=n_fused,
-        sliding_window=recipe.sliding_window,
-        causal_in_block=recipe.causal_in_block,
-    )
-    return DFlashDrafter(config, weights[0], weights[1], vocab=vocab)
+        "num_layers": args.draft_layers,
+        "block_size": recipe.block_size,
+        "n_target_layers": args.n_fused,
+        "sliding_window": recipe.sliding_window,
+        "causal_in_block": recipe.causal_in_block,
+    }
 
 
 def binding_window(meta: dict) -> int | None:

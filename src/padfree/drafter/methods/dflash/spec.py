@@ -4,15 +4,16 @@ target-layer rule. No torch (its torch side is :mod:`padfree.drafter.methods.dfl
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from padfree.core.config import CostModel
 from padfree.drafter import memory as m
-from padfree.drafter.methods.base import Method, flops
+from padfree.drafter.methods.base import Method, flops, line
 from padfree.drafter.sizes import Sizes
 from padfree.errors import ConfigError
 
 if TYPE_CHECKING:
+    from padfree.core.anchors import AnchorPolicy
     from padfree.drafter.recipes import Recipe
 
 
@@ -83,15 +84,25 @@ def recipe_line(r: Recipe) -> str:
     w = {"exp": f"exp(-(k-1)/{r.gamma:g})", "dpace": f"D-PACE a={r.dpace_alpha:g}"}.get(
         r.slot_weights, "uniform"
     )
-    return (
-        f"recipe {r.name}: block {r.block_size}, anchors min(valid, {r.max_anchors})"
-        f"{'' if r.anchor_density == 1 else f' x{r.anchor_density:g}'}, {r.objective}, slot "
-        f"weights {w}, {r.normalization} mean"
+    density = "" if r.anchor_density == 1 else f" x{r.anchor_density:g}"
+    anchors = f"anchors min(valid, {r.max_anchors}){density}"
+    return line(r, f"block {r.block_size}", anchors, r.objective, f"slot weights {w}")
+
+
+def block_method(**fields: Any) -> Method:
+    """A method that drafts in blocks opened at anchors (DFlash and the methods built on it): its
+    :class:`Method` of ``fields``, counted in draft blocks, bound by them, sized by its block."""
+    return Method(
+        unit="draft blocks", knob="block_size", bound=m.bound_blocks, anchors=anchor_policy, **fields
     )
 
 
-METHOD = Method(
+def anchor_policy(r: Recipe) -> AnchorPolicy:
+    """The recipe's anchor rule (:meth:`Recipe.anchor_policy`)."""
+    return r.anchor_policy()
+
+
+METHOD = block_method(
     name="dflash", title="DFlash", spec=sys.modules[__name__], cost=cost, memory=memory,
-    recipe_line=recipe_line, export_format="dflash", unit="draft blocks", knob="block_size",
-    bound=m.bound_blocks, anchors=lambda r: r.anchor_policy(), crossing="block labels",
+    recipe_line=recipe_line, export_format="dflash", crossing="block labels",
 )  # fmt: skip

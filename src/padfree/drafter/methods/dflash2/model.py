@@ -42,9 +42,10 @@ from torch import nn
 
 from padfree.drafter.collate import DrafterBatch, FieldOptions
 from padfree.drafter.contract import Contract
-from padfree.drafter.export import layer_config, take
+from padfree.drafter.export import layer_config, needs_verifier, speculators_config, speculators_head, take
+from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.methods.dflash import model as dflash
-from padfree.drafter.objective import VocabMap
+from padfree.drafter.recipes import Recipe
 from padfree.drafter.sizes import Sizes
 from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
@@ -231,19 +232,11 @@ Drafter = DFlash2Drafter
 field_padding = dflash.pad_anchor_slots  # extra blocks at a row's start, never supervised, as DFlash's
 
 
-def build(
-    recipe,
-    sizes: Sizes,
-    *,
-    n_fused: int,
-    draft_layers: int,
-    weights: tuple[torch.Tensor, torch.Tensor],
-    vocab: VocabMap | None,
-) -> DFlash2Drafter:
+def build(recipe: Recipe, sizes: Sizes, args: BuildArgs) -> DFlash2Drafter:
     """A DFlash2 drafter of the target's ``sizes`` (:class:`~padfree.drafter.sizes.Sizes`) under ``recipe``
     (DFlash's shape plus its convolution and selector); a draft vocabulary, an objective without the
     target's distribution and D-PACE weights are refused in one line."""
-    if vocab is not None:
+    if args.vocab is not None:
         raise ConfigError(
             "DFlash2's candidate selector spans the target's vocabulary (speculators' DFlash2DraftModel "
             "refuses a pruned one): use --draft-vocab none"
@@ -254,7 +247,7 @@ def build(
             f"slot weights (speculators' DFlash2 weighs each term by its own D-PACE): use --objective kl or "
             f"argmax_ce and --slot-weights exp or uniform (got {recipe.objective}, {recipe.slot_weights})"
         )
-    h, v = sizes.hidden, int(weights[1].shape[0])
+    h, v = sizes.hidden, int(args.weights[1].shape[0])
     if h % recipe.conv_group_size or recipe.selector_top_k > v:
         raise ConfigError(
             f"recipe {recipe.name}: DFlash2 needs the hidden size ({h}) divisible by conv_group_size "
@@ -262,18 +255,13 @@ def build(
             f"({v})"
         )
     config = DFlash2Config(
-        **sizes.drafter_config(),
-        num_layers=draft_layers,
-        block_size=recipe.block_size,
-        n_target_layers=n_fused,
-        sliding_window=recipe.sliding_window,
-        causal_in_block=recipe.causal_in_block,
+        **dflash.block_config(recipe, sizes, args),
         conv_kernel_size=recipe.conv_kernel_size,
         conv_group_size=recipe.conv_group_size,
         selector_rank=recipe.selector_rank,
         selector_top_k=recipe.selector_top_k,
     )
-    return DFlash2Drafter(config, weights[0], weights[1])
+    return DFlash2Drafter(config, args.weights[0], args.weights[1])
 
 
 SPECULATORS_VERSION = "0.9.0"
@@ -302,13 +290,9 @@ def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
         use_sliding_window=window is not None,
         sliding_window=None if window is None else int(window),
         layer_types=["sliding_attention" if window is not None else "full_attention"] * n,
-    ).to_diff_dict()
-    layer.pop("transformers_version", None)
+    )
     config = {
-        "architectures": ["DFlash2DraftModel"],
-        "speculators_model_type": "dflash2",
-        "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": layer,
+        **speculators_head("DFlash2DraftModel", "dflash2", SPECULATORS_VERSION, layer),
         "draft_vocab_size": int(t["vocab_size"]),
         "block_size": block,
         "max_anchors": int(r["max_anchors"]),
@@ -320,22 +304,7 @@ def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
         "conv_group_size": int(d["conv_group_size"]),
         "selector_rank": int(d["selector_rank"]),
         "selector_top_k": int(d["selector_top_k"]),
-        "speculators_config": {
-            "algorithm": "dflash2",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": block - 1,
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "verifier": {
-                "name_or_path": tgt.get("path"),
-                "architectures": list(t.get("architectures") or [tgt["architecture"]]),
-            },
-        },
+        "speculators_config": speculators_config("dflash2", block - 1, meta),
     }
     _, tensors = dflash.export_files(state, meta)
     for i in range(n):
@@ -355,13 +324,7 @@ def check_export(meta: dict, *, verifier_option: str | None = "--verifier") -> N
         raise ConfigError(
             "speculators' DFlash2 format has no draft vocabulary: train with --draft-vocab none"
         )
-    if not meta["target"].get("path"):
-        raise ConfigError(
-            "speculators' DFlash2 format names the verifier, the target folder a server runs, and loads its "
-            "embedding and LM head from it: this drafter was trained on padfree's tiny random target; "
-            + (f"pass {verifier_option} DIR, or " if verifier_option else "")
-            + "train with --target DIR"
-        )
+    needs_verifier(meta, "speculators' DFlash2 format", "embedding and LM head", verifier_option)
 
 
 def zlab_files(state: dict, meta: dict) -> tuple[dict, dict]:

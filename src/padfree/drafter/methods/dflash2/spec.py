@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from padfree.core.config import CostModel
 from padfree.drafter import memory as m
-from padfree.drafter.methods.base import Method, flops
+from padfree.drafter.methods.base import flops
 from padfree.drafter.methods.dflash import spec as dflash
 from padfree.drafter.sizes import Sizes
 
@@ -65,8 +65,7 @@ def recipe_line(r: Recipe) -> str:
     )
 
 
-METHOD = Method(
+METHOD = dflash.block_method(
     name="dflash2", title="DFlash2", spec=sys.modules[__name__], cost=cost, memory=memory,
-    recipe_line=recipe_line, export_format="speculators-dflash2", unit="draft blocks", knob="block_size",
-    bound=m.bound_blocks, anchors=lambda r: r.anchor_policy(), crossing="block labels/convolution taps",
+    recipe_line=recipe_line, export_format="speculators-dflash2", crossing="block labels/convolution taps",
 )  # fmt: skip

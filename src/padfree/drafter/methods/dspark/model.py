@@ -40,9 +40,9 @@ from torch import nn
 
 from padfree.drafter.collate import DrafterBatch, FieldOptions
 from padfree.drafter.contract import Contract
-from padfree.drafter.export import layer_config, take
+from padfree.drafter.export import layer_config, needs_verifier, speculators_config, speculators_head, take
+from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.methods.dflash import model as dflash
-from padfree.drafter.objective import VocabMap
 from padfree.drafter.recipes import Recipe
 from padfree.drafter.sizes import Sizes
 from padfree.drafter.target import TargetOutput
@@ -169,29 +169,13 @@ Drafter = DSparkDrafter
 field_padding = dflash.pad_anchor_slots
 
 
-def build(
-    recipe,
-    sizes: Sizes,
-    *,
-    n_fused: int,
-    draft_layers: int,
-    weights: tuple[torch.Tensor, torch.Tensor],
-    vocab: VocabMap | None,
-) -> DSparkDrafter:
-    """A DSpark drafter of the target's ``sizes``: ``draft_layers`` layers over ``n_fused`` fused target
-    layers, the recipe's block and Markov rank, non-causal in its block, the full vocabulary."""
-    if vocab is not None:
+def build(recipe: Recipe, sizes: Sizes, args: BuildArgs) -> DSparkDrafter:
+    """A DSpark drafter of the target's ``sizes``: ``args.draft_layers`` layers over ``args.n_fused`` fused
+    target layers, the recipe's block and Markov rank, non-causal in its block, the full vocabulary."""
+    if args.vocab is not None:
         raise ConfigError("padfree's DSpark drafts over the target's full vocabulary: use --draft-vocab none")
-    config = DSparkConfig(
-        **sizes.drafter_config(),
-        num_layers=draft_layers,
-        block_size=recipe.block_size,
-        n_target_layers=n_fused,
-        sliding_window=recipe.sliding_window,
-        causal_in_block=recipe.causal_in_block,
-        markov_rank=recipe.markov_rank,
-    )
-    return DSparkDrafter(config, weights[0], weights[1])
+    config = DSparkConfig(**dflash.block_config(recipe, sizes, args), markov_rank=recipe.markov_rank)
+    return DSparkDrafter(config, args.weights[0], args.weights[1])
 
 
 SPECULATORS_VERSION = "0.9.0"
@@ -224,14 +208,10 @@ def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
         num_hidden_layers=n,
         **layer_config(d, t),
         layer_types=["full_attention"] * n,
-    ).to_diff_dict()
-    layer.pop("transformers_version", None)
+    )
     block = int(meta["recipe"]["block_size"])
     config = {
-        "architectures": ["DSparkSpeculator"],
-        "speculators_model_type": "dspark",
-        "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": layer,
+        **speculators_head("DSparkSpeculator", "dspark", SPECULATORS_VERSION, layer),
         "draft_vocab_size": int(t["vocab_size"]),
         "block_size": block,
         "aux_hidden_state_layer_ids": [int(i) + 1 for i in meta["target_layers"]],
@@ -242,22 +222,7 @@ def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
         "markov_head_type": "vanilla",
         "enable_confidence_head": True,
         "confidence_head_with_markov": True,
-        "speculators_config": {
-            "algorithm": "dspark",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": block,
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "verifier": {
-                "name_or_path": tgt.get("path"),
-                "architectures": list(t.get("architectures") or [tgt["architecture"]]),
-            },
-        },
+        "speculators_config": speculators_config("dspark", block, meta),
     }
     tensors.update({theirs: take(state, ours) for theirs, ours in HEAD_TENSORS.items()})
     return config, tensors
@@ -275,10 +240,4 @@ def check_export(meta: dict, *, verifier_option: str | None = "--verifier") -> N
             "speculators' DSpark format attends over the whole block and context: train with "
             "--causal-in-block no --sliding-window none"
         )
-    if not meta["target"].get("path"):
-        raise ConfigError(
-            "speculators' DSpark format names the verifier, the target folder a server runs, and loads its "
-            "embedding and LM head from it: this drafter was trained on padfree's tiny random target; "
-            + (f"pass {verifier_option} DIR, or " if verifier_option else "")
-            + "train with --target DIR"
-        )
+    needs_verifier(meta, "speculators' DSpark format", "embedding and LM head", verifier_option)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from padfree.core.config import CostModel
 from padfree.drafter import memory as m
-from padfree.drafter.methods.base import Method, flops
+from padfree.drafter.methods.base import flops, line
 from padfree.drafter.methods.dflash import spec as dflash
 from padfree.drafter.sizes import Sizes
 
@@ -50,17 +50,13 @@ def memory(s: Sizes, r: Recipe) -> m.MemoryModel:
 
 def recipe_line(r: Recipe) -> str:
     """The recipe line: block sampled from the anchor, anchors, loss weights, heads, normalization."""
-    return (
-        f"recipe {r.name}: block {r.block_size} sampled from the anchor, anchors min(valid, "
-        f"{r.max_anchors}), "
-        f"{r.ce_weight:g} ce + {r.tv_weight:g} tv + {r.confidence_alpha:g} confidence, slot weights "
-        f"exp(-k/{r.gamma:g}), markov rank {r.markov_rank}, documents under {r.min_loss_tokens} loss tokens "
-        f"dropped, {r.normalization} mean"
-    )
+    block = f"block {r.block_size} sampled from the anchor, anchors min(valid, {r.max_anchors})"
+    loss = f"{r.ce_weight:g} ce + {r.tv_weight:g} tv + {r.confidence_alpha:g} confidence"
+    heads = f"slot weights exp(-k/{r.gamma:g}), markov rank {r.markov_rank}"
+    return line(r, block, loss, heads, f"documents under {r.min_loss_tokens} loss tokens dropped")
 
 
-METHOD = Method(
+METHOD = dflash.block_method(
     name="dspark", title="DSpark", spec=sys.modules[__name__], cost=cost, memory=memory,
-    recipe_line=recipe_line, export_format="speculators-dspark", unit="draft blocks", knob="block_size",
-    bound=m.bound_blocks, anchors=lambda r: r.anchor_policy(), crossing="block labels/previous tokens",
+    recipe_line=recipe_line, export_format="speculators-dspark", crossing="block labels/previous tokens",
 )  # fmt: skip

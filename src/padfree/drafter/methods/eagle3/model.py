@@ -15,6 +15,7 @@ supervised. Embeddings are the target's, frozen; the LM head starts as the targe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -22,9 +23,11 @@ from torch import nn
 from padfree.drafter._blocks import MLP, DrafterConfig, RMSNorm, attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields, no_field_padding
 from padfree.drafter.contract import Contract
-from padfree.drafter.export import layer_config, take
+from padfree.drafter.export import layer_config, needs_verifier, speculators_config, speculators_head, take
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
+from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.objective import VocabMap
+from padfree.drafter.recipes import Recipe
 from padfree.drafter.sizes import Sizes
 from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
@@ -112,10 +115,16 @@ def crossings(batch: DrafterBatch) -> tuple[int, torch.Tensor, torch.Tensor]:
     assert c is not None
     doc = c.flat("document_ids")[0]
     pairs = count_cross_pairs(eagle3_predicate(doc), doc, doc.repeat(f.ttt))
+    return (pairs, *fed_crossings(f, doc))
+
+
+def fed_crossings(f: Fields, doc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(shifted inputs fed from another document, which (step, position) losses an input reaches)`` of a
+    drafter unrolled over steps: an input fed at step ``k`` reaches the losses of steps ``>= k`` at that
+    position (each step feeds the next its state)."""
     fed = f.input_index
     cross_in = (fed >= 0) & (doc[fed.clamp(min=0)] != doc[None, :])
-    reaches = f.supervised.int().flip(0).cummax(0).values.flip(0).bool()
-    return pairs, cross_in, reaches
+    return cross_in, f.supervised.int().flip(0).cummax(0).values.flip(0).bool()
 
 
 @dataclass(frozen=True)
@@ -148,7 +157,28 @@ def ttt_attention(q: torch.Tensor, keys: list, values: list, step0: torch.Tensor
     return out.transpose(0, 1).reshape(n, -1)
 
 
-class Eagle3Drafter(nn.Module):
+_D = TypeVar("_D", bound="Eagle3Drafter")
+
+
+def row_ids(batch: DrafterBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The micro-batch's document and position ids ``(T,)`` (its one flat row) on ``device``."""
+    assert batch.contract is not None
+    doc, pos = (batch.contract.flat(name)[0].to(device) for name in ("document_ids", "position_ids"))
+    return doc, pos
+
+
+class StepDrafter(nn.Module):
+    """A drafter unrolled over steps (or depths): its forward gives one ``(T, H)`` output per step, and its
+    draft queries are those outputs step-major."""
+
+    def queries(
+        self, target: TargetOutput, batch: DrafterBatch, attention: str = "dense"
+    ) -> tuple[torch.Tensor, None]:
+        """Every (step, position) query's hidden state in the fields' order (step-major, flat)."""
+        return torch.cat(self(target.hidden, batch, attention)), None
+
+
+class Eagle3Drafter(StepDrafter):
     """The drafter: ``fc``, one decoder layer over ``[embedding ; hidden]``, a norm and an LM head over the
     target's vocabulary or a draft vocabulary (``vocab``); the head starts from the target's rows
     (``head_init="target"``) or random, and trains or not (``head_trainable``)."""
@@ -185,6 +215,13 @@ class Eagle3Drafter(nn.Module):
                 self.lm_head.weight.copy_(rows)
         self.lm_head.weight.requires_grad_(head_trainable)
 
+    @classmethod
+    def of(cls: type[_D], config: Eagle3Config, recipe: Recipe, args: BuildArgs) -> _D:
+        """This drafter of ``config`` over the target's embedding and head (``args.weights``), a draft
+        vocabulary or the full one, its head as the recipe starts and trains it."""
+        embed, head = args.weights
+        return cls(config, embed, head, args.vocab, recipe.head_init, recipe.head_trainable)
+
     def forward(self, target_hidden: torch.Tensor, batch: DrafterBatch, attention: str = "dense") -> list:
         """Normed hidden states ``(T, H)`` of every step. ``attention``: ``"dense"`` (eager, segment by
         segment: each document of a packed row, each padded row; step ``k`` holds ``L x (L + k)`` scores
@@ -195,8 +232,7 @@ class Eagle3Drafter(nn.Module):
         assert isinstance(f, Fields) and batch.contract is not None, "an EAGLE-3 batch"
         c, d = self.cfg, self.cfg.head_dim
         dev = target_hidden.device
-        doc = batch.contract.flat("document_ids")[0].to(dev)
-        pos = batch.contract.flat("position_ids")[0].to(dev)
+        doc, pos = row_ids(batch, dev)
         fused = target_hidden[0] if self.fc_norm is None else self.fc_norm(target_hidden[0])
         h = self.fc(fused)
         keys: list[torch.Tensor] = []
@@ -230,12 +266,6 @@ class Eagle3Drafter(nn.Module):
                 h = out
         return outs
 
-    def queries(
-        self, target: TargetOutput, batch: DrafterBatch, attention: str = "dense"
-    ) -> tuple[torch.Tensor, None]:
-        """Every (step, position) query's hidden state in the fields' order (step-major, flat)."""
-        return torch.cat(self(target.hidden, batch, attention)), None
-
 
 field_padding = no_field_padding  # padded rows add nothing: every position drafts
 
@@ -244,32 +274,17 @@ Config = Eagle3Config
 Drafter = Eagle3Drafter
 
 
-def build(
-    recipe,
-    sizes: Sizes,
-    *,
-    n_fused: int,
-    draft_layers: int,
-    weights: tuple[torch.Tensor, torch.Tensor],
-    vocab: VocabMap | None,
-) -> Eagle3Drafter:
+def build(recipe: Recipe, sizes: Sizes, args: BuildArgs) -> Eagle3Drafter:
     """An EAGLE-3 drafter of the target's ``sizes`` (:class:`~padfree.drafter.sizes.Sizes`) under
-    ``recipe`` (one decoder layer over three fused target layers: ``n_fused`` and ``draft_layers`` are the
-    method's own), the target's embedding and head ``weights``, a draft ``vocab`` or the full one."""
+    ``recipe`` (one decoder layer over three fused target layers: ``args.n_fused`` and ``args.draft_layers``
+    are the method's own), the target's embedding and head weights, a draft vocabulary or the full one."""
     config = Eagle3Config(
         **sizes.drafter_config(),
         ttt=recipe.ttt,
         fed_state=recipe.fed_state,
         norm_before_fc=recipe.norm_before_fc,
     )
-    return Eagle3Drafter(
-        config,
-        weights[0],
-        weights[1],
-        vocab=vocab,
-        head_init=recipe.head_init,
-        head_trainable=recipe.head_trainable,
-    )
+    return Eagle3Drafter.of(config, recipe, args)
 
 
 SPECULATORS_VERSION = "0.9.0"
@@ -290,15 +305,11 @@ def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
         num_hidden_layers=1,
         **layer_config(d, t),
         mlp_bias=False,
-    ).to_diff_dict()
-    layer.pop("transformers_version", None)
+    )
     d2t = meta.get("d2t")
     draft_vocab = vocab if d2t is None else len(d2t)
     config = {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
-        "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": layer,
+        **speculators_head("Eagle3Speculator", "eagle3", SPECULATORS_VERSION, layer),
         "draft_vocab_size": draft_vocab,
         "norm_before_residual": False,
         "norm_before_fc": bool(d.get("norm_before_fc")),
@@ -307,22 +318,7 @@ def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
         "embed_requires_grad": False,
         "target_hidden_size": None,
         "eagle_aux_hidden_state_layer_ids": [int(i) + 1 for i in meta["target_layers"]],
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": int(d["ttt"]),
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "verifier": {
-                "name_or_path": tgt.get("path"),
-                "architectures": list(t.get("architectures") or [tgt["architecture"]]),
-            },
-        },
+        "speculators_config": speculators_config("eagle3", int(d["ttt"]), meta),
     }
     names = {
         "embed_tokens.weight": "embed_tokens.weight",
@@ -356,10 +352,4 @@ def check_export(meta: dict, *, verifier_option: str | None = "--verifier") -> N
     """Refuse in one line what speculators' format cannot hold: a drafter with no verifier folder (the
     format names it and loads its embedding and norm from it); ``verifier_option`` names the option that
     gives one (None: the caller has none)."""
-    if not meta["target"].get("path"):
-        raise ConfigError(
-            "speculators' format names the verifier, the target folder a server runs, and loads its "
-            "embedding and norm from it: this drafter was trained on padfree's tiny random target; "
-            + (f"pass {verifier_option} DIR, or " if verifier_option else "")
-            + "train with --target DIR"
-        )
+    needs_verifier(meta, "speculators' format", "embedding and norm", verifier_option)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from padfree.core.config import CostModel
 from padfree.drafter import memory as m
-from padfree.drafter.methods.base import Method, check_steps, flops
+from padfree.drafter.methods.base import Method, check_steps, flops, line
 from padfree.drafter.sizes import Sizes
 from padfree.errors import ConfigError
 
@@ -83,10 +83,8 @@ def vocabulary(r: Recipe) -> str:
 
 def recipe_line(r: Recipe) -> str:
     """The recipe line: test-time-training steps, decay, gate, objective, vocabulary, normalization."""
-    return (
-        f"recipe {r.name}: ttt {r.ttt}, step decay {r.step_decay:g}, gate loss_mask[t+k+"
-        f"{r.loss_gate}], {r.objective}, {vocabulary(r)}, {r.normalization} mean"
-    )
+    gate = f"gate loss_mask[t+k+{r.loss_gate}]"
+    return line(r, f"ttt {r.ttt}", f"step decay {r.step_decay:g}", gate, r.objective, vocabulary(r))
 
 
 METHOD = Method(

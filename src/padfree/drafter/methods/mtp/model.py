@@ -31,15 +31,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from padfree.drafter._blocks import MLP, DrafterConfig, RMSNorm, attend, rope
+from padfree.drafter._blocks import MLP, DrafterConfig, QKNormAttention, RMSNorm, attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, no_field_padding
 from padfree.drafter.contract import Contract
-from padfree.drafter.export import layer_config, take
+from padfree.drafter.export import layer_config, needs_verifier, speculators_config, speculators_head, take
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
+from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.methods.eagle3 import model as eagle3
-from padfree.drafter.objective import VocabMap
+from padfree.drafter.recipes import Recipe
 from padfree.drafter.sizes import Sizes
-from padfree.drafter.target import TargetOutput
 from padfree.errors import ConfigError
 
 Fields = eagle3.Fields
@@ -75,10 +75,7 @@ def crossings(batch: DrafterBatch) -> tuple[int, torch.Tensor, torch.Tensor]:
     assert c is not None
     doc = c.flat("document_ids")[0]
     pairs = f.ttt * count_cross_pairs(eagle3_predicate(doc), doc, doc)
-    fed = f.input_index
-    cross_in = (fed >= 0) & (doc[fed.clamp(min=0)] != doc[None, :])
-    reaches = f.supervised.int().flip(0).cummax(0).values.flip(0).bool()
-    return pairs, cross_in, reaches
+    return (pairs, *eagle3.fed_crossings(f, doc))
 
 
 @dataclass(frozen=True)
@@ -89,7 +86,7 @@ class MTPConfig(DrafterConfig):
     ttt: int = 3
 
 
-class MTPDrafter(nn.Module):
+class MTPDrafter(eagle3.StepDrafter, QKNormAttention):
     """The MTP layer: ``hidden_layernorm``/``token_layernorm``, ``input_proj``, a Qwen3 decoder layer and
     ``final_layernorm``; the embedding and LM head are the target's, frozen (speculators loads both from the
     verifier and trains neither)."""
@@ -98,7 +95,7 @@ class MTPDrafter(nn.Module):
         self, cfg: MTPConfig, embed_weight: torch.Tensor, head_weight: torch.Tensor, vocab: None = None
     ) -> None:
         super().__init__()
-        h, d = cfg.hidden_size, cfg.head_dim
+        h = cfg.hidden_size
         self.cfg = cfg
         self.vocab = vocab
         self.embed_tokens = nn.Embedding.from_pretrained(embed_weight.detach().clone(), freeze=True)
@@ -108,12 +105,7 @@ class MTPDrafter(nn.Module):
         self.token_layernorm = RMSNorm(h, cfg.eps)
         self.input_proj = nn.Linear(2 * h, h, bias=False)
         self.input_layernorm = RMSNorm(h, cfg.eps)
-        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
-        self.q_norm = RMSNorm(d, cfg.eps)
-        self.k_norm = RMSNorm(d, cfg.eps)
+        self.add_attention(cfg)
         self.post_attention_layernorm = RMSNorm(h, cfg.eps)
         self.mlp = MLP(h, cfg.intermediate_size)
         self.final_layernorm = RMSNorm(h, cfg.eps)
@@ -158,8 +150,7 @@ class MTPDrafter(nn.Module):
         f = batch.fields
         assert isinstance(f, Fields) and batch.contract is not None, "an MTP batch"
         dev = target_hidden.device
-        doc = batch.contract.flat("document_ids")[0].to(dev)
-        pos = batch.contract.flat("position_ids")[0].to(dev)
+        doc, pos = eagle3.row_ids(batch, dev)
         mask = None
         if attention == "mask":
             mask = eagle3_dense_mask(doc, 0)
@@ -173,12 +164,6 @@ class MTPDrafter(nn.Module):
             outs.append(h)
         return outs
 
-    def queries(
-        self, target: TargetOutput, batch: DrafterBatch, attention: str = "dense"
-    ) -> tuple[torch.Tensor, None]:
-        """Every (step, position) query's output in the fields' order (step-major, flat)."""
-        return torch.cat(self(target.hidden, batch, attention)), None
-
 
 field_padding = no_field_padding  # padded rows add nothing: every position drafts
 
@@ -187,23 +172,16 @@ Config = MTPConfig
 Drafter = MTPDrafter
 
 
-def build(
-    recipe,
-    sizes: Sizes,
-    *,
-    n_fused: int,
-    draft_layers: int,
-    weights: tuple[torch.Tensor, torch.Tensor],
-    vocab: VocabMap | None,
-) -> MTPDrafter:
-    """An MTP drafter of the target's ``sizes`` reading its last layer (``n_fused`` 1), one layer unrolled
-    ``recipe.ttt`` steps; the target's embedding and head (speculators' MTP has no draft vocabulary)."""
-    if vocab is not None or n_fused != 1:
+def build(recipe: Recipe, sizes: Sizes, args: BuildArgs) -> MTPDrafter:
+    """An MTP drafter of the target's ``sizes`` reading its last layer (``args.n_fused`` 1), one layer
+    unrolled ``recipe.ttt`` steps; the target's embedding and head (speculators' MTP has no draft
+    vocabulary)."""
+    if args.vocab is not None or args.n_fused != 1:
         raise ConfigError(
             "MTP reads the target's last layer and drafts over its full vocabulary (speculators' class "
             "refuses a reduced one): use --draft-vocab none and --fused-layers 1"
         )
-    return MTPDrafter(MTPConfig(**sizes.drafter_config(), ttt=recipe.ttt), weights[0], weights[1])
+    return MTPDrafter(MTPConfig(**sizes.drafter_config(), ttt=recipe.ttt), args.weights[0], args.weights[1])
 
 
 SPECULATORS_VERSION = eagle3.SPECULATORS_VERSION
@@ -236,30 +214,11 @@ def export_files(state: dict, meta: dict) -> tuple[dict, dict]:
         vocab_size=int(t["vocab_size"]),
         num_hidden_layers=int(t["num_hidden_layers"]),
         **layer_config(d, t),
-    ).to_diff_dict()
-    layer.pop("transformers_version", None)
+    )
     config = {
-        "architectures": ["MTPDraftModel"],
-        "speculators_model_type": "mtp",
-        "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": layer,
+        **speculators_head("MTPDraftModel", "mtp", SPECULATORS_VERSION, layer),
         "num_nextn_predict_layers": 1,
-        "speculators_config": {
-            "algorithm": "mtp",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": int(d["ttt"]),
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "verifier": {
-                "name_or_path": tgt.get("path"),
-                "architectures": list(t.get("architectures") or [tgt["architecture"]]),
-            },
-        },
+        "speculators_config": speculators_config("mtp", int(d["ttt"]), meta),
     }
     tensors = {f"mtp_layers.0.{p}.weight": take(state, f"{p}.weight") for p in LAYER_PARTS}
     for p in ATTENTION_PARTS:
@@ -272,10 +231,4 @@ def check_export(meta: dict, *, verifier_option: str | None = "--verifier") -> N
     embedding and LM head from it), a draft vocabulary."""
     if meta.get("d2t") is not None:
         raise ConfigError("speculators' MTP format has no draft vocabulary: train with --draft-vocab none")
-    if not meta["target"].get("path"):
-        raise ConfigError(
-            "speculators' MTP format names the verifier, the target folder a server runs, and loads its "
-            "embedding and LM head from it: this drafter was trained on padfree's tiny random target; "
-            + (f"pass {verifier_option} DIR, or " if verifier_option else "")
-            + "train with --target DIR"
-        )
+    needs_verifier(meta, "speculators' MTP format", "embedding and LM head", verifier_option)

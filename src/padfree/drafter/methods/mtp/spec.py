@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from padfree.core.config import CostModel
 from padfree.drafter import memory as m
-from padfree.drafter.methods.base import Method, check_steps, flops
+from padfree.drafter.methods.base import Method, check_steps, flops, line
 from padfree.drafter.methods.eagle3.spec import step_terms
 from padfree.drafter.sizes import Sizes
 from padfree.errors import ConfigError
@@ -66,10 +66,8 @@ def memory(s: Sizes, r: Recipe) -> m.MemoryModel:
 
 def recipe_line(r: Recipe) -> str:
     """The recipe line: steps, their weights, objective, normalization."""
-    return (
-        f"recipe {r.name}: {r.ttt} steps, step weights {r.step_decay:g}^k normalised, label "
-        f"x[t+k+2] gated by its own loss mask, {r.objective}, full vocabulary, {r.normalization} mean"
-    )
+    label = f"step weights {r.step_decay:g}^k normalised, label x[t+k+2] gated by its own loss mask"
+    return line(r, f"{r.ttt} steps", label, r.objective, "full vocabulary")
 
 
 METHOD = Method(

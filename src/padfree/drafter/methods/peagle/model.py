@@ -29,6 +29,7 @@ same here, packed or alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,10 +40,10 @@ from padfree.drafter._blocks import attend, rope
 from padfree.drafter.collate import DrafterBatch, FieldOptions, no_field_padding
 from padfree.drafter.contract import Contract
 from padfree.drafter.masks import count_cross_pairs, eagle3_block_mask, eagle3_dense_mask, eagle3_predicate
+from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.methods.eagle3 import model as eagle3
-from padfree.drafter.objective import VocabMap
+from padfree.drafter.recipes import Recipe
 from padfree.drafter.sizes import Sizes
-from padfree.drafter.target import TargetOutput
 
 
 @dataclass(frozen=True)
@@ -190,16 +191,10 @@ class PEagleDrafter(eagle3.Eagle3Drafter):
     learnt ``mask_hidden`` (the three target layers' stand-in at depth ``>= 1``); the embedding trains
     (speculators' P-EAGLE default, ``embed_requires_grad``)."""
 
-    def __init__(
-        self,
-        cfg: PEagleConfig,
-        embed_weight: torch.Tensor,
-        head_weight: torch.Tensor,
-        vocab: VocabMap | None = None,
-        head_init: str = "target",
-        head_trainable: bool = True,
-    ) -> None:
-        super().__init__(cfg, embed_weight, head_weight, vocab, head_init, head_trainable)
+    def __init__(self, cfg: PEagleConfig, *args: Any, **kwargs: Any) -> None:
+        """EAGLE-3's drafter of ``cfg`` (the other arguments as :class:`~padfree.drafter.methods.eagle3.model.
+        Eagle3Drafter`'s), its embedding trainable, plus ``mask_hidden``."""
+        super().__init__(cfg, *args, **kwargs)
         self.embed_tokens.weight.requires_grad_(True)
         self.mask_hidden = nn.Parameter(torch.randn(1, 1, 3 * cfg.hidden_size))
 
@@ -211,8 +206,7 @@ class PEagleDrafter(eagle3.Eagle3Drafter):
         assert isinstance(f, Fields) and batch.contract is not None, "a P-EAGLE batch"
         c, hd = self.cfg, self.cfg.head_dim
         dev = target_hidden.device
-        doc = batch.contract.flat("document_ids")[0].to(dev)
-        pos = batch.contract.flat("position_ids")[0].to(dev)
+        doc, pos = eagle3.row_ids(batch, dev)
         width = doc.shape[0]
         fused = torch.cat(
             [target_hidden[0], self.mask_hidden[0].to(target_hidden.dtype).expand(width, -1)]
@@ -253,12 +247,6 @@ class PEagleDrafter(eagle3.Eagle3Drafter):
             outs.append(self.norm(h))
         return outs
 
-    def queries(
-        self, target: TargetOutput, batch: DrafterBatch, attention: str = "dense"
-    ) -> tuple[torch.Tensor, None]:
-        """Every (depth, position) element's hidden state in the fields' order (depth-major, flat)."""
-        return torch.cat(self(target.hidden, batch, attention)), None
-
 
 field_padding = no_field_padding  # padded rows add nothing: every position drafts
 
@@ -267,26 +255,11 @@ Config = PEagleConfig
 Drafter = PEagleDrafter
 
 
-def build(
-    recipe,
-    sizes: Sizes,
-    *,
-    n_fused: int,
-    draft_layers: int,
-    weights: tuple[torch.Tensor, torch.Tensor],
-    vocab: VocabMap | None,
-) -> PEagleDrafter:
+def build(recipe: Recipe, sizes: Sizes, args: BuildArgs) -> PEagleDrafter:
     """A P-EAGLE drafter of the target's ``sizes`` under ``recipe``: one decoder layer over three fused target
     layers (the method's own), ``recipe.ttt`` parallel depths, the target's embedding (trained) and head."""
     config = PEagleConfig(**sizes.drafter_config(), ttt=recipe.ttt, norm_before_fc=recipe.norm_before_fc)
-    return PEagleDrafter(
-        config,
-        weights[0],
-        weights[1],
-        vocab=vocab,
-        head_init=recipe.head_init,
-        head_trainable=recipe.head_trainable,
-    )
+    return PEagleDrafter.of(config, recipe, args)
 
 
 SPECULATORS_VERSION = eagle3.SPECULATORS_VERSION

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from padfree.core.config import CostModel
 from padfree.drafter import memory as m
-from padfree.drafter.methods.base import Method, check_steps, flops
+from padfree.drafter.methods.base import Method, check_steps, flops, line
 from padfree.drafter.methods.eagle3.spec import memory_terms, vocabulary
 from padfree.drafter.sizes import Sizes
 
@@ -56,8 +56,7 @@ def recipe_line(r: Recipe) -> str:
     """The recipe line: depths, COD ratios, gate, objective, vocabulary, normalization."""
     cod = f"COD keep max({r.cod_ratio:g}^d, {r.cod_ratio_min:g})"
     gate = f"gate loss_mask[t+d+{r.loss_gate}]"
-    rest = f"{r.objective}, {vocabulary(r)}, {r.normalization} mean"
-    return f"recipe {r.name}: {r.ttt} parallel depths, {cod}, {gate}, {rest}"
+    return line(r, f"{r.ttt} parallel depths", cod, gate, r.objective, vocabulary(r))
 
 
 METHOD = Method(
