@@ -23,6 +23,7 @@ from padfree.drafter.target import build_target, load_target, run_target
 from padfree.drafter.train import build_models, loss_sums
 from padfree.errors import ConfigError
 from padfree.integrations import feed
+from support.alone import assert_packed_trains_as_alone
 from support.peers import import_peer, peer_missing
 
 REASON = peer_missing("speculators")
@@ -177,10 +178,6 @@ def _load_theirs(served, target=None):
     return theirs
 
 
-def _grads(named):
-    return {n: p.grad.detach().clone() for n, p in named if p.grad is not None}
-
-
 @needs_speculators
 def test_packed_documents_train_as_alone_through_speculators_dflash2(docs, tmp_path):
     target = build_target(vocab_size=VOCAB)
@@ -206,39 +203,6 @@ def test_packed_documents_train_as_alone_through_speculators_dflash2(docs, tmp_p
 
     packed = col(docs)
     assert len(packed.fields.anchors) >= 2 * 3
-    sum_alone: dict = {}
-    for d, item in enumerate(docs):
-        theirs.zero_grad()
-        forward(packed, d)[1].backward()
-        in_row = _grads(theirs.named_parameters())
-        theirs.zero_grad()
-        loss = forward(col([item]))[1]
-        loss.backward()
-        alone = _grads(theirs.named_parameters())
-        assert sorted(in_row) == sorted(alone) and "embed_tokens.weight" not in alone
-        assert "layers.1.mlp_conv.kernel_projection.weight" in alone
-        assert "candidate_selector.predecessor_codebook" in alone
-        for n in alone:  # the document in the packed row trains exactly as alone
-            assert torch.allclose(in_row[n], alone[n], atol=1e-6, rtol=1e-4), (d, n)
-            sum_alone[n] = sum_alone.get(n, 0) + alone[n]
-        with torch.no_grad():
-            in_row_loss = float(forward(packed, d)[1])
-        assert abs(in_row_loss - loss.item()) < 1e-5 * max(1.0, loss.item()), d
-    # padfree's reference drafter on the packed row: each document's numerator is their loss alone, and the
-    # step's gradient the mean of their gradients alone
-    models.drafter.zero_grad()
-    num, den = loss_sums(models, packed)
-    assert set(den.tolist()) <= {0.0, 1.0} and float(den.sum()) >= 3  # a document with no block weighs 0
-    for d, item in enumerate(docs):
-        with torch.no_grad():
-            alone = float(forward(col([item]))[1])
-        assert abs(float(num[d].detach()) - alone) < 1e-5 * max(1.0, alone), (
-            d,
-            float(num[d].detach()),
-            alone,
-        )
-    (num.sum() / den.sum()).backward()
-    ours = dict(models.drafter.named_parameters())
     names = {
         "fc.weight": "fc.weight", "hidden_norm.weight": "hidden_norm.weight", "norm.weight": "norm.weight",
         "layers.0.self_attn.q_proj.weight": "layers.0.q_proj.weight",
@@ -249,8 +213,11 @@ def test_packed_documents_train_as_alone_through_speculators_dflash2(docs, tmp_p
         "candidate_selector.successor_codebook": "successor_codebook",
         "candidate_selector.hidden_projection.weight": "hidden_projection.weight",
     }  # fmt: skip
-    for n, o in names.items():
-        assert torch.allclose(ours[o].grad, sum_alone[n] / den.sum(), atol=1e-6, rtol=1e-4), n
+    assert_packed_trains_as_alone(
+        theirs, forward, col, packed, docs, models, names, min_docs=3,  # a document with no block weighs 0
+        keys=lambda k: "embed_tokens.weight" not in k and {"layers.1.mlp_conv.kernel_projection.weight",
+                                                           "candidate_selector.predecessor_codebook"} <= k,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,9 @@ from padfree.drafter.methods.dflash import spec as dflash_spec
 from padfree.drafter.methods.dspark import model as dspark
 from padfree.drafter.sizes import Sizes
 from padfree.drafter.target import build_target, load_target, run_target
-from padfree.drafter.train import build_models, loss_sums
+from padfree.drafter.train import build_models
 from padfree.integrations import feed
+from support.alone import assert_packed_trains_as_alone
 from support.peers import import_peer, peer_missing
 
 REASON = peer_missing("speculators")
@@ -150,10 +151,6 @@ def _theirs(models, mask_id):
     return theirs
 
 
-def _grads(named):
-    return {n: p.grad.detach().clone() for n, p in named if p.grad is not None}
-
-
 @needs_speculators
 def test_packed_documents_train_as_alone_through_speculators_dspark(docs):
     mask_id = VOCAB - 1
@@ -180,38 +177,11 @@ def test_packed_documents_train_as_alone_through_speculators_dspark(docs):
 
     packed = col(docs)
     assert packed.positions > 0
-    ours = dict(models.drafter.named_parameters())
     _, tensors = dspark.export_files(models.drafter.state_dict(), export_meta(models, mask_token_id=mask_id))
     names = {t: dspark.HEAD_TENSORS.get(t, t.replace("self_attn.", "")) for t in tensors}
-    mean_alone = {n: torch.zeros_like(ours[o]) for n, o in names.items()}
-    for d, item in enumerate(docs):
-        theirs.zero_grad()
-        forward(packed, d)[1].backward()
-        in_row = _grads(theirs.named_parameters())
-        theirs.zero_grad()
-        loss = forward(col([item]))[1]
-        loss.backward()
-        alone = _grads(theirs.named_parameters())
-        assert sorted(in_row) == sorted(alone)
-        for n in in_row:  # the document in the packed row trains exactly as alone
-            assert torch.allclose(in_row[n], alone[n], atol=1e-6, rtol=1e-5), (d, n)
-        for n in names:
-            mean_alone[n] += alone[n] / len(docs)
-        with torch.no_grad():
-            in_row_loss = float(forward(packed, d)[1])
-        assert abs(in_row_loss - float(loss)) < 1e-5 * max(1.0, float(loss)), d
-    # padfree's reference drafter on the packed row: each document's numerator is their loss alone, and the
-    # step's gradient is the mean of their gradients alone
-    models.drafter.zero_grad()
-    num, den = loss_sums(models, packed)
-    assert den.tolist() == [1.0] * len(docs)
-    for d, item in enumerate(docs):
-        with torch.no_grad():
-            alone = float(forward(col([item]))[1])
-        assert abs(float(num[d]) - alone) < 2e-5 * max(1.0, alone), (d, float(num[d]), alone)
-    (num.sum() / den.sum()).backward()
-    for n, o in names.items():
-        assert torch.allclose(ours[o].grad, mean_alone[n], atol=1e-6, rtol=1e-4), n
+    assert_packed_trains_as_alone(
+        theirs, forward, col, packed, docs, models, names, min_docs=len(docs), rtol=1e-5, loss_tol=2e-5
+    )
 
 
 @needs_speculators

@@ -18,6 +18,7 @@ from padfree.drafter.methods.peagle import model as peagle
 from padfree.drafter.target import build_target, load_target, run_target
 from padfree.drafter.train import build_models, loss_sums
 from padfree.integrations import feed
+from support.alone import assert_packed_trains_as_alone
 from support.peers import import_peer, peer_missing
 
 REASON = peer_missing("speculators")
@@ -139,10 +140,6 @@ def _theirs(models, draft_vocab=VOCAB):
     return model
 
 
-def _grads(named):
-    return {n: p.grad.detach().clone() for n, p in named if p.grad is not None}
-
-
 @needs_speculators
 def test_packed_documents_train_as_alone_through_speculators_peagle(docs):
     models = _perturbed(
@@ -173,41 +170,16 @@ def test_packed_documents_train_as_alone_through_speculators_peagle(docs):
 
     packed = col(docs)
     assert int(packed.fields.present[1:].sum()) > len(docs)  # chains to compare
-    ours = dict(models.drafter.named_parameters())
-    sum_alone: dict = {}
-    for d, item in enumerate(docs):
-        theirs.zero_grad()
-        forward(packed, d)[1].backward()
-        in_row = _grads(theirs.named_parameters())
-        theirs.zero_grad()
-        loss = forward(col([item]))[1]
-        loss.backward()
-        alone = _grads(theirs.named_parameters())
-        assert sorted(in_row) == sorted(alone) and "mask_hidden" in alone and "embed_tokens.weight" in alone
-        for n in alone:  # the document in the packed row trains exactly as alone
-            assert torch.allclose(in_row[n], alone[n], atol=1e-6, rtol=1e-4), (d, n)
-            sum_alone[n] = sum_alone.get(n, 0) + alone[n]
-        with torch.no_grad():
-            in_row_loss = float(forward(packed, d)[1])
-        assert abs(in_row_loss - loss.item()) < 1e-5 * max(1.0, loss.item()), d
-    # padfree's reference drafter on the packed row: each document's numerator is their loss alone, and the
-    # step's gradient is the mean of their gradients alone over the documents with a loss
-    models.drafter.zero_grad()
-    num, den = loss_sums(models, packed)
-    assert set(den.tolist()) <= {0.0, 1.0} and float(den.sum()) >= 2  # a document with no loss weighs 0
-    for d, item in enumerate(docs):
-        with torch.no_grad():
-            alone = float(forward(col([item]))[1])
-        assert abs(float(num[d]) - alone) < 1e-5 * max(1.0, alone), (d, float(num[d]), alone)
-    (num.sum() / den.sum()).backward()
     theirs_names = {
         "fc.weight": "fc.weight", "mask_hidden": "mask_hidden",
         "embed_tokens.weight": "embed_tokens.weight", "layers.0.self_attn.q_proj.weight": "q_proj.weight",
         "layers.0.mlp.down_proj.weight": "mlp.down_proj.weight",
         "layers.0.hidden_norm.weight": "hidden_norm.weight", "norm.weight": "norm.weight",
     }  # fmt: skip
-    for n, o in theirs_names.items():
-        assert torch.allclose(ours[o].grad, sum_alone[n] / den.sum(), atol=1e-6, rtol=1e-4), n
+    assert_packed_trains_as_alone(  # a document with no loss weighs 0
+        theirs, forward, col, packed, docs, models, theirs_names, min_docs=2,
+        keys=lambda k: {"mask_hidden", "embed_tokens.weight"} <= k,
+    )  # fmt: skip
     assert cod.generate_cod_sample_indices.__module__ == "speculators.models.peagle.data"  # put back
 
 
