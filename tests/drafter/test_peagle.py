@@ -18,7 +18,7 @@ from padfree.drafter.methods.peagle import model as peagle
 from padfree.drafter.target import build_target, load_target, run_target
 from padfree.drafter.train import build_models, loss_sums
 from padfree.integrations import feed
-from support.alone import assert_packed_trains_as_alone
+from support.alone import assert_packed_equals_padded, assert_packed_trains_as_alone
 from support.peers import import_peer, peer_missing
 
 REASON = peer_missing("speculators")
@@ -351,17 +351,7 @@ def test_padded_rows_and_every_attention_path_give_the_packed_dense_result():
         for i, n in enumerate([23, 41, 3, 30])
     ]
     models = _perturbed(build_models("peagle", vocab=VOCAB, seed=0, recipe=RECIPE))
-    runs = {}
-    for layout in ("packed", "padded"):
-        b = DrafterCollator("peagle", recipe=RECIPE, layout=layout, mask_token_id=MASK, seed=2)(items)
-        models.drafter.zero_grad()
-        num, den = loss_sums(models, b)
-        (num.sum() / den.sum()).backward()
-        runs[layout] = (num.detach(), den, [p.grad.clone() for p in models.trainable()])
-    (pn, pd, pg), (qn, qd, qg) = runs["packed"], runs["padded"]
-    assert torch.equal(pd, qd) and torch.allclose(pn, qn, rtol=1e-5, atol=1e-6) and float(pn.sum()) > 0
-    for g, h in zip(pg, qg, strict=True):
-        assert torch.allclose(g, h, atol=1e-6, rtol=1e-4)
+    assert_packed_equals_padded("peagle", models, items, RECIPE, MASK)
     b = DrafterCollator("peagle", recipe=RECIPE, mask_token_id=MASK, seed=2)(items)
     out = run_target(models.target, b.contract, models.layers)
     drafter, grads = models.drafter, {}

@@ -65,3 +65,21 @@ def assert_packed_trains_as_alone(
     ours = dict(models.drafter.named_parameters())
     for n, o in names.items():
         assert torch.allclose(ours[o].grad, sum_alone[n] / den.sum(), atol=1e-6, rtol=1e-4), n
+
+
+def assert_packed_equals_padded(method: str, models: Any, items: list[dict], recipe: Any, mask: int) -> None:
+    """Assert that ``items`` collated packed and padded (one row each) give padfree's drafter ``models`` the
+    same per-document loss sums and denominators, a loss above 0, and the same gradients."""
+    from padfree.drafter.collate import DrafterCollator
+
+    runs = {}
+    for layout in ("packed", "padded"):
+        b = DrafterCollator(method, recipe=recipe, layout=layout, mask_token_id=mask, seed=2)(items)
+        models.drafter.zero_grad()
+        num, den = loss_sums(models, b)
+        (num.sum() / den.sum()).backward()
+        runs[layout] = (num.detach(), den, [p.grad.clone() for p in models.trainable()])
+    (pn, pd, pg), (qn, qd, qg) = runs["packed"], runs["padded"]
+    assert torch.equal(pd, qd) and torch.allclose(pn, qn, rtol=1e-5, atol=1e-6) and float(pn.sum()) > 0
+    for g, h in zip(pg, qg, strict=True):
+        assert torch.allclose(g, h, atol=1e-6, rtol=1e-4)
