@@ -24,6 +24,7 @@ from padfree.drafter.train import build_models, loss_sums
 from padfree.errors import ConfigError
 from padfree.integrations import feed
 from support.alone import assert_packed_equals_padded, assert_packed_trains_as_alone
+from support.drafter_runs import simulate_drafter, train_drafter
 from support.peers import import_peer, peer_missing
 
 REASON = peer_missing("speculators")
@@ -282,20 +283,11 @@ def test_the_export_loads_in_speculators_dflash2_with_equal_logits(tmp_path, fol
 def test_train_drafter_method_dflash2_trains_against_a_target_folder_and_exports(
     tmp_path, folder, example, capsys
 ):
-    from padfree.drafter.export import read_checkpoint
-
-    import_peer("speculators")
-    out, ckpt = tmp_path / "served", tmp_path / "ckpt"
-    args = ["--method", "dflash2", "--target", str(folder), "--limit-samples", "4", "--budget", "256",
-            "--max-steps", "1", "--block-size", "4", "--selector-rank", "16", "--max-anchors", "4",
-            "--draft-vocab", "none",
-            "--checkpoint-dir", str(ckpt), "--export-dir", str(out)]  # fmt: skip
-    assert example.main(args) == 0
-    said = capsys.readouterr().out
+    said, state, out = train_drafter(
+        example, folder, tmp_path, capsys, "dflash2", "--block-size", "4", "--selector-rank", "16",
+        "--max-anchors", "4", "--draft-vocab", "none",
+    )  # fmt: skip
     assert "recipe speculators: block 4" in said and "selector top 16 rank 16" in said, said[-2000:]
-    assert "finished at step 1" in said, said[-2000:]
-    state, meta = read_checkpoint(ckpt)
-    assert meta["method"] == "dflash2"
     target = load_target(folder)
     recipe = recipes.override(
         recipes.get("speculators", "dflash2"), block_size=4, selector_rank=16, max_anchors=4
@@ -312,14 +304,7 @@ def test_train_drafter_method_dflash2_trains_against_a_target_folder_and_exports
 
 
 def test_simulate_prices_dflash2_with_its_own_cost(tmp_path, capsys):
-    from padfree.cli import main
-
-    lengths = np.random.default_rng(0).integers(20, 900, 400)
-    np.save(tmp_path / "l.npy", lengths)
-    args = ["simulate", str(tmp_path / "l.npy"), "--budget", "4096", "--world-size", "4",
-            "--grad-accum", "1", "--drafter", "dflash2", "--json"]  # fmt: skip
-    assert main(args) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = simulate_drafter(tmp_path, capsys, "dflash2")
     assert out["drafter"]["recipe"] == "speculators"
     assert out["config"]["cost"]["source"].startswith("drafter dflash2")
     st = out["strategies"]

@@ -21,6 +21,7 @@ from padfree.drafter.target import build_target, load_target, run_target
 from padfree.drafter.train import build_models
 from padfree.integrations import feed
 from support.alone import assert_packed_trains_as_alone
+from support.drafter_runs import simulate_drafter, train_drafter
 from support.peers import import_peer, peer_missing
 
 REASON = peer_missing("speculators")
@@ -287,20 +288,8 @@ def test_the_export_needs_a_verifier_the_full_vocabulary_and_full_attention():
 def test_train_drafter_method_dspark_trains_against_a_target_folder_and_exports(
     tmp_path, folder, example, capsys, monkeypatch
 ):
-    from padfree.drafter.export import read_checkpoint
-
-    import_peer("speculators")
-    out, ckpt = tmp_path / "served", tmp_path / "ckpt"
-    args = ["--method", "dspark", "--target", str(folder), "--limit-samples", "4", "--budget", "256",
-            "--max-steps", "1", "--markov-rank", "8", "--checkpoint-dir", str(ckpt),
-            "--export-dir", str(out)]  # fmt: skip
-    assert example.main(args) == 0
-    said = capsys.readouterr().out
-    assert "recipe speculators: block 7 sampled from the anchor" in said and "finished at step 1" in said, (
-        said[-2000:]
-    )
-    state, meta = read_checkpoint(ckpt)
-    assert meta["method"] == "dspark"
+    said, state, out = train_drafter(example, folder, tmp_path, capsys, "dspark", "--markov-rank", "8")
+    assert "recipe speculators: block 7 sampled from the anchor" in said, said[-2000:]
     target = load_target(folder)
     vocab = int(target.config.vocab_size)
     models = build_models("dspark", vocab=vocab, target=target, recipe=SMALL)
@@ -314,14 +303,7 @@ def test_train_drafter_method_dspark_trains_against_a_target_folder_and_exports(
 
 
 def test_simulate_prices_dspark_with_its_own_cost(tmp_path, capsys):
-    from padfree.cli import main
-
-    lengths = np.random.default_rng(0).integers(20, 900, 400)
-    np.save(tmp_path / "l.npy", lengths)
-    args = ["simulate", str(tmp_path / "l.npy"), "--budget", "4096", "--world-size", "4",
-            "--grad-accum", "1", "--drafter", "dspark", "--json"]  # fmt: skip
-    assert main(args) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = simulate_drafter(tmp_path, capsys, "dspark")
     d = out["drafter"]
     assert d["recipe"] == "speculators" and d["cache_layers"] == 6  # 5 fused layers and the last
     assert d["memory_model"]["source"] == "analytic dspark h4096 B7"

@@ -19,6 +19,7 @@ from padfree.drafter.target import build_target, load_target, run_target
 from padfree.drafter.train import build_models
 from padfree.integrations import feed
 from support.alone import assert_packed_trains_as_alone
+from support.drafter_runs import simulate_drafter, train_drafter
 from support.peers import import_peer, peer_missing
 
 REASON = peer_missing("speculators")
@@ -243,17 +244,8 @@ def test_the_export_needs_a_verifier_and_the_full_vocabulary():
 def test_train_drafter_method_mtp_trains_against_a_target_folder_and_exports(
     tmp_path, folder, example, capsys
 ):
-    from padfree.drafter.export import read_checkpoint
-
-    import_peer("speculators")
-    out, ckpt = tmp_path / "served", tmp_path / "ckpt"
-    args = ["--method", "mtp", "--target", str(folder), "--limit-samples", "4", "--budget", "128",
-            "--max-steps", "1", "--checkpoint-dir", str(ckpt), "--export-dir", str(out)]  # fmt: skip
-    assert example.main(args) == 0
-    said = capsys.readouterr().out
-    assert "recipe speculators: 3 steps" in said and "finished at step 1" in said, said[-2000:]
-    state, meta = read_checkpoint(ckpt)
-    assert meta["method"] == "mtp"
+    said, state, out = train_drafter(example, folder, tmp_path, capsys, "mtp", budget=128)
+    assert "recipe speculators: 3 steps" in said, said[-2000:]
     target = load_target(folder)
     models = build_models("mtp", vocab=int(target.config.vocab_size), target=target)
     models.drafter.load_state_dict(state)  # the trained drafter, as the run left it
@@ -271,14 +263,7 @@ def test_train_drafter_method_mtp_trains_against_a_target_folder_and_exports(
 
 
 def test_simulate_prices_mtp_with_its_own_cost_and_cache(tmp_path, capsys):
-    from padfree.cli import main
-
-    lengths = np.random.default_rng(0).integers(20, 900, 400)
-    np.save(tmp_path / "l.npy", lengths)
-    args = ["simulate", str(tmp_path / "l.npy"), "--budget", "4096", "--world-size", "4",
-            "--grad-accum", "1", "--drafter", "mtp", "--json"]  # fmt: skip
-    assert main(args) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = simulate_drafter(tmp_path, capsys, "mtp")
     d = out["drafter"]
     assert d["recipe"] == "speculators" and d["cache_layers"] == 1  # MTP reads the last layer only
     assert out["config"]["cost"]["source"].startswith("drafter mtp")

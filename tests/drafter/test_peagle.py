@@ -19,6 +19,7 @@ from padfree.drafter.target import build_target, load_target, run_target
 from padfree.drafter.train import build_models, loss_sums
 from padfree.integrations import feed
 from support.alone import assert_packed_equals_padded, assert_packed_trains_as_alone
+from support.drafter_runs import simulate_drafter, train_drafter
 from support.peers import import_peer, peer_missing
 
 REASON = peer_missing("speculators")
@@ -279,18 +280,10 @@ def test_the_export_loads_in_speculators_peagle_with_equal_logits(tmp_path, fold
 def test_train_drafter_method_peagle_trains_against_a_target_folder_and_exports(
     tmp_path, folder, example, capsys
 ):
-    from padfree.drafter.export import read_checkpoint
-
-    import_peer("speculators")
-    out, ckpt = tmp_path / "served", tmp_path / "ckpt"
-    args = ["--method", "peagle", "--target", str(folder), "--limit-samples", "4", "--budget", "256",
-            "--max-steps", "1", "--ttt", "3", "--draft-vocab", "none", "--checkpoint-dir", str(ckpt),
-            "--export-dir", str(out)]  # fmt: skip
-    assert example.main(args) == 0
-    said = capsys.readouterr().out
-    assert "recipe speculators: 3 parallel depths" in said and "finished at step 1" in said, said[-2000:]
-    state, meta = read_checkpoint(ckpt)
-    assert meta["method"] == "peagle"
+    said, state, out = train_drafter(
+        example, folder, tmp_path, capsys, "peagle", "--ttt", "3", "--draft-vocab", "none"
+    )  # fmt: skip
+    assert "recipe speculators: 3 parallel depths" in said, said[-2000:]
     target = load_target(folder)
     recipe = dataclasses.replace(recipes.get("speculators", "peagle"), ttt=3, draft_vocab=None)
     models = build_models("peagle", vocab=int(target.config.vocab_size), target=target, recipe=recipe)
@@ -306,14 +299,7 @@ def test_train_drafter_method_peagle_trains_against_a_target_folder_and_exports(
 
 
 def test_simulate_prices_peagle_with_its_own_cost(tmp_path, capsys):
-    from padfree.cli import main
-
-    lengths = np.random.default_rng(0).integers(20, 900, 400)
-    np.save(tmp_path / "l.npy", lengths)
-    args = ["simulate", str(tmp_path / "l.npy"), "--budget", "4096", "--world-size", "4",
-            "--grad-accum", "1", "--drafter", "peagle", "--json"]  # fmt: skip
-    assert main(args) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = simulate_drafter(tmp_path, capsys, "peagle")
     assert out["drafter"]["recipe"] == "speculators"
     assert out["config"]["cost"]["source"].startswith("drafter peagle")
     assert "draft_blocks" not in out["strategies"]["packed"]
