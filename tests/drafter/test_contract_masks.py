@@ -9,9 +9,8 @@ from hypothesis import strategies as st
 
 from padfree.drafter.contract import build_contract
 from padfree.drafter.masks import (
+    DFlashMask,
     cross_document_pairs,
-    dflash_block_mask,
-    dflash_dense_mask,
     eagle3_block_mask,
     eagle3_dense_mask,
 )
@@ -90,7 +89,7 @@ doc_ids_st = st.lists(st.integers(-1, 3), min_size=1, max_size=24).map(sorted)
 @given(doc_ids_st, st.data(), st.integers(1, 5))
 def test_dflash_mask_matches_the_loop_reference(doc, data, block):
     anchors = data.draw(st.lists(st.integers(0, len(doc) - 1), max_size=5))
-    got = dflash_dense_mask(torch.tensor(doc), torch.tensor(anchors, dtype=torch.long), block)
+    got = DFlashMask(torch.tensor(doc), torch.tensor(anchors, dtype=torch.long), block).dense()
     assert np.array_equal(got.numpy(), brute_dflash(doc, anchors, block))
 
 
@@ -106,9 +105,9 @@ def test_flex_block_masks_hold_the_same_predicate():
 
     doc = torch.tensor([0] * 40 + [1] * 50 + [2] * 38 + [-1] * 2)
     anchors = torch.tensor([3, 17, 39, 41, 60, 100])
-    bm = dflash_block_mask(doc, anchors, 16)
+    bm = DFlashMask(doc, anchors, 16).block_mask()
     dense = create_mask(bm.mask_mod, None, None, 6 * 16, doc.shape[0] + 6 * 16, device="cpu")
-    assert torch.equal(dense[0, 0], dflash_dense_mask(doc, anchors, 16))
+    assert torch.equal(dense[0, 0], DFlashMask(doc, anchors, 16).dense())
     assert bm.shape[-2:] == (96, 130 + 96)
     em = eagle3_block_mask(doc, 2)
     dense = create_mask(em.mask_mod, None, None, 130, 3 * 130, device="cpu")
@@ -169,8 +168,8 @@ def test_crossings_counted_in_chunks_equal_the_dense_count(monkeypatch, window, 
     block = 3
     q_doc = doc[anchors].repeat_interleave(block)
     kv_doc = torch.cat([doc, q_doc])
-    dense = dflash_dense_mask(doc, anchors, block, window, causal)
-    visible = masks.dflash_predicate(doc, anchors, block, window, causal)
+    dense = DFlashMask(doc, anchors, block, window, causal).dense()
+    visible = masks.DFlashMask(doc, anchors, block, window, causal).visible
     got = masks.count_cross_pairs(visible, q_doc, kv_doc, keys=doc.shape[0], own_block=block)
     assert got == cross_document_pairs(dense, q_doc, kv_doc) == 0
 

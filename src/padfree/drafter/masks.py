@@ -33,44 +33,68 @@ and at every step its own position (the diagonal)::
 >>> doc = torch.tensor([0, 0, 0, 1, 1])
 >>> eagle3_dense_mask(doc, step=0).int().tolist()[4]
 [0, 0, 0, 1, 1]
->>> m = dflash_dense_mask(doc, torch.tensor([1, 3]), block_size=2)
+>>> m = DFlashMask(doc, torch.tensor([1, 3]), block_size=2).dense()
 >>> m.shape, m.int().tolist()[2]
 (torch.Size([4, 9]), [0, 0, 0, 0, 0, 0, 0, 1, 1])
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cached_property
+
 import torch
 
 
-def dflash_predicate(
-    document_ids: torch.Tensor,
-    anchors: torch.Tensor,
-    block_size: int,
-    window: int | None = None,
-    causal: bool = False,
-):
-    """``visible(q, kv)`` of the DFlash mask, on index tensors of any (broadcastable) shape. ``window``: the
-    context is only the ``window`` positions before the anchor; ``causal``: a slot sees only its block's
-    earlier slots and itself (speculators' sliding-window layers)."""
-    n_ctx = document_ids.shape[0]
-    q_anchor = anchors.repeat_interleave(block_size)
-    safe = max(n_ctx, 1)
+@dataclass(frozen=True)
+class DFlashMask:
+    """The DFlash mask of one flat row, decided by one predicate (:meth:`visible`) and materialised dense or
+    as a flex-attention ``BlockMask``. ``document_ids``: the ``T`` context positions' documents; ``anchors``:
+    the ``n`` blocks' anchor positions; ``window``: the context is only the ``window`` positions before the
+    anchor; ``causal``: a slot sees only its block's earlier slots and itself (speculators' sliding-window
+    layers)."""
 
-    def visible(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        a = q_anchor[q]
-        d = document_ids[a]
+    document_ids: torch.Tensor
+    anchors: torch.Tensor
+    block_size: int
+    window: int | None = None
+    causal: bool = False
+
+    @cached_property
+    def _query_anchor(self) -> torch.Tensor:
+        return self.anchors.to(self.document_ids.device).repeat_interleave(self.block_size)
+
+    def visible(self, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """Whether query ``q`` sees key ``kv``, on index tensors of any (broadcastable) shape."""
+        doc, b = self.document_ids, self.block_size
+        n_ctx = doc.shape[0]
+        a = self._query_anchor[q]
+        d = doc[a]
         is_ctx = kv < n_ctx
-        ctx = document_ids[torch.remainder(kv, safe)]
+        ctx = doc[torch.remainder(kv, max(n_ctx, 1))]
         sees_ctx = is_ctx & (ctx == d) & (d >= 0) & (kv < a)
-        if window is not None:
-            sees_ctx = sees_ctx & (kv >= a - window)
-        sees_block = ~is_ctx & (torch.div(kv - n_ctx, block_size, rounding_mode="floor") == q // block_size)
-        if causal:
+        if self.window is not None:
+            sees_ctx = sees_ctx & (kv >= a - self.window)
+        sees_block = ~is_ctx & (torch.div(kv - n_ctx, b, rounding_mode="floor") == q // b)
+        if self.causal:
             sees_block = sees_block & (kv - n_ctx <= q)
         return sees_ctx | sees_block
 
-    return visible
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(n * B, T + n * B)``: queries, then context and block keys."""
+        n_q = self.anchors.shape[0] * self.block_size
+        return n_q, self.document_ids.shape[0] + n_q
+
+    def dense(self) -> torch.Tensor:
+        """The dense boolean mask of :attr:`shape` (True: attend)."""
+        n_q, n_kv = self.shape
+        dev = self.document_ids.device
+        return self.visible(torch.arange(n_q, device=dev)[:, None], torch.arange(n_kv, device=dev)[None, :])
+
+    def block_mask(self):
+        """The same mask as a flex-attention ``BlockMask``."""
+        return _block_mask(self.visible, *self.shape, self.document_ids.device)
 
 
 def eagle3_predicate(document_ids: torch.Tensor):
@@ -85,21 +109,6 @@ def eagle3_predicate(document_ids: torch.Tensor):
         return causal_doc | (j == q)
 
     return visible
-
-
-def dflash_dense_mask(
-    document_ids: torch.Tensor,
-    anchors: torch.Tensor,
-    block_size: int,
-    window: int | None = None,
-    causal: bool = False,
-) -> torch.Tensor:
-    """Dense boolean DFlash mask ``(n * B, T + n * B)`` (True: attend)."""
-    n_q = anchors.shape[0] * block_size
-    dev = document_ids.device
-    q = torch.arange(n_q, device=dev)[:, None]
-    kv = torch.arange(document_ids.shape[0] + n_q, device=dev)[None, :]
-    return dflash_predicate(document_ids, anchors.to(dev), block_size, window, causal)(q, kv)
 
 
 def dflash_context_mask(
@@ -131,19 +140,6 @@ def _block_mask(visible, q_len: int, kv_len: int, device):
         return visible(q_idx, kv_idx)
 
     return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device)
-
-
-def dflash_block_mask(
-    document_ids: torch.Tensor,
-    anchors: torch.Tensor,
-    block_size: int,
-    window: int | None = None,
-    causal: bool = False,
-):
-    """The DFlash mask as a flex-attention ``BlockMask`` (same predicate as :func:`dflash_dense_mask`)."""
-    n_q = anchors.shape[0] * block_size
-    visible = dflash_predicate(document_ids, anchors.to(document_ids.device), block_size, window, causal)
-    return _block_mask(visible, n_q, document_ids.shape[0] + n_q, document_ids.device)
 
 
 def eagle3_block_mask(document_ids: torch.Tensor, step: int):

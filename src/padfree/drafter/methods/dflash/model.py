@@ -4,7 +4,7 @@
 A block opened at anchor ``a`` is ``B`` query tokens: the anchor's token, then mask tokens, at positions
 ``pos[a] .. pos[a] + B - 1``. Every draft layer attends from the block's tokens to keys and values made of
 (1) the fused target hidden states (``fc`` over the concatenated target layers, then a norm) of the context
-and (2) the block's own tokens, under :func:`padfree.drafter.masks.dflash_dense_mask` (same document, strictly
+and (2) the block's own tokens, under :class:`padfree.drafter.masks.DFlashMask` (same document, strictly
 before the anchor, own block only). Embeddings and the LM head are the target's, frozen. The loss is the
 distillation ``KL(target || drafter)`` at every supervised block slot, summed per document.
 
@@ -30,13 +30,7 @@ from padfree.drafter._blocks import MLP, DrafterConfig, QKNormAttention, RMSNorm
 from padfree.drafter.collate import DrafterBatch, FieldOptions, QueryFields, scale_of
 from padfree.drafter.contract import Contract
 from padfree.drafter.export import layer_config, max_positions, take
-from padfree.drafter.masks import (
-    count_cross_pairs,
-    dflash_block_mask,
-    dflash_context_mask,
-    dflash_dense_mask,
-    dflash_predicate,
-)
+from padfree.drafter.masks import DFlashMask, count_cross_pairs, dflash_context_mask
 from padfree.drafter.methods.base import BuildArgs
 from padfree.drafter.objective import VocabMap, slot_weights_of
 from padfree.drafter.recipes import Recipe
@@ -164,7 +158,7 @@ def crossings(batch: DrafterBatch) -> tuple[int, torch.Tensor, torch.Tensor]:
     doc = c.flat("document_ids")[0]
     r = batch.recipe
     window, causal = (r.sliding_window, r.causal_in_block) if r is not None else (None, False)
-    visible = dflash_predicate(doc, f.anchors, f.block_size, window, causal)
+    visible = DFlashMask(doc, f.anchors, f.block_size, window, causal).visible
     kv_doc = torch.cat([doc, f.query_doc])
     pairs = count_cross_pairs(visible, f.query_doc, kv_doc, keys=doc.shape[0], own_block=f.block_size)
     return pairs, torch.zeros_like(f.supervised), f.supervised
@@ -312,7 +306,7 @@ def block_attend(q, k_ctx, v_ctx, k_blk, v_blk, visible, block: int, causal: boo
     ``visible`` (``(n, L)``, one row per block) and its own block's ``B`` keys (``causal``: earlier slots and
     itself), one softmax over the ``L + B`` scores. ``q`` ``(Hq, n * B, D)``, context keys/values
     ``(Hkv, L, D)``, block keys/values ``(Hkv, n * B, D)`` -> ``(n * B, Hq * D)``. Equal to SDPA under
-    :func:`padfree.drafter.masks.dflash_dense_mask`, with ``L x B`` instead of ``L x (L + n B)`` scores a
+    :class:`padfree.drafter.masks.DFlashMask`, with ``L x B`` instead of ``L x (L + n B)`` scores a
     query."""
     hq, nq, d = q.shape
     if nq == 0:
@@ -383,9 +377,9 @@ class DFlashDrafter(nn.Module):
         window, causal = cfg.sliding_window, cfg.causal_in_block
         masks: object
         if attention == "flex":
-            masks = dflash_block_mask(doc, anchors, b, window, causal)
+            masks = DFlashMask(doc, anchors, b, window, causal).block_mask()
         elif attention == "mask":
-            masks = dflash_dense_mask(doc, anchors, b, window, causal)
+            masks = DFlashMask(doc, anchors, b, window, causal).dense()
         else:
             segmented: list[tuple[slice, slice, torch.Tensor]] = []
             segs = batch.contract.segments()
