@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from padfree.advice.labels import pick
 from padfree.core.config import PlanConfig
 from padfree.core.items import validate_lengths
 from padfree.core.metrics import CoBatchMap, EpochMeter, dataset_summary, item_counts
@@ -14,28 +15,24 @@ from padfree.core.mixing import SHORT_EPOCH_STEPS
 from padfree.core.plan import Plan
 from padfree.core.planner import plan_pieces
 
-ROWS = [
-    ("padding_efficiency", "padding efficiency", "{:.4f}"),
-    ("fill", "budget fill", "{:.4f}"),
-    ("compute_efficiency", "compute efficiency", "{:.4f}"),
-    ("imbalance", "rank imbalance (max/mean)", "{:.4f}"),
-    ("step_divergence", "step divergence (W1/mean)", "{:.4f}"),
-    ("cobatch_repeat", "co-batch repeat e->e+1", "{:.4f}"),
-    ("adjacent_corr", "adjacent-step corr", "{:+.3f}"),
-    ("steps", "steps", "{:,}"),
-    ("micro_batches", "micro-batches", "{:,}"),
-    ("tokens_per_step_min", "tokens/step min", "{:,.0f}"),
-    ("tokens_per_step_median", "tokens/step median", "{:,.0f}"),
-    ("tokens_per_step_max", "tokens/step max", "{:,.0f}"),
-    ("plan_seconds", "plan seconds (1 epoch)", "{:.3f}"),
-]
+ROWS = pick(
+    "padding_efficiency",
+    "fill",
+    "compute_efficiency",
+    "imbalance",
+    "step_divergence",
+    "cobatch_repeat",
+    "adjacent_corr",
+    "steps",
+    "micro_batches",
+    "tokens_per_step_min",
+    "tokens_per_step_median",
+    "tokens_per_step_max",
+    "plan_seconds",
+)
+"""The terminal table's rows."""
 
-
-LONG_ROWS = [
-    ("truncated", "samples truncated", "{:,}"),
-    ("split", "samples split (pieces without their beginning)", "{:,}"),
-    ("chunked", "documents chunked (whole context)", "{:,}"),
-]
+LONG_ROWS = pick("truncated", "split", "chunked")
 """Rows the table adds when a chunked plan is compared: what each strategy did to the long samples."""
 
 
@@ -194,11 +191,7 @@ def render_table(result: dict) -> None:
         table.add_column(n, justify="right")
     rows = ROWS
     if any("chunked" in m for m in result["strategies"].values()):  # what became of the long samples
-        rows = [*ROWS, *LONG_ROWS]
-    for key, label, fmt in rows:
-        cells = []
-        for n in names:
-            v = result["strategies"][n].get(key)
-            cells.append("-" if v is None else fmt.format(v))
-        table.add_row(label, *cells)
+        rows = ROWS + LONG_ROWS
+    for m in rows:
+        table.add_row(m.label, *(m.show(result["strategies"][n].get(m.key)) for n in names))
     Console().print(table)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import html
 
+from padfree.advice.labels import pick
+
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;max-width:1120px;
 margin:24px auto;padding:0 18px;color:#222;line-height:1.45}
@@ -29,15 +31,15 @@ _SCRIPT = """
 })();
 """
 
-_COLUMNS = [
-    ("padding_efficiency", "padding eff.", "{:.4f}"),
-    ("relative_throughput", "throughput vs sorted", "{:.3f}"),
-    ("step_divergence", "step divergence", "{:.3f}"),
-    ("cobatch_repeat", "co-batch repeat", "{:.4f}"),
-    ("adjacent_corr", "adjacent corr", "{:+.3f}"),
-    ("imbalance", "rank imbalance", "{:.4f}"),
-    ("steps", "steps", "{:,}"),
-]
+_COLUMNS = pick(
+    "padding_efficiency",
+    "relative_throughput",
+    "step_divergence",
+    "cobatch_repeat",
+    "adjacent_corr",
+    "imbalance",
+    "steps",
+)
 
 
 def render_html(numbers: dict, figures: dict[str, tuple[str, str]]) -> str:
@@ -136,10 +138,10 @@ def _sources_table(src: dict) -> str:
 
 def _table(numbers: dict, rows: list[dict]) -> str:
     rec = numbers["recommendation"]["label"]
-    head = "".join(f"<th>{e}</th>" for e in ["plan", *[lab for _, lab, _ in _COLUMNS]])
+    head = "".join(f"<th>{e}</th>" for e in ["plan", *[m.short for m in _COLUMNS]])
     body = []
     for p in rows:
-        cells = "".join(f"<td>{'-' if p.get(k) is None else fmt.format(p[k])}</td>" for k, _, fmt in _COLUMNS)
+        cells = "".join(f"<td>{m.show(p.get(m.key))}</td>" for m in _COLUMNS)
         cls = " class='chosen'" if p["label"] == rec else ""
         body.append(f"<tr{cls}><td>{html.escape(p['label'])}</td>{cells}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
