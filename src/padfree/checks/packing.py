@@ -62,6 +62,8 @@ class PackingCheck:
         tolerance: the largest packed-vs-alone difference still counted as numerical noise.
         probe_diff: the largest change of a later document's logit when the first document changes;
         probe_allowance: the run-to-run / expert-grouping noise it is held to (0 for dense models on CPU).
+        probe_leaked, sees_future: the probe's verdicts (:class:`padfree.torch.documents.leak_probe.Probe`):
+            ``probe_diff`` or ``causal_diff`` above the allowance.
         mixers: the token mixers padfree ran per document (class names).
         device, dtype: where the model ran, and its compute dtype (``bfloat16``: float32 weights under
             ``torch.autocast``).
@@ -87,14 +89,8 @@ class PackingCheck:
     reference: str = "eager"
     grad_diff: float | None = None
     causal_diff: float = 0.0
-
-    @property
-    def probe_leaked(self) -> bool:
-        return not self.probe_diff <= self.probe_allowance
-
-    @property
-    def sees_future(self) -> bool:
-        return not self.causal_diff <= self.probe_allowance
+    probe_leaked: bool = False
+    sees_future: bool = False
 
     @property
     def differs(self) -> bool:
@@ -205,4 +201,6 @@ def check_packing(
         reference=ref.attn,
         grad_diff=ref.grads,
         causal_diff=probe.causal,
+        probe_leaked=probe.leaked,
+        sees_future=probe.sees_future,
     )
