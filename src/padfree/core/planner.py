@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -22,6 +23,9 @@ from padfree.core.capacity import bounded
 from padfree.core.config import PlanConfig
 from padfree.core.plan import Plan, check_epoch, plan_in_memory
 from padfree.errors import ConfigError
+
+if TYPE_CHECKING:  # annotations only: typing.Unpack is Python 3.11+, and numpy is the core's one dependency
+    from typing_extensions import Unpack
 
 STREAM_THRESHOLD = 20_000_000
 """``make_plan`` plans above this many samples window by window (see :mod:`padfree.core.stream`)."""
@@ -50,14 +54,26 @@ def planning_window(lengths: ArrayLike, stream: bool | None = None, window: int 
     return None
 
 
+class Planning(TypedDict, total=False):
+    """How an epoch is planned, the keywords :func:`make_plan` and :func:`plan_pieces` share (all optional).
+
+    ``path``: the file the lengths came from, named in errors. ``stream``: ``True`` plans window by window,
+    ``False`` in memory, ``None`` (default) by size (:func:`planning_window`). ``window``: about this many
+    samples a window (default :data:`padfree.core.stream.DEFAULT_WINDOW`). ``progress(done, total)``:
+    called after each window of a window-by-window plan."""
+
+    path: str | None
+    stream: bool | None
+    window: int | None
+    progress: Callable[[int, int], None] | None
+
+
 def _preamble(
     lengths: ArrayLike,
     config: PlanConfig,
     epoch: int,
-    stream: bool | None,
-    window: int | None,
-    anchors: ArrayLike | None,
-    path: str | None,
+    how: Planning,
+    anchors: ArrayLike | None = None,
     t0: float | None = None,
 ) -> Plan | tuple[int, int]:
     """What :func:`make_plan` and :func:`plan_pieces` decide first: the whole epoch's plan when it is made in
@@ -70,9 +86,9 @@ def _preamble(
 
         data = sources.source_data(lengths, config)  # type: ignore[arg-type]
         return sources.plan_sources(data, config, epoch)[0]
-    window = planning_window(lengths, stream, window)
+    window = planning_window(lengths, how.get("stream"), how.get("window"))
     if window is None:
-        return plan_in_memory(lengths, config, epoch, path=path, t0=t0, anchors=anchors)
+        return plan_in_memory(lengths, config, epoch, path=how.get("path"), t0=t0, anchors=anchors)
     if config.spec.layout is not None:
         raise ConfigError(
             f"{config.strategy} plans are planned in memory, up to {STREAM_THRESHOLD:,} samples "
@@ -91,19 +107,16 @@ def make_plan(
     config: PlanConfig,
     epoch: int = 0,
     *,
-    path: str | None = None,
-    stream: bool | None = None,
-    window: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
     anchors: ArrayLike | None = None,
+    **how: Unpack[Planning],
 ) -> Plan:
     """Plan one epoch: a pure function of (lengths, config, epoch) (and of ``anchors``, a drafter plan's
     draft blocks per sample, which its micro-batches hold within ``config.anchor_budget``; in memory only).
 
     Above :data:`STREAM_THRESHOLD` samples (or with ``stream=True``) the epoch is planned in windows of
-    about ``window`` samples (default :data:`padfree.core.stream.DEFAULT_WINDOW`) to bound memory; see
-    :func:`padfree.core.stream.plan_stream`. ``stream=False`` forces the in-memory path.
-    ``progress(done, total)`` is called after each window of a stream plan.
+    about ``window`` samples to bound memory (:func:`padfree.core.stream.plan_stream`); ``stream=False``
+    forces the in-memory path. The keywords ``path``, ``stream``, ``window`` and ``progress``:
+    :class:`Planning`.
 
     >>> import numpy as np
     >>> cfg = PlanConfig(strategy="bucketed", budget=64, world_size=2, grad_accum=2, seed=1)
@@ -112,24 +125,19 @@ def make_plan(
     (0, True)
     """
     t0 = time.perf_counter()
-    routed = _preamble(lengths, config, epoch, stream, window, anchors, path, t0)
+    routed = _preamble(lengths, config, epoch, how, anchors, t0)
     if isinstance(routed, Plan):
         return routed
     epoch, every = routed
+    path, progress = how.get("path"), how.get("progress")
     return _stream.plan_stream(lengths, config, epoch, window=every, path=path, progress=progress, t0=t0)
 
 
 def plan_pieces(
-    lengths: ArrayLike,
-    config: PlanConfig,
-    epoch: int = 0,
-    *,
-    path: str | None = None,
-    stream: bool | None = None,
-    window: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    lengths: ArrayLike, config: PlanConfig, epoch: int = 0, **how: Unpack[Planning]
 ) -> Iterator[Plan]:
-    """The epoch :func:`make_plan` makes, as consecutive pieces of whole steps, one in memory at a time.
+    """The epoch :func:`make_plan` makes, as consecutive pieces of whole steps, one in memory at a time
+    (keywords: :class:`Planning`).
 
     In memory (and for weighted sources) the one piece is :func:`make_plan`'s plan; on the window path each
     piece is one window's plan (:func:`padfree.core.stream.window_pieces`), and their concatenation is
@@ -143,10 +151,10 @@ def plan_pieces(
     >>> len(pieces), np.array_equal(np.concatenate([p.indices for p in pieces]), whole.indices)
     (4, True)
     """
-    routed = _preamble(lengths, config, epoch, stream, window, None, path)
+    routed = _preamble(lengths, config, epoch, how)
     if isinstance(routed, Plan):
         yield routed
         return
     epoch, every = routed
-    windows = _stream.deal_windows(lengths, config, epoch, every, path)
-    yield from _stream.window_pieces(windows, config, epoch, path, progress)
+    windows = _stream.deal_windows(lengths, config, epoch, every, how.get("path"))
+    yield from _stream.window_pieces(windows, config, epoch, how.get("path"), how.get("progress"))
