@@ -141,6 +141,17 @@ def test_stream_refuses_what_the_in_memory_path_refuses(lengths: np.ndarray):
         plan_stream(np.array([3, 4, 0, 5]), cfg, 0, window=2)
 
 
+def test_a_misspelled_planning_keyword_is_refused_not_ignored():
+    from padfree.core.planner import plan_pieces
+
+    lengths, cfg = np.arange(1, 41), PlanConfig(budget=64, world_size=2, grad_accum=2)
+    with pytest.raises(TypeError, match="'windw'"):
+        make_plan(lengths, cfg, 0, stream=True, windw=5)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="'anchors'"):  # drafter anchors are make_plan's alone
+        next(plan_pieces(lengths, cfg, 0, anchors=np.zeros(40, dtype=np.int64)))  # type: ignore[call-arg]
+    assert make_plan(lengths, cfg, 0, stream=True, window=20).n_micro > 0
+
+
 def test_validate_lengths_compact_keeps_int32_without_a_copy():
     a = np.array([3, 9, 1], dtype=np.int32)
     out = validate_lengths(a, compact=True)

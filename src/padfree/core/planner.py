@@ -79,7 +79,10 @@ def _preamble(
     """What :func:`make_plan` and :func:`plan_pieces` decide first: the whole epoch's plan when it is made in
     one piece (weighted sources, composed step by step; or in memory), else the checked epoch and the window
     to plan in. Refuses a window for what is planned in memory only: a strategy's own layout, a drafter
-    plan."""
+    plan; and, as Python would for a named keyword, a keyword that is not :class:`Planning`'s."""
+    unknown = sorted(set(how) - Planning.__optional_keys__)
+    if unknown:
+        raise TypeError(f"planning got an unexpected keyword argument {unknown[0]!r}")
     epoch = check_epoch(epoch)
     if config.sources is not None:  # weighted sources: lengths per source, composed step by step
         from padfree.core import sources
