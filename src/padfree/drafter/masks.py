@@ -94,6 +94,7 @@ class DFlashMask:
 
     def block_mask(self):
         """The same mask as a flex-attention ``BlockMask``."""
+        _ = self._query_anchor  # derived here, once, not inside flex's vmap of the predicate
         return _block_mask(self.visible, *self.shape, self.document_ids.device)
 
 
